@@ -1,0 +1,1 @@
+"""collectives — see DESIGN and the issues that fill it."""

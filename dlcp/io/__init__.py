@@ -1,0 +1,1 @@
+"""io — see DESIGN and the issues that fill it."""

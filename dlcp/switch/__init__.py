@@ -1,0 +1,1 @@
+"""switch — see DESIGN and the issues that fill it."""

@@ -1,0 +1,1 @@
+"""sync — see DESIGN and the issues that fill it."""

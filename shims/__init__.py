@@ -1,0 +1,1 @@
+"""Framework adapters (DDP comm hook, process group), installed as dlcp.shims."""

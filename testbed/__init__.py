@@ -1,0 +1,1 @@
+"""Network-namespace testbed, installed as dlcp.testbed."""
