@@ -49,8 +49,8 @@ __all__ = [
     "Abort",
     "AbortReason",
     "ControlMessage",
-    "DataHeader",
     "DType",
+    "DataHeader",
     "Finish",
     "Flags",
     "Nack",
@@ -92,6 +92,7 @@ class PacketType(enum.IntEnum):
 
 
 class Flags(enum.IntFlag):
+    NONE = 0
     LAST = 0x01
     RETRANSMIT = 0x02
     AUTH = 0x04
@@ -232,7 +233,7 @@ class DataHeader:
     dtype: DType = DType.FLOAT32
     bound: int = 0
     path: int = 0
-    flags: Flags = Flags(0)
+    flags: Flags = Flags.NONE
 
     def __post_init__(self) -> None:
         _check_range("job", self.job, 0xFFFF)
@@ -308,7 +309,9 @@ def peek_type(data: bytes | memoryview) -> PacketType:
         raise WireError(Reason.TRUNCATED, "truncated datagram: 0 bytes")
     vt = data[0]
     if vt >> 4 != VERSION:
-        raise WireError(Reason.BAD_VERSION, f"unknown version {vt >> 4} (this is version {VERSION})")
+        raise WireError(
+            Reason.BAD_VERSION, f"unknown version {vt >> 4} (this is version {VERSION})"
+        )
     try:
         return PacketType(vt & 0x0F)
     except ValueError:
@@ -369,7 +372,7 @@ class ParsedBatch:
 
     @property
     def ok(self) -> npt.NDArray[np.bool_]:
-        return self.reasons == Reason.OK
+        return np.equal(self.reasons, 0)
 
     def message(self, i: int) -> str:
         """The exact error message for record ``i`` (empty when it was accepted)."""
@@ -491,7 +494,9 @@ def _reason_message(batch: ParsedBatch, i: int) -> str:
     if reason is Reason.BAD_TYPE:
         return f"unknown packet type {vt & 0x0F} where a data packet was expected"
     if reason is Reason.WRONG_JOB:
-        return f"wrong job: datagram is for job {int(h['job'])}, this endpoint serves job {batch.job}"
+        return (
+            f"wrong job: datagram is for job {int(h['job'])}, this endpoint serves job {batch.job}"
+        )
     if reason is Reason.BAD_FIELD:
         flags, code = int(h["flags"]), int(h["dtype"])
         if flags & ~_DATA_FLAG_MASK:
@@ -602,12 +607,22 @@ def _body(msg: ControlMessage) -> bytes:
     if isinstance(msg, Finish):
         if len(msg.class_chunks) != 16:
             raise ValueError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
+        if msg.protected_chunks > msg.total_chunks or sum(msg.class_chunks) != msg.total_chunks:
+            raise ValueError(
+                f"inconsistent Finish: {msg.protected_chunks} protected and "
+                f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
+            )
         return struct.pack(
             ">HHII16I", msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
         )
     if isinstance(msg, Nack):
         if len(msg.ranges) > MAX_NACK_RANGES:
-            raise ValueError(f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}")
+            raise ValueError(
+                f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}"
+            )
+        for first, n in msg.ranges:
+            if n == 0 or first + n > 0xFFFFFFFF:
+                raise ValueError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
         flat = [v for r in msg.ranges for v in r]
         return struct.pack(
             f">HHI{2 * len(msg.ranges)}I", msg.round, len(msg.ranges), msg.needed_elems, *flat
@@ -632,7 +647,12 @@ def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -
     return out + auth_tag(key, out) if key is not None else out
 
 
-_BODY_LEN: Final = {PacketType.STOP: 4, PacketType.FINISH: 76, PacketType.RATE: 12, PacketType.ABORT: 4}
+_BODY_LEN: Final = {
+    PacketType.STOP: 4,
+    PacketType.FINISH: 76,
+    PacketType.RATE: 12,
+    PacketType.ABORT: 4,
+}
 
 
 def decode_control(
@@ -642,7 +662,9 @@ def decode_control(
     data = bytes(data)
     ptype = peek_type(data)
     if ptype is PacketType.DATA:
-        raise WireError(Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected")
+        raise WireError(
+            Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected"
+        )
     if len(data) < CONTROL_HEADER_LEN:
         raise WireError(
             Reason.TRUNCATED,
@@ -651,10 +673,14 @@ def decode_control(
     _vt, flags, pkt_job, step, msg, src, body_len, reserved = _CONTROL_STRUCT.unpack_from(data)
     if pkt_job != job:
         raise WireError(
-            Reason.WRONG_JOB, f"wrong job: datagram is for job {pkt_job}, this endpoint serves job {job}"
+            Reason.WRONG_JOB,
+            f"wrong job: datagram is for job {pkt_job}, this endpoint serves job {job}",
         )
     if flags & ~_CONTROL_FLAG_MASK or reserved:
-        raise WireError(Reason.BAD_FIELD, f"reserved bits set in control header: flags={flags:#04x}")
+        raise WireError(
+            Reason.BAD_FIELD,
+            f"reserved bits set in control header: flags={flags:#04x}, reserved={reserved:#06x}",
+        )
     tag = AUTH_TAG_LEN if flags & Flags.AUTH else 0
     if len(data) != CONTROL_HEADER_LEN + body_len + tag:
         raise WireError(
@@ -664,16 +690,26 @@ def decode_control(
         )
     if key is not None or require_auth:
         if not tag:
-            raise WireError(Reason.AUTH_REQUIRED, "authentication required: datagram carries no tag")
+            raise WireError(
+                Reason.AUTH_REQUIRED, "authentication required: datagram carries no tag"
+            )
         if key is not None and not hmac.compare_digest(auth_tag(key, data[:-tag]), data[-tag:]):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
     body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]
     want = _BODY_LEN.get(ptype)
     if ptype is PacketType.NACK:
         if body_len < 8:
-            raise WireError(Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes")
+            raise WireError(
+                Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes"
+            )
         rnd, count, needed = struct.unpack_from(">HHI", body)
-        if count > MAX_NACK_RANGES or body_len != 8 + 8 * count:
+        if count > MAX_NACK_RANGES:
+            raise WireError(
+                Reason.LENGTH_MISMATCH,
+                f"payload length mismatch: NACK with {count} ranges, "
+                f"at most {MAX_NACK_RANGES} fit one datagram",
+            )
+        if body_len != 8 + 8 * count:
             raise WireError(
                 Reason.LENGTH_MISMATCH,
                 f"payload length mismatch: NACK with {count} ranges needs "
@@ -683,7 +719,10 @@ def decode_control(
         ranges = tuple(zip(flat[0::2], flat[1::2], strict=True))
         for first, n in ranges:
             if n == 0 or first + n > 0xFFFFFFFF:
-                raise WireError(Reason.OUT_OF_BOUNDS, f"offset/length beyond the message: NACK range ({first}, {n})")
+                raise WireError(
+                    Reason.OUT_OF_BOUNDS,
+                    f"offset/length beyond the message: NACK range ({first}, {n})",
+                )
         return Nack(step, msg, src, round=rnd, needed_elems=needed, ranges=ranges)
     if body_len != want:
         raise WireError(
@@ -694,19 +733,30 @@ def decode_control(
         (received,) = struct.unpack(">I", body)
         return Stop(step, msg, src, received_elems=received)
     if ptype is PacketType.FINISH:
-        rnd, _res, total, protected, *classes = struct.unpack(">HHII16I", body)
+        rnd, res, total, protected, *classes = struct.unpack(">HHII16I", body)
+        if res:
+            raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
         if protected > total or sum(classes) != total:
             raise WireError(
                 Reason.BAD_FIELD,
                 f"inconsistent FINISH: {protected} protected and {sum(classes)} classed "
                 f"chunks of {total}",
             )
-        return Finish(step, msg, src, round=rnd, total_chunks=total,
-                      protected_chunks=protected, class_chunks=tuple(classes))
+        return Finish(
+            step,
+            msg,
+            src,
+            round=rnd,
+            total_chunks=total,
+            protected_chunks=protected,
+            class_chunks=tuple(classes),
+        )
     if ptype is PacketType.RATE:
         rate, interval = struct.unpack(">QI", body)
         return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
-    code, _res = struct.unpack(">HH", body)
+    code, res = struct.unpack(">HH", body)
+    if res:
+        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {res:#06x}")
     try:
         return Abort(step, msg, src, reason=AbortReason(code))
     except ValueError:
@@ -731,14 +781,20 @@ class TosMap:
 
     def __post_init__(self) -> None:
         if len(self.dscp) != 8:
-            raise ValueError(f"TosMap.dscp needs one DSCP per priority class (8), got {len(self.dscp)}")
+            raise ValueError(
+                f"TosMap.dscp needs one DSCP per priority class (8), got {len(self.dscp)}"
+            )
         for c, d in enumerate(self.dscp):
             if not 0 <= d <= 63:
                 raise ValueError(f"TosMap.dscp[{c}]={d} is not a DSCP (0..63)")
         for name in ("ecn_protected", "ecn_droppable"):
             if not 0 <= getattr(self, name) <= 3:
-                raise ValueError(f"TosMap.{name}={getattr(self, name)} is not an ECN codepoint (0..3)")
+                raise ValueError(
+                    f"TosMap.{name}={getattr(self, name)} is not an ECN codepoint (0..3)"
+                )
 
     def tos(self, prio: int, drop: bool) -> int:
         """The IPv4 TOS / IPv6 traffic-class byte for a packet class."""
+        if not 0 <= prio <= 7:
+            raise ValueError(f"priority class {prio} outside 0..7")
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)

@@ -1,0 +1,541 @@
+"""Per-chunk classification: priority class, drop eligibility, magnitude class.
+
+The packetizer cuts a message into chunks (one per data packet) and asks a
+:class:`Classifier` for three tags per chunk, carried in the traffic-class byte
+of the data header (see :func:`dlcp.proto.wire.pack_tclass`):
+
+* ``prio`` -- priority class ``0..n_classes-1`` (at most 8 classes); the
+  **highest class is the most urgent**, 0 the least. Switches serve classes
+  from strict-priority queues.
+* ``drop`` -- ``True`` when the chunk is drop-eligible: under congestion a
+  switch drops these first, and the receiver's loss bound absorbs them.
+* ``mag`` -- a 4-bit magnitude class from :func:`magnitude_class`.
+
+Policies, chosen by name through :func:`make_classifier`:
+
+``"layer"``      priority from the layer's position; nothing drop-eligible.
+``"magnitude"``  drop eligibility from gradient magnitude; one priority class.
+``"combined"``   priority from the layer, drop eligibility from magnitude,
+                 chunks of protected layers never drop-eligible.
+``"none"``       one class, everything protected.
+
+Layer 0 is the input-side (front) layer. Which end goes first is configurable
+(``front_first``), because the front layers are needed first by the next
+forward pass while the back layers are less loss-tolerant.
+
+Rules of this module (it is part of the sans-I/O core):
+
+* no I/O, no clock, no randomness, no threads; pure functions of their inputs;
+* every per-chunk computation is vectorised with numpy (no Python loop over
+  chunks);
+* bad input raises :class:`ValueError` naming the argument and the value.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = [
+    "MAX_CLASSES",
+    "MAX_LAYERS",
+    "ChunkClasses",
+    "ChunkLayers",
+    "Classifier",
+    "CombinedClassifier",
+    "LayerClassifier",
+    "MagnitudeClassifier",
+    "NoneClassifier",
+    "available_classifiers",
+    "chunk_layers",
+    "magnitude_class",
+    "make_classifier",
+    "register_classifier",
+]
+
+#: priority classes a data header can carry (3 bits)
+MAX_CLASSES: Final = 8
+#: layers a data header can carry (16-bit field)
+MAX_LAYERS: Final = 0x10000
+#: ``floor(log2(m)) + _MAG_BIAS`` is the magnitude class before clamping
+_MAG_BIAS: Final = 20
+_MAG_MAX: Final = 15
+#: drop fraction of the combined policy when neither mode is given
+_DEFAULT_DROP_FRACTION: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkClasses:
+    """The tags of each chunk of one message (all arrays have one entry per chunk)."""
+
+    prio: NDArray[np.uint8]
+    """priority class ``0..n_classes-1``; the highest is the most urgent"""
+    drop: NDArray[np.bool_]
+    """``True`` = drop-eligible"""
+    mag: NDArray[np.uint8]
+    """magnitude class ``0..15`` (:func:`magnitude_class`)"""
+
+    def __post_init__(self) -> None:
+        n = len(self.prio)
+        if len(self.drop) != n or len(self.mag) != n:
+            raise ValueError(
+                f"ChunkClasses arrays differ in length: prio={n}, drop={len(self.drop)}, "
+                f"mag={len(self.mag)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.prio)
+
+
+class Classifier(Protocol):
+    """A per-chunk classification policy."""
+
+    def classify(
+        self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
+    ) -> ChunkClasses:
+        """Tags for chunks whose layers are ``layers`` (each in ``0..n_layers-1``) and
+        whose estimated gradient magnitudes are ``magnitudes``."""
+        ...
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def magnitude_class(magnitudes: ArrayLike) -> NDArray[np.uint8]:
+    """4-bit magnitude class: ``clamp(floor(log2(|m|)) + 20, 0, 15)``.
+
+    Magnitudes are non-negative by contract (a sum of ``|g|`` over a sample of
+    the chunk); a negative value is classed by its absolute value. ``0`` is
+    class 0 and ``+-inf`` is class 15. **NaN is class 15**: a chunk whose sample
+    holds a NaN is treated as the largest, so magnitude policies protect it and
+    the receiver sees the NaN instead of having it silently dropped.
+    """
+    m = np.abs(np.asarray(magnitudes, dtype=np.float64))
+    out = np.zeros(m.shape, dtype=np.uint8)
+    pos = m > 0  # False for 0 and NaN
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        exp = np.floor(np.log2(m, where=pos, out=np.zeros_like(m))) + _MAG_BIAS
+    np.copyto(out, np.clip(exp, 0, _MAG_MAX).astype(np.uint8), where=pos)
+    out[np.isnan(m)] = _MAG_MAX
+    return out
+
+
+def _check_inputs(
+    layers: NDArray[np.integer], magnitudes: NDArray[np.float32], n_layers: int
+) -> tuple[NDArray[np.int64], NDArray[np.floating]]:
+    lay = np.asarray(layers)
+    mag = np.asarray(magnitudes)
+    if lay.ndim != 1 or mag.ndim != 1:
+        raise ValueError(
+            f"layers and magnitudes must be 1-D, got shapes {lay.shape} and {mag.shape}"
+        )
+    if len(lay) != len(mag):
+        raise ValueError(
+            f"layers and magnitudes differ in length: {len(lay)} layers, {len(mag)} magnitudes"
+        )
+    if lay.size and not np.issubdtype(lay.dtype, np.integer):
+        raise ValueError(f"layers must be integers, got dtype {lay.dtype}")
+    if not 1 <= n_layers <= MAX_LAYERS:
+        raise ValueError(f"n_layers={n_layers} outside 1..{MAX_LAYERS}")
+    lay64 = lay.astype(np.int64, copy=False)
+    if lay64.size:
+        lo, hi = int(lay64.min()), int(lay64.max())
+        if lo < 0 or hi >= n_layers:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"layer {bad} outside 0..{n_layers - 1} (n_layers={n_layers})")
+    if not np.issubdtype(mag.dtype, np.floating):
+        mag = mag.astype(np.float64)
+    return lay64, mag
+
+
+def _check_classes(n_classes: int) -> None:
+    if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
+        raise ValueError(f"n_classes={n_classes!r} must be an integer")
+    if not 1 <= n_classes <= MAX_CLASSES:
+        raise ValueError(f"n_classes={n_classes} outside 1..{MAX_CLASSES}")
+
+
+def _check_prio(prio: int, n_classes: int = MAX_CLASSES) -> None:
+    if isinstance(prio, bool) or not isinstance(prio, int | np.integer):
+        raise ValueError(f"prio={prio!r} must be an integer")
+    if not 0 <= prio < n_classes:
+        raise ValueError(f"prio={prio} outside 0..{n_classes - 1}")
+
+
+def _layer_prio(
+    layers: NDArray[np.int64], n_layers: int, n_classes: int, front_first: bool
+) -> NDArray[np.uint8]:
+    """``floor(layer * n_classes / n_layers)``, reversed so that front layers are
+    the highest class when ``front_first``."""
+    band = np.clip(layers * n_classes // n_layers, 0, n_classes - 1)
+    prio = (n_classes - 1 - band) if front_first else band
+    return prio.astype(np.uint8)
+
+
+def _smallest(key: NDArray[np.floating], k: int) -> NDArray[np.bool_]:
+    """Mask of the ``k`` smallest entries of ``key``; ties go to the lower index.
+
+    ``O(n)``: one partition finds the k-th value, everything strictly below it
+    is taken, and the remaining places go to the first entries equal to it.
+    """
+    out = np.zeros(len(key), dtype=np.bool_)
+    if k <= 0:
+        return out
+    if k >= len(key):
+        out[:] = True
+        return out
+    kth = np.partition(key, k - 1)[k - 1]
+    below = key < kth
+    out |= below
+    need = k - int(np.count_nonzero(below))
+    out[np.flatnonzero(key == kth)[:need]] = True
+    return out
+
+
+def _magnitude_drop(
+    magnitudes: NDArray[np.floating],
+    eligible: NDArray[np.bool_] | None,
+    drop_fraction: float | None,
+    threshold: float | None,
+) -> NDArray[np.bool_]:
+    """Drop mask by magnitude among ``eligible`` chunks (all when None).
+
+    NaN magnitudes are never drop-eligible. The threshold is compared in the
+    magnitudes' own precision, so a float32 magnitude equal to ``float32(t)``
+    is not below ``t``.
+    """
+    key = np.abs(magnitudes)
+    base = np.ones(len(key), dtype=np.bool_) if eligible is None else eligible
+    if threshold is not None:
+        with np.errstate(over="ignore"):  # a huge t in float16 is +inf: all finite below
+            t = np.asarray(threshold, dtype=key.dtype)
+        below: NDArray[np.bool_] = key < t  # NaN < t is False
+        return base & below
+    q = drop_fraction if drop_fraction is not None else 0.0
+    k = int(np.floor(q * int(np.count_nonzero(base))))
+    idx = np.flatnonzero(base & ~np.isnan(key))
+    drop = np.zeros(len(key), dtype=np.bool_)
+    drop[idx[_smallest(key[idx], k)]] = True
+    return drop
+
+
+def _check_drop_mode(drop_fraction: float | None, threshold: float | None) -> None:
+    if drop_fraction is not None and threshold is not None:
+        raise ValueError(
+            f"give drop_fraction or threshold, not both (drop_fraction={drop_fraction}, "
+            f"threshold={threshold})"
+        )
+    if drop_fraction is not None and not 0.0 <= drop_fraction < 1.0:
+        raise ValueError(f"drop_fraction={drop_fraction} outside [0, 1)")
+    if threshold is not None and not (threshold >= 0.0 and np.isfinite(threshold)):
+        raise ValueError(f"threshold={threshold} must be a finite magnitude >= 0")
+
+
+# --------------------------------------------------------------------------- registry
+
+_C = TypeVar("_C", bound=Callable[..., Classifier])
+_REGISTRY: dict[str, Callable[..., Classifier]] = {}
+
+
+def register_classifier(name: str) -> Callable[[_C], _C]:
+    """Class decorator: make a classifier constructible by ``name``.
+
+    The factory's keyword parameters are the policy's options.
+    """
+    if not name or not isinstance(name, str):
+        raise ValueError(f"classifier name must be a non-empty string, got {name!r}")
+
+    def deco(factory: _C) -> _C:
+        if name in _REGISTRY:
+            raise ValueError(f"a classifier named {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def available_classifiers() -> list[str]:
+    """Registered classifier names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_classifier(name: str, **options: object) -> Classifier:
+    """A classifier by registered name, with its options.
+
+    Raises :class:`ValueError` for an unknown name (listing the known ones), an
+    unknown option (listing the valid ones) or an invalid option value.
+    """
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(available_classifiers())
+        raise ValueError(f"unknown classifier {name!r}; known classifiers: {known}") from None
+    params = inspect.signature(factory).parameters
+    valid = [p for p, spec in params.items() if spec.kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"classifier {name!r} has no option {', '.join(map(repr, unknown))}; "
+            f"its options: {', '.join(valid) or '(none)'}"
+        )
+    try:
+        return factory(**options)
+    except TypeError as exc:  # e.g. a wrong type reaching a comparison
+        raise ValueError(f"bad option for classifier {name!r}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- policies
+
+
+@register_classifier("layer")
+@dataclass(frozen=True, slots=True)
+class LayerClassifier:
+    """Priority from layer position, nothing drop-eligible.
+
+    ``prio = n_classes - 1 - floor(layer * n_classes / n_layers)`` with
+    ``front_first`` (layer 0, the input side, is the most urgent), and
+    ``floor(layer * n_classes / n_layers)`` without.
+    """
+
+    n_classes: int = MAX_CLASSES
+    front_first: bool = True
+
+    def __post_init__(self) -> None:
+        _check_classes(self.n_classes)
+
+    def classify(
+        self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
+    ) -> ChunkClasses:
+        lay, mag = _check_inputs(layers, magnitudes, n_layers)
+        return ChunkClasses(
+            prio=_layer_prio(lay, n_layers, self.n_classes, self.front_first),
+            drop=np.zeros(len(lay), dtype=np.bool_),
+            mag=magnitude_class(mag),
+        )
+
+
+@register_classifier("magnitude")
+@dataclass(frozen=True, slots=True)
+class MagnitudeClassifier:
+    """Drop eligibility from magnitude; every chunk gets priority class ``prio``.
+
+    Exactly one mode (``drop_fraction`` 0 when neither is given):
+
+    * ``drop_fraction=q``: the ``floor(q * n)`` chunks of smallest magnitude are
+      drop-eligible, ties going to the lower chunk index;
+    * ``threshold=t``: chunks with magnitude ``< t`` are drop-eligible.
+
+    NaN magnitudes count as the largest, so they are never drop-eligible.
+    """
+
+    drop_fraction: float | None = None
+    threshold: float | None = None
+    prio: int = 0
+
+    def __post_init__(self) -> None:
+        _check_drop_mode(self.drop_fraction, self.threshold)
+        _check_prio(self.prio)
+        if self.drop_fraction is None and self.threshold is None:
+            object.__setattr__(self, "drop_fraction", 0.0)
+
+    def classify(
+        self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
+    ) -> ChunkClasses:
+        lay, mag = _check_inputs(layers, magnitudes, n_layers)
+        return ChunkClasses(
+            prio=np.full(len(lay), self.prio, dtype=np.uint8),
+            drop=_magnitude_drop(mag, None, self.drop_fraction, self.threshold),
+            mag=magnitude_class(mag),
+        )
+
+
+@register_classifier("combined")
+@dataclass(frozen=True, slots=True)
+class CombinedClassifier:
+    """Priority from the layer (as :class:`LayerClassifier`), drop eligibility from
+    magnitude (as :class:`MagnitudeClassifier`), except that chunks of
+    ``protect_layers`` are never drop-eligible.
+
+    With ``drop_fraction=q`` the fraction applies to the chunks that may be
+    dropped at all: the ``floor(q * m)`` smallest of the ``m`` chunks outside the
+    protected layers are drop-eligible. ``drop_fraction`` is 0.1 unless
+    ``threshold`` is given instead (giving both is an error).
+    """
+
+    n_classes: int = MAX_CLASSES
+    front_first: bool = True
+    drop_fraction: float | None = None
+    threshold: float | None = None
+    protect_layers: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        _check_classes(self.n_classes)
+        _check_drop_mode(self.drop_fraction, self.threshold)
+        if self.drop_fraction is None and self.threshold is None:
+            object.__setattr__(self, "drop_fraction", _DEFAULT_DROP_FRACTION)
+        try:
+            protect = frozenset(int(x) for x in self.protect_layers)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"protect_layers={self.protect_layers!r} must be a set of layer numbers"
+            ) from None
+        if any(x < 0 for x in protect):
+            raise ValueError(f"protect_layers={sorted(protect)} holds a negative layer")
+        object.__setattr__(self, "protect_layers", protect)
+
+    def classify(
+        self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
+    ) -> ChunkClasses:
+        lay, mag = _check_inputs(layers, magnitudes, n_layers)
+        eligible: NDArray[np.bool_] | None = None
+        if self.protect_layers:
+            protected = np.fromiter(self.protect_layers, dtype=np.int64)
+            eligible = ~np.isin(lay, protected)
+        return ChunkClasses(
+            prio=_layer_prio(lay, n_layers, self.n_classes, self.front_first),
+            drop=_magnitude_drop(mag, eligible, self.drop_fraction, self.threshold),
+            mag=magnitude_class(mag),
+        )
+
+
+@register_classifier("none")
+@dataclass(frozen=True, slots=True)
+class NoneClassifier:
+    """One priority class (0), nothing drop-eligible."""
+
+    def classify(
+        self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
+    ) -> ChunkClasses:
+        lay, mag = _check_inputs(layers, magnitudes, n_layers)
+        return ChunkClasses(
+            prio=np.zeros(len(lay), dtype=np.uint8),
+            drop=np.zeros(len(lay), dtype=np.bool_),
+            mag=magnitude_class(mag),
+        )
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class ChunkLayers(NamedTuple):
+    """The layer of each chunk and the number of layers of the message."""
+
+    layers: NDArray[np.uint16]
+    n_layers: int
+
+
+def chunk_layers(
+    segments: Sequence[tuple[int, int, int]] | None,
+    n_chunks: int,
+    chunk_elems: int,
+    msg_elems: int,
+) -> ChunkLayers:
+    """The layer of each chunk from the message's layer segments.
+
+    ``segments`` are ``(offset, length, layer)`` in elements, in any order; they
+    must tile ``[0, msg_elems)`` exactly (no overlap, no gap, nothing beyond the
+    end); zero-length segments are ignored. Chunk ``i`` covers elements
+    ``[i * chunk_elems, min((i + 1) * chunk_elems, msg_elems))`` and gets the
+    layer covering most of its elements (summed over all of that layer's
+    segments in the chunk); a tie goes to the lowest layer number.
+    ``n_layers`` is the largest layer number of any segment plus one.
+
+    With ``segments`` None or empty, every chunk is layer 0 and ``n_layers`` 1.
+    """
+    if chunk_elems < 1:
+        raise ValueError(f"chunk_elems={chunk_elems} must be at least 1")
+    if msg_elems < 0:
+        raise ValueError(f"msg_elems={msg_elems} must not be negative")
+    expected = -(-msg_elems // chunk_elems)
+    if n_chunks != expected:
+        raise ValueError(
+            f"n_chunks={n_chunks} does not match msg_elems={msg_elems} in chunks of "
+            f"{chunk_elems} elements (expected {expected})"
+        )
+    if not segments:
+        return ChunkLayers(np.zeros(n_chunks, dtype=np.uint16), 1)
+    seg = np.asarray(segments, dtype=np.int64)
+    if seg.ndim != 2 or seg.shape[1] != 3:
+        raise ValueError(
+            f"segments must be (offset, length, layer) triples, got an array of shape {seg.shape}"
+        )
+    off, length, layer = seg[:, 0], seg[:, 1], seg[:, 2]
+    _check_segment_fields(off, length, layer)
+    n_layers = int(layer.max()) + 1
+    keep = length > 0
+    order = np.argsort(off[keep], kind="stable")
+    starts, ends, lay = off[keep][order], (off + length)[keep][order], layer[keep][order]
+    _check_tiling(starts, ends, msg_elems)
+    if n_chunks == 0:
+        return ChunkLayers(np.zeros(0, dtype=np.uint16), n_layers)
+
+    # cut the message at every segment and chunk start: each piece lies in one
+    # segment and one chunk; sum piece lengths per (chunk, layer) and take the
+    # largest per chunk
+    chunk_starts = np.arange(n_chunks, dtype=np.int64) * chunk_elems
+    cuts = np.union1d(starts, chunk_starts)
+    piece_len = np.diff(np.append(cuts, msg_elems))
+    piece_layer = lay[np.searchsorted(starts, cuts, side="right") - 1]
+    piece_chunk = cuts // chunk_elems
+    groups, inverse = np.unique(piece_chunk * n_layers + piece_layer, return_inverse=True)
+    covered = np.bincount(inverse.reshape(-1), weights=piece_len)
+    g_chunk, g_layer = groups // n_layers, groups % n_layers
+    best = np.lexsort((g_layer, -covered, g_chunk))
+    first = best[np.flatnonzero(np.diff(g_chunk[best], prepend=-1))]
+    out = np.zeros(n_chunks, dtype=np.uint16)
+    out[g_chunk[first]] = g_layer[first]
+    return ChunkLayers(out, n_layers)
+
+
+def _check_segment_fields(
+    off: NDArray[np.int64], length: NDArray[np.int64], layer: NDArray[np.int64]
+) -> None:
+    checks = (
+        ("offset", off < 0, ">= 0"),
+        ("length", length < 0, ">= 0"),
+        ("layer", (layer < 0) | (layer >= MAX_LAYERS), f"0..{MAX_LAYERS - 1}"),
+    )
+    for name, bad_mask, limit in checks:
+        bad = np.flatnonzero(bad_mask)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"segment {i} (offset={int(off[i])}, length={int(length[i])}, "
+                f"layer={int(layer[i])}): {name} must be {limit}"
+            )
+
+
+def _check_tiling(starts: NDArray[np.int64], ends: NDArray[np.int64], msg_elems: int) -> None:
+    if starts.size == 0:
+        if msg_elems:
+            raise ValueError(f"segments leave a gap: elements [0, {msg_elems}) are not covered")
+        return
+    if int(ends.max()) > msg_elems:
+        i = int(np.argmax(ends))
+        raise ValueError(
+            f"segment [{int(starts[i])}, {int(ends[i])}) goes beyond the message "
+            f"(msg_elems={msg_elems})"
+        )
+    prev_end = np.concatenate(([0], ends[:-1]))
+    overlap = np.flatnonzero(starts < prev_end)
+    if overlap.size:
+        i = int(overlap[0])
+        raise ValueError(
+            f"segments overlap: [{int(starts[i - 1])}, {int(ends[i - 1])}) and "
+            f"[{int(starts[i])}, {int(ends[i])})"
+        )
+    gap = np.flatnonzero(starts > prev_end)
+    if gap.size:
+        i = int(gap[0])
+        raise ValueError(
+            f"segments leave a gap: elements [{int(prev_end[i])}, {int(starts[i])}) are not covered"
+        )
+    if ends[-1] < msg_elems:
+        raise ValueError(
+            f"segments leave a gap: elements [{int(ends[-1])}, {msg_elems}) are not covered"
+        )

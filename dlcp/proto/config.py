@@ -1,0 +1,140 @@
+"""Protocol configuration: one validated, frozen dataclass for the sans-I/O core.
+
+The I/O layer builds it (with ``DLCP_*`` environment overrides); the core only
+reads it. Every field is checked in ``__post_init__`` and a bad value raises
+``ValueError`` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .wire import AUTH_TAG_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
+
+__all__ = ["IPV4_UDP_OVERHEAD", "FillPolicy", "ProtocolConfig"]
+
+#: IPv4 (20) + UDP (8) header bytes inside the MTU
+IPV4_UDP_OVERHEAD: Final = 28
+
+
+#: receiver-driven pacing starts at 10 Gbit/s and never goes below 8 Mbit/s
+_PACER_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
+    "receiver": {"initial_rate": 1.25e9, "min_rate": 1e6},
+}
+
+
+class FillPolicy(enum.Enum):
+    """What the receiver writes where gradient data was lost."""
+
+    ZERO = "zero"  # lost values become 0 (gradients)
+    PREVIOUS = "previous"  # lost values keep what the output buffer held (parameters)
+    RESCALE = "rescale"  # zeros, and received values scaled by total/received (unbiased sum)
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolConfig:
+    """Knobs of the DLCP core. Times are seconds, rates bytes per second."""
+
+    mtu: int = 1500
+    #: payload bytes per packet; None = the most that fits the MTU
+    payload_bytes: int | None = None
+    #: packets handed out per data batch (one GSO send, one spraying unit)
+    batch_packets: int = 44
+    #: equal-cost paths to spray over (one UDP source port each)
+    n_paths: int = 1
+    path_weights: tuple[float, ...] | None = None
+    #: chunk classifier (see dlcp.proto.classify) and its options
+    classifier: str = "layer"
+    classifier_options: Mapping[str, Any] = field(default_factory=dict)
+    #: values sampled per chunk for its magnitude statistic; 0 = all values
+    magnitude_sample: int = 16
+    tos: TosMap = field(default_factory=TosMap)
+    #: default loss bound for messages that do not set one
+    default_p: float = 0.0
+    default_fill: FillPolicy = FillPolicy.ZERO
+    #: retransmission rounds before the sender gives up
+    max_rounds: int = 8
+    #: sender: wait this long after FINISH for STOP/NACK before sending FINISH again
+    finish_timeout: float = 0.2
+    #: sender: FINISH repeats without an answer before the peer is declared dead
+    finish_retries: int = 10
+    #: receiver: after FINISH, wait this long for data still in flight before NACKing
+    reorder_grace: float = 0.002
+    #: receiver: repeat a NACK after this long without progress
+    nack_timeout: float = 0.1
+    #: receiver: a started message with no packet for this long fails
+    recv_idle_timeout: float = 30.0
+    #: pacer: "receiver" (receiver-driven feedback) or "unpaced"
+    pacer: str = "receiver"
+    pacer_options: Mapping[str, Any] = field(default_factory=dict)
+    #: receiver: rate measurement / feedback interval
+    rate_interval: float = 0.005
+    #: receiver: bytes it buffers for messages nobody asked for yet
+    max_unexpected_bytes: int = 1 << 30
+    #: receiver: completed message keys remembered (late packets, repeated FINISH)
+    completed_memory: int = 4096
+    #: authenticate every datagram (key given to the session)
+    authenticate: bool = False
+
+    def __post_init__(self) -> None:
+        if not 576 <= self.mtu <= 65535:
+            raise ValueError(f"mtu={self.mtu} outside 576..65535")
+        limit = self.max_payload_bytes
+        if self.payload_bytes is not None and not 16 <= self.payload_bytes <= limit:
+            raise ValueError(
+                f"payload_bytes={self.payload_bytes} outside 16..{limit} "
+                f"(mtu {self.mtu}, headers {IPV4_UDP_OVERHEAD + DATA_HEADER_LEN}"
+                f"{' + auth tag' if self.authenticate else ''})"
+            )
+        if self.payload_bytes is not None and self.payload_bytes % 4:
+            raise ValueError(f"payload_bytes={self.payload_bytes} must be a multiple of 4")
+        if not 1 <= self.batch_packets <= 1024:
+            raise ValueError(f"batch_packets={self.batch_packets} outside 1..1024")
+        if not 1 <= self.n_paths <= 256:
+            raise ValueError(f"n_paths={self.n_paths} outside 1..256")
+        if self.path_weights is not None and len(self.path_weights) != self.n_paths:
+            raise ValueError(
+                f"path_weights has {len(self.path_weights)} entries for n_paths={self.n_paths}"
+            )
+        if self.magnitude_sample < 0:
+            raise ValueError(f"magnitude_sample={self.magnitude_sample} must be >= 0")
+        if not 0.0 <= self.default_p <= MAX_LOSS_BOUND:
+            raise ValueError(f"default_p={self.default_p} outside [0, {MAX_LOSS_BOUND}]")
+        if not isinstance(self.default_fill, FillPolicy):
+            raise ValueError(f"default_fill={self.default_fill!r} is not a FillPolicy")
+        if not 0 <= self.max_rounds <= 1000:
+            raise ValueError(f"max_rounds={self.max_rounds} outside 0..1000")
+        if self.finish_retries < 1:
+            raise ValueError(f"finish_retries={self.finish_retries} must be >= 1")
+        for name in (
+            "finish_timeout",
+            "reorder_grace",
+            "nack_timeout",
+            "recv_idle_timeout",
+            "rate_interval",
+        ):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name}={value} must be > 0 seconds")
+        if self.pacer not in ("receiver", "unpaced"):
+            raise ValueError(f"pacer={self.pacer!r}: known pacers are 'receiver', 'unpaced'")
+        if self.max_unexpected_bytes < 0 or self.completed_memory < 1:
+            raise ValueError("max_unexpected_bytes must be >= 0 and completed_memory >= 1")
+
+    def pacer_kwargs(self) -> dict[str, Any]:
+        """Options for :func:`dlcp.proto.pacing.make_pacer`: defaults, then ``pacer_options``."""
+        return {**_PACER_DEFAULTS.get(self.pacer, {}), **self.pacer_options}
+
+    @property
+    def max_payload_bytes(self) -> int:
+        tag = AUTH_TAG_LEN if self.authenticate else 0
+        raw = self.mtu - IPV4_UDP_OVERHEAD - DATA_HEADER_LEN - tag
+        return raw - raw % 4
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Payload bytes per packet in use (a multiple of 4, so of every itemsize)."""
+        return self.payload_bytes if self.payload_bytes is not None else self.max_payload_bytes

@@ -1,0 +1,408 @@
+"""Rate control: sender-side pacers and the receiver's rate meter.
+
+DLCP's rate control is deliberately minimal (as in the MLT prototype): the
+receiver measures how fast it receives from each sender (:class:`RateMeter`)
+every interval and feeds that back in a ``RateFeedback`` control message; the
+sender paces to a little more than the reported rate
+(:class:`ReceiverDrivenPacer`), so it probes upward when the path has room and
+follows the receiver down when it does not.
+
+A reported rate is only trusted to *lower* the sending rate when the sender was
+actually limited by the pacer during the reporting interval. A sender that was
+idle (computing, or out of data) sends little, the receiver measures little,
+and taking that as the path's capacity would collapse the rate for no reason.
+The pacer therefore keeps, since the last feedback, the tokens it accrued and
+how many of them it threw away because the bucket was full: a lower rate is
+accepted only if the sender said it was backlogged and used at least
+``used_fraction`` of what it was allowed. Higher rates are always accepted.
+
+Rules of this module (it is part of the sans-I/O core):
+
+* no I/O, no threads, and **no clock**: every method that depends on time
+  takes a keyword-only ``now`` (seconds, any fixed origin, non-decreasing;
+  a ``now`` earlier than one already seen is treated as no time passing);
+* rates are bytes per second, sizes bytes;
+* bad input raises :class:`ValueError` naming the argument and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "UNLIMITED",
+    "Pacer",
+    "RateMeter",
+    "ReceiverDrivenPacer",
+    "Unpaced",
+    "available_pacers",
+    "make_pacer",
+]
+
+#: what an unpaced sender is allowed to send at once (bytes)
+UNLIMITED: Final = 2**62
+#: least slack for floating-point rounding when comparing tokens with a size (bytes)
+_EPS: Final = 1e-6
+
+
+class Pacer(Protocol):
+    """Sender-side rate control (sans-I/O)."""
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second currently allowed (``math.inf`` = unpaced)."""
+        ...
+
+    def allowance(self, *, now: float) -> int:
+        """Bytes that may be sent at ``now``."""
+        ...
+
+    def on_sent(self, nbytes: int, *, now: float) -> None:
+        """``nbytes`` were sent at ``now``."""
+        ...
+
+    def next_send_time(self, nbytes: int, *, now: float) -> float:
+        """Earliest time ``nbytes`` may be sent (``now`` when they may go now).
+
+        Calling this says the sender has ``nbytes`` waiting.
+        """
+        ...
+
+    def note_backlogged(self, *, now: float) -> None:
+        """The sender has data waiting that the pacer holds back."""
+        ...
+
+    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
+        """The receiver reported this receive rate."""
+        ...
+
+
+def _check_now(now: float) -> float:
+    if not math.isfinite(now):
+        raise ValueError(f"now={now} must be a finite time in seconds")
+    return float(now)
+
+
+def _check_nbytes(nbytes: int) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r} must be a non-negative integer")
+    return int(nbytes)
+
+
+def _check_reported(bytes_per_s: float) -> float:
+    if not (math.isfinite(bytes_per_s) and bytes_per_s >= 0):
+        raise ValueError(f"bytes_per_s={bytes_per_s} must be a finite rate >= 0")
+    return float(bytes_per_s)
+
+
+class Unpaced:
+    """No pacing: everything may go now."""
+
+    __slots__ = ()
+
+    @property
+    def rate(self) -> float:
+        return math.inf
+
+    def allowance(self, *, now: float) -> int:
+        _check_now(now)
+        return UNLIMITED
+
+    def on_sent(self, nbytes: int, *, now: float) -> None:
+        _check_nbytes(nbytes)
+        _check_now(now)
+
+    def next_send_time(self, nbytes: int, *, now: float) -> float:
+        _check_nbytes(nbytes)
+        return _check_now(now)
+
+    def note_backlogged(self, *, now: float) -> None:
+        _check_now(now)
+
+    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
+        _check_reported(bytes_per_s)
+        _check_now(now)
+
+
+class ReceiverDrivenPacer:
+    """Token bucket whose rate follows the receiver's measured receive rate.
+
+    Tokens (bytes) accrue at :attr:`rate` up to ``burst_bytes``, so a sender is
+    never more than one burst ahead of the rate; the bucket starts full. A send
+    may overdraw the bucket (a batch larger than the allowance): the debt is
+    paid before anything else may go, so the long-run rate holds.
+
+    :meth:`on_feedback` sets ``rate = clamp(gain * reported, min_rate, max_rate)``
+    when that raises the rate, and when it lowers it only if the sender was
+    backlogged (:meth:`note_backlogged`, a :meth:`next_send_time` that had to
+    wait, or an :meth:`on_sent` that left less than another such send) *and*
+    used at least ``used_fraction`` of the tokens it accrued since the previous
+    feedback. After ``idle_reset`` seconds without sending or waiting, the rate
+    returns to ``initial_rate``.
+    """
+
+    __slots__ = (
+        "_backlogged",
+        "_budget",
+        "_last",
+        "_last_active",
+        "_rate",
+        "_tokens",
+        "_wasted",
+        "burst_bytes",
+        "gain",
+        "idle_reset",
+        "initial_rate",
+        "max_rate",
+        "min_rate",
+        "used_fraction",
+    )
+
+    def __init__(
+        self,
+        initial_rate: float,
+        min_rate: float,
+        max_rate: float = math.inf,
+        burst_bytes: int = 64 * 1024,
+        *,
+        gain: float = 1.25,
+        idle_reset: float = 1.0,
+        used_fraction: float = 0.9,
+    ) -> None:
+        if not (math.isfinite(min_rate) and min_rate > 0):
+            raise ValueError(f"min_rate={min_rate} must be a finite rate > 0")
+        if not max_rate >= min_rate:
+            raise ValueError(f"max_rate={max_rate} must be >= min_rate={min_rate}")
+        if not (math.isfinite(initial_rate) and min_rate <= initial_rate <= max_rate):
+            raise ValueError(
+                f"initial_rate={initial_rate} must be finite and within "
+                f"[min_rate={min_rate}, max_rate={max_rate}]"
+            )
+        if isinstance(burst_bytes, bool) or not isinstance(burst_bytes, int) or burst_bytes < 1:
+            raise ValueError(f"burst_bytes={burst_bytes!r} must be a positive integer")
+        if not (math.isfinite(gain) and gain > 0):
+            raise ValueError(f"gain={gain} must be a finite factor > 0")
+        if not idle_reset > 0:
+            raise ValueError(f"idle_reset={idle_reset} must be > 0 seconds (math.inf: never)")
+        if not 0.0 <= used_fraction <= 1.0:
+            raise ValueError(f"used_fraction={used_fraction} outside [0, 1]")
+        self.initial_rate = float(initial_rate)
+        self.min_rate = float(min_rate)
+        self.max_rate = float(max_rate)
+        self.burst_bytes = burst_bytes
+        self.gain = float(gain)
+        self.idle_reset = float(idle_reset)
+        self.used_fraction = float(used_fraction)
+        self._rate = self.initial_rate
+        self._tokens = float(burst_bytes)
+        self._last: float | None = None  # time the bucket was last brought up to date
+        self._last_active: float | None = None  # last send or wait
+        self._backlogged = False  # since the last feedback
+        self._budget = 0.0  # tokens accrued since the last feedback
+        self._wasted = 0.0  # of those, thrown away by a full bucket
+
+    def __repr__(self) -> str:
+        return (
+            f"ReceiverDrivenPacer(rate={self._rate:.6g}, tokens={self._tokens:.6g}, "
+            f"burst_bytes={self.burst_bytes})"
+        )
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @property
+    def tokens(self) -> float:
+        """Bytes in the bucket as of the last call (negative while in debt)."""
+        return self._tokens
+
+    def _advance(self, now: float) -> None:
+        now = _check_now(now)
+        if self._last is None:
+            self._last = now
+            return
+        dt = now - self._last
+        if dt <= 0:
+            return
+        earned = self._rate * dt
+        room = max(0.0, self.burst_bytes - self._tokens)
+        self._budget += earned
+        if earned > room:
+            self._wasted += earned - room
+            self._tokens = float(self.burst_bytes)
+        else:
+            self._tokens += earned
+        self._last = now
+        if self._last_active is not None and now - self._last_active > self.idle_reset:
+            self._rate = self.initial_rate
+            self._last_active = None
+            self._backlogged = False
+
+    def _slack(self) -> float:
+        """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
+        return _EPS + 4.0 * self._rate * math.ulp(self._last or 0.0)
+
+    def allowance(self, *, now: float) -> int:
+        self._advance(now)
+        return max(0, math.floor(self._tokens + self._slack()))
+
+    def on_sent(self, nbytes: int, *, now: float) -> None:
+        nbytes = _check_nbytes(nbytes)
+        self._advance(now)
+        self._tokens -= nbytes
+        self._last_active = self._last
+        if self._tokens + self._slack() < min(max(nbytes, 1), self.burst_bytes):
+            self._backlogged = True
+
+    def next_send_time(self, nbytes: int, *, now: float) -> float:
+        nbytes = _check_nbytes(nbytes)
+        now = _check_now(now)
+        self._advance(now)
+        need = min(nbytes, self.burst_bytes)
+        if self._tokens + self._slack() >= need:
+            return now
+        self._backlogged = True
+        self._last_active = self._last
+        return now + (need - self._tokens) / self._rate
+
+    def note_backlogged(self, *, now: float) -> None:
+        self._advance(now)
+        self._backlogged = True
+        self._last_active = self._last
+
+    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
+        reported = _check_reported(bytes_per_s)
+        self._advance(now)
+        target = min(max(self.gain * reported, self.min_rate), self.max_rate)
+        pacer_limited = (
+            self._backlogged
+            and self._budget > 0
+            and self._wasted <= (1.0 - self.used_fraction) * self._budget
+        )
+        if target >= self._rate or pacer_limited:
+            self._rate = target
+        self._backlogged = False
+        self._budget = 0.0
+        self._wasted = 0.0
+
+
+# --------------------------------------------------------------------------- receiver
+
+
+class RateMeter:
+    """Receive rate per source, measured over consecutive intervals.
+
+    A window opens with the first bytes after an idle spell and is due
+    ``interval`` seconds later; :meth:`sample` reports bytes/s per source over
+    the time elapsed since the window opened (only sources that sent in it) and
+    opens the next window at once if anything arrived, so a steady stream is
+    measured without gaps. With nothing received, no window is open and
+    :meth:`next_deadline` is None.
+    """
+
+    __slots__ = ("_bytes", "_start", "interval")
+
+    def __init__(self, interval: float = 100e-6) -> None:
+        if not (math.isfinite(interval) and interval > 0):
+            raise ValueError(f"interval={interval} must be a finite duration > 0 seconds")
+        self.interval = float(interval)
+        self._start: float | None = None
+        self._bytes: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"RateMeter(interval={self.interval}, window_start={self._start})"
+
+    def _open(self, now: float) -> None:
+        if self._start is None:
+            self._start = now
+
+    def on_bytes(self, src: int, nbytes: int, *, now: float) -> None:
+        """``nbytes`` arrived from ``src`` at ``now``."""
+        if isinstance(src, bool) or not isinstance(src, int | np.integer) or src < 0:
+            raise ValueError(f"src={src!r} must be a non-negative integer")
+        nbytes = _check_nbytes(nbytes)
+        self._open(_check_now(now))
+        key = int(src)
+        self._bytes[key] = self._bytes.get(key, 0) + nbytes
+
+    def on_batch(
+        self, srcs: NDArray[np.integer], nbytes: NDArray[np.integer], *, now: float
+    ) -> None:
+        """A batch of datagrams arrived at ``now``: ``nbytes[i]`` from ``srcs[i]``."""
+        s = np.asarray(srcs)
+        b = np.asarray(nbytes)
+        if s.shape != b.shape or s.ndim != 1:
+            raise ValueError(
+                f"srcs and nbytes must be 1-D of equal length, got shapes {s.shape} and {b.shape}"
+            )
+        now = _check_now(now)
+        if s.size == 0:
+            return
+        if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(b.dtype, np.integer)):
+            raise ValueError(f"srcs and nbytes must be integers, got {s.dtype} and {b.dtype}")
+        if int(s.min()) < 0 or int(b.min()) < 0:
+            raise ValueError("srcs and nbytes must be non-negative")
+        uniq, inverse = np.unique(s, return_inverse=True)
+        totals = np.bincount(inverse.reshape(-1), weights=b, minlength=len(uniq))
+        self._open(now)
+        for src, total in zip(uniq.tolist(), totals.tolist(), strict=True):
+            self._bytes[src] = self._bytes.get(src, 0) + int(total)
+
+    def due(self, *, now: float) -> bool:
+        """Whether the current window has lasted ``interval``."""
+        deadline = self.next_deadline()
+        return deadline is not None and _check_now(now) >= deadline
+
+    def next_deadline(self) -> float | None:
+        """When the current window is due; None when nothing is being measured."""
+        return None if self._start is None else self._start + self.interval
+
+    def sample(self, *, now: float) -> dict[int, float]:
+        """Bytes/s per source since the window opened, and start the next window.
+
+        Sampling before any time has elapsed returns ``{}`` and keeps the window.
+        """
+        now = _check_now(now)
+        if self._start is None:
+            return {}
+        elapsed = now - self._start
+        if elapsed <= 0:
+            return {}
+        rates = {src: n / elapsed for src, n in self._bytes.items()}
+        self._start = now if self._bytes else None
+        self._bytes = {}
+        return rates
+
+
+# --------------------------------------------------------------------------- registry
+
+_PACERS: Final[dict[str, Callable[..., Pacer]]] = {
+    "unpaced": Unpaced,
+    "receiver": ReceiverDrivenPacer,
+}
+
+
+def available_pacers() -> list[str]:
+    return sorted(_PACERS)
+
+
+def make_pacer(name: str, **options: object) -> Pacer:
+    """A pacer by name (``"unpaced"``, ``"receiver"``) with its options.
+
+    Raises :class:`ValueError` for an unknown name, option or option value.
+    """
+    try:
+        factory = _PACERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown pacer {name!r}; known pacers: {', '.join(available_pacers())}"
+        ) from None
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for pacer {name!r}: {exc}") from exc

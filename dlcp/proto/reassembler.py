@@ -1,0 +1,328 @@
+"""Packets -> tensor: scatter in any order, bounded-loss completion, fill policy.
+
+One :class:`Reassembler` per incoming message. It owns (or borrows) the output
+buffer, learns the chunk geometry from the first packet and then holds every
+later packet to it, writes payloads at their offsets, ignores duplicates, and
+tracks which chunks arrived and of which class.
+
+Completion rule (``docs/spec.md``, "Completion"):
+
+* every element arrived; or
+* the sender's FINISH was seen, at least ``msg_elems - allowed_loss`` elements
+  arrived, and every protected chunk FINISH announced arrived, where
+  ``allowed_loss = floor(p * msg_elems)``.
+
+At completion the missing elements are filled (zeros, previous values, or
+zeros plus an unbiased rescale of what arrived) and a :class:`LossReport`
+says exactly what was lost, where and of which class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import FillPolicy
+from .wire import DType, Finish, Flags
+
+__all__ = ["GeometryError", "LossReport", "Reassembler"]
+
+Int64Array = npt.NDArray[np.int64]
+UInt8Array = npt.NDArray[np.uint8]
+BoolArray = npt.NDArray[np.bool_]
+N_CLASSES = 16  # 8 priorities x {protected, drop-eligible}, index prio * 2 + drop
+
+
+class GeometryError(ValueError):
+    """A packet disagrees with the message it claims to belong to."""
+
+
+@dataclass(frozen=True, slots=True)
+class LossReport:
+    """What a completed message lost. Every completion carries one."""
+
+    msg_elems: int
+    received_elems: int
+    #: elements filled by the fill policy
+    lost_elems: int
+    #: (offset, length) element ranges that were filled
+    lost_ranges: tuple[tuple[int, int], ...]
+    #: chunks received / lost per class, index prio * 2 + drop
+    received_chunks: tuple[int, ...]
+    lost_chunks: tuple[int, ...]
+    #: chunks that arrived as retransmissions, and duplicates ignored
+    retransmitted_chunks: int
+    duplicate_chunks: int
+    #: NACK rounds the receiver asked for
+    nack_rounds: int
+    bound: float
+    fill: FillPolicy
+    #: seconds from the first packet to completion
+    duration: float
+
+    @property
+    def lost_fraction(self) -> float:
+        return self.lost_elems / self.msg_elems
+
+
+def _float_view(buf: npt.NDArray[np.generic], dtype: DType) -> npt.NDArray[np.float32]:
+    if dtype is DType.BFLOAT16:
+        return (buf.astype(np.uint32) << 16).view(np.float32)
+    return buf.astype(np.float32)
+
+
+class Reassembler:
+    """Receive state of one message."""
+
+    def __init__(
+        self,
+        *,
+        dtype: DType,
+        msg_elems: int,
+        chunk_elems: int,
+        out: npt.NDArray[np.generic] | None,
+        bound: float,
+        fill: FillPolicy,
+        now: float,
+    ) -> None:
+        if out is None:
+            out = np.empty(msg_elems, dtype=dtype.numpy())
+        elif out.dtype != dtype.numpy() or out.shape != (msg_elems,) or not out.flags.c_contiguous:
+            raise GeometryError(
+                f"output buffer is {out.dtype}{list(out.shape)}, message is "
+                f"{dtype.name.lower()}[{msg_elems}] (contiguous)"
+            )
+        if fill is FillPolicy.RESCALE and dtype is DType.UINT8:
+            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
+        self.dtype = dtype
+        self.msg_elems = msg_elems
+        self.chunk_elems = chunk_elems
+        self.n_chunks = -(-msg_elems // chunk_elems)
+        self.out = out
+        self.bound = bound
+        self.allowed_loss = int(bound * msg_elems + 1e-9)
+        self.fill = fill
+        self.started = now
+        self.last_activity = now
+        self._bytes = out.view(np.uint8)
+        self.chunk_bytes = chunk_elems * dtype.itemsize
+        self.received = np.zeros(self.n_chunks, dtype=np.bool_)
+        self.received_class = np.zeros(self.n_chunks, dtype=np.uint8)
+        self.received_elems = 0
+        self.received_protected = 0
+        self.retransmitted = 0
+        self.duplicates = 0
+        self.nack_rounds = 0
+        self.finish: Finish | None = None
+
+    # ------------------------------------------------------------------ geometry
+
+    @staticmethod
+    def chunk_elems_of(
+        *, seq: int, offset: int, payload_elems: int, last: bool, msg_elems: int
+    ) -> int:
+        """The message's chunk size as one packet reveals it."""
+        if not last:
+            return payload_elems
+        if seq == 0:
+            return msg_elems
+        if offset % seq:
+            raise GeometryError(f"offset {offset} is not a multiple of seq {seq}")
+        return offset // seq
+
+    def replace_output(self, out: npt.NDArray[np.generic]) -> None:
+        """Move to a caller's buffer (the message arrived before it was asked for)."""
+        if out.dtype != self.out.dtype or out.shape != self.out.shape or not out.flags.c_contiguous:
+            raise GeometryError(
+                f"output buffer is {out.dtype}{list(out.shape)}, message is "
+                f"{self.out.dtype}{list(self.out.shape)} (contiguous)"
+            )
+        if self.fill is FillPolicy.PREVIOUS:
+            # keep the caller's previous values where nothing arrived yet
+            full, tail = self._masks_for(self.received)
+            dst = out.view(np.uint8)
+            dst2d = dst[: self._n_full * self.chunk_bytes].reshape(-1, self.chunk_bytes)
+            dst2d[full] = self._bytes[: self._n_full * self.chunk_bytes].reshape(
+                -1, self.chunk_bytes
+            )[full]
+            if tail:
+                dst[self._n_full * self.chunk_bytes :] = self._bytes[
+                    self._n_full * self.chunk_bytes :
+                ]
+        else:
+            out[...] = self.out
+        self.out = out
+        self._bytes = out.view(np.uint8)
+
+    @property
+    def _n_full(self) -> int:
+        return self.msg_elems // self.chunk_elems
+
+    def _masks_for(self, chunks: BoolArray) -> tuple[BoolArray, bool]:
+        n_full = self._n_full
+        return chunks[:n_full], bool(n_full < self.n_chunks and chunks[-1])
+
+    # ------------------------------------------------------------------ receive
+
+    def scatter(self, headers: npt.NDArray[np.void], payloads: UInt8Array, *, now: float) -> int:
+        """Write the payloads of ``headers`` (all of this message, already valid on
+        the wire) into the buffer. Returns how many new chunks arrived. Raises
+        :class:`GeometryError` if any packet disagrees with the message geometry;
+        then nothing of the batch is written.
+        """
+        seq = headers["seq"].astype(np.int64)
+        self._check_geometry(headers, seq)
+        self.last_activity = now
+        fresh = ~self.received[seq]
+        if len(seq) > 1:  # duplicates inside the batch
+            _, first = np.unique(seq, return_index=True)
+            once = np.zeros(len(seq), dtype=np.bool_)
+            once[first] = True
+            fresh &= once
+        n_fresh = int(fresh.sum())
+        self.duplicates += len(seq) - n_fresh
+        if n_fresh == 0:
+            return 0
+        if n_fresh < len(seq):
+            seq, headers, payloads = seq[fresh], headers[fresh], payloads[fresh]
+        cb = self.chunk_bytes
+        n_full = self._n_full
+        full = seq < n_full
+        if (
+            full.all()
+            and int(seq[-1]) - int(seq[0]) == len(seq) - 1
+            and (len(seq) == 1 or bool(np.all(np.diff(seq) == 1)))
+        ):
+            start = int(seq[0]) * cb
+            self._bytes[start : start + len(seq) * cb].reshape(len(seq), cb)[...] = payloads[:, :cb]
+        else:
+            if full.any():
+                dst2d = self._bytes[: n_full * cb].reshape(n_full, cb)
+                dst2d[seq[full]] = payloads[full, :cb]
+            if not full.all():
+                i = int(np.argmin(full))
+                tail = self._bytes[n_full * cb :]
+                tail[...] = payloads[i, : len(tail)]
+        tclass = headers["tclass"]
+        cls = (tclass >> 5) * 2 + ((tclass >> 4) & 1)
+        self.received[seq] = True
+        self.received_class[seq] = cls
+        elems = np.minimum((seq + 1) * self.chunk_elems, self.msg_elems) - seq * self.chunk_elems
+        self.received_elems += int(elems.sum())
+        self.received_protected += int(np.count_nonzero((tclass & 0x10) == 0))
+        self.retransmitted += int(np.count_nonzero(headers["flags"] & Flags.RETRANSMIT))
+        return n_fresh
+
+    def _check_geometry(self, h: npt.NDArray[np.void], seq: Int64Array) -> None:
+        if np.any(h["msg_elems"] != self.msg_elems) or np.any((h["dtype"] >> 4) != self.dtype):
+            raise GeometryError("packet's msg_elems or dtype differs from its message's")
+        if np.any(h["offset"].astype(np.int64) != seq * self.chunk_elems):
+            raise GeometryError(f"offset is not seq * chunk_elems ({self.chunk_elems})")
+        expected = np.minimum((seq + 1) * self.chunk_elems, self.msg_elems) - seq * self.chunk_elems
+        if np.any(h["payload_len"].astype(np.int64) != expected * self.dtype.itemsize):
+            raise GeometryError(f"payload length differs from the chunk size {self.chunk_elems}")
+        last = (h["flags"] & Flags.LAST) != 0
+        if np.any(last != (seq == self.n_chunks - 1)):
+            raise GeometryError("LAST flag on a chunk that is not the message's last")
+
+    def on_finish(self, finish: Finish) -> bool:
+        """Record the sender's FINISH; False if it contradicts the message."""
+        if finish.total_chunks != self.n_chunks:
+            return False
+        if self.finish is None or finish.round >= self.finish.round:
+            self.finish = finish
+        return True
+
+    # ------------------------------------------------------------------ completion
+
+    @property
+    def required_elems(self) -> int:
+        return self.msg_elems - self.allowed_loss
+
+    def is_complete(self) -> bool:
+        if self.received_elems == self.msg_elems:
+            return True
+        if self.finish is None:
+            return False
+        return (
+            self.received_elems >= self.required_elems
+            and self.received_protected >= self.finish.protected_chunks
+        )
+
+    def needed_elems(self) -> int:
+        return max(0, self.required_elems - self.received_elems)
+
+    def missing_ranges(self, limit: int) -> tuple[tuple[int, int], ...]:
+        """Missing chunks as (first_seq, count) ranges, at most ``limit`` of them.
+
+        If there are more runs than ``limit``, the closest runs are merged: the
+        request then also names some chunks that arrived, which the sender
+        resends and the receiver ignores as duplicates. Nothing missing is left out.
+        """
+        starts, lengths = _runs(~self.received)
+        if len(starts) > limit:
+            gaps = starts[1:] - (starts[:-1] + lengths[:-1])
+            keep = np.sort(np.argsort(gaps, kind="stable")[len(starts) - limit :])
+            # a run starts after each kept gap
+            new_starts = np.concatenate(([starts[0]], starts[keep + 1]))
+            ends = np.concatenate((starts[keep] + lengths[keep], [starts[-1] + lengths[-1]]))
+            starts, lengths = new_starts, ends - new_starts
+        return tuple(zip(starts.tolist(), lengths.tolist(), strict=True))
+
+    def complete(self, *, now: float) -> LossReport:
+        """Fill what is missing and report it. Call once :meth:`is_complete` is true."""
+        missing = ~self.received
+        starts, lengths = _runs(missing)
+        ranges = []
+        for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            off = s * self.chunk_elems
+            ranges.append((off, min((s + n) * self.chunk_elems, self.msg_elems) - off))
+        lost_elems = self.msg_elems - self.received_elems
+        if lost_elems:
+            self._fill(ranges)
+        received = np.bincount(self.received_class[self.received], minlength=N_CLASSES)
+        if self.finish is not None:
+            sent = np.array(self.finish.class_chunks, dtype=np.int64)
+            lost = np.maximum(sent - received, 0)
+        else:
+            lost = np.zeros(N_CLASSES, dtype=np.int64)
+        return LossReport(
+            msg_elems=self.msg_elems,
+            received_elems=self.received_elems,
+            lost_elems=lost_elems,
+            lost_ranges=tuple(ranges),
+            received_chunks=tuple(int(x) for x in received),
+            lost_chunks=tuple(int(x) for x in lost),
+            retransmitted_chunks=self.retransmitted,
+            duplicate_chunks=self.duplicates,
+            nack_rounds=self.nack_rounds,
+            bound=self.bound,
+            fill=self.fill,
+            duration=now - self.started,
+        )
+
+    def _fill(self, ranges: list[tuple[int, int]]) -> None:
+        if self.fill is FillPolicy.PREVIOUS:
+            return  # the buffer already holds the previous values there
+        for off, n in ranges:
+            self.out[off : off + n] = 0
+        if self.fill is FillPolicy.RESCALE and self.received_elems:
+            scale = self.msg_elems / self.received_elems
+            if self.dtype is DType.BFLOAT16:
+                as_f32 = _float_view(self.out, self.dtype) * np.float32(scale)
+                bits = as_f32.view(np.uint32)
+                # round to nearest even when dropping the low 16 bits
+                rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+                self.out[...] = (rounded >> 16).astype(np.uint16)
+            else:
+                np.multiply(self.out, scale, out=self.out, casting="same_kind")
+
+
+def _runs(mask: BoolArray) -> tuple[Int64Array, Int64Array]:
+    """Start and length of each run of True in ``mask``."""
+    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    starts = edges[0::2].astype(np.int64)
+    return starts, (edges[1::2] - edges[0::2]).astype(np.int64)

@@ -1,0 +1,209 @@
+"""Stop / finish / NACK: the per-message recovery state machines.
+
+Sender, per message (``docs/spec.md``, "Exchange")::
+
+    SENDING --all records of the round handed out--> AWAITING  (send FINISH r)
+    AWAITING --NACK r--> SENDING round r+1 (retransmissions), or FAILED past max_rounds
+    AWAITING --finish_timeout--> AWAITING (FINISH r again), or FAILED after finish_retries
+    SENDING | AWAITING --STOP--> DONE
+    any --ABORT--> FAILED
+
+Receiver, per message::
+
+    RECEIVING --complete--> DONE (send STOP; fill; report)
+    RECEIVING --FINISH r, bound unmet--> wait reorder_grace --> NACK r, repeated
+              every nack_timeout while nothing new arrives
+    RECEIVING --no packet for recv_idle_timeout--> FAILED
+    any --ABORT--> FAILED
+
+Retransmission choice (sender): every missing protected chunk the NACK names,
+then missing drop-eligible chunks in send order (highest priority first) until
+the elements resent cover what the receiver said it still needs.
+
+Nothing here touches a clock: each method that depends on time takes ``now``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import ProtocolConfig
+from .packetizer import ChunkTable
+from .reassembler import Reassembler
+from .wire import MAX_NACK_RANGES, Finish, Nack
+
+__all__ = ["Failure", "ReceiverRecovery", "SendPhase", "SenderRecovery", "select_retransmissions"]
+
+Int64Array = npt.NDArray[np.int64]
+
+
+class SendPhase(enum.Enum):
+    SENDING = "sending"
+    AWAITING = "awaiting"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a message failed; ``message`` is the text users see."""
+
+    message: str
+    peer_timeout: bool = False
+
+
+def select_retransmissions(table: ChunkTable, nack: Nack) -> Int64Array:
+    """Chunks to resend for ``nack``, in send order (see the module rules)."""
+    if not nack.ranges:
+        return np.zeros(0, dtype=np.int64)
+    named = np.concatenate(
+        [np.arange(first, first + n, dtype=np.int64) for first, n in nack.ranges]
+    )
+    named = np.unique(named[named < table.n_chunks])
+    ordered = table.send_order(named)
+    protected = ~table.drop[ordered]
+    elems = table.chunk_len(ordered)
+    covered = int(elems[protected].sum())
+    droppable = ordered[~protected]
+    if covered >= nack.needed_elems or len(droppable) == 0:
+        chosen_droppable = droppable[:0]
+    else:
+        cum = np.cumsum(elems[~protected])
+        k = int(np.searchsorted(cum, nack.needed_elems - covered)) + 1
+        chosen_droppable = droppable[:k]
+    keep = np.concatenate((ordered[protected], chosen_droppable))
+    return table.send_order(keep)
+
+
+class SenderRecovery:
+    """Sender side of one message: rounds, FINISH timers, giving up."""
+
+    def __init__(self, table: ChunkTable, config: ProtocolConfig, *, now: float) -> None:
+        self.table = table
+        self.config = config
+        self.phase = SendPhase.SENDING
+        self.round = 0
+        self.started = now
+        self.finish_tries = 0
+        self.timer: float | None = None
+        self.failure: Failure | None = None
+        self.sent_packets = 0
+        self.retransmitted_packets = 0
+        self.received_elems = 0
+        n = table.n_chunks
+        # per-(priority, drop) chunk counts, announced in every FINISH
+        cls = table.prio.astype(np.int64) * 2 + table.drop
+        self._class_chunks = tuple(int(x) for x in np.bincount(cls, minlength=16))
+        self._protected = int(n - np.count_nonzero(table.drop))
+
+    def finish_message(self, *, step: int, msg: int, src: int) -> Finish:
+        return Finish(
+            step,
+            msg,
+            src,
+            round=self.round,
+            total_chunks=self.table.n_chunks,
+            protected_chunks=self._protected,
+            class_chunks=self._class_chunks,
+        )
+
+    def round_sent(self, *, now: float) -> None:
+        """Every record of the current round went out: FINISH follows."""
+        self.phase = SendPhase.AWAITING
+        self.finish_tries = 1
+        self.timer = now + self.config.finish_timeout
+
+    def on_nack(self, nack: Nack, *, now: float) -> Int64Array | None:
+        """Chunks to resend for a NACK of the current round, or None if it is stale
+        or arrives while this round is still being sent."""
+        if self.phase is not SendPhase.AWAITING or nack.round != self.round:
+            return None
+        if self.round >= self.config.max_rounds:
+            self._fail(
+                f"gave up after {self.round} retransmission rounds; receiver still "
+                f"needs {nack.needed_elems} elements"
+            )
+            return None
+        seqs = select_retransmissions(self.table, nack)
+        self.round += 1
+        self.phase = SendPhase.SENDING
+        self.timer = None
+        return seqs
+
+    def on_stop(self, received_elems: int) -> None:
+        if self.phase in (SendPhase.SENDING, SendPhase.AWAITING):
+            self.phase = SendPhase.DONE
+            self.timer = None
+            self.received_elems = received_elems
+
+    def on_abort(self, why: str) -> None:
+        if self.phase in (SendPhase.SENDING, SendPhase.AWAITING):
+            self._fail(why)
+
+    def on_timer(self, *, now: float) -> bool:
+        """Handle an expired timer; True if FINISH must be sent again."""
+        if self.timer is None or now < self.timer or self.phase is not SendPhase.AWAITING:
+            return False
+        if self.finish_tries >= self.config.finish_retries:
+            waited = self.finish_tries * self.config.finish_timeout
+            self._fail(f"receiver did not answer FINISH for {waited:.3g} s", peer_timeout=True)
+            return False
+        self.finish_tries += 1
+        self.timer = now + self.config.finish_timeout
+        return True
+
+    def _fail(self, message: str, *, peer_timeout: bool = False) -> None:
+        self.phase = SendPhase.FAILED
+        self.timer = None
+        self.failure = Failure(message, peer_timeout)
+
+
+class ReceiverRecovery:
+    """Receiver side of one message: when to NACK, when to give up."""
+
+    def __init__(self, reassembler: Reassembler, config: ProtocolConfig) -> None:
+        self.reassembler = reassembler
+        self.config = config
+        self.nack_at: float | None = None
+        self.nack_round = -1  # FINISH round last NACKed
+        self.failure: Failure | None = None
+
+    @property
+    def timer(self) -> float | None:
+        idle = self.reassembler.last_activity + self.config.recv_idle_timeout
+        return idle if self.nack_at is None else min(self.nack_at, idle)
+
+    def on_finish(self, finish_round: int, *, now: float) -> None:
+        """FINISH arrived and the message is not complete: NACK after the grace
+        (data travels by UDP, FINISH by the control channel and may overtake it)."""
+        if finish_round > self.nack_round or self.nack_at is None:
+            self.nack_at = now + self.config.reorder_grace
+
+    def on_timer(self, *, now: float, step: int, msg: int, src: int) -> Nack | None:
+        """A NACK to send now, or None. Sets :attr:`failure` on idle timeout."""
+        r = self.reassembler
+        if now >= r.last_activity + self.config.recv_idle_timeout:
+            self.failure = Failure(
+                f"no packet for {self.config.recv_idle_timeout:.3g} s with "
+                f"{r.received_elems} of {r.msg_elems} elements received",
+                peer_timeout=True,
+            )
+            return None
+        if self.nack_at is None or now < self.nack_at or r.finish is None:
+            return None
+        # repeated every nack_timeout until the sender answers with a new round
+        self.nack_round = r.finish.round
+        self.nack_at = now + self.config.nack_timeout
+        r.nack_rounds += 1
+        return Nack(
+            step,
+            msg,
+            src,
+            round=r.finish.round,
+            needed_elems=r.needed_elems(),
+            ranges=r.missing_ranges(MAX_NACK_RANGES),
+        )

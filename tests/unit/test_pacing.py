@@ -1,0 +1,314 @@
+"""Rate control: token-bucket pacer driven by receiver feedback, and the rate meter."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlcp.proto.pacing import (
+    UNLIMITED,
+    RateMeter,
+    ReceiverDrivenPacer,
+    Unpaced,
+    available_pacers,
+    make_pacer,
+)
+
+PKT = 1452
+
+
+def pacer(**kw: float) -> ReceiverDrivenPacer:
+    opts: dict[str, float] = {
+        "initial_rate": 1e6, "min_rate": 1e4, "max_rate": 1e8, "burst_bytes": 10_000,
+    }
+    opts.update(kw)
+    return ReceiverDrivenPacer(**opts)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- unpaced
+
+
+def test_unpaced_always_allows() -> None:
+    p = Unpaced()
+    assert p.rate == math.inf
+    assert p.allowance(now=0.0) == UNLIMITED
+    p.on_sent(10**9, now=0.0)
+    assert p.allowance(now=0.0) == UNLIMITED
+    assert p.next_send_time(10**9, now=3.5) == 3.5
+    p.on_feedback(1.0, now=4.0)
+    assert p.rate == math.inf
+
+
+# --------------------------------------------------------------------------- token bucket
+
+
+def test_bucket_starts_full_and_caps_at_one_burst() -> None:
+    p = pacer()
+    assert p.allowance(now=0.0) == 10_000
+    assert p.allowance(now=100.0) == 10_000  # idle for long: still one burst
+    p.on_sent(10_000, now=100.0)
+    assert p.allowance(now=100.0) == 0
+    assert p.allowance(now=100.005) == 5_000  # 1e6 B/s * 5 ms
+
+
+def test_packet_sender_long_run_matches_rate() -> None:
+    p = pacer()
+    t, sent, end = 0.0, 0, 10.0
+    while True:
+        t = p.next_send_time(PKT, now=t)
+        if t > end:
+            break
+        p.on_sent(PKT, now=t)
+        sent += PKT
+    expected = 1e6 * end + 10_000  # rate * time plus the initial burst
+    assert abs(sent - expected) / expected < 0.01
+
+
+def test_allowance_sender_long_run_matches_rate() -> None:
+    # polls at irregular times more often than a burst lasts: no allowance is wasted
+    p = pacer(initial_rate=3e6, burst_bytes=64_000)
+    rng = np.random.default_rng(7)
+    times = np.cumsum(rng.uniform(0.0, 0.004, 5000))
+    sent = 0
+    for t in times:
+        n = p.allowance(now=float(t))
+        p.on_sent(n, now=float(t))
+        sent += n
+    expected = 3e6 * float(times[-1]) + 64_000
+    assert abs(sent - expected) / expected < 0.01
+
+
+def test_overdraft_is_paid_back() -> None:
+    p = pacer()
+    p.on_sent(30_000, now=0.0)  # one batch larger than the allowance
+    assert p.allowance(now=0.0) == 0
+    # debt of 20_000 plus one packet at 1e6 B/s
+    assert p.next_send_time(PKT, now=0.0) == pytest.approx((20_000 + PKT) / 1e6)
+
+
+@settings(max_examples=200)
+@given(
+    start=st.sampled_from([0.0, 1.5, 86_400.0, 1e6]),
+    rate=st.floats(1e3, 1.25e10),
+    sends=st.lists(st.tuples(st.floats(0, 0.01), st.integers(0, 200_000)), max_size=8),
+    n=st.integers(0, 200_000),
+)
+def test_next_send_time_is_consistent_with_allowance(
+    start: float, rate: float, sends: list[tuple[float, int]], n: int
+) -> None:
+    p = ReceiverDrivenPacer(rate, rate, rate, burst_bytes=65_536)
+    t = start
+    for dt, size in sends:
+        t += dt
+        p.on_sent(min(size, p.allowance(now=t)), now=t)
+    need = min(n, 65_536)
+    when = p.next_send_time(n, now=t)
+    if when == t:
+        assert p.allowance(now=t) >= need
+        return
+    assert when > t
+    at = copy.deepcopy(p)
+    assert at.allowance(now=when) >= need
+    if 0.01 * rate * (when - t) >= 1.0:  # 1 % earlier is at least a byte short
+        before = copy.deepcopy(p)
+        assert before.allowance(now=t + 0.99 * (when - t)) < need
+
+
+# --------------------------------------------------------------------------- feedback
+
+
+def drain_backlogged(p: ReceiverDrivenPacer, t0: float, t1: float, step: float = 1e-4) -> float:
+    """A sender with endless data from t0 to t1; returns bytes sent."""
+    sent = 0
+    for t in np.arange(t0, t1, step):
+        n = p.allowance(now=float(t))
+        if n < PKT:
+            p.next_send_time(PKT, now=float(t))
+            continue
+        n -= n % PKT
+        p.on_sent(n, now=float(t))
+        sent += n
+    return sent
+
+
+def test_feedback_sets_rate_when_backlogged() -> None:
+    p = pacer()
+    drain_backlogged(p, 0.0, 0.05)
+    p.on_feedback(400_000.0, now=0.05)
+    assert p.rate == pytest.approx(1.25 * 400_000)
+    drain_backlogged(p, 0.05, 0.1)
+    p.on_feedback(1.0, now=0.1)
+    assert p.rate == 1e4  # clamped to min_rate
+    p.on_feedback(1e12, now=0.1)
+    assert p.rate == 1e8  # increases are always taken, clamped to max_rate
+
+
+def test_feedback_while_idle_does_not_collapse_rate() -> None:
+    p = pacer()
+    p.on_sent(PKT, now=0.0)  # a little traffic, then the sender computes
+    p.on_feedback(0.0, now=0.2)
+    assert p.rate == 1e6
+    p.on_feedback(5_000.0, now=0.4)
+    assert p.rate == 1e6
+
+
+def test_feedback_after_partly_idle_interval_is_not_a_decrease() -> None:
+    p = pacer()
+    drain_backlogged(p, 0.0, 0.02)  # backlogged for 20 ms
+    # then idle for 80 ms: the receiver measured ~1/5 of the pacing rate
+    p.on_feedback(200_000.0, now=0.1)
+    assert p.rate == 1e6
+
+
+def test_feedback_increase_taken_even_when_not_backlogged() -> None:
+    p = pacer()
+    p.on_feedback(2e6, now=1.0)
+    assert p.rate == pytest.approx(2.5e6)
+
+
+def test_idle_reset_returns_to_initial_rate() -> None:
+    p = pacer(idle_reset=0.5)
+    drain_backlogged(p, 0.0, 0.05)
+    p.on_feedback(100_000.0, now=0.05)
+    assert p.rate == pytest.approx(125_000)
+    assert p.allowance(now=0.4) > 0  # still within idle_reset
+    assert p.rate == pytest.approx(125_000)
+    assert p.allowance(now=0.7) == 10_000
+    assert p.rate == 1e6
+
+
+def test_closed_loop_follows_bottleneck() -> None:
+    """Sender with endless data, a 500 kB/s bottleneck with a queue, receiver feedback."""
+    capacity, step, fb_every = 500_000.0, 1e-3, 10
+    p = pacer(initial_rate=2e6)
+    meter = RateMeter(interval=fb_every * step)
+    queue = 0.0
+    for i in range(2000):
+        t = i * step
+        n = p.allowance(now=t)
+        p.on_sent(n, now=t)
+        p.note_backlogged(now=t)
+        queue += n
+        delivered = min(queue, capacity * step)
+        queue -= delivered
+        meter.on_bytes(1, int(delivered), now=t)
+        if meter.due(now=t):
+            for _src, r in meter.sample(now=t).items():
+                p.on_feedback(r, now=t)
+    assert capacity <= p.rate <= 1.25 * capacity * 1.02
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"min_rate": 0.0}, "min_rate=0.0"),
+        ({"max_rate": 1.0}, "max_rate=1.0"),
+        ({"initial_rate": 1e9}, "initial_rate=1000000000.0"),
+        ({"burst_bytes": 0}, "burst_bytes=0"),
+        ({"gain": 0.0}, "gain=0.0"),
+        ({"idle_reset": 0.0}, "idle_reset=0.0"),
+        ({"used_fraction": 1.5}, "used_fraction=1.5"),
+    ],
+)
+def test_pacer_bad_options(kw: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        pacer(**kw)
+
+
+def test_pacer_bad_calls() -> None:
+    p = pacer()
+    with pytest.raises(ValueError, match="nbytes=-1"):
+        p.on_sent(-1, now=0.0)
+    with pytest.raises(ValueError, match="now=nan"):
+        p.allowance(now=float("nan"))
+    with pytest.raises(ValueError, match="bytes_per_s=-5"):
+        p.on_feedback(-5.0, now=0.0)
+
+
+def test_make_pacer() -> None:
+    assert available_pacers() == ["receiver", "unpaced"]
+    assert isinstance(make_pacer("unpaced"), Unpaced)
+    p = make_pacer("receiver", initial_rate=1e6, min_rate=1e3)
+    assert isinstance(p, ReceiverDrivenPacer) and p.rate == 1e6
+    with pytest.raises(ValueError, match="unknown pacer 'tcp'; known pacers: receiver, unpaced"):
+        make_pacer("tcp")
+    with pytest.raises(ValueError, match="bad options for pacer 'receiver'"):
+        make_pacer("receiver", initial_rate=1e6, min_rate=1e3, bogus=1)
+
+
+# --------------------------------------------------------------------------- rate meter
+
+
+def test_rate_meter_measures_known_rates() -> None:
+    meter = RateMeter(interval=0.01)
+    samples: list[dict[int, float]] = []
+    for i in range(1000):  # 1 s: src 3 sends 1000 B/ms, src 7 500 B/ms
+        t = i * 1e-3
+        if meter.due(now=t):
+            samples.append(meter.sample(now=t))
+        meter.on_bytes(3, 1000, now=t)
+        meter.on_bytes(7, 500, now=t)
+    assert len(samples) >= 95
+    for s in samples:
+        assert s.keys() == {3, 7}
+        assert s[3] == pytest.approx(1e6, rel=0.01)
+        assert s[7] == pytest.approx(5e5, rel=0.01)
+
+
+def test_rate_meter_windows_and_deadlines() -> None:
+    meter = RateMeter(interval=0.1)
+    assert meter.next_deadline() is None
+    assert not meter.due(now=5.0)
+    assert meter.sample(now=5.0) == {}
+    meter.on_bytes(1, 1000, now=1.0)
+    assert meter.next_deadline() == pytest.approx(1.1)
+    assert not meter.due(now=1.05)
+    assert meter.due(now=1.1)
+    assert meter.sample(now=1.2) == {1: pytest.approx(5000.0)}
+    # traffic flowed: the next window opened at once; nothing arrives in it
+    assert meter.next_deadline() == pytest.approx(1.3)
+    assert meter.sample(now=1.3) == {}
+    assert meter.next_deadline() is None
+
+
+def test_rate_meter_only_reports_sources_that_sent() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_bytes(1, 100, now=0.0)
+    meter.on_bytes(2, 100, now=0.0)
+    meter.sample(now=0.1)
+    meter.on_bytes(2, 300, now=0.15)
+    assert meter.sample(now=0.2) == {2: pytest.approx(3000.0)}
+
+
+def test_rate_meter_sample_at_window_start_keeps_window() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_bytes(1, 100, now=2.0)
+    assert meter.sample(now=2.0) == {}
+    assert meter.sample(now=2.1) == {1: pytest.approx(1000.0)}
+
+
+def test_rate_meter_batch_equals_single() -> None:
+    a, b = RateMeter(0.1), RateMeter(0.1)
+    srcs = np.array([4, 1, 4, 4, 2], dtype=np.uint16)
+    sizes = np.array([100, 200, 300, 50, 7], dtype=np.int64)
+    a.on_batch(srcs, sizes, now=0.0)
+    for s, n in zip(srcs.tolist(), sizes.tolist(), strict=True):
+        b.on_bytes(s, n, now=0.0)
+    assert a.sample(now=0.1) == b.sample(now=0.1) == {4: 4500.0, 1: 2000.0, 2: 70.0}
+
+
+def test_rate_meter_errors() -> None:
+    with pytest.raises(ValueError, match="interval=0"):
+        RateMeter(0)
+    m = RateMeter(0.1)
+    with pytest.raises(ValueError, match="src=-1"):
+        m.on_bytes(-1, 10, now=0.0)
+    with pytest.raises(ValueError, match="nbytes=-10"):
+        m.on_bytes(1, -10, now=0.0)
+    with pytest.raises(ValueError, match="equal length"):
+        m.on_batch(np.array([1, 2]), np.array([1]), now=0.0)

@@ -1,0 +1,187 @@
+"""Spraying over paths: smooth weighted round-robin and loss-aware shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlcp.proto.paths import PathScheduler, path_loss_from_nack
+
+
+def test_equal_weights_are_round_robin_across_calls() -> None:
+    s = PathScheduler(4)
+    out = np.concatenate([s.assign(3), s.assign(6), s.assign(3)])
+    assert out.tolist() == [0, 1, 2, 3] * 3
+    assert out.dtype == np.uint8
+
+
+def test_smooth_interleaving() -> None:
+    s = PathScheduler(3, [5, 1, 1])
+    assert "".join("abc"[i] for i in s.assign(7)) == "aaabcaa"
+    two = PathScheduler(2, [3, 1]).assign(400)
+    gaps = np.diff(np.flatnonzero(two == 1))
+    assert gaps.max() <= 5  # path 1 comes every 4 picks, never bunched up
+    assert np.all(np.diff(np.flatnonzero(two == 0)) <= 2)
+
+
+@pytest.mark.parametrize("weights", [[1, 1], [3, 1], [5, 2, 2, 1], [0.1, 10, 3], [1] * 8])
+def test_long_run_shares_match_weights(weights: list[float]) -> None:
+    s = PathScheduler(len(weights), weights, min_share=0.0)
+    rng = np.random.default_rng(3)
+    out = np.concatenate([s.assign(int(n)) for n in rng.integers(0, 200, 100)])
+    n = len(out)
+    assert n > 9000
+    counts = np.bincount(out, minlength=len(weights))
+    want = np.array(weights) / sum(weights)
+    assert np.all(np.abs(counts / n - want) < 0.01)
+    assert np.all(np.abs(counts - n * want) <= 3)  # within a few picks, not just 1 %
+
+
+def test_ten_thousand_assignments_within_one_percent() -> None:
+    s = PathScheduler(4, [4, 3, 2, 1])
+    counts = np.bincount(s.assign(10_000), minlength=4)
+    assert np.allclose(counts / 10_000, [0.4, 0.3, 0.2, 0.1], atol=0.01)
+
+
+def test_assignment_is_deterministic() -> None:
+    a, b = PathScheduler(5, [1, 2, 3, 4, 5]), PathScheduler(5, [1, 2, 3, 4, 5])
+    assert a.assign(500).tolist() == b.assign(500).tolist()
+    assert a.assign(0).tolist() == []
+
+
+@settings(max_examples=60)
+@given(
+    weights=st.lists(st.floats(0.05, 20), min_size=1, max_size=10),
+    calls=st.lists(st.integers(0, 300), min_size=1, max_size=20),
+)
+def test_counts_track_shares_for_any_call_pattern(weights: list[float], calls: list[int]) -> None:
+    s = PathScheduler(len(weights), weights, min_share=0.0)
+    out = np.concatenate([s.assign(n) for n in calls])
+    assert len(out) == sum(calls)
+    counts = np.bincount(out, minlength=len(weights))
+    want = sum(calls) * s.effective_weights
+    assert np.all(np.abs(counts - want) <= 2.0)
+
+
+def test_lossy_path_loses_share_and_recovers() -> None:
+    s = PathScheduler(4)
+    for _ in range(10):
+        s.on_loss_report([1000] * 4, [300, 0, 0, 0])
+    assert s.loss[0] == pytest.approx(0.3, abs=0.01)
+    w = s.effective_weights
+    assert w[0] < 0.1 and np.all(w[1:] > 0.29)
+    assert w.sum() == pytest.approx(1.0)
+    counts = np.bincount(s.assign(4000), minlength=4)
+    assert counts[0] < 400
+    assert s.healthy().all()  # 30 % is lossy, not down
+    for _ in range(15):
+        s.on_loss_report([1000] * 4, [0, 0, 0, 0])
+    assert s.loss[0] < 0.01
+    assert s.effective_weights[0] > 0.23
+
+
+def test_down_path_is_probed_with_min_share() -> None:
+    s = PathScheduler(4, min_share=0.01)
+    for _ in range(5):
+        s.on_loss_report([100, 100, 100, 100], [100, 0, 0, 0])
+    assert s.healthy().tolist() == [False, True, True, True]
+    w = s.effective_weights
+    # loss scaling alone would leave it ~3 %; a down path gets exactly min_share
+    assert w[0] == pytest.approx(0.01)
+    assert np.allclose(w[1:], 0.99 / 3)
+    counts = np.bincount(s.assign(1000), minlength=4)
+    assert 9 <= counts[0] <= 11  # still probed
+    for _ in range(10):
+        s.on_loss_report([10, 300, 300, 300], [0, 0, 0, 0])
+    assert s.healthy().all()
+    assert s.effective_weights[0] > 0.15
+
+
+def test_paths_without_traffic_keep_their_estimate() -> None:
+    s = PathScheduler(3)
+    s.on_loss_report([100, 100, 100], [50, 10, 0])
+    before = s.loss
+    s.on_loss_report([0, 100, 0], [0, 0, 0])
+    after = s.loss
+    assert after[0] == before[0] and after[2] == before[2]
+    assert after[1] == pytest.approx(0.7 * before[1])
+
+
+@settings(max_examples=80)
+@given(
+    n=st.integers(1, 12),
+    min_share=st.floats(0, 1),
+    rounds=st.lists(st.lists(st.floats(0, 1), min_size=12, max_size=12), max_size=6),
+)
+def test_shares_sum_to_one_and_respect_min_share(
+    n: int, min_share: float, rounds: list[list[float]]
+) -> None:
+    floor = min_share / n  # always a valid min_share
+    s = PathScheduler(n, min_share=floor)
+    for ratios in rounds:
+        lost = (np.array(ratios[:n]) * 100).astype(int)
+        s.on_loss_report(np.full(n, 100), lost)
+        w = s.effective_weights
+        assert w.sum() == pytest.approx(1.0)
+        assert np.all(w >= floor - 1e-12)
+
+
+def test_all_paths_down_still_spreads_by_loss() -> None:
+    s = PathScheduler(2)
+    for _ in range(6):
+        s.on_loss_report([100, 100], [95, 80])
+    assert not s.healthy().any()
+    w = s.effective_weights
+    assert w.sum() == pytest.approx(1.0) and w[0] < w[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "needle"),
+    [
+        ((0,), {}, "n_paths=0 outside 1..256"),
+        ((257,), {}, "n_paths=257"),
+        ((2, [1.0]), {}, r"one weight per path \(2\)"),
+        ((2, [1.0, -1.0]), {}, "finite and positive"),
+        ((2,), {"loss_alpha": 0.0}, "loss_alpha=0.0"),
+        ((2,), {"min_share": 0.6}, "min_share=0.6"),
+        ((2,), {"down_loss": 0.0}, "down_loss=0.0"),
+        ((2,), {"loss_sensitivity": -1.0}, "loss_sensitivity=-1.0"),
+    ],
+)
+def test_scheduler_bad_options(args: tuple[object, ...], kw: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        PathScheduler(*args, **kw)  # type: ignore[arg-type]
+
+
+def test_loss_report_errors() -> None:
+    s = PathScheduler(3)
+    with pytest.raises(ValueError, match=r"sent must have one count per path \(3\)"):
+        s.on_loss_report([1, 2], [0, 0])
+    with pytest.raises(ValueError, match="path 1 lost 5 packets of only 2 sent"):
+        s.on_loss_report([1, 2, 3], [0, 5, 0])
+    with pytest.raises(ValueError, match="lost must not be negative"):
+        s.on_loss_report([1, 2, 3], [0, -1, 0])
+    with pytest.raises(ValueError, match="n=-1"):
+        s.assign(-1)
+
+
+def test_path_loss_from_nack() -> None:
+    path_of_seq = np.array([0, 1, 2, 0, 1, 2, 0, 1], dtype=np.uint8)
+    sent, lost = path_loss_from_nack(path_of_seq, np.array([3, 6, 6, 1]), 4)
+    assert sent.tolist() == [3, 3, 2, 0]
+    assert lost.tolist() == [2, 1, 0, 0]  # duplicate 6 counted once
+    s = PathScheduler(4)
+    s.on_loss_report(sent, lost)
+    assert s.loss[0] > s.loss[1] > 0 and s.loss[3] == 0
+
+
+def test_path_loss_from_nack_errors() -> None:
+    seqs = np.array([0, 1, 0], dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"missing sequence 3 outside 0\.\.2"):
+        path_loss_from_nack(seqs, np.array([3]), 2)
+    with pytest.raises(ValueError, match=r"path 1, outside 0\.\.0"):
+        path_loss_from_nack(seqs, np.array([0]), 1)
+    with pytest.raises(ValueError, match="n_paths=0"):
+        path_loss_from_nack(seqs, np.array([0]), 0)
