@@ -35,6 +35,10 @@ BoolArray = npt.NDArray[np.bool_]
 N_CLASSES = 16  # 8 priorities x {protected, drop-eligible}, index prio * 2 + drop
 
 
+_LAST = int(Flags.LAST)
+_RETRANSMIT = int(Flags.RETRANSMIT)
+
+
 class GeometryError(ValueError):
     """A packet disagrees with the message it claims to belong to."""
 
@@ -107,6 +111,7 @@ class Reassembler:
         self.started = now
         self.last_activity = now
         self._bytes = out.view(np.uint8)
+        self._dtype_byte = int(dtype) << 4
         self.chunk_bytes = chunk_elems * dtype.itemsize
         self.received = np.zeros(self.n_chunks, dtype=np.bool_)
         self.received_class = np.zeros(self.n_chunks, dtype=np.uint8)
@@ -173,59 +178,71 @@ class Reassembler:
         then nothing of the batch is written.
         """
         seq = headers["seq"].astype(np.int64)
-        self._check_geometry(headers, seq)
+        n = len(seq)
+        start = seq * self.chunk_elems
+        elems = np.minimum(start + self.chunk_elems, self.msg_elems) - start
+        flags = headers["flags"]
+        bad = (
+            (headers["offset"] != start)
+            | (headers["payload_len"] != elems * self.dtype.itemsize)
+            | (headers["msg_elems"] != self.msg_elems)
+            | (headers["dtype"] != self._dtype_byte)
+            | (((flags & _LAST) != 0) != (seq == self.n_chunks - 1))
+        )
+        if bad.any():
+            raise GeometryError(self._geometry_message(headers[bad][0]))
         self.last_activity = now
         fresh = ~self.received[seq]
-        if len(seq) > 1:  # duplicates inside the batch
+        if n > 1 and not bool((seq[1:] > seq[:-1]).all()):  # maybe duplicates in the batch
             _, first = np.unique(seq, return_index=True)
-            once = np.zeros(len(seq), dtype=np.bool_)
+            once = np.zeros(n, dtype=np.bool_)
             once[first] = True
             fresh &= once
-        n_fresh = int(fresh.sum())
-        self.duplicates += len(seq) - n_fresh
+        n_fresh = int(np.count_nonzero(fresh))
+        self.duplicates += n - n_fresh
         if n_fresh == 0:
             return 0
-        if n_fresh < len(seq):
-            seq, headers, payloads = seq[fresh], headers[fresh], payloads[fresh]
-        cb = self.chunk_bytes
-        n_full = self._n_full
-        full = seq < n_full
-        if (
-            full.all()
-            and int(seq[-1]) - int(seq[0]) == len(seq) - 1
-            and (len(seq) == 1 or bool(np.all(np.diff(seq) == 1)))
-        ):
-            start = int(seq[0]) * cb
-            self._bytes[start : start + len(seq) * cb].reshape(len(seq), cb)[...] = payloads[:, :cb]
-        else:
-            if full.any():
-                dst2d = self._bytes[: n_full * cb].reshape(n_full, cb)
-                dst2d[seq[full]] = payloads[full, :cb]
-            if not full.all():
-                i = int(np.argmin(full))
-                tail = self._bytes[n_full * cb :]
-                tail[...] = payloads[i, : len(tail)]
+        if n_fresh < n:
+            seq, headers, payloads, elems = seq[fresh], headers[fresh], payloads[fresh], elems[fresh]
+            flags = headers["flags"]
+        self._write(seq, payloads)
         tclass = headers["tclass"]
-        cls = (tclass >> 5) * 2 + ((tclass >> 4) & 1)
         self.received[seq] = True
-        self.received_class[seq] = cls
-        elems = np.minimum((seq + 1) * self.chunk_elems, self.msg_elems) - seq * self.chunk_elems
+        self.received_class[seq] = (tclass >> 5) * 2 + ((tclass >> 4) & 1)
         self.received_elems += int(elems.sum())
-        self.received_protected += int(np.count_nonzero((tclass & 0x10) == 0))
-        self.retransmitted += int(np.count_nonzero(headers["flags"] & Flags.RETRANSMIT))
+        self.received_protected += n_fresh - int(np.count_nonzero(tclass & 0x10))
+        self.retransmitted += int(np.count_nonzero(flags & _RETRANSMIT))
         return n_fresh
 
-    def _check_geometry(self, h: npt.NDArray[np.void], seq: Int64Array) -> None:
-        if np.any(h["msg_elems"] != self.msg_elems) or np.any((h["dtype"] >> 4) != self.dtype):
-            raise GeometryError("packet's msg_elems or dtype differs from its message's")
-        if np.any(h["offset"].astype(np.int64) != seq * self.chunk_elems):
-            raise GeometryError(f"offset is not seq * chunk_elems ({self.chunk_elems})")
-        expected = np.minimum((seq + 1) * self.chunk_elems, self.msg_elems) - seq * self.chunk_elems
-        if np.any(h["payload_len"].astype(np.int64) != expected * self.dtype.itemsize):
-            raise GeometryError(f"payload length differs from the chunk size {self.chunk_elems}")
-        last = (h["flags"] & Flags.LAST) != 0
-        if np.any(last != (seq == self.n_chunks - 1)):
-            raise GeometryError("LAST flag on a chunk that is not the message's last")
+    def _write(self, seq: Int64Array, payloads: UInt8Array) -> None:
+        cb = self.chunk_bytes
+        n_full = self._n_full
+        first, last = int(seq[0]), int(seq[-1])
+        if last < n_full and last - first == len(seq) - 1:  # in order: one straight copy
+            self._bytes[first * cb : (last + 1) * cb].reshape(len(seq), cb)[...] = payloads[:, :cb]
+            return
+        full = seq < n_full
+        dst2d = self._bytes[: n_full * cb].reshape(n_full, cb)
+        if full.all():
+            dst2d[seq] = payloads[:, :cb]
+            return
+        if full.any():
+            dst2d[seq[full]] = payloads[full, :cb]
+        tail = self._bytes[n_full * cb :]
+        tail[...] = payloads[int(np.argmin(full)), : len(tail)]
+
+    def _geometry_message(self, h: np.void) -> str:
+        seq = int(h["seq"])
+        if int(h["msg_elems"]) != self.msg_elems or int(h["dtype"]) != self._dtype_byte:
+            return (
+                f"packet says {DType(int(h['dtype']) >> 4).name.lower()}[{int(h['msg_elems'])}], "
+                f"its message is {self.dtype.name.lower()}[{self.msg_elems}]"
+            )
+        if int(h["offset"]) != seq * self.chunk_elems:
+            return f"offset {int(h['offset'])} is not seq {seq} x chunk_elems {self.chunk_elems}"
+        if bool(int(h["flags"]) & _LAST) != (seq == self.n_chunks - 1):
+            return f"LAST flag disagrees with seq {seq} of {self.n_chunks} chunks"
+        return f"payload_len {int(h['payload_len'])} does not fit chunk {seq} of this message"
 
     def on_finish(self, finish: Finish) -> bool:
         """Record the sender's FINISH; False if it contradicts the message."""

@@ -32,12 +32,14 @@ from .classify import Classifier, make_classifier
 from .config import FillPolicy, ProtocolConfig
 from .pacing import Pacer, RateMeter, make_pacer
 from .packetizer import (
+    BufferPool,
     ChunkTable,
     MessageId,
     RecordRun,
     Segments,
     build_records,
     plan_message,
+    record_stride,
     seal,
 )
 from .paths import PathScheduler, path_loss_from_nack
@@ -209,6 +211,17 @@ class _Peer:
     pacer: Pacer
     paths: PathScheduler
     outgoing: dict[Key, _Outgoing] = field(default_factory=dict)
+    planned: list[int] = field(default_factory=list)  # paths of the next batches
+
+    def next_path(self) -> int:
+        if self.paths.n_paths == 1:
+            return 0
+        if not self.planned:  # plan a few batches ahead: one scheduler call per 32 batches
+            self.planned = self.paths.assign(32).tolist()[::-1]
+        return self.planned.pop()
+
+    def replan(self) -> None:
+        self.planned.clear()
 
 
 # --------------------------------------------------------------------------- session
@@ -253,6 +266,7 @@ class Session:
         self._events: deque[Event] = deque()
         self._meter = RateMeter(self.config.rate_interval)
         self._next_peer = 0
+        self._pool = BufferPool()
         self._now = 0.0  # latest time a caller passed in (for get_timer)
 
     # ------------------------------------------------------------------ application
@@ -290,8 +304,14 @@ class Session:
         )
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
         order = table.send_order()
+        stride = record_stride(table, authenticate=self.key is not None)
         first = build_records(
-            data.reshape(-1).view(np.uint8), table, order, ident, authenticate=self.key is not None
+            data.reshape(-1).view(np.uint8),
+            table,
+            order,
+            ident,
+            authenticate=self.key is not None,
+            buffer=self._pool.take((table.n_chunks, stride)),
         )
         row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
         row_of_seq[order] = np.arange(table.n_chunks)
@@ -561,6 +581,7 @@ class Session:
                 self.config.n_paths,
             )
             self._peers[key[0]].paths.on_loss_report(sent, lost)
+            self._peers[key[0]].replan()
         seqs = rec.on_nack(nack, now=now)
         if rec.phase is SendPhase.FAILED:
             self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.GAVE_UP))
@@ -587,6 +608,7 @@ class Session:
     def _finish_outgoing(self, key: Key, out: _Outgoing, *, now: float) -> None:
         rec = out.recovery
         del self._peers[key[0]].outgoing[key]
+        self._pool.give(out.first.records)
         if rec.phase is SendPhase.DONE:
             report = SendReport(
                 msg_elems=out.table.msg_elems,
@@ -663,7 +685,7 @@ class Session:
         nbytes = int(run.lengths[start:stop].sum())
         if peer.pacer.next_send_time(nbytes, now=now) > now:
             return False
-        path = int(peer.paths.assign(1)[0])
+        path = peer.next_path()
         seal(run, start, stop, path=path, key=self.key)
         seqs = run.seq[start:stop]
         o.path_of_seq[seqs] = path
