@@ -133,8 +133,8 @@ class Reassembler:
             return payload_elems
         if seq == 0:
             return msg_elems
-        if offset % seq:
-            raise GeometryError(f"offset {offset} is not a multiple of seq {seq}")
+        if offset == 0 or offset % seq:
+            raise GeometryError(f"offset {offset} is not a positive multiple of seq {seq}")
         return offset // seq
 
     def replace_output(self, out: npt.NDArray[np.generic]) -> None:

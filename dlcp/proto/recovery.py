@@ -61,7 +61,10 @@ def select_retransmissions(table: ChunkTable, nack: Nack) -> Int64Array:
     if not nack.ranges:
         return np.zeros(0, dtype=np.int64)
     named = np.concatenate(
-        [np.arange(first, first + n, dtype=np.int64) for first, n in nack.ranges]
+        [
+            np.arange(first, min(first + n, table.n_chunks), dtype=np.int64)
+            for first, n in nack.ranges
+        ]
     )
     named = np.unique(named[named < table.n_chunks])
     ordered = table.send_order(named)

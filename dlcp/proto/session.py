@@ -254,7 +254,7 @@ class Session:
         self.peers = frozenset(peers) if peers is not None else None
         self.stats = SessionStats()
         self._classifier: Classifier = make_classifier(
-            self.config.classifier, **dict(self.config.classifier_options)
+            self.config.classifier, **self.config.classifier_kwargs()
         )
         self._peers: dict[int, _Peer] = {}
         self._incoming: dict[Key, _Incoming] = {}
@@ -545,6 +545,9 @@ class Session:
                 self._finish_outgoing(key, out, now=now)
 
     def _on_finish(self, key: Key, finish: Finish, *, now: float) -> None:
+        if finish.total_chunks == 0:  # no message has zero chunks (and NACK(0, 0) is invalid)
+            self.stats.reject("geometry")
+            return
         if key in self._completed:
             self._queue(
                 key[0], Stop(key[1], key[2], self.rank, received_elems=self._completed[key])
@@ -569,7 +572,10 @@ class Session:
         rec = out.recovery
         if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
             missing = np.concatenate(
-                [np.arange(f, f + c, dtype=np.int64) for f, c in nack.ranges]
+                [
+                    np.arange(f, min(f + c, out.table.n_chunks), dtype=np.int64)
+                    for f, c in nack.ranges
+                ]
                 or [np.zeros(0, np.int64)]
             )
             missing = missing[missing < out.table.n_chunks]
@@ -782,6 +788,10 @@ class Session:
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
+
+    def path_shares(self, dst: int) -> npt.NDArray[np.float64]:
+        """The share of batches each path to ``dst`` gets now (loss-aware)."""
+        return self._peer(dst).paths.effective_weights
 
     # ------------------------------------------------------------------ helpers
 
