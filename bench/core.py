@@ -26,8 +26,7 @@ from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import ControlDatagram, DataBatch, MessageReceived, Session
 
 
-def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int
-                 ) -> float:
+def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int) -> float:
     rx.expect_message(0, step=step, msg=0, out=out)
     t0 = time.perf_counter()
     now = 0.0
@@ -72,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     n = args.size_mib * (1 << 20) // 4
     data = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     out = np.empty_like(data)
-    cfg = ProtocolConfig(pacer="unpaced", batch_packets=args.batch_packets,
-                         authenticate=args.authenticate)
+    cfg = ProtocolConfig(
+        pacer="unpaced", batch_packets=args.batch_packets, authenticate=args.authenticate
+    )
     key = b"k" * 32 if args.authenticate else None
     # one pair of sessions for all repeats, as a training job keeps its endpoints
     tx = Session(rank=0, job=1, config=cfg, key=key)

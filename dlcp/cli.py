@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -12,8 +13,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="bounded-loss transport demo over an emulated link")
     demo.add_argument("--p", type=float, default=0.05, help="loss bound (default 0.05)")
-    demo.add_argument("--loss", type=float, default=0.05,
-                      help="drop probability on the lossy path (default 0.05)")
+    demo.add_argument(
+        "--loss", type=float, default=0.05, help="drop probability on the lossy path (default 0.05)"
+    )
     demo.add_argument("--steps", type=int, default=5)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true")
@@ -29,12 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import main as demo_main
 
-        return demo_main(p=args.p, loss=args.loss, steps=args.steps, seed=args.seed,
-                         as_json=args.json)
+        return demo_main(
+            p=args.p, loss=args.loss, steps=args.steps, seed=args.seed, as_json=args.json
+        )
     if args.command == "bench":
-        from .bench import core
-
-        return core.main(args.args)
+        # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
+        bench = importlib.import_module(f"dlcp.bench.{args.which}")
+        return int(bench.main(args.args))
     raise AssertionError(args.command)
 
 

@@ -46,8 +46,9 @@ class DemoResult:
 
 def _gradients(rng: np.random.Generator) -> np.ndarray:
     # heavy-tailed values with a per-layer scale, like real gradients
-    parts = [rng.standard_t(3, n).astype(np.float32) * 10.0 ** -rng.uniform(1, 4)
-             for n in LAYER_SIZES]
+    parts = [
+        rng.standard_t(3, n).astype(np.float32) * 10.0 ** -rng.uniform(1, 4) for n in LAYER_SIZES
+    ]
     return np.concatenate(parts)
 
 
@@ -84,27 +85,46 @@ def run_demo(*, p: float, loss: float, steps: int, seed: int) -> DemoResult:
             elif isinstance(ev, MessageFailed):
                 raise RuntimeError(ev.reason)
     shares = tx.path_shares(1)
-    return DemoResult(p, steps, now, rounds, retrans, sent, lost_max, err_max,
-                      tuple(int(x) for x in lost_by_prio),
-                      tuple(round(float(x), 3) for x in shares))
+    return DemoResult(
+        p,
+        steps,
+        now,
+        rounds,
+        retrans,
+        sent,
+        lost_max,
+        err_max,
+        tuple(int(x) for x in lost_by_prio),
+        tuple(round(float(x), 3) for x in shares),
+    )
 
 
 def main(*, p: float, loss: float, steps: int, seed: int, as_json: bool) -> int:
-    print(f"DLCP transport demo (EMULATED link, in-process): {steps} gradient buckets of "
-          f"{sum(LAYER_SIZES)} float32 in {len(LAYER_SIZES)} layers, 4 paths, "
-          f"path 2 drops {loss:.0%} of packets")
-    results = [run_demo(p=p, loss=loss, steps=steps, seed=seed),
-               run_demo(p=0.0, loss=loss, steps=steps, seed=seed)]
-    head = (f"{'bound p':>8} {'virtual s':>10} {'rounds':>7} {'resent':>7} {'sent':>7} "
-            f"{'max lost':>9} {'max rel err':>12}  path shares")
+    print(
+        f"DLCP transport demo (EMULATED link, in-process): {steps} gradient buckets of "
+        f"{sum(LAYER_SIZES)} float32 in {len(LAYER_SIZES)} layers, 4 paths, "
+        f"path 2 drops {loss:.0%} of packets"
+    )
+    results = [
+        run_demo(p=p, loss=loss, steps=steps, seed=seed),
+        run_demo(p=0.0, loss=loss, steps=steps, seed=seed),
+    ]
+    head = (
+        f"{'bound p':>8} {'virtual s':>10} {'rounds':>7} {'resent':>7} {'sent':>7} "
+        f"{'max lost':>9} {'max rel err':>12}  path shares"
+    )
     print(head)
     for r in results:
-        print(f"{r.p:8.3f} {r.virtual_s:10.4f} {r.rounds:7d} {r.retransmitted_packets:7d} "
-              f"{r.sent_packets:7d} {r.lost_fraction_max:9.4f} {r.relative_error_max:12.2e}  "
-              f"{list(r.path_shares)}")
+        print(
+            f"{r.p:8.3f} {r.virtual_s:10.4f} {r.rounds:7d} {r.retransmitted_packets:7d} "
+            f"{r.sent_packets:7d} {r.lost_fraction_max:9.4f} {r.relative_error_max:12.2e}  "
+            f"{list(r.path_shares)}"
+        )
     bounded = results[0]
-    print(f"lost chunks by priority class (7 = front layers) with p={p}: "
-          f"{list(bounded.lost_chunks_by_priority)}")
+    print(
+        f"lost chunks by priority class (7 = front layers) with p={p}: "
+        f"{list(bounded.lost_chunks_by_priority)}"
+    )
     if as_json:
         print(json.dumps({"emulated": True, "results": [asdict(r) for r in results]}))
     return 0

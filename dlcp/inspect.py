@@ -52,6 +52,7 @@ from dlcp.proto.wire import (
     AUTH_TAG_LEN,
     CONTROL_HEADER_LEN,
     DATA_HEADER_LEN,
+    DEFAULT_PORT,
     VERSION,
     AbortReason,
     DType,
@@ -76,7 +77,6 @@ __all__ = [
 ]
 
 #: UDP port DLCP uses unless configured otherwise
-DEFAULT_PORT = 9400
 
 _TYPE_NAMES = {t.value: t.name for t in PacketType}
 _DTYPE_NAMES = {d.value: d.name for d in DType}

@@ -88,8 +88,11 @@ class ChunkTable:
         """``seqs`` (default: all) sorted highest priority first, protected first, by seq."""
         if seqs is None:
             seqs = np.arange(self.n_chunks, dtype=np.int64)
-        order = np.lexsort((seqs, self.drop[seqs], -self.prio[seqs].astype(np.int16)))
-        return seqs[order]
+        else:
+            seqs = np.sort(seqs)
+        # one byte per chunk: (7 - prio) * 2 + drop; a stable sort of bytes keeps seq order
+        key = (7 - self.prio[seqs]) * 2 + self.drop[seqs]
+        return seqs[np.argsort(key.astype(np.uint8), kind="stable")]
 
 
 def _as_float32(values: npt.NDArray[np.generic], dtype: DType) -> npt.NDArray[np.float32]:
@@ -278,25 +281,42 @@ def build_records(
     return RecordRun(records, lengths.astype(np.int64), seqs, prio, drop, stride)
 
 
+#: rows gathered per step when records are not in seq order: a block's temporary
+#: stays in cache, which makes the gather about twice as fast as one big one
+_GATHER_BLOCK = 1024
+
+
 def _copy_payloads(
     source: UInt8Array, records: UInt8Array, seqs: Int64Array, full: BoolArray, chunk_bytes: int
 ) -> None:
     body = slice(DATA_HEADER_LEN, DATA_HEADER_LEN + chunk_bytes)
     n_full_chunks = len(source) // chunk_bytes
     src2d = source[: n_full_chunks * chunk_bytes].reshape(n_full_chunks, chunk_bytes)
-    n_full = int(full.sum())
-    if n_full and np.array_equal(seqs[:n_full], np.arange(n_full)) and full[:n_full].all():
-        records[:n_full, body] = src2d[:n_full]  # in-order: one straight copy
-        rest = np.arange(n_full, len(seqs))
-    else:
-        rest = np.arange(len(seqs))
-    rest_full = rest[full[rest]]
-    if len(rest_full):
-        records[rest_full, body] = src2d[seqs[rest_full]]
-    for row in rest[~full[rest]]:  # at most one short chunk per message
+    short = np.flatnonzero(~full)  # at most one: the message's last chunk
+    for a, b in _spans_without(len(seqs), short):
+        for s in range(a, b, _GATHER_BLOCK):
+            e = min(s + _GATHER_BLOCK, b)
+            first = int(seqs[s])
+            if int(seqs[e - 1]) - first == e - s - 1 and bool((np.diff(seqs[s:e]) == 1).all()):
+                records[s:e, body] = src2d[first : first + e - s]  # in order: straight copy
+            else:
+                records[s:e, body] = src2d[seqs[s:e]]
+    for row in short.tolist():
         start = int(seqs[row]) * chunk_bytes
         tail = source[start:]
         records[row, DATA_HEADER_LEN : DATA_HEADER_LEN + len(tail)] = tail
+
+
+def _spans_without(n: int, holes: Int64Array) -> list[tuple[int, int]]:
+    """``[0, n)`` split into the spans between the rows in ``holes``."""
+    spans, a = [], 0
+    for h in holes.tolist():
+        if h > a:
+            spans.append((a, h))
+        a = h + 1
+    if a < n:
+        spans.append((a, n))
+    return spans
 
 
 def record_stride(table: ChunkTable, *, authenticate: bool) -> int:

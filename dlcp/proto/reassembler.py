@@ -203,7 +203,12 @@ class Reassembler:
         if n_fresh == 0:
             return 0
         if n_fresh < n:
-            seq, headers, payloads, elems = seq[fresh], headers[fresh], payloads[fresh], elems[fresh]
+            seq, headers, payloads, elems = (
+                seq[fresh],
+                headers[fresh],
+                payloads[fresh],
+                elems[fresh],
+            )
             flags = headers["flags"]
         self._write(seq, payloads)
         tclass = headers["tclass"]

@@ -80,6 +80,9 @@ __all__ = [
 ]
 
 Key = tuple[int, int, int]  # (peer rank, step, msg id)
+#: in Session._completed: the message failed here, so late packets are ignored
+#: (not started as a new message) and a repeated FINISH is answered with ABORT
+_FAILED = -1
 ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
 
 
@@ -344,7 +347,8 @@ class Session:
         self._check_peer(src, "receive from")
         key = (src, step, msg)
         if key in self._completed:
-            raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already completed")
+            how = "failed" if self._completed[key] == _FAILED else "completed"
+            raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
         if p is not None:
             bound_to_wire(p)  # validates the range
         fill = fill or self.config.default_fill
@@ -549,9 +553,11 @@ class Session:
             self.stats.reject("geometry")
             return
         if key in self._completed:
-            self._queue(
-                key[0], Stop(key[1], key[2], self.rank, received_elems=self._completed[key])
-            )
+            received = self._completed[key]
+            if received == _FAILED:
+                self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.CANCELLED))
+            else:
+                self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
             return
         state = self._incoming.get(key)
         if state is None:
@@ -645,6 +651,7 @@ class Session:
     ) -> None:
         if state is not None:
             self._unexpected_bytes -= state.unexpected_bytes
+        self._remember(key, _FAILED)
         self._events.append(
             MessageFailed(
                 key[0], key[1], key[2], False, f"receiving from rank {key[0]}: {why}", peer_timeout

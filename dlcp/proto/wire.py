@@ -42,10 +42,11 @@ __all__ = [
     "AUTH_TAG_LEN",
     "CONTROL_HEADER_LEN",
     "DATA_HEADER_LEN",
+    "DEFAULT_PORT",
     "HEADER_DTYPE",
-    "NATIVE_HEADER_DTYPE",
     "MAX_LOSS_BOUND",
     "MAX_NACK_RANGES",
+    "NATIVE_HEADER_DTYPE",
     "VERSION",
     "Abort",
     "AbortReason",
@@ -74,6 +75,8 @@ __all__ = [
 ]
 
 VERSION: Final = 1
+#: UDP port of the data path unless configured otherwise
+DEFAULT_PORT: Final = 9400
 DATA_HEADER_LEN: Final = 32
 CONTROL_HEADER_LEN: Final = 16
 AUTH_TAG_LEN: Final = 16
@@ -482,7 +485,9 @@ def _uniform_and_valid(
         (expected == lengths).all()
         and (payload_len > 0).all()
         and not (payload_len % itemsize).any()
-        and (h["offset"].astype(np.int64) + payload_len // itemsize <= int(first["msg_elems"])).all()
+        and (
+            h["offset"].astype(np.int64) + payload_len // itemsize <= int(first["msg_elems"])
+        ).all()
     )
 
 
@@ -516,7 +521,10 @@ def _validate(
             Reason.BAD_FIELD,
             ((flags & ~_DATA_FLAG_MASK) != 0) | ((dtype_code & 0x0F) != 0) | (itemsize == 0),
         ),
-        (Reason.LENGTH_MISMATCH, (expected != lengths) | (payload_elems * safe_item != payload_len)),
+        (
+            Reason.LENGTH_MISMATCH,
+            (expected != lengths) | (payload_elems * safe_item != payload_len),
+        ),
         (
             Reason.OUT_OF_BOUNDS,
             (elems == 0) | (offset + payload_elems > elems) | (payload_len == 0),
