@@ -188,7 +188,8 @@ class DLCPNack(_Body):
     name = "DLCP NACK"
     fields_desc: ClassVar[list[AnyField]] = [
         ShortField("round", 0),
-        FieldLenField("n_ranges", None, count_of="ranges", fmt="!H"),
+        FlagsField("nack_flags", 0, 8, ["MORE"]),
+        FieldLenField("n_ranges", None, count_of="ranges", fmt="!B"),
         IntField("needed_elems", 0),
         PacketListField("ranges", [], DLCPNackRange, count_from=lambda pkt: pkt.n_ranges),
     ]

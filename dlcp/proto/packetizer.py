@@ -86,10 +86,7 @@ class ChunkTable:
 
     def send_order(self, seqs: Int64Array | None = None) -> Int64Array:
         """``seqs`` (default: all) sorted highest priority first, protected first, by seq."""
-        if seqs is None:
-            seqs = np.arange(self.n_chunks, dtype=np.int64)
-        else:
-            seqs = np.sort(seqs)
+        seqs = np.arange(self.n_chunks, dtype=np.int64) if seqs is None else np.sort(seqs)
         # one byte per chunk: (7 - prio) * 2 + drop; a stable sort of bytes keeps seq order
         key = (7 - self.prio[seqs]) * 2 + self.drop[seqs]
         return seqs[np.argsort(key.astype(np.uint8), kind="stable")]

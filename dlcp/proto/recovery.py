@@ -36,7 +36,17 @@ from .packetizer import ChunkTable
 from .reassembler import Reassembler
 from .wire import MAX_NACK_RANGES, Finish, Nack
 
-__all__ = ["Failure", "ReceiverRecovery", "SendPhase", "SenderRecovery", "select_retransmissions"]
+#: most parts one NACK round is split into (64 x 170 ranges)
+MAX_NACK_PARTS = 64
+
+__all__ = [
+    "MAX_NACK_PARTS",
+    "Failure",
+    "ReceiverRecovery",
+    "SendPhase",
+    "SenderRecovery",
+    "select_retransmissions",
+]
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -186,8 +196,9 @@ class ReceiverRecovery:
         if finish_round > self.nack_round or self.nack_at is None:
             self.nack_at = now + self.config.reorder_grace
 
-    def on_timer(self, *, now: float, step: int, msg: int, src: int) -> Nack | None:
-        """A NACK to send now, or None. Sets :attr:`failure` on idle timeout."""
+    def on_timer(self, *, now: float, step: int, msg: int, src: int) -> list[Nack]:
+        """The parts of a NACK to send now (none: nothing to send). Sets
+        :attr:`failure` on idle timeout."""
         r = self.reassembler
         if now >= r.last_activity + self.config.recv_idle_timeout:
             self.failure = Failure(
@@ -195,18 +206,30 @@ class ReceiverRecovery:
                 f"{r.received_elems} of {r.msg_elems} elements received",
                 peer_timeout=True,
             )
-            return None
+            return []
         if self.nack_at is None or now < self.nack_at or r.finish is None:
-            return None
+            return []
+        quiet = r.last_activity + self.config.reorder_grace
+        if now < quiet:
+            # data of this message is still arriving (a receiver working through a
+            # backlog): NACK only once it has been quiet for the grace period
+            self.nack_at = quiet
+            return []
         # repeated every nack_timeout until the sender answers with a new round
         self.nack_round = r.finish.round
         self.nack_at = now + self.config.nack_timeout
         r.nack_rounds += 1
-        return Nack(
-            step,
-            msg,
-            src,
-            round=r.finish.round,
-            needed_elems=r.needed_elems(),
-            ranges=r.missing_ranges(MAX_NACK_RANGES),
-        )
+        ranges = r.missing_ranges(MAX_NACK_RANGES * MAX_NACK_PARTS)
+        parts = [ranges[i : i + MAX_NACK_RANGES] for i in range(0, len(ranges), MAX_NACK_RANGES)]
+        return [
+            Nack(
+                step,
+                msg,
+                src,
+                round=r.finish.round,
+                needed_elems=r.needed_elems(),
+                ranges=part,
+                more=i < len(parts) - 1,
+            )
+            for i, part in enumerate(parts)
+        ]

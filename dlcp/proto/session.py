@@ -21,6 +21,7 @@ dropped; they never disturb other messages.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict, deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ Key = tuple[int, int, int]  # (peer rank, step, msg id)
 #: (not started as a new message) and a repeated FINISH is answered with ABORT
 _FAILED = -1
 ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
+_CANCELLED = -1  # in Session._completed: the receiver cancelled this message
 
 
 # --------------------------------------------------------------------------- outputs
@@ -189,6 +191,7 @@ class _Outgoing:
     cursor: int = 0
     path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
     round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    nack_parts: list[Nack] = field(default_factory=list)
 
     @property
     def pending(self) -> bool:
@@ -367,6 +370,29 @@ class Session:
             r.replace_output(out)
             self._unexpected_bytes -= state.unexpected_bytes
             state.unexpected_bytes = 0
+
+    def cancel(self, peer: int, *, step: int, msg: int, outgoing: bool) -> bool:
+        """Abandon a message this rank sends (``outgoing``) or receives; the peer is
+        told with ABORT(CANCELLED). True if there was something to cancel. No
+        event is emitted for a cancelled message."""
+        key = (peer, step, msg)
+        if outgoing:
+            p = self._peers.get(peer)
+            o = p.outgoing.pop(key, None) if p is not None else None
+            if o is None:
+                return False
+            self._pool.give(o.first.records)
+        else:
+            state = self._incoming.pop(key, None)
+            expected = self._expected.pop(key, None)
+            self._orphan_finish.pop(key, None)
+            if state is None and expected is None:
+                return False
+            if state is not None:
+                self._unexpected_bytes -= state.unexpected_bytes
+            self._remember(key, _CANCELLED)
+        self._queue(peer, Abort(step, msg, self.rank, reason=AbortReason.CANCELLED))
+        return True
 
     # ------------------------------------------------------------------ input
 
@@ -554,7 +580,7 @@ class Session:
             return
         if key in self._completed:
             received = self._completed[key]
-            if received == _FAILED:
+            if received == _CANCELLED:
                 self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.CANCELLED))
             else:
                 self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
@@ -576,6 +602,16 @@ class Session:
 
     def _on_nack(self, key: Key, out: _Outgoing, nack: Nack, *, now: float) -> None:
         rec = out.recovery
+        if nack.more or out.nack_parts:
+            # a NACK in parts: gather the ranges of this round, act on the last part
+            if out.nack_parts and out.nack_parts[0].round != nack.round:
+                out.nack_parts.clear()
+            out.nack_parts.append(nack)
+            if nack.more:
+                return
+            ranges = tuple(r for part in out.nack_parts for r in part.ranges)
+            out.nack_parts.clear()
+            nack = dataclasses.replace(nack, ranges=ranges, more=False)
         if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
             missing = np.concatenate(
                 [
@@ -759,9 +795,10 @@ class Session:
                 elif o.recovery.phase is SendPhase.FAILED:
                     self._finish_outgoing(key, o, now=now)
         for key, state in list(self._incoming.items()):
-            nack = state.recovery.on_timer(now=now, step=key[1], msg=key[2], src=self.rank)
-            if nack is not None:
-                self._queue(key[0], nack)
+            nacks = state.recovery.on_timer(now=now, step=key[1], msg=key[2], src=self.rank)
+            if nacks:
+                for part in nacks:
+                    self._queue(key[0], part)
             elif state.recovery.failure is not None:
                 del self._incoming[key]
                 self._queue(

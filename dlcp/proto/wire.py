@@ -84,6 +84,7 @@ AUTH_TAG_LEN: Final = 16
 MAX_LOSS_BOUND: Final = 0.255
 #: NACK ranges that fit one control datagram at MTU 1500 with an auth tag
 MAX_NACK_RANGES: Final = 170
+_NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 
 
 class PacketType(enum.IntEnum):
@@ -651,6 +652,9 @@ class Nack(_ControlBase):
     round: int = 0
     needed_elems: int = 0
     ranges: tuple[tuple[int, int], ...] = ()  # (first_seq, count)
+    #: more NACK parts of this round follow (a receiver with more gaps than fit
+    #: one datagram sends several parts; the sender acts on the last one)
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,7 +707,12 @@ def _body(msg: ControlMessage) -> bytes:
                 raise ValueError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
         flat = [v for r in msg.ranges for v in r]
         return struct.pack(
-            f">HHI{2 * len(msg.ranges)}I", msg.round, len(msg.ranges), msg.needed_elems, *flat
+            f">HBBI{2 * len(msg.ranges)}I",
+            msg.round,
+            _NACK_MORE if msg.more else 0,
+            len(msg.ranges),
+            msg.needed_elems,
+            *flat,
         )
     if isinstance(msg, RateFeedback):
         return struct.pack(">QI", msg.bytes_per_s, msg.interval_us)
@@ -780,7 +789,11 @@ def decode_control(
             raise WireError(
                 Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes"
             )
-        rnd, count, needed = struct.unpack_from(">HHI", body)
+        rnd, nack_flags, count, needed = struct.unpack_from(">HBBI", body)
+        if nack_flags & ~_NACK_MORE:
+            raise WireError(
+                Reason.BAD_FIELD, f"reserved bits set in NACK body: flags={nack_flags:#04x}"
+            )
         if count > MAX_NACK_RANGES:
             raise WireError(
                 Reason.LENGTH_MISMATCH,
@@ -801,7 +814,15 @@ def decode_control(
                     Reason.OUT_OF_BOUNDS,
                     f"offset/length beyond the message: NACK range ({first}, {n})",
                 )
-        return Nack(step, msg, src, round=rnd, needed_elems=needed, ranges=ranges)
+        return Nack(
+            step,
+            msg,
+            src,
+            round=rnd,
+            needed_elems=needed,
+            ranges=ranges,
+            more=bool(nack_flags & _NACK_MORE),
+        )
     if body_len != want:
         raise WireError(
             Reason.LENGTH_MISMATCH,

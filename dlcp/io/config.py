@@ -1,0 +1,140 @@
+"""Endpoint configuration: a validated dataclass with ``DLCP_*`` environment overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..proto.config import FillPolicy, ProtocolConfig
+
+__all__ = ["ENV_PREFIX", "EndpointConfig"]
+
+ENV_PREFIX = "DLCP_"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """How an :class:`~dlcp.io.endpoint.Endpoint` runs. Times in seconds."""
+
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    #: address to bind the data (UDP) and control (TCP) sockets to
+    host: str = "127.0.0.1"
+    #: UDP data port and TCP control port; 0 = any free port
+    data_port: int = 0
+    control_port: int = 0
+    #: how long send/recv may take before they fail with PeerTimeout
+    timeout: float = 30.0
+    #: "auto" (use when the kernel has it), "on" (fail without it) or "off"
+    gso: str = "auto"
+    gro: str = "auto"
+    #: socket buffer sizes (root may exceed net.core.{r,w}mem_max)
+    rcvbuf: int = 32 << 20
+    sndbuf: int = 4 << 20
+    #: EMULATION: drop this fraction of received data datagrams in-process
+    emulated_loss: float = 0.0
+    emulated_loss_seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise ConfigError(f"host={self.host!r} is not an IP address") from None
+        for name in ("data_port", "control_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name}={port} outside 0..65535")
+        if not self.timeout > 0:
+            raise ConfigError(f"timeout={self.timeout} must be > 0 seconds")
+        for name in ("gso", "gro"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
+        if self.rcvbuf < 65536 or self.sndbuf < 65536:
+            raise ConfigError("rcvbuf and sndbuf must be at least 65536 bytes")
+        if not 0.0 <= self.emulated_loss < 1.0:
+            raise ConfigError(f"emulated_loss={self.emulated_loss} outside [0, 1)")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> EndpointConfig:
+        """Defaults, then ``DLCP_*`` variables, then ``overrides``.
+
+        Endpoint fields use their upper-case names (``DLCP_TIMEOUT``,
+        ``DLCP_EMULATED_LOSS``, ...); protocol fields too (``DLCP_N_PATHS``,
+        ``DLCP_DEFAULT_P``, ``DLCP_BATCH_PACKETS``, ``DLCP_DEFAULT_FILL``, ...).
+        Unknown ``DLCP_*`` variables are an error, so that a typo is not ignored.
+        """
+        env = os.environ if env is None else env
+        ours = {f.name for f in dataclasses.fields(cls)} - {"protocol"}
+        proto_fields = {f.name: f for f in dataclasses.fields(ProtocolConfig)}
+        endpoint_kw: dict[str, Any] = {}
+        proto_kw: dict[str, Any] = {}
+        for var, raw in env.items():
+            if not var.startswith(ENV_PREFIX):
+                continue
+            name = var[len(ENV_PREFIX) :].lower()
+            if name in _NOT_CONFIG:
+                continue
+            if name in ours:
+                endpoint_kw[name] = _parse(var, raw, cls.__dataclass_fields__[name].type)
+            elif name in proto_fields and name in _PROTO_ENV:
+                proto_kw[name] = _parse(var, raw, _PROTO_ENV[name])
+            else:
+                raise ConfigError(f"unknown configuration variable {var}")
+        protocol = overrides.pop("protocol", None)
+        try:
+            if protocol is None:
+                protocol = ProtocolConfig(**proto_kw)
+            elif proto_kw:
+                protocol = dataclasses.replace(protocol, **proto_kw)
+        except ValueError as exc:
+            raise ConfigError(f"protocol configuration: {exc}") from None
+        return cls(protocol=protocol, **{**endpoint_kw, **overrides})
+
+
+#: DLCP_* variables that are read elsewhere (launcher, rendezvous), not config
+_NOT_CONFIG = frozenset({"job", "key", "auth_key"})
+
+_PROTO_ENV: dict[str, str] = {
+    "mtu": "int",
+    "payload_bytes": "int",
+    "batch_packets": "int",
+    "n_paths": "int",
+    "classifier": "str",
+    "magnitude_sample": "int",
+    "default_p": "float",
+    "default_fill": "fill",
+    "max_rounds": "int",
+    "finish_timeout": "float",
+    "finish_retries": "int",
+    "reorder_grace": "float",
+    "nack_timeout": "float",
+    "recv_idle_timeout": "float",
+    "pacer": "str",
+    "rate_interval": "float",
+    "authenticate": "bool",
+}
+
+
+def _parse(var: str, raw: str, kind: object) -> Any:
+    kind = str(kind)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind == "fill":
+            return FillPolicy(raw.strip().lower())
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
+    return raw

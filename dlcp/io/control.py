@@ -1,0 +1,149 @@
+"""The reliable control channel: one TCP connection per ordered pair of ranks.
+
+Control messages (STOP, FINISH, NACK, RATE, ABORT) are small and must not be
+lost, so they travel over TCP: each rank *sends* on a connection it opened to
+the peer and *receives* on the connections peers opened to it. A connection
+starts with a hello (``b"DLCP"``, job, rank) and then carries frames: a 4-byte
+big-endian length and one control datagram exactly as ``docs/spec.md``
+defines it (authenticated by its own tag when the job uses a key).
+
+A connection that closes, resets or sends garbage marks that peer as gone;
+the endpoint then fails what it was waiting for from that peer, and only that.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from dataclasses import dataclass, field
+
+__all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone"]
+
+log = logging.getLogger("dlcp.io")
+
+HELLO = struct.Struct(">4sHH")
+_MAGIC = b"DLCP"
+_FRAME = struct.Struct(">I")
+_MAX_FRAME = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class PeerGone:
+    rank: int
+    why: str
+
+
+@dataclass(slots=True)
+class Inbound:
+    sock: socket.socket
+    rank: int | None = None  # known after the hello
+    buf: bytearray = field(default_factory=bytearray)
+
+
+class ControlChannel:
+    """Listening socket, inbound connections and lazily opened outbound ones."""
+
+    def __init__(
+        self, host: str, port: int, *, rank: int, job: int, connect_timeout: float
+    ) -> None:
+        self.rank = rank
+        self.job = job
+        self.connect_timeout = connect_timeout
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.listener.bind((host, port))
+            self.listener.listen(64)
+        except BaseException:
+            self.listener.close()
+            raise
+        self.listener.setblocking(False)
+        self.address: tuple[str, int] = self.listener.getsockname()
+        self.inbound: dict[socket.socket, Inbound] = {}
+        self.outbound: dict[int, socket.socket] = {}
+
+    def close(self) -> None:
+        for s in [self.listener, *self.inbound, *self.outbound.values()]:
+            s.close()
+        self.inbound.clear()
+        self.outbound.clear()
+
+    # ------------------------------------------------------------------ send
+
+    def send(self, peer: int, addr: tuple[str, int], data: bytes) -> PeerGone | None:
+        """Send one control datagram to ``peer``; a PeerGone if that failed."""
+        sock = self.outbound.get(peer)
+        try:
+            if sock is None:
+                sock = socket.create_connection(addr, timeout=self.connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(HELLO.pack(_MAGIC, self.job, self.rank))
+                self.outbound[peer] = sock
+            sock.sendall(_FRAME.pack(len(data)) + data)
+        except OSError as exc:
+            self._drop_outbound(peer)
+            return PeerGone(
+                peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
+            )
+        return None
+
+    def _drop_outbound(self, peer: int) -> None:
+        sock = self.outbound.pop(peer, None)
+        if sock is not None:
+            sock.close()
+
+    # ------------------------------------------------------------------ receive
+
+    def accept(self) -> socket.socket | None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.inbound[sock] = Inbound(sock)
+        return sock
+
+    def read(self, sock: socket.socket) -> tuple[list[tuple[int, bytes]], PeerGone | None, bool]:
+        """Frames that arrived on inbound ``sock`` as (peer, datagram), a PeerGone
+        if the connection ended or misbehaved, and whether ``sock`` was closed."""
+        conn = self.inbound[sock]
+        try:
+            chunk = sock.recv(1 << 18)
+        except (BlockingIOError, InterruptedError):
+            return [], None, False
+        except OSError as exc:
+            return [], self._close_inbound(conn, f"connection error: {exc}"), True
+        if not chunk:
+            return [], self._close_inbound(conn, "closed its control connection"), True
+        conn.buf += chunk
+        frames: list[tuple[int, bytes]] = []
+        if conn.rank is None:
+            if len(conn.buf) < HELLO.size:
+                return [], None, False
+            magic, job, rank = HELLO.unpack_from(conn.buf)
+            if magic != _MAGIC or job != self.job:
+                why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
+                return [], self._close_inbound(conn, why), True
+            conn.rank = rank
+            del conn.buf[: HELLO.size]
+        while len(conn.buf) >= _FRAME.size:
+            (length,) = _FRAME.unpack_from(conn.buf)
+            if length > _MAX_FRAME:
+                why = f"sent a control frame of {length} bytes (limit {_MAX_FRAME})"
+                return frames, self._close_inbound(conn, why), True
+            if len(conn.buf) < _FRAME.size + length:
+                break
+            frames.append((conn.rank, bytes(conn.buf[_FRAME.size : _FRAME.size + length])))
+            del conn.buf[: _FRAME.size + length]
+        return frames, None, False
+
+    def _close_inbound(self, conn: Inbound, why: str) -> PeerGone | None:
+        self.inbound.pop(conn.sock, None)
+        conn.sock.close()
+        if conn.rank is None:
+            log.warning("dlcp: dropped an unidentified control connection: %s", why)
+            return None
+        self._drop_outbound(conn.rank)
+        return PeerGone(conn.rank, f"rank {conn.rank} {why}")

@@ -1,0 +1,590 @@
+"""``Endpoint``: DLCP on real sockets, the object applications use.
+
+One endpoint per rank. It owns a protocol :class:`~dlcp.proto.session.Session`,
+the UDP data sockets, the TCP control channel, and one I/O thread that is the
+only thing touching any of them. Application threads call :meth:`Endpoint.send`
+and :meth:`Endpoint.recv`, which post a command to the I/O thread and return a
+:class:`concurrent.futures.Future` at once.
+
+The I/O thread loops: wait on the sockets (and a wake-up socket for commands)
+until the session's timer or the next deadline; feed what arrived to the
+session; run its timer; send what it produced; complete futures from its
+events; fail what ran past ``config.timeout``. It never spins while idle.
+
+Buffers follow MPI's rules: an array passed to ``send`` must stay unchanged
+until its future is done, and ``recv(out=...)`` writes ``out`` from the I/O
+thread until its future is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import selectors
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
+from ..proto.config import FillPolicy
+from ..proto.reassembler import LossReport
+from ..proto.session import (
+    ControlDatagram,
+    DataBatch,
+    MessageDelivered,
+    MessageFailed,
+    MessageReceived,
+    SendReport,
+    Session,
+)
+from ..proto.wire import DType
+from .config import EndpointConfig
+from .control import ControlChannel, PeerGone
+from .udp import DataSockets
+
+__all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
+
+log = logging.getLogger("dlcp.io")
+
+Key = tuple[int, int, int]  # (peer, step, msg)
+Segments = Sequence[tuple[int, int, int]]
+
+
+class Store(Protocol):
+    """What DLCP needs of a key-value store (torch.distributed.TCPStore fits)."""
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAddress:
+    host: str
+    data_port: int
+    control_port: int
+
+    def encode(self) -> str:
+        return f"{self.host} {self.data_port} {self.control_port}"
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> PeerAddress:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            host, data, ctrl = text.split()
+            return cls(host, int(data), int(ctrl))
+        except ValueError:
+            raise ConfigError(f"malformed peer address {text!r} in the store") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A completed receive: the data (``out`` if one was given) and what was lost."""
+
+    src: int
+    step: int
+    msg: int
+    data: npt.NDArray[Any]
+    report: LossReport
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: Future[Any]
+    deadline: float
+    out: npt.NDArray[Any] | None = None
+
+
+@dataclass(slots=True)
+class _DriverStats:
+    data_batches_out: int = 0
+    control_out: int = 0
+    control_in: int = 0
+    receive_calls: int = 0
+    emulated_loss_dropped: int = 0
+    peers_gone: dict[int, str] = field(default_factory=dict)
+
+
+class Endpoint:
+    """DLCP endpoint of one rank. See the module docstring."""
+
+    def __init__(
+        self,
+        rank: int,
+        peers: Mapping[int, PeerAddress | tuple[str, int, int]] | None = None,
+        *,
+        job: int = 0,
+        config: EndpointConfig | None = None,
+        key: bytes | None = None,
+        store: Store | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.config = config if config is not None else EndpointConfig.from_env()
+        self.rank = rank
+        self.job = job
+        if peers is None and store is None:
+            raise ConfigError("an Endpoint needs peers={rank: address} or store=")
+        known: set[int] | None = None
+        if world_size is not None:
+            if not 0 <= rank < world_size:
+                raise ConfigError(f"rank={rank} outside 0..{world_size - 1}")
+            known = set(range(world_size))
+        self._addresses: dict[int, PeerAddress] = {}
+        for r, a in (peers or {}).items():
+            self._addresses[r] = a if isinstance(a, PeerAddress) else PeerAddress(*a)
+        if known is None and store is None:
+            known = set(self._addresses) | {rank}
+        self._store = store
+        cfg = self.config
+        self._session = Session(rank=rank, job=job, config=cfg.protocol, key=key, peers=known)
+        self._data = DataSockets(
+            cfg.host,
+            cfg.data_port,
+            cfg.protocol.n_paths,
+            gso=cfg.gso,
+            gro=cfg.gro,
+            rcvbuf=cfg.rcvbuf,
+            sndbuf=cfg.sndbuf,
+        )
+        try:
+            self._control = ControlChannel(
+                cfg.host,
+                cfg.control_port,
+                rank=rank,
+                job=job,
+                connect_timeout=min(cfg.timeout, 10.0),
+            )
+        except BaseException:
+            self._data.close()
+            raise
+        self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
+        self._addresses.setdefault(rank, self.address)
+        if store is not None:
+            store.set(_store_key(job, rank), self.address.encode())
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._commands: queue.SimpleQueue[tuple[Callable[[], None], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._sends: dict[Key, _Pending] = {}
+        self._recvs: dict[Key, _Pending] = {}
+        self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
+        self._gone: dict[int, str] = {}
+        self._stats = _DriverStats()
+        self._rng = np.random.default_rng(cfg.emulated_loss_seed)
+        if cfg.emulated_loss:
+            log.warning(
+                "dlcp rank %d: EMULATED loss: dropping %.2f%% of received data "
+                "datagrams in-process",
+                rank,
+                100 * cfg.emulated_loss,
+            )
+        self._closing = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ API
+
+    def send(
+        self,
+        array: npt.NDArray[Any],
+        *,
+        to: int,
+        msg: int,
+        step: int = 0,
+        layers: Segments | None = None,
+        p: float | None = None,
+        bfloat16: bool = False,
+    ) -> Future[SendReport]:
+        """Send ``array`` (flattened) to rank ``to``. The future gives the
+        :class:`SendReport` once the receiver has it within its bound."""
+        flat = np.asarray(array).reshape(-1)
+        DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
+        self._resolve(to)
+        fut: Future[SendReport] = Future()
+
+        def command() -> None:
+            key = (to, step, msg)
+            if key in self._sends:
+                fut.set_exception(
+                    ValueError(
+                        f"message (step {step}, msg {msg}) to rank {to} is already in flight"
+                    )
+                )
+                return
+            now = time.monotonic()
+            try:
+                self._session.send_message(
+                    to, flat, step=step, msg=msg, now=now, segments=layers, p=p, bfloat16=bfloat16
+                )
+            except ValueError as exc:
+                fut.set_exception(exc)
+                return
+            self._sends[key] = _Pending(fut, now + self.config.timeout)
+            if to in self._gone:
+                self._fail_peer(to, self._gone[to])
+
+        self._post(command, fut)
+        return fut
+
+    def recv(
+        self,
+        *,
+        src: int,
+        msg: int,
+        step: int = 0,
+        out: npt.NDArray[Any] | None = None,
+        p: float | None = None,
+        fill: FillPolicy | str | None = None,
+    ) -> Future[Received]:
+        """Receive message (``step``, ``msg``) from rank ``src``, into ``out`` if
+        given (1-D, the message's dtype and length). ``p`` can only tighten the
+        sender's bound. The future gives a :class:`Received`."""
+        if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
+        fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
+        self._resolve(src)
+        fut: Future[Received] = Future()
+
+        def command() -> None:
+            key = (src, step, msg)
+            if key in self._recvs:
+                fut.set_exception(
+                    ValueError(f"already receiving (step {step}, msg {msg}) from rank {src}")
+                )
+                return
+            done = self._unclaimed.pop(key, None)
+            if done is not None:
+                self._complete_recv(fut, done, out)
+                return
+            if src in self._gone:
+                fut.set_exception(TransferFailed(self._gone[src]))
+                return
+            try:
+                self._session.expect_message(
+                    src, step=step, msg=msg, out=out, p=p, fill=fill_policy
+                )
+            except ValueError as exc:
+                fut.set_exception(exc)
+                return
+            self._recvs[key] = _Pending(fut, time.monotonic() + self.config.timeout, out)
+
+        self._post(command, fut)
+        return fut
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the session and the driver (emulated drops labelled as such)."""
+        fut: Future[dict[str, Any]] = Future()
+
+        def command() -> None:
+            s = self._session.stats
+            fut.set_result(
+                {
+                    "datagrams_in": s.datagrams_in,
+                    "bytes_in": s.bytes_in,
+                    "packets_out": s.packets_out,
+                    "bytes_out": s.bytes_out,
+                    "rejected": dict(s.rejected),
+                    "late_packets": s.late_packets,
+                    "stale_control": s.stale_control,
+                    "data_batches_out": self._stats.data_batches_out,
+                    "control_in": self._stats.control_in,
+                    "control_out": self._stats.control_out,
+                    "emulated_loss": self.config.emulated_loss,
+                    "emulated_loss_dropped": self._stats.emulated_loss_dropped,
+                    "empty_datagrams": self._data.empty_datagrams,
+                    "peers_gone": dict(self._gone),
+                    "gso": self._data.use_gso,
+                    "gro": self._data.use_gro,
+                }
+            )
+
+        self._post(command, fut)
+        return fut.result(timeout=self.config.timeout)
+
+    def close(self) -> None:
+        """Stop the I/O thread, fail what is pending, release every socket."""
+        if self._closing:
+            self._closed.wait()
+            return
+        self._closing = True
+        self._wake()
+        self._thread.join()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _resolve(self, peer: int) -> PeerAddress:
+        if peer == self.rank:
+            raise ValueError(f"rank {peer} cannot send to or receive from itself")
+        addr = self._addresses.get(peer)
+        if addr is not None:
+            return addr
+        if self._store is None:
+            raise ValueError(
+                f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self._addresses)})"
+            )
+        addr = PeerAddress.decode(self._store.get(_store_key(self.job, peer)))
+        self._addresses[peer] = addr
+        return addr
+
+    def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
+        if self._closing:
+            fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
+            return
+        self._commands.put((command, fut))
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # already awake (buffer full), or closing
+            self._wake_w.send(b"\0")
+
+    # ------------------------------------------------------------------ I/O thread
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
+        sel.register(self._control.listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._closing:
+                timeout = self._wait_time(time.monotonic())
+                for key, _ in sel.select(timeout):
+                    self._on_ready(sel, key.fileobj, key.data)
+                now = time.monotonic()
+                self._run_commands()
+                timer = self._session.get_timer()
+                if timer is not None and timer <= now:
+                    self._session.handle_timer(now=now)
+                self._dispatch_events()  # before sending: a send may find a peer gone
+                self._flush(now)
+                self._dispatch_events()
+                self._expire(now)
+        except BaseException as exc:  # keep the endpoint's users from hanging
+            log.exception("dlcp rank %d: I/O thread failed", self.rank)
+            self._fail_all(TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}"))
+            raise
+        finally:
+            self._fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
+            sel.close()
+            self._data.close()
+            self._control.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._closed.set()
+
+    def _wait_time(self, now: float) -> float:
+        times = [now + 1.0]
+        timer = self._session.get_timer()
+        if timer is not None:
+            times.append(timer)
+        times.extend(
+            p.deadline for p in itertools.chain(self._sends.values(), self._recvs.values())
+        )
+        return max(0.0, min(times) - now)
+
+    def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
+        if what == "data":
+            self._stats.receive_calls += 1
+            self._data.receive(self._deliver)
+        elif what == "wake":
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+        elif what == "accept":
+            conn = self._control.accept()
+            if conn is not None:
+                sel.register(conn, selectors.EVENT_READ, "control")
+        else:
+            frames, gone, closed = self._control.read(sock)
+            if closed:
+                sel.unregister(sock)
+            now = time.monotonic()
+            for _peer, datagram in frames:
+                self._stats.control_in += 1
+                self._session.receive_datagram(datagram, now=now)
+            if gone is not None:
+                self._peer_gone(gone)
+
+    def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        loss = self.config.emulated_loss
+        if loss:
+            buf = self._emulate_loss(buf, segment_size, loss)
+            if len(buf) == 0:
+                return
+        self._session.receive_batch(buf, segment_size, now=time.monotonic())
+
+    def _emulate_loss(
+        self, buf: npt.NDArray[np.uint8], seg: int, loss: float
+    ) -> npt.NDArray[np.uint8]:
+        n = -(-len(buf) // seg)
+        keep = self._rng.random(n) >= loss
+        dropped = n - int(keep.sum())
+        if not dropped:
+            return buf
+        self._stats.emulated_loss_dropped += dropped
+        n_full = len(buf) // seg
+        rows = buf[: n_full * seg].reshape(n_full, seg)[keep[:n_full]].reshape(-1)
+        if n_full < n and keep[-1]:
+            rows = np.concatenate((rows, buf[n_full * seg :]))
+        return rows
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command, _ = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _flush(self, now: float) -> None:
+        # bounded, so that receiving gets its turn between bursts of sending
+        for _ in range(8):
+            items = self._session.datagrams_to_send(now=now, max_batches=64)
+            if not items:
+                return
+            for item in items:
+                if isinstance(item, DataBatch):
+                    addr = self._addresses[item.dst]
+                    self._data.send(
+                        item.data,
+                        item.segment_size,
+                        item.count,
+                        path=item.path,
+                        tos=item.tos,
+                        addr=(addr.host, addr.data_port),
+                    )
+                    self._stats.data_batches_out += 1
+                elif isinstance(item, ControlDatagram):
+                    self._send_control(item)
+            now = time.monotonic()
+
+    def _send_control(self, item: ControlDatagram) -> None:
+        if item.dst in self._gone:
+            return
+        addr = self._addresses[item.dst]
+        gone = self._control.send(item.dst, (addr.host, addr.control_port), item.data)
+        self._stats.control_out += 1
+        if gone is not None:
+            self._peer_gone(gone)
+
+    def _dispatch_events(self) -> None:
+        while (ev := self._session.next_event()) is not None:
+            if isinstance(ev, MessageDelivered):
+                pending = self._sends.pop((ev.dst, ev.step, ev.msg), None)
+                if pending is not None:
+                    pending.future.set_result(ev.report)
+            elif isinstance(ev, MessageReceived):
+                key = (ev.src, ev.step, ev.msg)
+                rpending = self._recvs.pop(key, None)
+                if rpending is not None:
+                    self._complete_recv(rpending.future, ev, rpending.out)
+                else:
+                    self._park(key, ev)
+            elif isinstance(ev, MessageFailed):
+                key = (ev.peer, ev.step, ev.msg)
+                table = self._sends if ev.outgoing else self._recvs
+                failed = table.pop(key, None)
+                error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
+                reason = f"rank {self.rank}: {ev.reason} (step {ev.step}, msg {ev.msg})"
+                if failed is not None:
+                    failed.future.set_exception(error_cls(reason))
+                elif not ev.outgoing:
+                    self._park(key, ev)
+
+    def _park(self, key: Key, ev: MessageReceived | MessageFailed) -> None:
+        self._unclaimed[key] = ev
+        while len(self._unclaimed) > 1024:
+            self._unclaimed.popitem(last=False)
+
+    def _complete_recv(
+        self,
+        fut: Future[Received],
+        ev: MessageReceived | MessageFailed,
+        out: npt.NDArray[Any] | None,
+    ) -> None:
+        if isinstance(ev, MessageFailed):
+            fut.set_exception(TransferFailed(f"rank {self.rank}: {ev.reason}"))
+            return
+        data = ev.data
+        if out is not None and out is not data:
+            if out.shape != data.shape or out.dtype != data.dtype:
+                fut.set_exception(
+                    ValueError(
+                        f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
+                        f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
+                    )
+                )
+                return
+            out[...] = data
+            data = out
+        fut.set_result(Received(ev.src, ev.step, ev.msg, data, ev.report))
+
+    def _expire(self, now: float) -> None:
+        for table, outgoing in ((self._sends, True), (self._recvs, False)):
+            for key, pending in list(table.items()):
+                if now < pending.deadline:
+                    continue
+                del table[key]
+                self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+                what = "to" if outgoing else "from"
+                pending.future.set_exception(
+                    PeerTimeout(
+                        f"rank {self.rank}: message (step {key[1]}, msg {key[2]}) {what} rank "
+                        f"{key[0]} did not complete within {self.config.timeout:g} s"
+                    )
+                )
+
+    def _peer_gone(self, gone: PeerGone) -> None:
+        if gone.rank not in self._gone:
+            log.warning("dlcp rank %d: %s", self.rank, gone.why)
+        self._gone[gone.rank] = gone.why
+        self._fail_peer(gone.rank, gone.why)
+
+    def _fail_peer(self, peer: int, why: str) -> None:
+        for table, outgoing in ((self._sends, True), (self._recvs, False)):
+            for key in [k for k in table if k[0] == peer]:
+                pending = table.pop(key)
+                self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)
+                pending.future.set_exception(
+                    TransferFailed(
+                        f"rank {self.rank}: message (step {key[1]}, msg {key[2]}) "
+                        f"{'to' if outgoing else 'from'} rank {peer}: {why}"
+                    )
+                )
+
+    def _fail_all(self, error: Exception) -> None:
+        for table in (self._sends, self._recvs):
+            for pending in table.values():
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            table.clear()
+        while True:
+            try:
+                _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if not fut.done():
+                fut.set_exception(error)
+
+
+def _store_key(job: int, rank: int) -> str:
+    return f"dlcp/{job}/addr/{rank}"

@@ -1,0 +1,187 @@
+"""UDP data sockets: one receive socket, one send socket per path, GSO and GRO.
+
+* **Send**: a :class:`~dlcp.proto.session.DataBatch` is a contiguous run of
+  equal-size datagrams (the last may be shorter). With UDP GSO
+  (``UDP_SEGMENT``) it leaves in one ``sendmsg`` per 64 KB; without it, one
+  ``sendto`` per datagram. The TOS byte (DSCP + ECN) rides along as ``IP_TOS``
+  ancillary data on every call, so one socket serves every packet class.
+* **Paths**: each path has its own send socket and so its own source port; ECMP
+  hashing on the UDP 5-tuple then spreads paths over equal-cost routes.
+* **Receive**: with UDP GRO the kernel hands over up to 64 KB of same-size
+  datagrams at once and says their size; reads with the same segment size are
+  gathered back to back into one buffer, so the protocol core parses many
+  reads in one vectorised call.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError
+
+__all__ = ["UDP_GRO", "UDP_SEGMENT", "DataSockets", "kernel_supports"]
+
+log = logging.getLogger("dlcp.io")
+
+# Linux socket options (include/uapi/linux/udp.h); Python 3.11 does not name them
+UDP_SEGMENT = 103
+UDP_GRO = 104
+_GSO_MAX_BYTES = 65000  # stay under the 64 KB IP datagram limit with headers
+_GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS on older kernels
+_READ_SIZE = 65536
+
+
+def kernel_supports(option: int) -> bool:
+    """Whether this kernel accepts a UDP socket option (GSO, GRO)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.setsockopt(socket.SOL_UDP, option, 1400 if option == UDP_SEGMENT else 1)
+        except OSError:
+            return False
+    return True
+
+
+def _decide(name: str, mode: str, option: int) -> bool:
+    have = kernel_supports(option)
+    if mode == "on" and not have:
+        raise ConfigError(f"{name}=on but this kernel does not support UDP {name.upper()}")
+    return have and mode != "off"
+
+
+class DataSockets:
+    """The UDP sockets of one endpoint."""
+
+    def __init__(
+        self, host: str, port: int, n_paths: int, *, gso: str, gro: str, rcvbuf: int, sndbuf: int
+    ) -> None:
+        self.use_gso = _decide("gso", gso, UDP_SEGMENT)
+        self.use_gro = _decide("gro", gro, UDP_GRO)
+        self.recv_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.send_socks: list[socket.socket] = []
+        try:
+            _set_buffer(self.recv_sock, socket.SO_RCVBUF, rcvbuf)
+            self.recv_sock.bind((host, port))
+            self.recv_sock.setblocking(False)
+            if self.use_gro:
+                self.recv_sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
+            for _ in range(n_paths):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self.send_socks.append(s)
+                _set_buffer(s, socket.SO_SNDBUF, sndbuf)
+                s.bind((host, 0))  # its own source port: its own ECMP hash
+        except BaseException:
+            self.close()
+            raise
+        self.address: tuple[str, int] = self.recv_sock.getsockname()
+        log.info(
+            "dlcp data socket %s:%d, %d path(s), GSO %s, GRO %s",
+            *self.address,
+            n_paths,
+            "on" if self.use_gso else "off",
+            "on" if self.use_gro else "off",
+        )
+        self._buf = np.empty(8 << 20, dtype=np.uint8)
+        self._tos_cache: dict[int, tuple[int, int, bytes]] = {}
+        self.empty_datagrams = 0
+
+    def close(self) -> None:
+        for s in [self.recv_sock, *self.send_socks]:
+            s.close()
+
+    # ------------------------------------------------------------------ send
+
+    def send(
+        self,
+        data: memoryview,
+        segment_size: int,
+        count: int,
+        *,
+        path: int,
+        tos: int,
+        addr: tuple[str, int],
+    ) -> int:
+        """Send ``count`` datagrams of ``segment_size`` bytes (last may be shorter).
+        Returns datagrams sent; a full socket buffer blocks until it drains."""
+        sock = self.send_socks[path % len(self.send_socks)]
+        tos_msg = self._tos_cache.get(tos)
+        if tos_msg is None:
+            tos_msg = (socket.IPPROTO_IP, socket.IP_TOS, struct.pack("=i", tos))
+            self._tos_cache[tos] = tos_msg
+        if self.use_gso and count > 1:
+            per_call = max(1, min(_GSO_MAX_SEGMENTS, _GSO_MAX_BYTES // segment_size))
+            step = per_call * segment_size
+            seg = (socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", segment_size))
+            for start in range(0, len(data), step):
+                chunk = data[start : start + step]
+                if len(chunk) <= segment_size:
+                    sock.sendmsg([chunk], [tos_msg], 0, addr)
+                else:
+                    sock.sendmsg([chunk], [tos_msg, seg], 0, addr)
+            return count
+        for start in range(0, len(data), segment_size):
+            sock.sendmsg([data[start : start + segment_size]], [tos_msg], 0, addr)
+        return count
+
+    # ------------------------------------------------------------------ receive
+
+    def receive(
+        self, deliver: Callable[[npt.NDArray[np.uint8], int], None], *, budget: int = 4 << 20
+    ) -> int:
+        """Drain the receive socket (up to ``budget`` bytes) without blocking and
+        hand runs of same-size datagrams to ``deliver(buf, segment_size)``, which
+        must be done with ``buf`` when it returns (the memory is reused).
+
+        Reads of the same segment size are gathered back to back, so one call of
+        ``deliver`` covers many GRO reads; a read that ends in a short datagram
+        closes its run. Returns the bytes read."""
+        buf = self._buf
+        start = fill = seg_size = total = 0
+        cmsg_space = socket.CMSG_SPACE(4)
+        reads = 0
+        while total < budget and reads < 4096:
+            reads += 1
+            if len(buf) - fill < _READ_SIZE:
+                if fill > start:
+                    deliver(buf[start:fill], seg_size)
+                start = fill = 0
+            view = memoryview(buf)[fill : fill + _READ_SIZE]  # type: ignore[arg-type]
+            try:
+                n, anc, _flags, _addr = self.recv_sock.recvmsg_into([view], cmsg_space)
+            except (BlockingIOError, InterruptedError):
+                break
+            total += n
+            if n == 0:  # an empty datagram carries nothing; the session never sees it
+                self.empty_datagrams += 1
+                continue
+            seg = n
+            for level, kind, payload in anc:
+                if level == socket.SOL_UDP and kind == UDP_GRO and len(payload) >= 4:
+                    seg = struct.unpack("=i", payload[:4])[0]
+            if seg <= 0:
+                seg = n
+            if fill > start and seg != seg_size:  # a different size starts a new run
+                deliver(buf[start:fill], seg_size)
+                start = fill
+            seg_size = seg
+            fill += n
+            if n % seg:  # short last datagram: the run cannot continue after it
+                deliver(buf[start:fill], seg_size)
+                start = fill
+        if fill > start:
+            deliver(buf[start:fill], seg_size)
+        return total
+
+
+def _set_buffer(sock: socket.socket, option: int, size: int) -> None:
+    # SO_{RCV,SND}BUFFORCE (root) can exceed net.core.*mem_max
+    force = {socket.SO_RCVBUF: 33, socket.SO_SNDBUF: 32}[option]
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
