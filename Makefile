@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup sysdeps demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) sysdeps
+
+# Namespace tests and benchmarks need iproute2, nftables, ethtool and ping. As root
+# with apt (CI, a fresh Debian), install what is missing; otherwise those tests skip.
+sysdeps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; \
+	  for t in ip:iproute2 nft:nftables ethtool:ethtool ping:iputils-ping; do \
+	    command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; \
+	  done; \
+	  if [ -n "$$missing" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  fi; \
+	fi
 
 demo: setup
 	$(BIN)/dlcp demo

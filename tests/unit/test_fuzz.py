@@ -293,7 +293,7 @@ def test_receive_path_survives_fuzz_while_real_transfers_complete() -> None:
         while cursor < stop:
             target = int(rng.integers(0, 2))
             s = sessions[target]
-            if rng.random() < 0.3:  # a single datagram
+            if rng.random() < 0.4:  # a single datagram
                 d = rows[cursor, : lens[cursor]].tobytes()
                 Session.receive_datagram(s, d, now=now)
                 verdict = single_verdict(d)
@@ -303,10 +303,17 @@ def test_receive_path_survives_fuzz_while_real_transfers_complete() -> None:
                 cursor += 1
                 n_fed = 1
             else:  # a GRO batch: records of one segment size, the last maybe shorter
-                m = min(int(rng.integers(1, 40)), stop - cursor)
-                seg = int(rng.choice([288, 288, 304, 160, int(rng.integers(1, WIDTH))]))
+                m = min(int(rng.integers(1, 17)), stop - cursor)
+                if rng.random() < 0.5:  # the first record's own length
+                    seg = max(1, int(lens[cursor]))
+                else:
+                    seg = int(rng.choice([288, 304, 160, int(rng.integers(1, WIDTH))]))
                 recs = rows[cursor : cursor + m, :seg].copy()
-                buf = recs.reshape(-1)[: (m - 1) * seg + int(rng.integers(0, seg + 1))]
+                if rng.random() < 0.7:  # the last record as long as it is (up to seg)
+                    tail = min(int(lens[cursor + m - 1]), seg)
+                else:
+                    tail = int(rng.integers(0, seg + 1))
+                buf = recs.reshape(-1)[: (m - 1) * seg + tail]
                 s.receive_batch(buf, seg, now=now)
                 parsed = parse_batch(buf, seg, job=JOB)
                 counts = np.bincount(parsed.reasons, minlength=len(Reason))

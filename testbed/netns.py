@@ -1,0 +1,142 @@
+"""Network namespaces joined by veth pairs: the smallest real network.
+
+Everything created is named with a run prefix (``dlcp<pid><n>``) and removed by
+name on exit, on error and on Ctrl-C (the context manager's ``finally``).
+Readiness is checked, never slept: after setup a ping must get through.
+
+Needs root and iproute2; loss rules need nftables (``nft``); offload changes
+need ``ethtool``. :func:`missing_tools` says what is absent, so tests can skip
+with a reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["NetnsError", "NetnsPair", "missing_tools", "netns_pair"]
+
+_counter = itertools.count()
+
+
+class NetnsError(RuntimeError):
+    """A namespace command failed; the message holds the command and its stderr."""
+
+
+def missing_tools(*, loss: bool = False, offloads: bool = False) -> list[str]:
+    """What is missing to build a namespace pair here (empty: all is there)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    for tool, wanted in (("ip", True), ("nft", loss), ("ethtool", offloads)):
+        if wanted and shutil.which(tool) is None:
+            missing.append(tool)
+    return missing
+
+
+def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+@dataclass
+class NetnsPair:
+    """Two namespaces ``a`` and ``b`` joined by one veth pair.
+
+    ``a`` has address ``addr_a`` on interface ``if_a``, ``b`` has ``addr_b`` on
+    ``if_b``, both in ``subnet`` (a /24 that exists only inside these namespaces).
+    """
+
+    prefix: str
+    ns_a: str
+    ns_b: str
+    if_a: str
+    if_b: str
+    addr_a: str
+    addr_b: str
+    mtu: int
+
+    def exec_argv(self, ns: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside namespace ``ns`` (``ip netns exec``)."""
+        return ["ip", "netns", "exec", ns, *argv]
+
+    def run(self, ns: str, argv: Sequence[str], *, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        return _run(self.exec_argv(ns, argv), check=check)
+
+    def set_offloads(self, *, on: bool) -> None:
+        """Turn segmentation/receive offloads of both veth ends on or off, so that
+        packets on the wire are real MTU-sized packets (off) or GSO batches (on)."""
+        state = "on" if on else "off"
+        for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
+            self.run(ns, ["ethtool", "-K", dev, "tso", state, "gso", state, "gro", state,
+                          "tx-udp-segmentation", state], check=False)
+
+    def set_loss(self, ns: str, percent: float) -> None:
+        """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
+        ``numgen random``, in steps of 0.01 %); 0 removes the rule."""
+        self.run(ns, ["nft", "delete", "table", "inet", self.prefix], check=False)
+        if percent <= 0:
+            return
+        per_10k = round(percent * 100)
+        rules = (
+            f"table inet {self.prefix} {{\n"
+            f"  chain input {{\n"
+            f"    type filter hook input priority -100; policy accept;\n"
+            f"    meta nfproto ipv4 numgen random mod 10000 < {per_10k} counter drop\n"
+            f"  }}\n"
+            f"}}\n"
+        )
+        proc = subprocess.run(self.exec_argv(ns, ["nft", "-f", "-"]), input=rules,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
+
+    def dropped(self, ns: str) -> int:
+        """Packets the loss rule in ``ns`` dropped so far."""
+        out = self.run(ns, ["nft", "list", "table", "inet", self.prefix], check=False).stdout
+        for line in out.splitlines():
+            if "counter packets" in line:
+                words = line.split()
+                return int(words[words.index("packets") + 1])
+        return 0
+
+
+def _cleanup(names: Sequence[str]) -> None:
+    for ns in names:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+@contextmanager
+def netns_pair(*, mtu: int = 1500, subnet: str = "10.213.7") -> Iterator[NetnsPair]:
+    """Create two namespaces joined by veth with ``mtu``; remove them on exit."""
+    missing = missing_tools()
+    if missing:
+        raise NetnsError(f"a namespace pair needs {', '.join(missing)}")
+    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    pair = NetnsPair(prefix, f"{prefix}a", f"{prefix}b", f"{prefix}va"[:15],
+                     f"{prefix}vb"[:15], f"{subnet}.1", f"{subnet}.2", mtu)
+    created: list[str] = []
+    try:
+        for ns in (pair.ns_a, pair.ns_b):
+            _run(["ip", "netns", "add", ns])
+            created.append(ns)
+        _run(["ip", "link", "add", pair.if_a, "netns", pair.ns_a, "mtu", str(mtu),
+              "type", "veth", "peer", "name", pair.if_b, "netns", pair.ns_b, "mtu", str(mtu)])
+        for ns, dev, addr in ((pair.ns_a, pair.if_a, pair.addr_a),
+                              (pair.ns_b, pair.if_b, pair.addr_b)):
+            pair.run(ns, ["ip", "addr", "add", f"{addr}/24", "dev", dev])
+            pair.run(ns, ["ip", "link", "set", dev, "up"])
+            pair.run(ns, ["ip", "link", "set", "lo", "up"])
+        # readiness: a real packet must get through (ping waits for the reply)
+        pair.run(pair.ns_a, ["ping", "-c", "1", "-W", "5", pair.addr_b])
+        yield pair
+    finally:
+        _cleanup(created)
