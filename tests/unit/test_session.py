@@ -27,13 +27,17 @@ from dlcp.proto.session import (
 from dlcp.proto.wire import (
     Abort,
     AbortReason,
+    DataHeader,
+    Finish,
     Flags,
+    Nack,
     RateFeedback,
     Stop,
     TosMap,
     bound_to_wire,
     decode_control,
     encode_control,
+    encode_data,
 )
 
 JOB = 7
@@ -846,4 +850,69 @@ def test_unauthenticated_session_is_refused_by_an_authenticating_one() -> None:
     link = LossyLink([plain, b], seed=32)
     link.run()
     assert b.stats.rejected == {"auth_required": b.stats.datagrams_in}
+    assert not events(link, MessageReceived)
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+
+def test_last_chunk_claiming_offset_zero_with_a_nonzero_seq_is_rejected() -> None:
+    """The first packet of a message decides its chunk size (offset / seq for the
+    LAST chunk); offset 0 with seq 5 would mean chunks of 0 elements."""
+    _, b = sessions()
+    h = DataHeader(job=JOB, step=3, msg=4, seq=5, offset=0, msg_elems=100, payload_len=16,
+                   src=0, flags=Flags.LAST)  # fmt: skip
+    b.receive_datagram(encode_data(h, bytes(16)), now=0.0)
+    assert b.stats.rejected == {"geometry": 1}
+    b.handle_timer(now=100.0)
+    assert b.next_event() is None
+
+
+def test_finish_announcing_zero_chunks_is_rejected() -> None:
+    """A wire-valid FINISH for 0 chunks must not make the receiver build an
+    invalid NACK (range of 0 chunks) when it NACKs the orphan FINISH."""
+    _, b = sessions()
+    finish = Finish(3, 4, 0, round=0, total_chunks=0, protected_chunks=0)
+    b.receive_datagram(encode_control(finish, job=JOB), now=0.0)
+    b.handle_timer(now=1.0)
+    assert b.stats.rejected == {"geometry": 1}
+    assert b.datagrams_to_send(now=1.0) == []
+
+
+def test_nack_naming_the_whole_sequence_space_resends_the_message_once() -> None:
+    """NACK ranges may name up to 2**32 - 1 chunks; the sender resends what exists
+    instead of materialising the range."""
+    a, b = sessions(cfg=config(classifier="layer"))
+    x = gradient(3000, 33)
+    a.send_message(1, x, step=3, msg=4, now=0.0)
+    link = LossyLink([a, b], seed=33, drop_filter=lambda d: seq_of(d) == 7 and not is_retransmit(d))
+    now = link.run(stop_when=lambda _: b.stats.datagrams_in >= 1)
+    out = [i for i in a.datagrams_to_send(now=now) if isinstance(i, DataBatch)]
+    assert not out  # round 0 is all out: FINISH went, now NACK it with a giant range
+    nack = Nack(3, 4, 1, round=0, needed_elems=0xFFFFFFFF, ranges=((0, 0xFFFFFFFE),))
+    a.receive_datagram(encode_control(nack, job=JOB), now=now)
+    resent = [i for i in a.datagrams_to_send(now=now) if isinstance(i, DataBatch)]
+    assert sum(bt.count for bt in resent) == -(-3000 * 4 // CHUNK)
+    link.run(start=now)
+    assert same_bits(only_received(link).data, x)
+
+
+def test_late_packets_of_an_aborted_message_do_not_restart_it() -> None:
+    """After a sender's ABORT, retransmissions still in flight are ignored rather
+    than starting the message again (which would fail a second time later)."""
+    cfg = config(recv_idle_timeout=0.5)
+    a, b = sessions(cfg=cfg)
+    x = gradient(50000, 34)
+    a.send_message(1, x, step=1, msg=1, now=0.0)
+    link = LossyLink([a, b], reorder=True, seed=34)
+    now = partial_then(link, b)
+    in_flight = len(link._queue)
+    b.receive_datagram(encode_control(Abort(1, 1, 0, reason=AbortReason.CANCELLED), job=JOB),
+                       now=now)  # fmt: skip
+    link.run(start=now, until=now + 0.1)
+    del link.sessions[0]  # the sender is gone too: nothing may keep b busy
+    link.run(start=now + 0.1)
+    (failed,) = events(link, MessageFailed, 1)
+    assert "aborted" in failed.reason
+    assert b.stats.late_packets >= in_flight > 0
     assert not events(link, MessageReceived)
