@@ -264,6 +264,7 @@ class Endpoint:
                     ValueError(f"already receiving (step {step}, msg {msg}) from rank {src}")
                 )
                 return
+            self._dispatch_events()  # a completion may still sit in the session's queue
             done = self._unclaimed.pop(key, None)
             if done is not None:
                 self._complete_recv(fut, done, out)

@@ -81,11 +81,12 @@ __all__ = [
 ]
 
 Key = tuple[int, int, int]  # (peer rank, step, msg id)
-#: in Session._completed: the message failed here, so late packets are ignored
-#: (not started as a new message) and a repeated FINISH is answered with ABORT
-_FAILED = -1
 ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
-_CANCELLED = -1  # in Session._completed: the receiver cancelled this message
+#: in Session._completed: the message ended here without delivery (it failed, or
+#: the receiver cancelled it), so late packets are ignored (not started as a new
+#: message) and a repeated FINISH is answered with ABORT
+_FAILED = -2
+_CANCELLED = -1
 
 
 # --------------------------------------------------------------------------- outputs
@@ -350,7 +351,9 @@ class Session:
         self._check_peer(src, "receive from")
         key = (src, step, msg)
         if key in self._completed:
-            how = "failed" if self._completed[key] == _FAILED else "completed"
+            how = {_FAILED: "failed", _CANCELLED: "cancelled"}.get(
+                self._completed[key], "completed"
+            )
             raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
         if p is not None:
             bound_to_wire(p)  # validates the range
@@ -561,6 +564,18 @@ class Session:
                 self._incoming.pop(key),
                 f"sender aborted the message ({ctrl.reason.name.lower()})",
             )
+        elif (
+            isinstance(ctrl, Abort)
+            and key in self._expected
+            and not (ctrl.src in self._peers and key in self._peers[ctrl.src].outgoing)
+        ):
+            # aborted before any of its data arrived: the application waiting for it
+            # must hear of it too
+            del self._expected[key]
+            self._orphan_finish.pop(key, None)
+            self._fail_incoming(
+                key, None, f"sender aborted the message ({ctrl.reason.name.lower()})"
+            )
         else:
             out = self._peers[ctrl.src].outgoing.get(key) if ctrl.src in self._peers else None
             if out is None:
@@ -580,8 +595,9 @@ class Session:
             return
         if key in self._completed:
             received = self._completed[key]
-            if received == _CANCELLED:
-                self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.CANCELLED))
+            if received in (_FAILED, _CANCELLED):
+                reason = AbortReason.CANCELLED if received == _CANCELLED else AbortReason.GAVE_UP
+                self._queue(key[0], Abort(key[1], key[2], self.rank, reason=reason))
             else:
                 self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
             return

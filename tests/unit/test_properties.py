@@ -151,9 +151,7 @@ def test_droppable_loss_within_the_bound_needs_no_retransmission(
     x = make_data(dtype, n, seed)
     a, b = (Session(rank=r, job=JOB, config=cfg) for r in (0, 1))
     a.send_message(1, x, step=1, msg=0, now=0.0, p=p, bfloat16=dtype == "bfloat16")
-    link = LossyLink(
-        [a, b], reorder=reorder, duplicate=duplicate, seed=seed, drop_filter=dropper
-    )
+    link = LossyLink([a, b], reorder=reorder, duplicate=duplicate, seed=seed, drop_filter=dropper)
     link.run()
 
     (ev,) = one(link, MessageReceived, 1, 0)
@@ -225,9 +223,7 @@ def test_protected_or_excess_loss_is_retransmitted_and_the_bound_holds(
     chunk_elems = payload // ITEMSIZE[dtype]
     round0 = [(seq, cls) for _, seq, cls, rtx in dropper.dropped if not rtx]
     protected = {seq for seq, cls in round0 if cls % 2 == 0}
-    droppable_elems = sum(
-        min(chunk_elems, n - seq * chunk_elems) for seq, cls in round0 if cls % 2
-    )
+    droppable_elems = sum(min(chunk_elems, n - seq * chunk_elems) for seq, cls in round0 if cls % 2)
     rep = ev.report
     if protected or droppable_elems > bound_to_wire(p) * n // 1000:
         # the first round could not complete the message: it was asked for again

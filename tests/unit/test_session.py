@@ -255,7 +255,7 @@ def test_expect_after_data_arrived_moves_it_into_out() -> None:
     x = gradient(20000, 5)
     a, b = sessions()
     a.send_message(1, x, step=1, msg=2, now=0.0)
-    link = LossyLink([a, b], loss=0.02, seed=5)
+    link = LossyLink([a, b], loss=0.02, reorder=True, seed=5)
     now = partial_then(link, b)
     assert b.stats.datagrams_in < 313  # only part of the 313 chunks is there
     out = np.zeros(len(x), np.float32)
@@ -287,7 +287,7 @@ def test_receiver_bound_stricter_than_sender_wins(when: str) -> None:
     if when == "before":
         b.expect_message(0, step=3, msg=0, p=0.0)
     a.send_message(1, x, step=3, msg=0, now=0.0, p=0.2)
-    link = LossyLink([a, b], seed=7, drop_filter=drop_droppable_round0)
+    link = LossyLink([a, b], reorder=True, seed=7, drop_filter=drop_droppable_round0)
     if when == "after":
         now = partial_then(link, b)
         b.expect_message(0, step=3, msg=0, p=0.0)
@@ -448,9 +448,7 @@ def test_message_that_cannot_go_where_expected_fails_once_on_both_sides(problem:
 
 
 def test_loss_report_matches_what_the_link_dropped() -> None:
-    cfg = config(
-        classifier="combined", classifier_options={"drop_fraction": 0.25, "n_classes": 4}
-    )
+    cfg = config(classifier="combined", classifier_options={"drop_fraction": 0.25, "n_classes": 4})
     n = 16000  # 250 chunks of 64 float32
     x = gradient(n, 15)
     a, b = sessions(cfg=cfg)
@@ -522,9 +520,7 @@ def test_all_data_of_round_zero_lost(p: float) -> None:
     x = gradient(10000, 17)
     a, b = sessions(cfg=cfg)
     a.send_message(1, x, step=0, msg=0, now=0.0, p=p)
-    link = LossyLink(
-        [a, b], seed=17, drop_filter=lambda d: is_data(d) and not is_retransmit(d)
-    )
+    link = LossyLink([a, b], seed=17, drop_filter=lambda d: is_data(d) and not is_retransmit(d))
     link.run()
     got = only_received(link)
     assert same_bits(got.data, x)
@@ -558,7 +554,8 @@ def test_sender_gives_up_on_a_silent_peer(peer: str) -> None:
 
 
 def test_receiver_gives_up_when_the_sender_vanishes() -> None:
-    cfg = config(recv_idle_timeout=0.5)
+    # a small pacer burst, so that the sender is still sending when it vanishes
+    cfg = config(recv_idle_timeout=0.5, pacer_options={"burst_bytes": 16384})
     a, b = sessions(cfg=cfg)
     a.send_message(1, gradient(50000, 19), step=4, msg=6, now=0.0)
     link = LossyLink([a, b], seed=19)
@@ -575,9 +572,7 @@ def test_receiver_gives_up_when_the_sender_vanishes() -> None:
 
 
 def test_sender_gives_up_after_max_rounds_and_receiver_is_told() -> None:
-    cfg = config(
-        max_rounds=3, classifier="combined", classifier_options={"drop_fraction": 0.5}
-    )
+    cfg = config(max_rounds=3, classifier="combined", classifier_options={"drop_fraction": 0.5})
     x = gradient(8000, 20)
     a, b = sessions(cfg=cfg)
     a.send_message(1, x, step=8, msg=1, now=0.0, p=0.0)
@@ -591,6 +586,25 @@ def test_sender_gives_up_after_max_rounds_and_receiver_is_told() -> None:
     assert not told.outgoing and (told.peer, told.step, told.msg) == (0, 8, 1)
     assert "abort" in told.reason
     assert not events(link, MessageReceived) and not events(link, MessageDelivered)
+
+
+def test_expected_message_the_sender_abandons_before_any_data_fails() -> None:
+    """The application that asked for a message hears that it will not come, even
+    when not one data packet of it ever arrived."""
+    cfg = config(max_rounds=1, classifier="layer")
+    a, b = sessions(cfg=cfg)
+    out = np.zeros(3000, np.float32)
+    b.expect_message(0, step=2, msg=3, out=out)
+    a.send_message(1, gradient(3000, 35), step=2, msg=3, now=0.0)
+    link = LossyLink([a, b], seed=35, drop_filter=is_data)
+    link.run()
+    (gave_up,) = events(link, MessageFailed, 0)
+    assert gave_up.outgoing and "gave up" in gave_up.reason
+    (told,) = events(link, MessageFailed, 1)
+    assert (told.peer, told.step, told.msg, told.outgoing) == (0, 2, 3, False)
+    assert "aborted" in told.reason
+    with pytest.raises(ValueError, match="already failed"):
+        b.expect_message(0, step=2, msg=3)
 
 
 # ----------------------------------------------------------------------------- priorities, TOS
@@ -860,8 +874,17 @@ def test_last_chunk_claiming_offset_zero_with_a_nonzero_seq_is_rejected() -> Non
     """The first packet of a message decides its chunk size (offset / seq for the
     LAST chunk); offset 0 with seq 5 would mean chunks of 0 elements."""
     _, b = sessions()
-    h = DataHeader(job=JOB, step=3, msg=4, seq=5, offset=0, msg_elems=100, payload_len=16,
-                   src=0, flags=Flags.LAST)  # fmt: skip
+    h = DataHeader(
+        job=JOB,
+        step=3,
+        msg=4,
+        seq=5,
+        offset=0,
+        msg_elems=100,
+        payload_len=16,
+        src=0,
+        flags=Flags.LAST,
+    )
     b.receive_datagram(encode_data(h, bytes(16)), now=0.0)
     assert b.stats.rejected == {"geometry": 1}
     b.handle_timer(now=100.0)
@@ -906,9 +929,10 @@ def test_late_packets_of_an_aborted_message_do_not_restart_it() -> None:
     a.send_message(1, x, step=1, msg=1, now=0.0)
     link = LossyLink([a, b], reorder=True, seed=34)
     now = partial_then(link, b)
-    in_flight = len(link._queue)
-    b.receive_datagram(encode_control(Abort(1, 1, 0, reason=AbortReason.CANCELLED), job=JOB),
-                       now=now)  # fmt: skip
+    in_flight = sum(d[0] == 0x11 for *_, d in link._queue)  # data still on the way
+    b.receive_datagram(
+        encode_control(Abort(1, 1, 0, reason=AbortReason.CANCELLED), job=JOB), now=now
+    )
     link.run(start=now, until=now + 0.1)
     del link.sessions[0]  # the sender is gone too: nothing may keep b busy
     link.run(start=now + 0.1)

@@ -1,0 +1,164 @@
+"""Communicator: a group of ranks that call collectives in the same order.
+
+Every collective call takes the next call number of its communicator; every
+rank makes the same calls in the same order (as with NCCL or Gloo), so the call
+number identifies the same call everywhere and becomes the messages' ``step``.
+The ``msg`` field carries the communicator's channel (high 4 bits) and the
+message's role inside the call (low 12 bits), so several communicators can
+share one endpoint without their messages meeting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError
+from ..io.endpoint import Endpoint, Received
+from ..proto.config import FillPolicy
+from ..proto.reassembler import N_CLASSES
+from ..proto.session import SendReport
+
+__all__ = ["CollectiveReport", "Communicator", "ReportBuilder", "Segments", "slice_segments"]
+
+Segments = Sequence[tuple[int, int, int]]  # (offset, length, layer) in elements
+MAX_ROLE = 0x0FFF
+MAX_CHANNEL = 0x0F
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveReport:
+    """What one collective call cost and lost, as seen by this rank."""
+
+    op: str
+    call: int
+    elems: int
+    bytes_sent: int
+    bytes_received: int
+    #: elements of incoming messages that were filled instead of received
+    lost_elems: int
+    #: lost_elems / elements received by this rank in bounded-loss phases
+    lost_fraction: float
+    #: lost chunks per (priority, drop) class, index prio * 2 + drop
+    lost_chunks: tuple[int, ...]
+    retransmitted_packets: int
+    nack_rounds: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class ReportBuilder:
+    op: str
+    call: int
+    elems: int
+    started: float = field(default_factory=time.perf_counter)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    lost_elems: int = 0
+    bounded_elems: int = 0
+    lost_chunks: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(N_CLASSES, dtype=np.int64)
+    )
+    retransmitted: int = 0
+    nack_rounds: int = 0
+
+    def sent(self, report: SendReport, itemsize: int) -> None:
+        self.bytes_sent += report.msg_elems * itemsize
+        self.retransmitted += report.retransmitted_packets
+
+    def received(self, got: Received, *, bounded: bool) -> None:
+        r = got.report
+        self.bytes_received += r.msg_elems * got.data.itemsize
+        self.lost_elems += r.lost_elems
+        if bounded:
+            self.bounded_elems += r.msg_elems
+        self.lost_chunks += np.asarray(r.lost_chunks, dtype=np.int64)
+        self.nack_rounds += r.nack_rounds
+
+    def build(self) -> CollectiveReport:
+        return CollectiveReport(
+            op=self.op,
+            call=self.call,
+            elems=self.elems,
+            bytes_sent=self.bytes_sent,
+            bytes_received=self.bytes_received,
+            lost_elems=self.lost_elems,
+            lost_fraction=self.lost_elems / self.bounded_elems if self.bounded_elems else 0.0,
+            lost_chunks=tuple(int(x) for x in self.lost_chunks),
+            retransmitted_packets=self.retransmitted,
+            nack_rounds=self.nack_rounds,
+            seconds=time.perf_counter() - self.started,
+        )
+
+
+def slice_segments(segments: Segments | None, start: int, stop: int) -> list[tuple[int, int, int]]:
+    """The layer segments covering elements ``[start, stop)``, re-based to ``start``."""
+    if segments is None:
+        return []
+    out = []
+    for off, length, layer in segments:
+        a, b = max(off, start), min(off + length, stop)
+        if a < b:
+            out.append((a - start, b - a, layer))
+    return out
+
+
+class Communicator:
+    """Ranks ``0..world_size-1`` over one :class:`Endpoint`."""
+
+    def __init__(
+        self, endpoint: Endpoint, world_size: int, *, channel: int = 0, timeout: float | None = None
+    ) -> None:
+        if not 1 <= world_size <= 0xFFFF:
+            raise ConfigError(f"world_size={world_size} outside 1..65535")
+        if not 0 <= channel <= MAX_CHANNEL:
+            raise ConfigError(f"channel={channel} outside 0..{MAX_CHANNEL}")
+        self.endpoint = endpoint
+        self.rank = endpoint.rank
+        self.world_size = world_size
+        self.channel = channel
+        self.timeout = timeout if timeout is not None else endpoint.config.timeout
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def next_call(self) -> int:
+        with self._lock:
+            call = self._calls
+            self._calls = (self._calls + 1) & 0xFFFFFFFF
+            return call
+
+    def msg_id(self, role: int) -> int:
+        if not 0 <= role <= MAX_ROLE:
+            raise ValueError(f"message role {role} outside 0..{MAX_ROLE}")
+        return (self.channel << 12) | role
+
+    def send(
+        self,
+        array: npt.NDArray[Any],
+        *,
+        to: int,
+        call: int,
+        role: int,
+        segments: Segments | None,
+        p: float,
+    ) -> Future[SendReport]:
+        return self.endpoint.send(
+            array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p
+        )
+
+    def recv(
+        self, out: npt.NDArray[Any], *, src: int, call: int, role: int, p: float, fill: FillPolicy
+    ) -> Future[Received]:
+        return self.endpoint.recv(
+            src=src, step=call, msg=self.msg_id(role), out=out, p=p, fill=fill
+        )
+
+    def wait(self, fut: Future[Any]) -> Any:
+        return fut.result(timeout=self.timeout + 5.0)

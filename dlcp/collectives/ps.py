@@ -1,0 +1,191 @@
+"""Parameter server over DLCP: push shards with the push bound, pull with the pull bound.
+
+The array is cut into one contiguous shard per server. Every worker pushes
+shard ``i`` to server ``i`` (bounded loss: lost elements are filled and
+reported); each server sums what its workers pushed, divides by the number of
+workers if asked, and every worker pulls every shard back (default bound 0:
+reliable, so every worker ends with identical bytes).
+
+Servers are either co-located (a worker that also serves a shard: with every
+rank a server this is a "PS-style all-reduce") or dedicated (a rank that holds
+no data of its own and calls :func:`ps_serve` once per step; it learns the
+shard size from the self-describing packets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..io.endpoint import Received
+from ..proto.config import FillPolicy
+from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, slice_segments
+from .ring import check_array, chunk_bounds
+
+__all__ = ["ps_allreduce", "ps_serve"]
+
+PUSH, PULL = 4000, 4001
+
+
+def _roles(
+    comm: Communicator, servers: Sequence[int] | None, workers: Sequence[int] | None
+) -> tuple[list[int], list[int]]:
+    everyone = list(range(comm.world_size))
+    s = list(servers) if servers is not None else everyone
+    w = list(workers) if workers is not None else everyone
+    for name, ranks in (("servers", s), ("workers", w)):
+        if not ranks or len(set(ranks)) != len(ranks) or not set(ranks) <= set(everyone):
+            raise ValueError(f"{name}={ranks} must be distinct ranks of 0..{comm.world_size - 1}")
+    if not set(everyone) <= set(s) | set(w):
+        raise ValueError(f"every rank must be a server or a worker (servers={s}, workers={w})")
+    return s, w
+
+
+def ps_allreduce(
+    comm: Communicator,
+    data: npt.NDArray[Any],
+    *,
+    servers: Sequence[int] | None = None,
+    workers: Sequence[int] | None = None,
+    segments: Segments | None = None,
+    p_push: float = 0.0,
+    p_pull: float = 0.0,
+    fill: FillPolicy = FillPolicy.ZERO,
+    average: bool = False,
+) -> CollectiveReport:
+    """A worker's step: push ``data``'s shards, pull the aggregate back into ``data``.
+    A rank that is both worker and server also aggregates its own shard."""
+    check_array(data, "ps_allreduce")
+    srv, wrk = _roles(comm, servers, workers)
+    r = comm.rank
+    if r not in wrk:
+        raise ValueError(f"rank {r} is not a worker; a dedicated server calls ps_serve")
+    call = comm.next_call()
+    report = ReportBuilder("ps_allreduce", call, len(data))
+    bounds = chunk_bounds(len(data), len(srv))
+    pushes: list[Future[Any]] = []
+    for i, server in enumerate(srv):
+        a, b = bounds[i], bounds[i + 1]
+        if server != r:
+            pushes.append(
+                comm.send(
+                    data[a:b],
+                    to=server,
+                    call=call,
+                    role=PUSH,
+                    segments=slice_segments(segments, a, b),
+                    p=p_push,
+                )
+            )
+    pull_fill = FillPolicy.PREVIOUS if p_pull > 0 else FillPolicy.ZERO
+    incoming = [
+        comm.recv(
+            data[bounds[i] : bounds[i + 1]],
+            src=server,
+            call=call,
+            role=PULL,
+            p=p_pull,
+            fill=pull_fill,
+        )
+        for i, server in enumerate(srv)
+        if server != r
+    ]
+    if r in srv:  # co-located server: aggregate own shard, then serve it back
+        i = srv.index(r)
+        a, b = bounds[i], bounds[i + 1]
+        _aggregate(
+            comm,
+            data[a:b],
+            [w for w in wrk if w != r],
+            call,
+            report,
+            p_push=p_push,
+            fill=fill,
+            divide=len(wrk) if average else 0,
+        )
+        pushes.extend(
+            comm.send(
+                data[a:b],
+                to=w,
+                call=call,
+                role=PULL,
+                segments=slice_segments(segments, a, b),
+                p=p_pull,
+            )
+            for w in wrk
+            if w != r
+        )
+    for fut in incoming:
+        report.received(comm.wait(fut), bounded=p_pull > 0)
+    for fut in pushes:
+        report.sent(comm.wait(fut), data.itemsize)
+    return report.build()
+
+
+def ps_serve(
+    comm: Communicator,
+    *,
+    servers: Sequence[int],
+    workers: Sequence[int],
+    p_push: float = 0.0,
+    p_pull: float = 0.0,
+    fill: FillPolicy = FillPolicy.ZERO,
+    average: bool = False,
+) -> CollectiveReport:
+    """A dedicated server's step: receive a shard from every worker, sum, send it back.
+    Shapes come from the packets; the first worker's message sets them."""
+    srv, wrk = _roles(comm, servers, workers)
+    r = comm.rank
+    if r in wrk or r not in srv:
+        raise ValueError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
+    call = comm.next_call()
+    futs = [
+        comm.endpoint.recv(src=w, step=call, msg=comm.msg_id(PUSH), p=p_push, fill=fill)
+        for w in wrk
+    ]
+    got: list[Received] = [comm.wait(f) for f in futs]
+    shapes = {g.data.shape for g in got} | {g.data.dtype.str for g in got}
+    if len(shapes) != 2:
+        raise ValueError(
+            f"rank {r}: workers pushed shards of different shapes or dtypes: "
+            f"{[(g.src, g.data.dtype, g.data.shape) for g in got]}"
+        )
+    total = got[0].data.copy()
+    for g in got[1:]:
+        total += g.data
+    if average:
+        total /= total.dtype.type(len(wrk))
+    report = ReportBuilder("ps_serve", call, len(total))
+    for g in got:
+        report.received(g, bounded=p_push > 0)
+    sends = [comm.send(total, to=w, call=call, role=PULL, segments=None, p=p_pull) for w in wrk]
+    for fut in sends:
+        report.sent(comm.wait(fut), total.itemsize)
+    return report.build()
+
+
+def _aggregate(
+    comm: Communicator,
+    shard: npt.NDArray[Any],
+    others: list[int],
+    call: int,
+    report: ReportBuilder,
+    *,
+    p_push: float,
+    fill: FillPolicy,
+    divide: int,
+) -> None:
+    buffers = [np.empty_like(shard) for _ in others]
+    futs = [
+        comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill)
+        for buf, w in zip(buffers, others, strict=True)
+    ]
+    for fut, buf in zip(futs, buffers, strict=True):
+        report.received(comm.wait(fut), bounded=p_push > 0)
+        shard += buf
+    if divide:
+        shard /= shard.dtype.type(divide)
