@@ -464,7 +464,9 @@ class Endpoint:
                 return
             for item in items:
                 if isinstance(item, DataBatch):
-                    addr = self._addresses[item.dst]
+                    addr = self._address_of(item.dst)
+                    if addr is None:
+                        continue
                     self._data.send(
                         item.data,
                         item.segment_size,
@@ -481,11 +483,22 @@ class Endpoint:
     def _send_control(self, item: ControlDatagram) -> None:
         if item.dst in self._gone:
             return
-        addr = self._addresses[item.dst]
+        addr = self._address_of(item.dst)
+        if addr is None:
+            return
         gone = self._control.send(item.dst, (addr.host, addr.control_port), item.data)
         self._stats.control_out += 1
         if gone is not None:
             self._peer_gone(gone)
+
+    def _address_of(self, peer: int) -> PeerAddress | None:
+        """A peer's address from the I/O thread. A peer that sent us something has
+        published its address already, so a store lookup returns at once."""
+        try:
+            return self._resolve(peer)
+        except Exception as exc:
+            self._peer_gone(PeerGone(peer, f"rank {peer} has no known address: {exc}"))
+            return None
 
     def _dispatch_events(self) -> None:
         while (ev := self._session.next_event()) is not None:

@@ -1,0 +1,154 @@
+"""Rendezvous through torch.distributed's TCPStore and the ``env://`` variables.
+
+``torchrun`` (and ``dlcp launch``) set MASTER_ADDR, MASTER_PORT, RANK,
+WORLD_SIZE and LOCAL_RANK. Rank 0 picks the job id (and, with authentication,
+the key) and writes them to the store; every rank publishes its endpoint's
+address there, and looks its peers up there when it first talks to them. No
+discovery protocol of our own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .errors import ConfigError
+from .io.config import EndpointConfig
+from .io.endpoint import Endpoint, Store
+
+__all__ = ["JobInfo", "connect", "env_job", "local_address"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def env_job(env: Mapping[str, str] | None = None) -> JobInfo:
+    """The ``env://`` variables, checked, with an error that says what to do."""
+    env = os.environ if env is None else env
+    values: dict[str, int | str] = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        raw = env.get(name)
+        if raw is None:
+            raise ConfigError(
+                f"{name} is not set: start the ranks with torchrun or "
+                "`dlcp launch`, or set MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE"
+            )
+        if name == "MASTER_ADDR":
+            values[name] = raw
+            continue
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    rank, world = int(values["RANK"]), int(values["WORLD_SIZE"])
+    if not 0 <= rank < world:
+        raise ConfigError(f"RANK={rank} outside 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
+    return JobInfo(
+        rank,
+        world,
+        int(env.get("LOCAL_RANK", "0")),
+        str(values["MASTER_ADDR"]),
+        int(values["MASTER_PORT"]),
+    )
+
+
+def local_address(master_addr: str) -> str:
+    """The address of this host on the route to the master (loopback stays loopback)."""
+    try:
+        target = socket.gethostbyname(master_addr)
+    except OSError as exc:
+        raise ConfigError(f"MASTER_ADDR={master_addr!r} does not resolve: {exc}") from None
+    if target.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((target, 9))  # no packet is sent: this only picks the route
+        return str(s.getsockname()[0])
+
+
+def _default_store(job: JobInfo, timeout: float) -> Any:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # share the default process group's store (it already listens on MASTER_PORT)
+        base = dist.distributed_c10d._get_default_store()
+    else:
+        base = dist.TCPStore(
+            job.master_addr,
+            job.master_port,
+            job.world_size,
+            is_master=job.rank == 0,
+            timeout=timedelta(seconds=timeout),
+        )
+    return dist.PrefixStore("dlcp", base)
+
+
+def connect(
+    *,
+    group: str = "default",
+    store: Store | None = None,
+    config: EndpointConfig | None = None,
+    authenticate: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Endpoint, JobInfo]:
+    """An :class:`Endpoint` for this rank, its peers found through the store.
+
+    ``group`` names the endpoint's namespace in the store, so several endpoints
+    (e.g. a DDP hook and a process group) can live in one job.
+    """
+    env = os.environ if env is None else env
+    job = env_job(env)
+    config = config if config is not None else EndpointConfig.from_env(env)
+    if config.host == "127.0.0.1" and "DLCP_HOST" not in env:
+        config = EndpointConfig.from_env(
+            env, host=local_address(job.master_addr), protocol=config.protocol
+        )
+    auth = config.protocol.authenticate if authenticate is None else authenticate
+    if auth and not config.protocol.authenticate:
+        import dataclasses
+
+        config = dataclasses.replace(
+            config, protocol=dataclasses.replace(config.protocol, authenticate=True)
+        )
+    if store is None:
+        store = _default_store(job, config.timeout)
+    prefix = f"{group}/"
+    if job.rank == 0:
+        store.set(prefix + "job", str(1 + secrets.randbelow(0xFFFE)))
+        if auth:
+            store.set(prefix + "key", secrets.token_hex(32))
+    job_id = int(store.get(prefix + "job"))
+    key = bytes.fromhex(store.get(prefix + "key").decode()) if auth else None
+    endpoint = Endpoint(
+        job.rank,
+        job=job_id,
+        config=config,
+        key=key,
+        store=_Prefixed(store, prefix),
+        world_size=job.world_size,
+    )
+    return endpoint, job
+
+
+class _Prefixed:
+    """A store view under a prefix (works for any object with set/get)."""
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        self._store = store
+        self._prefix = prefix
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._store.set(self._prefix + key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._store.get(self._prefix + key)

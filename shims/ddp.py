@@ -1,0 +1,209 @@
+"""DDP communication hook over DLCP, in the style of torch's ddp_comm_hooks.
+
+    from dlcp.shims.ddp import DLCPState, dlcp_hook
+
+    state = DLCPState(model=ddp_model.module, p=0.05, collective="ring")
+    ddp_model.register_comm_hook(state, dlcp_hook)
+
+The hook hands the bucket to the state's transport thread and returns a future
+at once, so backward never waits on the network. The transport thread runs the
+collectives one bucket at a time, in the order DDP hands them over (the same on
+every rank), averages over the world size, and completes the future with the
+bucket tensor. Each parameter's layer index comes from the model's module order
+(front layers first), looked up by parameter identity, so it holds when DDP
+rebuilds its buckets after the first iteration.
+
+CUDA buckets are staged through pinned host memory: the transport thread waits
+on an event recorded on the producing stream, reduces on the host, and copies
+back with a non-blocking copy on the bucket's device. These code paths are
+written and reviewed but untested here (no GPU on these machines).
+"""
+
+# no `from __future__ import annotations` here: DDP inspects the hook's annotations
+# at run time and wants the real dist.GradBucket / torch.futures.Future objects
+
+import logging
+import queue
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..collectives import Communicator, ps_allreduce, ring_allreduce
+from ..collectives.comm import CollectiveReport
+from ..io.endpoint import Endpoint
+from ..proto.config import FillPolicy
+from .metrics import StepMetrics, Tracer
+
+__all__ = ["DLCPState", "dlcp_hook"]
+
+log = logging.getLogger("dlcp.shims")
+
+
+@dataclass(slots=True)
+class _Job:
+    tensor: torch.Tensor
+    segments: list[tuple[int, int, int]]
+    future: torch.futures.Future[torch.Tensor]
+    last: bool
+    ready: Any = None  # CUDA event the host copy waits on
+
+
+@dataclass
+class DLCPState:
+    """Everything the hook needs; create it once, before the first backward.
+
+    ``collective``: ``"ring"`` (ring all-reduce) or ``"ps"`` (parameter server
+    with every rank serving a shard, or the ranks in ``servers``).
+    ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
+    phase uses ``p_gather`` (default 0: every replica gets identical bytes).
+    """
+
+    model: nn.Module | None = None
+    collective: str = "ring"
+    p: float = 0.05
+    p_gather: float = 0.0
+    fill: str = "zero"
+    servers: list[int] | None = None
+    endpoint: Endpoint | None = None
+    world_size: int | None = None
+    trace_path: str | None = None
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+
+    def __post_init__(self) -> None:
+        if self.collective not in ("ring", "ps"):
+            raise ValueError(f"collective={self.collective!r}: use 'ring' or 'ps'")
+        self._fill = FillPolicy(self.fill)
+        if self.endpoint is None:
+            from ..rendezvous import connect
+
+            self.endpoint, job = connect(group="ddp-hook")
+            self.world_size = job.world_size
+        elif self.world_size is None:
+            self.world_size = dist.get_world_size() if dist.is_initialized() else None
+        if self.world_size is None:
+            raise ValueError(
+                "DLCPState needs world_size= when given an endpoint outside "
+                "an initialised process group"
+            )
+        self.comm = Communicator(self.endpoint, self.world_size, channel=1)
+        self._layer_of: dict[int, int] = {}
+        if self.model is not None:
+            self._layer_of = _layer_index(self.model)
+        else:
+            warnings.warn(
+                "DLCPState without model=: every parameter counts as layer 0, "
+                "so packets carry no layer priority",
+                stacklevel=2,
+            )
+        self._tracer = Tracer(self.trace_path) if self.trace_path else None
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="dlcp-ddp-hook", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ hook side
+
+    def segments_for(self, params: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+        """(offset, length, layer) of each parameter in the flattened bucket."""
+        out, offset = [], 0
+        for prm in params:
+            n = prm.numel()
+            out.append((offset, n, self._layer_of.get(id(prm), 0)))
+            offset += n
+        return out
+
+    def submit(
+        self, tensor: torch.Tensor, segments: list[tuple[int, int, int]], last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        ready = None
+        if tensor.is_cuda:  # pragma: no cover - no GPU here
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(tensor.device))
+        self._queue.put(_Job(tensor, segments, fut, last, ready))
+        return fut
+
+    def close(self) -> None:
+        """Finish queued buckets, stop the transport thread, write the trace."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._tracer is not None:
+            self._tracer.write()
+
+    # ------------------------------------------------------------------ transport thread
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                report = self._reduce(job)
+            except BaseException as exc:  # surfaces in the training loop via the future
+                log.error("dlcp hook: %s", exc)
+                job.future.set_exception(exc)
+                continue
+            self.metrics.add(report, last_bucket=job.last)
+            if self._tracer is not None:
+                self._tracer.add(report)
+            job.future.set_result(job.tensor)
+
+    def _reduce(self, job: _Job) -> CollectiveReport:
+        t = job.tensor
+        if t.is_cuda:  # pragma: no cover - no GPU here
+            job.ready.synchronize()
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t)
+            report = self._collective(host.numpy(), job.segments)
+            with torch.cuda.device(t.device):
+                t.copy_(host, non_blocking=True)
+                torch.cuda.current_stream(t.device).synchronize()
+            return report
+        return self._collective(t.detach().numpy(), job.segments)
+
+    def _collective(
+        self, data: np.ndarray, segments: list[tuple[int, int, int]]
+    ) -> CollectiveReport:
+        if self.collective == "ring":
+            return ring_allreduce(
+                self.comm,
+                data,
+                segments=segments,
+                p=self.p,
+                p_gather=self.p_gather,
+                fill=self._fill,
+                average=True,
+            )
+        return ps_allreduce(
+            self.comm,
+            data,
+            servers=self.servers,
+            segments=segments,
+            p_push=self.p,
+            p_pull=self.p_gather,
+            fill=self._fill,
+            average=True,
+        )
+
+
+def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: average the bucket across ranks over DLCP."""
+    tensor = bucket.buffer()
+    segments = state.segments_for(bucket.parameters())
+    return state.submit(tensor, segments, bucket.is_last())
+
+
+def _layer_index(model: nn.Module) -> dict[int, int]:
+    """Parameter identity -> layer index, in module order (front layers first)."""
+    layers: dict[int, int] = {}
+    index = 0
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if not own:
+            continue
+        for prm in own:
+            layers.setdefault(id(prm), index)
+        index += 1
+    return layers

@@ -1,0 +1,97 @@
+"""Per-step transport metrics and a Chrome trace (chrome://tracing JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..collectives.comm import CollectiveReport
+
+__all__ = ["StepMetrics", "StepSummary", "Tracer"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What the transport did during one training step (all buckets)."""
+
+    step: int
+    buckets: int
+    elems: int
+    lost_elems: int
+    lost_fraction: float
+    retransmitted_packets: int
+    comm_seconds: float
+
+
+@dataclass
+class StepMetrics:
+    """Collects bucket reports; a step ends with the bucket DDP marks as last."""
+
+    history: list[StepSummary] = field(default_factory=list)
+    _open: list[CollectiveReport] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, report: CollectiveReport, *, last_bucket: bool) -> None:
+        with self._lock:
+            self._open.append(report)
+            if last_bucket:
+                self._close_step()
+
+    def _close_step(self) -> None:
+        reps, self._open = self._open, []
+        elems = sum(r.elems for r in reps)
+        lost = sum(r.lost_elems for r in reps)
+        self.history.append(
+            StepSummary(
+                step=len(self.history),
+                buckets=len(reps),
+                elems=elems,
+                lost_elems=lost,
+                lost_fraction=lost / elems if elems else 0.0,
+                retransmitted_packets=sum(r.retransmitted_packets for r in reps),
+                comm_seconds=sum(r.seconds for r in reps),
+            )
+        )
+
+    def last(self) -> StepSummary | None:
+        with self._lock:
+            return self.history[-1] if self.history else None
+
+
+class Tracer:
+    """Complete events ("ph": "X") per collective, written as one JSON file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._events: list[dict[str, object]] = []
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def add(self, report: CollectiveReport) -> None:
+        end = time.perf_counter()
+        with self._lock:
+            self._events.append(
+                {
+                    "name": f"{report.op} #{report.call}",
+                    "cat": "dlcp",
+                    "ph": "X",
+                    "pid": os.getpid(),
+                    "tid": threading.get_ident(),
+                    "ts": (end - report.seconds - self._t0) * 1e6,
+                    "dur": report.seconds * 1e6,
+                    "args": {
+                        "elems": report.elems,
+                        "lost_fraction": report.lost_fraction,
+                        "retransmitted_packets": report.retransmitted_packets,
+                        "bytes_sent": report.bytes_sent,
+                    },
+                }
+            )
+
+    def write(self) -> None:
+        with self._lock:
+            self.path.write_text(json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))
