@@ -78,19 +78,20 @@ def local_address(master_addr: str) -> str:
 
 def _default_store(job: JobInfo, timeout: float) -> Any:
     import torch.distributed as dist
+    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
     if dist.is_available() and dist.is_initialized():
         # share the default process group's store (it already listens on MASTER_PORT)
         base = dist.distributed_c10d._get_default_store()
     else:
-        base = dist.TCPStore(
+        base = TCPStore(
             job.master_addr,
             job.master_port,
             job.world_size,
             is_master=job.rank == 0,
             timeout=timedelta(seconds=timeout),
         )
-    return dist.PrefixStore("dlcp", base)
+    return PrefixStore("dlcp", base)
 
 
 def connect(

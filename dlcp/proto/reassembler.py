@@ -182,13 +182,7 @@ class Reassembler:
         start = seq * self.chunk_elems
         elems = np.minimum(start + self.chunk_elems, self.msg_elems) - start
         flags = headers["flags"]
-        bad = (
-            (headers["offset"] != start)
-            | (headers["payload_len"] != elems * self.dtype.itemsize)
-            | (headers["msg_elems"] != self.msg_elems)
-            | (headers["dtype"] != self._dtype_byte)
-            | (((flags & _LAST) != 0) != (seq == self.n_chunks - 1))
-        )
+        bad = self._misfits(headers, seq, start, elems)
         if bad.any():
             raise GeometryError(self._geometry_message(headers[bad][0]))
         self.last_activity = now
@@ -219,11 +213,36 @@ class Reassembler:
         self.retransmitted += int(np.count_nonzero(flags & _RETRANSMIT))
         return n_fresh
 
+    def misfits(self, headers: npt.NDArray[np.void]) -> BoolArray:
+        """Which of ``headers`` disagree with the message geometry (the packets
+        :meth:`scatter` refuses)."""
+        seq = headers["seq"].astype(np.int64)
+        start = seq * self.chunk_elems
+        elems = np.minimum(start + self.chunk_elems, self.msg_elems) - start
+        return self._misfits(headers, seq, start, elems)
+
+    def _misfits(
+        self, headers: npt.NDArray[np.void], seq: Int64Array, start: Int64Array, elems: Int64Array
+    ) -> BoolArray:
+        flags = headers["flags"]
+        bad: BoolArray = (
+            (headers["offset"] != start)
+            | (headers["payload_len"] != elems * self.dtype.itemsize)
+            | (headers["msg_elems"] != self.msg_elems)
+            | (headers["dtype"] != self._dtype_byte)
+            | (((flags & _LAST) != 0) != (seq == self.n_chunks - 1))
+        )
+        return bad
+
     def _write(self, seq: Int64Array, payloads: UInt8Array) -> None:
         cb = self.chunk_bytes
         n_full = self._n_full
         first, last = int(seq[0]), int(seq[-1])
-        if last < n_full and last - first == len(seq) - 1:  # in order: one straight copy
+        # in order (strictly increasing and no gap): one straight copy. The ends
+        # alone do not say so: a batch in send order (protected chunks first)
+        # can be a permutation of a contiguous range.
+        in_order = last - first == len(seq) - 1 and bool((seq[1:] > seq[:-1]).all())
+        if last < n_full and in_order:
             self._bytes[first * cb : (last + 1) * cb].reshape(len(seq), cb)[...] = payloads[:, :cb]
             return
         full = seq < n_full

@@ -184,11 +184,14 @@ class ReceiverRecovery:
         self.nack_at: float | None = None
         self.nack_round = -1  # FINISH round last NACKed
         self.failure: Failure | None = None
+        #: complete by the bound once no data arrived for the reorder grace
+        self.complete_at: float | None = None
 
     @property
     def timer(self) -> float | None:
-        idle = self.reassembler.last_activity + self.config.recv_idle_timeout
-        return idle if self.nack_at is None else min(self.nack_at, idle)
+        times = [self.reassembler.last_activity + self.config.recv_idle_timeout]
+        times += [t for t in (self.nack_at, self.complete_at) if t is not None]
+        return min(times)
 
     def on_finish(self, finish_round: int, *, now: float) -> None:
         """FINISH arrived and the message is not complete: NACK after the grace
@@ -196,7 +199,9 @@ class ReceiverRecovery:
         if finish_round > self.nack_round or self.nack_at is None:
             self.nack_at = now + self.config.reorder_grace
 
-    def on_timer(self, *, now: float, step: int, msg: int, src: int) -> list[Nack]:
+    def on_timer(
+        self, *, now: float, step: int, msg: int, src: int, source_active: float = float("-inf")
+    ) -> list[Nack]:
         """The parts of a NACK to send now (none: nothing to send). Sets
         :attr:`failure` on idle timeout."""
         r = self.reassembler
@@ -209,10 +214,11 @@ class ReceiverRecovery:
             return []
         if self.nack_at is None or now < self.nack_at or r.finish is None:
             return []
-        quiet = r.last_activity + self.config.reorder_grace
+        quiet = max(r.last_activity, source_active) + self.config.reorder_grace
         if now < quiet:
-            # data of this message is still arriving (a receiver working through a
-            # backlog): NACK only once it has been quiet for the grace period
+            # data from this sender is still arriving (a receiver working through a
+            # backlog, this message's data maybe behind another's): NACK only once
+            # the sender has been quiet for the grace period
             self.nack_at = quiet
             return []
         # repeated every nack_timeout until the sender answers with a new round

@@ -275,6 +275,7 @@ class Session:
         self._next_peer = 0
         self._pool = BufferPool()
         self._now = 0.0  # latest time a caller passed in (for get_timer)
+        self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
 
     # ------------------------------------------------------------------ application
 
@@ -464,6 +465,7 @@ class Session:
         if self.peers is not None and key[0] not in self.peers:
             self.stats.reject("unknown_peer", n)
             return
+        self._last_data[key[0]] = now
         if key in self._completed:
             self.stats.late_packets += n
             return
@@ -473,8 +475,15 @@ class Session:
         try:
             fresh = state.reassembler.scatter(headers, payloads, now=now)
         except GeometryError:
-            self.stats.reject("geometry", n)
-            return
+            # only the packets that do not fit are dropped: a forged one batched
+            # with genuine packets (same GRO read) must not take them down with it
+            bad = state.reassembler.misfits(headers)
+            self.stats.reject("geometry", int(np.count_nonzero(bad)))
+            if bad.all():
+                return
+            headers, payloads = headers[~bad], payloads[~bad]
+            n = len(headers)
+            fresh = state.reassembler.scatter(headers, payloads, now=now)
         wire_bytes = int(headers["payload_len"].astype(np.int64).sum()) + n * DATA_HEADER_LEN
         self._meter.on_bytes(key[0], wire_bytes, now=now)
         if fresh:
@@ -483,18 +492,23 @@ class Session:
     def _start_incoming(
         self, key: Key, headers: npt.NDArray[np.void], *, now: float
     ) -> _Incoming | None:
-        h = headers[0]
-        try:
-            dtype = DType(int(h["dtype"]) >> 4)
-            msg_elems = int(h["msg_elems"])
-            chunk_elems = Reassembler.chunk_elems_of(
-                seq=int(h["seq"]),
-                offset=int(h["offset"]),
-                payload_elems=int(h["payload_len"]) // dtype.itemsize,
-                last=bool(h["flags"] & Flags.LAST),
-                msg_elems=msg_elems,
-            )
-        except GeometryError:
+        # the first packet with a consistent geometry of its own decides the
+        # message's; inconsistent ones before it are counted when they misfit
+        for h in headers:
+            try:
+                dtype = DType(int(h["dtype"]) >> 4)
+                msg_elems = int(h["msg_elems"])
+                chunk_elems = Reassembler.chunk_elems_of(
+                    seq=int(h["seq"]),
+                    offset=int(h["offset"]),
+                    payload_elems=int(h["payload_len"]) // dtype.itemsize,
+                    last=bool(h["flags"] & Flags.LAST),
+                    msg_elems=msg_elems,
+                )
+                break
+            except GeometryError:
+                continue
+        else:
             self.stats.reject("geometry", len(headers))
             return None
         want = self._expected.pop(key, None)
@@ -535,6 +549,14 @@ class Session:
         r = state.reassembler
         if not r.is_complete():
             return
+        if r.received_elems < r.msg_elems:
+            # complete by the bound: first let data still in flight behind the
+            # FINISH land, so that nothing that was not lost is reported lost
+            quiet = r.last_activity + self.config.reorder_grace
+            if now < quiet:
+                state.recovery.complete_at = quiet
+                state.recovery.nack_at = None  # the bound is met: no NACK while waiting
+                return
         report = r.complete(now=now)
         del self._incoming[key]
         self._unexpected_bytes -= state.unexpected_bytes
@@ -811,7 +833,16 @@ class Session:
                 elif o.recovery.phase is SendPhase.FAILED:
                     self._finish_outgoing(key, o, now=now)
         for key, state in list(self._incoming.items()):
-            nacks = state.recovery.on_timer(now=now, step=key[1], msg=key[2], src=self.rank)
+            if state.reassembler.is_complete():
+                self._check_complete(key, state, now=now)
+                continue
+            nacks = state.recovery.on_timer(
+                now=now,
+                step=key[1],
+                msg=key[2],
+                src=self.rank,
+                source_active=self._last_data.get(key[0], float("-inf")),
+            )
             if nacks:
                 for part in nacks:
                     self._queue(key[0], part)
@@ -823,6 +854,10 @@ class Session:
                 f = state.recovery.failure
                 self._fail_incoming(key, state, f.message, f.peer_timeout)
         for key, (finish, deadline) in list(self._orphan_finish.items()):
+            quiet = self._last_data.get(key[0], float("-inf")) + self.config.reorder_grace
+            if now < quiet:  # this sender's data is still arriving: ours may be behind it
+                self._orphan_finish[key] = (finish, quiet)
+                continue
             if now >= deadline:
                 del self._orphan_finish[key]
                 self._queue(
