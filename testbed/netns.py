@@ -19,7 +19,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["NetnsError", "NetnsPair", "missing_tools", "netns_pair"]
+__all__ = [
+    "NetnsError",
+    "NetnsLine",
+    "NetnsLoopback",
+    "NetnsPair",
+    "missing_tools",
+    "netns_line",
+    "netns_loopback",
+    "netns_pair",
+]
 
 _counter = itertools.count()
 
@@ -67,8 +76,9 @@ class NetnsPair:
         """``argv`` run inside namespace ``ns`` (``ip netns exec``)."""
         return ["ip", "netns", "exec", ns, *argv]
 
-    def run(self, ns: str, argv: Sequence[str], *, check: bool = True
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, ns: str, argv: Sequence[str], *, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return _run(self.exec_argv(ns, argv), check=check)
 
     def set_offloads(self, *, on: bool) -> None:
@@ -76,8 +86,23 @@ class NetnsPair:
         packets on the wire are real MTU-sized packets (off) or GSO batches (on)."""
         state = "on" if on else "off"
         for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
-            self.run(ns, ["ethtool", "-K", dev, "tso", state, "gso", state, "gro", state,
-                          "tx-udp-segmentation", state], check=False)
+            self.run(
+                ns,
+                [
+                    "ethtool",
+                    "-K",
+                    dev,
+                    "tso",
+                    state,
+                    "gso",
+                    state,
+                    "gro",
+                    state,
+                    "tx-udp-segmentation",
+                    state,
+                ],
+                check=False,
+            )
 
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
@@ -94,8 +119,13 @@ class NetnsPair:
             f"  }}\n"
             f"}}\n"
         )
-        proc = subprocess.run(self.exec_argv(ns, ["nft", "-f", "-"]), input=rules,
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            self.exec_argv(ns, ["nft", "-f", "-"]),
+            input=rules,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
 
@@ -121,22 +151,255 @@ def netns_pair(*, mtu: int = 1500, subnet: str = "10.213.7") -> Iterator[NetnsPa
     if missing:
         raise NetnsError(f"a namespace pair needs {', '.join(missing)}")
     prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
-    pair = NetnsPair(prefix, f"{prefix}a", f"{prefix}b", f"{prefix}va"[:15],
-                     f"{prefix}vb"[:15], f"{subnet}.1", f"{subnet}.2", mtu)
+    pair = NetnsPair(
+        prefix,
+        f"{prefix}a",
+        f"{prefix}b",
+        f"{prefix}va"[:15],
+        f"{prefix}vb"[:15],
+        f"{subnet}.1",
+        f"{subnet}.2",
+        mtu,
+    )
     created: list[str] = []
     try:
         for ns in (pair.ns_a, pair.ns_b):
             _run(["ip", "netns", "add", ns])
             created.append(ns)
-        _run(["ip", "link", "add", pair.if_a, "netns", pair.ns_a, "mtu", str(mtu),
-              "type", "veth", "peer", "name", pair.if_b, "netns", pair.ns_b, "mtu", str(mtu)])
-        for ns, dev, addr in ((pair.ns_a, pair.if_a, pair.addr_a),
-                              (pair.ns_b, pair.if_b, pair.addr_b)):
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                pair.if_a,
+                "netns",
+                pair.ns_a,
+                "mtu",
+                str(mtu),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                pair.if_b,
+                "netns",
+                pair.ns_b,
+                "mtu",
+                str(mtu),
+            ]
+        )
+        for ns, dev, addr in (
+            (pair.ns_a, pair.if_a, pair.addr_a),
+            (pair.ns_b, pair.if_b, pair.addr_b),
+        ):
             pair.run(ns, ["ip", "addr", "add", f"{addr}/24", "dev", dev])
             pair.run(ns, ["ip", "link", "set", dev, "up"])
             pair.run(ns, ["ip", "link", "set", "lo", "up"])
         # readiness: a real packet must get through (ping waits for the reply)
         pair.run(pair.ns_a, ["ping", "-c", "1", "-W", "5", pair.addr_b])
         yield pair
+    finally:
+        _cleanup(created)
+
+
+@dataclass
+class NetnsLine(NetnsPair):
+    """Hosts ``a`` and ``b`` with a router namespace ``r`` between them.
+
+    Loss is injected in the router's forward path, where every packet is a real
+    MTU-sized packet, so the hosts can keep GRO on their receiving side (as a
+    real NIC would) while the network drops individual packets.
+    """
+
+    ns_r: str = ""
+    if_ra: str = ""
+    if_rb: str = ""
+
+    def set_offloads(self, *, on: bool) -> None:
+        """``on``: every offload on. Off: the hosts send real MTU-sized packets
+        (segmentation off) but keep GRO on receive; the router never coalesces."""
+        seg = "on" if on else "off"
+        for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
+            self.run(
+                ns,
+                [
+                    "ethtool",
+                    "-K",
+                    dev,
+                    "tso",
+                    seg,
+                    "gso",
+                    seg,
+                    "tx-udp-segmentation",
+                    seg,
+                    "gro",
+                    "on",
+                ],
+                check=False,
+            )
+        for dev in (self.if_ra, self.if_rb):
+            self.run(self.ns_r, ["ethtool", "-K", dev, "gro", "off"], check=False)
+
+    def set_loss(self, ns: str, percent: float) -> None:
+        """In the router (``ns == ns_r``): drop ``percent`` % of forwarded packets in
+        both directions; elsewhere as :meth:`NetnsPair.set_loss`."""
+        if ns != self.ns_r:
+            super().set_loss(ns, percent)
+            return
+        self.run(ns, ["nft", "delete", "table", "inet", self.prefix], check=False)
+        if percent <= 0:
+            return
+        rules = (
+            f"table inet {self.prefix} {{\n"
+            f"  chain forward {{\n"
+            f"    type filter hook forward priority -100; policy accept;\n"
+            f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} "
+            f"counter drop\n"
+            f"  }}\n"
+            f"}}\n"
+        )
+        proc = subprocess.run(
+            self.exec_argv(ns, ["nft", "-f", "-"]),
+            input=rules,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
+
+
+@contextmanager
+def netns_line(*, mtu: int = 1500, subnet: str = "10.213") -> Iterator[NetnsLine]:
+    """a -- r -- b: two hosts and a forwarding router, veth links of ``mtu``."""
+    missing = missing_tools()
+    if missing:
+        raise NetnsError(f"a namespace line needs {', '.join(missing)}")
+    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    line = NetnsLine(
+        prefix,
+        f"{prefix}a",
+        f"{prefix}b",
+        f"{prefix}va"[:15],
+        f"{prefix}vb"[:15],
+        f"{subnet}.8.2",
+        f"{subnet}.9.2",
+        mtu,
+        ns_r=f"{prefix}r",
+        if_ra=f"{prefix}ra"[:15],
+        if_rb=f"{prefix}rb"[:15],
+    )
+    created: list[str] = []
+    try:
+        for ns in (line.ns_a, line.ns_r, line.ns_b):
+            _run(["ip", "netns", "add", ns])
+            created.append(ns)
+        for host_ns, host_if, r_if, net in (
+            (line.ns_a, line.if_a, line.if_ra, f"{subnet}.8"),
+            (line.ns_b, line.if_b, line.if_rb, f"{subnet}.9"),
+        ):
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    host_if,
+                    "netns",
+                    host_ns,
+                    "mtu",
+                    str(mtu),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    r_if,
+                    "netns",
+                    line.ns_r,
+                    "mtu",
+                    str(mtu),
+                ]
+            )
+            line.run(host_ns, ["ip", "addr", "add", f"{net}.2/24", "dev", host_if])
+            line.run(host_ns, ["ip", "link", "set", host_if, "up"])
+            line.run(host_ns, ["ip", "link", "set", "lo", "up"])
+            line.run(host_ns, ["ip", "route", "add", "default", "via", f"{net}.1"])
+            line.run(line.ns_r, ["ip", "addr", "add", f"{net}.1/24", "dev", r_if])
+            line.run(line.ns_r, ["ip", "link", "set", r_if, "up"])
+        line.run(line.ns_r, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        line.run(line.ns_a, ["ping", "-c", "1", "-W", "5", line.addr_b])  # readiness
+        yield line
+    finally:
+        _cleanup(created)
+
+
+@dataclass
+class NetnsLoopback:
+    """One namespace with nothing but its loopback: local processes (e.g. the
+    ranks of a job on one machine) in a network of their own, where a loss rule
+    hits every packet between them (their TCP and UDP alike) and nothing else."""
+
+    prefix: str
+    ns: str
+    mtu: int
+
+    def exec_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the namespace (``ip netns exec``)."""
+        return ["ip", "netns", "exec", self.ns, *argv]
+
+    def run(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run(self.exec_argv(argv), check=check)
+
+    def set_offloads(self, *, on: bool) -> None:
+        """Loopback's segmentation/receive offloads on (64 KB GSO/TSO units travel
+        as one packet) or off (every packet is at most ``mtu`` bytes, so a drop
+        hits one MTU-sized packet of any transport)."""
+        state = "on" if on else "off"
+        self.run(["ethtool", "-K", "lo", "tso", state, "gso", state, "gro", state,
+                  "tx-udp-segmentation", state], check=False)
+
+    def set_loss(self, percent: float) -> None:
+        """Drop ``percent`` % of the IPv4 packets delivered on loopback (nftables
+        ``numgen random`` at the input hook, steps of 0.01 %); 0 removes the rule."""
+        self.run(["nft", "delete", "table", "inet", self.prefix], check=False)
+        if percent <= 0:
+            return
+        rules = (
+            f"table inet {self.prefix} {{\n"
+            f"  chain input {{\n"
+            f"    type filter hook input priority -100; policy accept;\n"
+            f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} "
+            f"counter drop\n"
+            f"  }}\n"
+            f"}}\n"
+        )
+        proc = subprocess.run(self.exec_argv(["nft", "-f", "-"]), input=rules,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise NetnsError(f"nft in {self.ns} failed: {proc.stderr.strip()}")
+
+    def dropped(self) -> int:
+        """Packets the loss rule dropped so far."""
+        out = self.run(["nft", "list", "table", "inet", self.prefix], check=False).stdout
+        for line in out.splitlines():
+            if "counter packets" in line:
+                words = line.split()
+                return int(words[words.index("packets") + 1])
+        return 0
+
+
+@contextmanager
+def netns_loopback(*, mtu: int = 1500) -> Iterator[NetnsLoopback]:
+    """A namespace whose loopback is up with ``mtu``; removed on exit."""
+    missing = missing_tools()
+    if missing:
+        raise NetnsError(f"a loopback namespace needs {', '.join(missing)}")
+    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    box = NetnsLoopback(prefix, f"{prefix}l", mtu)
+    created: list[str] = []
+    try:
+        _run(["ip", "netns", "add", box.ns])
+        created.append(box.ns)
+        box.run(["ip", "link", "set", "lo", "mtu", str(mtu), "up"])
+        box.run(["ping", "-c", "1", "-W", "5", "127.0.0.1"])  # readiness
+        yield box
     finally:
         _cleanup(created)

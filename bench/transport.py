@@ -1,0 +1,568 @@
+"""Transport benchmark: DLCP vs plain TCP between two processes, lossless and under loss.
+
+    python -m bench.transport --json        # or: dlcp bench transport --json
+
+Two worker processes (this module with ``--worker send|recv``, code in
+``bench/transport_worker.py``) move the same float32 tensor (default 64 MiB)
+with DLCP (an :class:`~dlcp.io.Endpoint` pair kept for the whole run, a new
+(step, msg) per repetition) and with plain TCP (``sendall`` / ``recv_into`` on
+one persistent connection).
+
+Where they run (``path``):
+
+* root (default ``--topology line``): sender, router and receiver namespaces
+  joined by veth links with MTU 1500 (``netns-router-veth-mtu1500``); the
+  router forwards real MTU-sized packets and drops in its forward path, both
+  directions, while the hosts keep GRO on receive as a real NIC would;
+* root with ``--topology pair``: two namespaces joined by one veth pair
+  (``netns-veth-mtu1500``), drops at the hosts' input, so GRO must be off;
+* loopback's 64 KB MTU would flatter TCP, so it is only the fallback;
+* otherwise (or ``--loopback``): loopback (``loopback``).
+
+What is timed, the same for both transports: on the sender, from the start of
+sending to the receiver's acknowledgement that it has the whole message (DLCP:
+the send future, completed by the receiver's STOP on the control channel; TCP:
+one byte the receiver writes back once ``recv_into`` has every byte). The
+receiver checks every lossless transfer bit for bit, and every lossy DLCP
+transfer against its report and bound (only reported-lost values may differ).
+
+Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
+
+1. warm-up, one of each (not counted);
+2. lossless, veth offloads on (TSO/GSO/GRO, as on a real NIC), DLCP p = 0;
+3. lossless DLCP with authentication: ``auth_cost`` = 1 - auth/plain throughput;
+4. (root) lossless with segmentation/receive offloads off on both veth ends:
+   what the loss runs' setting costs each transport before any loss;
+5. under loss (default 1 %), DLCP p = 0.05. With root: nftables ``numgen
+   random`` drops, by default in both namespaces (``--loss-direction both``:
+   data, TCP acks and DLCP control alike, as on a lossy link; ``forward`` drops
+   only what arrives at the receiver), offloads still off so that drops hit
+   MTU-sized packets of both transports. DLCP keeps UDP GSO on its socket: with
+   ``tx-udp-segmentation`` off the kernel segments each batch in software before
+   the veth, so drops are per packet, which the output shows (nftables drops
+   ~1 % of DLCP's packets, lost runs of ~1 chunk; ``--loss-offloads on`` is the
+   control where drops hit whole batches). Without root, DLCP's in-process loss
+   emulator drops received datagrams (``loss_method = "emulated"``) and TCP
+   cannot be compared: its loss fields are null.
+
+The last stdout line (with ``--json``) is one JSON object with every figure.
+``DLCP_*`` environment variables tune the endpoints (e.g. ``DLCP_PACER``).
+``--instrument`` adds a per-activity breakdown of the DLCP I/O threads' time,
+``--profile DIR`` writes cProfile data of those threads.
+
+Parent and workers speak JSON lines: the parent writes one command per line to
+a worker's stdin (``{"op": "send", ...}``); the worker answers on its stdout
+with one JSON object per line, ``{"ok": true, ...}`` or ``{"ok": false,
+"error": ...}``. A worker prints ``{"ok": true, "event": "ready"}`` once its
+sockets are bound; the receiver answers ``expect`` twice (``expecting`` once its
+receive is posted, then ``received``), and only then is the sender told to
+``send``. A worker that exits, answers an error or stays silent past
+``--timeout`` stops the run with an error naming it; both workers are then
+stopped by their process handles and the namespaces removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .transport_report import Rep, summary, table
+from .transport_worker import KEY_ENV, worker_main
+
+# ---------------------------------------------------------------------- workers
+
+
+class WorkerError(RuntimeError):
+    """A worker crashed, answered an error, or did not answer in time."""
+
+
+@dataclass
+class WorkerProc:
+    """A running worker: its process handle, and its stdout split into messages."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    stderr: IO[bytes]
+    buf: bytes = b""
+    lines: deque[dict[str, Any]] = field(default_factory=deque)
+
+    @classmethod
+    def start(cls, name: str, argv: list[str], env: dict[str, str]) -> WorkerProc:
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        return cls(name, proc, stderr)
+
+    def send(self, op: str, **fields: Any) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self.crashed() from None
+
+    def feed(self, chunk: bytes) -> None:
+        """Take bytes read from the worker's stdout (b"" = it closed)."""
+        if not chunk:
+            raise self.crashed()
+        self.buf += chunk
+        *complete, self.buf = self.buf.split(b"\n")
+        for raw in complete:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                raise WorkerError(
+                    f"{self.name} worker wrote a non-protocol line: {raw[:200]!r}"
+                ) from None
+            if not msg.get("ok"):
+                raise WorkerError(
+                    f"{self.name} worker failed in {msg.get('op')!r}: "
+                    f"{msg.get('error')}\n{msg.get('traceback', '')}"
+                )
+            self.lines.append(msg)
+
+    def stderr_tail(self, n: int = 15) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").splitlines()
+        return "\n".join("    " + s for s in lines[-n:])
+
+    def crashed(self) -> WorkerError:
+        try:
+            code: int | None = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            how = "closed its stdout"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        tail = self.stderr_tail()
+        return WorkerError(
+            f"{self.name} worker (pid {self.proc.pid}) {how}; "
+            + (f"its stderr ends:\n{tail}" if tail else "it wrote nothing to stderr")
+        )
+
+    def stop(self) -> None:
+        """Ask it to quit, then terminate, then kill: always by this handle."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError, WorkerError):
+                self.send("quit")
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
+def collect(
+    workers: list[WorkerProc], want: dict[str, int], timeout: float, what: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Wait until each worker named in ``want`` has sent that many messages.
+    Both workers are watched, so a crash of either surfaces at once."""
+    deadline = time.monotonic() + timeout
+    by_name = {w.name: w for w in workers}
+    with selectors.DefaultSelector() as sel:
+        for w in workers:
+            assert w.proc.stdout is not None
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        while any(len(by_name[n].lines) < k for n, k in want.items()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = [n for n, k in want.items() if len(by_name[n].lines) < k]
+                raise WorkerError(
+                    f"{' and '.join(late)} worker{'s' * (len(late) > 1)} did not answer {what} "
+                    f"within {timeout:g} s"
+                )
+            for key, _ in sel.select(left):
+                key.data.feed(os.read(key.fd, 1 << 16))
+    return {n: [by_name[n].lines.popleft() for _ in range(k)] for n, k in want.items()}
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: a worker cannot outlive a parent killed with SIGKILL
+    # (``ip netns exec`` execs the worker in this very process, so it holds)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------- driving
+
+
+class Progress:
+    """A one-line ``\\r`` progress bar on stderr (a line per phase when not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.phase = ""
+
+    def step(self, phase: str, what: str, *, advance: int = 1) -> None:
+        self.done += advance
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        if self.tty:
+            fill = 30 * self.done // self.total
+            sys.stderr.write(
+                f"\r[{'#' * fill}{'.' * (30 - fill)}] {self.done}/{self.total} "
+                f"{elapsed:5.1f}s {phase + ' ' + what:<26}"
+            )
+            sys.stderr.flush()
+        elif phase != self.phase:
+            sys.stderr.write(f"{elapsed:6.1f}s {phase}\n")
+        self.phase = phase
+
+    def finish(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r" + " " * 79 + "\r")
+            sys.stderr.flush()
+
+
+class Bench:
+    """Drives the two workers, one command at a time."""
+
+    def __init__(
+        self, args: argparse.Namespace, workers: list[WorkerProc], progress: Progress
+    ) -> None:
+        self.args = args
+        self.workers = workers
+        self.sender, self.receiver = workers
+        self.progress = progress
+        self.step = 0
+
+    def both(self, what: str, op: str, **fields: Any) -> dict[str, dict[str, Any]]:
+        """The same command to both workers (receiver first); their answers."""
+        self.receiver.send(op, **fields)
+        self.sender.send(op, **fields)
+        got = collect(self.workers, {"send": 1, "recv": 1}, self.args.timeout, what)
+        return {n: got[n][0] for n in got}
+
+    def connect(self) -> None:
+        self.receiver.send("accept")
+        self.sender.send("connect")
+        collect(self.workers, {"send": 1, "recv": 1}, self.args.timeout, "TCP connect")
+
+    def rep(self, transport: str, endpoint: str, p: float, phase: str) -> Rep:
+        """One transfer: the receiver posts its receive, then the sender sends."""
+        self.step += 1
+        msg = {"plain": 0, "auth": 1, "emul": 2}[endpoint] if transport == "dlcp" else 0
+        what = f"{phase} {transport} transfer (step {self.step})"
+        fields = {"transport": transport, "endpoint": endpoint, "step": self.step, "msg": msg}
+        self.receiver.send("expect", bound=p, **fields)
+        collect(self.workers, {"recv": 1}, self.args.timeout, f"expect for the {what}")
+        self.sender.send("send", p=p, **fields)
+        got = collect(self.workers, {"send": 1, "recv": 1}, self.args.timeout, f"the {what}")
+        tx, rx = got["send"][0], got["recv"][0]
+        if not rx["verified"]:
+            raise WorkerError(
+                f"recv worker: the {what} did not verify: {rx['wrong_elems']} "
+                f"values differ, report {rx['report']}"
+            )
+        timers = {"send": tx["timers"], "recv": rx["timers"]} if "timers" in tx else None
+        self.progress.step(phase, transport)
+        return Rep(tx["seconds"], tx, rx, timers)
+
+
+def _free_port_bases(requested: int | None) -> tuple[int, int]:
+    """Two port bases with 7 free ports each on loopback (checked now; if another
+    program takes one before the worker binds it, the worker's error says so)."""
+    if requested:
+        return requested, requested + 10
+    for base in range(21000, 32000, 20):
+        try:
+            for port in range(base, base + 17):
+                for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+                    with socket.socket(socket.AF_INET, kind) as s:
+                        s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base, base + 10
+    raise WorkerError("no free range of ports for the workers on loopback; use --port-base")
+
+
+@contextlib.contextmanager
+def _placement(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
+    """(path, namespace pair or None): namespaces when root, unless --loopback."""
+    from dlcp.testbed.netns import missing_tools, netns_line, netns_pair
+
+    if args.loopback or missing_tools(loss=True, offloads=True):
+        yield "loopback", None
+        return
+    if args.topology == "line":
+        with netns_line(mtu=1500) as line:
+            yield "netns-router-veth-mtu1500", line
+        return
+    with netns_pair(mtu=1500) as pair:
+        yield "netns-veth-mtu1500", pair
+
+
+def _worker_argv(
+    args: argparse.Namespace,
+    role: str,
+    hosts: tuple[str, str],
+    bases: tuple[int, int],
+    emulated: float,
+) -> list[str]:
+    me = 0 if role == "send" else 1
+    argv = [
+        sys.executable,
+        "-m",
+        "dlcp.bench.transport",
+        "--worker",
+        role,
+        "--host",
+        hosts[me],
+        "--peer-host",
+        hosts[1 - me],
+        "--port-base",
+        str(bases[me]),
+        "--peer-port-base",
+        str(bases[1 - me]),
+        "--size-bytes",
+        str(args.size_bytes),
+        "--emulated-loss",
+        str(emulated),
+        "--dlcp-timeout",
+        str(args.dlcp_timeout),
+        "--seed",
+        str(args.seed),
+    ]
+    if args.instrument:
+        argv.append("--instrument")
+    if args.profile:
+        argv += ["--profile", os.path.abspath(args.profile)]
+    return argv
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    reps, lossless = args.repetitions, args.lossless_repetitions
+    progress = Progress(2 + 5 * lossless + 1 + 2 * reps, not args.no_progress)
+    env = {**os.environ, KEY_ENV: os.urandom(32).hex()}  # the auth key, for both workers
+    # transfers by phase: lossless, authenticated, offloads off (root), under loss
+    res: dict[str, Any] = {
+        k: []
+        for k in (
+            "dlcp",
+            "tcp",
+            "auth",
+            "dlcp_no_offloads",
+            "tcp_no_offloads",
+            "dlcp_loss",
+            "tcp_loss",
+        )
+    }
+    with _placement(args) as (path, pair):
+        if pair is None:
+            hosts, bases = ("127.0.0.1", "127.0.0.1"), _free_port_bases(args.port_base)
+        else:  # fresh namespaces: every port is free
+            base = args.port_base or 41000
+            hosts, bases = (pair.addr_a, pair.addr_b), (base, base + 10)
+        emulated = args.loss / 100 if pair is None else 0.0
+        workers: list[WorkerProc] = []
+        try:
+            for role, ns in (("send", "ns_a"), ("recv", "ns_b")):
+                argv = _worker_argv(args, role, hosts, bases, emulated)
+                if pair is not None:
+                    argv = pair.exec_argv(getattr(pair, ns), argv)
+                workers.append(WorkerProc.start(role, argv, env))
+            ready = collect(workers, {"send": 1, "recv": 1}, 60, "ready")["send"][0]
+            progress.step("workers ready", "", advance=0)
+            bench = Bench(args, workers, progress)
+            bench.connect()
+            if pair is not None:
+                pair.set_offloads(on=True)
+            bench.rep("dlcp", "plain", 0.0, "warm-up")
+            bench.rep("tcp", "plain", 0.0, "warm-up")
+            for _ in range(lossless):
+                res["dlcp"].append(bench.rep("dlcp", "plain", 0.0, "lossless"))
+                res["tcp"].append(bench.rep("tcp", "plain", 0.0, "lossless"))
+            bench.rep("dlcp", "auth", 0.0, "warm-up auth")
+            for _ in range(lossless):
+                res["auth"].append(bench.rep("dlcp", "auth", 0.0, "lossless auth"))
+            if pair is None:
+                for _ in range(reps):
+                    res["dlcp_loss"].append(bench.rep("dlcp", "emul", args.p, "loss"))
+                    progress.step("loss", "(no tcp: emulated)")
+                progress.step("loss", "done", advance=2 * lossless)  # no offloads-off phase
+                stats = bench.both("stats", "stats", endpoint="emul")
+                res["emulated_dropped"] = stats["recv"]["stats"]["emulated_loss_dropped"]
+            else:
+                pair.set_offloads(on=args.loss_offloads == "on")
+                # the same without loss: what turning offloads off costs each transport
+                for _ in range(lossless if args.loss_offloads == "off" else 0):
+                    for transport in ("dlcp", "tcp"):
+                        res[f"{transport}_no_offloads"].append(
+                            bench.rep(transport, "plain", 0.0, "offloads off")
+                        )
+                if args.topology == "line":  # the router drops, both directions
+                    lossy, counted = [pair.ns_r], pair.ns_r
+                else:
+                    lossy = [pair.ns_b] + ([pair.ns_a] if args.loss_direction == "both" else [])
+                    counted = pair.ns_b
+                for ns in lossy:
+                    pair.set_loss(ns, args.loss)
+                res["nft"] = {"dlcp": 0, "tcp": 0}
+                for _ in range(reps):
+                    for transport in ("dlcp", "tcp"):
+                        before = pair.dropped(counted)
+                        res[f"{transport}_loss"].append(
+                            bench.rep(transport, "plain", args.p, "loss")
+                        )
+                        res["nft"][transport] += pair.dropped(counted) - before
+        finally:
+            progress.finish()
+            for w in workers:
+                w.stop()
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(
+                {
+                    k: [dataclasses.asdict(r) for r in v] if isinstance(v, list) else v
+                    for k, v in res.items()
+                },
+                f,
+            )
+    return summary(args, path, pair is not None, ready, res)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dlcp bench transport",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--size-mib", type=float, default=64, help="tensor size (default 64)")
+    ap.add_argument(
+        "--repetitions",
+        type=int,
+        default=20,
+        help="transfers of each transport under loss (default 20)",
+    )
+    ap.add_argument("--lossless-repetitions", type=int, default=5)
+    ap.add_argument("--loss", type=float, default=1.0, help="loss rate in percent (default 1)")
+    ap.add_argument(
+        "--topology",
+        choices=["line", "pair"],
+        default="line",
+        help="root: sender - router - receiver namespaces, loss in the router's forward path "
+        "and GRO on at the hosts (line, default), or two namespaces with loss at the "
+        "hosts' input and GRO off (pair)",
+    )
+    ap.add_argument(
+        "--loss-direction",
+        choices=["both", "forward"],
+        default="both",
+        help="nftables drops in both namespaces (default) or the receiver's only",
+    )
+    ap.add_argument(
+        "--loss-offloads",
+        choices=["off", "on"],
+        default="off",
+        help="veth offloads under loss: off (default; drops hit MTU-sized packets) or on "
+        "(a control: drops then hit whole GSO/TSO batches)",
+    )
+    ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound under loss")
+    ap.add_argument("--loopback", action="store_true", help="use loopback even as root")
+    ap.add_argument("--port-base", type=int, help="first of the ports the workers use")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds a worker may take to answer one command (default 120)",
+    )
+    ap.add_argument(
+        "--dlcp-timeout",
+        type=float,
+        default=60.0,
+        help="the endpoints' send/recv timeout (default 60)",
+    )
+    ap.add_argument("--seed", type=int, default=1, help="seed of the loss emulator")
+    ap.add_argument(
+        "--instrument", action="store_true", help="time the DLCP I/O threads by activity"
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile the DLCP I/O threads into DIR/{send,recv}.rank*.job*",
+    )
+    ap.add_argument("--raw", metavar="FILE", help="write every transfer's raw answers here")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    # worker mode (internal)
+    ap.add_argument("--worker", choices=["send", "recv"], help=argparse.SUPPRESS)
+    ap.add_argument("--host", help=argparse.SUPPRESS)
+    ap.add_argument("--peer-host", help=argparse.SUPPRESS)
+    ap.add_argument("--peer-port-base", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--size-bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--emulated-loss", type=float, default=0.0, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    args.size_bytes = int(args.size_mib * 2**20) // 4 * 4
+    if args.repetitions < 1 or args.lossless_repetitions < 1 or args.size_bytes < 4:
+        raise SystemExit("dlcp bench transport: repetitions and size must be positive")
+    if not 0 < args.loss < 100:
+        raise SystemExit(
+            f"dlcp bench transport: --loss={args.loss} is not a percentage in (0, 100)"
+        )
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through stopping workers, removing namespaces
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = run(args)
+    except WorkerError as exc:
+        print(f"dlcp bench transport: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "dlcp bench transport: interrupted (workers stopped, namespaces removed)",
+            file=sys.stderr,
+        )
+        return 130
+    print(table(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

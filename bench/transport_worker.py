@@ -1,0 +1,423 @@
+"""Worker side of ``bench.transport``: one process, one role (``send`` or ``recv``).
+
+Started by the parent as ``python -m dlcp.bench.transport --worker ROLE ...``;
+see ``bench/transport.py`` for the line protocol. A worker owns:
+
+* DLCP endpoints, each on its own (data, control) ports from ``--port-base``:
+  ``plain`` (lossless and kernel-loss runs), ``auth`` (authenticated), and
+  ``emul`` (only without root: the receiver's emulates loss in-process);
+* the plain TCP connection (the receiver listens on ``--port-base + 6``);
+* the tensor both sides derive from one seed, so the receiver can verify.
+
+Every answer is one JSON line on the worker's stdout, which nothing else may
+write to (``print`` goes to stderr here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Callable
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["ENDPOINT_PORTS", "KEY_ENV", "TCP_PORT", "worker_main"]
+
+#: offsets from a worker's port base: (data, control) of each endpoint, then TCP
+ENDPOINT_PORTS = {"plain": 0, "auth": 2, "emul": 4}
+TCP_PORT = 6
+#: environment variable with the authentication key (hex), set by the parent
+KEY_ENV = "DLCP_AUTH_KEY"  # a DLCP_* name that EndpointConfig.from_env leaves alone
+_SEED = 20240
+
+
+def tensor(nbytes: int) -> np.ndarray:
+    return np.random.default_rng(_SEED).standard_normal(nbytes // 4, dtype=np.float32)
+
+
+def _snmp() -> dict[str, int]:
+    """TCP and UDP counters of this process's network namespace."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f]
+    out = {}
+    for proto, wanted in (
+        ("Tcp:", ("OutSegs", "RetransSegs")),
+        ("Udp:", ("InDatagrams", "RcvbufErrors", "InErrors")),
+    ):
+        names, values = (r for r in rows if r[0] == proto)
+        table = dict(zip(names[1:], values[1:], strict=True))
+        out.update({f"{proto[:-1].lower()}_{w}": int(table[w]) for w in wanted})
+    return out
+
+
+def _delta(before: dict[str, int]) -> dict[str, int]:
+    after = _snmp()
+    return {k: after[k] - before[k] for k in before}
+
+
+def _report_dict(report: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(report):
+        value = getattr(report, f.name)
+        if f.name == "lost_ranges":
+            out["lost_runs"] = len(value)
+        else:
+            out[f.name] = value.value if hasattr(value, "value") else value
+    return out
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    p = cfg.protocol
+    return {
+        "batch_packets": p.batch_packets,
+        "payload_bytes": p.chunk_bytes,
+        "pacer": p.pacer,
+        "n_paths": p.n_paths,
+        "classifier": p.classifier,
+        "rcvbuf": cfg.rcvbuf,
+        "sndbuf": cfg.sndbuf,
+    }
+
+
+# ---------------------------------------------------------------------- instrumentation
+
+
+class Timers:
+    """Wall time the Endpoint I/O threads spend per activity (``--instrument``).
+
+    Wraps methods of the Endpoint, its sockets and its session (in this worker
+    process only) with ``perf_counter`` pairs, kept per thread so that an idle
+    endpoint's waiting is not mixed with the busy one's. Times are inclusive
+    (``flush`` contains ``datagrams_to_send`` and ``sendmsg``) and count from the
+    last :meth:`reset` (a ``select`` that began before it counts from it).
+    """
+
+    #: (owner, method, label), outermost first; top-level activities have no indent
+    POINTS = (
+        ("selector", "select", "select (idle or paced wait)"),
+        ("Endpoint", "_on_ready", "ready sockets"),
+        ("DataSockets", "receive", "  receive: recvmsg + deliver"),
+        ("Session", "receive_batch", "    session.receive_batch"),
+        ("Session", "receive_datagram", "  session.receive_datagram"),
+        ("Endpoint", "_run_commands", "commands (send_message, recv)"),
+        ("Session", "handle_timer", "session.handle_timer"),
+        ("Endpoint", "_flush", "flush"),
+        ("Session", "datagrams_to_send", "  session.datagrams_to_send"),
+        ("DataSockets", "send", "  DataSockets.send (sendmsg)"),
+        ("Endpoint", "_dispatch_events", "events (complete futures)"),
+    )
+
+    def __init__(self) -> None:
+        self.seconds: defaultdict[tuple[int, str], float] = defaultdict(float)
+        self.calls: defaultdict[tuple[int, str], int] = defaultdict(int)
+        self.since = time.perf_counter()
+
+    def _wrap(self, owner: Any, name: str, label: str) -> None:
+        orig: Callable[..., Any] | None = getattr(owner, name, None)
+        if orig is None:  # renamed in dlcp: that activity is simply not timed
+            print(f"--instrument: {owner.__name__}.{name} not found", file=sys.stderr)
+            return
+        seconds, calls = self.seconds, self.calls
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                key = (threading.get_ident(), label)
+                seconds[key] += time.perf_counter() - max(t0, self.since)
+                calls[key] += 1
+
+        setattr(owner, name, timed)
+
+    def install(self) -> None:
+        from dlcp.io import endpoint, udp
+        from dlcp.proto import session
+
+        selector = type("TimedSelector", (selectors.DefaultSelector,), {})
+        setattr(selectors, "DefaultSelector", selector)  # what Endpoint._run builds  # noqa: B010
+        owners = {
+            "selector": selector,
+            "Endpoint": endpoint.Endpoint,
+            "DataSockets": udp.DataSockets,
+            "Session": session.Session,
+        }
+        for owner, name, label in self.POINTS:
+            self._wrap(owners[owner], name, label)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+        self.since = time.perf_counter()
+
+    def take(self, thread: int) -> dict[str, list[float]]:
+        """{label: [ms, calls]} of ``thread`` since the last reset, plus the wall
+        time and what no activity covers (the loop's own bookkeeping)."""
+        wall = time.perf_counter() - self.since
+        out: dict[str, list[float]] = {"wall": [round(wall * 1e3, 3), 1]}
+        top = 0.0
+        for _, _, label in self.POINTS:
+            s = self.seconds.get((thread, label))
+            if s is not None:
+                out[label] = [round(s * 1e3, 3), self.calls[(thread, label)]]
+                top += s if not label.startswith(" ") else 0.0
+        out["other (loop bookkeeping)"] = [round((wall - top) * 1e3, 3), 0]
+        self.reset()
+        return out
+
+
+# ---------------------------------------------------------------------- worker
+
+
+class Worker:
+    """One side of the benchmark: endpoints, TCP socket, and the command loop."""
+
+    def __init__(self, args: argparse.Namespace, reply: IO[str], timers: Timers | None) -> None:
+        from dlcp.io import Endpoint, EndpointConfig
+
+        self.role = args.worker
+        self.rank = 0 if self.role == "send" else 1
+        self.peer = 1 - self.rank
+        self.reply_file = reply
+        self.timers = timers
+        self.timeout = args.dlcp_timeout
+        self.data = tensor(args.size_bytes)
+        self.out = np.empty_like(self.data) if self.role == "recv" else None
+        key = bytes.fromhex(os.environ[KEY_ENV])
+        base = EndpointConfig.from_env(timeout=args.dlcp_timeout)
+        names = ["plain", "auth"] + (["emul"] if args.emulated_loss else [])
+        self.endpoints: dict[str, Any] = {}
+        self.tcp: socket.socket | None = None
+        self.listener: socket.socket | None = None
+        try:
+            for job, name in enumerate(names, start=1):
+                off = ENDPOINT_PORTS[name]
+                cfg = EndpointConfig.from_env(
+                    protocol=dataclasses.replace(base.protocol, authenticate=name == "auth"),
+                    timeout=args.dlcp_timeout,
+                    host=args.host,
+                    data_port=args.port_base + off,
+                    control_port=args.port_base + off + 1,
+                    emulated_loss=args.emulated_loss
+                    if name == "emul" and self.role == "recv"
+                    else 0.0,
+                    emulated_loss_seed=args.seed,
+                )
+                peer = (args.peer_host, args.peer_port_base + off, args.peer_port_base + off + 1)
+                where = f"{args.host} UDP {cfg.data_port} / TCP {cfg.control_port}"
+                try:
+                    self.endpoints[name] = Endpoint(
+                        self.rank,
+                        {self.peer: peer},
+                        job=job,
+                        config=cfg,
+                        key=key if name == "auth" else None,
+                    )
+                except OSError as exc:
+                    raise OSError(f"{name} endpoint on {where}: {exc}") from exc
+            if self.role == "recv":
+                port = args.port_base + TCP_PORT
+                try:
+                    self.listener = socket.create_server((args.host, port))
+                except OSError as exc:
+                    raise OSError(f"TCP listener on {args.host}:{port}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+        self.tcp_addr = (args.peer_host, args.peer_port_base + TCP_PORT)
+
+    def emit(self, **fields: Any) -> None:
+        self.reply_file.write(json.dumps({"ok": True, **fields}) + "\n")
+        self.reply_file.flush()
+
+    def close(self) -> None:
+        for ep in self.endpoints.values():
+            ep.close()
+        for s in (self.tcp, self.listener):
+            if s is not None:
+                s.close()
+
+    def serve(self, commands: IO[str]) -> None:
+        ep = self.endpoints["plain"]
+        stats = ep.stats()
+        self.emit(
+            event="ready",
+            pid=os.getpid(),
+            gso=stats["gso"],
+            gro=stats["gro"],
+            config=config_dict(ep.config),
+        )
+        for line in commands:
+            cmd = json.loads(line)
+            op = cmd.pop("op")
+            if op == "quit":
+                return
+            try:
+                getattr(self, f"op_{op}")(**cmd)
+            except Exception as exc:
+                self.reply_file.write(
+                    json.dumps(
+                        {
+                            "ok": False,
+                            "op": op,
+                            "error": f"{type(exc).__name__}: {exc}",
+                            "traceback": traceback.format_exc(),
+                        }
+                    )
+                    + "\n"
+                )
+                self.reply_file.flush()
+
+    # ------------------------------------------------------------------ commands
+
+    def op_connect(self) -> None:
+        self.tcp = socket.create_connection(self.tcp_addr, timeout=self.timeout)
+        self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.emit(op="connect")
+
+    def op_accept(self) -> None:
+        assert self.listener is not None
+        self.listener.settimeout(self.timeout)
+        self.tcp, _ = self.listener.accept()
+        self.tcp.settimeout(self.timeout)
+        self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.emit(op="accept")
+
+    def op_stats(self, endpoint: str) -> None:
+        self.emit(op="stats", stats=self.endpoints[endpoint].stats())
+
+    def _take_timers(self, endpoint: str) -> dict[str, Any]:
+        if self.timers is None:
+            return {}
+        thread = self.endpoints[endpoint]._thread.ident
+        assert thread is not None
+        return {"timers": self.timers.take(thread)}
+
+    def op_send(self, transport: str, endpoint: str, step: int, msg: int, p: float) -> None:
+        counters = _snmp()
+        if self.timers is not None:
+            self.timers.reset()
+        extra: dict[str, Any] = {}
+        if transport == "dlcp":
+            ep = self.endpoints[endpoint]
+            before = ep.stats()["packets_out"]
+            t0 = time.perf_counter()
+            report = ep.send(self.data, to=self.peer, msg=msg, step=step, p=p).result(
+                timeout=self.timeout
+            )
+            seconds = time.perf_counter() - t0
+            extra = {
+                **self._take_timers(endpoint),
+                "report": _report_dict(report),
+                "packets_out": ep.stats()["packets_out"] - before,
+            }
+        else:
+            assert self.tcp is not None, "connect first"
+            t0 = time.perf_counter()
+            self.tcp.sendall(self.data.view(np.uint8).data)
+            if self.tcp.recv(1) != b"\x01":
+                raise ConnectionError("TCP receiver closed instead of acknowledging")
+            seconds = time.perf_counter() - t0
+        self.emit(op="send", seconds=seconds, counters=_delta(counters), **extra)
+
+    def op_expect(self, transport: str, endpoint: str, step: int, msg: int, bound: float) -> None:
+        out = self.out
+        assert out is not None
+        out.fill(np.nan)  # nothing of the last repetition can pass for this one
+        counters = _snmp()
+        if self.timers is not None:
+            self.timers.reset()
+        if transport == "dlcp":
+            fut = self.endpoints[endpoint].recv(src=self.peer, msg=msg, step=step, out=out)
+            self.emit(op="expect", event="expecting")
+            report = _report_dict(fut.result(timeout=self.timeout).report)
+            extra = self._take_timers(endpoint)
+        else:
+            assert self.tcp is not None, "accept first"
+            self.emit(op="expect", event="expecting")
+            view = out.view(np.uint8).data
+            got, n = 0, len(view)
+            while got < n:
+                k = self.tcp.recv_into(view[got:], n - got)
+                if k == 0:
+                    raise ConnectionError(f"TCP sender closed after {got} of {n} bytes")
+                got += k
+            self.tcp.sendall(b"\x01")
+            report = {"lost_elems": 0, "msg_elems": out.size}
+            extra = {}
+        counters = _delta(counters)
+        wrong = int(np.count_nonzero(out != self.data))
+        lost = report["lost_elems"]
+        # lossless: bit-exact; bounded: only what the report calls lost may differ
+        ok = wrong == 0 if bound == 0 else wrong <= lost <= bound * out.size
+        self.emit(
+            op="expect",
+            event="received",
+            report=report,
+            wrong_elems=wrong,
+            verified=ok,
+            counters=counters,
+            **extra,
+        )
+
+
+def _profile_endpoint_threads(prefix: str) -> None:
+    """cProfile every Endpoint I/O thread (where DLCP's work happens) into
+    ``prefix.rank<r>.job<j>`` (``--profile DIR``; read with ``pstats``)."""
+    import cProfile
+
+    from dlcp.io.endpoint import Endpoint
+
+    run = Endpoint._run
+
+    def profiled(self: Any) -> None:
+        prof = cProfile.Profile()
+        try:
+            prof.runcall(run, self)
+        finally:
+            prof.dump_stats(f"{prefix}.rank{self.rank}.job{self.job}")
+
+    Endpoint._run = profiled  # type: ignore[method-assign]
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    # the protocol owns fd 1; anything else printed goes to stderr
+    reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr
+    timers = None
+    if args.profile:
+        _profile_endpoint_threads(f"{args.profile}/{args.worker}")
+    if args.instrument:
+        timers = Timers()
+        timers.install()
+    try:
+        worker = Worker(args, reply, timers)
+    except Exception as exc:
+        reply.write(
+            json.dumps(
+                {
+                    "ok": False,
+                    "op": "start",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                }
+            )
+            + "\n"
+        )
+        reply.flush()
+        return 1
+    try:
+        worker.serve(sys.stdin)
+    finally:
+        worker.close()
+    return 0
