@@ -8,4 +8,15 @@ from .proto import FillPolicy, LossReport, ProtocolConfig, Session, TosMap, Wire
 
 __version__ = "0.1.0"
 
+
+def _register_torch_backend() -> None:
+    # torch.distributed backend "dlcp" (dlcp.shims.process_group), registered once torch
+    # is loaded: this never imports torch (see dlcp.shims.register_when_torch_loads)
+    import importlib
+
+    importlib.import_module("dlcp.shims").register_when_torch_loads()
+
+
+_register_torch_backend()
+
 __all__ = ["FillPolicy", "LossReport", "ProtocolConfig", "Session", "TosMap", "WireError"]

@@ -9,6 +9,7 @@ discovery protocol of our own.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -111,13 +112,9 @@ def connect(
     job = env_job(env)
     config = config if config is not None else EndpointConfig.from_env(env)
     if config.host == "127.0.0.1" and "DLCP_HOST" not in env:
-        config = EndpointConfig.from_env(
-            env, host=local_address(job.master_addr), protocol=config.protocol
-        )
+        config = dataclasses.replace(config, host=local_address(job.master_addr))
     auth = config.protocol.authenticate if authenticate is None else authenticate
     if auth and not config.protocol.authenticate:
-        import dataclasses
-
         config = dataclasses.replace(
             config, protocol=dataclasses.replace(config.protocol, authenticate=True)
         )

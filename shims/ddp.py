@@ -120,7 +120,12 @@ class DLCPState:
     def submit(
         self, tensor: torch.Tensor, segments: list[tuple[int, int, int]], last: bool
     ) -> torch.futures.Future[torch.Tensor]:
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        # a CUDA bucket's future carries its device, so consumers sync with the copy back
+        fut: torch.futures.Future[torch.Tensor] = (
+            torch.futures.Future(devices=[tensor.device])
+            if tensor.is_cuda
+            else torch.futures.Future()
+        )
         ready = None
         if tensor.is_cuda:  # pragma: no cover - no GPU here
             ready = torch.cuda.Event()
@@ -192,7 +197,14 @@ def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future
     """DDP comm hook: average the bucket across ranks over DLCP."""
     tensor = bucket.buffer()
     segments = state.segments_for(bucket.parameters())
-    return state.submit(tensor, segments, bucket.is_last())
+    # an exception set on a Python future is only a value to DDP's C++ reducer
+    # (it fails with "Unable to cast <message> to Tensor"); re-raised in a
+    # callback, it fails the chained future with the exception's type and message
+    return state.submit(tensor, segments, bucket.is_last()).then(_unwrap)
+
+
+def _unwrap(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return fut.wait()
 
 
 def _layer_index(model: nn.Module) -> dict[int, int]:

@@ -70,7 +70,7 @@ def ps_allreduce(
     pushes: list[Future[Any]] = []
     for i, server in enumerate(srv):
         a, b = bounds[i], bounds[i + 1]
-        if server != r:
+        if server != r and a < b:  # fewer elements than servers: empty shards move nothing
             pushes.append(
                 comm.send(
                     data[a:b],
@@ -92,10 +92,10 @@ def ps_allreduce(
             fill=pull_fill,
         )
         for i, server in enumerate(srv)
-        if server != r
+        if server != r and bounds[i] < bounds[i + 1]
     ]
-    if r in srv:  # co-located server: aggregate own shard, then serve it back
-        i = srv.index(r)
+    i = srv.index(r) if r in srv else -1
+    if i >= 0 and bounds[i] < bounds[i + 1]:  # co-located server: aggregate, serve back
         a, b = bounds[i], bounds[i + 1]
         _aggregate(
             comm,

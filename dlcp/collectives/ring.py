@@ -64,16 +64,32 @@ def ring_allreduce(
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
 
+    # with fewer elements than ranks some chunks are empty: nobody sends or receives them
     for s in range(n - 1):
         (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
-        incoming = comm.recv(scratch[: rb - ra], src=left, call=call, role=s, p=p, fill=fill)
-        outgoing = comm.send(
-            data[sa:sb], to=right, call=call, role=s, segments=slice_segments(segments, sa, sb), p=p
+        incoming = (
+            comm.recv(scratch[: rb - ra], src=left, call=call, role=s, p=p, fill=fill)
+            if ra < rb
+            else None
         )
-        got = comm.wait(incoming)
-        data[ra:rb] += scratch[: rb - ra]
-        report.received(got, bounded=p > 0)
-        report.sent(comm.wait(outgoing), data.itemsize)
+        outgoing = (
+            comm.send(
+                data[sa:sb],
+                to=right,
+                call=call,
+                role=s,
+                segments=slice_segments(segments, sa, sb),
+                p=p,
+            )
+            if sa < sb
+            else None
+        )
+        if incoming is not None:
+            got = comm.wait(incoming)
+            data[ra:rb] += scratch[: rb - ra]
+            report.received(got, bounded=p > 0)
+        if outgoing is not None:
+            report.sent(comm.wait(outgoing), data.itemsize)
 
     oa, ob = chunk((r + 1) % n)
     if average:
@@ -81,17 +97,32 @@ def ring_allreduce(
     gather_fill = FillPolicy.PREVIOUS if p_gather > 0 else FillPolicy.ZERO
     for s in range(n - 1):
         (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
-        incoming = comm.recv(
-            data[ra:rb], src=left, call=call, role=_GATHER_ROLE + s, p=p_gather, fill=gather_fill
+        incoming = (
+            comm.recv(
+                data[ra:rb],
+                src=left,
+                call=call,
+                role=_GATHER_ROLE + s,
+                p=p_gather,
+                fill=gather_fill,
+            )
+            if ra < rb
+            else None
         )
-        outgoing = comm.send(
-            data[sa:sb],
-            to=right,
-            call=call,
-            role=_GATHER_ROLE + s,
-            segments=slice_segments(segments, sa, sb),
-            p=p_gather,
+        outgoing = (
+            comm.send(
+                data[sa:sb],
+                to=right,
+                call=call,
+                role=_GATHER_ROLE + s,
+                segments=slice_segments(segments, sa, sb),
+                p=p_gather,
+            )
+            if sa < sb
+            else None
         )
-        report.received(comm.wait(incoming), bounded=p_gather > 0)
-        report.sent(comm.wait(outgoing), data.itemsize)
+        if incoming is not None:
+            report.received(comm.wait(incoming), bounded=p_gather > 0)
+        if outgoing is not None:
+            report.sent(comm.wait(outgoing), data.itemsize)
     return report.build()

@@ -270,7 +270,12 @@ class Endpoint:
                 self._complete_recv(fut, done, out)
                 return
             if src in self._gone:
-                fut.set_exception(TransferFailed(self._gone[src]))
+                fut.set_exception(
+                    TransferFailed(
+                        f"rank {self.rank}: message (step {step}, msg {msg}) from rank {src}: "
+                        f"{self._gone[src]}"
+                    )
+                )
                 return
             try:
                 self._session.expect_message(
@@ -316,12 +321,13 @@ class Endpoint:
 
     def close(self) -> None:
         """Stop the I/O thread, fail what is pending, release every socket."""
-        if self._closing:
-            self._closed.wait()
-            return
-        self._closing = True
-        self._wake()
-        self._thread.join()
+        if not self._closing:
+            self._closing = True
+            self._wake()
+        # also after the thread stopped on its own (a crash); never from itself
+        # (a future's callback runs on the I/O thread)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def __enter__(self) -> Endpoint:
         return self
@@ -382,6 +388,7 @@ class Endpoint:
             self._fail_all(TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}"))
             raise
         finally:
+            self._closing = True  # after a crash too: later calls fail instead of hanging
             self._fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
             sel.close()
             self._data.close()
@@ -536,7 +543,10 @@ class Endpoint:
         out: npt.NDArray[Any] | None,
     ) -> None:
         if isinstance(ev, MessageFailed):
-            fut.set_exception(TransferFailed(f"rank {self.rank}: {ev.reason}"))
+            error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
+            fut.set_exception(
+                error_cls(f"rank {self.rank}: {ev.reason} (step {ev.step}, msg {ev.msg})")
+            )
             return
         data = ev.data
         if out is not None and out is not data:
@@ -569,7 +579,14 @@ class Endpoint:
 
     def _peer_gone(self, gone: PeerGone) -> None:
         if gone.rank not in self._gone:
-            log.warning("dlcp rank %d: %s", self.rank, gone.why)
+            waiting = any(k[0] == gone.rank for k in itertools.chain(self._sends, self._recvs))
+            # a peer that leaves while nothing is pending with it is a normal shutdown
+            log.log(
+                logging.WARNING if waiting else logging.INFO,
+                "dlcp rank %d: %s",
+                self.rank,
+                gone.why,
+            )
         self._gone[gone.rank] = gone.why
         self._fail_peer(gone.rank, gone.why)
 

@@ -1,0 +1,812 @@
+"""torch.distributed backend ``"dlcp"``: a process group whose collectives run over DLCP.
+
+    import dlcp.shims.process_group          # registers the backend (so does `import dlcp`)
+    dist.init_process_group("dlcp")          # torchrun's env:// variables, as with gloo
+    model = DistributedDataParallel(model)   # unmodified DDP now reduces over DLCP
+
+The group is a pure-Python subclass of ``torch.distributed.ProcessGroup``
+(torch calls its methods from Python and, for DDP's reducer, from C++ through
+its trampoline). Each method checks its arguments in the caller's thread,
+queues the operation and returns a ``Work`` wrapping a ``torch.futures.Future``
+at once; one transport thread per group runs the queued operations in call
+order, which is the same on every rank, and completes the futures. So
+``async_op=True``, ``work.get_future()`` and DDP's overlap of backward with
+communication behave as with Gloo.
+
+What travels how:
+
+* ``all_reduce`` with SUM or AVG of float32 / float16 / bfloat16 tensors: ring
+  all-reduce (:func:`dlcp.collectives.ring_allreduce`); bfloat16 is reduced in
+  float32. The reduce-scatter phase takes the loss bound ``p``; the all-gather
+  phase is reliable, so every rank ends with identical bytes.
+* every other all-reduce (integer / bool / float64 tensors, MAX, MIN, PRODUCT,
+  BAND, BOR, BXOR): an exact all-gather of the raw bytes, then the same
+  reduction in rank order on every rank.
+* ``broadcast``, ``all_gather``, ``all_gather_into_tensor``, ``gather``,
+  ``scatter``: the tensors' raw bytes as uint8 messages with ``p = 0`` (any
+  dtype; bitwise exact).
+* ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``: on top of all-reduce.
+* ``barrier``: a one-element all-reduce with ``p = 0``, queued behind every
+  operation issued before it.
+
+Bounded loss is off by default (``p = 0``): generic code gets exact results.
+Turn it on for large float all-reduces (DDP's gradient buckets) with
+``DLCP_DEFAULT_P=0.05`` in the environment, or per group with
+``dist.init_process_group("dlcp", pg_options=DLCPOptions(p=0.05))`` (also
+``dist.new_group(backend="dlcp", pg_options=...)``). Tensors smaller than
+``DLCPOptions.lossy_min_elems`` (metrics, flags) are always reduced exactly.
+Every operation's :class:`~dlcp.collectives.CollectiveReport` (bytes, lost
+elements, retransmissions, time) is kept in :attr:`DLCPProcessGroup.reports`;
+:func:`dlcp_group` finds the group object.
+
+Operations not listed above raise ``NotImplementedError("dlcp process group
+does not implement <op>")``.
+
+CUDA tensors are staged through (pinned) host memory: the caller records an
+event on the current stream, the transport thread waits on it, copies to the
+host, runs the collective and copies back; futures are created with the
+tensors' devices so that consumers synchronise with the copy. Those code paths
+are written but untested here (no GPU on these machines).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store, Work
+
+from ..collectives import CollectiveReport, Communicator, ring_allreduce
+from ..collectives.comm import ReportBuilder
+from ..errors import ConfigError, DLCPError
+from ..io.endpoint import Endpoint
+from ..proto.config import FillPolicy
+from ..proto.wire import MAX_LOSS_BOUND
+from ..rendezvous import connect
+
+__all__ = ["BACKEND", "DLCPOptions", "DLCPProcessGroup", "DLCPWork", "dlcp_group", "register"]
+
+log = logging.getLogger("dlcp.shims")
+
+BACKEND = "dlcp"
+#: Communicator channel of process groups (the DDP hook uses 1); each group has
+#: its own endpoint, the channel only keeps traces readable
+CHANNEL = 2
+#: largest message; bigger tensors travel in several parts
+MAX_PART_BYTES = 1 << 30
+#: message roles of one operation: tensor index + part * ROLE_STRIDE (roles are 12 bits)
+ROLE_STRIDE = 256
+MAX_PARTS = 16
+#: seconds shutdown() lets queued operations finish before closing the endpoint
+SHUTDOWN_GRACE = 30.0
+
+_Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
+_RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TensorList = list[torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class DLCPOptions:
+    """Per-group options, passed as ``pg_options=`` to ``init_process_group`` / ``new_group``.
+
+    ``p``: loss bound of the reduce-scatter phase of float SUM/AVG all-reduces;
+    ``None`` takes ``DLCP_DEFAULT_P`` (0 when unset). ``p_gather``: bound of the
+    all-gather phase (keep 0 so that replicas stay identical). ``fill``: what lost
+    elements become (``"zero"`` or ``"rescale"``). ``lossy_min_elems``: smaller
+    tensors are always reduced with ``p = 0``.
+    """
+
+    p: float | None = None
+    p_gather: float = 0.0
+    fill: str = "zero"
+    lossy_min_elems: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        for name in ("p", "p_gather"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= MAX_LOSS_BOUND:
+                raise ConfigError(f"DLCPOptions.{name}={value} outside [0, {MAX_LOSS_BOUND}]")
+        try:
+            FillPolicy(self.fill)
+        except ValueError:
+            raise ConfigError(
+                f"DLCPOptions.fill={self.fill!r}: use one of {[f.value for f in FillPolicy]}"
+            ) from None
+        if self.lossy_min_elems < 0:
+            raise ConfigError(f"DLCPOptions.lossy_min_elems={self.lossy_min_elems} must be >= 0")
+
+
+def _unsupported(op: str) -> Callable[..., Any]:
+    def method(self: DLCPProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"dlcp process group does not implement {op}")
+
+    method.__name__ = op
+    method.__doc__ = f"Not supported: raises NotImplementedError naming {op}."
+    return method
+
+
+class DLCPWork(Work):
+    """The handle of one queued operation: ``wait()`` raises what the operation
+    raised (a failed collective is never silent), ``get_future()`` is completed
+    by the transport thread with the operation's output tensors."""
+
+    def __init__(self, name: str, future: torch.futures.Future[Any]) -> None:
+        super().__init__()
+        self.name = name
+        self._future = future
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self._done.wait(seconds):
+            raise TimeoutError(f"dlcp {self.name} did not complete within {seconds:g} s")
+        self._future.wait()  # raises the operation's error
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def result(self) -> Any:
+        return self._future.wait()
+
+
+@dataclass(slots=True)
+class _Job:
+    name: str
+    run: Callable[[], CollectiveReport | None]
+    result: _TensorList
+    future: torch.futures.Future[Any]
+    ready: Any = None  # CUDA event recorded on the caller's stream
+
+
+class _Host:
+    """A tensor as a contiguous 1-D CPU tensor (``flat``), a copy ("staged") when
+    the tensor is not already one of ``dtype``; :meth:`write_back` copies results
+    back into the tensor."""
+
+    __slots__ = ("flat", "staged", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+        t = tensor.detach()
+        want = t.dtype if dtype is None else dtype
+        self.tensor = tensor
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == want:
+            self.flat = t.reshape(-1)
+            self.staged = False
+        else:
+            self.flat = torch.empty(t.numel(), dtype=want, pin_memory=t.is_cuda)
+            self.flat.view(t.shape).copy_(t)
+            self.staged = True
+
+    def numpy(self) -> npt.NDArray[Any]:
+        return self.flat.numpy()
+
+    def bytes(self) -> npt.NDArray[np.uint8]:
+        return self.flat.view(torch.uint8).numpy()
+
+    def write_back(self) -> None:
+        if not self.staged:
+            return
+        with torch.no_grad():
+            self.tensor.copy_(self.flat.view(self.tensor.shape))
+        if self.tensor.is_cuda:  # pragma: no cover - no GPU here
+            torch.cuda.current_stream(self.tensor.device).synchronize()
+
+
+class DLCPProcessGroup(dist.ProcessGroup):
+    """A process group over one DLCP endpoint. Created by torch through the
+    registered backend; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        timeout: timedelta | None = None,
+        options: DLCPOptions | None = None,
+        *,
+        name: str = "",
+    ) -> None:
+        super().__init__(rank, world_size)
+        if options is not None and not isinstance(options, DLCPOptions):
+            raise TypeError(
+                f"pg_options for the dlcp backend must be DLCPOptions, got {type(options).__name__}"
+            )
+        self.options = options if options is not None else DLCPOptions()
+        self._name = name
+        self._rank = rank
+        self._size = world_size
+        self.endpoint: Endpoint
+        self.endpoint, _ = connect(
+            group="pg",
+            store=cast(Any, PrefixStore("dlcp", store)),  # accepts str and bytes values
+            env=_rendezvous_env(store, rank, world_size, timeout),
+        )
+        self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)
+        #: loss bound of large float SUM/AVG all-reduces
+        self.p = (
+            self.options.p
+            if self.options.p is not None
+            else self.endpoint.config.protocol.default_p
+        )
+        self._fill = FillPolicy(self.options.fill)
+        #: reports of the latest operations, oldest first
+        self.reports: deque[CollectiveReport] = deque(maxlen=1024)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._serve, name=f"dlcp-pg-{name or 'default'}-{rank}", daemon=True
+        )
+        self._thread.start()
+        if self.p > 0:
+            log.info("dlcp process group %r: float all-reduces with loss bound p=%g", name, self.p)
+
+    def __repr__(self) -> str:
+        return f"DLCPProcessGroup(rank={self._rank}, size={self._size}, p={self.p:g})"
+
+    # ------------------------------------------------------------------ torch's interface
+
+    def getBackendName(self) -> str:  # the name torch's trampoline looks up
+        return BACKEND
+
+    def allreduce(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+        red = self._reduce_op(opts, "allreduce")
+        _check_tensors(tensors, "allreduce")
+        for t in tensors:
+            self._check_reducible(t, red, "allreduce")
+
+        def run() -> CollectiveReport | None:
+            report = None
+            for t in tensors:
+                report = self._allreduce(t, red)
+            return report
+
+        return self._submit("allreduce", run, tensors, tensors)
+
+    def allreduce_coalesced(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+        root = self._root(opts, "broadcast")
+        _check_tensors(tensors, "broadcast")
+        if len(tensors) >= ROLE_STRIDE:
+            raise ValueError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
+
+        def run() -> CollectiveReport | None:
+            call = self.comm.next_call()
+            report = ReportBuilder("broadcast", call, sum(t.numel() for t in tensors))
+            hosts = [_Host(t) for t in tensors]
+            if self._rank == root:
+                sends = [
+                    (peer, i, h.bytes())
+                    for i, h in enumerate(hosts)
+                    for peer in range(self._size)
+                    if peer != root
+                ]
+                self._transfer(call, sends, [], report)
+            else:
+                self._transfer(
+                    call, [], [(root, i, h.bytes()) for i, h in enumerate(hosts)], report
+                )
+                for h in hosts:
+                    h.write_back()
+            return report.build()
+
+        return self._submit("broadcast", run, tensors, tensors)
+
+    def allgather(
+        self, output_tensors: list[_TensorList], input_tensors: _TensorList, opts: Any = None
+    ) -> DLCPWork:
+        _check_tensors(input_tensors, "allgather")
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError(
+                f"allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs"
+            )
+        if len(input_tensors) >= ROLE_STRIDE:
+            raise ValueError(f"allgather takes at most {ROLE_STRIDE - 1} tensors per call")
+        for outs, inp in zip(output_tensors, input_tensors, strict=True):
+            self._check_gather_list(outs, inp, "allgather")
+
+        def run() -> CollectiveReport | None:
+            call = self.comm.next_call()
+            report = ReportBuilder("allgather", call, sum(t.numel() for t in input_tensors))
+            sends, recvs, outs_host = [], [], []
+            for i, (outs, inp) in enumerate(zip(output_tensors, input_tensors, strict=True)):
+                mine = _Host(inp).bytes()
+                hosts = [_Host(o) for o in outs]
+                outs_host.extend(hosts)
+                for peer in range(self._size):
+                    if peer == self._rank:
+                        hosts[peer].bytes()[:] = mine
+                    else:
+                        sends.append((peer, i, mine))
+                        recvs.append((peer, i, hosts[peer].bytes()))
+            self._transfer(call, sends, recvs, report)
+            for h in outs_host:
+                h.write_back()
+            return report.build()
+
+        flat_out = [t for outs in output_tensors for t in outs]
+        return self._submit("allgather", run, flat_out, [*flat_out, *input_tensors])
+
+    def allgather_coalesced(
+        self, output_lists: list[_TensorList], input_list: _TensorList, opts: Any = None
+    ) -> DLCPWork:
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> DLCPWork:
+        """``all_gather_into_tensor``: rank r's input lands in the r-th slice of output."""
+        _check_tensors([output, input], "all_gather_into_tensor")
+        if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
+            raise ValueError(
+                f"all_gather_into_tensor: output {output.dtype}{list(output.shape)} must hold "
+                f"{self._size} x input {input.dtype}{list(input.shape)}"
+            )
+
+        def run() -> CollectiveReport | None:
+            call = self.comm.next_call()
+            report = ReportBuilder("all_gather_into_tensor", call, input.numel())
+            mine = _Host(input).bytes()
+            out = _Host(output)
+            rows = out.bytes().reshape(self._size, -1)
+            rows[self._rank] = mine
+            peers = [q for q in range(self._size) if q != self._rank]
+            self._transfer(
+                call, [(q, 0, mine) for q in peers], [(q, 0, rows[q]) for q in peers], report
+            )
+            out.write_back()
+            return report.build()
+
+        return self._submit("all_gather_into_tensor", run, [output], [output, input])
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> DLCPWork:
+        return self.all_gather_single(output, input, opts)
+
+    def reduce(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+        red = self._reduce_op(opts, "reduce")
+        root = self._root(opts, "reduce")
+        _check_tensors(tensors, "reduce")
+        for t in tensors:
+            self._check_reducible(t, red, "reduce")
+
+        def run() -> CollectiveReport | None:
+            report = None
+            for t in tensors:
+                # every rank computes the result; only the root keeps it
+                report = self._allreduce(t if self._rank == root else t.detach().clone(), red)
+            return report
+
+        return self._submit("reduce", run, tensors, tensors)
+
+    def reduce_scatter(
+        self, output_tensors: _TensorList, input_tensors: list[_TensorList], opts: Any = None
+    ) -> DLCPWork:
+        red = self._reduce_op(opts, "reduce_scatter")
+        _check_tensors(output_tensors, "reduce_scatter")
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError(
+                f"reduce_scatter: {len(output_tensors)} outputs for "
+                f"{len(input_tensors)} input lists"
+            )
+        for out, ins in zip(output_tensors, input_tensors, strict=True):
+            self._check_gather_list(ins, out, "reduce_scatter")
+            self._check_reducible(out, red, "reduce_scatter")
+
+        def run() -> CollectiveReport | None:
+            report = None
+            for out, ins in zip(output_tensors, input_tensors, strict=True):
+                whole = torch.cat([t.detach().reshape(-1).cpu() for t in ins])
+                report = self._allreduce(whole, red)
+                with torch.no_grad():
+                    out.copy_(whole.view(self._size, -1)[self._rank].view(out.shape))
+            return report
+
+        return self._submit(
+            "reduce_scatter", run, output_tensors, [*output_tensors, *_flatten(input_tensors)]
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> DLCPWork:
+        """``reduce_scatter_tensor``: slice r of the reduced input lands in rank r's output."""
+        red = self._reduce_op(opts, "reduce_scatter_tensor")
+        _check_tensors([output, input], "reduce_scatter_tensor")
+        if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"reduce_scatter_tensor: input {input.dtype}{list(input.shape)} must hold "
+                f"{self._size} x output {output.dtype}{list(output.shape)}"
+            )
+        self._check_reducible(output, red, "reduce_scatter_tensor")
+
+        def run() -> CollectiveReport | None:
+            whole = input.detach().reshape(-1).cpu().clone()
+            report = self._allreduce(whole, red)
+            with torch.no_grad():
+                output.copy_(whole.view(self._size, -1)[self._rank].view(output.shape))
+            return report
+
+        return self._submit("reduce_scatter_tensor", run, [output], [output, input])
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> DLCPWork:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def gather(
+        self, output_tensors: list[_TensorList], input_tensors: _TensorList, opts: Any = None
+    ) -> DLCPWork:
+        root = self._root(opts, "gather")
+        _check_tensors(input_tensors, "gather")
+        if len(input_tensors) != 1:
+            raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
+        if self._rank == root:
+            if len(output_tensors) != 1:
+                raise ValueError("gather: the root needs one output list")
+            self._check_gather_list(output_tensors[0], input_tensors[0], "gather")
+        elif output_tensors and output_tensors[0]:
+            raise ValueError(f"gather: only the root (rank {root}) passes output tensors")
+        inp = input_tensors[0]
+
+        def run() -> CollectiveReport | None:
+            call = self.comm.next_call()
+            report = ReportBuilder("gather", call, inp.numel())
+            mine = _Host(inp).bytes()
+            if self._rank != root:
+                self._transfer(call, [(root, 0, mine)], [], report)
+                return report.build()
+            hosts = [_Host(o) for o in output_tensors[0]]
+            hosts[root].bytes()[:] = mine
+            peers = [q for q in range(self._size) if q != root]
+            self._transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
+            for h in hosts:
+                h.write_back()
+            return report.build()
+
+        outs = output_tensors[0] if output_tensors else []
+        return self._submit("gather", run, list(outs), [*outs, inp])
+
+    def scatter(
+        self, output_tensors: _TensorList, input_tensors: list[_TensorList], opts: Any = None
+    ) -> DLCPWork:
+        root = self._root(opts, "scatter")
+        _check_tensors(output_tensors, "scatter")
+        if len(output_tensors) != 1:
+            raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
+        out = output_tensors[0]
+        if self._rank == root:
+            if len(input_tensors) != 1:
+                raise ValueError("scatter: the root needs one input list")
+            self._check_gather_list(input_tensors[0], out, "scatter")
+        elif input_tensors and input_tensors[0]:
+            raise ValueError(f"scatter: only the root (rank {root}) passes input tensors")
+
+        def run() -> CollectiveReport | None:
+            call = self.comm.next_call()
+            report = ReportBuilder("scatter", call, out.numel())
+            host = _Host(out)
+            if self._rank == root:
+                pieces = [_Host(t).bytes() for t in input_tensors[0]]
+                host.bytes()[:] = pieces[root]
+                sends = [(q, 0, pieces[q]) for q in range(self._size) if q != root]
+                self._transfer(call, sends, [], report)
+            else:
+                self._transfer(call, [], [(root, 0, host.bytes())], report)
+            host.write_back()
+            return report.build()
+
+        ins = input_tensors[0] if input_tensors else []
+        return self._submit("scatter", run, [out], [out, *ins])
+
+    def barrier(self, opts: Any = None) -> DLCPWork:
+        token = torch.zeros(1, dtype=torch.float32)
+
+        def run() -> CollectiveReport | None:
+            return ring_allreduce(self.comm, token.numpy(), p=0.0)
+
+        return self._submit("barrier", run, [token], [])
+
+    def shutdown(self) -> None:
+        """Finish queued operations, stop the transport thread, close the endpoint."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._jobs.put(None)
+        # queued work normally finishes at once; what still waits on a peer after
+        # the grace period fails with EndpointClosed when the endpoint closes
+        self._thread.join(timeout=min(self.comm.timeout, SHUTDOWN_GRACE))
+        self.endpoint.close()
+        self._thread.join(timeout=SHUTDOWN_GRACE)
+
+    def abort(self) -> None:
+        """Close the endpoint now: pending operations fail with EndpointClosed."""
+        with self._lock:
+            already = self._closed
+            self._closed = True
+        self.endpoint.close()
+        if not already:
+            self._jobs.put(None)
+
+    alltoall = _unsupported("alltoall")
+    alltoall_base = _unsupported("alltoall_base")
+    all_to_all_single = _unsupported("all_to_all_single")
+    send = _unsupported("send")
+    recv = _unsupported("recv")
+    recv_anysource = _unsupported("recv_anysource")
+    monitored_barrier = _unsupported("monitored_barrier")
+    all_gather_single_coalesced = _unsupported("all_gather_single_coalesced")
+    allgather_into_tensor_coalesced = _unsupported("allgather_into_tensor_coalesced")
+    reduce_scatter_single_coalesced = _unsupported("reduce_scatter_single_coalesced")
+    reduce_scatter_tensor_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
+
+    # ------------------------------------------------------------------ caller side
+
+    def _submit(
+        self,
+        name: str,
+        run: Callable[[], CollectiveReport | None],
+        result: _TensorList,
+        touched: _TensorList,
+    ) -> DLCPWork:
+        cuda: list[int | str | torch.device] = sorted(
+            {t.device for t in touched if t.is_cuda}, key=str
+        )
+        future: torch.futures.Future[Any] = (
+            torch.futures.Future(devices=cuda) if cuda else torch.futures.Future()
+        )
+        ready = None
+        if cuda:  # pragma: no cover - no GPU here
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(cuda[0]))
+        with self._lock:  # queue order is call order: the same on every rank
+            if self._closed:
+                raise DLCPError(f"dlcp process group (rank {self._rank}) is shut down: {name}")
+            self._jobs.put(_Job(name, run, result, future, ready))
+        log.debug("dlcp process group rank %d: queued %s", self._rank, name)
+        return DLCPWork(name, future)
+
+    def _reduce_op(self, opts: Any, op: str) -> Any:
+        red = getattr(getattr(opts, "reduceOp", None), "op", _Red.SUM)
+        if red == _Red.PREMUL_SUM:
+            raise NotImplementedError(f"dlcp process group does not implement {op} with PREMUL_SUM")
+        return red
+
+    def _root(self, opts: Any, op: str) -> int:
+        root = int(getattr(opts, "rootRank", 0))
+        if not 0 <= root < self._size:
+            raise ValueError(f"{op}: root rank {root} outside 0..{self._size - 1}")
+        return root
+
+    def _check_reducible(self, t: torch.Tensor, red: Any, op: str) -> None:
+        float_like = t.is_floating_point() or t.is_complex()
+        if red == _Red.AVG and not float_like:
+            raise NotImplementedError(
+                f"dlcp process group does not implement {op} with AVG of {t.dtype} tensors"
+            )
+        if red in (_Red.BAND, _Red.BOR, _Red.BXOR) and float_like:
+            raise ValueError(f"{op}: {red.name} needs integer or bool tensors, got {t.dtype}")
+        if red in (_Red.MAX, _Red.MIN) and t.is_complex():
+            raise ValueError(f"{op}: {red.name} is undefined for complex tensors")
+
+    def _check_gather_list(self, tensors: _TensorList, like: torch.Tensor, op: str) -> None:
+        _check_tensors(tensors, op)
+        if len(tensors) != self._size:
+            raise ValueError(f"{op}: {len(tensors)} tensors in the list, world size {self._size}")
+        for i, t in enumerate(tensors):
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                raise ValueError(
+                    f"{op}: tensor {i} is {t.dtype}{list(t.shape)}, "
+                    f"expected {like.numel()} elements of {like.dtype}"
+                )
+
+    # ------------------------------------------------------------------ transport thread
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                if job.ready is not None:  # pragma: no cover - no GPU here
+                    job.ready.synchronize()
+                report = job.run()
+            except BaseException as exc:  # surfaces in the caller through the future
+                log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
+                error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+                error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
+                job.future.set_exception(error)
+                continue
+            if report is not None:
+                self.reports.append(report)
+            job.future.set_result(job.result)
+
+    def _allreduce(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
+        if red in (_Red.SUM, _Red.AVG) and tensor.dtype in _RING_DTYPES:
+            wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
+            host = _Host(tensor, wire)
+            p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
+            report = ring_allreduce(
+                self.comm,
+                host.numpy(),
+                p=p,
+                p_gather=self.options.p_gather,
+                fill=self._fill,
+                average=red == _Red.AVG,
+            )
+            host.write_back()
+            return report
+        return self._allreduce_exact(tensor, red)
+
+    def _allreduce_exact(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
+        """All-gather the raw bytes, reduce in rank order: bitwise the same everywhere."""
+        call = self.comm.next_call()
+        report = ReportBuilder(f"allreduce_{red.name.lower()}", call, tensor.numel())
+        host = _Host(tensor)
+        rows = torch.empty((self._size, host.flat.numel()), dtype=host.flat.dtype)
+        rows[self._rank] = host.flat
+        row_bytes = rows.view(torch.uint8).numpy()
+        mine = row_bytes[self._rank]
+        peers = [q for q in range(self._size) if q != self._rank]
+        self._transfer(
+            call, [(q, 0, mine) for q in peers], [(q, 0, row_bytes[q]) for q in peers], report
+        )
+        out = functools.reduce(_FOLDS[red], rows.unbind(0))
+        if red == _Red.AVG:  # float64 / complex: the ring carries float32 and float16
+            out = out / self._size
+        host.flat.copy_(out)
+        host.write_back()
+        return report.build()
+
+    def _transfer(
+        self,
+        call: int,
+        sends: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
+        recvs: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
+        report: ReportBuilder,
+    ) -> None:
+        """Exact (``p = 0``) byte messages of one operation: (peer, index, bytes).
+        Receives are posted first; empty arrays are skipped on both sides (their
+        sizes are known everywhere); big ones travel in parts."""
+        incoming: list[Future[Any]] = []
+        outgoing: list[Future[Any]] = []
+        for peer, index, buf in recvs:
+            for role, part in _parts(buf, index):
+                incoming.append(
+                    self.comm.recv(
+                        part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
+                    )
+                )
+        for peer, index, buf in sends:
+            for role, part in _parts(buf, index):
+                outgoing.append(
+                    self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
+                )
+        for fut in incoming:
+            report.received(self.comm.wait(fut), bounded=False)
+        for fut in outgoing:
+            report.sent(self.comm.wait(fut), 1)
+
+
+def _parts(buf: npt.NDArray[np.uint8], index: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:
+    if buf.size == 0:
+        return []
+    n = -(-buf.size // MAX_PART_BYTES)
+    if n > MAX_PARTS or index >= ROLE_STRIDE:
+        raise ValueError(
+            f"message of {buf.size} bytes (tensor {index}) exceeds "
+            f"{MAX_PARTS} x {MAX_PART_BYTES} bytes"
+        )
+    return [
+        (index + k * ROLE_STRIDE, buf[k * MAX_PART_BYTES : (k + 1) * MAX_PART_BYTES])
+        for k in range(n)
+    ]
+
+
+def _flatten(lists: list[_TensorList]) -> _TensorList:
+    return [t for ts in lists for t in ts]
+
+
+def _check_tensors(tensors: _TensorList, op: str) -> None:
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise ValueError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
+
+
+_FOLDS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    _Red.SUM: lambda a, b: torch.logical_or(a, b) if a.dtype == torch.bool else a + b,
+    _Red.AVG: lambda a, b: a + b,  # divided by the world size after the fold
+    _Red.PRODUCT: lambda a, b: torch.logical_and(a, b) if a.dtype == torch.bool else a * b,
+    _Red.MAX: torch.maximum,
+    _Red.MIN: torch.minimum,
+    _Red.BAND: torch.bitwise_and,
+    _Red.BOR: torch.bitwise_or,
+    _Red.BXOR: torch.bitwise_xor,
+}
+
+
+def _store_host(store: Any) -> str | None:
+    """The host of the TCPStore under (possibly several) PrefixStores, if any."""
+    for _ in range(16):
+        if isinstance(store, PrefixStore):
+            store = store.underlying_store
+            continue
+        host = getattr(store, "host", None)
+        return str(host) if host else None
+    return None
+
+
+def _rendezvous_env(
+    store: Any, rank: int, world_size: int, timeout: timedelta | None
+) -> Mapping[str, str]:
+    """What :func:`dlcp.rendezvous.connect` reads, from torch's arguments: the group's
+    rank and size (not the job's), the store's host for picking our address, and the
+    group's timeout as the endpoint's unless ``DLCP_TIMEOUT`` is set."""
+    env = dict(os.environ)
+    env["RANK"], env["WORLD_SIZE"] = str(rank), str(world_size)
+    env["MASTER_ADDR"] = _store_host(store) or env.get("MASTER_ADDR") or "127.0.0.1"
+    env.setdefault("MASTER_PORT", "0")  # not used: the store is given
+    if timeout is not None and "DLCP_TIMEOUT" not in env:
+        env["DLCP_TIMEOUT"] = repr(max(timeout.total_seconds(), 1.0))
+    return env
+
+
+def _create(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:
+    """The creator torch calls (extended API): store, group rank/size, timeout, options."""
+    return DLCPProcessGroup(
+        backend_opts.store,
+        backend_opts.group_rank,
+        backend_opts.group_size,
+        backend_opts.timeout,
+        pg_options,
+        name=str(backend_opts.group_id),
+    )
+
+
+def register() -> None:
+    """Make ``backend="dlcp"`` known to torch.distributed (idempotent)."""
+    if getattr(dist.Backend, BACKEND.upper(), None) == BACKEND:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def dlcp_group(group: Any = None) -> DLCPProcessGroup:
+    """The :class:`DLCPProcessGroup` behind ``group`` (default: the default group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, DLCPProcessGroup):
+        raise ValueError(f"{pg!r} is not a dlcp process group (backend {dist.get_backend(pg)!r})")
+    return pg
+
+
+register()

@@ -1,0 +1,456 @@
+"""One rank of the process-group tests: ``python -m tests.integration.pg_worker <scenario>``.
+
+Started by ``test_process_group.py`` the way ``torchrun`` starts ranks: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment, and the store hosted
+by the parent (TORCHELASTIC_USE_AGENT_STORE=True), so no port is guessed.
+
+The worker imports ``dlcp`` *before* torch, so the backend comes from ``import
+dlcp`` alone. ``init_process_group("dlcp")`` makes the default group DLCP's; a
+second group over Gloo gives reference results. Every check runs on every rank
+in the same order; the last stdout line is ``results <json>``: per check,
+``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``. Then the last rank
+exits without a word and the others report how their next all-reduce failed.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import dlcp  # noqa: F401  - registers the backend; torch is not loaded yet
+
+assert "torch" not in sys.modules, "import dlcp must not import torch"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.testing import assert_close  # noqa: E402
+
+TIMEOUT = datetime.timedelta(seconds=30)
+CHECKS: list[tuple[str, Callable[[], Any]]] = []
+
+
+def check(fn: Callable[[], Any]) -> Callable[[], Any]:
+    CHECKS.append((fn.__name__, fn))
+    return fn
+
+
+class Ctx:
+    rank: int
+    world: int
+    gloo: Any
+
+
+C = Ctx()
+
+
+def data(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32,
+         integer: bool = False) -> torch.Tensor:
+    """Rank-dependent data; integer-valued when sums must be exact in any order."""
+    g = torch.Generator().manual_seed(seed * 101 + C.rank)
+    if integer or not dtype.is_floating_point:
+        return torch.randint(-50, 50, shape, generator=g).to(dtype)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def digest(t: torch.Tensor) -> str:
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
+def same_on_every_rank(t: torch.Tensor) -> None:
+    got: list[Any] = [None] * C.world
+    dist.all_gather_object(got, digest(t), group=C.gloo)
+    assert len(set(got)) == 1, f"ranks hold different bytes: {got}"
+
+
+def both(op: Callable[[torch.Tensor, Any], Any],
+         t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``op`` on a copy of ``t`` over DLCP (default group) and over Gloo."""
+    a, b = t.clone(), t.clone()
+    op(a, None)
+    op(b, C.gloo)
+    return a, b
+
+
+# ----------------------------------------------------------------------------- all_reduce
+
+
+@check
+def all_reduce_sum_float32_vs_gloo() -> dict[str, Any]:
+    sizes = [1, C.world - 1, 1000, 300_001]
+    for i, n in enumerate(sizes):
+        a, b = both(lambda t, g: dist.all_reduce(t, group=g), data((n,), i, integer=True))
+        assert torch.equal(a, b), f"n={n}"
+        same_on_every_rank(a)
+    x = data((77_777,), 9)  # random floats: sums in another order
+    a, b = both(lambda t, g: dist.all_reduce(t, group=g), x)
+    assert_close(a, b)
+    same_on_every_rank(a)
+    from dlcp.shims.process_group import dlcp_group
+
+    rep = dlcp_group().reports[-1]
+    return {"sizes": sizes, "last_report": {"op": rep.op, "elems": rep.elems,
+                                            "lost_elems": rep.lost_elems}}
+
+
+@check
+def all_reduce_multidim_and_noncontiguous() -> None:
+    x = data((4, 5, 6), 1, integer=True)
+    a, b = both(lambda t, g: dist.all_reduce(t, group=g), x)
+    assert torch.equal(a, b)
+    # a non-contiguous view: the result must land in base, and only there (Gloo itself
+    # mishandles such views, so the reference reduces the whole tensor)
+    base = data((40, 30), 2, integer=True)
+    full = base.clone()
+    dist.all_reduce(full, group=C.gloo)
+    want = base.clone()
+    want.t()[:, ::2] = full.t()[:, ::2]
+    view = base.t()[:, ::2]
+    assert not view.is_contiguous()
+    dist.all_reduce(view)
+    assert torch.equal(base, want)
+
+
+@check
+def all_reduce_avg_and_half_types() -> None:
+    x = data((1001,), 3, integer=True)
+    total = x.clone()
+    dist.all_reduce(total, group=C.gloo)
+    avg = x.clone()
+    dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+    assert_close(avg, total / C.world)
+    same_on_every_rank(avg)
+    for dtype in (torch.float16, torch.bfloat16):
+        h = data((513,), 4, dtype=dtype, integer=True)
+        want = h.to(torch.float32)
+        dist.all_reduce(want, group=C.gloo)
+        dist.all_reduce(h)
+        assert h.dtype == dtype
+        assert torch.equal(h.to(torch.float32), want), dtype  # small integers: exact
+        same_on_every_rank(h)
+
+
+@check
+def all_reduce_exact_types_and_ops() -> None:
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]
+    for dtype in (torch.int64, torch.int32, torch.float64):
+        for op in ops:
+            x = data((37,), 5, dtype=dtype, integer=True)
+            if op == dist.ReduceOp.PRODUCT:
+                x = x % 3 + 1
+            a, b = both(lambda t, g, op=op: dist.all_reduce(t, op=op, group=g), x)
+            assert torch.equal(a, b), (dtype, op)
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):  # floats through the exact path
+        a, b = both(lambda t, g, op=op: dist.all_reduce(t, op=op, group=g), data((999,), 6))
+        assert torch.equal(a, b), op
+    flags = torch.tensor([C.rank == 0, False, True])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.tolist() == [True, False, True]
+    bits = torch.tensor([1 << C.rank, 0xFF], dtype=torch.int64)
+    dist.all_reduce(bits, op=dist.ReduceOp.BOR)
+    assert bits.tolist() == [(1 << C.world) - 1, 0xFF]
+
+
+@check
+def all_reduce_async_future() -> None:
+    x = torch.full((10,), float(C.rank + 1))
+    work = dist.all_reduce(x, async_op=True)
+    fut = work.get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    work.wait()
+    want = float(sum(range(1, C.world + 1)))
+    assert x.eq(want).all()
+    assert doubled.wait().eq(2 * want).all()
+    assert work.is_completed()
+
+
+# ----------------------------------------------------------------------------- broadcast & co
+
+
+@check
+def broadcast_vs_gloo() -> None:
+    cases = [
+        data((1000,), 7),
+        data((3, 4), 8, dtype=torch.int64),
+        torch.tensor([C.rank % 2 == 0, True, False]),
+        data((), 9),  # 0-dim
+        data((600_000,), 10, dtype=torch.float16),
+        data((5,), 11, dtype=torch.bfloat16),
+        torch.zeros(0),
+    ]
+    for i, x in enumerate(cases):
+        src = i % C.world
+        a, b = both(lambda t, g, src=src: dist.broadcast(t, src=src, group=g), x)
+        assert torch.equal(a, b), (i, x.dtype)
+    base = data((20, 20), 12)
+    full = base.clone()
+    dist.broadcast(full, src=1, group=C.gloo)
+    want = base.clone()
+    want[::2, 1:] = full[::2, 1:]
+    dist.broadcast(base[::2, 1:], src=1)  # non-contiguous view
+    assert torch.equal(base, want)
+
+
+@check
+def all_gather_vs_gloo() -> None:
+    for i, (shape, dtype) in enumerate([((17,), torch.float32), ((2, 3), torch.int64),
+                                        ((40_000,), torch.float16), ((4,), torch.bool)]):
+        x = data(shape, 20 + i, dtype=dtype) if dtype != torch.bool else torch.rand(shape) > 0.5
+        mine = [torch.empty_like(x) for _ in range(C.world)]
+        ref = [torch.empty_like(x) for _ in range(C.world)]
+        dist.all_gather(mine, x)
+        dist.all_gather(ref, x, group=C.gloo)
+        for m, r in zip(mine, ref, strict=True):
+            assert torch.equal(m, r), dtype
+    x = data((3, 5), 30)
+    out = torch.empty(C.world * 3, 5)
+    ref = torch.empty(C.world * 3, 5)
+    dist.all_gather_into_tensor(out, x)
+    dist.all_gather_into_tensor(ref, x, group=C.gloo)
+    assert torch.equal(out, ref)
+
+
+@check
+def reduce_scatter_gather_scatter_reduce() -> None:
+    w, r = C.world, C.rank
+    x = data((w * 6,), 40, integer=True)
+    out = torch.empty(6)
+    dist.reduce_scatter_tensor(out, x)
+    total = x.clone()
+    dist.all_reduce(total, group=C.gloo)
+    assert torch.equal(out, total.view(w, 6)[r])
+    outs = [torch.empty(6) for _ in range(1)]
+    dist.reduce_scatter(outs[0], list(x.view(w, 6).unbind(0)))
+    assert torch.equal(outs[0], total.view(w, 6)[r])
+
+    g = data((4,), 41)
+    got = [torch.empty(4) for _ in range(w)] if r == 1 else None
+    ref = [torch.empty(4) for _ in range(w)]
+    dist.gather(g, got, dst=1)
+    dist.all_gather(ref, g, group=C.gloo)
+    if r == 1:
+        assert got is not None and all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+
+    pieces = [torch.full((3,), 10.0 * k + 1) for k in range(w)] if r == 2 % w else None
+    mine = torch.empty(3)
+    dist.scatter(mine, pieces, src=2 % w)
+    assert mine.eq(10.0 * r + 1).all()
+
+    y = data((50,), 42, integer=True)
+    kept = y.clone()
+    dist.reduce(kept, dst=0)
+    want = y.clone()
+    dist.all_reduce(want, group=C.gloo)
+    if r == 0:
+        assert torch.equal(kept, want)
+
+
+@check
+def barrier_waits_for_every_rank() -> None:
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pg-test/arrived/{C.rank}", "1")
+    dist.barrier()
+    # nobody leaves the barrier before everyone reached it
+    store.wait([f"pg-test/arrived/{q}" for q in range(C.world)], datetime.timedelta(seconds=0.5))
+    work = dist.barrier(async_op=True)
+    work.wait()
+
+
+@check
+def object_collectives() -> None:
+    objs: list[Any] = [None] * C.world
+    dist.all_gather_object(objs, {"rank": C.rank, "name": "x" * (C.rank * 1000)})
+    assert [o["rank"] for o in objs] == list(range(C.world))
+    box: list[Any] = [{"from": C.rank}] if C.rank == 1 else [None]
+    dist.broadcast_object_list(box, src=1)
+    assert box == [{"from": 1}]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@check
+def unsupported_ops_raise_clear_errors() -> dict[str, str]:
+    seen = {}
+    attempts: dict[str, Callable[[], Any]] = {
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(C.world),
+                                                            torch.zeros(C.world)),
+        "send": lambda: dist.send(torch.zeros(2), dst=(C.rank + 1) % C.world),
+        "recv": lambda: dist.recv(torch.zeros(2), src=(C.rank + 1) % C.world),
+    }
+    for name, call in attempts.items():
+        try:
+            call()
+        except NotImplementedError as exc:
+            assert str(exc) == f"dlcp process group does not implement {name}", str(exc)
+            seen[name] = str(exc)
+        else:
+            raise AssertionError(f"{name} did not raise")
+    try:
+        dist.all_reduce(torch.zeros(3, dtype=torch.int64), op=dist.ReduceOp.AVG)
+    except NotImplementedError as exc:
+        assert "AVG" in str(exc) and "int64" in str(exc), str(exc)
+    else:
+        raise AssertionError("AVG of int64 did not raise")
+    return seen
+
+
+@check
+def mismatched_shapes_fail_loudly() -> dict[str, str]:
+    x = torch.zeros(4 if C.rank == 0 else 5)
+    try:
+        dist.broadcast(x, src=0)
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": ""}
+
+
+# ----------------------------------------------------------------------------- DDP
+
+
+def train(model: nn.Module, group: Any, steps: int, **ddp_kw: Any) -> DDP:
+    ddp = DDP(model, process_group=group, **ddp_kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 + 10 * step + C.rank)
+        x = torch.randn(32, 12, generator=g)
+        y = torch.randn(32, 3, generator=g)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return ddp
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(),
+                         nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+@check
+def ddp_matches_gloo() -> dict[str, Any]:
+    from dlcp.shims.process_group import dlcp_group
+
+    before = len(dlcp_group().reports)
+    torch.manual_seed(C.rank)  # different on every rank: DDP must broadcast rank 0's
+    model = net()
+    over_dlcp = train(copy.deepcopy(model), None, steps=5)
+    over_gloo = train(copy.deepcopy(model), C.gloo, steps=5)
+    a, b = over_dlcp.module.state_dict(), over_gloo.module.state_dict()
+    for name in a:  # parameters and buffers (BatchNorm's running statistics)
+        assert_close(a[name], b[name], msg=lambda m, name=name: f"{name}: {m}")
+    for _, prm in over_dlcp.module.named_parameters():
+        same_on_every_rank(prm)  # buffers differ: each rank updated them in the last forward
+    ops = Counter(r.op for r in list(dlcp_group().reports)[before:])
+    return {"params": sum(p.numel() for p in model.parameters()), "ops": dict(ops)}
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(12, 16)
+        self.used = nn.Linear(16, 3)
+        self.unused = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(torch.relu(self.trunk(x)))
+
+
+@check
+def ddp_find_unused_parameters_matches_gloo() -> None:
+    torch.manual_seed(C.rank)
+    model = Branchy()
+    a = train(copy.deepcopy(model), None, steps=2, find_unused_parameters=True)
+    b = train(copy.deepcopy(model), C.gloo, steps=2, find_unused_parameters=True)
+    for (name, p), q in zip(a.module.named_parameters(), b.module.parameters(), strict=True):
+        assert_close(p, q, msg=lambda m, name=name: f"{name}: {m}")
+
+
+# ----------------------------------------------------------------------------- bounded loss
+
+
+@check
+def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
+    from dlcp.shims.process_group import DLCPOptions, dlcp_group
+
+    lossy = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05))
+    pg = dlcp_group(lossy)
+    assert pg.p == 0.05
+    x = data((200_000,), 50)
+    a = x.clone()
+    dist.all_reduce(a, group=lossy)
+    rep = pg.reports[-1]
+    assert rep.lost_fraction <= 0.05, rep
+    same_on_every_rank(a)
+    if rep.lost_elems == 0:
+        b = x.clone()
+        dist.all_reduce(b, group=C.gloo)
+        assert_close(a, b)
+    small = torch.ones(100)  # below lossy_min_elems: always exact
+    dist.all_reduce(small, group=lossy)
+    assert small.eq(C.world).all()
+    assert pg.reports[-1].lost_elems == 0
+    os.environ["DLCP_DEFAULT_P"] = "0.02"
+    try:
+        from_env = dist.new_group(backend="dlcp")
+    finally:
+        del os.environ["DLCP_DEFAULT_P"]
+    assert dlcp_group(from_env).p == 0.02
+    assert dlcp_group().p == 0.0
+    return {"lost_fraction": rep.lost_fraction, "nack_rounds": rep.nack_rounds}
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    dist.init_process_group("dlcp", timeout=TIMEOUT)
+    C.rank, C.world = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "dlcp"
+    from dlcp.shims.process_group import DLCPProcessGroup
+
+    assert isinstance(dist.distributed_c10d._get_default_group(), DLCPProcessGroup)
+    C.gloo = dist.new_group(backend="gloo", timeout=TIMEOUT)
+    results: dict[str, Any] = {}
+    for name, fn in CHECKS:
+        try:
+            detail = fn()
+            results[name] = {"ok": True, "detail": detail}
+        except Exception as exc:
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": traceback.format_exc()[-3000:]}
+    report: dict[str, Any] = {"rank": C.rank, "checks": results}
+    if C.rank == C.world - 1:
+        # the last rank dies without a word; the others must fail fast, not hang
+        print("results " + json.dumps(report, default=str), flush=True)
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10_000))
+        report["rank_failure"] = {"raised": ""}
+    except Exception as exc:
+        report["rank_failure"] = {"raised": type(exc).__name__, "message": str(exc)}
+    report["rank_failure"]["seconds"] = time.monotonic() - started
+    dist.destroy_process_group()
+    report["threads_after_destroy"] = [
+        t.name for t in threading.enumerate() if t.name.startswith("dlcp")
+    ]
+    print("results " + json.dumps(report, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""``dist.init_process_group("dlcp")``: collectives and unmodified DDP over DLCP.
+
+Three ranks are started the way ``torchrun`` starts them (env:// variables); the
+parent hosts the TCPStore on a port the kernel picked and the ranks join it as
+clients (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), so no port is guessed
+and nothing sleeps for readiness. Every rank runs every check of
+``tests/integration/pg_worker.py`` once (a torch import costs seconds); each test
+here asserts one check's outcome on every rank. References come from the same
+operation over Gloo in a second group, or from computed expectations.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from dlcp.errors import ConfigError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = 3
+DEADLINE = 150.0  # seconds for the whole run, imports included
+
+
+def run_ranks(world: int, logdir: Path) -> list[dict[str, Any]]:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=DEADLINE))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DLCP_")}
+    procs: list[subprocess.Popen[str]] = []
+    logs = [logdir / f"rank{r}.stderr" for r in range(world)]
+    try:
+        for r in range(world):
+            env = {**base, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+                   "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1",
+                   "PYTHONUNBUFFERED": "1"}
+            with logs[r].open("wb") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.integration.pg_worker"], cwd=ROOT, env=env,
+                    stdout=subprocess.PIPE, stderr=err, text=True))
+        deadline = time.monotonic() + DEADLINE
+        outputs = []
+        for r, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {r} did not finish within {DEADLINE} s; stderr:\n"
+                            f"{logs[r].read_text(errors='replace')[-4000:]}")
+            outputs.append((r, p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    results = []
+    for r, code, out in outputs:
+        lines = [ln for ln in out.splitlines() if ln.startswith("results ")]
+        if code != 0 or not lines:
+            pytest.fail(f"rank {r} exited with {code} without results; stderr:\n"
+                        f"{logs[r].read_text(errors='replace')[-4000:]}")
+        results.append(json.loads(lines[-1][len("results "):]))
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks(WORLD, tmp_path_factory.mktemp("pg"))
+
+
+def outcome(ranks: list[dict[str, Any]], name: str) -> list[Any]:
+    """The check's detail per rank; fails with every rank's error if any failed."""
+    failed = [f"rank {r['rank']}: {r['checks'][name]['error']}\n{r['checks'][name]['traceback']}"
+              for r in ranks if not r["checks"][name]["ok"]]
+    assert not failed, "\n".join(failed)
+    return [r["checks"][name]["detail"] for r in ranks]
+
+
+CHECKS = [
+    "all_reduce_sum_float32_vs_gloo",
+    "all_reduce_multidim_and_noncontiguous",
+    "all_reduce_avg_and_half_types",
+    "all_reduce_exact_types_and_ops",
+    "all_reduce_async_future",
+    "broadcast_vs_gloo",
+    "all_gather_vs_gloo",
+    "reduce_scatter_gather_scatter_reduce",
+    "barrier_waits_for_every_rank",
+    "object_collectives",
+]
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_collective_matches_reference(ranks: list[dict[str, Any]], name: str) -> None:
+    outcome(ranks, name)
+
+
+def test_all_reduce_reports_no_loss_at_p0(ranks: list[dict[str, Any]]) -> None:
+    for detail in outcome(ranks, "all_reduce_sum_float32_vs_gloo"):
+        assert detail["last_report"]["op"] == "ring_allreduce"
+        assert detail["last_report"]["lost_elems"] == 0
+
+
+def test_unmodified_ddp_matches_gloo(ranks: list[dict[str, Any]]) -> None:
+    details = outcome(ranks, "ddp_matches_gloo")
+    # DDP checked shapes (allgather), broadcast rank 0's states and the buffers, and
+    # reduced its gradient bucket over the ring, all through the dlcp group
+    assert set(details[0]["ops"]) == {"allgather", "broadcast", "ring_allreduce"}, details[0]
+
+
+def test_ddp_find_unused_parameters_matches_gloo(ranks: list[dict[str, Any]]) -> None:
+    outcome(ranks, "ddp_find_unused_parameters_matches_gloo")
+
+
+def test_unsupported_ops_name_themselves(ranks: list[dict[str, Any]]) -> None:
+    for seen in outcome(ranks, "unsupported_ops_raise_clear_errors"):
+        assert set(seen) == {"all_to_all_single", "send", "recv"}
+
+
+def test_mismatched_shapes_raise_on_receivers(ranks: list[dict[str, Any]]) -> None:
+    details = outcome(ranks, "mismatched_shapes_fail_loudly")
+    # the root's send may complete or be refused; a receiver never accepts it quietly
+    assert details[0]["raised"] in ("", "TransferFailed"), details[0]
+    for got in details[1:]:
+        assert got["raised"] in ("ValueError", "TransferFailed"), got
+        assert "uint8[20]" in got["message"] and "uint8[16]" in got["message"], got
+
+
+def test_bounded_loss_group(ranks: list[dict[str, Any]]) -> None:
+    for detail in outcome(ranks, "bounded_loss_group_keeps_replicas_identical"):
+        assert detail["lost_fraction"] <= 0.05
+
+
+def test_rank_failure_raises_clear_error_without_hang(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks[:-1]:  # the last rank exited abruptly after its checks
+        got = r["rank_failure"]
+        assert got["raised"] == "TransferFailed", got
+        assert f"rank {WORLD - 1} closed its control connection" in got["message"], got
+        assert got["seconds"] < 20.0, got  # well below the group's 30 s timeout
+
+
+def test_destroy_stops_every_dlcp_thread(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks[:-1]:
+        assert r["threads_after_destroy"] == [], r
+
+
+def test_options_are_validated() -> None:
+    from dlcp.shims.process_group import DLCPOptions
+
+    with pytest.raises(ConfigError, match=r"p=0\.5"):
+        DLCPOptions(p=0.5)
+    with pytest.raises(ConfigError, match="fill"):
+        DLCPOptions(fill="bogus")
+    assert DLCPOptions().p is None
+
+
+def test_backend_is_registered_by_import() -> None:
+    import dlcp  # noqa: F401
+
+    assert "dlcp" in dist.Backend.backend_list
+
+
+def test_import_dlcp_registers_without_importing_torch() -> None:
+    """``import dlcp`` leaves torch alone, yet the backend is there once torch loads,
+    even after a ``find_spec("torch")`` probe."""
+    script = (
+        "import importlib.util, sys\n"
+        "import dlcp\n"
+        "assert 'torch' not in sys.modules, 'import dlcp imported torch'\n"
+        "assert importlib.util.find_spec('torch') is not None\n"
+        "import torch.distributed as dist\n"
+        "assert 'dlcp' in dist.Backend.backend_list\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
