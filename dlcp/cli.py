@@ -20,8 +20,34 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true")
 
+    launch = sub.add_parser(
+        "launch", help="run N local ranks with torchrun's env:// variables (dlcp.launch)"
+    )
+    launch.add_argument("-n", "--nproc-per-node", dest="nproc", type=int, required=True)
+    launch.add_argument("-m", "--module", action="store_true", help="run target as a module")
+    launch.add_argument(
+        "--no-python", action="store_true", help="run target as an executable, not with python"
+    )
+    launch.add_argument("--master-port", type=int, default=None, help="default: a free port")
+    launch.add_argument("--no-prefix", action="store_true", help="do not prefix [rankN]:")
+    launch.add_argument("--grace", type=float, default=10.0, help="SIGTERM->SIGKILL seconds")
+    launch.add_argument("target", help="script (or module with -m)")
+    launch.add_argument("args", nargs=argparse.REMAINDER, help="passed to every rank")
+
+    train = sub.add_parser(
+        "train-demo", help="the main job: digits CNN on 4 ranks over DLCP and Gloo, plot"
+    )
+    train.add_argument("-n", "--nproc", type=int, default=4)
+    train.add_argument("--epochs", type=int, default=8)
+    train.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
+    train.add_argument(
+        "--loss", type=float, default=0.01, help="EMULATED loss on DLCP (default 0.01)"
+    )
+    train.add_argument("--collective", choices=["ring", "ps"], default="ring")
+    train.add_argument("--results", default="results", help="directory for JSON and PNG")
+
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
-    bench.add_argument("which", choices=["core"])
+    bench.add_argument("which", choices=["core", "transport", "ddp"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
     return ap
 
@@ -33,6 +59,30 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(
             p=args.p, loss=args.loss, steps=args.steps, seed=args.seed, as_json=args.json
+        )
+    if args.command == "launch":
+        from .launch import run_cli
+
+        return run_cli(
+            args.nproc,
+            args.module,
+            args.target,
+            args.args,
+            no_python=args.no_python,
+            master_port=args.master_port,
+            prefix=not args.no_prefix,
+            grace=args.grace,
+        )
+    if args.command == "train-demo":
+        from .train_demo import main as train_main
+
+        return train_main(
+            nproc=args.nproc,
+            epochs=args.epochs,
+            p=args.p,
+            loss=args.loss,
+            collective=args.collective,
+            results=args.results,
         )
     if args.command == "bench":
         # bench/ is installed as dlcp.bench (package-dir), so it is imported by name

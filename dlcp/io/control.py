@@ -39,6 +39,10 @@ class Inbound:
     sock: socket.socket
     rank: int | None = None  # known after the hello
     buf: bytearray = field(default_factory=bytearray)
+    #: set once a frame on it passed the session's checks (with authentication:
+    #: its tag); only the end of a trusted connection says the peer is gone, so a
+    #: stranger who says hello as rank r and hangs up cannot cut rank r off
+    trusted: bool = False
 
 
 class ControlChannel:
@@ -100,6 +104,9 @@ class ControlChannel:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return None
+        except OSError as exc:  # e.g. out of file descriptors: refuse, keep running
+            log.warning("dlcp: cannot accept a control connection: %s", exc)
+            return None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.inbound[sock] = Inbound(sock)
@@ -142,8 +149,13 @@ class ControlChannel:
     def _close_inbound(self, conn: Inbound, why: str) -> PeerGone | None:
         self.inbound.pop(conn.sock, None)
         conn.sock.close()
-        if conn.rank is None:
-            log.warning("dlcp: dropped an unidentified control connection: %s", why)
+        if conn.rank is None or not conn.trusted:
+            log.warning(
+                "dlcp: dropped a control connection (hello as rank %s) that never "
+                "carried a valid message: %s",
+                conn.rank,
+                why,
+            )
             return None
         self._drop_outbound(conn.rank)
         return PeerGone(conn.rank, f"rank {conn.rank} {why}")

@@ -19,8 +19,10 @@ thread until its future is done.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
+import math
 import queue
 import selectors
 import socket
@@ -110,6 +112,7 @@ class _DriverStats:
     data_batches_out: int = 0
     control_out: int = 0
     control_in: int = 0
+    control_rejected: int = 0
     receive_calls: int = 0
     emulated_loss_dropped: int = 0
     peers_gone: dict[int, str] = field(default_factory=dict)
@@ -146,7 +149,11 @@ class Endpoint:
             known = set(self._addresses) | {rank}
         self._store = store
         cfg = self.config
-        self._session = Session(rank=rank, job=job, config=cfg.protocol, key=key, peers=known)
+        protocol = cfg.protocol
+        # a sender gives up on a silent receiver after the endpoint's timeout, not before
+        retries = max(protocol.finish_retries, math.ceil(cfg.timeout / protocol.finish_timeout))
+        protocol = dataclasses.replace(protocol, finish_retries=retries)
+        self._session = Session(rank=rank, job=job, config=protocol, key=key, peers=known)
         self._data = DataSockets(
             cfg.host,
             cfg.data_port,
@@ -306,6 +313,7 @@ class Endpoint:
                     "stale_control": s.stale_control,
                     "data_batches_out": self._stats.data_batches_out,
                     "control_in": self._stats.control_in,
+                    "control_rejected": self._stats.control_rejected,
                     "control_out": self._stats.control_out,
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._stats.emulated_loss_dropped,
@@ -418,17 +426,29 @@ class Endpoint:
             except (BlockingIOError, InterruptedError):
                 pass
         elif what == "accept":
-            conn = self._control.accept()
-            if conn is not None:
+            while (conn := self._control.accept()) is not None:  # every pending one
                 sel.register(conn, selectors.EVENT_READ, "control")
         else:
+            inbound = self._control.inbound.get(sock)
             frames, gone, closed = self._control.read(sock)
             if closed:
                 sel.unregister(sock)
             now = time.monotonic()
-            for _peer, datagram in frames:
+            for peer, datagram in frames:
                 self._stats.control_in += 1
+                if len(datagram) >= 16 and int.from_bytes(datagram[10:12], "big") != peer:
+                    self._stats.control_rejected += 1  # claims another rank than its hello
+                    continue
+                rejected = self._session.stats.rejected_total()
                 self._session.receive_datagram(datagram, now=now)
+                if inbound is not None and self._session.stats.rejected_total() == rejected:
+                    inbound.trusted = True
+                else:
+                    self._stats.control_rejected += 1
+            if closed and gone is None and inbound is not None and inbound.trusted:
+                gone = PeerGone(
+                    inbound.rank or 0, f"rank {inbound.rank} closed its control connection"
+                )
             if gone is not None:
                 self._peer_gone(gone)
 

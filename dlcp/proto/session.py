@@ -174,6 +174,9 @@ class SessionStats:
     #: control messages about messages this session does not know (stale repeats)
     stale_control: int = 0
 
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
     def reject(self, reason: str, count: int = 1) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + count
 

@@ -1,0 +1,367 @@
+"""``dlcp launch``: start N local ranks the way ``torchrun`` does, and watch them.
+
+    dlcp launch -n 4 examples/train_digits.py --epochs 3
+    dlcp launch -n 4 -m dlcp.examples.train_digits --transport gloo
+
+Every rank is a child process of this one, started with torchrun's ``env://``
+variables: ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` (a free port unless
+given), ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` (plus
+``GROUP_RANK``/``ROLE_RANK``/``ROLE_WORLD_SIZE`` for code that reads them, and
+``OMP_NUM_THREADS=1`` unless set, as torchrun does). Their stdout and stderr are
+streamed line by line, prefixed with ``[rank<N>]:``.
+
+Nothing here polls or sleeps: one thread per child waits on its ``Popen``
+handle and wakes the main loop through a socket pair, and the main loop waits
+on that socket and on the children's pipes with a selector. When a rank exits
+non-zero (or is killed), the others are terminated by their ``Popen`` handles
+(SIGTERM, then SIGKILL after ``grace`` seconds), and the launch fails naming
+that rank and its exit code. Ctrl-C (or SIGTERM to the launcher) terminates the
+children the same way. Children also get SIGKILL if the launcher itself dies
+(Linux ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+__all__ = ["LaunchResult", "free_port", "launch", "rank_env"]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """How a launch ended. ``returncode`` is 0 when every rank exited 0; else the
+    exit code of the first rank that failed (128 + signal number if a signal
+    killed it), 124 on ``timeout`` and 130 on interruption."""
+
+    returncode: int
+    #: the rank that failed first (None: all succeeded, or timeout/interrupt)
+    failed_rank: int | None
+    #: each rank's own exit status (negative: killed by that signal), by rank
+    exit_codes: tuple[int | None, ...]
+    message: str
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(
+    rank: int, nproc: int, master_port: int, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of local rank ``rank`` of ``nproc`` (torchrun's names)."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        GROUP_RANK="0",
+        ROLE_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        ROLE_WORLD_SIZE=str(nproc),
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _exit_status(code: int) -> int:
+    """A child's status as a shell would report it (signals as 128 + n)."""
+    return 128 - code if code < 0 else code
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Output:
+    """Splits one child pipe into lines and writes them, prefixed, to ``sink``."""
+
+    def __init__(self, prefix: bytes, sink: IO[str]) -> None:
+        self.prefix = prefix
+        self.sink = sink
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        if lines:
+            self._write(lines)
+
+    def close(self) -> None:
+        if self.buf:
+            self._write([self.buf])
+            self.buf = b""
+
+    def _write(self, lines: list[bytes]) -> None:
+        text = "".join((self.prefix + line).decode(errors="replace") + "\n" for line in lines)
+        self.sink.write(text)
+        self.sink.flush()
+
+
+def launch(
+    cmd: Sequence[str],
+    nproc: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    master_port: int | None = None,
+    prefix: bool = True,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    grace: float = 10.0,
+    timeout: float | None = None,
+    rank_cmd: Mapping[int, Sequence[str]] | None = None,
+) -> LaunchResult:
+    """Run ``cmd`` as ``nproc`` local ranks and wait for all of them.
+
+    ``env`` replaces ``os.environ`` as the base environment of every rank;
+    ``rank_cmd`` gives some ranks a different command. Output goes to
+    ``stdout``/``stderr`` (default: this process's). ``timeout`` bounds the
+    whole run (the ranks are terminated when it passes).
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc={nproc}: need at least one rank")
+    if not cmd:
+        raise ValueError("no command to launch")
+    out_sink = stdout if stdout is not None else sys.stdout
+    err_sink = stderr if stderr is not None else sys.stderr
+    port = master_port if master_port is not None else free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(nproc):
+            argv = list((rank_cmd or {}).get(rank, cmd))
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    env=rank_env(rank, nproc, port, env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
+            )
+    except BaseException:
+        _stop(procs, grace)
+        raise
+    return _Watch(procs, prefix, out_sink, err_sink, grace, timeout).run()
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    """Terminate every child still running; kill those that outlive ``grace``."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+
+class _Watch:
+    def __init__(
+        self,
+        procs: list[subprocess.Popen[bytes]],
+        prefix: bool,
+        out_sink: IO[str],
+        err_sink: IO[str],
+        grace: float,
+        timeout: float | None,
+    ) -> None:
+        self.procs = procs
+        self.grace = grace
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.exited: list[int] = []  # ranks, in the order they exited
+        self.lock = threading.Lock()
+        for rank, proc in enumerate(procs):
+            tag = f"[rank{rank}]: ".encode() if prefix else b""
+            for pipe, sink in ((proc.stdout, out_sink), (proc.stderr, err_sink)):
+                assert pipe is not None
+                os.set_blocking(pipe.fileno(), False)
+                self.sel.register(pipe, selectors.EVENT_READ, _Output(tag, sink))
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        for rank, proc in enumerate(procs):
+            threading.Thread(
+                target=self._reap, args=(rank, proc), name=f"dlcp-launch-wait-{rank}", daemon=True
+            ).start()
+
+    def _reap(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        with self.lock:
+            self.exited.append(rank)
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"x")
+
+    def run(self) -> LaunchResult:
+        previous = _install_term_handler()
+        try:
+            return self._loop()
+        except (KeyboardInterrupt, _Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
+            _stop(self.procs, self.grace)
+            self._drain()
+            return self._result(
+                128 + signum, None, f"interrupted ({signal.Signals(signum).name}): ranks terminated"
+            )
+        finally:
+            _stop(self.procs, self.grace)
+            signal.signal(signal.SIGTERM, previous)
+            self.sel.close()
+            self.wake_r.close()
+            self.wake_w.close()
+            for proc in self.procs:
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+
+    def _loop(self) -> LaunchResult:
+        seen = 0
+        while True:
+            with self.lock:
+                newly = self.exited[seen:]
+            seen += len(newly)
+            for rank in newly:
+                code = self.procs[rank].returncode
+                if code != 0:
+                    # let the failing rank's last words (its traceback) through first
+                    self._drain(only=rank)
+                    others = [r for r in range(len(self.procs)) if self.procs[r].poll() is None]
+                    _stop(self.procs, self.grace)
+                    self._drain()
+                    msg = f"rank {rank} {_describe(code)}"
+                    if others:
+                        msg += f"; terminated rank{'s' if len(others) > 1 else ''} " + ", ".join(
+                            map(str, others)
+                        )
+                    return self._result(_exit_status(code), rank, msg)
+            if seen == len(self.procs):
+                self._drain()
+                return self._result(0, None, f"all {len(self.procs)} ranks exited with code 0")
+            wait = None
+            if self.deadline is not None:
+                wait = self.deadline - time.monotonic()
+                if wait <= 0:
+                    running = [r for r, p in enumerate(self.procs) if p.poll() is None]
+                    _stop(self.procs, self.grace)
+                    self._drain()
+                    return self._result(
+                        124, None, f"timed out; terminated ranks {', '.join(map(str, running))}"
+                    )
+            self._pump(wait)
+
+    def _pump(self, wait: float | None) -> None:
+        for key, _ in self.sel.select(wait):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    self.wake_r.recv(4096)
+                continue
+            self._read(key)
+
+    def _read(self, key: selectors.SelectorKey) -> str:
+        """Read what one pipe holds now: "data", "empty" (would block) or "eof"."""
+        out: _Output = key.data
+        try:
+            chunk = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return "empty"
+        if chunk:
+            out.feed(chunk)
+            return "data"
+        out.close()
+        self.sel.unregister(key.fileobj)
+        return "eof"
+
+    def _drain(self, only: int | None = None) -> None:
+        """Copy what exited children left in their pipes, without waiting: a pipe
+        that a grandchild still holds open is read for what is buffered only."""
+        for rank, proc in enumerate(self.procs):
+            if only is not None and rank != only:
+                continue
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is None:
+                    continue
+                try:
+                    key = self.sel.get_key(pipe)
+                except (KeyError, ValueError):
+                    continue
+                while (state := self._read(key)) == "data":
+                    pass
+                if state == "empty":
+                    key.data.close()  # flush a partial last line
+
+    def _result(self, code: int, rank: int | None, message: str) -> LaunchResult:
+        return LaunchResult(code, rank, tuple(p.returncode for p in self.procs), message)
+
+
+def _install_term_handler() -> Any:
+    def on_term(signum: int, frame: object) -> None:
+        raise _Interrupted(signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        return signal.getsignal(signal.SIGTERM)
+
+
+def run_cli(
+    nproc: int,
+    module: bool,
+    target: str,
+    args: Sequence[str],
+    *,
+    no_python: bool = False,
+    master_port: int | None = None,
+    prefix: bool = True,
+    grace: float = 10.0,
+) -> int:
+    """What ``dlcp launch`` does: launch, then say how it ended on stderr."""
+    if no_python and module:
+        print("dlcp launch: --no-python and -m exclude each other", file=sys.stderr)
+        return 2
+    if no_python:
+        cmd = [target, *args]
+    else:
+        cmd = [sys.executable, "-u", *(["-m", target] if module else [target]), *args]
+    result = launch(cmd, nproc, master_port=master_port, prefix=prefix, grace=grace)
+    if result.returncode != 0:
+        print(f"dlcp launch: {result.message}", file=sys.stderr, flush=True)
+    return result.returncode
