@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup sysdeps demo test lint bench clean
+.PHONY: setup sysdeps demo demo-transport test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,17 @@ sysdeps:
 	  fi; \
 	fi
 
+# the main job: 4 local ranks train the digits CNN over DLCP (1% emulated loss,
+# p = 0.05), then over Gloo; per-epoch figures, JSON and a PNG plot in results/
 demo: setup
+	$(BIN)/dlcp train-demo --results results
+
+# the transport alone: two sessions over an emulated lossy multipath link
+demo-transport: setup
 	$(BIN)/dlcp demo
 
 lint: setup
-	$(BIN)/ruff check dlcp shims testbed tests bench
+	$(BIN)/ruff check dlcp shims testbed tests bench examples
 	$(BIN)/mypy dlcp
 
 test: lint

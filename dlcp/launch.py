@@ -232,7 +232,7 @@ class _Watch:
             self.wake_w.send(b"x")
 
     def run(self) -> LaunchResult:
-        previous = _install_term_handler()
+        installed, previous = _install_term_handler()
         try:
             return self._loop()
         except (KeyboardInterrupt, _Interrupted) as exc:
@@ -244,7 +244,8 @@ class _Watch:
             )
         finally:
             _stop(self.procs, self.grace)
-            signal.signal(signal.SIGTERM, previous)
+            if installed:
+                signal.signal(signal.SIGTERM, previous)
             self.sel.close()
             self.wake_r.close()
             self.wake_w.close()
@@ -332,14 +333,20 @@ class _Watch:
         return LaunchResult(code, rank, tuple(p.returncode for p in self.procs), message)
 
 
-def _install_term_handler() -> Any:
+def _install_term_handler() -> tuple[bool, Any]:
+    """SIGTERM raises in the main thread, so the children are stopped as on Ctrl-C.
+    Returns (installed, previous handler); elsewhere SIGTERM is left alone."""
+
     def on_term(signum: int, frame: object) -> None:
         raise _Interrupted(signum)
 
-    try:
-        return signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread: leave SIGTERM alone
-        return signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        return False, None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None:  # installed from C: cannot be restored from Python
+        return False, None
+    signal.signal(signal.SIGTERM, on_term)
+    return True, previous
 
 
 def run_cli(

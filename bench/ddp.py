@@ -1,0 +1,340 @@
+"""DDP benchmark: 4 local ranks train an MLP of ~10M parameters over DLCP and over Gloo.
+
+    python -m bench.ddp --json        # or: dlcp bench ddp --json
+
+Each configuration is one job of ``--nproc`` ranks started by
+:func:`dlcp.launch.launch` (this module with ``--worker``): DDP over a Gloo
+process group, gradients averaged either by Gloo's all-reduce (``gloo``) or by
+the DLCP comm hook (``dlcp``: ring all-reduce, reduce-scatter with loss bound
+``--p``, reliable all-gather). Synthetic data (a fixed random batch per rank),
+SGD. Every rank times every iteration (zero_grad, forward, backward, which waits
+for the gradient all-reduce, optimizer step); an iteration's time is the
+slowest rank's, and a configuration's figure is the median over the iterations
+after ``--warmup``.
+
+Phases:
+
+1. lossless, on the host's loopback (``path = "loopback"``, 64 KB MTU): both
+   transports; ``ratio = dlcp_iter_s / gloo_iter_s``.
+2. under ``--loss`` % (default 1) loss:
+
+   * root (``loss_method = "nftables"``): the ranks run inside a network
+     namespace of their own whose loopback has MTU 1500 and its offloads off
+     (``loss_path = "netns-lo-mtu1500-offloads-off"``), so that every packet of
+     either transport (Gloo's TCP segments, DLCP's datagrams and its control
+     connection, the TCPStore) is at most 1500 bytes; first lossless in that
+     namespace (``*_netns_lossless``: what the smaller packets cost each
+     transport), then with an nftables rule dropping ``--loss`` % of the
+     packets delivered on that loopback: both transports suffer the same drops.
+   * otherwise (``loss_method = "emulated"``): DLCP only, the endpoints' in-process
+     EMULATOR dropping ``--loss`` % of received data datagrams; Gloo figures null.
+
+The last stdout line (``--json``) is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# ---------------------------------------------------------------------- worker (one rank)
+
+
+def build_model(width: int, depth: int, inputs: int, classes: int) -> Any:
+    from torch import nn
+
+    layers: list[nn.Module] = [nn.Linear(inputs, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def worker(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    timeout = timedelta(seconds=float(os.environ.get("DLCP_TIMEOUT", "30")) + 60)
+    dist.init_process_group("gloo", timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.transport == "dlcp":
+        os.environ.setdefault("DLCP_EMULATED_LOSS_SEED", str(rank))
+    torch.manual_seed(0)
+    model = build_model(args.width, args.depth, args.inputs, 10)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = None
+    if args.transport == "dlcp":
+        from dlcp.shims.ddp import DLCPState, dlcp_hook
+
+        state = DLCPState(model=ddp.module, collective=args.collective, p=args.p)
+        ddp.register_comm_hook(state, dlcp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch, args.inputs, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    times = []
+    for _ in range(args.warmup + args.iters):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    mine: dict[str, Any] = {"times": times[args.warmup :]}
+    if state is not None:
+        steps = state.metrics.history[args.warmup :]
+        mine.update(
+            lost_elems=sum(s.lost_elems for s in steps),
+            elems=sum(s.elems for s in steps),
+            retransmitted=sum(s.retransmitted_packets for s in steps),
+            comm_s=[s.comm_seconds for s in steps],
+            stats=state.endpoint.stats() if state.endpoint is not None else {},
+        )
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine)
+    if state is not None:
+        logging.getLogger("dlcp.io").setLevel(logging.ERROR)  # peers closing at the end
+    dist.barrier()
+    if state is not None:
+        state.close()
+        assert state.endpoint is not None
+        state.endpoint.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        n_params = sum(p.numel() for p in model.parameters())
+        Path(args.out).write_text(json.dumps({"params": n_params, "ranks": every}))
+    return 0
+
+
+# ---------------------------------------------------------------------- parent
+
+
+class BenchError(RuntimeError):
+    """A job failed or timed out; the message holds the tail of its output."""
+
+
+def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | None = None,
+            env_extra: dict[str, str] | None = None, p: float | None = None) -> dict[str, Any]:
+    """One job of ``args.nproc`` ranks; the figures of its measured iterations."""
+    from dlcp.launch import launch
+
+    with tempfile.TemporaryDirectory(prefix="dlcp-bench-ddp-") as tmp:
+        out_path = Path(tmp) / "result.json"
+        cmd = [
+            *(prefix or []), sys.executable, "-u", "-m", "dlcp.bench.ddp", "--worker",
+            "--transport", transport, "--out", str(out_path),
+            "--iters", str(args.iters), "--warmup", str(args.warmup),
+            "--width", str(args.width), "--depth", str(args.depth),
+            "--inputs", str(args.inputs), "--batch", str(args.batch),
+            "--collective", args.collective, "--p", repr(args.p if p is None else p),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "DLCP_EMULATED_LOSS"}
+        env.update(env_extra or {})
+        log = io.StringIO()
+        started = time.monotonic()
+        result = launch(cmd, args.nproc, env=env, stdout=log, stderr=log, timeout=args.timeout)
+        if result.returncode != 0:
+            raise BenchError(f"{transport} job: {result.message}\n{log.getvalue()[-5000:]}")
+        raw = json.loads(out_path.read_text())
+    ranks = raw["ranks"]
+    per_iter = [max(col) for col in zip(*(r["times"] for r in ranks), strict=True)]
+    fig: dict[str, Any] = {
+        "params": raw["params"],
+        "iter_s": statistics.median(per_iter),
+        "iter_s_p90": sorted(per_iter)[int(0.9 * (len(per_iter) - 1))],
+        "job_s": time.monotonic() - started,
+    }
+    if transport == "dlcp":
+        elems = sum(r["elems"] for r in ranks)
+        fig["lost_fraction"] = sum(r["lost_elems"] for r in ranks) / elems if elems else 0.0
+        fig["retransmitted_per_iter"] = sum(r["retransmitted"] for r in ranks) / args.iters
+        fig["comm_s"] = statistics.median(
+            max(col) for col in zip(*(r["comm_s"] for r in ranks), strict=True)
+        )
+        fig["emulated_loss_dropped"] = sum(
+            r["stats"].get("emulated_loss_dropped", 0) for r in ranks
+        )
+    return fig
+
+
+def _progress(args: argparse.Namespace, what: str, fig: dict[str, Any]) -> None:
+    extra = ""
+    if "lost_fraction" in fig:
+        extra = (f", lost {100 * fig['lost_fraction']:.2f}% of elements, "
+                 f"{fig['retransmitted_per_iter']:.1f} packets retransmitted/iter")
+    print(f"  {what}: {1e3 * fig['iter_s']:.1f} ms/iter (median of {args.iters}){extra}",
+          file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _lossy_place(args: argparse.Namespace) -> Iterator[Any]:
+    from dlcp.testbed.netns import missing_tools, netns_loopback
+
+    if args.emulated or missing_tools(loss=True, offloads=True):
+        yield None
+        return
+    with netns_loopback(mtu=1500) as box:
+        box.set_offloads(on=False)
+        yield box
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
+    for transport in ("gloo", "dlcp"):
+        res[transport] = run_job(args, transport, p=args.p)
+        _progress(args, transport, res[transport])
+    with _lossy_place(args) as box:
+        if box is not None:
+            prefix = box.exec_argv([])
+            print(f"namespace {box.ns}: loopback MTU 1500, offloads off", file=sys.stderr)
+            for transport in ("gloo", "dlcp"):
+                res[f"{transport}_netns"] = run_job(args, transport, prefix=prefix)
+                _progress(args, f"{transport}, lossless", res[f"{transport}_netns"])
+            box.set_loss(args.loss)
+            print(f"  nftables drops {args.loss:g}% of packets on loopback", file=sys.stderr)
+            for transport in ("gloo", "dlcp"):
+                before = box.dropped()
+                res[f"{transport}_loss"] = run_job(args, transport, prefix=prefix)
+                res[f"{transport}_loss"]["nft_dropped"] = box.dropped() - before
+                _progress(args, f"{transport}, {args.loss:g}% loss", res[f"{transport}_loss"])
+        else:
+            print(f"EMULATED loss {args.loss:g}% (DLCP only):", file=sys.stderr)
+            res["dlcp_loss"] = run_job(
+                args, "dlcp", env_extra={"DLCP_EMULATED_LOSS": repr(args.loss / 100)}
+            )
+            _progress(args, "dlcp", res["dlcp_loss"])
+    return summary(args, res, kernel=box is not None)
+
+
+def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> dict[str, Any]:
+    d, g = res["dlcp"], res["gloo"]
+    dl, gl = res.get("dlcp_loss", {}), res.get("gloo_loss")
+    dn, gn = res.get("dlcp_netns"), res.get("gloo_netns")
+    return {
+        "bench": "ddp",
+        "world_size": args.nproc,
+        "params": d["params"],
+        "model": f"MLP {args.inputs}-{'-'.join([str(args.width)] * args.depth)}-10",
+        "batch_per_rank": args.batch,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "collective": args.collective,
+        "p": args.p,
+        "path": "loopback",
+        "dlcp_iter_s": _r(d["iter_s"]),
+        "gloo_iter_s": _r(g["iter_s"]),
+        "ratio": _ratio(d["iter_s"], g["iter_s"]),
+        "dlcp_comm_s": _r(d["comm_s"]),
+        "dlcp_lost_fraction": _r(d["lost_fraction"], 6),
+        "loss_percent": args.loss,
+        "loss_method": "nftables" if kernel else "emulated",
+        "loss_path": "netns-lo-mtu1500-offloads-off" if kernel else "loopback",
+        "dlcp_iter_s_netns_lossless": _r(dn["iter_s"]) if dn else None,
+        "gloo_iter_s_netns_lossless": _r(gn["iter_s"]) if gn else None,
+        "ratio_netns_lossless": _ratio(dn["iter_s"], gn["iter_s"]) if dn and gn else None,
+        "dlcp_iter_s_loss": _r(dl.get("iter_s")),
+        "gloo_iter_s_loss": _r(gl["iter_s"]) if gl else None,
+        "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
+        "dlcp_lost_fraction_loss": _r(dl.get("lost_fraction"), 6),
+        "dlcp_retransmitted_per_iter_loss": _r(dl.get("retransmitted_per_iter"), 1),
+        "dlcp_comm_s_loss": _r(dl.get("comm_s")),
+        "nft_dropped": (
+            {"dlcp": dl.get("nft_dropped"), "gloo": gl.get("nft_dropped")} if gl else None
+        ),
+        "emulated_loss_dropped": dl.get("emulated_loss_dropped") if not kernel else None,
+        "targets": {"ratio": 1.1, "ratio_loss": 0.6},
+    }
+
+
+def table(r: dict[str, Any]) -> str:
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{1e3 * x:.1f} ms"
+
+    lines = [
+        f"DDP, {r['world_size']} ranks, {r['params'] / 1e6:.1f}M parameters ({r['model']}), "
+        f"DLCP {r['collective']} p={r['p']:g}, median per iteration:",
+        f"  lossless, loopback: DLCP {ms(r['dlcp_iter_s'])}  Gloo {ms(r['gloo_iter_s'])}"
+        f"  ratio {r['ratio']}",
+    ]
+    if r["ratio_netns_lossless"] is not None:
+        lines.append(
+            f"  lossless, {r['loss_path']}: DLCP {ms(r['dlcp_iter_s_netns_lossless'])}  "
+            f"Gloo {ms(r['gloo_iter_s_netns_lossless'])}  ratio {r['ratio_netns_lossless']}"
+        )
+    lines.append(
+        f"  {r['loss_percent']:g}% loss ({r['loss_method']}, {r['loss_path']}): "
+        f"DLCP {ms(r['dlcp_iter_s_loss'])}  Gloo {ms(r['gloo_iter_s_loss'])}  "
+        f"ratio {r['ratio_loss']}  (DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% "
+        "of gradient elements)"
+    )
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dlcp bench ddp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--width", type=int, default=1664)
+    ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
+    ap.add_argument("--inputs", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=32, help="per rank")
+    ap.add_argument("--collective", choices=["ring", "ps"], default="ring")
+    ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
+    ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
+    ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--transport", choices=["dlcp", "gloo"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if not 0 < args.loss < 100:
+        print(f"dlcp bench ddp: --loss={args.loss} is not a percentage in (0, 100)",
+              file=sys.stderr)
+        return 2
+    try:
+        result = run(args)
+    except BenchError as exc:
+        print(f"dlcp bench ddp: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dlcp bench ddp: interrupted (ranks stopped, namespace removed)", file=sys.stderr)
+        return 130
+    print(table(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

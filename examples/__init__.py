@@ -1,0 +1,1 @@
+"""Examples, installed as dlcp.examples (run them with torchrun or `dlcp launch`)."""
