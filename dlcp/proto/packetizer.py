@@ -104,6 +104,13 @@ _BLOCK = 16  # values per sampled block
 def _magnitudes(
     data: npt.NDArray[np.generic], dtype: DType, chunk_elems: int, sample: int
 ) -> npt.NDArray[np.float32]:
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf chunks are protected
+        return _magnitudes_of(data, dtype, chunk_elems, sample)
+
+
+def _magnitudes_of(
+    data: npt.NDArray[np.generic], dtype: DType, chunk_elems: int, sample: int
+) -> npt.NDArray[np.float32]:
     n_elems = len(data)
     n_full = n_elems // chunk_elems
     out = np.empty(-(-n_elems // chunk_elems), dtype=np.float32)
@@ -153,7 +160,8 @@ def plan_message(
         raise ValueError(f"message needs {n_chunks} chunks, more than a seq number holds")
     layers, n_layers = chunk_layers(segments, n_chunks, chunk_elems, len(data))
     magnitude = _magnitudes(data, dtype, chunk_elems, magnitude_sample)
-    classes = classifier.classify(layers, magnitude, n_layers=n_layers)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        classes = classifier.classify(layers, magnitude, n_layers=n_layers)
     return ChunkTable(
         dtype=dtype,
         msg_elems=len(data),

@@ -358,7 +358,9 @@ class Reassembler:
                 rounded = bits + 0x7FFF + ((bits >> 16) & 1)
                 self.out[...] = (rounded >> 16).astype(np.uint16)
             else:
-                np.multiply(self.out, scale, out=self.out, casting="same_kind")
+                # scale in float32 and round once, so float16 gets no biased factor
+                scaled = self.out.astype(np.float32) * np.float32(scale)
+                self.out[...] = scaled.astype(self.out.dtype)
 
 
 def _runs(mask: BoolArray) -> tuple[Int64Array, Int64Array]:

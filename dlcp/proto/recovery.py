@@ -138,7 +138,11 @@ class SenderRecovery:
         if self.round >= self.config.max_rounds:
             self._fail(
                 f"gave up after {self.round} retransmission rounds; receiver still "
-                f"needs {nack.needed_elems} elements"
+                + (
+                    "has nothing of the message"
+                    if nack.needed_elems == 0xFFFFFFFF
+                    else f"needs {nack.needed_elems} elements"
+                )
             )
             return None
         seqs = select_retransmissions(self.table, nack)

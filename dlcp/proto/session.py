@@ -45,7 +45,7 @@ from .packetizer import (
 )
 from .paths import PathScheduler, path_loss_from_nack
 from .reassembler import GeometryError, LossReport, Reassembler
-from .recovery import ReceiverRecovery, SenderRecovery, SendPhase
+from .recovery import MAX_NACK_PARTS, ReceiverRecovery, SenderRecovery, SendPhase
 from .wire import (
     DATA_HEADER_LEN,
     Abort,
@@ -648,8 +648,8 @@ class Session:
             if out.nack_parts and out.nack_parts[0].round != nack.round:
                 out.nack_parts.clear()
             out.nack_parts.append(nack)
-            if nack.more:
-                return
+            if nack.more and len(out.nack_parts) < MAX_NACK_PARTS:
+                return  # (a peer that never ends its parts is answered after MAX_NACK_PARTS)
             ranges = tuple(r for part in out.nack_parts for r in part.ranges)
             out.nack_parts.clear()
             nack = dataclasses.replace(nack, ranges=ranges, more=False)
