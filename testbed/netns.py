@@ -55,6 +55,44 @@ def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
     return proc
 
 
+def nft_random_drop(ns: str, table: str, hook: str, percent: float) -> None:
+    """In namespace ``ns``, replace nftables table ``table`` by one rule on ``hook``
+    that drops ``percent`` % of IPv4 packets (``numgen random``, steps of 0.01 %);
+    ``percent <= 0`` only removes the table."""
+    _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table], check=False)
+    if percent <= 0:
+        return
+    rules = (
+        f"table inet {table} {{\n"
+        f"  chain {hook} {{\n"
+        f"    type filter hook {hook} priority -100; policy accept;\n"
+        f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} counter drop\n"
+        f"  }}\n"
+        f"}}\n"
+    )
+    proc = subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+        input=rules,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
+
+
+def nft_dropped(ns: str, table: str) -> int:
+    """Packets the rule of :func:`nft_random_drop` in ``ns`` dropped so far."""
+    out = _run(
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", table], check=False
+    ).stdout
+    for line in out.splitlines():
+        if "counter packets" in line:
+            words = line.split()
+            return int(words[words.index("packets") + 1])
+    return 0
+
+
 @dataclass
 class NetnsPair:
     """Two namespaces ``a`` and ``b`` joined by one veth pair.
@@ -107,36 +145,11 @@ class NetnsPair:
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
         ``numgen random``, in steps of 0.01 %); 0 removes the rule."""
-        self.run(ns, ["nft", "delete", "table", "inet", self.prefix], check=False)
-        if percent <= 0:
-            return
-        per_10k = round(percent * 100)
-        rules = (
-            f"table inet {self.prefix} {{\n"
-            f"  chain input {{\n"
-            f"    type filter hook input priority -100; policy accept;\n"
-            f"    meta nfproto ipv4 numgen random mod 10000 < {per_10k} counter drop\n"
-            f"  }}\n"
-            f"}}\n"
-        )
-        proc = subprocess.run(
-            self.exec_argv(ns, ["nft", "-f", "-"]),
-            input=rules,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
+        nft_random_drop(ns, self.prefix, "input", percent)
 
     def dropped(self, ns: str) -> int:
         """Packets the loss rule in ``ns`` dropped so far."""
-        out = self.run(ns, ["nft", "list", "table", "inet", self.prefix], check=False).stdout
-        for line in out.splitlines():
-            if "counter packets" in line:
-                words = line.split()
-                return int(words[words.index("packets") + 1])
-        return 0
+        return nft_dropped(ns, self.prefix)
 
 
 def _cleanup(names: Sequence[str]) -> None:
@@ -242,30 +255,7 @@ class NetnsLine(NetnsPair):
     def set_loss(self, ns: str, percent: float) -> None:
         """In the router (``ns == ns_r``): drop ``percent`` % of forwarded packets in
         both directions; elsewhere as :meth:`NetnsPair.set_loss`."""
-        if ns != self.ns_r:
-            super().set_loss(ns, percent)
-            return
-        self.run(ns, ["nft", "delete", "table", "inet", self.prefix], check=False)
-        if percent <= 0:
-            return
-        rules = (
-            f"table inet {self.prefix} {{\n"
-            f"  chain forward {{\n"
-            f"    type filter hook forward priority -100; policy accept;\n"
-            f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} "
-            f"counter drop\n"
-            f"  }}\n"
-            f"}}\n"
-        )
-        proc = subprocess.run(
-            self.exec_argv(ns, ["nft", "-f", "-"]),
-            input=rules,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise NetnsError(f"nft in {ns} failed: {proc.stderr.strip()}")
+        nft_random_drop(ns, self.prefix, "forward" if ns == self.ns_r else "input", percent)
 
 
 @contextmanager
@@ -353,37 +343,31 @@ class NetnsLoopback:
         as one packet) or off (every packet is at most ``mtu`` bytes, so a drop
         hits one MTU-sized packet of any transport)."""
         state = "on" if on else "off"
-        self.run(["ethtool", "-K", "lo", "tso", state, "gso", state, "gro", state,
-                  "tx-udp-segmentation", state], check=False)
+        self.run(
+            [
+                "ethtool",
+                "-K",
+                "lo",
+                "tso",
+                state,
+                "gso",
+                state,
+                "gro",
+                state,
+                "tx-udp-segmentation",
+                state,
+            ],
+            check=False,
+        )
 
     def set_loss(self, percent: float) -> None:
         """Drop ``percent`` % of the IPv4 packets delivered on loopback (nftables
         ``numgen random`` at the input hook, steps of 0.01 %); 0 removes the rule."""
-        self.run(["nft", "delete", "table", "inet", self.prefix], check=False)
-        if percent <= 0:
-            return
-        rules = (
-            f"table inet {self.prefix} {{\n"
-            f"  chain input {{\n"
-            f"    type filter hook input priority -100; policy accept;\n"
-            f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} "
-            f"counter drop\n"
-            f"  }}\n"
-            f"}}\n"
-        )
-        proc = subprocess.run(self.exec_argv(["nft", "-f", "-"]), input=rules,
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise NetnsError(f"nft in {self.ns} failed: {proc.stderr.strip()}")
+        nft_random_drop(self.ns, self.prefix, "input", percent)
 
     def dropped(self) -> int:
         """Packets the loss rule dropped so far."""
-        out = self.run(["nft", "list", "table", "inet", self.prefix], check=False).stdout
-        for line in out.splitlines():
-            if "counter packets" in line:
-                words = line.split()
-                return int(words[words.index("packets") + 1])
-        return 0
+        return nft_dropped(self.ns, self.prefix)
 
 
 @contextmanager
