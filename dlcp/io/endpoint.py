@@ -169,7 +169,9 @@ class Endpoint:
                 cfg.control_port,
                 rank=rank,
                 job=job,
-                connect_timeout=min(cfg.timeout, 10.0),
+                # the connect runs on the I/O thread: keep a peer that drops SYNs from
+                # stalling every other peer for long (a listening peer answers at once)
+                connect_timeout=min(cfg.timeout, 2.0),
             )
         except BaseException:
             self._data.close()
