@@ -31,6 +31,17 @@ import numpy.typing as npt
 
 from .classify import Classifier, make_classifier
 from .config import FillPolicy, ProtocolConfig
+from .events import (
+    ControlDatagram,
+    DataBatch,
+    Event,
+    MessageDelivered,
+    MessageFailed,
+    MessageReceived,
+    SendReport,
+    SessionStats,
+    Transmit,
+)
 from .pacing import Pacer, RateMeter, make_pacer
 from .packetizer import (
     BufferPool,
@@ -44,7 +55,7 @@ from .packetizer import (
     seal,
 )
 from .paths import PathScheduler, path_loss_from_nack
-from .reassembler import GeometryError, LossReport, Reassembler
+from .reassembler import GeometryError, Reassembler
 from .recovery import MAX_NACK_PARTS, ReceiverRecovery, SenderRecovery, SendPhase
 from .wire import (
     DATA_HEADER_LEN,
@@ -87,98 +98,6 @@ ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
 #: message) and a repeated FINISH is answered with ABORT
 _FAILED = -2
 _CANCELLED = -1
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-@dataclass(frozen=True, slots=True)
-class DataBatch:
-    """Data records for one destination and path, ``segment_size`` bytes apart
-    (the last may be shorter): one UDP GSO send, or ``count`` plain sends."""
-
-    dst: int
-    path: int
-    tos: int
-    segment_size: int
-    count: int
-    data: memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class ControlDatagram:
-    """A control message for the reliable control channel to ``dst``."""
-
-    dst: int
-    data: bytes
-
-
-Transmit = DataBatch | ControlDatagram
-
-
-@dataclass(frozen=True, slots=True)
-class SendReport:
-    msg_elems: int
-    chunks: int
-    sent_packets: int
-    retransmitted_packets: int
-    rounds: int
-    #: elements the receiver had when it said STOP
-    acknowledged_elems: int
-    duration: float
-
-
-@dataclass(frozen=True, slots=True)
-class MessageReceived:
-    src: int
-    step: int
-    msg: int
-    data: npt.NDArray[np.generic]
-    report: LossReport
-
-
-@dataclass(frozen=True, slots=True)
-class MessageDelivered:
-    dst: int
-    step: int
-    msg: int
-    report: SendReport
-
-
-@dataclass(frozen=True, slots=True)
-class MessageFailed:
-    peer: int
-    step: int
-    msg: int
-    #: True for a message this rank was sending, False for one it was receiving
-    outgoing: bool
-    reason: str
-    peer_timeout: bool = False
-
-
-Event = MessageReceived | MessageDelivered | MessageFailed
-
-
-@dataclass(slots=True)
-class SessionStats:
-    """Counters a user or benchmark can read at any time."""
-
-    datagrams_in: int = 0
-    bytes_in: int = 0
-    packets_out: int = 0
-    bytes_out: int = 0
-    #: rejected datagrams by reason (wire reasons and session-level ones)
-    rejected: dict[str, int] = field(default_factory=dict)
-    #: data for messages that already completed (late copies, retransmissions in flight)
-    late_packets: int = 0
-    #: control messages about messages this session does not know (stale repeats)
-    stale_control: int = 0
-
-    def rejected_total(self) -> int:
-        return sum(self.rejected.values())
-
-    def reject(self, reason: str, count: int = 1) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + count
 
 
 # --------------------------------------------------------------------------- state

@@ -1,0 +1,115 @@
+"""What a :class:`~dlcp.proto.session.Session` hands out: transmissions, events, stats.
+
+Frozen dataclasses, no behaviour: the I/O driver turns :data:`Transmit` items
+into system calls and applications react to :data:`Event` items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from .reassembler import LossReport
+
+__all__ = [
+    "ControlDatagram",
+    "DataBatch",
+    "Event",
+    "MessageDelivered",
+    "MessageFailed",
+    "MessageReceived",
+    "SendReport",
+    "SessionStats",
+    "Transmit",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DataBatch:
+    """Data records for one destination and path, ``segment_size`` bytes apart
+    (the last may be shorter): one UDP GSO send, or ``count`` plain sends."""
+
+    dst: int
+    path: int
+    tos: int
+    segment_size: int
+    count: int
+    data: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class ControlDatagram:
+    """A control message for the reliable control channel to ``dst``."""
+
+    dst: int
+    data: bytes
+
+
+Transmit = DataBatch | ControlDatagram
+
+
+@dataclass(frozen=True, slots=True)
+class SendReport:
+    msg_elems: int
+    chunks: int
+    sent_packets: int
+    retransmitted_packets: int
+    rounds: int
+    #: elements the receiver had when it said STOP
+    acknowledged_elems: int
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    src: int
+    step: int
+    msg: int
+    data: npt.NDArray[np.generic]
+    report: LossReport
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDelivered:
+    dst: int
+    step: int
+    msg: int
+    report: SendReport
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFailed:
+    peer: int
+    step: int
+    msg: int
+    #: True for a message this rank was sending, False for one it was receiving
+    outgoing: bool
+    reason: str
+    peer_timeout: bool = False
+
+
+Event = MessageReceived | MessageDelivered | MessageFailed
+
+
+@dataclass(slots=True)
+class SessionStats:
+    """Counters a user or benchmark can read at any time."""
+
+    datagrams_in: int = 0
+    bytes_in: int = 0
+    packets_out: int = 0
+    bytes_out: int = 0
+    #: rejected datagrams by reason (wire reasons and session-level ones)
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: data for messages that already completed (late copies, retransmissions in flight)
+    late_packets: int = 0
+    #: control messages about messages this session does not know (stale repeats)
+    stale_control: int = 0
+
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + count
