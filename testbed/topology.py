@@ -1,0 +1,419 @@
+"""Leaf-spine topologies of network namespaces, described as data (TOML).
+
+A topology file names hosts, leaf routers and spine routers, the leaf each host
+hangs off, and link properties (MTU; link rate and buffer size are recorded for
+the switch profile, not applied here)::
+
+    name = "leaf_spine_4h"
+    mtu = 1500
+    link_rate_mbit = 1000
+    buffer_packets = 100
+    leaves = ["leaf1", "leaf2"]
+    spines = ["spine1", "spine2"]
+
+    [hosts]
+    h1 = { leaf = "leaf1" }
+
+:func:`build` turns a :class:`Topology` into namespaces ``<prefix><node>``
+joined by veth pairs: every host to its leaf, every leaf to every spine. In each
+namespace the interface towards a neighbour is named after that neighbour
+(``ip -n <prefix>leaf1 link show spine2``), so interface names stay short and
+readable; node names are therefore limited to 15 characters.
+
+Addressing (private ranges that exist only inside these namespaces):
+
+* host ``i`` (0-based, file order): link ``10.215.<i>.0/24``, host ``.2``,
+  leaf ``.1``; the host's address is ``10.215.<i>.2`` and its default route
+  points at the leaf;
+* leaf ``l``, spine ``s``: link ``10.214.<l * n_spines + s>.0/24``, leaf ``.1``,
+  spine ``.2``.
+
+Leaves route every remote host prefix over all spines (ECMP multipath); with
+``net.ipv4.fib_multipath_hash_policy=1`` the next hop is chosen by a hash of
+the 5-tuple, so UDP flows with different source ports spread over the spines.
+Spines route each host prefix to its leaf. Hosts turn UDP segmentation offload
+off so that packets on the wire are real MTU-sized packets.
+
+Everything is removed by name on exit, on error and on Ctrl-C; namespaces with
+the same names left behind by a crashed run are removed before building.
+Readiness is checked (routes present, every host pings every other host).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .netns import NetnsError, _cleanup, _run, missing_tools
+
+__all__ = [
+    "DEFAULT_TOPOLOGY",
+    "HostSpec",
+    "Network",
+    "Topology",
+    "TopologyError",
+    "build",
+]
+
+DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "topologies" / "leaf_spine_4h.toml"
+
+_IFNAMSIZ = 15  # Linux interface names: at most 15 characters
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_RESERVED = frozenset({"lo", "all", "default"})
+_HOST_NET = "10.215"
+_FABRIC_NET = "10.214"
+_KEYS = frozenset({"name", "mtu", "link_rate_mbit", "buffer_packets", "leaves", "spines", "hosts"})
+_counter = itertools.count()
+
+
+class TopologyError(ValueError):
+    """A topology description is invalid; the message names the bad field."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host and the leaf router it hangs off."""
+
+    name: str
+    leaf: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A leaf-spine topology: hosts on leaves, every leaf linked to every spine."""
+
+    name: str
+    hosts: tuple[HostSpec, ...]
+    leaves: tuple[str, ...]
+    spines: tuple[str, ...]
+    mtu: int = 1500
+    link_rate_mbit: float = 1000.0
+    buffer_packets: int = 100
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Topology:
+        """Read and validate a TOML topology file."""
+        p = Path(path)
+        try:
+            with p.open("rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise TopologyError(f"{p}: cannot read topology file: {e}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise TopologyError(f"{p}: not valid TOML: {e}") from e
+        try:
+            return cls.from_dict(data)
+        except TopologyError as e:
+            raise TopologyError(f"{p}: {e}") from e
+
+    @classmethod
+    def default(cls) -> Topology:
+        """The default topology: 4 hosts, 2 leaves, 2 spines."""
+        return cls.load(DEFAULT_TOPOLOGY)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
+        """Build from parsed TOML data (as :meth:`load` does), validating it."""
+        unknown = sorted(set(data) - _KEYS)
+        if unknown:
+            raise TopologyError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(_KEYS))})")
+        name = data.get("name", "topology")
+        if not isinstance(name, str):
+            raise TopologyError("name: must be a string")
+        leaves = _name_list(data, "leaves")
+        spines = _name_list(data, "spines")
+        raw_hosts = data.get("hosts")
+        if not isinstance(raw_hosts, Mapping) or not raw_hosts:
+            raise TopologyError('hosts: must be a non-empty table, e.g. h1 = { leaf = "leaf1" }')
+        hosts = []
+        for host, spec in raw_hosts.items():
+            if isinstance(spec, str):  # shorthand: h1 = "leaf1"
+                spec = {"leaf": spec}
+            if not isinstance(spec, Mapping):
+                raise TopologyError(f'hosts.{host}: must be a table like {{ leaf = "leaf1" }}')
+            extra = sorted(set(spec) - {"leaf"})
+            if extra:
+                raise TopologyError(f"hosts.{host}.{extra[0]}: unknown field (known: leaf)")
+            leaf = spec.get("leaf")
+            if leaf is None or leaf == "":
+                raise TopologyError(f"hosts.{host}.leaf: host {host!r} is on no leaf")
+            if not isinstance(leaf, str):
+                raise TopologyError(f"hosts.{host}.leaf: must be a string")
+            hosts.append(HostSpec(str(host), leaf))
+        return cls(
+            name=name,
+            hosts=tuple(hosts),
+            leaves=leaves,
+            spines=spines,
+            mtu=_number(data, "mtu", 1500, int),
+            link_rate_mbit=float(_number(data, "link_rate_mbit", 1000.0, float)),
+            buffer_packets=_number(data, "buffer_packets", 100, int),
+        )
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node: hosts, then leaves, then spines."""
+        return (*self.host_names, *self.leaves, *self.spines)
+
+    def leaf_of(self, host: str) -> str:
+        for h in self.hosts:
+            if h.name == host:
+                return h.leaf
+        raise KeyError(f"no host {host!r} in topology {self.name!r}")
+
+    def hosts_on(self, leaf: str) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts if h.leaf == leaf)
+
+    def host_index(self, host: str) -> int:
+        return self.host_names.index(host)
+
+    def host_addr(self, host: str) -> str:
+        return f"{_HOST_NET}.{self.host_index(host)}.2"
+
+    def links(self) -> list[tuple[str, str, str, str, str]]:
+        """Every link as ``(lower, upper, lower_addr, upper_addr, subnet /24)``:
+        host-leaf links first (in host order), then leaf-spine links."""
+        out = []
+        for i, h in enumerate(self.hosts):
+            net = f"{_HOST_NET}.{i}"
+            out.append((h.name, h.leaf, f"{net}.2", f"{net}.1", f"{net}.0/24"))
+        for li, leaf in enumerate(self.leaves):
+            for si, spine in enumerate(self.spines):
+                net = f"{_FABRIC_NET}.{li * len(self.spines) + si}"
+                out.append((leaf, spine, f"{net}.1", f"{net}.2", f"{net}.0/24"))
+        return out
+
+
+def _name_list(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TopologyError(f"{key}: must be a list of names")
+    return tuple(value)
+
+
+def _number(data: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+    value = data.get(key, default)
+    ok = (int, float) if kind is float else (int,)
+    if isinstance(value, bool) or not isinstance(value, ok):
+        raise TopologyError(f"{key}: must be {'a number' if kind is float else 'an integer'}")
+    return value
+
+
+def _validate(t: Topology) -> None:
+    if not t.spines:
+        raise TopologyError("spines: at least one spine is needed (spine count 0)")
+    if not t.leaves:
+        raise TopologyError("leaves: at least one leaf is needed")
+    if not t.hosts:
+        raise TopologyError("hosts: at least one host is needed")
+    seen: dict[str, str] = {}
+    for kind, names in (
+        ("hosts", t.host_names),
+        ("leaves", t.leaves),
+        ("spines", t.spines),
+    ):
+        for n in names:
+            if len(n) > _IFNAMSIZ:
+                raise TopologyError(
+                    f"{kind}.{n}: name too long ({len(n)} > {_IFNAMSIZ} characters; "
+                    "node names become interface names)"
+                )
+            if not _NAME_RE.match(n) or n in _RESERVED:
+                raise TopologyError(
+                    f"{kind}.{n}: invalid name (letters, digits, '_' and '-', starting "
+                    f"with a letter; not {', '.join(sorted(_RESERVED))})"
+                )
+            if n in seen:
+                raise TopologyError(f"{kind}.{n}: duplicate name (also in {seen[n]})")
+            seen[n] = kind
+    for h in t.hosts:
+        if not h.leaf:
+            raise TopologyError(f"hosts.{h.name}.leaf: host {h.name!r} is on no leaf")
+        if h.leaf not in t.leaves:
+            raise TopologyError(
+                f"hosts.{h.name}.leaf: unknown leaf {h.leaf!r} (leaves: {', '.join(t.leaves)})"
+            )
+    if len(t.hosts) > 254:
+        raise TopologyError(f"hosts: at most 254 hosts (got {len(t.hosts)})")
+    if len(t.leaves) * len(t.spines) > 254:
+        raise TopologyError("leaves/spines: at most 254 leaf-spine links")
+    if not 68 <= t.mtu <= 65535:
+        raise TopologyError(f"mtu: must be within 68..65535 (got {t.mtu})")
+    if t.link_rate_mbit <= 0:
+        raise TopologyError(f"link_rate_mbit: must be positive (got {t.link_rate_mbit})")
+    if t.buffer_packets <= 0:
+        raise TopologyError(f"buffer_packets: must be positive (got {t.buffer_packets})")
+
+
+@dataclass
+class Network:
+    """A built topology: namespace ``<prefix><node>`` per node.
+
+    ``ifaces[node]`` maps each neighbour of ``node`` to the interface name in
+    ``node``'s namespace that leads to it (the neighbour's name).
+    """
+
+    topology: Topology
+    prefix: str
+    namespaces: list[str] = field(default_factory=list)
+    ifaces: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def ns(self, node: str) -> str:
+        """Namespace name of ``node`` (a namespace name is returned unchanged)."""
+        if node in self.topology.nodes:
+            return f"{self.prefix}{node}"
+        if node in self.namespaces:
+            return node
+        raise KeyError(f"no node or namespace {node!r} in this network")
+
+    def host_addr(self, name: str) -> str:
+        """IPv4 address of host ``name``."""
+        return self.topology.host_addr(name)
+
+    def exec_argv(self, ns_name: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the namespace of node (or namespace) ``ns_name``."""
+        return ["ip", "netns", "exec", self.ns(ns_name), *argv]
+
+    def run(
+        self, ns_name: str, argv: Sequence[str], *, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(self.exec_argv(ns_name, argv), check=check)
+
+    def link_counters(self, router: str, iface: str) -> tuple[int, int]:
+        """``(tx_packets, tx_bytes)`` of interface ``iface`` in node ``router``
+        (from ``ip -s -j link``)."""
+        out = _run(["ip", "-n", self.ns(router), "-s", "-j", "link", "show", "dev", iface])
+        info = json.loads(out.stdout)
+        tx = info[0]["stats64"]["tx"]
+        return int(tx["packets"]), int(tx["bytes"])
+
+    def routes(self, node: str) -> list[dict[str, Any]]:
+        """IPv4 routes of ``node`` (``ip -j route``)."""
+        out = _run(["ip", "-n", self.ns(node), "-j", "-4", "route", "show"])
+        routes: list[dict[str, Any]] = json.loads(out.stdout or "[]")
+        return routes
+
+
+def _default_prefix() -> str:
+    return f"dlcp{os.getpid() % 100000}{next(_counter)}"
+
+
+def _sysctl(net: Network, node: str, *settings: str) -> None:
+    net.run(node, ["sysctl", "-qw", *settings])
+
+
+def _check_ready(net: Network) -> None:
+    t = net.topology
+    for leaf in t.leaves:
+        have = {r.get("dst") for r in net.routes(leaf)}
+        for h in t.hosts:
+            want = f"{_HOST_NET}.{t.host_index(h.name)}.0/24"
+            if want not in have:
+                raise NetnsError(f"readiness: leaf {leaf} has no route to {want} ({h.name})")
+    for a in t.host_names:
+        for b in t.host_names:
+            if a != b:
+                net.run(a, ["ping", "-c", "1", "-W", "5", "-q", net.host_addr(b)])
+
+
+@contextmanager
+def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]:
+    """Create ``topology`` as namespaces ``<prefix><node>``; remove them on exit."""
+    missing = missing_tools(offloads=True)
+    if missing:
+        raise NetnsError(f"a namespace topology needs {', '.join(missing)}")
+    if prefix is None:
+        prefix = _default_prefix()
+    if not _PREFIX_RE.match(prefix):
+        raise NetnsError(f"prefix {prefix!r}: letters, digits, '_' and '-' only")
+    t = topology
+    net = Network(t, prefix)
+    names = [f"{prefix}{n}" for n in t.nodes]
+    routers = (*t.leaves, *t.spines)
+    try:
+        _cleanup(names)  # leftovers of a crashed run with the same names
+        for node, ns in zip(t.nodes, names, strict=True):
+            _run(["ip", "netns", "add", ns])
+            net.namespaces.append(ns)
+            net.ifaces[node] = {}
+            _sysctl(
+                net,
+                node,
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            )
+            net.run(node, ["ip", "link", "set", "lo", "up"])
+        for node in routers:
+            _sysctl(
+                net,
+                node,
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.fib_multipath_hash_policy=1",
+                "net.ipv4.conf.all.rp_filter=0",
+                "net.ipv4.conf.default.rp_filter=0",
+            )
+        mtu = str(t.mtu)
+        for lower, upper, addr_l, addr_u, _subnet in t.links():
+            # created inside the lower node's namespace, peer moved to the upper's:
+            # interface names need only be unique per namespace
+            _run(
+                [
+                    "ip", "-n", net.ns(lower), "link", "add", "name", upper, "mtu", mtu,
+                    "type", "veth", "peer", "name", lower, "netns", net.ns(upper), "mtu", mtu,
+                ]
+            )  # fmt: skip
+            net.ifaces[lower][upper] = upper
+            net.ifaces[upper][lower] = lower
+            for node, dev, addr in ((lower, upper, addr_l), (upper, lower, addr_u)):
+                _run(["ip", "-n", net.ns(node), "addr", "add", f"{addr}/24", "dev", dev])
+                _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "up"])
+        links = t.links()
+        host_links = {lo: (la, ua, sn) for lo, _u, la, ua, sn in links[: len(t.hosts)]}
+        fabric = {(lo, up): (la, ua) for lo, up, la, ua, _s in links[len(t.hosts) :]}
+        for h in t.hosts:
+            _h_addr, leaf_addr, _sn = host_links[h.name]
+            net.run(h.name, ["ip", "route", "add", "default", "via", leaf_addr])
+            net.run(
+                h.name,
+                ["ethtool", "-K", h.leaf, "tx-udp-segmentation", "off"],
+                check=False,  # not every kernel exposes the feature; ignore
+            )
+        for leaf in t.leaves:
+            hops = [fabric[(leaf, s)][1] for s in t.spines]
+            for h in t.hosts:
+                if h.leaf == leaf:
+                    continue  # connected route
+                dst = host_links[h.name][2]
+                if len(hops) == 1:
+                    via = ["via", hops[0]]
+                else:
+                    via = [w for hop in hops for w in ("nexthop", "via", hop)]
+                net.run(leaf, ["ip", "route", "add", dst, *via])
+        for spine in t.spines:
+            for h in t.hosts:
+                leaf_addr_on_link = fabric[(h.leaf, spine)][0]
+                net.run(
+                    spine,
+                    ["ip", "route", "add", host_links[h.name][2], "via", leaf_addr_on_link],
+                )
+        _check_ready(net)
+        yield net
+    finally:
+        _cleanup(names)
