@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -141,17 +142,21 @@ def test_bounded_loss_group(ranks: list[dict[str, Any]]) -> None:
 
 
 def test_rank_failure_raises_clear_error_without_hang(ranks: list[dict[str, Any]]) -> None:
-    for r in ranks[:-1]:  # the last rank exited abruptly after its checks
-        got = r["rank_failure"]
+    """Every survivor fails fast with an error naming a rank it lost. The first to
+    notice names the dead rank; a survivor that hears of the failure only when
+    another survivor gives up and leaves names that one, which is just as true."""
+    dead = WORLD - 1
+    survivors = [r["rank_failure"] for r in ranks[:-1]]  # the last rank exited abruptly
+    for got in survivors:
         assert got["raised"] == "TransferFailed", got
-        # whichever the survivor notices first: the dead rank's connection closing,
-        # or its own send to the dead rank failing; both name the rank
-        dead = WORLD - 1
-        assert (
-            f"rank {dead} closed its control connection" in got["message"]
-            or f"control connection to rank {dead}" in got["message"]
-        ), got
+        assert re.search(r"rank \d+ closed its control connection|control connection to rank \d+",
+                         got["message"]), got
         assert got["seconds"] < 20.0, got  # well below the group's 30 s timeout
+    assert any(
+        f"rank {dead} closed its control connection" in got["message"]
+        or f"control connection to rank {dead}" in got["message"]
+        for got in survivors
+    ), survivors
 
 
 def test_destroy_stops_every_dlcp_thread(ranks: list[dict[str, Any]]) -> None:
