@@ -63,7 +63,12 @@ def control_body(vector: dict[str, Any]) -> Packet:
         )
     if ptype is PacketType.NACK:
         ranges = [DLCPNackRange(first_seq=a, count=n) for a, n in f["ranges"]]
-        return DLCPNack(round=f["round"], needed_elems=f["needed_elems"], ranges=ranges)
+        return DLCPNack(
+            round=f["round"],
+            nack_flags=1 if f.get("more") else 0,
+            needed_elems=f["needed_elems"],
+            ranges=ranges,
+        )
     if ptype is PacketType.RATE:
         return DLCPRate(bytes_per_s=f["bytes_per_s"], interval_us=f["interval_us"])
     return DLCPAbort(reason=int(AbortReason[f["reason"]]))
@@ -140,6 +145,8 @@ def test_control_vectors_dissect_to_the_golden_fields(vector: dict[str, Any]) ->
             assert [[r.first_seq, r.count] for r in body.ranges] == value
         elif name == "reason":
             assert body.reason == AbortReason[value]
+        elif name == "more":
+            assert bool(int(body.nack_flags) & 1) == value
         else:
             assert body.getfieldval(name) == value, name
     if vector["tag"] is not None:
