@@ -1,0 +1,303 @@
+"""Commodity-switch profile: tc rendering and validation (no root); strict priority,
+selective dropping, FIFO baseline and cleanup on a real bottleneck (root)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from dlcp.testbed.netns import NetnsLine, missing_tools, netns_line
+from dlcp.testbed.switch_profile import (
+    FifoPolicy,
+    SwitchPolicy,
+    apply,
+    class_counters,
+    remove,
+    tc_commands,
+)
+
+from dlcp.proto.wire import TosMap
+
+MISSING = missing_tools(offloads=True)
+needs_root = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs {', '.join(MISSING)} (network namespaces, tc)"
+)
+
+TOS = TosMap()
+LINK_MBIT = 50
+PORT = 9477
+PAYLOAD = 1400
+
+# --- traffic: a paced UDP sender (one socket per flow, IP_TOS per socket) and a
+# receiver that counts bytes per received TOS byte (IP_RECVTOS) ---------------------
+
+SENDER = r"""
+import json, random, socket, sys, time
+dst, port, dur, size = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+flows = [(int(t), float(m)) for t, m in (a.split(":") for a in sys.argv[5:])]
+socks = []
+for tos, _ in flows:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    s.connect((dst, port))
+    socks.append(s)
+payload = bytes(size)
+pps = [m * 1e6 / 8 / (size + 28) for _, m in flows]
+sent = [0] * len(flows)
+start = time.perf_counter()
+while True:
+    el = time.perf_counter() - start
+    if el >= dur:
+        break
+    due = [int(el * r) + 1 for r in pps]
+    order = list(range(len(socks)))
+    random.shuffle(order)
+    behind = True
+    while behind:  # one packet per flow in turn: no flow locks the others out of a FIFO
+        behind = False
+        for i in order:
+            if sent[i] < due[i]:
+                try:
+                    socks[i].send(payload)
+                except OSError:
+                    pass
+                sent[i] += 1
+                behind = True
+    time.sleep(0.0002)
+print(json.dumps({str(t): n * size for (t, _), n in zip(flows, sent)}), flush=True)
+"""
+
+RECEIVER = r"""
+import json, socket, sys, time
+port, idle, deadline = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+s.bind(("0.0.0.0", port))
+s.settimeout(idle)
+counts = {}
+print("ready", flush=True)
+end = time.monotonic() + deadline
+got_any = False
+while time.monotonic() < end:
+    try:
+        data, anc, _, _ = s.recvmsg(65536, 64)
+    except socket.timeout:
+        if got_any:
+            break
+        continue
+    got_any = True
+    tos = anc[0][2][0] if anc else -1
+    counts[str(tos)] = counts.get(str(tos), 0) + len(data)
+print(json.dumps(counts), flush=True)
+"""
+
+
+def _blast(line: NetnsLine, flows: Sequence[tuple[int, float]], dur: float = 1.5) -> dict[str, Any]:
+    """Send ``flows`` (TOS byte, Mbit/s) from a to b for ``dur`` s at once; return
+    bytes sent and received per TOS (as strings)."""
+    rx = subprocess.Popen(
+        line.exec_argv(line.ns_b, [sys.executable, "-c", RECEIVER, str(PORT), "0.7", "20"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    tx = None
+    try:
+        assert rx.stdout is not None
+        assert rx.stdout.readline().strip() == "ready"
+        args = [f"{t}:{m}" for t, m in flows]
+        tx = subprocess.Popen(
+            line.exec_argv(
+                line.ns_a,
+                [
+                    sys.executable,
+                    "-c",
+                    SENDER,
+                    line.addr_b,
+                    str(PORT),
+                    str(dur),
+                    str(PAYLOAD),
+                    *args,
+                ],
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        sent_out, _ = tx.communicate(timeout=dur + 15)
+        recv_out, _ = rx.communicate(timeout=20)
+        return {"sent": json.loads(sent_out), "recv": json.loads(recv_out)}
+    finally:
+        for p in (tx, rx):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def line() -> Iterator[NetnsLine]:
+    with netns_line() as ln:
+        ln.set_offloads(on=False)  # real MTU-sized packets through the router
+        yield ln
+
+
+def _router(line: NetnsLine) -> Any:
+    return lambda argv: line.run(line.ns_r, argv)
+
+
+# --- rendering and validation (no root) -------------------------------------------
+
+
+def _by_verb(cmds: list[list[str]], obj: str) -> list[list[str]]:
+    return [c for c in cmds if c[1] == obj]
+
+
+def _opt(cmd: list[str], key: str) -> str:
+    return cmd[cmd.index(key) + 1]
+
+
+def test_tc_commands_structure() -> None:
+    p = SwitchPolicy(n_classes=3, link_rate_mbit=50, queue_packets=100, drop_eligible_packets=10)
+    cmds = tc_commands(p, "eth9")
+    assert all(c[0] == "tc" and "eth9" in c for c in cmds)
+    root = cmds[0]
+    assert root[5:9] == ["root", "handle", "1:", "htb"]
+    assert _opt(root, "default") == "99"
+    classes = _by_verb(cmds, "class")
+    top = next(c for c in classes if _opt(c, "classid") == "1:1")
+    assert _opt(top, "rate") == _opt(top, "ceil") == "50000kbit"
+    for c in range(3):
+        inner = [k for k in classes if _opt(k, "classid") == f"1:{c + 1}0"]
+        assert len(inner) == 1
+        assert _opt(inner[0], "parent") == "1:1"
+        assert _opt(inner[0], "ceil") == "50000kbit"
+        assert _opt(inner[0], "rate") == "8kbit"
+        assert _opt(inner[0], "prio") == str(2 - c)
+        kids = [k for k in classes if _opt(k, "parent") == f"1:{c + 1}0"]
+        assert sorted(_opt(k, "classid") for k in kids) == [f"1:{c + 1}1", f"1:{c + 1}2"]
+        assert {_opt(k, "prio") for k in kids} == {str(2 - c)}
+        assert all(_opt(k, "ceil") == "50000kbit" and _opt(k, "rate") == "8kbit" for k in kids)
+    be = next(k for k in classes if _opt(k, "classid") == "1:99")
+    assert _opt(be, "prio") == "3"  # below every DLCP class
+    # leaf qdiscs: protected limit 100, drop-eligible 10, best-effort 100
+    limits = {_opt(q, "parent"): _opt(q, "limit") for q in _by_verb(cmds, "qdisc")[1:]}
+    assert limits == {"1:11": "100", "1:12": "10", "1:21": "100", "1:22": "10",
+                      "1:31": "100", "1:32": "10", "1:99": "100"}  # fmt: skip
+    # filters: 4 ECN codepoints per class, full-byte TOS match
+    flt = {(_opt(f, "tos"), _opt(f, "flowid")) for f in _by_verb(cmds, "filter")}
+    assert len(_by_verb(cmds, "filter")) == 3 * 4
+    for c in range(3):
+        d = 8 * c << 2
+        assert (f"0x{d:02x}", f"1:{c + 1}2") in flt  # Not-ECT -> drop-eligible
+        for ecn in (1, 2, 3):
+            assert (f"0x{d | ecn:02x}", f"1:{c + 1}1") in flt
+    assert all(f[f.index("tos") + 2] == "0xff" for f in _by_verb(cmds, "filter"))
+
+
+def test_tc_commands_eight_classes_and_fifo() -> None:
+    cmds = tc_commands(SwitchPolicy(link_rate_mbit=1000), "x")
+    prios = {_opt(c, "classid"): _opt(c, "prio") for c in _by_verb(cmds, "class") if "prio" in c}
+    assert prios["1:81"] == "0" and prios["1:11"] == "7" and prios["1:99"] == "7"
+    assert len(_by_verb(cmds, "filter")) == 32
+    fifo = tc_commands(FifoPolicy(link_rate_mbit=50, queue_packets=64), "x")
+    assert not _by_verb(fifo, "filter")
+    assert [_opt(q, "limit") for q in _by_verb(fifo, "qdisc")[1:]] == ["64"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n_classes": 0}, "n_classes"),
+        ({"n_classes": 9}, "n_classes"),
+        ({"queue_packets": 10, "drop_eligible_packets": 10}, "smaller"),
+        ({"drop_eligible_packets": 0}, "drop_eligible_packets"),
+        ({"link_rate_mbit": 0}, "link_rate_mbit"),
+        ({"protected_weight": 0}, "protected_weight"),
+        ({"tos": TosMap(dscp=(0, 0, 16, 24, 32, 40, 48, 56))}, "distinct"),
+        ({"tos": TosMap(ecn_protected=0, ecn_droppable=0)}, "differ"),
+    ],
+)
+def test_policy_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SwitchPolicy(**kwargs)
+
+
+def test_fifo_validation() -> None:
+    with pytest.raises(ValueError, match="queue_packets"):
+        FifoPolicy(queue_packets=0)
+
+
+# --- on a real bottleneck (root) -------------------------------------------------
+
+
+def _share(res: dict[str, Any], tos: int) -> float:
+    recv: dict[str, int] = res["recv"]
+    return recv.get(str(tos), 0) / max(1, sum(recv.values()))
+
+
+@pytest.mark.root
+@needs_root
+def test_strict_priority(line: NetnsLine) -> None:
+    run = _router(line)
+    apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
+    hi, lo = TOS.tos(7, drop=False), TOS.tos(1, drop=False)
+    res = _blast(line, [(hi, 2 * LINK_MBIT), (lo, 2 * LINK_MBIT)])
+    ctr = class_counters(run, line.if_rb)
+    print("strict priority", res, ctr)
+    assert _share(res, hi) > 0.8
+    assert ctr["c1-protected"]["drops"] > ctr["c1-protected"]["packets"]
+    assert ctr["c1-protected"]["drops"] > 10 * max(1, ctr["c7-protected"]["drops"]) or (
+        ctr["c7-protected"]["packets"] > 5 * ctr["c1-protected"]["packets"]
+    )
+
+
+@pytest.mark.root
+@needs_root
+def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
+    run = _router(line)
+    apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
+    prot, drop = TOS.tos(5, drop=False), TOS.tos(5, drop=True)
+    res = _blast(line, [(prot, LINK_MBIT), (drop, LINK_MBIT)])
+    ctr = class_counters(run, line.if_rb)
+
+    def frac(name: str) -> float:
+        c: dict[str, int] = ctr[name]
+        return float(c["drops"]) / max(1, c["drops"] + c["packets"])
+
+    print("selective", res, ctr, frac("c5-protected"), frac("c5-drop"))
+    assert frac("c5-drop") > 0.5
+    assert frac("c5-drop") > 3 * frac("c5-protected")
+    rx_loss = {t: 1 - res["recv"].get(t, 0) / res["sent"][t] for t in res["sent"]}
+    assert rx_loss[str(drop)] > 3 * max(0.01, rx_loss[str(prot)])
+
+
+@pytest.mark.root
+@needs_root
+def test_fifo_baseline_shares(line: NetnsLine) -> None:
+    run = _router(line)
+    apply(run, line.if_rb, FifoPolicy(link_rate_mbit=LINK_MBIT))
+    hi, lo = TOS.tos(7, drop=False), TOS.tos(1, drop=False)
+    res = _blast(line, [(hi, 2 * LINK_MBIT), (lo, 2 * LINK_MBIT)])
+    ctr = class_counters(run, line.if_rb)
+    print("fifo", res, ctr)
+    assert 0.2 < _share(res, hi) < 0.8
+    assert ctr["best-effort"]["drops"] > 0
+
+
+@pytest.mark.root
+@needs_root
+def test_remove_leaves_no_htb(line: NetnsLine) -> None:
+    run = _router(line)
+    apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
+    apply(run, line.if_rb, SwitchPolicy(n_classes=2, link_rate_mbit=LINK_MBIT))  # replaces
+    assert set(class_counters(run, line.if_rb)) == {
+        "c0-protected", "c0-drop", "c1-protected", "c1-drop", "best-effort"}  # fmt: skip
+    remove(run, line.if_rb)
+    remove(run, line.if_rb)  # idempotent
+    out = line.run(line.ns_r, ["tc", "qdisc", "show", "dev", line.if_rb]).stdout
+    assert "htb" not in out and "pfifo" not in out
+    assert class_counters(run, line.if_rb) == {}
+    line.run(line.ns_a, ["ping", "-c", "1", "-W", "5", line.addr_b])  # still forwards
