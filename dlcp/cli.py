@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
     bench.add_argument("which", choices=["core", "transport", "ddp"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+
+    # testbed/ is installed as dlcp.testbed (package-dir): imported by name
+    importlib.import_module("dlcp.testbed.cli").add_parser(sub)
     return ap
 
 
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
         bench = importlib.import_module(f"dlcp.bench.{args.which}")
         return int(bench.main(args.args))
+    if args.command == "testbed":
+        return int(importlib.import_module("dlcp.testbed.cli").main(args))
     raise AssertionError(args.command)
 
 

@@ -55,10 +55,11 @@ def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
     return proc
 
 
-def nft_random_drop(ns: str, table: str, hook: str, percent: float) -> None:
+def nft_random_drop(ns: str, table: str, hook: str, percent: float, match: str = "") -> None:
     """In namespace ``ns``, replace nftables table ``table`` by one rule on ``hook``
     that drops ``percent`` % of IPv4 packets (``numgen random``, steps of 0.01 %);
-    ``percent <= 0`` only removes the table."""
+    ``percent <= 0`` only removes the table. ``match`` (nft expressions, e.g.
+    ``oifname "spine1"``) restricts the rule to the packets it matches."""
     _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table], check=False)
     if percent <= 0:
         return
@@ -66,7 +67,8 @@ def nft_random_drop(ns: str, table: str, hook: str, percent: float) -> None:
         f"table inet {table} {{\n"
         f"  chain {hook} {{\n"
         f"    type filter hook {hook} priority -100; policy accept;\n"
-        f"    meta nfproto ipv4 numgen random mod 10000 < {round(percent * 100)} counter drop\n"
+        f"    meta nfproto ipv4 {match + ' ' if match else ''}"
+        f"numgen random mod 10000 < {round(percent * 100)} counter drop\n"
         f"  }}\n"
         f"}}\n"
     )

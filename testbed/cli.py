@@ -1,0 +1,111 @@
+"""``dlcp testbed up|down``: bring a leaf-spine testbed up and keep it, or remove
+one left behind.
+
+``up`` builds the topology, optionally installs a switch profile on every router
+egress, prints the namespaces and host addresses and a line ``ready``, then waits
+until Ctrl-C or SIGTERM and removes everything it created (by name). ``down``
+removes the namespaces ``<prefix><node>`` for exactly the nodes of a topology
+file -- nothing else, no pattern matching.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from types import FrameType
+
+from .impairments import apply_profile
+from .netns import NetnsError, _cleanup, _run
+from .switch_profile import FifoPolicy, SwitchPolicy
+from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, build
+
+DEFAULT_PREFIX = "dlcptb-"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``testbed`` subcommand (with ``up`` and ``down``) to ``sub``."""
+    tb = sub.add_parser("testbed", help="leaf-spine testbed of network namespaces (root)")
+    tsub = tb.add_subparsers(dest="testbed_command", required=True)
+    up = tsub.add_parser("up", help="build the testbed and keep it until Ctrl-C/SIGTERM")
+    up.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), help="TOML topology file")
+    up.add_argument(
+        "--profile",
+        choices=["dlcp", "fifo", "none"],
+        default="dlcp",
+        help="switch profile on every router egress (default dlcp)",
+    )
+    up.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"namespace prefix ({DEFAULT_PREFIX})")
+    down = tsub.add_parser("down", help="remove the namespaces of a testbed by name")
+    down.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), help="TOML topology file")
+    down.add_argument(
+        "--prefix", default=DEFAULT_PREFIX, help=f"namespace prefix ({DEFAULT_PREFIX})"
+    )
+
+
+def _policy(name: str, t: Topology) -> SwitchPolicy | FifoPolicy | None:
+    if name == "dlcp":
+        return SwitchPolicy(
+            link_rate_mbit=t.link_rate_mbit,
+            queue_packets=t.buffer_packets,
+            drop_eligible_packets=max(1, min(t.buffer_packets - 1, t.buffer_packets // 5)),
+        )
+    if name == "fifo":
+        return FifoPolicy(link_rate_mbit=t.link_rate_mbit, queue_packets=t.buffer_packets)
+    return None
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def up(topology: str, profile: str, prefix: str) -> int:
+    t = Topology.load(topology)
+    policy = _policy(profile, t)
+    old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with build(t, prefix=prefix) as net:
+            if policy is not None:
+                apply_profile(net, policy)
+            print(f"testbed {t.name}: prefix {prefix}, profile {profile}")
+            for node in t.nodes:
+                addr = f"  {net.host_addr(node)}" if node in t.host_names else ""
+                print(f"  {node:<16} netns {net.ns(node)}{addr}")
+            print(f"enter a host: ip netns exec {net.ns(t.host_names[0])} bash")
+            print("ready", flush=True)
+            while True:
+                signal.pause()
+    except _Stop:
+        pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    print("testbed removed", flush=True)
+    return 0
+
+
+def down(topology: str, prefix: str) -> int:
+    t = Topology.load(topology)
+    names = [f"{prefix}{n}" for n in t.nodes]
+    present = set(_run(["ip", "netns", "list"]).stdout.split())
+    gone = [n for n in names if n in present]
+    _cleanup(gone)
+    print(f"removed {len(gone)} namespaces" + (f": {' '.join(gone)}" if gone else ""))
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.testbed_command == "up":
+            return up(args.topology, args.profile, args.prefix)
+        if args.testbed_command == "down":
+            return down(args.topology, args.prefix)
+    except (NetnsError, TopologyError) as e:
+        print(f"dlcp testbed: {e}", file=sys.stderr)
+        return 1
+    print(f"unknown testbed command {args.testbed_command}", file=sys.stderr)
+    return 2
