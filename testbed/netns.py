@@ -55,6 +55,24 @@ def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
     return proc
 
 
+def offload_argv(dev: str, *, on: bool) -> list[str]:
+    """``ethtool`` turning the segmentation and receive offloads of ``dev`` on or off."""
+    state = "on" if on else "off"
+    return [
+        "ethtool",
+        "-K",
+        dev,
+        "tso",
+        state,
+        "gso",
+        state,
+        "gro",
+        state,
+        "tx-udp-segmentation",
+        state,
+    ]
+
+
 def nft_random_drop(ns: str, table: str, hook: str, percent: float, match: str = "") -> None:
     """In namespace ``ns``, replace nftables table ``table`` by one rule on ``hook``
     that drops ``percent`` % of IPv4 packets (``numgen random``, steps of 0.01 %);
@@ -124,25 +142,8 @@ class NetnsPair:
     def set_offloads(self, *, on: bool) -> None:
         """Turn segmentation/receive offloads of both veth ends on or off, so that
         packets on the wire are real MTU-sized packets (off) or GSO batches (on)."""
-        state = "on" if on else "off"
         for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
-            self.run(
-                ns,
-                [
-                    "ethtool",
-                    "-K",
-                    dev,
-                    "tso",
-                    state,
-                    "gso",
-                    state,
-                    "gro",
-                    state,
-                    "tx-udp-segmentation",
-                    state,
-                ],
-                check=False,
-            )
+            _run(["ip", "netns", "exec", ns, *offload_argv(dev, on=on)], check=False)
 
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
@@ -344,23 +345,7 @@ class NetnsLoopback:
         """Loopback's segmentation/receive offloads on (64 KB GSO/TSO units travel
         as one packet) or off (every packet is at most ``mtu`` bytes, so a drop
         hits one MTU-sized packet of any transport)."""
-        state = "on" if on else "off"
-        self.run(
-            [
-                "ethtool",
-                "-K",
-                "lo",
-                "tso",
-                state,
-                "gso",
-                state,
-                "gro",
-                state,
-                "tx-udp-segmentation",
-                state,
-            ],
-            check=False,
-        )
+        self.run(offload_argv("lo", on=on), check=False)
 
     def set_loss(self, percent: float) -> None:
         """Drop ``percent`` % of the IPv4 packets delivered on loopback (nftables
