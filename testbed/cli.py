@@ -1,5 +1,6 @@
 """``dlcp testbed up|down``: bring a leaf-spine testbed up and keep it, or remove
-one left behind.
+one left behind. ``dlcp testbed run|suite|plot``: training experiments on it
+(:mod:`.experiments`).
 
 ``up`` builds the topology, optionally installs a switch profile on every router
 egress, prints the namespaces and host addresses and a line ``ready``, then waits
@@ -41,6 +42,41 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     down.add_argument(
         "--prefix", default=DEFAULT_PREFIX, help=f"namespace prefix ({DEFAULT_PREFIX})"
     )
+    _add_experiment_parsers(tsub)
+
+
+def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .experiments import ABLATIONS, SCENARIOS
+
+    run = tsub.add_parser(
+        "run", help="train on the testbed under one scenario (see testbed/experiments.py)"
+    )
+    run.add_argument("--scenario", choices=SCENARIOS, required=True)
+    run.add_argument("--transport", choices=["dlcp", "gloo"], required=True)
+    run.add_argument(
+        "--ablate",
+        default="",
+        help=f"DLCP features to turn off, comma-separated: {','.join(ABLATIONS)}",
+    )
+    run.add_argument("--epochs", type=int, default=2)
+    run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
+    run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
+    run.add_argument("--results", default="results", help="results folder (default results)")
+    run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
+    suite = tsub.add_parser("suite", help="every scenario for Gloo and DLCP, then a table")
+    suite.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)"
+    )
+    suite.add_argument("--epochs", type=int, default=2)
+    suite.add_argument(
+        "--ablations-on",
+        default=None,
+        metavar="SCENARIO",
+        help="also run each DLCP ablation on this scenario",
+    )
+    suite.add_argument("--results", default="results", help="results folder (default results)")
+    plot = tsub.add_parser("plot", help="bar plot (PNG) and table of <results>/testbed.csv")
+    plot.add_argument("--results", default="results", help="results folder (default results)")
 
 
 def _policy(name: str, t: Topology) -> SwitchPolicy | FifoPolicy | None:
@@ -98,12 +134,63 @@ def down(topology: str, prefix: str) -> int:
     return 0
 
 
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _experiments(args: argparse.Namespace) -> int:
+    from . import experiments as ex
+
+    if args.testbed_command == "plot":
+        rows = ex.read_csv(args.results)
+        path = ex.plot(args.results)
+        if path is None:
+            print(f"dlcp testbed plot: no {args.results}/{ex.CSV_NAME}", file=sys.stderr)
+            return 1
+        print(ex.table(rows))
+        print(f"plot: {path}")
+        return 0
+    if args.testbed_command == "suite":
+        bad = [s for s in _split(args.scenarios) if s not in ex.SCENARIOS]
+        if bad:
+            print(f"dlcp testbed suite: unknown scenario {bad[0]!r}", file=sys.stderr)
+            return 2
+        failures, _rows = ex.suite(
+            _split(args.scenarios),
+            epochs=args.epochs,
+            results=args.results,
+            ablation_scenario=args.ablations_on,
+        )
+        return 1 if failures else 0
+    kw = {} if args.link_rate is None else {"link_rate_mbit": args.link_rate}
+    try:
+        ex.run_experiment(
+            args.scenario,
+            args.transport,
+            ablate=_split(args.ablate),
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            results=args.results,
+            prefix=args.prefix,
+            **kw,
+        )
+    except ValueError as e:
+        print(f"dlcp testbed run: {e}", file=sys.stderr)
+        return 2
+    except ex.ExperimentError as e:
+        print(f"dlcp testbed run: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         if args.testbed_command == "up":
             return up(args.topology, args.profile, args.prefix)
         if args.testbed_command == "down":
             return down(args.topology, args.prefix)
+        if args.testbed_command in ("run", "suite", "plot"):
+            return _experiments(args)
     except (NetnsError, TopologyError) as e:
         print(f"dlcp testbed: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,489 @@
+"""Training experiments on the leaf-spine testbed: DLCP vs Gloo under impairments.
+
+    dlcp testbed run --scenario loss --transport dlcp --epochs 2
+    dlcp testbed run --scenario clean --transport dlcp --ablate spray,bound
+    dlcp testbed suite --scenarios clean,loss,background --epochs 2
+    dlcp testbed plot --results results
+
+Every run builds the default leaf-spine topology (4 hosts, 2 leaves, 2 spines)
+with the DLCP switch profile on every router egress, shaped to
+``link_rate_mbit`` (default :data:`LINK_RATE_MBIT` = 200 Mbit/s, so that
+background traffic matters), applies the scenario, and starts one training rank
+(``dlcp.examples.train_digits``) per host *inside that host's namespace*, with
+torchrun's variables: ``RANK`` = host index, ``WORLD_SIZE`` = 4,
+``LOCAL_RANK`` = 0, ``MASTER_ADDR`` = h1's address, ``MASTER_PORT`` =
+:data:`MASTER_PORT`; Gloo is pointed at the host's interface
+(``GLOO_SOCKET_IFNAME``). The ranks are started and watched by
+:func:`dlcp.launch.launch` (their output streamed with a ``[rankN]:`` prefix;
+if one fails the others are terminated by their ``Popen`` handles). A progress
+line follows every finished epoch. The topology is removed afterwards, so every
+run starts from fresh counters.
+
+Scenarios:
+
+``clean``       nothing injected.
+``loss``        1 % random loss on leaf1--spine1, both directions.
+``background``  a paced UDP flow h2 -> h3 pinned to spine1 at
+                :data:`BACKGROUND_SHARE` of the link rate, for the whole run.
+                It is not DLCP traffic, so the profile serves it best-effort
+                (below every DLCP class); Gloo's TCP shares that class with it.
+``spine-down``  leaf1--spine1 taken down (routes re-converged) before training.
+``incast``      DLCP: ``--collective ps`` (parameter server on rank 0 = h1: every
+                other rank pushes to it at once). Gloo has no parameter-server
+                mode, so for Gloo ``incast`` is its ordinary ring all-reduce
+                (the row is the baseline the DLCP PS is compared with).
+
+Ablations (DLCP only; ``--ablate`` takes a comma list; default is everything on):
+
+``spray``     on: ``DLCP_N_PATHS=8`` (8 UDP source ports, ECMP spreads them);
+              off: ``DLCP_N_PATHS=1``.
+``bound``     on: ``--p 0.05``; off: ``--p 0`` (every packet recovered).
+``priority``  off: ``DLCP_CLASSIFIER=magnitude`` (one class, drop eligibility
+              from magnitude; no layer priority).
+``drop``      off: ``DLCP_CLASSIFIER=layer`` (layer priority, nothing
+              drop-eligible). ``priority`` and ``drop`` both off:
+              ``DLCP_CLASSIFIER=none``.
+
+Results: ``<results>/<scenario>-<transport>[-no-<ablations>].json`` (the
+example's per-epoch JSON of rank 0 plus the setup, the router counters per
+class -- sent packets and drops summed over every router interface, the
+difference between before and after training -- and the wall time), one row
+appended to ``<results>/testbed.csv`` and a bar plot ``<results>/testbed.png``
+(ms/iter and accuracy per scenario and transport, the newest row of each).
+``median ms/iter`` is the median over epochs of the example's per-epoch mean
+time per iteration (the example reports no per-iteration times).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from .impairments import (
+    CrossTraffic,
+    apply_profile,
+    cross_traffic,
+    link_down,
+    link_dropped,
+    link_loss,
+    profile_counters,
+)
+from .switch_profile import SwitchPolicy
+from .topology import Network, Topology, build
+
+__all__ = [
+    "ABLATIONS",
+    "SCENARIOS",
+    "ablation_label",
+    "append_csv",
+    "plot",
+    "run_experiment",
+    "suite",
+]
+
+SCENARIOS = ("clean", "loss", "background", "spine-down", "incast")
+ABLATIONS = ("priority", "drop", "spray", "bound")
+TRANSPORTS = ("dlcp", "gloo")
+MASTER_PORT = 29517
+LINK_RATE_MBIT = 200.0
+BACKGROUND_SHARE = 0.95
+LOSS_PERCENT = 1.0
+N_PATHS = 8
+P_BOUND = 0.05
+CSV_NAME = "testbed.csv"
+PNG_NAME = "testbed.png"
+CSV_FIELDS = (
+    "scenario",
+    "transport",
+    "ablation",
+    "epochs",
+    "final_accuracy",
+    "median_ms_per_iter",
+    "lost_fraction",
+    "retransmissions",
+    "router_drops",
+    "wall_s",
+)
+
+
+class ExperimentError(RuntimeError):
+    """A training run on the testbed failed (the message says which rank, how)."""
+
+
+def ablation_label(ablate: Iterable[str]) -> str:
+    """``""`` for none, else ``no-<a>[+<b>...]`` (sorted)."""
+    items = sorted(set(ablate))
+    return "no-" + "+".join(items) if items else ""
+
+
+def run_name(scenario: str, transport: str, ablate: Iterable[str] = ()) -> str:
+    label = ablation_label(ablate)
+    return f"{scenario}-{transport}" + (f"-{label}" if label else "")
+
+
+def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """(``DLCP_*`` environment, extra example flags) of a DLCP run."""
+    off = set(ablate)
+    env = {"DLCP_N_PATHS": "1" if "spray" in off else str(N_PATHS)}
+    if {"priority", "drop"} <= off:
+        env["DLCP_CLASSIFIER"] = "none"
+    elif "priority" in off:
+        env["DLCP_CLASSIFIER"] = "magnitude"
+    elif "drop" in off:
+        env["DLCP_CLASSIFIER"] = "layer"
+    flags = ["--p", "0" if "bound" in off else str(P_BOUND)]
+    if scenario == "incast":
+        flags += ["--collective", "ps"]
+    return env, flags
+
+
+def _policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
+    return SwitchPolicy(
+        link_rate_mbit=link_rate_mbit,
+        queue_packets=t.buffer_packets,
+        drop_eligible_packets=max(1, min(t.buffer_packets - 1, t.buffer_packets // 5)),
+    )
+
+
+def _setup(net: Network, scenario: str, link_rate_mbit: float) -> CrossTraffic | None:
+    if scenario == "loss":
+        link_loss(net, "leaf1", "spine1", LOSS_PERCENT)
+    elif scenario == "spine-down":
+        link_down(net, "leaf1", "spine1")
+    elif scenario == "background":
+        # "for the run's duration": a long flow, stopped when training ends
+        return cross_traffic(
+            net, "h2", "h3", spine="spine1", seconds=24 * 3600,
+            mbit=BACKGROUND_SHARE * link_rate_mbit,
+        )  # fmt: skip
+    return None
+
+
+def class_totals(
+    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+) -> dict[str, dict[str, int]]:
+    """Per class: packets sent and drops between two :func:`profile_counters`,
+    summed over every router interface."""
+    out: dict[str, dict[str, int]] = {}
+    for router, devs in after.items():
+        for dev, classes in devs.items():
+            for name, c in classes.items():
+                b = before.get(router, {}).get(dev, {}).get(name, {})
+                tot = out.setdefault(name, {"packets": 0, "drops": 0})
+                tot["packets"] += c["packets"] - b.get("packets", 0)
+                tot["drops"] += c["drops"] - b.get("drops", 0)
+    return out
+
+
+def per_link_packets(
+    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+) -> dict[str, dict[str, dict[str, int]]]:
+    """``{router: {egress iface: {class: packets sent}}}`` between two
+    :func:`profile_counters` (classes that sent nothing left out)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for router, devs in after.items():
+        for dev, classes in devs.items():
+            b = before.get(router, {}).get(dev, {})
+            sent = {
+                name: c["packets"] - b.get(name, {}).get("packets", 0)
+                for name, c in sorted(classes.items())
+            }
+            out.setdefault(router, {})[dev] = {k: v for k, v in sent.items() if v}
+    return out
+
+
+def drops_summary(totals: Mapping[str, Mapping[str, int]]) -> str:
+    """``class:drops/sent`` for every class that carried traffic."""
+    parts = [
+        f"{name}:{c['drops']}/{c['packets']}"
+        for name, c in sorted(totals.items())
+        if c["packets"] or c["drops"]
+    ]
+    return " ".join(parts)
+
+
+class _Progress:
+    """A text sink that forwards the ranks' output and adds a progress line
+    after every epoch rank 0 reports."""
+
+    _EPOCH = re.compile(r"^\[rank0\]: epoch\s+(\d+)/(\d+)")
+
+    def __init__(self, sink: IO[str], label: str, start: float) -> None:
+        self.sink, self.label, self.start = sink, label, start
+
+    def write(self, text: str) -> int:
+        self.sink.write(text)
+        for line in text.splitlines():
+            m = self._EPOCH.match(line)
+            if m:
+                self.sink.write(
+                    f"[testbed] {self.label}: epoch {m[1]}/{m[2]} done, "
+                    f"{time.monotonic() - self.start:.0f} s\n"
+                )
+        return len(text)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
+def run_experiment(
+    scenario: str,
+    transport: str,
+    *,
+    ablate: Sequence[str] = (),
+    epochs: int = 2,
+    batch_size: int = 16,
+    results: str | Path = "results",
+    link_rate_mbit: float = LINK_RATE_MBIT,
+    prefix: str | None = None,
+    timeout: float | None = None,
+    out: IO[str] | None = None,
+    plot_after: bool = True,
+) -> dict[str, Any]:
+    """One training run on a fresh testbed; returns (and writes) the result."""
+    from dlcp.launch import launch
+
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
+    bad = sorted(set(ablate) - set(ABLATIONS))
+    if bad:
+        raise ValueError(f"unknown ablation {bad[0]!r} (known: {', '.join(ABLATIONS)})")
+    if ablate and transport != "dlcp":
+        raise ValueError("ablations apply to --transport dlcp only")
+    sink = out if out is not None else sys.stdout
+    res_dir = Path(results)
+    res_dir.mkdir(parents=True, exist_ok=True)
+    name = run_name(scenario, transport, ablate)
+    train_json = (res_dir / f"{name}.train.json").resolve()
+    train_json.unlink(missing_ok=True)
+    t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
+    env: dict[str, str] = {}
+    flags = ["--transport", transport, "--epochs", str(epochs), "--batch-size", str(batch_size)]
+    if transport == "dlcp":
+        denv, dflags = dlcp_settings(scenario, ablate)
+        env.update(denv)
+        flags += dflags
+    if timeout is None:
+        timeout = 300.0 + 240.0 * epochs
+    started = time.monotonic()
+    with build(t, prefix=prefix) as net:
+        apply_profile(net, _policy(t, link_rate_mbit))
+        traffic = _setup(net, scenario, link_rate_mbit)
+        try:
+            before = profile_counters(net)
+            master = net.host_addr(t.host_names[0])
+            world = len(t.host_names)
+            cmds: dict[int, list[str]] = {}
+            for rank, host in enumerate(t.host_names):
+                argv = [
+                    "env", f"MASTER_ADDR={master}", f"MASTER_PORT={MASTER_PORT}",
+                    f"RANK={rank}", f"WORLD_SIZE={world}", "LOCAL_RANK=0",
+                    "LOCAL_WORLD_SIZE=1", f"GROUP_RANK={rank}",
+                    f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
+                    *(f"{k}={v}" for k, v in env.items()),
+                    sys.executable, "-m", "dlcp.examples.train_digits", *flags,
+                ]  # fmt: skip
+                if rank == 0:
+                    argv += ["--json", str(train_json)]
+                cmds[rank] = net.exec_argv(host, argv)
+            sink.write(
+                f"[testbed] {name}: {world} ranks on {', '.join(t.host_names)} "
+                f"(master {master}:{MASTER_PORT}), {epochs} epochs, "
+                f"links {link_rate_mbit:g} Mbit/s" + (f", {env}" if env else "") + "\n"
+            )
+            sink.flush()
+            progress = _Progress(sink, name, started)
+            lr = launch(
+                cmds[0],
+                world,
+                rank_cmd=cmds,
+                master_port=MASTER_PORT,
+                stdout=progress,  # type: ignore[arg-type]
+                stderr=progress,  # type: ignore[arg-type]
+                timeout=timeout,
+            )
+            if lr.returncode != 0:
+                raise ExperimentError(f"{name}: {lr.message}")
+            after = profile_counters(net)
+            injected = link_dropped(net, "leaf1", "spine1") if scenario == "loss" else None
+        finally:
+            if traffic is not None:
+                traffic.stop()
+    wall = time.monotonic() - started
+    train = json.loads(train_json.read_text())
+    train_json.unlink()
+    totals = class_totals(before, after)
+    ep = train["epochs"]
+    summary = {
+        "scenario": scenario,
+        "transport": transport,
+        "ablation": ablation_label(ablate),
+        "epochs": epochs,
+        "final_accuracy": train["final_test_accuracy"],
+        "median_ms_per_iter": 1e3 * statistics.median(e["iter_s"] for e in ep),
+        "lost_fraction": statistics.fmean(e["loss_fraction"] for e in ep),
+        "retransmissions": sum(e["retransmitted_packets"] for e in ep),
+        "router_drops": drops_summary(totals),
+        "wall_s": round(wall, 1),
+    }
+    result = {
+        **summary,
+        "setup": {
+            "topology": t.name,
+            "link_rate_mbit": link_rate_mbit,
+            "batch_size": batch_size,
+            "env": env,
+            "flags": flags,
+            "loss_rule_drops": injected,
+            "background": (
+                {"sent": traffic.sent, "received": traffic.received, "sport": traffic.sport}
+                if traffic is not None
+                else None
+            ),
+        },
+        "router_classes": totals,
+        "router_link_packets": per_link_packets(before, after),
+        "train": train,
+    }
+    (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    append_csv(res_dir, summary)
+    sink.write(
+        f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
+        f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
+        f"router drops {summary['router_drops'] or 'none'}\n"
+    )
+    sink.flush()
+    if plot_after:
+        plot(res_dir)
+    return result
+
+
+def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
+    path = Path(results) / CSV_NAME
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)
+    return path
+
+
+def read_csv(results: str | Path) -> list[dict[str, str]]:
+    """The newest row of every (scenario, transport, ablation), in first-seen order."""
+    path = Path(results) / CSV_NAME
+    if not path.exists():
+        return []
+    latest: dict[tuple[str, str, str], dict[str, str]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            latest[(row["scenario"], row["transport"], row["ablation"])] = row
+    return list(latest.values())
+
+
+def plot(results: str | Path) -> Path | None:
+    """Bar plot of ms/iter and final accuracy per scenario and transport (newest
+    CSV row of each) to ``<results>/testbed.png``; None if there is no data."""
+    rows = read_csv(results)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    variants = list(
+        dict.fromkeys(r["transport"] + (f" {r['ablation']}" if r["ablation"] else "") for r in rows)
+    )
+    by = {(r["scenario"], r["transport"] + (f" {r['ablation']}" if r["ablation"] else "")): r
+          for r in rows}  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(scenarios) * 2), 4.5))
+    width = 0.8 / len(variants)
+    for ax, key, title in (
+        (axes[0], "median_ms_per_iter", "median ms / iteration (lower is better)"),
+        (axes[1], "final_accuracy", "final test accuracy % (higher is better)"),
+    ):
+        for i, v in enumerate(variants):
+            xs, ys = [], []
+            for j, s in enumerate(scenarios):
+                r = by.get((s, v))
+                if r is not None:
+                    xs.append(j + (i - (len(variants) - 1) / 2) * width)
+                    ys.append(float(r[key]))
+            ax.bar(xs, ys, width, label=v)
+        ax.set_xticks(range(len(scenarios)), scenarios)
+        ax.set_title(title)
+        if key == "final_accuracy":
+            ax.set_ylim(0, 100)
+    axes[0].legend(fontsize="small")
+    fig.suptitle("DLCP vs Gloo on the leaf-spine testbed")
+    fig.tight_layout()
+    path = Path(results) / PNG_NAME
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table of CSV-like rows."""
+    head = (
+        "| scenario | transport | ablation | accuracy % | ms/iter | lost % | retx "
+        "| router drops (class:drops/sent) |"
+    )
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
+            f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
+            f"{100 * float(r['lost_fraction']):.2f} | {r['retransmissions']} | "
+            f"{r['router_drops'] or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def suite(
+    scenarios: Sequence[str] = SCENARIOS,
+    *,
+    epochs: int = 2,
+    results: str | Path = "results",
+    ablation_scenario: str | None = None,
+    out: IO[str] | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
+    """Every scenario for Gloo and DLCP, then (if ``ablation_scenario``) each
+    single ablation of DLCP on that scenario. Failed runs are reported and
+    skipped. Returns (number of failures, summaries)."""
+    sink = out if out is not None else sys.stdout
+    plan: list[tuple[str, str, tuple[str, ...]]] = [
+        (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")
+    ]
+    if ablation_scenario:
+        plan += [(ablation_scenario, "dlcp", (a,)) for a in ABLATIONS]
+    done: list[dict[str, Any]] = []
+    failures = 0
+    for i, (s, tr, ab) in enumerate(plan, 1):
+        sink.write(f"[testbed] suite {i}/{len(plan)}: {run_name(s, tr, ab)}\n")
+        try:
+            r = run_experiment(s, tr, ablate=ab, epochs=epochs, results=results, out=sink,
+                               plot_after=False)  # fmt: skip
+        except Exception as e:  # one failed run must not end the suite
+            failures += 1
+            sink.write(f"[testbed] suite: {run_name(s, tr, ab)} FAILED: {e}\n")
+            continue
+        done.append({k: r[k] for k in CSV_FIELDS})
+    plot(results)
+    sink.write(table(done) + "\n")
+    sink.flush()
+    return failures, done

@@ -1,0 +1,140 @@
+"""Training experiments on the testbed: the pure parts (no root), and short real
+runs over the leaf-spine with each transport (root)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dlcp.testbed import experiments as ex
+from dlcp.testbed.netns import missing_tools
+
+MISSING = missing_tools(loss=True, offloads=True)
+needs_root = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs {', '.join(MISSING)} (network namespaces)"
+)
+
+# --- no root ---------------------------------------------------------------------------
+
+
+def test_ablation_mapping() -> None:
+    env, flags = ex.dlcp_settings("clean", ())
+    assert env == {"DLCP_N_PATHS": "8"} and flags == ["--p", "0.05"]
+    env, flags = ex.dlcp_settings("incast", ("spray", "bound"))
+    assert env == {"DLCP_N_PATHS": "1"}
+    assert flags == ["--p", "0", "--collective", "ps"]
+    assert ex.dlcp_settings("clean", ("priority",))[0]["DLCP_CLASSIFIER"] == "magnitude"
+    assert ex.dlcp_settings("clean", ("drop",))[0]["DLCP_CLASSIFIER"] == "layer"
+    assert ex.dlcp_settings("clean", ("drop", "priority"))[0]["DLCP_CLASSIFIER"] == "none"
+    assert ex.run_name("loss", "dlcp", ("spray", "bound")) == "loss-dlcp-no-bound+spray"
+    assert ex.run_name("loss", "gloo") == "loss-gloo"
+
+
+def test_bad_arguments_are_rejected_before_building() -> None:
+    with pytest.raises(ValueError, match="unknown scenario"):
+        ex.run_experiment("nope", "dlcp")
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ex.run_experiment("clean", "dlcp", ablate=("fast",))
+    with pytest.raises(ValueError, match="dlcp only"):
+        ex.run_experiment("clean", "gloo", ablate=("spray",))
+
+
+def test_class_totals_sum_over_routers() -> None:
+    def c(p: int, d: int) -> dict[str, int]:
+        return {"packets": p, "bytes": 0, "drops": d, "backlog": 0}
+
+    before: Any = {"leaf1": {"spine1": {"c7-protected": c(10, 1)}}, "spine1": {}}
+    after: Any = {
+        "leaf1": {"spine1": {"c7-protected": c(30, 2)}},
+        "spine1": {"leaf2": {"c7-protected": c(5, 0), "best-effort": c(0, 0)}},
+    }
+    tot = ex.class_totals(before, after)
+    assert tot["c7-protected"] == {"packets": 25, "drops": 1}
+    assert ex.drops_summary(tot) == "c7-protected:1/25"
+    assert ex.per_link_packets(before, after) == {
+        "leaf1": {"spine1": {"c7-protected": 20}},
+        "spine1": {"leaf2": {"c7-protected": 5}},
+    }
+
+
+def test_csv_newest_row_wins_and_plot(tmp_path: Path) -> None:
+    row = dict.fromkeys(ex.CSV_FIELDS, "0")
+    for acc in ("50", "90"):
+        ex.append_csv(tmp_path, {**row, "scenario": "clean", "transport": "gloo",
+                                 "ablation": "", "final_accuracy": acc})  # fmt: skip
+    ex.append_csv(tmp_path, {**row, "scenario": "loss", "transport": "dlcp",
+                             "ablation": "no-spray", "final_accuracy": "80"})  # fmt: skip
+    rows = ex.read_csv(tmp_path)
+    assert [r["final_accuracy"] for r in rows] == ["90", "80"]
+    assert "| clean | gloo | - | 90.0 |" in ex.table(rows)
+    png = ex.plot(tmp_path)
+    assert png is not None and png.stat().st_size > 1000
+
+
+# --- real runs (root) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    if MISSING:
+        pytest.skip(f"needs {', '.join(MISSING)} (network namespaces)")
+    res = tmp_path_factory.mktemp("results")
+    out: dict[str, dict[str, Any]] = {}
+    for transport in ("gloo", "dlcp"):
+        log = io.StringIO()
+        out[transport] = ex.run_experiment(
+            "clean", transport, epochs=1, batch_size=32, results=res, out=log
+        )
+        assert "[testbed] clean-" + transport + ": epoch 1/1 done" in log.getvalue()
+        assert "[rank3]:" in log.getvalue()  # every rank's output is streamed, prefixed
+    return res, out
+
+
+@needs_root
+@pytest.mark.parametrize("transport", ["gloo", "dlcp"])
+def test_short_training_run_completes(
+    runs: tuple[Path, dict[str, dict[str, Any]]], transport: str
+) -> None:
+    res, out = runs
+    r = out[transport]
+    assert r["final_accuracy"] is not None and r["final_accuracy"] > 10.0  # > chance
+    assert r["train"]["world_size"] == 4
+    saved = json.loads((res / f"clean-{transport}.json").read_text())
+    assert saved["transport"] == transport and saved["train"]["epochs"]
+    with (res / ex.CSV_NAME).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["scenario"], r["transport"]) for r in rows} == {("clean", "gloo"), ("clean", "dlcp")}
+    assert (res / ex.PNG_NAME).stat().st_size > 1000
+    if transport == "dlcp":
+        # DSCP-marked DLCP traffic reached the priority classes of the profile
+        assert any(k != "c0-drop" and k != "best-effort" and v["packets"] > 100
+                   for k, v in r["router_classes"].items())  # fmt: skip
+
+
+@needs_root
+def test_dlcp_sprays_over_both_spines(runs: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    """DLCP_N_PATHS=8 spreads a flow over both spines. The ring has two flows between
+    the leaves: h2 -> h3 (spines' egress towards leaf2) and h4 -> h1 (towards
+    leaf1). Without spraying each is pinned to one spine (measured: one spine
+    carries 0 of its DLCP packets); with 8 source ports a flow lands on both
+    spines unless all 8 ephemeral ports hash alike (1/128 per flow), so the test
+    asks that at least one of the two flows is split (fails by chance 1/16384).
+    The sender learns per-path loss and gives a lossy path as little as 2 % of the
+    batches, so "split" means more than 1 % of the flow's packets on each spine.
+    DLCP packets = every profile class but c0-drop (TOS 0: Gloo's and other TCP)."""
+    links = runs[1]["dlcp"]["router_link_packets"]
+
+    def dlcp_packets(spine: str, towards: str) -> int:
+        classes = links[spine][towards]
+        return sum(v for k, v in classes.items() if k not in ("c0-drop", "best-effort"))
+
+    shares = []
+    for leaf in ("leaf1", "leaf2"):
+        s1, s2 = dlcp_packets("spine1", leaf), dlcp_packets("spine2", leaf)
+        assert s1 + s2 > 500, (leaf, s1, s2)
+        shares.append(min(s1, s2) / (s1 + s2))
+    assert max(shares) > 0.01, (shares, links)
