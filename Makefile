@@ -11,13 +11,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# the CPU build of torch that these machines carry; an unpinned torch pulls CUDA
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,testbed]'
 	touch $(STAMP)
 
 setup: $(STAMP) sysdeps
 
-# Namespace tests and benchmarks need iproute2, nftables, ethtool and ping. As root
-# with apt (CI, a fresh Debian), install what is missing; otherwise those tests skip.
+# Namespace tests and benchmarks need iproute2, nftables, ethtool and ping; the Mininet
+# backend needs mnexec (Debian mininet). As root with apt (CI, a fresh Debian), install
+# what is missing; otherwise those tests skip.
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
@@ -26,6 +27,10 @@ sysdeps:
 	  done; \
 	  if [ -n "$$missing" ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  fi; \
+	  if ! command -v mnexec >/dev/null; then \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet; } \
+	      || echo "mininet not installed: the Mininet backend tests will skip"; \
 	  fi; \
 	fi
 

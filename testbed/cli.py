@@ -37,6 +37,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="switch profile on every router egress (default dlcp)",
     )
     up.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"namespace prefix ({DEFAULT_PREFIX})")
+    up.add_argument(
+        "--backend",
+        choices=["namespaces", "mininet"],
+        default="namespaces",
+        help="plain network namespaces (default) or Mininet nodes (testbed/mininet_backend.py)",
+    )
+    up.add_argument(
+        "--cli",
+        action="store_true",
+        help="with --backend mininet: open Mininet's CLI (h1 ping h4); exit removes the testbed",
+    )
     down = tsub.add_parser("down", help="remove the namespaces of a testbed by name")
     down.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), help="TOML topology file")
     down.add_argument(
@@ -99,12 +110,23 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
-def up(topology: str, profile: str, prefix: str) -> int:
+def up(
+    topology: str, profile: str, prefix: str, backend: str = "namespaces", cli: bool = False
+) -> int:
     t = Topology.load(topology)
     policy = _policy(profile, t)
+    if cli and backend != "mininet":
+        print("dlcp testbed up: --cli needs --backend mininet", file=sys.stderr)
+        return 2
+    if backend == "mininet":
+        from .mininet_backend import build_mininet
+
+        builder = build_mininet(t, prefix=prefix)
+    else:
+        builder = build(t, prefix=prefix)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with build(t, prefix=prefix) as net:
+        with builder as net:
             if policy is not None:
                 apply_profile(net, policy)
             print(f"testbed {t.name}: prefix {prefix}, profile {profile}")
@@ -112,8 +134,14 @@ def up(topology: str, profile: str, prefix: str) -> int:
                 addr = f"  {net.host_addr(node)}" if node in t.host_names else ""
                 print(f"  {node:<16} netns {net.ns(node)}{addr}")
             print(f"enter a host: ip netns exec {net.ns(t.host_names[0])} bash")
+            if backend == "mininet":
+                print(f"Mininet nodes: {' '.join(t.nodes)} (no switches, no controller)")
             print("ready", flush=True)
-            while True:
+            if cli:
+                # Ctrl-C inside the CLI interrupts a command, as in Mininet itself
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                net.cli()  # type: ignore[attr-defined]
+            while not cli:
                 signal.pause()
     except _Stop:
         pass
@@ -186,7 +214,7 @@ def _experiments(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.testbed_command == "up":
-            return up(args.topology, args.profile, args.prefix)
+            return up(args.topology, args.profile, args.prefix, args.backend, args.cli)
         if args.testbed_command == "down":
             return down(args.topology, args.prefix)
         if args.testbed_command in ("run", "suite", "plot"):

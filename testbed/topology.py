@@ -62,6 +62,7 @@ __all__ = [
     "Topology",
     "TopologyError",
     "build",
+    "route_commands",
 ]
 
 DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "topologies" / "leaf_spine_4h.toml"
@@ -333,6 +334,39 @@ def _check_ready(net: Network) -> None:
                 net.run(a, ["ping", "-c", "1", "-W", "5", "-q", net.host_addr(b)])
 
 
+def route_commands(t: Topology) -> list[tuple[str, list[str]]]:
+    """Every static route of ``t`` as ``(node, ["ip", "route", "add", ...])``, in
+    the order :func:`build` installs them: host default routes via their leaf,
+    leaf routes to remote host prefixes over all spines (ECMP ``nexthop`` list
+    when there is more than one spine), spine routes to each host prefix via its
+    leaf. Shared by every backend, so addressing and routing are identical."""
+    out: list[tuple[str, list[str]]] = []
+    links = t.links()
+    host_links = {lo: (la, ua, sn) for lo, _u, la, ua, sn in links[: len(t.hosts)]}
+    fabric = {(lo, up): (la, ua) for lo, up, la, ua, _s in links[len(t.hosts) :]}
+    for h in t.hosts:
+        _h_addr, leaf_addr, _sn = host_links[h.name]
+        out.append((h.name, ["ip", "route", "add", "default", "via", leaf_addr]))
+    for leaf in t.leaves:
+        hops = [fabric[(leaf, s)][1] for s in t.spines]
+        for h in t.hosts:
+            if h.leaf == leaf:
+                continue  # connected route
+            dst = host_links[h.name][2]
+            if len(hops) == 1:
+                via = ["via", hops[0]]
+            else:
+                via = [w for hop in hops for w in ("nexthop", "via", hop)]
+            out.append((leaf, ["ip", "route", "add", dst, *via]))
+    for spine in t.spines:
+        for h in t.hosts:
+            leaf_addr_on_link = fabric[(h.leaf, spine)][0]
+            out.append(
+                (spine, ["ip", "route", "add", host_links[h.name][2], "via", leaf_addr_on_link])
+            )
+    return out
+
+
 @contextmanager
 def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]:
     """Create ``topology`` as namespaces ``<prefix><node>``; remove them on exit."""
@@ -384,35 +418,14 @@ def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]
             for node, dev, addr in ((lower, upper, addr_l), (upper, lower, addr_u)):
                 _run(["ip", "-n", net.ns(node), "addr", "add", f"{addr}/24", "dev", dev])
                 _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "up"])
-        links = t.links()
-        host_links = {lo: (la, ua, sn) for lo, _u, la, ua, sn in links[: len(t.hosts)]}
-        fabric = {(lo, up): (la, ua) for lo, up, la, ua, _s in links[len(t.hosts) :]}
+        for node, argv in route_commands(t):
+            net.run(node, argv)
         for h in t.hosts:
-            _h_addr, leaf_addr, _sn = host_links[h.name]
-            net.run(h.name, ["ip", "route", "add", "default", "via", leaf_addr])
             net.run(
                 h.name,
                 ["ethtool", "-K", h.leaf, "tx-udp-segmentation", "off"],
                 check=False,  # not every kernel exposes the feature; ignore
             )
-        for leaf in t.leaves:
-            hops = [fabric[(leaf, s)][1] for s in t.spines]
-            for h in t.hosts:
-                if h.leaf == leaf:
-                    continue  # connected route
-                dst = host_links[h.name][2]
-                if len(hops) == 1:
-                    via = ["via", hops[0]]
-                else:
-                    via = [w for hop in hops for w in ("nexthop", "via", hop)]
-                net.run(leaf, ["ip", "route", "add", dst, *via])
-        for spine in t.spines:
-            for h in t.hosts:
-                leaf_addr_on_link = fabric[(h.leaf, spine)][0]
-                net.run(
-                    spine,
-                    ["ip", "route", "add", host_links[h.name][2], "via", leaf_addr_on_link],
-                )
         _check_ready(net)
         yield net
     finally:
