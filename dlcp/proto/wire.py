@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Final, TypeAlias
 
 import numpy as np
@@ -84,7 +84,6 @@ AUTH_TAG_LEN: Final = 16
 MAX_LOSS_BOUND: Final = 0.255
 #: NACK ranges that fit one control datagram at MTU 1500 with an auth tag
 MAX_NACK_RANGES: Final = 170
-_NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 
 
 class PacketType(enum.IntEnum):
@@ -104,7 +103,6 @@ class Flags(enum.IntFlag):
 
 
 _DATA_FLAG_MASK: Final = int(Flags.LAST | Flags.RETRANSMIT | Flags.AUTH)
-_CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 
 
 class DType(enum.IntEnum):
@@ -201,8 +199,6 @@ NATIVE_HEADER_DTYPE: Final = HEADER_DTYPE.newbyteorder("=")
 
 _DATA_STRUCT: Final = struct.Struct(">BBHIHHIIIHHBBBB")
 assert _DATA_STRUCT.size == DATA_HEADER_LEN
-_CONTROL_STRUCT: Final = struct.Struct(">BBHIHHHH")
-assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 
 
 def bound_to_wire(p: float) -> int:
@@ -305,8 +301,6 @@ def encode_data(header: DataHeader, payload: bytes | memoryview, key: bytes | No
 
 
 def _replace_flags(header: DataHeader, flags: Flags) -> DataHeader:
-    from dataclasses import replace
-
     return replace(header, flags=Flags(int(flags)))
 
 
@@ -608,260 +602,6 @@ def _reason_message(batch: ParsedBatch, i: int) -> str:
     return "authentication failed: tag does not match"
 
 
-# --------------------------------------------------------------------------- control
-
-
-class AbortReason(enum.IntEnum):
-    GAVE_UP = 1  # sender exhausted its retransmission rounds
-    CANCELLED = 2  # the application cancelled the message
-    PEER_TIMEOUT = 3  # the other side stopped answering
-
-
-@dataclass(frozen=True, slots=True)
-class _ControlBase:
-    step: int
-    msg: int
-    src: int
-
-
-@dataclass(frozen=True, slots=True)
-class Stop(_ControlBase):
-    """Receiver -> sender: the message is complete, stop sending it."""
-
-    received_elems: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Finish(_ControlBase):
-    """Sender -> receiver: every chunk of this round has been sent.
-
-    ``class_chunks``: chunks per (priority, drop) class at index
-    ``prio * 2 + drop``, so the receiver can say what it lost per class.
-    """
-
-    round: int = 0
-    total_chunks: int = 0
-    protected_chunks: int = 0
-    class_chunks: tuple[int, ...] = field(default=(0,) * 16)
-
-
-@dataclass(frozen=True, slots=True)
-class Nack(_ControlBase):
-    """Receiver -> sender: chunks missing, and how many more elements are needed."""
-
-    round: int = 0
-    needed_elems: int = 0
-    ranges: tuple[tuple[int, int], ...] = ()  # (first_seq, count)
-    #: more NACK parts of this round follow (a receiver with more gaps than fit
-    #: one datagram sends several parts; the sender acts on the last one)
-    more: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RateFeedback(_ControlBase):
-    """Receiver -> sender: the receive rate (bytes/s) it measured from this sender."""
-
-    bytes_per_s: int = 0
-    interval_us: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Abort(_ControlBase):
-    """Either direction: the message is abandoned."""
-
-    reason: AbortReason = AbortReason.GAVE_UP
-
-
-ControlMessage: TypeAlias = Stop | Finish | Nack | RateFeedback | Abort
-
-_TYPE_OF: Final[dict[type, PacketType]] = {
-    Stop: PacketType.STOP,
-    Finish: PacketType.FINISH,
-    Nack: PacketType.NACK,
-    RateFeedback: PacketType.RATE,
-    Abort: PacketType.ABORT,
-}
-
-
-def _body(msg: ControlMessage) -> bytes:
-    if isinstance(msg, Stop):
-        return struct.pack(">I", msg.received_elems)
-    if isinstance(msg, Finish):
-        if len(msg.class_chunks) != 16:
-            raise ValueError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
-        if msg.protected_chunks > msg.total_chunks or sum(msg.class_chunks) != msg.total_chunks:
-            raise ValueError(
-                f"inconsistent Finish: {msg.protected_chunks} protected and "
-                f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
-            )
-        return struct.pack(
-            ">HHII16I", msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
-        )
-    if isinstance(msg, Nack):
-        if len(msg.ranges) > MAX_NACK_RANGES:
-            raise ValueError(
-                f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}"
-            )
-        for first, n in msg.ranges:
-            if n == 0 or first + n > 0xFFFFFFFF:
-                raise ValueError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
-        flat = [v for r in msg.ranges for v in r]
-        return struct.pack(
-            f">HBBI{2 * len(msg.ranges)}I",
-            msg.round,
-            _NACK_MORE if msg.more else 0,
-            len(msg.ranges),
-            msg.needed_elems,
-            *flat,
-        )
-    if isinstance(msg, RateFeedback):
-        return struct.pack(">QI", msg.bytes_per_s, msg.interval_us)
-    return struct.pack(">HH", int(msg.reason), 0)
-
-
-def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -> bytes:
-    """One control datagram; with ``key`` the AUTH flag is set and the tag appended."""
-    _check_range("job", job, 0xFFFF)
-    _check_range("step", msg.step, 0xFFFFFFFF)
-    _check_range("msg", msg.msg, 0xFFFF)
-    _check_range("src", msg.src, 0xFFFF)
-    body = _body(msg)
-    flags = int(Flags.AUTH) if key is not None else 0
-    head = _CONTROL_STRUCT.pack(
-        (VERSION << 4) | _TYPE_OF[type(msg)], flags, job, msg.step, msg.msg, msg.src, len(body), 0
-    )
-    out = head + body
-    return out + auth_tag(key, out) if key is not None else out
-
-
-_BODY_LEN: Final = {
-    PacketType.STOP: 4,
-    PacketType.FINISH: 76,
-    PacketType.RATE: 12,
-    PacketType.ABORT: 4,
-}
-
-
-def decode_control(
-    data: bytes | memoryview, *, job: int, key: bytes | None = None, require_auth: bool = False
-) -> ControlMessage:
-    """Parse and validate one control datagram; raises :class:`WireError`."""
-    data = bytes(data)
-    ptype = peek_type(data)
-    if ptype is PacketType.DATA:
-        raise WireError(
-            Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected"
-        )
-    if len(data) < CONTROL_HEADER_LEN:
-        raise WireError(
-            Reason.TRUNCATED,
-            f"truncated datagram: {len(data)} bytes, a control header needs {CONTROL_HEADER_LEN}",
-        )
-    _vt, flags, pkt_job, step, msg, src, body_len, reserved = _CONTROL_STRUCT.unpack_from(data)
-    if pkt_job != job:
-        raise WireError(
-            Reason.WRONG_JOB,
-            f"wrong job: datagram is for job {pkt_job}, this endpoint serves job {job}",
-        )
-    if flags & ~_CONTROL_FLAG_MASK or reserved:
-        raise WireError(
-            Reason.BAD_FIELD,
-            f"reserved bits set in control header: flags={flags:#04x}, reserved={reserved:#06x}",
-        )
-    tag = AUTH_TAG_LEN if flags & Flags.AUTH else 0
-    if len(data) != CONTROL_HEADER_LEN + body_len + tag:
-        raise WireError(
-            Reason.LENGTH_MISMATCH,
-            f"payload length mismatch: header says {body_len} body bytes "
-            f"({CONTROL_HEADER_LEN + body_len + tag} in all), datagram has {len(data)}",
-        )
-    if key is not None or require_auth:
-        if not tag:
-            raise WireError(
-                Reason.AUTH_REQUIRED, "authentication required: datagram carries no tag"
-            )
-        if key is not None and not hmac.compare_digest(auth_tag(key, data[:-tag]), data[-tag:]):
-            raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
-    body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]
-    want = _BODY_LEN.get(ptype)
-    if ptype is PacketType.NACK:
-        if body_len < 8:
-            raise WireError(
-                Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes"
-            )
-        rnd, nack_flags, count, needed = struct.unpack_from(">HBBI", body)
-        if nack_flags & ~_NACK_MORE:
-            raise WireError(
-                Reason.BAD_FIELD, f"reserved bits set in NACK body: flags={nack_flags:#04x}"
-            )
-        if count > MAX_NACK_RANGES:
-            raise WireError(
-                Reason.LENGTH_MISMATCH,
-                f"payload length mismatch: NACK with {count} ranges, "
-                f"at most {MAX_NACK_RANGES} fit one datagram",
-            )
-        if body_len != 8 + 8 * count:
-            raise WireError(
-                Reason.LENGTH_MISMATCH,
-                f"payload length mismatch: NACK with {count} ranges needs "
-                f"{8 + 8 * count} body bytes, has {body_len}",
-            )
-        flat = struct.unpack_from(f">{2 * count}I", body, 8)
-        ranges = tuple(zip(flat[0::2], flat[1::2], strict=True))
-        for first, n in ranges:
-            if n == 0 or first + n > 0xFFFFFFFF:
-                raise WireError(
-                    Reason.OUT_OF_BOUNDS,
-                    f"offset/length beyond the message: NACK range ({first}, {n})",
-                )
-        return Nack(
-            step,
-            msg,
-            src,
-            round=rnd,
-            needed_elems=needed,
-            ranges=ranges,
-            more=bool(nack_flags & _NACK_MORE),
-        )
-    if body_len != want:
-        raise WireError(
-            Reason.LENGTH_MISMATCH,
-            f"payload length mismatch: {ptype.name} body must be {want} bytes, has {body_len}",
-        )
-    if ptype is PacketType.STOP:
-        (received,) = struct.unpack(">I", body)
-        return Stop(step, msg, src, received_elems=received)
-    if ptype is PacketType.FINISH:
-        rnd, res, total, protected, *classes = struct.unpack(">HHII16I", body)
-        if res:
-            raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
-        if protected > total or sum(classes) != total:
-            raise WireError(
-                Reason.BAD_FIELD,
-                f"inconsistent FINISH: {protected} protected and {sum(classes)} classed "
-                f"chunks of {total}",
-            )
-        return Finish(
-            step,
-            msg,
-            src,
-            round=rnd,
-            total_chunks=total,
-            protected_chunks=protected,
-            class_chunks=tuple(classes),
-        )
-    if ptype is PacketType.RATE:
-        rate, interval = struct.unpack(">QI", body)
-        return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
-    code, res = struct.unpack(">HH", body)
-    if res:
-        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {res:#06x}")
-    try:
-        return Abort(step, msg, src, reason=AbortReason(code))
-    except ValueError:
-        raise WireError(Reason.BAD_FIELD, f"unknown abort reason {code}") from None
-
-
 # --------------------------------------------------------------------------- TOS
 
 
@@ -897,3 +637,18 @@ class TosMap:
         if not 0 <= prio <= 7:
             raise ValueError(f"priority class {prio} outside 0..7")
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)
+
+
+# The control-message codec lives in .control; its names stay importable from here,
+# so that ``dlcp.proto.wire`` remains the one place that names the whole wire format.
+from .control import (  # noqa: E402
+    Abort,
+    AbortReason,
+    ControlMessage,
+    Finish,
+    Nack,
+    RateFeedback,
+    Stop,
+    decode_control,
+    encode_control,
+)
