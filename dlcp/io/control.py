@@ -112,43 +112,49 @@ class ControlChannel:
         self.inbound[sock] = Inbound(sock)
         return sock
 
-    def read(self, sock: socket.socket) -> tuple[list[tuple[int, bytes]], PeerGone | None, bool]:
-        """Frames that arrived on inbound ``sock`` as (peer, datagram), a PeerGone
-        if the connection ended or misbehaved, and whether ``sock`` was closed."""
+    def read(self, sock: socket.socket) -> tuple[list[tuple[int, bytes]], str | None]:
+        """Frames that arrived on inbound ``sock`` as (peer, datagram), and why the
+        connection ended if it did (then ``sock`` is closed and forgotten; ask
+        :meth:`ended` whether that means its peer is gone)."""
         conn = self.inbound[sock]
         try:
             chunk = sock.recv(1 << 18)
         except (BlockingIOError, InterruptedError):
-            return [], None, False
+            return [], None
         except OSError as exc:
-            return [], self._close_inbound(conn, f"connection error: {exc}"), True
+            return [], self._close_inbound(conn, f"connection error: {exc}")
         if not chunk:
-            return [], self._close_inbound(conn, "closed its control connection"), True
+            return [], self._close_inbound(conn, "closed its control connection")
         conn.buf += chunk
         frames: list[tuple[int, bytes]] = []
         if conn.rank is None:
             if len(conn.buf) < HELLO.size:
-                return [], None, False
+                return [], None
             magic, job, rank = HELLO.unpack_from(conn.buf)
             if magic != _MAGIC or job != self.job:
                 why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
-                return [], self._close_inbound(conn, why), True
+                return [], self._close_inbound(conn, why)
             conn.rank = rank
             del conn.buf[: HELLO.size]
         while len(conn.buf) >= _FRAME.size:
             (length,) = _FRAME.unpack_from(conn.buf)
             if length > _MAX_FRAME:
                 why = f"sent a control frame of {length} bytes (limit {_MAX_FRAME})"
-                return frames, self._close_inbound(conn, why), True
+                return frames, self._close_inbound(conn, why)
             if len(conn.buf) < _FRAME.size + length:
                 break
             frames.append((conn.rank, bytes(conn.buf[_FRAME.size : _FRAME.size + length])))
             del conn.buf[: _FRAME.size + length]
-        return frames, None, False
+        return frames, None
 
-    def _close_inbound(self, conn: Inbound, why: str) -> PeerGone | None:
+    def _close_inbound(self, conn: Inbound, why: str) -> str:
         self.inbound.pop(conn.sock, None)
         conn.sock.close()
+        return why
+
+    def ended(self, conn: Inbound, why: str) -> PeerGone | None:
+        """The end of inbound ``conn`` (its frames already handled): a PeerGone if
+        it was a trusted connection of a known rank, else nothing but a log line."""
         if conn.rank is None or not conn.trusted:
             log.warning(
                 "dlcp: dropped a control connection (hello as rank %s) that never "

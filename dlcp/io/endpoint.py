@@ -431,9 +431,9 @@ class Endpoint:
             while (conn := self._control.accept()) is not None:  # every pending one
                 sel.register(conn, selectors.EVENT_READ, "control")
         else:
-            inbound = self._control.inbound.get(sock)
-            frames, gone, closed = self._control.read(sock)
-            if closed:
+            inbound = self._control.inbound[sock]
+            frames, ended = self._control.read(sock)
+            if ended is not None:
                 sel.unregister(sock)
             now = time.monotonic()
             for peer, datagram in frames:
@@ -443,15 +443,11 @@ class Endpoint:
                     continue
                 rejected = self._session.stats.rejected_total()
                 self._session.receive_datagram(datagram, now=now)
-                if inbound is not None and self._session.stats.rejected_total() == rejected:
+                if self._session.stats.rejected_total() == rejected:
                     inbound.trusted = True
                 else:
                     self._stats.control_rejected += 1
-            if closed and gone is None and inbound is not None and inbound.trusted:
-                gone = PeerGone(
-                    inbound.rank or 0, f"rank {inbound.rank} closed its control connection"
-                )
-            if gone is not None:
+            if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
                 self._peer_gone(gone)
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
