@@ -38,12 +38,11 @@ from typing import Any
 
 from .netns import NetnsError, _cleanup, _run
 from .topology import (
-    _PREFIX_RE,
     Network,
     Topology,
     _check_ready,
-    _default_prefix,
     _sysctl,
+    checked_prefix,
     route_commands,
 )
 
@@ -125,10 +124,7 @@ def build_mininet(
     from mininet.log import setLogLevel
     from mininet.node import Host
 
-    if prefix is None:
-        prefix = _default_prefix()
-    if not _PREFIX_RE.match(prefix):
-        raise NetnsError(f"prefix {prefix!r}: letters, digits, '_' and '-' only")
+    prefix = checked_prefix(prefix)
     setLogLevel("warning")
     t = topology
     names = [f"{prefix}{n}" for n in t.nodes]

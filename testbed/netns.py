@@ -155,6 +155,18 @@ class NetnsPair:
         return nft_dropped(ns, self.prefix)
 
 
+def run_prefix() -> str:
+    """A fresh name prefix for what one run creates (``dlcp<pid><n>``)."""
+    return f"dlcp{os.getpid() % 100000}{next(_counter)}"
+
+
+def require_tools(what: str, **needs: bool) -> None:
+    """Raise :class:`NetnsError` naming what ``what`` needs and this host lacks."""
+    missing = missing_tools(**needs)
+    if missing:
+        raise NetnsError(f"{what} needs {', '.join(missing)}")
+
+
 def _cleanup(names: Sequence[str]) -> None:
     for ns in names:
         _run(["ip", "netns", "del", ns], check=False)
@@ -163,10 +175,8 @@ def _cleanup(names: Sequence[str]) -> None:
 @contextmanager
 def netns_pair(*, mtu: int = 1500, subnet: str = "10.213.7") -> Iterator[NetnsPair]:
     """Create two namespaces joined by veth with ``mtu``; remove them on exit."""
-    missing = missing_tools()
-    if missing:
-        raise NetnsError(f"a namespace pair needs {', '.join(missing)}")
-    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    require_tools("a namespace pair")
+    prefix = run_prefix()
     pair = NetnsPair(
         prefix,
         f"{prefix}a",
@@ -264,10 +274,8 @@ class NetnsLine(NetnsPair):
 @contextmanager
 def netns_line(*, mtu: int = 1500, subnet: str = "10.213") -> Iterator[NetnsLine]:
     """a -- r -- b: two hosts and a forwarding router, veth links of ``mtu``."""
-    missing = missing_tools()
-    if missing:
-        raise NetnsError(f"a namespace line needs {', '.join(missing)}")
-    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    require_tools("a namespace line")
+    prefix = run_prefix()
     line = NetnsLine(
         prefix,
         f"{prefix}a",
@@ -360,10 +368,8 @@ class NetnsLoopback:
 @contextmanager
 def netns_loopback(*, mtu: int = 1500) -> Iterator[NetnsLoopback]:
     """A namespace whose loopback is up with ``mtu``; removed on exit."""
-    missing = missing_tools()
-    if missing:
-        raise NetnsError(f"a loopback namespace needs {', '.join(missing)}")
-    prefix = f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    require_tools("a loopback namespace")
+    prefix = run_prefix()
     box = NetnsLoopback(prefix, f"{prefix}l", mtu)
     created: list[str] = []
     try:

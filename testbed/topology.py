@@ -41,7 +41,6 @@ Readiness is checked (routes present, every host pings every other host).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -53,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .netns import NetnsError, _cleanup, _run, missing_tools
+from .netns import NetnsError, _cleanup, _run, require_tools, run_prefix
 
 __all__ = [
     "DEFAULT_TOPOLOGY",
@@ -74,7 +73,6 @@ _RESERVED = frozenset({"lo", "all", "default"})
 _HOST_NET = "10.215"
 _FABRIC_NET = "10.214"
 _KEYS = frozenset({"name", "mtu", "link_rate_mbit", "buffer_packets", "leaves", "spines", "hosts"})
-_counter = itertools.count()
 
 
 class TopologyError(ValueError):
@@ -312,8 +310,13 @@ class Network:
         return routes
 
 
-def _default_prefix() -> str:
-    return f"dlcp{os.getpid() % 100000}{next(_counter)}"
+def checked_prefix(prefix: str | None) -> str:
+    """``prefix`` (default: a fresh one) if it can start namespace names."""
+    if prefix is None:
+        return run_prefix()
+    if not _PREFIX_RE.match(prefix):
+        raise NetnsError(f"prefix {prefix!r}: letters, digits, '_' and '-' only")
+    return prefix
 
 
 def _sysctl(net: Network, node: str, *settings: str) -> None:
@@ -370,13 +373,8 @@ def route_commands(t: Topology) -> list[tuple[str, list[str]]]:
 @contextmanager
 def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]:
     """Create ``topology`` as namespaces ``<prefix><node>``; remove them on exit."""
-    missing = missing_tools(offloads=True)
-    if missing:
-        raise NetnsError(f"a namespace topology needs {', '.join(missing)}")
-    if prefix is None:
-        prefix = _default_prefix()
-    if not _PREFIX_RE.match(prefix):
-        raise NetnsError(f"prefix {prefix!r}: letters, digits, '_' and '-' only")
+    require_tools("a namespace topology", offloads=True)
+    prefix = checked_prefix(prefix)
     t = topology
     net = Network(t, prefix)
     names = [f"{prefix}{n}" for n in t.nodes]
