@@ -41,8 +41,8 @@ from .topology import (
     Network,
     Topology,
     _check_ready,
-    _sysctl,
     checked_prefix,
+    prepare_nodes,
     route_commands,
 )
 
@@ -142,23 +142,7 @@ def build_mininet(
             h = mn.addHost(node, ip=None, inNamespace=True)
             _run(["ip", "netns", "attach", ns, str(h.pid)])
             net.namespaces.append(ns)
-            net.ifaces[node] = {}
-            _sysctl(
-                net,
-                node,
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            )
-            net.run(node, ["ip", "link", "set", "lo", "up"])
-        for node in (*t.leaves, *t.spines):
-            _sysctl(
-                net,
-                node,
-                "net.ipv4.ip_forward=1",
-                "net.ipv4.fib_multipath_hash_policy=1",
-                "net.ipv4.conf.all.rp_filter=0",
-                "net.ipv4.conf.default.rp_filter=0",
-            )
+        prepare_nodes(net)
         mtu = str(t.mtu)
         for lower, upper, addr_l, addr_u, _subnet in t.links():
             # the veth pair is created inside lower's namespace with its peer in

@@ -319,6 +319,27 @@ def checked_prefix(prefix: str | None) -> str:
     return prefix
 
 
+def prepare_nodes(net: Network) -> None:
+    """Every node: IPv4 only (no stray IPv6 in the counters), loopback up; routers
+    also forward, hash ECMP on L4 ports, and accept asymmetric return paths."""
+    t = net.topology
+    for node in t.nodes:
+        net.ifaces[node] = {}
+        _sysctl(
+            net, node, "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"
+        )
+        net.run(node, ["ip", "link", "set", "lo", "up"])
+    for node in (*t.leaves, *t.spines):
+        _sysctl(
+            net,
+            node,
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.fib_multipath_hash_policy=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        )
+
+
 def _sysctl(net: Network, node: str, *settings: str) -> None:
     net.run(node, ["sysctl", "-qw", *settings])
 
@@ -378,29 +399,12 @@ def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]
     t = topology
     net = Network(t, prefix)
     names = [f"{prefix}{n}" for n in t.nodes]
-    routers = (*t.leaves, *t.spines)
     try:
         _cleanup(names)  # leftovers of a crashed run with the same names
-        for node, ns in zip(t.nodes, names, strict=True):
+        for ns in names:
             _run(["ip", "netns", "add", ns])
             net.namespaces.append(ns)
-            net.ifaces[node] = {}
-            _sysctl(
-                net,
-                node,
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            )
-            net.run(node, ["ip", "link", "set", "lo", "up"])
-        for node in routers:
-            _sysctl(
-                net,
-                node,
-                "net.ipv4.ip_forward=1",
-                "net.ipv4.fib_multipath_hash_policy=1",
-                "net.ipv4.conf.all.rp_filter=0",
-                "net.ipv4.conf.default.rp_filter=0",
-            )
+        prepare_nodes(net)
         mtu = str(t.mtu)
         for lower, upper, addr_l, addr_u, _subnet in t.links():
             # created inside the lower node's namespace, peer moved to the upper's:
