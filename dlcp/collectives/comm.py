@@ -26,7 +26,14 @@ from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
 from ..proto.session import SendReport
 
-__all__ = ["CollectiveReport", "Communicator", "ReportBuilder", "Segments", "slice_segments"]
+__all__ = [
+    "CollectiveReport",
+    "Communicator",
+    "ReportBuilder",
+    "Segments",
+    "copy_fill",
+    "slice_segments",
+]
 
 Segments = Sequence[tuple[int, int, int]]  # (offset, length, layer) in elements
 MAX_ROLE = 0x0FFF
@@ -98,6 +105,12 @@ class ReportBuilder:
         )
 
 
+def copy_fill(p: float) -> FillPolicy:
+    """Fill for phases that hand out finished values (all-gather, pull): with a loss
+    bound, keep what the buffer held; exact (p = 0) phases never fill."""
+    return FillPolicy.PREVIOUS if p > 0 else FillPolicy.ZERO
+
+
 def slice_segments(segments: Segments | None, start: int, stop: int) -> list[tuple[int, int, int]]:
     """The layer segments covering elements ``[start, stop)``, re-based to ``start``."""
     if segments is None:
@@ -151,6 +164,23 @@ class Communicator:
     ) -> Future[SendReport]:
         return self.endpoint.send(
             array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p
+        )
+
+    def send_part(
+        self,
+        data: npt.NDArray[Any],
+        a: int,
+        b: int,
+        *,
+        to: int,
+        call: int,
+        role: int,
+        segments: Segments | None,
+        p: float,
+    ) -> Future[SendReport]:
+        """Send ``data[a:b]`` with the layer segments that cover it."""
+        return self.send(
+            data[a:b], to=to, call=call, role=role, segments=slice_segments(segments, a, b), p=p
         )
 
     def recv(

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from ..io.endpoint import Received
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, slice_segments
+from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
 from .ring import check_array, chunk_bounds
 
 __all__ = ["ps_allreduce", "ps_serve"]
@@ -72,16 +72,11 @@ def ps_allreduce(
         a, b = bounds[i], bounds[i + 1]
         if server != r and a < b:  # fewer elements than servers: empty shards move nothing
             pushes.append(
-                comm.send(
-                    data[a:b],
-                    to=server,
-                    call=call,
-                    role=PUSH,
-                    segments=slice_segments(segments, a, b),
-                    p=p_push,
+                comm.send_part(
+                    data, a, b, to=server, call=call, role=PUSH, segments=segments, p=p_push
                 )
             )
-    pull_fill = FillPolicy.PREVIOUS if p_pull > 0 else FillPolicy.ZERO
+    pull_fill = copy_fill(p_pull)
     incoming = [
         comm.recv(
             data[bounds[i] : bounds[i + 1]],
@@ -108,14 +103,7 @@ def ps_allreduce(
             divide=len(wrk) if average else 0,
         )
         pushes.extend(
-            comm.send(
-                data[a:b],
-                to=w,
-                call=call,
-                role=PULL,
-                segments=slice_segments(segments, a, b),
-                p=p_pull,
-            )
+            comm.send_part(data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull)
             for w in wrk
             if w != r
         )

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, slice_segments
+from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
 
 __all__ = ["chunk_bounds", "ring_allreduce"]
 
@@ -58,71 +58,77 @@ def ring_allreduce(
     if n == 1:
         return report.build()
     bounds = chunk_bounds(len(data), n)
-    right, left = (r + 1) % n, (r - 1) % n
     scratch = np.empty(max(b - a for a, b in itertools.pairwise(bounds)), data.dtype)
 
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
 
-    # with fewer elements than ranks some chunks are empty: nobody sends or receives them
-    for s in range(n - 1):
+    for s in range(n - 1):  # reduce-scatter: add what the left neighbour sends
         (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
-        incoming = (
-            comm.recv(scratch[: rb - ra], src=left, call=call, role=s, p=p, fill=fill)
-            if ra < rb
-            else None
-        )
-        outgoing = (
-            comm.send(
-                data[sa:sb],
-                to=right,
-                call=call,
-                role=s,
-                segments=slice_segments(segments, sa, sb),
-                p=p,
-            )
-            if sa < sb
-            else None
-        )
-        if incoming is not None:
-            got = comm.wait(incoming)
+        if _step(
+            comm,
+            data,
+            (sa, sb),
+            scratch[: rb - ra],
+            call=call,
+            role=s,
+            p=p,
+            fill=fill,
+            segments=segments,
+            report=report,
+        ):
             data[ra:rb] += scratch[: rb - ra]
-            report.received(got, bounded=p > 0)
-        if outgoing is not None:
-            report.sent(comm.wait(outgoing), data.itemsize)
 
     oa, ob = chunk((r + 1) % n)
     if average:
         data[oa:ob] /= data.dtype.type(n)
-    gather_fill = FillPolicy.PREVIOUS if p_gather > 0 else FillPolicy.ZERO
-    for s in range(n - 1):
+    for s in range(n - 1):  # all-gather: pass every reduced chunk around
         (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
-        incoming = (
-            comm.recv(
-                data[ra:rb],
-                src=left,
-                call=call,
-                role=_GATHER_ROLE + s,
-                p=p_gather,
-                fill=gather_fill,
-            )
-            if ra < rb
-            else None
+        _step(
+            comm,
+            data,
+            (sa, sb),
+            data[ra:rb],
+            call=call,
+            role=_GATHER_ROLE + s,
+            p=p_gather,
+            fill=copy_fill(p_gather),
+            segments=segments,
+            report=report,
         )
-        outgoing = (
-            comm.send(
-                data[sa:sb],
-                to=right,
-                call=call,
-                role=_GATHER_ROLE + s,
-                segments=slice_segments(segments, sa, sb),
-                p=p_gather,
-            )
-            if sa < sb
-            else None
-        )
-        if incoming is not None:
-            report.received(comm.wait(incoming), bounded=p_gather > 0)
-        if outgoing is not None:
-            report.sent(comm.wait(outgoing), data.itemsize)
     return report.build()
+
+
+def _step(
+    comm: Communicator,
+    data: npt.NDArray[Any],
+    send: tuple[int, int],
+    recv_into: npt.NDArray[Any],
+    *,
+    call: int,
+    role: int,
+    p: float,
+    fill: FillPolicy,
+    segments: Segments | None,
+    report: ReportBuilder,
+) -> bool:
+    """One ring step: ``data[send]`` to the right neighbour while ``recv_into`` is
+    filled from the left one. With fewer elements than ranks a chunk can be empty:
+    then nothing is sent or received for it. True if something was received."""
+    n, r = comm.world_size, comm.rank
+    incoming = (
+        comm.recv(recv_into, src=(r - 1) % n, call=call, role=role, p=p, fill=fill)
+        if len(recv_into)
+        else None
+    )
+    sa, sb = send
+    outgoing = (
+        comm.send_part(data, sa, sb, to=(r + 1) % n, call=call, role=role, segments=segments, p=p)
+        if sa < sb
+        else None
+    )
+    if incoming is not None:
+        report.received(comm.wait(incoming), bounded=p > 0)
+    if outgoing is not None:
+        report.sent(comm.wait(outgoing), data.itemsize)
+    return incoming is not None
