@@ -35,6 +35,8 @@ UDP_GRO = 104
 _GSO_MAX_BYTES = 65000  # stay under the 64 KB IP datagram limit with headers
 _GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS on older kernels
 _READ_SIZE = 65536
+#: bytes of same-size datagrams gathered into one batch for the session at most
+RECEIVE_BUFFER_BYTES = 8 << 20
 
 
 def kernel_supports(option: int) -> bool:
@@ -86,7 +88,7 @@ class DataSockets:
             "on" if self.use_gso else "off",
             "on" if self.use_gro else "off",
         )
-        self._buf = np.empty(8 << 20, dtype=np.uint8)
+        self._buf = np.empty(RECEIVE_BUFFER_BYTES, dtype=np.uint8)
         self._tos_cache: dict[int, tuple[int, int, bytes]] = {}
         self.empty_datagrams = 0
 

@@ -49,8 +49,12 @@ class ProtocolConfig:
     mtu: int = 1500
     #: payload bytes per packet; None = the most that fits the MTU
     payload_bytes: int | None = None
-    #: packets handed out per data batch (one GSO send, one spraying unit)
-    batch_packets: int = 44
+    #: packets the sender takes per pacing decision: one contiguous run of records,
+    #: handed out as data batches of ``spray_packets`` (per-batch work in Python is
+    #: paid once per ``batch_packets``; 256 x 1472 B stays under the default burst)
+    batch_packets: int = 256
+    #: packets per data batch: one GSO send on one path, the unit of spraying
+    spray_packets: int = 44
     #: equal-cost paths to spray over (one UDP source port each)
     n_paths: int = 1
     path_weights: tuple[float, ...] | None = None
@@ -102,6 +106,8 @@ class ProtocolConfig:
             raise ValueError(f"payload_bytes={self.payload_bytes} must be a multiple of 4")
         if not 1 <= self.batch_packets <= 1024:
             raise ValueError(f"batch_packets={self.batch_packets} outside 1..1024")
+        if not 1 <= self.spray_packets <= 1024:
+            raise ValueError(f"spray_packets={self.spray_packets} outside 1..1024")
         if not 1 <= self.n_paths <= 256:
             raise ValueError(f"n_paths={self.n_paths} outside 1..256")
         if self.path_weights is not None and len(self.path_weights) != self.n_paths:

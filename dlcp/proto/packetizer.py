@@ -16,6 +16,7 @@ call (UDP GSO). Everything is vectorised: no Python loop runs per chunk.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .classify import Classifier, chunk_layers
+from .kernels import block_abs_mean, copy_rows, streams
 from .wire import (
     AUTH_TAG_LEN,
     DATA_HEADER_LEN,
@@ -121,6 +123,9 @@ def _magnitudes_of(
             # spaced places: touches a few lines per chunk instead of `sample` lines
             blocks = -(-sample // _BLOCK)
             starts = np.linspace(0, chunk_elems - _BLOCK, blocks).astype(np.int64)
+            if dtype is DType.FLOAT32 and chunk_elems >= _BLOCK:
+                out[:n_full] = block_abs_mean(full.view(np.float32), starts, _BLOCK)
+                return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
             total = np.zeros(n_full, dtype=np.float64)
             count = 0
             for b in starts.tolist():
@@ -130,9 +135,15 @@ def _magnitudes_of(
             out[:n_full] = total / count
         else:
             out[:n_full] = np.abs(_as_float32(full, dtype)).mean(axis=1, dtype=np.float64)
-    if n_full < len(out):
-        tail = data[n_full * chunk_elems :]
-        out[-1] = np.abs(_as_float32(tail, dtype)).mean(dtype=np.float64)
+    return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
+
+
+def _tail_magnitude(
+    data: npt.NDArray[np.generic], dtype: DType, tail_start: int, out: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """Fill in the short last chunk's magnitude (all its values), if there is one."""
+    if tail_start < len(data):
+        out[-1] = np.abs(_as_float32(data[tail_start:], dtype)).mean(dtype=np.float64)
     return out
 
 
@@ -174,45 +185,66 @@ def plan_message(
     )
 
 
-@dataclass(slots=True)
 class RecordRun:
     """Records of one message and round, in send order, ``stride`` bytes apart.
 
     ``lengths[i]`` is the datagram length of record ``i``; only the record of
-    the message's last chunk is shorter than ``stride``.
+    the message's last chunk is shorter than ``stride``. What the sender asks of a
+    run once per batch (where the next batch ends, its bytes, its buffer) is
+    worked out here once, so that handing out a batch costs no array operation.
     """
 
-    records: UInt8Array
-    lengths: Int64Array
-    seq: Int64Array
-    prio: UInt8Array
-    drop: BoolArray
-    stride: int
+    __slots__ = (
+        "_breaks", "_flat", "_short", "drop", "headers", "lengths", "prio", "records", "seq",
+        "stride",
+    )
+
+    def __init__(
+        self,
+        records: UInt8Array,
+        lengths: Int64Array,
+        seq: Int64Array,
+        prio: UInt8Array,
+        drop: BoolArray,
+        stride: int,
+    ) -> None:
+        self.records, self.lengths, self.seq = records, lengths, seq
+        self.prio, self.drop, self.stride = prio, drop, stride
+        #: structured view (no copy) of the records' headers
+        self.headers: npt.NDArray[np.void] = records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[
+            :, 0
+        ]
+        self._flat = memoryview(records.reshape(-1))  # type: ignore[arg-type]
+        short = np.flatnonzero(lengths != stride)
+        #: the one record shorter than the stride (the message's last chunk), or -1
+        self._short = int(short[0]) if len(short) else -1
+        # where a batch must end: a change of class, and just after the short record
+        change = (prio[1:] != prio[:-1]) | (drop[1:] != drop[:-1])
+        breaks = set((np.flatnonzero(change) + 1).tolist())
+        if self._short >= 0:
+            breaks.add(self._short + 1)
+        breaks.add(len(seq))
+        self._breaks = sorted(breaks)
 
     def __len__(self) -> int:
         return len(self.seq)
 
-    @property
-    def headers(self) -> npt.NDArray[np.void]:
-        return self.records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]
-
     def batch_end(self, start: int, limit: int) -> int:
         """End of the batch that starts at ``start``: at most ``limit`` records of one
         class, and a short record only as the last one (what UDP GSO allows)."""
-        stop = min(start + limit, len(self))
-        p, d = self.prio[start], self.drop[start]
-        same = (self.prio[start:stop] == p) & (self.drop[start:stop] == d)
-        if not same.all():
-            stop = start + int(np.argmin(same))
-        short = self.lengths[start:stop] != self.stride
-        if short.any():
-            stop = start + int(np.argmax(short)) + 1
-        return stop
+        return min(start + limit, self._breaks[bisect.bisect_right(self._breaks, start)])
+
+    def batch_nbytes(self, start: int, stop: int) -> int:
+        """Datagram bytes of records ``[start, stop)``."""
+        size = (stop - start) * self.stride
+        if start <= self._short < stop:
+            size -= self.stride - int(self.lengths[self._short])
+        return size
 
     def batch_bytes(self, start: int, stop: int) -> memoryview:
         """Records ``[start, stop)`` as one contiguous buffer of datagrams."""
-        size = (stop - start - 1) * self.stride + int(self.lengths[stop - 1])
-        return self.records[start:stop].reshape(-1)[:size].data
+        begin = start * self.stride
+        return self._flat[begin : begin + self.batch_nbytes(start, stop)]
 
 
 def build_records(
@@ -251,7 +283,7 @@ def build_records(
         src2d = source.reshape(-1, source_stride)
         records[:, : DATA_HEADER_LEN + chunk_bytes] = src2d[rows, : DATA_HEADER_LEN + chunk_bytes]
     else:
-        _copy_payloads(source, records, seqs, full, chunk_bytes)
+        _copy_payloads(source, records, seqs, full, chunk_bytes, table.n_chunks)
     if not full.all():
         short = int(np.argmin(full))
         records[short, DATA_HEADER_LEN + int(payload_len[short]) :] = 0
@@ -286,42 +318,40 @@ def build_records(
     return RecordRun(records, lengths.astype(np.int64), seqs, prio, drop, stride)
 
 
-#: rows gathered per step when records are not in seq order: a block's temporary
-#: stays in cache, which makes the gather about twice as fast as one big one
-_GATHER_BLOCK = 1024
-
-
 def _copy_payloads(
-    source: UInt8Array, records: UInt8Array, seqs: Int64Array, full: BoolArray, chunk_bytes: int
+    source: UInt8Array,
+    records: UInt8Array,
+    seqs: Int64Array,
+    full: BoolArray,
+    chunk_bytes: int,
+    n_chunks: int,
 ) -> None:
-    body = slice(DATA_HEADER_LEN, DATA_HEADER_LEN + chunk_bytes)
-    n_full_chunks = len(source) // chunk_bytes
-    src2d = source[: n_full_chunks * chunk_bytes].reshape(n_full_chunks, chunk_bytes)
-    short = np.flatnonzero(~full)  # at most one: the message's last chunk
-    for a, b in _spans_without(len(seqs), short):
-        for s in range(a, b, _GATHER_BLOCK):
-            e = min(s + _GATHER_BLOCK, b)
-            first = int(seqs[s])
-            if int(seqs[e - 1]) - first == e - s - 1 and bool((np.diff(seqs[s:e]) == 1).all()):
-                records[s:e, body] = src2d[first : first + e - s]  # in order: straight copy
-            else:
-                records[s:e, body] = src2d[seqs[s:e]]
-    for row in short.tolist():
-        start = int(seqs[row]) * chunk_bytes
-        tail = source[start:]
+    """Chunk ``seqs[i]`` of ``source`` into the payload of record ``i``: one row copy
+    per record (see :mod:`.kernels`), the short last chunk of a message apart.
+
+    The source is read in ascending chunk order and the records written wherever
+    the send order puts them: sequential reads stream from memory, and scattered
+    whole-row writes cost no more than sequential ones, whereas the other way round
+    every row read would be a cache and TLB miss."""
+    n, stride = records.shape
+    flat = records.reshape(-1)
+    if n == n_chunks:  # a whole message: seqs is a permutation of 0..n-1
+        row_of_seq = np.empty(n, dtype=np.int64)
+        row_of_seq[seqs] = np.arange(n, dtype=np.int64)
+        in_order = None
+    else:
+        rows = np.argsort(seqs, kind="stable")
+        row_of_seq, in_order = rows, seqs[rows]
+    n_copy = n
+    if not bool(full.all()):  # the message's last chunk is short: last in seq order
+        n_copy -= 1
+        row = int(np.flatnonzero(~full)[0])
+        tail = source[int(seqs[row]) * chunk_bytes :]
         records[row, DATA_HEADER_LEN : DATA_HEADER_LEN + len(tail)] = tail
-
-
-def _spans_without(n: int, holes: Int64Array) -> list[tuple[int, int]]:
-    """``[0, n)`` split into the spans between the rows in ``holes``."""
-    spans, a = [], 0
-    for h in holes.tolist():
-        if h > a:
-            spans.append((a, h))
-        a = h + 1
-    if a < n:
-        spans.append((a, n))
-    return spans
+    copy_rows(
+        flat, DATA_HEADER_LEN, stride, row_of_seq, source, 0, chunk_bytes, in_order, n_copy,
+        chunk_bytes, stream=streams(len(flat)),
+    )
 
 
 def record_stride(table: ChunkTable, *, authenticate: bool) -> int:
@@ -356,8 +386,11 @@ class BufferPool:
             self._bytes += buf.nbytes
 
 
-def seal(run: RecordRun, start: int, stop: int, *, path: int, key: bytes | None) -> None:
-    """Stamp the path id on records ``[start, stop)`` and, with ``key``, their tags."""
+def seal(
+    run: RecordRun, start: int, stop: int, *, path: int | UInt8Array, key: bytes | None
+) -> None:
+    """Stamp the path id (one for all, or one per record) on records ``[start, stop)``
+    and, with ``key``, their tags."""
     run.headers[start:stop]["path"] = path
     if key is None:
         return

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import FillPolicy
+from .kernels import copy_rows, flat_rows, streams
 from .wire import DType, Finish, Flags
 
 __all__ = ["GeometryError", "LossReport", "Reassembler"]
@@ -237,21 +238,27 @@ class Reassembler:
     def _write(self, seq: Int64Array, payloads: UInt8Array) -> None:
         cb = self.chunk_bytes
         n_full = self._n_full
-        first, last = int(seq[0]), int(seq[-1])
-        # in order (strictly increasing and no gap): one straight copy. The ends
-        # alone do not say so: a batch in send order (protected chunks first)
-        # can be a permutation of a contiguous range.
-        in_order = last - first == len(seq) - 1 and bool((seq[1:] > seq[:-1]).all())
-        if last < n_full and in_order:
-            self._bytes[first * cb : (last + 1) * cb].reshape(len(seq), cb)[...] = payloads[:, :cb]
-            return
+        src, src_stride = flat_rows(payloads)
+        stream = streams(len(self._bytes))
         full = seq < n_full
-        dst2d = self._bytes[: n_full * cb].reshape(n_full, cb)
-        if full.all():
-            dst2d[seq] = payloads[:, :cb]
+        if bool(full.all()):
+            first = int(seq[0])
+            # in order (strictly increasing, no gap): one straight run. The ends alone
+            # do not say so: a batch in send order can permute a contiguous range.
+            if int(seq[-1]) - first == len(seq) - 1 and bool((seq[1:] > seq[:-1]).all()):
+                copy_rows(
+                    self._bytes, first * cb, cb, None, src, 0, src_stride, None, len(seq), cb,
+                    stream=stream,
+                )
+            else:
+                copy_rows(
+                    self._bytes, 0, cb, seq, src, 0, src_stride, None, len(seq), cb, stream=stream
+                )
             return
-        if full.any():
-            dst2d[seq[full]] = payloads[full, :cb]
+        rows = np.flatnonzero(full)
+        copy_rows(
+            self._bytes, 0, cb, seq[rows], src, 0, src_stride, rows, len(rows), cb, stream=stream
+        )
         tail = self._bytes[n_full * cb :]
         tail[...] = payloads[int(np.argmin(full)), : len(tail)]
 

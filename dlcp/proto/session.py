@@ -691,18 +691,26 @@ class Session:
         _, key, o = best
         run, start = o.run, o.cursor
         stop = run.batch_end(start, self.config.batch_packets)
-        nbytes = int(run.lengths[start:stop].sum())
+        nbytes = run.batch_nbytes(start, stop)
         if peer.pacer.next_send_time(nbytes, now=now) > now:
             return False
-        path = peer.next_path()
-        seal(run, start, stop, path=path, key=self.key)
         seqs = run.seq[start:stop]
-        o.path_of_seq[seqs] = path
         o.round_of_seq[seqs] = o.recovery.round
         tos = self.config.tos.tos(int(run.prio[start]), bool(run.drop[start]))
-        out.append(
-            DataBatch(dst, path, tos, run.stride, stop - start, run.batch_bytes(start, stop))
-        )
+        spray = self.config.spray_packets
+        # one path per spray batch: stamped and recorded for the whole run at once
+        paths = [peer.next_path() for _ in range(start, stop, spray)]
+        if len(paths) == 1 or peer.paths.n_paths == 1:
+            per_record: int | npt.NDArray[np.uint8] = paths[0]
+        else:
+            per_record = np.repeat(np.asarray(paths, np.uint8), spray)[: stop - start]
+        if peer.paths.n_paths > 1:
+            o.path_of_seq[seqs] = per_record
+        if peer.paths.n_paths > 1 or self.key is not None:  # one path: every stamp is 0
+            seal(run, start, stop, path=per_record, key=self.key)
+        for i, s in enumerate(range(start, stop, spray)):
+            e = min(s + spray, stop)
+            out.append(DataBatch(dst, paths[i], tos, run.stride, e - s, run.batch_bytes(s, e)))
         peer.pacer.on_sent(nbytes, now=now)
         self.stats.packets_out += stop - start
         self.stats.bytes_out += nbytes
@@ -731,7 +739,7 @@ class Session:
                     times.append(o.recovery.timer)
                 if o.pending and not pending_bytes:
                     stop = o.run.batch_end(o.cursor, self.config.batch_packets)
-                    pending_bytes = int(o.run.lengths[o.cursor : stop].sum())
+                    pending_bytes = o.run.batch_nbytes(o.cursor, stop)
             if pending_bytes:
                 times.append(peer.pacer.next_send_time(pending_bytes, now=self._now))
         for state in self._incoming.values():

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,10 +130,28 @@ def _source_of(module: str) -> Path:
     return Path(spec.origin)
 
 
-@pytest.mark.parametrize("module", MODULES)
+PY_MODULES = [m for m in MODULES if _source_of(m).suffix == ".py"]
+
+#: the headers the C accelerator of the core may include: Python's and libc's integer,
+#: math and memory routines and SSE2 streaming stores; nothing that reaches a socket,
+#: a thread or the clock
+C_INCLUDES_ALLOWED = {"Python.h", "math.h", "stdint.h", "string.h", "emmintrin.h"}
+
+
+@pytest.mark.parametrize("module", PY_MODULES)
 def test_module_source_has_no_forbidden_imports_or_clock_reads(module: str) -> None:
     path = _source_of(module)
     assert forbidden_uses(path.read_text(), str(path.relative_to(ROOT))) == []
+
+
+def test_c_accelerator_includes_only_memory_routines() -> None:
+    sources = sorted((ROOT / "dlcp" / "proto").glob("*.c"))
+    assert sources, "the core's C accelerator source is missing"
+    for src in sources:
+        text = src.read_text()
+        includes = set(re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', text, re.MULTILINE))
+        extra = includes - C_INCLUDES_ALLOWED
+        assert not extra, f"{src.name} includes {extra}"
 
 
 _IMPORT_SCRIPT = """

@@ -1,0 +1,275 @@
+/*
+ * dlcp.proto._kernels: the two byte-moving loops of the data path, in C.
+ *
+ * Optional accelerator. dlcp/proto/kernels.py falls back to numpy when this module
+ * was not built; both give the same bytes (tests/unit/test_kernels.py compares them).
+ * Rows must not overlap (dst and src are different buffers in every caller).
+ * Pure computation on caller-owned buffers: no I/O, no global state, and the GIL is
+ * released while bytes move, so the endpoint's I/O thread keeps running.
+ *
+ * copy_rows(dst, dst_start, dst_stride, dst_rows,
+ *           src, src_start, src_stride, src_rows, n, nbytes, stream)
+ *     for i in range(n):
+ *         d = dst_start + (dst_rows[i] if dst_rows is not None else i) * dst_stride
+ *         s = src_start + (src_rows[i] if src_rows is not None else i) * src_stride
+ *         dst[d : d + nbytes] = src[s : s + nbytes]
+ *     rows are int64 arrays (any object with a C-contiguous 'q' buffer). Every
+ *     address is checked before the first byte moves: a bad row raises IndexError
+ *     naming it and nothing is written.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* With stream set, rows are written with streaming (non-temporal) stores where the
+ * CPU has them, as glibc's memcpy does for one large copy: for buffers much larger
+ * than the cache the rows are not read again soon, and streaming skips reading
+ * every destination line first, which otherwise doubles the memory traffic of a
+ * row-by-row copy. The caller decides, as it knows the size of the whole buffer. */
+
+static void copy_row(char *d, const char *s, size_t n, int stream) {
+#if defined(__SSE2__)
+    if (stream && n >= 64) {
+        /* head: up to the first 16-byte aligned destination address */
+        size_t head = (size_t)(-(uintptr_t)d & 15);
+        memcpy(d, s, head);
+        d += head;
+        s += head;
+        n -= head;
+        for (; n >= 64; n -= 64, d += 64, s += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)s);
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+            _mm_stream_si128((__m128i *)d, a);
+            _mm_stream_si128((__m128i *)(d + 16), b);
+            _mm_stream_si128((__m128i *)(d + 32), c);
+            _mm_stream_si128((__m128i *)(d + 48), e);
+        }
+        for (; n >= 16; n -= 16, d += 16, s += 16)
+            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+        memcpy(d, s, n);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d, s, n);
+}
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static void buf_release(Buf *b) {
+    if (b->held) {
+        PyBuffer_Release(&b->view);
+        b->held = 0;
+    }
+}
+
+/* An int64 row index array, or None (identity). */
+static int get_rows(PyObject *obj, const char *name, Py_ssize_t n, Buf *out) {
+    out->held = 0;
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, &out->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    out->held = 1;
+    const char *fmt = out->view.format ? out->view.format : "B";
+    if (out->view.itemsize != 8 || !(strcmp(fmt, "q") == 0 || strcmp(fmt, "l") == 0 ||
+                                      strcmp(fmt, "<q") == 0 || strcmp(fmt, "=q") == 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int64 array, got format '%s'", name, fmt);
+        buf_release(out);
+        return -1;
+    }
+    if (out->view.len / 8 < n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd rows, %zd needed", name, out->view.len / 8,
+                     n);
+        buf_release(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* Check that [start + row * stride, + nbytes) lies in [0, len) for every row. */
+static int check_rows(const char *name, const Buf *rows, Py_ssize_t n, Py_ssize_t start,
+                      Py_ssize_t stride, Py_ssize_t nbytes, Py_ssize_t len) {
+    const int64_t *r = rows->held ? (const int64_t *)rows->view.buf : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t row = r ? r[i] : (int64_t)i;
+        /* row * stride in 128 bits would be exact; stride and rows are bounded by
+           len here, so reject rows that cannot fit before multiplying */
+        if (row < 0 || (stride > 0 && row > (int64_t)(len / stride) + 1)) {
+            PyErr_Format(PyExc_IndexError, "%s row %lld (item %zd) is outside the buffer", name,
+                         (long long)row, i);
+            return -1;
+        }
+        int64_t at = (int64_t)start + row * (int64_t)stride;
+        if (at < 0 || at + (int64_t)nbytes > (int64_t)len) {
+            PyErr_Format(PyExc_IndexError,
+                         "%s row %lld (item %zd): bytes [%lld, %lld) are outside a buffer of %zd",
+                         name, (long long)row, i, (long long)at, (long long)(at + nbytes), len);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *dst_obj, *dst_rows_obj, *src_obj, *src_rows_obj;
+    Py_ssize_t dst_start, dst_stride, src_start, src_stride, n, nbytes;
+    int stream;
+    if (!PyArg_ParseTuple(args, "OnnOOnnOnnp:copy_rows", &dst_obj, &dst_start, &dst_stride,
+                          &dst_rows_obj, &src_obj, &src_start, &src_stride, &src_rows_obj, &n,
+                          &nbytes, &stream))
+        return NULL;
+    if (n < 0 || nbytes < 0 || dst_stride < 0 || src_stride < 0) {
+        PyErr_SetString(PyExc_ValueError, "n, nbytes and strides must not be negative");
+        return NULL;
+    }
+    Buf dst = {0}, src = {0}, drows = {0}, srows = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    dst.held = 1;
+    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    src.held = 1;
+    if (get_rows(dst_rows_obj, "dst_rows", n, &drows) < 0 ||
+        get_rows(src_rows_obj, "src_rows", n, &srows) < 0)
+        goto done;
+    if (check_rows("dst", &drows, n, dst_start, dst_stride, nbytes, dst.view.len) < 0 ||
+        check_rows("src", &srows, n, src_start, src_stride, nbytes, src.view.len) < 0)
+        goto done;
+    {
+        char *d = (char *)dst.view.buf;
+        const char *s = (const char *)src.view.buf;
+        const int64_t *dr = drows.held ? (const int64_t *)drows.view.buf : NULL;
+        const int64_t *sr = srows.held ? (const int64_t *)srows.view.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t di = dr ? (Py_ssize_t)dr[i] : i;
+            Py_ssize_t si = sr ? (Py_ssize_t)sr[i] : i;
+            copy_row(d + dst_start + di * dst_stride, s + src_start + si * src_stride,
+                     (size_t)nbytes, stream);
+        }
+#if defined(__SSE2__)
+        if (stream)
+            _mm_sfence(); /* streamed stores are visible before the caller reads */
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    buf_release(&srows);
+    buf_release(&drows);
+    buf_release(&src);
+    buf_release(&dst);
+    return result;
+}
+
+/*
+ * block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out)
+ *     out[c] = mean of |data[c * chunk_elems + b + k]| over every b in starts and
+ *     k < block, summed in double: the sampled magnitude of chunk c of a float32
+ *     message (dlcp/proto/packetizer.py samples blocks of 16 neighbouring values at
+ *     evenly spaced places). Every sampled index is checked against len(data).
+ */
+#define PREFETCH_AHEAD 16
+
+static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data_obj, *starts_obj, *out_obj;
+    Py_ssize_t chunk_elems, n_chunks, block;
+    if (!PyArg_ParseTuple(args, "OnnOnO:block_abs_mean_f32", &data_obj, &chunk_elems, &n_chunks,
+                          &starts_obj, &block, &out_obj))
+        return NULL;
+    Buf data = {0}, starts = {0}, out = {0};
+    PyObject *result = NULL;
+    if (chunk_elems <= 0 || n_chunks < 0 || block <= 0) {
+        PyErr_SetString(PyExc_ValueError, "chunk_elems and block must be positive");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(data_obj, &data.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    data.held = 1;
+    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    out.held = 1;
+    if (get_rows(starts_obj, "starts", 0, &starts) < 0)
+        goto done;
+    {
+        Py_ssize_t n_data = data.view.len / 4, n_starts = starts.view.len / 8;
+        const int64_t *st = (const int64_t *)starts.view.buf;
+        if (out.view.len / 4 < n_chunks) {
+            PyErr_Format(PyExc_ValueError, "out holds %zd values, %zd needed", out.view.len / 4,
+                         n_chunks);
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < n_starts; j++) {
+            if (st[j] < 0 || st[j] + block > chunk_elems) {
+                PyErr_Format(PyExc_IndexError, "sample block at %lld leaves a chunk of %zd",
+                             (long long)st[j], chunk_elems);
+                goto done;
+            }
+        }
+        if (n_starts == 0 || (n_chunks > 0 && (n_chunks - 1) * chunk_elems + chunk_elems > n_data)) {
+            PyErr_Format(PyExc_IndexError, "%zd chunks of %zd values do not fit %zd values",
+                         n_chunks, chunk_elems, n_data);
+            goto done;
+        }
+        const float *d = (const float *)data.view.buf;
+        float *o = (float *)out.view.buf;
+        double count = (double)(n_starts * block);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < n_chunks; c++) {
+            const float *chunk = d + c * chunk_elems;
+            double total = 0.0;
+#if defined(__GNUC__)
+            /* one line per chunk, 1-2 KB apart: too sparse for the hardware
+               prefetcher within a page, so ask for the lines a few chunks ahead */
+            if (c + PREFETCH_AHEAD < n_chunks)
+                for (Py_ssize_t j = 0; j < n_starts; j++)
+                    __builtin_prefetch(chunk + PREFETCH_AHEAD * chunk_elems + st[j]);
+#endif
+            for (Py_ssize_t j = 0; j < n_starts; j++) {
+                const float *b = chunk + st[j];
+                for (Py_ssize_t k = 0; k < block; k++)
+                    total += fabs((double)b[k]); /* branch-free: signs are random */
+            }
+            o[c] = (float)(total / count);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    buf_release(&starts);
+    buf_release(&out);
+    buf_release(&data);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"block_abs_mean_f32", block_abs_mean_f32, METH_VARARGS,
+     "block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out): sampled mean "
+     "|value| per chunk of a float32 message (see the module source)."},
+    {"copy_rows", copy_rows, METH_VARARGS,
+     "copy_rows(dst, dst_start, dst_stride, dst_rows, src, src_start, src_stride, src_rows, "
+     "n, nbytes, stream): move n rows of nbytes between strided buffers (see the module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "dlcp.proto._kernels",
+    "Byte-moving loops of the DLCP data path (optional C accelerator).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,174 @@
+"""Row copies between strided byte buffers: the packetizer's gather (tensor rows
+into records, in send order) and the reassembler's scatter (record payloads into
+the tensor, in arrival order).
+
+Two implementations give the same bytes: the C accelerator ``dlcp.proto._kernels``
+(built by ``pip install`` when a C compiler is there; it copies each row with one
+``memmove`` and releases the GIL while it does) and a numpy fallback (a fancy-index
+gather or scatter, which goes through a temporary when both sides are indexed).
+:data:`ACCELERATED` says which one is in use; ``tests/unit/test_kernels.py`` checks
+that they agree.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ACCELERATED", "block_abs_mean", "copy_rows", "flat_rows", "streams"]
+
+try:
+    from . import _kernels as _c  # type: ignore[attr-defined]
+
+    _accel: ModuleType | None = _c
+except ImportError:  # not built: numpy does the same work, slower
+    _accel = None
+
+#: True when the C accelerator is loaded
+ACCELERATED: bool = _accel is not None
+
+UInt8Array = npt.NDArray[np.uint8]
+Int64Array = npt.NDArray[np.int64]
+
+
+def copy_rows(
+    dst: UInt8Array,
+    dst_start: int,
+    dst_stride: int,
+    dst_rows: Int64Array | None,
+    src: UInt8Array,
+    src_start: int,
+    src_stride: int,
+    src_rows: Int64Array | None,
+    n: int,
+    nbytes: int,
+    *,
+    stream: bool = False,
+    accelerated: bool | None = None,
+) -> None:
+    """For ``i < n``: ``dst[dst_start + D(i) * dst_stride :][:nbytes] =
+    src[src_start + S(i) * src_stride :][:nbytes]`` with ``D(i) = dst_rows[i]``
+    (``i`` when None) and likewise ``S``. ``dst`` and ``src`` are flat, contiguous
+    uint8 arrays and must not overlap. Raises ``IndexError`` (nothing written) when a
+    row falls outside its buffer. ``stream``: the destination is much larger than
+    the cache (see :func:`streams`), so the C copy bypasses the cache as it writes.
+    ``accelerated`` picks an implementation (default: the C one when built).
+    """
+    use_c = ACCELERATED if accelerated is None else accelerated
+    if use_c and _accel is not None:
+        _accel.copy_rows(
+            dst,
+            dst_start,
+            dst_stride,
+            _rows(dst_rows),
+            src,
+            src_start,
+            src_stride,
+            _rows(src_rows),
+            n,
+            nbytes,
+            stream,
+        )
+        return
+    if n == 0:
+        return
+    d = _row_view(dst, "dst", dst_start, dst_stride, dst_rows, n, nbytes, writable=True)
+    s = _row_view(src, "src", src_start, src_stride, src_rows, n, nbytes, writable=False)
+    # blocks of rows: a fancy-index gather's temporary then stays in cache
+    for a in range(0, n, _BLOCK):
+        b = min(a + _BLOCK, n)
+        rows = s[a:b] if src_rows is None else s[src_rows[a:b]]
+        if dst_rows is None:
+            d[a:b] = rows
+        else:
+            d[dst_rows[a:b]] = rows
+
+
+#: rows per step of the numpy fallback
+_BLOCK = 1024
+
+
+def block_abs_mean(
+    full: npt.NDArray[np.float32],
+    starts: Int64Array,
+    block: int,
+    *,
+    accelerated: bool | None = None,
+) -> npt.NDArray[np.float32]:
+    """Per row of ``full`` (chunks x values, float32): the mean ``|value|`` over the
+    blocks ``[b, b + block)`` for ``b`` in ``starts``, summed in float64. The C and
+    numpy versions agree to float32 rounding (their summation orders differ)."""
+    n, width = full.shape
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    if len(starts) == 0 or int(starts.min()) < 0 or int(starts.max()) + block > width:
+        raise IndexError(f"sample blocks {starts.tolist()} of {block} leave rows of {width}")
+    use_c = ACCELERATED if accelerated is None else accelerated
+    out = np.empty(n, dtype=np.float32)
+    if use_c and _accel is not None and full.flags.c_contiguous:
+        _accel.block_abs_mean_f32(full, width, n, starts, block, out)
+        return out
+    total = np.zeros(n, dtype=np.float64)
+    for b in starts.tolist():
+        total += np.abs(full[:, b : b + block]).sum(axis=1, dtype=np.float64)
+    out[...] = total / (len(starts) * block)
+    return out
+
+
+def flat_rows(rows: UInt8Array) -> tuple[UInt8Array, int]:
+    """A 2-D uint8 array whose rows are contiguous (e.g. the payload columns of a
+    record batch) as ``(flat, stride)``: a flat view from its first byte to its
+    last, and the distance between rows, as :func:`copy_rows` takes them."""
+    if rows.ndim != 2 or rows.dtype != np.uint8 or (rows.shape[1] > 1 and rows.strides[1] != 1):
+        raise TypeError("rows must be a 2-D uint8 array with contiguous rows")
+    n, width = rows.shape
+    stride = int(rows.strides[0]) if n > 1 else width
+    if n == 0:
+        return np.empty(0, np.uint8), max(stride, 0)
+    size = (n - 1) * stride + width
+    flat = np.lib.stride_tricks.as_strided(rows, shape=(size,), strides=(1,), writeable=False)
+    return flat, stride
+
+
+#: destinations of at least this many bytes are written with streaming stores
+STREAM_MIN_BYTES = 8 << 20
+
+
+def streams(dst_bytes: int) -> bool:
+    """Whether copies into a destination of ``dst_bytes`` should stream (bypass the
+    cache): when it is several times a typical last-level cache, its first rows are
+    evicted before anyone reads them anyway."""
+    return dst_bytes >= STREAM_MIN_BYTES
+
+
+def _rows(rows: Int64Array | None) -> Int64Array | None:
+    if rows is None or (rows.dtype == np.int64 and rows.flags.c_contiguous):
+        return rows
+    return np.ascontiguousarray(rows, dtype=np.int64)
+
+
+def _row_view(
+    buf: UInt8Array,
+    name: str,
+    start: int,
+    stride: int,
+    rows: Int64Array | None,
+    n: int,
+    nbytes: int,
+    *,
+    writable: bool,
+) -> UInt8Array:
+    """``buf`` seen as rows of ``nbytes`` bytes, ``stride`` apart from ``start``,
+    after checking every row ``copy_rows`` will touch lies inside it."""
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise TypeError(f"{name} must be a flat contiguous uint8 array")
+    top = n - 1 if rows is None else int(rows[:n].max())
+    low = 0 if rows is None else int(rows[:n].min())
+    if low < 0 or start < 0 or start + top * stride + nbytes > len(buf):
+        bad = low if low < 0 else top
+        raise IndexError(f"{name} row {bad} is outside a buffer of {len(buf)} bytes")
+    view = np.lib.stride_tricks.as_strided(
+        buf[start:], shape=(top + 1, nbytes), strides=(stride, 1), writeable=writable
+    )
+    return view

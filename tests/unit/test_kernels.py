@@ -1,0 +1,159 @@
+"""The data path's row kernels: the C accelerator and the numpy fallback give the
+same bytes, refuse rows outside their buffers before writing anything, and the
+accelerator is really built where a C compiler is present."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlcp.proto import kernels
+from dlcp.proto.kernels import block_abs_mean, copy_rows, flat_rows
+
+IMPLS = [
+    False,
+    pytest.param(
+        True, marks=pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+    ),
+]
+
+
+def test_accelerator_is_built_where_a_compiler_is() -> None:
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.exists():
+        pytest.skip("no C compiler or Python headers here: the numpy fallback is expected")
+    assert kernels.ACCELERATED, "dlcp.proto._kernels did not build although a compiler is here"
+
+
+def _case(rng: np.random.Generator) -> dict[str, object]:
+    nbytes = int(rng.integers(1, 200))
+    n = int(rng.integers(0, 60))
+    src_stride = nbytes + int(rng.integers(0, 40))
+    dst_stride = nbytes + int(rng.integers(0, 40))
+    src_rows = rng.permutation(n + int(rng.integers(0, 5)))[:n] if rng.random() < 0.6 else None
+    dst_rows = rng.permutation(n + int(rng.integers(0, 5)))[:n] if rng.random() < 0.6 else None
+    src_start, dst_start = int(rng.integers(0, 16)), int(rng.integers(0, 16))
+    src_n = int(src_rows.max()) + 1 if src_rows is not None and n else n
+    dst_n = int(dst_rows.max()) + 1 if dst_rows is not None and n else n
+    return {
+        "src": rng.integers(0, 256, src_start + src_n * src_stride + nbytes, dtype=np.uint8),
+        "dst_len": dst_start + dst_n * dst_stride + nbytes,
+        "src_rows": None if src_rows is None else src_rows.astype(np.int64),
+        "dst_rows": None if dst_rows is None else dst_rows.astype(np.int64),
+        "src_start": src_start,
+        "dst_start": dst_start,
+        "src_stride": src_stride,
+        "dst_stride": dst_stride,
+        "n": n,
+        "nbytes": nbytes,
+    }
+
+
+def _reference(c: dict[str, object]) -> np.ndarray:
+    """Row by row, the definition in the docstring."""
+    src = c["src"]
+    dst = np.zeros(c["dst_len"], np.uint8)
+    for i in range(c["n"]):
+        s = (
+            c["src_start"]
+            + (i if c["src_rows"] is None else int(c["src_rows"][i])) * c["src_stride"]
+        )
+        d = (
+            c["dst_start"]
+            + (i if c["dst_rows"] is None else int(c["dst_rows"][i])) * c["dst_stride"]
+        )
+        dst[d : d + c["nbytes"]] = src[s : s + c["nbytes"]]
+    return dst
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_copy_rows_matches_the_definition(accelerated: bool, stream: bool) -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        c = _case(rng)
+        dst = np.zeros(c["dst_len"], np.uint8)
+        copy_rows(
+            dst,
+            c["dst_start"],
+            c["dst_stride"],
+            c["dst_rows"],
+            c["src"],
+            c["src_start"],
+            c["src_stride"],
+            c["src_rows"],
+            c["n"],
+            c["nbytes"],
+            stream=stream,
+            accelerated=accelerated,
+        )
+        np.testing.assert_array_equal(dst, _reference(c))
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+@pytest.mark.parametrize(("which", "row"), [("dst", 10), ("dst", -1), ("src", 10), ("src", -3)])
+def test_copy_rows_refuses_rows_outside_the_buffer_and_writes_nothing(
+    accelerated: bool, which: str, row: int
+) -> None:
+    src = np.arange(40, dtype=np.uint8)
+    dst = np.zeros(40, np.uint8)
+    rows = np.array([0, 1, row], np.int64)
+    kw = (
+        {"dst_rows": rows, "src_rows": None}
+        if which == "dst"
+        else {"dst_rows": None, "src_rows": rows}
+    )
+    with pytest.raises(IndexError, match=which):
+        copy_rows(
+            dst, 0, 4, kw["dst_rows"], src, 0, 4, kw["src_rows"], 3, 4, accelerated=accelerated
+        )
+    assert not dst.any()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_copy_rows_names_a_wrong_row_type() -> None:
+    # the wrapper converts rows to int64; the module itself refuses anything else
+    dst = np.zeros(16, np.uint8)
+    c_module = kernels._accel
+    assert c_module is not None
+    with pytest.raises(TypeError, match="src_rows must be an int64 array"):
+        c_module.copy_rows(
+            dst, 0, 4, None, dst.copy(), 0, 4, np.array([0, 1], np.int32), 2, 4, False
+        )
+
+
+def test_flat_rows_sees_payload_columns_of_records() -> None:
+    records = np.arange(5 * 12, dtype=np.uint8).reshape(5, 12)
+    payloads = records[:, 4:]
+    flat, stride = flat_rows(payloads)
+    assert stride == 12 and len(flat) == 4 * 12 + 8
+    for i in range(5):
+        np.testing.assert_array_equal(flat[i * stride : i * stride + 8], payloads[i])
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_block_abs_mean_is_the_sampled_mean(accelerated: bool) -> None:
+    rng = np.random.default_rng(3)
+    full = rng.standard_normal((50, 360)).astype(np.float32)
+    full[4, 3] = np.nan
+    full[5, 101] = np.inf
+    starts = np.array([0, 100, 344], np.int64)
+    got = block_abs_mean(full, starts, 16, accelerated=accelerated)
+    want = (
+        np.concatenate([np.abs(full[:, b : b + 16]) for b in starts], axis=1)
+        .astype(np.float64)
+        .mean(axis=1)
+    )
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6)
+    assert np.isnan(got[4]) and np.isinf(got[5])
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_block_abs_mean_refuses_blocks_past_the_row(accelerated: bool) -> None:
+    full = np.zeros((3, 20), np.float32)
+    with pytest.raises(IndexError, match="leave rows of 20"):
+        block_abs_mean(full, np.array([8], np.int64), 16, accelerated=accelerated)
