@@ -183,6 +183,76 @@ done:
  *     message (dlcp/proto/packetizer.py samples blocks of 16 neighbouring values at
  *     evenly spaced places). Every sampled index is checked against len(data).
  */
+/*
+ * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields)
+ *     copies n records of record_bytes from src to dst (strided, like copy_rows
+ *     without row indices) and reverses the byte order of the fields that
+ *     `fields` names: bytes of (offset, size) pairs, size 2, 4 or 8. It turns
+ *     big-endian wire headers into native structured records and back; the layout
+ *     comes from the caller (dlcp/proto/wire.py's dtype), none is written here.
+ */
+static PyObject *swap_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *dst_obj, *src_obj;
+    Py_ssize_t dst_stride, src_stride, n, record_bytes;
+    const unsigned char *fields;
+    Py_ssize_t fields_len;
+    if (!PyArg_ParseTuple(args, "OnOnnny#:swap_records", &dst_obj, &dst_stride, &src_obj,
+                          &src_stride, &n, &record_bytes, &fields, &fields_len))
+        return NULL;
+    if (n < 0 || record_bytes < 0 || dst_stride < record_bytes || src_stride < record_bytes) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0 and strides >= record_bytes");
+        return NULL;
+    }
+    if (fields_len % 2) {
+        PyErr_SetString(PyExc_ValueError, "fields must be (offset, size) byte pairs");
+        return NULL;
+    }
+    for (Py_ssize_t f = 0; f < fields_len; f += 2) {
+        int size = fields[f + 1];
+        if ((size != 2 && size != 4 && size != 8) || fields[f] + size > record_bytes) {
+            PyErr_Format(PyExc_ValueError, "field at %d of %d bytes does not fit a %zd-byte record",
+                         fields[f], size, record_bytes);
+            return NULL;
+        }
+    }
+    Buf dst = {0}, src = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    dst.held = 1;
+    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    src.held = 1;
+    if (n > 0 && ((n - 1) * dst_stride + record_bytes > dst.view.len ||
+                  (n - 1) * src_stride + record_bytes > src.view.len)) {
+        PyErr_Format(PyExc_IndexError, "%zd records do not fit dst (%zd bytes) or src (%zd bytes)",
+                     n, dst.view.len, src.view.len);
+        goto done;
+    }
+    {
+        unsigned char *d = (unsigned char *)dst.view.buf;
+        const unsigned char *s = (const unsigned char *)src.view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char *dr = d + i * dst_stride;
+            const unsigned char *sr = s + i * src_stride;
+            memcpy(dr, sr, (size_t)record_bytes);
+            for (Py_ssize_t f = 0; f < fields_len; f += 2) {
+                int at = fields[f], size = fields[f + 1];
+                for (int k = 0; k < size; k++)
+                    dr[at + k] = sr[at + size - 1 - k];
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    buf_release(&src);
+    buf_release(&dst);
+    return result;
+}
+
 #define PREFETCH_AHEAD 16
 
 static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
@@ -258,6 +328,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"swap_records", swap_records, METH_VARARGS,
+     "swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields): copy strided "
+     "records, reversing the byte order of the (offset, size) fields (see the module source)."},
     {"block_abs_mean_f32", block_abs_mean_f32, METH_VARARGS,
      "block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out): sampled mean "
      "|value| per chunk of a float32 message (see the module source)."},

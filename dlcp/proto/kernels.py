@@ -17,7 +17,15 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ACCELERATED", "block_abs_mean", "copy_rows", "flat_rows", "streams"]
+__all__ = [
+    "ACCELERATED",
+    "block_abs_mean",
+    "copy_rows",
+    "flat_rows",
+    "pack_records",
+    "streams",
+    "unpack_records",
+]
 
 try:
     from . import _kernels as _c  # type: ignore[attr-defined]
@@ -114,6 +122,66 @@ def block_abs_mean(
         total += np.abs(full[:, b : b + block]).sum(axis=1, dtype=np.float64)
     out[...] = total / (len(starts) * block)
     return out
+
+
+def unpack_records(
+    rows: UInt8Array, wire: np.dtype[np.void], *, accelerated: bool | None = None
+) -> npt.NDArray[np.void]:
+    """The first ``wire.itemsize`` bytes of each row of ``rows`` (2-D uint8, rows
+    contiguous, e.g. the headers of a batch of datagrams) as a compact array of
+    ``wire`` records in native byte order: what ``rows.view(wire).astype(native)``
+    gives, in one pass instead of numpy's field-by-field conversion."""
+    native = wire.newbyteorder("=")
+    n = len(rows)
+    use_c = ACCELERATED if accelerated is None else accelerated
+    if not (use_c and _accel is not None) or n == 0:
+        raw = np.ascontiguousarray(rows[:, : wire.itemsize])
+        return raw.view(wire)[:, 0].astype(native)
+    out = np.empty(n, dtype=native)
+    flat, stride = flat_rows(rows)
+    _accel.swap_records(out, native.itemsize, flat, stride, n, wire.itemsize, _swapped(wire))
+    return out
+
+
+def pack_records(
+    records: npt.NDArray[np.void],
+    rows: UInt8Array,
+    wire: np.dtype[np.void],
+    *,
+    accelerated: bool | None = None,
+) -> None:
+    """Write native-order ``records`` into the first ``wire.itemsize`` bytes of each
+    row of ``rows`` in ``wire`` byte order: the inverse of :func:`unpack_records`."""
+    n = len(records)
+    if records.dtype != wire.newbyteorder("=") or rows.shape[0] != n:
+        raise TypeError(f"{n} records of {records.dtype} do not pack into {rows.shape} as {wire}")
+    use_c = ACCELERATED if accelerated is None else accelerated
+    if not (use_c and _accel is not None) or n == 0:
+        rows[:, : wire.itemsize] = records.astype(wire).view(np.uint8).reshape(n, wire.itemsize)
+        return
+    if rows.strides[1] != 1:
+        raise TypeError("rows must have contiguous bytes")
+    flat = np.lib.stride_tricks.as_strided(
+        rows, shape=((n - 1) * rows.strides[0] + wire.itemsize,), strides=(1,)
+    )
+    _accel.swap_records(
+        flat, rows.strides[0], records, wire.itemsize, n, wire.itemsize, _swapped(wire)
+    )
+
+
+def _swapped(wire: np.dtype[np.void]) -> bytes:
+    """(offset, size) byte pairs of the multi-byte fields of ``wire``, whose byte
+    order differs from the native one (all of them on a little-endian machine)."""
+    pairs = bytearray()
+    for name in wire.names or ():
+        field, offset = wire.fields[name][:2]  # type: ignore[index]
+        if field.itemsize > 1 and field.byteorder not in ("=", "|", _NATIVE):
+            pairs += bytes([offset, field.itemsize])
+    return bytes(pairs)
+
+
+#: the byte-order character numpy uses for native multi-byte fields on this machine
+_NATIVE = "<" if np.little_endian else ">"
 
 
 def flat_rows(rows: UInt8Array) -> tuple[UInt8Array, int]:

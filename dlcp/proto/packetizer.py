@@ -24,11 +24,12 @@ import numpy as np
 import numpy.typing as npt
 
 from .classify import Classifier, chunk_layers
-from .kernels import block_abs_mean, copy_rows, streams
+from .kernels import block_abs_mean, copy_rows, pack_records, streams
 from .wire import (
     AUTH_TAG_LEN,
     DATA_HEADER_LEN,
     HEADER_DTYPE,
+    NATIVE_HEADER_DTYPE,
     VERSION,
     DType,
     Flags,
@@ -294,8 +295,9 @@ def build_records(
     prio = table.prio[seqs]
     drop = table.drop[seqs]
     if source_rows is None:
-        # fill a compact header array, then one strided copy into the records
-        h = np.empty(n, dtype=HEADER_DTYPE)
+        # fill a compact native-order header array, then one pass writes it into
+        # the records in wire order
+        h = np.empty(n, dtype=NATIVE_HEADER_DTYPE)
         h["ver_type"] = (VERSION << 4) | PacketType.DATA
         h["flags"] = flags
         h["job"] = ident.job
@@ -311,7 +313,7 @@ def build_records(
         h["dtype"] = int(table.dtype) << 4
         h["bound"] = ident.bound
         h["path"] = 0
-        records[:, :DATA_HEADER_LEN] = h.view(np.uint8).reshape(n, DATA_HEADER_LEN)
+        pack_records(h, records, HEADER_DTYPE)
     else:
         records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
     lengths = DATA_HEADER_LEN + payload_len + tag

@@ -38,6 +38,8 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from .kernels import unpack_records
+
 __all__ = [
     "AUTH_TAG_LEN",
     "CONTROL_HEADER_LEN",
@@ -413,12 +415,11 @@ def parse_batch(
                 records[i, : len(chunk)] = chunk
     lengths = np.full(n, segment_size, dtype=np.int64)
     lengths[-1] = total - (n - 1) * segment_size
-    raw = np.ascontiguousarray(records[:, :DATA_HEADER_LEN])
     payloads = records[:, DATA_HEADER_LEN:]
     # one gather of the headers into a compact, native-endian array: every later
     # field access is then a cheap contiguous read, not a strided byte swap
-    headers = raw.view(HEADER_DTYPE)[:, 0].astype(NATIVE_HEADER_DTYPE)
-    if _uniform_and_valid(raw, headers, lengths, job=job, auth=key is not None or require_auth):
+    headers = unpack_records(records, HEADER_DTYPE)
+    if _uniform_and_valid(headers, lengths, job=job, auth=key is not None or require_auth):
         reasons = np.zeros(n, dtype=np.uint8)
     else:
         reasons = _validate(headers, lengths, job=job, key=key, require_auth=require_auth)
@@ -428,7 +429,9 @@ def parse_batch(
 
 
 # Bytes of the data header that every packet of one message shares: version/type,
-# the reserved flag bits, job, step, msg, msg_elems, src, dtype, bound.
+# the reserved flag bits, job, step, msg, msg_elems, src, dtype, bound. Every
+# multi-byte field is masked whole or not at all, so the mask reads the same on
+# wire-order and native-order headers.
 _SHARED_MASK: Final = np.frombuffer(
     bytes([0xFF, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
     + bytes([0xFF, 0xFF, 0, 0, 0, 0, 0, 0])  # msg layer seq
@@ -439,7 +442,6 @@ _SHARED_MASK: Final = np.frombuffer(
 
 
 def _uniform_and_valid(
-    raw: UInt8Array,
     h: npt.NDArray[np.void],
     lengths: npt.NDArray[np.int64],
     *,
@@ -453,7 +455,7 @@ def _uniform_and_valid(
     per-packet fields (lengths, offsets) are right. False means "look closer":
     :func:`_validate` then gives each record its exact reason.
     """
-    words = raw.view(np.uint64)
+    words = h.view(np.uint64).reshape(-1, DATA_HEADER_LEN // 8)
     if not bool(((words & _SHARED_MASK) == (words[0] & _SHARED_MASK)).all()):
         return False
     first = h[0]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlcp.proto import kernels
-from dlcp.proto.kernels import block_abs_mean, copy_rows, flat_rows
+from dlcp.proto.kernels import block_abs_mean, copy_rows, flat_rows, pack_records, unpack_records
 
 IMPLS = [
     False,
@@ -157,3 +157,29 @@ def test_block_abs_mean_refuses_blocks_past_the_row(accelerated: bool) -> None:
     full = np.zeros((3, 20), np.float32)
     with pytest.raises(IndexError, match="leave rows of 20"):
         block_abs_mean(full, np.array([8], np.int64), 16, accelerated=accelerated)
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_headers_unpack_to_native_order_and_pack_back(accelerated: bool) -> None:
+    from dlcp.proto.wire import HEADER_DTYPE, NATIVE_HEADER_DTYPE
+
+    rng = np.random.default_rng(11)
+    records = rng.integers(0, 256, (70, 100), dtype=np.uint8)
+    native = unpack_records(records, HEADER_DTYPE, accelerated=accelerated)
+    assert native.dtype == NATIVE_HEADER_DTYPE
+    want = np.ascontiguousarray(records[:, :32]).view(HEADER_DTYPE)[:, 0]
+    for name in HEADER_DTYPE.names:
+        np.testing.assert_array_equal(native[name], want[name])
+    out = np.zeros_like(records)
+    pack_records(native, out, HEADER_DTYPE, accelerated=accelerated)
+    np.testing.assert_array_equal(out[:, :32], records[:, :32])
+    assert not out[:, 32:].any()  # nothing past the header was touched
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_swap_records_refuses_a_field_past_the_record() -> None:
+    c_module = kernels._accel
+    assert c_module is not None
+    buf = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match="field at 30 of 4 bytes"):
+        c_module.swap_records(buf, 32, buf.copy(), 32, 2, 32, bytes([30, 4]))
