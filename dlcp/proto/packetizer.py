@@ -297,22 +297,23 @@ def build_records(
     if source_rows is None:
         # fill a compact native-order header array, then one pass writes it into
         # the records in wire order
-        h = np.empty(n, dtype=NATIVE_HEADER_DTYPE)
-        h["ver_type"] = (VERSION << 4) | PacketType.DATA
+        # the fields every packet of the message shares come from one template
+        template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
+        template["ver_type"] = (VERSION << 4) | PacketType.DATA
+        template["job"] = ident.job
+        template["step"] = ident.step
+        template["msg"] = ident.msg
+        template["msg_elems"] = table.msg_elems
+        template["src"] = ident.src
+        template["dtype"] = int(table.dtype) << 4
+        template["bound"] = ident.bound
+        h = np.full(n, template, dtype=NATIVE_HEADER_DTYPE)
         h["flags"] = flags
-        h["job"] = ident.job
-        h["step"] = ident.step
-        h["msg"] = ident.msg
         h["layer"] = table.layer[seqs]
         h["seq"] = seqs
         h["offset"] = seqs * table.chunk_elems
-        h["msg_elems"] = table.msg_elems
         h["payload_len"] = payload_len
-        h["src"] = ident.src
         h["tclass"] = (prio << 5) | (drop.astype(np.uint8) << 4) | table.mag[seqs]
-        h["dtype"] = int(table.dtype) << 4
-        h["bound"] = ident.bound
-        h["path"] = 0
         pack_records(h, records, HEADER_DTYPE)
     else:
         records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
