@@ -183,6 +183,10 @@ done:
  *     message (dlcp/proto/packetizer.py samples blocks of 16 neighbouring values at
  *     evenly spaced places). Every sampled index is checked against len(data).
  */
+/* records or chunks a few hundred bytes or more apart are too sparse for the
+ * hardware prefetcher within a page; the loops below ask for lines this far ahead */
+#define PREFETCH_AHEAD 16
+
 /*
  * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields)
  *     copies n records of record_bytes from src to dst (strided, like copy_rows
@@ -237,6 +241,11 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             unsigned char *dr = d + i * dst_stride;
             const unsigned char *sr = s + i * src_stride;
+#if defined(__GNUC__)
+            /* headers a datagram apart: too sparse for the hardware prefetcher */
+            if (i + PREFETCH_AHEAD < n)
+                __builtin_prefetch(sr + PREFETCH_AHEAD * src_stride);
+#endif
             memcpy(dr, sr, (size_t)record_bytes);
             for (Py_ssize_t f = 0; f < fields_len; f += 2) {
                 int at = fields[f], size = fields[f + 1];
@@ -252,8 +261,6 @@ done:
     buf_release(&dst);
     return result;
 }
-
-#define PREFETCH_AHEAD 16
 
 static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
     (void)self;
@@ -304,8 +311,6 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
             const float *chunk = d + c * chunk_elems;
             double total = 0.0;
 #if defined(__GNUC__)
-            /* one line per chunk, 1-2 KB apart: too sparse for the hardware
-               prefetcher within a page, so ask for the lines a few chunks ahead */
             if (c + PREFETCH_AHEAD < n_chunks)
                 for (Py_ssize_t j = 0; j < n_starts; j++)
                     __builtin_prefetch(chunk + PREFETCH_AHEAD * chunk_elems + st[j]);
