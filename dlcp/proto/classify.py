@@ -115,13 +115,15 @@ def magnitude_class(magnitudes: ArrayLike) -> NDArray[np.uint8]:
     holds a NaN is treated as the largest, so magnitude policies protect it and
     the receiver sees the NaN instead of having it silently dropped.
     """
-    m = np.abs(np.asarray(magnitudes, dtype=np.float64))
-    out = np.zeros(m.shape, dtype=np.uint8)
-    pos = m > 0  # False for 0 and NaN
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        exp = np.floor(np.log2(m, where=pos, out=np.zeros_like(m))) + _MAG_BIAS
-    np.copyto(out, np.clip(exp, 0, _MAG_MAX).astype(np.uint8), where=pos)
-    out[np.isnan(m)] = _MAG_MAX
+    m = np.abs(np.asarray(magnitudes))
+    if not np.issubdtype(m.dtype, np.floating):
+        m = m.astype(np.float64)
+    # frexp: m = f * 2**e with f in [0.5, 1), so floor(log2(m)) = e - 1 exactly, in
+    # the magnitudes' own precision (0, inf and NaN give e = 0: fixed up below)
+    _, e = np.frexp(m)
+    out = np.clip(e + (_MAG_BIAS - 1), 0, _MAG_MAX).astype(np.uint8)
+    out[~(m > 0)] = 0  # 0 (and NaN, set next)
+    out[~np.isfinite(m)] = _MAG_MAX  # +-inf and NaN
     return out
 
 
@@ -217,8 +219,11 @@ def _magnitude_drop(
         below: NDArray[np.bool_] = key < t  # NaN < t is False
         return base & below
     q = drop_fraction if drop_fraction is not None else 0.0
+    nan = np.isnan(key)
+    if eligible is None and not nan.any():  # the usual case: rank all chunks directly
+        return _smallest(key, int(np.floor(q * len(key))))
     k = int(np.floor(q * int(np.count_nonzero(base))))
-    idx = np.flatnonzero(base & ~np.isnan(key))
+    idx = np.flatnonzero(base & ~nan)
     drop = np.zeros(len(key), dtype=np.bool_)
     drop[idx[_smallest(key[idx], k)]] = True
     return drop

@@ -34,6 +34,14 @@ def test_magnitude_class_boundaries() -> None:
     assert magnitude_class(m).tolist() == [0, 0, 0, 1, 10, 14, 15, 15, 15]
 
 
+def test_magnitude_class_is_exact_just_below_a_power_of_two() -> None:
+    # floor(log2) taken from the exponent, not from a rounded logarithm
+    below = np.nextafter(np.float32(2.0**-10), np.float32(0))
+    assert magnitude_class(np.array([below, 2.0**-10], np.float32)).tolist() == [9, 10]
+    assert magnitude_class([np.nextafter(1.0, 0.0)]).tolist() == [15]
+    assert magnitude_class([np.nextafter(2.0**-15, 0.0)]).tolist() == [4]
+
+
 def test_magnitude_class_non_finite_and_negative() -> None:
     out = magnitude_class([np.inf, -np.inf, np.nan, -(2.0**-10)])
     assert out.tolist() == [15, 15, 15, 10]
