@@ -121,7 +121,7 @@ def magnitude_class(magnitudes: ArrayLike) -> NDArray[np.uint8]:
     # frexp: m = f * 2**e with f in [0.5, 1), so floor(log2(m)) = e - 1 exactly, in
     # the magnitudes' own precision (0, inf and NaN give e = 0: fixed up below)
     _, e = np.frexp(m)
-    out = np.clip(e + (_MAG_BIAS - 1), 0, _MAG_MAX).astype(np.uint8)
+    out: NDArray[np.uint8] = np.clip(e + (_MAG_BIAS - 1), 0, _MAG_MAX).astype(np.uint8)
     out[~(m > 0)] = 0  # 0 (and NaN, set next)
     out[~np.isfinite(m)] = _MAG_MAX  # +-inf and NaN
     return out
