@@ -102,6 +102,7 @@ _PROTO_ENV: dict[str, str] = {
     "mtu": "int",
     "payload_bytes": "int",
     "batch_packets": "int",
+    "spray_packets": "int",
     "n_paths": "int",
     "classifier": "str",
     "magnitude_sample": "int",

@@ -1,0 +1,154 @@
+/*
+ * dlcp.io._udpio: the UDP receive loop of dlcp/io/udp.py, in C.
+ *
+ * Optional accelerator: DataSockets.receive falls back to the same loop in Python
+ * when this module was not built, and tests/unit/test_udp_receive.py checks that
+ * both hand over the same runs. A Python loop costs several microseconds per read;
+ * when datagrams arrive one per read (GRO not aggregating, e.g. offloads off on
+ * the path) that, not the kernel, bounds the receive rate. Here the loop runs
+ * without the GIL, so the endpoint's other threads keep going meanwhile.
+ *
+ * recv_runs(fd, buf, budget, max_reads, read_size)
+ *     -> (runs, nbytes, reads, empty, more, errno)
+ *   Reads datagrams (one recvmsg each, non-blocking, with the UDP_GRO segment
+ *   size from ancillary data) back to back into buf from offset 0, until the
+ *   socket is drained, `budget` bytes or `max_reads` reads are done, or fewer
+ *   than `read_size` bytes of buf are left. runs: (start, end, segment_size) of
+ *   each run of same-size datagrams, in buf; a run ends where the size changes
+ *   or after a short datagram. more: stopped because buf was full (call again
+ *   once the runs are consumed). errno: a receive error other than EAGAIN/EINTR
+ *   (0 if none), reported after the runs read before it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+#define MAX_RUNS 4096
+
+typedef struct {
+    Py_ssize_t start, end, seg;
+} Run;
+
+static PyObject *recv_runs(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    PyObject *buf_obj;
+    Py_ssize_t budget, max_reads, read_size;
+    if (!PyArg_ParseTuple(args, "iOnnn:recv_runs", &fd, &buf_obj, &budget, &max_reads,
+                          &read_size))
+        return NULL;
+    if (read_size <= 0 || budget < 0 || max_reads < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_size must be positive, budget and max_reads >= 0");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    Run *runs = PyMem_Malloc(sizeof(Run) * MAX_RUNS);
+    if (runs == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n_runs = 0, fill = 0, start = 0, seg_size = 0, total = 0, reads = 0, empty = 0;
+    int more = 0, err = 0;
+    char *buf = (char *)view.buf;
+    Py_ssize_t len = view.len;
+
+    Py_BEGIN_ALLOW_THREADS
+    while (total < budget && reads < max_reads) {
+        if (len - fill < read_size || n_runs >= MAX_RUNS - 2) {
+            more = 1;
+            break;
+        }
+        reads++;
+        struct iovec iov = {buf + fill, (size_t)read_size};
+        union {
+            char space[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.space;
+        msg.msg_controllen = sizeof control.space;
+        ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                err = errno;
+            reads--;
+            break;
+        }
+        total += n;
+        if (n == 0) { /* an empty datagram carries nothing; the session never sees it */
+            empty++;
+            continue;
+        }
+        Py_ssize_t seg = n;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
+                c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int gso;
+                memcpy(&gso, CMSG_DATA(c), sizeof gso);
+                seg = gso;
+            }
+        }
+        if (seg <= 0)
+            seg = n;
+        if (fill > start && seg != seg_size) { /* a different size starts a new run */
+            runs[n_runs++] = (Run){start, fill, seg_size};
+            start = fill;
+        }
+        seg_size = seg;
+        fill += n;
+        if (n % seg) { /* short last datagram: the run cannot continue after it */
+            runs[n_runs++] = (Run){start, fill, seg_size};
+            start = fill;
+        }
+    }
+    if (fill > start)
+        runs[n_runs++] = (Run){start, fill, seg_size};
+    Py_END_ALLOW_THREADS
+
+    PyBuffer_Release(&view);
+    PyObject *list = PyList_New(n_runs);
+    if (list == NULL) {
+        PyMem_Free(runs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n_runs; i++) {
+        PyObject *t = Py_BuildValue("(nnn)", runs[i].start, runs[i].end, runs[i].seg);
+        if (t == NULL) {
+            Py_DECREF(list);
+            PyMem_Free(runs);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    PyMem_Free(runs);
+    return Py_BuildValue("(Nnnnii)", list, total, reads, empty, more, err);
+}
+
+static PyMethodDef methods[] = {
+    {"recv_runs", recv_runs, METH_VARARGS,
+     "recv_runs(fd, buf, budget, max_reads, read_size) -> (runs, nbytes, reads, empty, more, "
+     "errno): drain a UDP socket into buf as runs of same-size datagrams (see the source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "dlcp.io._udpio",
+    "The UDP receive loop of the DLCP endpoint (optional C accelerator).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__udpio(void) { return PyModule_Create(&module); }

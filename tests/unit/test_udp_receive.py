@@ -1,0 +1,77 @@
+"""The endpoint's UDP receive loop: the C version (dlcp.io._udpio) and the Python
+one hand over the same runs of datagrams, on a real socket over loopback."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from dlcp.io import udp
+from dlcp.io.udp import DataSockets
+
+IMPLS = [
+    False,
+    pytest.param(
+        True, marks=pytest.mark.skipif(udp._udpio is None, reason="dlcp.io._udpio not built")
+    ),
+]
+
+#: datagram sizes: runs of equal size, short ones that end a run, an empty one
+SIZES = [1472] * 5 + [100] + [1472] * 3 + [800] * 4 + [0] + [1472] * 2 + [64] * 3
+
+
+def _receive_all(accelerated: bool, sizes: list[int]) -> list[tuple[bytes, int]]:
+    rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=1 << 22, sndbuf=1 << 20)
+    got: list[tuple[bytes, int]] = []
+    try:
+        rng = np.random.default_rng(len(sizes))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for n in sizes:
+                tx.sendto(rng.integers(0, 256, n, dtype=np.uint8).tobytes(), rx.address)
+        # every datagram is queued on loopback once sendto returned
+        total = rx.receive(
+            lambda buf, seg: got.append((buf.tobytes(), seg)), accelerated=accelerated
+        )
+        assert total == sum(sizes)
+        assert rx.empty_datagrams == sizes.count(0)
+    finally:
+        rx.close()
+    return got
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_runs_of_same_size_datagrams_end_where_the_size_changes(accelerated: bool) -> None:
+    got = _receive_all(accelerated, SIZES)
+    rng = np.random.default_rng(len(SIZES))
+    sent = b"".join(rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in SIZES)
+    assert b"".join(data for data, _ in got) == sent
+    # one datagram per read on loopback: each size change starts a run
+    assert [(len(data), seg) for data, seg in got] == [
+        (1472 * 5, 1472),
+        (100, 100),
+        (1472 * 3, 1472),
+        (800 * 4, 800),
+        (1472 * 2, 1472),
+        (64 * 3, 64),
+    ]
+
+
+def test_c_and_python_loops_deliver_the_same_runs() -> None:
+    if udp._udpio is None:
+        pytest.skip("dlcp.io._udpio not built")
+    sizes = [int(x) for x in np.random.default_rng(5).choice([0, 33, 700, 1472, 9000], 300)]
+    assert _receive_all(True, sizes) == _receive_all(False, sizes)
+
+
+def test_buffer_refills_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    if udp._udpio is None:
+        pytest.skip("dlcp.io._udpio not built")
+    # a receive buffer of three reads: the C loop stops, its runs are delivered,
+    # and it goes on from the start of the buffer, as the Python loop does
+    monkeypatch.setattr(udp, "RECEIVE_BUFFER_BYTES", 3 * 65536)
+    sizes = [1472] * 200
+    c, py = _receive_all(True, sizes), _receive_all(False, sizes)
+    assert c == py
+    assert len(c) > 1 and b"".join(d for d, _ in c) == b"".join(d for d, _ in py)
