@@ -381,8 +381,12 @@ class Endpoint:
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             while not self._closing:
-                timeout = self._wait_time(time.monotonic())
-                for key, _ in sel.select(timeout):
+                before = time.monotonic()
+                timeout = self._wait_time(before)
+                ready = sel.select(timeout)
+                now = time.monotonic()
+                self._session.note_idle(now - before, now=now)  # receive capacity (rate feedback)
+                for key, _ in ready:
                     self._on_ready(sel, key.fileobj, key.data)
                 now = time.monotonic()
                 self._run_commands()

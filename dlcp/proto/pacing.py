@@ -303,16 +303,28 @@ class RateMeter:
     opens the next window at once if anything arrived, so a steady stream is
     measured without gaps. With nothing received, no window is open and
     :meth:`next_deadline` is None.
+
+    What is reported is the rate the receiver could take, not only the rate it
+    saw: a driver that knows how long its receive loop sat idle (waiting for
+    datagrams) says so with :meth:`on_idle`, and the rate is measured over the
+    busy time only. A receiver that is busy all the time reports what arrived; one
+    that waits half the time could take twice that, and says so, so that a sender
+    is not held to the rate its own pacing produced. ``min_busy`` caps the claim
+    (at most ``1 / min_busy`` times the rate seen).
     """
 
-    __slots__ = ("_bytes", "_start", "interval")
+    __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
 
-    def __init__(self, interval: float = 100e-6) -> None:
+    def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.1) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise ValueError(f"interval={interval} must be a finite duration > 0 seconds")
+        if not 0.0 < min_busy <= 1.0:
+            raise ValueError(f"min_busy={min_busy} outside (0, 1]")
         self.interval = float(interval)
+        self.min_busy = float(min_busy)
         self._start: float | None = None
         self._bytes: dict[int, int] = {}
+        self._idle = 0.0
 
     def __repr__(self) -> str:
         return f"RateMeter(interval={self.interval}, window_start={self._start})"
@@ -353,6 +365,15 @@ class RateMeter:
         for src, total in zip(uniq.tolist(), totals.tolist(), strict=True):
             self._bytes[src] = self._bytes.get(src, 0) + int(total)
 
+    def on_idle(self, seconds: float, *, now: float) -> None:
+        """The receiver waited the ``seconds`` up to ``now`` for datagrams; only the
+        part inside the current window counts."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"seconds={seconds} must be a finite duration >= 0")
+        now = _check_now(now)
+        if self._start is not None:
+            self._idle += max(0.0, min(seconds, now - self._start))
+
     def due(self, *, now: float) -> bool:
         """Whether the current window has lasted ``interval``."""
         deadline = self.next_deadline()
@@ -373,9 +394,11 @@ class RateMeter:
         elapsed = now - self._start
         if elapsed <= 0:
             return {}
-        rates = {src: n / elapsed for src, n in self._bytes.items()}
+        busy = max(elapsed - self._idle, self.min_busy * elapsed)
+        rates = {src: n / busy for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
         self._bytes = {}
+        self._idle = 0.0
         return rates
 
 

@@ -809,6 +809,12 @@ class Session:
                     RateFeedback(0, 0, self.rank, bytes_per_s=int(rate), interval_us=interval_us),
                 )
 
+    def note_idle(self, seconds: float, *, now: float) -> None:
+        """The driver's receive loop waited the ``seconds`` up to ``now`` for
+        datagrams: the rate feedback then tells senders what this receiver could
+        take, not only what it got (see :class:`~dlcp.proto.pacing.RateMeter`)."""
+        self._meter.on_idle(seconds, now=now)
+
     # ------------------------------------------------------------------ events
 
     def next_event(self) -> Event | None:

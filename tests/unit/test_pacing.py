@@ -205,6 +205,53 @@ def test_closed_loop_follows_bottleneck() -> None:
     assert capacity <= p.rate <= 1.25 * capacity * 1.02
 
 
+def _slow_window_run(report_idle: bool) -> float:
+    """A sender with endless data, paced at 10 MB/s; a receiver that could take
+    100 MB/s but sees only 70 % of each window's bytes in that window (the rest
+    is still in flight or lost). Returns the sender's final rate."""
+    step, fb_every, capacity = 1e-3, 5, 100e6
+    p = pacer(initial_rate=10e6, burst_bytes=64 * 1024)
+    meter = RateMeter(interval=fb_every * step)
+    for i in range(1000):
+        t = i * step
+        n = p.allowance(now=t)
+        p.on_sent(n, now=t)
+        p.note_backlogged(now=t)
+        seen = int(0.7 * n)
+        meter.on_bytes(1, seen, now=t)
+        if report_idle:
+            meter.on_idle(step - seen / capacity, now=t)  # it waits the rest of the ms
+        if meter.due(now=t):
+            for _src, r in meter.sample(now=t).items():
+                p.on_feedback(r, now=t)
+    return p.rate
+
+
+def test_idle_receiver_does_not_talk_the_sender_down() -> None:
+    # measured over wall time, the slow windows pull the rate down step by step
+    assert _slow_window_run(report_idle=False) < 1e6
+    # measured over busy time, the receiver says it could take far more
+    assert _slow_window_run(report_idle=True) >= 10e6
+
+
+def test_rate_meter_reports_rate_over_busy_time() -> None:
+    meter = RateMeter(interval=0.1, min_busy=0.1)
+    meter.on_bytes(1, 1000, now=0.0)
+    meter.on_idle(0.05, now=0.1)  # half of the 0.1 s window spent waiting
+    assert meter.sample(now=0.1)[1] == pytest.approx(1000 / 0.05)
+    meter.on_bytes(1, 1000, now=0.1)
+    meter.on_idle(5.0, now=0.2)  # longer than the window: only the window counts...
+    assert meter.sample(now=0.2)[1] == pytest.approx(1000 / (0.1 * 0.1))  # ...capped
+
+
+def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_idle(1.0, now=1.0)  # no window open: nothing to charge it to
+    meter.on_bytes(1, 500, now=1.0)
+    meter.on_idle(0.5, now=1.02)  # only 0.02 s of it lies in the window
+    assert meter.sample(now=1.1)[1] == pytest.approx(500 / 0.08)
+
+
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
