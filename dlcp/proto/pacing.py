@@ -310,12 +310,14 @@ class RateMeter:
     busy time only. A receiver that is busy all the time reports what arrived; one
     that waits half the time could take twice that, and says so, so that a sender
     is not held to the rate its own pacing produced. ``min_busy`` caps the claim
-    (at most ``1 / min_busy`` times the rate seen).
+    (at most ``1 / min_busy`` times the rate seen, twice by default): a receiver
+    process that was descheduled while it waited counts that time as idle too, so
+    the claim must stay modest.
     """
 
     __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
 
-    def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.1) -> None:
+    def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.5) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise ValueError(f"interval={interval} must be a finite duration > 0 seconds")
         if not 0.0 < min_busy <= 1.0:
