@@ -12,6 +12,7 @@ that they agree.
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 import numpy as np
@@ -131,7 +132,7 @@ def unpack_records(
     contiguous, e.g. the headers of a batch of datagrams) as a compact array of
     ``wire`` records in native byte order: what ``rows.view(wire).astype(native)``
     gives, in one pass instead of numpy's field-by-field conversion."""
-    native = wire.newbyteorder("=")
+    native = _native(wire)
     n = len(rows)
     use_c = ACCELERATED if accelerated is None else accelerated
     if not (use_c and _accel is not None) or n == 0:
@@ -153,7 +154,7 @@ def pack_records(
     """Write native-order ``records`` into the first ``wire.itemsize`` bytes of each
     row of ``rows`` in ``wire`` byte order: the inverse of :func:`unpack_records`."""
     n = len(records)
-    if records.dtype != wire.newbyteorder("=") or rows.shape[0] != n:
+    if records.dtype != _native(wire) or rows.shape[0] != n:
         raise TypeError(f"{n} records of {records.dtype} do not pack into {rows.shape} as {wire}")
     use_c = ACCELERATED if accelerated is None else accelerated
     if not (use_c and _accel is not None) or n == 0:
@@ -169,6 +170,12 @@ def pack_records(
     )
 
 
+@functools.cache
+def _native(wire: np.dtype[np.void]) -> np.dtype[np.void]:
+    return wire.newbyteorder("=")
+
+
+@functools.cache
 def _swapped(wire: np.dtype[np.void]) -> bytes:
     """(offset, size) byte pairs of the multi-byte fields of ``wire``, whose byte
     order differs from the native one (all of them on a little-endian machine)."""
