@@ -60,6 +60,8 @@ def ring_allreduce(
     bounds = chunk_bounds(len(data), n)
     scratch = np.empty(max(b - a for a, b in itertools.pairwise(bounds)), data.dtype)
 
+    sends: list[Any] = []  # send futures: waited for at the end, not step by step
+
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
 
@@ -76,6 +78,7 @@ def ring_allreduce(
             fill=fill,
             segments=segments,
             report=report,
+            sends=sends,
         ):
             data[ra:rb] += scratch[: rb - ra]
 
@@ -95,7 +98,10 @@ def ring_allreduce(
             fill=copy_fill(p_gather),
             segments=segments,
             report=report,
+            sends=sends,
         )
+    for outgoing in sends:
+        report.sent(comm.wait(outgoing), data.itemsize)
     return report.build()
 
 
@@ -111,10 +117,18 @@ def _step(
     fill: FillPolicy,
     segments: Segments | None,
     report: ReportBuilder,
+    sends: list[Any],
 ) -> bool:
     """One ring step: ``data[send]`` to the right neighbour while ``recv_into`` is
     filled from the left one. With fewer elements than ranks a chunk can be empty:
-    then nothing is sent or received for it. True if something was received."""
+    then nothing is sent or received for it. True if something was received.
+
+    The send's future goes to ``sends`` instead of being waited for: waiting for
+    the receiver's STOP here would add a control round trip to every step. That
+    is safe because the I/O thread copies a send's bytes into packets before it
+    handles any later command, and no later step writes a chunk this rank has
+    sent until the all-gather receives into it: a receive the I/O thread handles
+    after that send. The caller waits for all of them before returning."""
     n, r = comm.world_size, comm.rank
     incoming = (
         comm.recv(recv_into, src=(r - 1) % n, call=call, role=role, p=p, fill=fill)
@@ -127,8 +141,8 @@ def _step(
         if sa < sb
         else None
     )
+    if outgoing is not None:
+        sends.append(outgoing)
     if incoming is not None:
         report.received(comm.wait(incoming), bounded=p > 0)
-    if outgoing is not None:
-        report.sent(comm.wait(outgoing), data.itemsize)
     return incoming is not None

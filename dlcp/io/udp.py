@@ -5,8 +5,9 @@
   (``UDP_SEGMENT``) it leaves in one ``sendmsg`` per 64 KB; without it, in one
   ``sendmmsg`` per 256 datagrams (``dlcp.io._udpio``; one ``sendmsg`` per
   datagram if that was not built). Measured over a veth path without offloads,
-  GSO segmented in software still beats ``sendmmsg`` (0.19 vs 0.15 GB/s). The TOS byte (DSCP + ECN) rides along as ``IP_TOS``
-  ancillary data on every call, so one socket serves every packet class.
+  GSO segmented in software still beats ``sendmmsg`` (0.19 vs 0.15 GB/s). The
+  TOS byte (DSCP + ECN) rides along as ``IP_TOS`` ancillary data on every call,
+  so one socket serves every packet class.
 * **Paths**: each path has its own send socket and so its own source port; ECMP
   hashing on the UDP 5-tuple then spreads paths over equal-cost routes.
 * **Receive**: with UDP GRO the kernel hands over up to 64 KB of same-size
