@@ -345,6 +345,13 @@ class Session:
     def receive_batch(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read)."""
         self._now = max(self._now, now)
+        tail = len(buf) % segment_size if segment_size > 0 else 0
+        if tail and len(buf) > segment_size:
+            # a short last datagram: parse the full ones in place and the short one
+            # on its own, rather than copying the whole run into a padded array
+            self.receive_batch(buf[: len(buf) - tail], segment_size, now=now)
+            self.receive_batch(buf[len(buf) - tail :], segment_size, now=now)
+            return
         parsed = parse_batch(
             buf, segment_size, job=self.job, key=self.key, require_auth=self.config.authenticate
         )
