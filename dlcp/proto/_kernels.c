@@ -183,9 +183,169 @@ done:
  *     message (dlcp/proto/packetizer.py samples blocks of 16 neighbouring values at
  *     evenly spaced places). Every sampled index is checked against len(data).
  */
-/* records or chunks a few hundred bytes or more apart are too sparse for the
- * hardware prefetcher within a page; the loops below ask for lines this far ahead */
-#define PREFETCH_AHEAD 16
+/*
+ * gather_records(dst, dst_stride, head_bytes, dst_rows, src, src_stride, src_rows,
+ *                n, nbytes, template, fields, stream)
+ *     builds n records in one pass: record r = dst_rows[i] (i when None) gets a
+ *     head_bytes header at dst + r * dst_stride and, after it, nbytes from
+ *     src + s * src_stride (s = src_rows[i], or i). The header is `template` with,
+ *     for each (offset, size, array) in `fields`, array[r] written big-endian in
+ *     `size` bytes at `offset` (array: unsigned or signed integers of 1, 2, 4 or
+ *     8 bytes, native order, at least max(r) + 1 of them). Header and payload
+ *     leave together: with stream set, the record's first 64 bytes (header and
+ *     the start of the payload) go out as one streamed line, so no line of the
+ *     record is written in part. All rows and fields are checked first.
+ */
+#define MAX_FIELDS 16
+#define MAX_HEAD 64
+
+typedef struct {
+    int offset, size, itemsize;
+    const unsigned char *data;
+} Field;
+
+static uint64_t field_value(const Field *f, Py_ssize_t r) {
+    const unsigned char *p = f->data + r * f->itemsize;
+    switch (f->itemsize) {
+    case 1: return *p;
+    case 2: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; memcpy(&v, p, 4); return v; }
+    default: { uint64_t v; memcpy(&v, p, 8); return v; }
+    }
+}
+
+static PyObject *gather_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *dst_obj, *dst_rows_obj, *src_obj, *src_rows_obj, *fields_obj;
+    Py_ssize_t dst_stride, head_bytes, src_stride, n, nbytes, template_len;
+    const char *template;
+    int stream;
+    if (!PyArg_ParseTuple(args, "OnnOOnOnny#Op:gather_records", &dst_obj, &dst_stride,
+                          &head_bytes, &dst_rows_obj, &src_obj, &src_stride, &src_rows_obj, &n,
+                          &nbytes, &template, &template_len, &fields_obj, &stream))
+        return NULL;
+    if (n < 0 || nbytes < 0 || head_bytes < 0 || head_bytes > MAX_HEAD ||
+        template_len != head_bytes || dst_stride < head_bytes + nbytes || src_stride < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                         "need n, nbytes >= 0, a template of head_bytes <= 64 bytes and "
+                         "dst_stride >= head_bytes + nbytes");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(fields_obj, "fields must be a sequence of (offset, size, array)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n_fields = PySequence_Fast_GET_SIZE(seq);
+    Buf dst = {0}, src = {0}, drows = {0}, srows = {0}, fbuf[MAX_FIELDS];
+    Field fields[MAX_FIELDS];
+    Py_ssize_t n_held = 0;
+    PyObject *result = NULL;
+    memset(fbuf, 0, sizeof fbuf);
+    if (n_fields > MAX_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "at most %d fields", MAX_FIELDS);
+        goto done;
+    }
+    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    dst.held = 1;
+    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    src.held = 1;
+    if (get_rows(dst_rows_obj, "dst_rows", n, &drows) < 0 ||
+        get_rows(src_rows_obj, "src_rows", n, &srows) < 0)
+        goto done;
+    if (check_rows("dst", &drows, n, 0, dst_stride, head_bytes + nbytes, dst.view.len) < 0 ||
+        check_rows("src", &srows, n, 0, src_stride, nbytes, src.view.len) < 0)
+        goto done;
+    Py_ssize_t top = -1; /* highest record row: every field array must reach it */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t r = drows.held ? (Py_ssize_t)((const int64_t *)drows.view.buf)[i] : i;
+        if (r > top)
+            top = r;
+    }
+    for (Py_ssize_t k = 0; k < n_fields; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        int offset, size;
+        PyObject *arr;
+        if (!PyArg_ParseTuple(item, "iiO:field", &offset, &size, &arr))
+            goto done;
+        if (PyObject_GetBuffer(arr, &fbuf[k].view, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        fbuf[k].held = 1;
+        n_held = k + 1;
+        Py_ssize_t item_size = fbuf[k].view.itemsize;
+        if ((size != 1 && size != 2 && size != 4 && size != 8) || offset < 0 ||
+            offset + size > head_bytes ||
+            (item_size != 1 && item_size != 2 && item_size != 4 && item_size != 8)) {
+            PyErr_Format(PyExc_ValueError, "field %zd: %d bytes at %d do not fit a %zd-byte header "
+                         "(or its array has %zd-byte items)", k, size, offset, head_bytes, item_size);
+            goto done;
+        }
+        if (fbuf[k].view.len / item_size <= top) {
+            PyErr_Format(PyExc_IndexError, "field %zd holds %zd values, row %zd needs one",
+                         k, fbuf[k].view.len / item_size, top);
+            goto done;
+        }
+        fields[k] = (Field){offset, size, (int)item_size, (const unsigned char *)fbuf[k].view.buf};
+    }
+    {
+        unsigned char *d = (unsigned char *)dst.view.buf;
+        const unsigned char *s = (const unsigned char *)src.view.buf;
+        const int64_t *dr = drows.held ? (const int64_t *)drows.view.buf : NULL;
+        const int64_t *sr = srows.held ? (const int64_t *)srows.view.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        unsigned char line[64];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t r = dr ? (Py_ssize_t)dr[i] : i;
+            Py_ssize_t si = sr ? (Py_ssize_t)sr[i] : i;
+            unsigned char *rec = d + r * dst_stride;
+            const unsigned char *pay = s + si * src_stride;
+            memcpy(line, template, (size_t)head_bytes);
+            for (Py_ssize_t k = 0; k < n_fields; k++) {
+                uint64_t v = field_value(&fields[k], r);
+                for (int b = fields[k].size - 1; b >= 0; b--, v >>= 8)
+                    line[fields[k].offset + b] = (unsigned char)v;
+            }
+#if defined(__SSE2__)
+            if (stream && ((uintptr_t)rec & 15) == 0 && head_bytes + nbytes >= 64) {
+                Py_ssize_t first = 64 - head_bytes;
+                memcpy(line + head_bytes, pay, (size_t)first);
+                for (int q = 0; q < 4; q++)
+                    _mm_stream_si128((__m128i *)(rec + 16 * q),
+                                     _mm_loadu_si128((const __m128i *)(line + 16 * q)));
+                copy_row((char *)rec + 64, (const char *)pay + first, (size_t)(nbytes - first), 1);
+                continue;
+            }
+#endif
+            memcpy(rec, line, (size_t)head_bytes);
+            copy_row((char *)rec + head_bytes, (const char *)pay, (size_t)nbytes, stream);
+        }
+#if defined(__SSE2__)
+        if (stream)
+            _mm_sfence();
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t k = 0; k < n_held; k++)
+        buf_release(&fbuf[k]);
+    buf_release(&srows);
+    buf_release(&drows);
+    buf_release(&src);
+    buf_release(&dst);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* Records or chunks a datagram apart are too sparse for the hardware prefetcher
+ * within a page; the loops below ask for the line this many bytes ahead (measured:
+ * sampling a 64 MiB message took 2.0 ms prefetching 23 KB ahead, 1.1 ms at 184 KB,
+ * 1.6 ms at 740 KB). */
+#define PREFETCH_BYTES (192 * 1024)
+
+static Py_ssize_t prefetch_ahead(Py_ssize_t stride) {
+    return stride > 0 && stride < PREFETCH_BYTES ? PREFETCH_BYTES / stride : 1;
+}
 
 /*
  * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields)
@@ -237,14 +397,15 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
     {
         unsigned char *d = (unsigned char *)dst.view.buf;
         const unsigned char *s = (const unsigned char *)src.view.buf;
+        Py_ssize_t ahead = prefetch_ahead(src_stride);
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             unsigned char *dr = d + i * dst_stride;
             const unsigned char *sr = s + i * src_stride;
 #if defined(__GNUC__)
             /* headers a datagram apart: too sparse for the hardware prefetcher */
-            if (i + PREFETCH_AHEAD < n)
-                __builtin_prefetch(sr + PREFETCH_AHEAD * src_stride);
+            if (i + ahead < n)
+                __builtin_prefetch(sr + ahead * src_stride);
 #endif
             memcpy(dr, sr, (size_t)record_bytes);
             for (Py_ssize_t f = 0; f < fields_len; f += 2) {
@@ -306,14 +467,15 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
         const float *d = (const float *)data.view.buf;
         float *o = (float *)out.view.buf;
         double count = (double)(n_starts * block);
+        Py_ssize_t ahead = prefetch_ahead(chunk_elems * 4);
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < n_chunks; c++) {
             const float *chunk = d + c * chunk_elems;
             double total = 0.0;
 #if defined(__GNUC__)
-            if (c + PREFETCH_AHEAD < n_chunks)
+            if (c + ahead < n_chunks)
                 for (Py_ssize_t j = 0; j < n_starts; j++)
-                    __builtin_prefetch(chunk + PREFETCH_AHEAD * chunk_elems + st[j]);
+                    __builtin_prefetch(chunk + ahead * chunk_elems + st[j]);
 #endif
             for (Py_ssize_t j = 0; j < n_starts; j++) {
                 const float *b = chunk + st[j];
@@ -333,6 +495,10 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"gather_records", gather_records, METH_VARARGS,
+     "gather_records(dst, dst_stride, head_bytes, dst_rows, src, src_stride, src_rows, n, "
+     "nbytes, template, fields, stream): build records, header and payload in one pass "
+     "(see the module source)."},
     {"swap_records", swap_records, METH_VARARGS,
      "swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields): copy strided "
      "records, reversing the byte order of the (offset, size) fields (see the module source)."},

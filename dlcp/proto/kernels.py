@@ -23,6 +23,7 @@ __all__ = [
     "block_abs_mean",
     "copy_rows",
     "flat_rows",
+    "gather_records",
     "pack_records",
     "streams",
     "unpack_records",
@@ -123,6 +124,59 @@ def block_abs_mean(
         total += np.abs(full[:, b : b + block]).sum(axis=1, dtype=np.float64)
     out[...] = total / (len(starts) * block)
     return out
+
+
+def gather_records(
+    records: UInt8Array,
+    wire: np.dtype[np.void],
+    template: npt.NDArray[np.void],
+    fields: dict[str, npt.NDArray[np.integer]],
+    dst_rows: Int64Array | None,
+    src: UInt8Array,
+    src_stride: int,
+    src_rows: Int64Array | None,
+    n: int,
+    nbytes: int,
+    *,
+    stream: bool = False,
+    accelerated: bool | None = None,
+) -> None:
+    """Build ``n`` records of ``records`` (2-D uint8, one record per row) in one
+    pass: record ``r = dst_rows[i]`` gets a ``wire``-layout header, ``template``
+    (a 0-d native-order array of ``wire``'s fields) with ``fields[name][r]`` put
+    in, then ``nbytes`` payload bytes from ``src`` row ``src_rows[i]`` (rows
+    ``src_stride`` apart). Rows left out of ``dst_rows`` are not touched."""
+    head = wire.itemsize
+    stride = records.shape[1]
+    flat = records.reshape(-1)
+    use_c = ACCELERATED if accelerated is None else accelerated
+    if use_c and _accel is not None:
+        spec = [
+            (wire.fields[name][1], wire[name].itemsize, _c_ints(values))  # type: ignore[index]
+            for name, values in fields.items()
+        ]
+        _accel.gather_records(
+            flat, stride, head, _rows(dst_rows), src, src_stride, _rows(src_rows), n, nbytes,
+            template.astype(wire).tobytes(), spec, stream,
+        )
+        return
+    rows = np.arange(n, dtype=np.int64) if dst_rows is None else dst_rows[:n]
+    h = np.empty(len(rows), dtype=_native(wire))
+    h.view(np.uint64).reshape(len(rows), -1)[...] = template.reshape(1).view(np.uint64)
+    for name, values in fields.items():
+        h[name] = values[rows]
+    records[rows, :head] = h.astype(wire).view(np.uint8).reshape(-1, head)
+    copy_rows(
+        flat, head, stride, dst_rows, src, 0, src_stride, src_rows, n, nbytes,
+        stream=stream, accelerated=False,
+    )
+
+
+def _c_ints(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
+    """An integer array as the C kernel reads it: contiguous, 1-8 byte items."""
+    if values.dtype == np.bool_:
+        return values.view(np.uint8)
+    return np.ascontiguousarray(values)
 
 
 def unpack_records(

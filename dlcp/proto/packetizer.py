@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .classify import Classifier, chunk_layers
-from .kernels import block_abs_mean, copy_rows, pack_records, streams
+from .kernels import block_abs_mean, gather_records, streams
 from .wire import (
     AUTH_TAG_LEN,
     DATA_HEADER_LEN,
@@ -279,24 +279,18 @@ def build_records(
     elems = table.chunk_len(seqs)
     payload_len = elems * itemsize
     full = payload_len == chunk_bytes
-    if source_rows is not None:
-        rows = source_rows[seqs]
-        src2d = source.reshape(-1, source_stride)
-        records[:, : DATA_HEADER_LEN + chunk_bytes] = src2d[rows, : DATA_HEADER_LEN + chunk_bytes]
-    else:
-        _copy_payloads(source, records, seqs, full, chunk_bytes, table.n_chunks)
-    if not full.all():
-        short = int(np.argmin(full))
-        records[short, DATA_HEADER_LEN + int(payload_len[short]) :] = 0
     last = seqs == table.n_chunks - 1
     flags = np.where(last, int(Flags.LAST), 0) | (int(Flags.RETRANSMIT) if retransmit else 0)
     if authenticate:
         flags |= int(Flags.AUTH)
     prio = table.prio[seqs]
     drop = table.drop[seqs]
-    if source_rows is None:
-        # fill a compact native-order header array, then one pass writes it into
-        # the records in wire order
+    if source_rows is not None:
+        rows = source_rows[seqs]
+        src2d = source.reshape(-1, source_stride)
+        records[:, : DATA_HEADER_LEN + chunk_bytes] = src2d[rows, : DATA_HEADER_LEN + chunk_bytes]
+        records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
+    else:
         # the fields every packet of the message shares come from one template
         template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
         template["ver_type"] = (VERSION << 4) | PacketType.DATA
@@ -307,56 +301,60 @@ def build_records(
         template["src"] = ident.src
         template["dtype"] = int(table.dtype) << 4
         template["bound"] = ident.bound
-        h = np.empty(n, dtype=NATIVE_HEADER_DTYPE)
-        # broadcast the template as four 8-byte words (a structured fill goes field
-        # by field and costs ten times as much)
-        h.view(np.uint64).reshape(n, -1)[...] = template.reshape(1).view(np.uint64)
-        h["flags"] = flags
-        h["layer"] = table.layer[seqs]
-        h["seq"] = seqs
-        h["offset"] = seqs * table.chunk_elems
-        h["payload_len"] = payload_len
-        h["tclass"] = (prio << 5) | (drop.astype(np.uint8) << 4) | table.mag[seqs]
-        pack_records(h, records, HEADER_DTYPE)
-    else:
-        records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
+        per_record = {  # indexed by record (send order)
+            "flags": flags,
+            "layer": table.layer[seqs],
+            "seq": seqs,
+            "offset": seqs * table.chunk_elems,
+            "payload_len": payload_len,
+            "tclass": (prio << 5) | (drop.astype(np.uint8) << 4) | table.mag[seqs],
+        }
+        _gather(source, records, seqs, full, chunk_bytes, table.n_chunks, template, per_record)
+    if not full.all():
+        short = int(np.argmin(full))
+        records[short, DATA_HEADER_LEN + int(payload_len[short]) :] = 0
     lengths = DATA_HEADER_LEN + payload_len + tag
     return RecordRun(records, lengths.astype(np.int64), seqs, prio, drop, stride)
 
 
-def _copy_payloads(
+def _gather(
     source: UInt8Array,
     records: UInt8Array,
     seqs: Int64Array,
     full: BoolArray,
     chunk_bytes: int,
     n_chunks: int,
+    template: npt.NDArray[np.void],
+    per_record: dict[str, npt.NDArray[np.integer]],
 ) -> None:
-    """Chunk ``seqs[i]`` of ``source`` into the payload of record ``i``: one row copy
-    per record (see :mod:`.kernels`), the short last chunk of a message apart.
+    """Record ``i``: its header and chunk ``seqs[i]`` of ``source`` (see
+    :func:`.kernels.gather_records`), the short last chunk of a message apart.
 
     The source is read in ascending chunk order and the records written wherever
     the send order puts them: sequential reads stream from memory, and scattered
     whole-row writes cost no more than sequential ones, whereas the other way round
     every row read would be a cache and TLB miss."""
-    n, stride = records.shape
-    flat = records.reshape(-1)
+    n = len(seqs)
     if n == n_chunks:  # a whole message: seqs is a permutation of 0..n-1
         row_of_seq = np.empty(n, dtype=np.int64)
         row_of_seq[seqs] = np.arange(n, dtype=np.int64)
         in_order = None
     else:
-        rows = np.argsort(seqs, kind="stable")
-        row_of_seq, in_order = rows, seqs[rows]
+        row_of_seq = np.argsort(seqs, kind="stable")
+        in_order = seqs[row_of_seq]
     n_copy = n
+    stream = streams(records.nbytes)
     if not bool(full.all()):  # the message's last chunk is short: last in seq order
         n_copy -= 1
         row = int(np.flatnonzero(~full)[0])
-        tail = source[int(seqs[row]) * chunk_bytes :]
-        records[row, DATA_HEADER_LEN : DATA_HEADER_LEN + len(tail)] = tail
-    copy_rows(
-        flat, DATA_HEADER_LEN, stride, row_of_seq, source, 0, chunk_bytes, in_order, n_copy,
-        chunk_bytes, stream=streams(len(flat)),
+        seq = int(seqs[row])
+        gather_records(
+            records, HEADER_DTYPE, template, per_record, np.array([row], np.int64), source,
+            chunk_bytes, np.array([seq], np.int64), 1, len(source) - seq * chunk_bytes,
+        )
+    gather_records(
+        records, HEADER_DTYPE, template, per_record, row_of_seq, source, chunk_bytes, in_order,
+        n_copy, chunk_bytes, stream=stream,
     )
 
 

@@ -183,3 +183,72 @@ def test_c_swap_records_refuses_a_field_past_the_record() -> None:
     buf = np.zeros(64, np.uint8)
     with pytest.raises(ValueError, match="field at 30 of 4 bytes"):
         c_module.swap_records(buf, 32, buf.copy(), 32, 2, 32, bytes([30, 4]))
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_gather_records_writes_header_and_payload_of_each_record(
+    accelerated: bool, stream: bool
+) -> None:
+    from dlcp.proto.wire import HEADER_DTYPE, NATIVE_HEADER_DTYPE
+
+    rng = np.random.default_rng(21)
+    n_rec, nbytes, stride = 40, 100, 32 + 100 + 12
+    src = rng.integers(0, 256, n_rec * nbytes, dtype=np.uint8)
+    dst_rows = rng.permutation(n_rec)[:35].astype(np.int64)  # 5 records left alone
+    src_rows = rng.permutation(n_rec)[:35].astype(np.int64)
+    template = np.zeros((), NATIVE_HEADER_DTYPE)
+    template["ver_type"], template["job"], template["msg_elems"] = 0x11, 0xBEEF, 123456
+    fields = {
+        "seq": rng.integers(0, 2**32, n_rec, dtype=np.int64),
+        "layer": rng.integers(0, 2**16, n_rec).astype(np.uint16),
+        "tclass": rng.integers(0, 256, n_rec).astype(np.uint8),
+    }
+    records = np.full((n_rec, stride), 0xAA, np.uint8)
+    kernels.gather_records(
+        records,
+        HEADER_DTYPE,
+        template,
+        fields,
+        dst_rows,
+        src,
+        nbytes,
+        src_rows,
+        35,
+        nbytes,
+        stream=stream,
+        accelerated=accelerated,
+    )
+    headers = np.ascontiguousarray(records[:, :32]).view(HEADER_DTYPE)[:, 0]
+    for i, (r, s) in enumerate(zip(dst_rows.tolist(), src_rows.tolist(), strict=True)):
+        h = headers[r]
+        assert (int(h["ver_type"]), int(h["job"]), int(h["msg_elems"])) == (0x11, 0xBEEF, 123456)
+        assert int(h["seq"]) == int(fields["seq"][r]) and int(h["layer"]) == fields["layer"][r]
+        assert int(h["tclass"]) == fields["tclass"][r] and int(h["offset"]) == 0, i
+        np.testing.assert_array_equal(
+            records[r, 32 : 32 + nbytes], src[s * nbytes : (s + 1) * nbytes]
+        )
+        assert (records[r, 32 + nbytes :] == 0xAA).all()  # past the payload: untouched
+    untouched = np.setdiff1d(np.arange(n_rec), dst_rows)
+    assert (records[untouched] == 0xAA).all()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_gather_records_refuses_a_field_array_that_is_too_short() -> None:
+    from dlcp.proto.wire import HEADER_DTYPE, NATIVE_HEADER_DTYPE
+
+    records = np.zeros((4, 64), np.uint8)
+    with pytest.raises(IndexError, match="field 0 holds 2 values"):
+        kernels.gather_records(
+            records,
+            HEADER_DTYPE,
+            np.zeros((), NATIVE_HEADER_DTYPE),
+            {"seq": np.arange(2, dtype=np.int64)},
+            None,
+            np.zeros(64, np.uint8),
+            16,
+            None,
+            4,
+            16,
+        )
+    assert not records.any()
