@@ -51,8 +51,9 @@ class ProtocolConfig:
     payload_bytes: int | None = None
     #: packets the sender takes per pacing decision: one contiguous run of records,
     #: handed out as data batches of ``spray_packets`` (per-batch work in Python is
-    #: paid once per ``batch_packets``; 256 x 1472 B stays under the default burst)
-    batch_packets: int = 256
+    #: paid once per ``batch_packets``; 352 = 8 sends of 44, and 352 x 1472 B stays
+    #: under the default 512 KiB burst)
+    batch_packets: int = 352
     #: packets per data batch: one GSO send on one path, the unit of spraying
     spray_packets: int = 44
     #: equal-cost paths to spray over (one UDP source port each)

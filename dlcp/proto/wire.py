@@ -429,11 +429,12 @@ def parse_batch(
 
 
 # Bytes of the data header that every packet of one message shares: version/type,
-# the reserved flag bits, job, step, msg, msg_elems, src, dtype, bound. Every
+# the reserved flag bits and AUTH (a sender tags all its packets or none), job,
+# step, msg, msg_elems, src, dtype, bound. Every
 # multi-byte field is masked whole or not at all, so the mask reads the same on
 # wire-order and native-order headers.
 _SHARED_MASK: Final = np.frombuffer(
-    bytes([0xFF, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
+    bytes([0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
     + bytes([0xFF, 0xFF, 0, 0, 0, 0, 0, 0])  # msg layer seq
     + bytes([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF])  # offset msg_elems
     + bytes([0, 0, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0]),  # payload_len src tclass dtype bound path
@@ -472,16 +473,15 @@ def _uniform_and_valid(
         or int(first["msg_elems"]) == 0
     ):
         return False
-    flags = h["flags"]
-    tagged = (flags & Flags.AUTH) != 0
-    if auth and not bool(tagged.all()):
+    tagged = bool(flags0 & Flags.AUTH)  # the same in every record (shared mask)
+    if auth and not tagged:
         return False
     payload_len = h["payload_len"].astype(np.int64)
-    expected = DATA_HEADER_LEN + payload_len + AUTH_TAG_LEN * tagged
+    expected = DATA_HEADER_LEN + payload_len + (AUTH_TAG_LEN if tagged else 0)
     return bool(
         (expected == lengths).all()
         and (payload_len > 0).all()
-        and not (payload_len % itemsize).any()
+        and not (payload_len & (itemsize - 1)).any()  # itemsizes are powers of two
         and (
             h["offset"].astype(np.int64) + payload_len // itemsize <= int(first["msg_elems"])
         ).all()
