@@ -242,6 +242,19 @@ class RecordRun:
             size -= self.stride - int(self.lengths[self._short])
         return size
 
+    def spray_batches(self, start: int, stop: int, spray: int) -> list[tuple[int, memoryview]]:
+        """Records ``[start, stop)`` cut into runs of ``spray`` records: (count,
+        contiguous buffer of datagrams) for each."""
+        flat, stride = self._flat, self.stride
+        out = []
+        for s in range(start, stop, spray):
+            e = min(s + spray, stop)
+            size = (e - s) * stride
+            if s <= self._short < e:
+                size -= stride - int(self.lengths[self._short])
+            out.append((e - s, flat[s * stride : s * stride + size]))
+        return out
+
     def batch_bytes(self, start: int, stop: int) -> memoryview:
         """Records ``[start, stop)`` as one contiguous buffer of datagrams."""
         begin = start * self.stride

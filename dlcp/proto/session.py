@@ -715,9 +715,9 @@ class Session:
             o.path_of_seq[seqs] = per_record
         if peer.paths.n_paths > 1 or self.key is not None:  # one path: every stamp is 0
             seal(run, start, stop, path=per_record, key=self.key)
-        for i, s in enumerate(range(start, stop, spray)):
-            e = min(s + spray, stop)
-            out.append(DataBatch(dst, paths[i], tos, run.stride, e - s, run.batch_bytes(s, e)))
+        stride = run.stride
+        for path, (count, data) in zip(paths, run.spray_batches(start, stop, spray), strict=True):
+            out.append(DataBatch(dst, path, tos, stride, count, data))
         peer.pacer.on_sent(nbytes, now=now)
         self.stats.packets_out += stop - start
         self.stats.bytes_out += nbytes
