@@ -255,11 +255,6 @@ class RecordRun:
             out.append((e - s, flat[s * stride : s * stride + size]))
         return out
 
-    def batch_bytes(self, start: int, stop: int) -> memoryview:
-        """Records ``[start, stop)`` as one contiguous buffer of datagrams."""
-        begin = start * self.stride
-        return self._flat[begin : begin + self.batch_nbytes(start, stop)]
-
 
 def build_records(
     source: UInt8Array,
