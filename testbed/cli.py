@@ -15,7 +15,9 @@ import argparse
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
+from .bmv2 import Bmv2Error
 from .impairments import apply_profile
 from .netns import NetnsError, _cleanup, _run
 from .switch_profile import FifoPolicy, SwitchPolicy
@@ -42,6 +44,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=["namespaces", "mininet"],
         default="namespaces",
         help="plain network namespaces (default) or Mininet nodes (testbed/mininet_backend.py)",
+    )
+    up.add_argument(
+        "--switch",
+        choices=["linux", "bmv2"],
+        default="linux",
+        help="routers forward with Linux (default) or run BMv2 simple_switch_grpc with the "
+        "DLCP P4 program, configured over P4Runtime (needs the p4lang binaries)",
     )
     up.add_argument(
         "--cli",
@@ -111,14 +120,35 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def up(
-    topology: str, profile: str, prefix: str, backend: str = "namespaces", cli: bool = False
+    topology: str,
+    profile: str,
+    prefix: str,
+    backend: str = "namespaces",
+    cli: bool = False,
+    switch: str = "linux",
 ) -> int:
     t = Topology.load(topology)
     policy = _policy(profile, t)
     if cli and backend != "mininet":
         print("dlcp testbed up: --cli needs --backend mininet", file=sys.stderr)
         return 2
-    if backend == "mininet":
+    builder: Any
+    if switch == "bmv2":
+        if backend != "namespaces":
+            print("dlcp testbed up: --switch bmv2 needs --backend namespaces", file=sys.stderr)
+            return 2
+        if not isinstance(policy, SwitchPolicy):
+            print(
+                f"dlcp testbed up: --switch bmv2 runs the DLCP policy in the P4 switches; "
+                f"--profile {profile} is not available with it (use --profile dlcp)",
+                file=sys.stderr,
+            )
+            return 2
+        from .bmv2_backend import build_bmv2
+
+        builder = build_bmv2(t, policy, prefix=prefix)
+        policy = None  # queueing is the switch's, no tc profile on the router egresses
+    elif backend == "mininet":
         from .mininet_backend import build_mininet
 
         builder = build_mininet(t, prefix=prefix)
@@ -129,9 +159,16 @@ def up(
         with builder as net:
             if policy is not None:
                 apply_profile(net, policy)
-            print(f"testbed {t.name}: prefix {prefix}, profile {profile}")
+            print(f"testbed {t.name}: prefix {prefix}, profile {profile}, switch {switch}")
+            switches = getattr(net, "switches", {})
             for node in t.nodes:
                 addr = f"  {net.host_addr(node)}" if node in t.host_names else ""
+                sw = switches.get(node)
+                if sw is not None:
+                    addr = (
+                        f"  BMv2 device {sw.device_id}, P4Runtime {sw.grpc_addr}, "
+                        f"thrift {sw.thrift_port} (in the netns)"
+                    )
                 print(f"  {node:<16} netns {net.ns(node)}{addr}")
             print(f"enter a host: ip netns exec {net.ns(t.host_names[0])} bash")
             if backend == "mininet":
@@ -140,7 +177,7 @@ def up(
             if cli:
                 # Ctrl-C inside the CLI interrupts a command, as in Mininet itself
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                net.cli()  # type: ignore[attr-defined]
+                net.cli()
             while not cli:
                 signal.pause()
     except _Stop:
@@ -214,12 +251,12 @@ def _experiments(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.testbed_command == "up":
-            return up(args.topology, args.profile, args.prefix, args.backend, args.cli)
+            return up(args.topology, args.profile, args.prefix, args.backend, args.cli, args.switch)
         if args.testbed_command == "down":
             return down(args.topology, args.prefix)
         if args.testbed_command in ("run", "suite", "plot"):
             return _experiments(args)
-    except (NetnsError, TopologyError) as e:
+    except (NetnsError, TopologyError, Bmv2Error) as e:
         print(f"dlcp testbed: {e}", file=sys.stderr)
         return 1
     print(f"unknown testbed command {args.testbed_command}", file=sys.stderr)

@@ -1,0 +1,169 @@
+"""``dlcp testbed up --switch bmv2``: the leaf-spine testbed with a BMv2 switch
+running the DLCP P4 program in every router namespace, configured by the
+P4Runtime controller (:mod:`dlcp.switch.controller`).
+
+The namespaces, links, addresses and host routes are those of
+:func:`~dlcp.testbed.topology.build` (the kernel routers first prove the fabric
+works: every host pings every other). Then each router hands forwarding to BMv2:
+
+* kernel forwarding off (``ip_forward=0``): the kernel still answers ARP and pings
+  for the router's own addresses, but only the switch moves packets;
+* checksum and segmentation offloads off on every interface, so the switch sees
+  complete checksums and real MTU-sized frames;
+* ``simple_switch_grpc --no-p4`` on the router's interfaces, port numbers as
+  :func:`dlcp.switch.controller.switch_ports` assigns them, serving P4Runtime on a
+  unix socket (reachable from the controller in this namespace) and thrift inside
+  the router namespace;
+* the controller pushes the pipeline (P4Info + BMv2 JSON from ``p4/bmv2/build``)
+  and the entries of :func:`~dlcp.switch.controller.fabric_config` with the
+  interfaces' real MAC addresses; queue depths of the policy are set through the
+  thrift CLI (``set_queue_depth``: not a P4Runtime entity);
+* readiness: every host pings every other host again, now through the switches.
+
+BMv2 is a functional model: numbers measured over it are functional, not
+performance. On exit the switches are terminated (each process this module
+started) before the namespaces are removed; the switch logs and sockets live in a
+temporary directory removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlcp.switch.policy import SwitchPolicy
+
+from .bmv2 import Bmv2Error, Bmv2Switch, bmv2_switch, missing_bmv2, program_paths
+from .netns import NetnsError, _run
+from .topology import Network, Topology, build
+
+__all__ = ["Bmv2Network", "build_bmv2"]
+
+THRIFT_PORT = 9090
+
+
+@dataclass
+class Bmv2Network(Network):
+    """A built topology whose routers are BMv2 switches (``switches[router]``)."""
+
+    switches: dict[str, Bmv2Switch] = field(default_factory=dict)
+    log_dir: Path | None = None
+
+
+def _macs(net: Network) -> dict[tuple[str, str], str]:
+    """``(node, neighbour) -> MAC`` of node's interface towards neighbour."""
+    out: dict[tuple[str, str], str] = {}
+    for node, ifaces in net.ifaces.items():
+        links = json.loads(_run(["ip", "-n", net.ns(node), "-j", "link", "show"]).stdout)
+        by_name = {link["ifname"]: link.get("address", "") for link in links}
+        for neighbour, dev in ifaces.items():
+            out[(node, neighbour)] = by_name[dev]
+    return out
+
+
+def _offloads_off(net: Network, node: str) -> None:
+    for dev in net.ifaces[node].values():
+        net.run(
+            node,
+            ["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off"],
+            check=False,  # a feature this kernel does not expose stays as it is
+        )
+        net.run(node, ["ethtool", "-K", dev, "tx-udp-segmentation", "off"], check=False)
+
+
+def _ping_all(net: Network) -> None:
+    t = net.topology
+    for a in t.host_names:
+        for b in t.host_names:
+            if a != b:
+                proc = net.run(
+                    a, ["ping", "-c", "1", "-W", "5", "-q", net.host_addr(b)], check=False
+                )
+                if proc.returncode != 0:
+                    raise NetnsError(
+                        f"readiness: {a} cannot reach {b} ({net.host_addr(b)}) through the "
+                        "BMv2 switches"
+                    )
+
+
+@contextmanager
+def build_bmv2(
+    topology: Topology,
+    policy: SwitchPolicy,
+    *,
+    prefix: str | None = None,
+    loss_injection: bool = False,
+    timeout: float = 60.0,
+) -> Iterator[Bmv2Network]:
+    """Build ``topology`` with a BMv2 switch per router (see the module doc)."""
+    missing = missing_bmv2(grpc=True)
+    if missing:
+        raise Bmv2Error(f"--switch bmv2 needs {', '.join(missing)} (see p4/README.md)")
+    try:
+        from dlcp.switch.controller import configure_switch, fabric_config
+        from dlcp.switch.p4proto import load as load_protos
+        from dlcp.switch.p4runtime import P4RuntimeError
+
+        load_protos()
+    except ImportError as e:
+        raise Bmv2Error(
+            f"--switch bmv2 needs the P4Runtime controller's packages ({e}); "
+            "install the switch extra: pip install 'dlcp[switch]'"
+        ) from e
+    json_path, p4info_path = program_paths(loss_injection=loss_injection)
+    t = topology
+    log_dir = Path(tempfile.mkdtemp(prefix="dlcp-bmv2-"))
+    ready = False
+    try:
+        with build(t, prefix=prefix) as base, ExitStack() as stack:
+            net = Bmv2Network(
+                t, base.prefix, base.namespaces, base.ifaces, switches={}, log_dir=log_dir
+            )
+            for node in t.nodes:
+                _offloads_off(net, node)
+            configs = fabric_config(t, policy, _macs(net))
+            for device_id, (router, cfg) in enumerate(configs.items(), start=1):
+                net.run(router, ["sysctl", "-qw", "net.ipv4.ip_forward=0"])
+                ports = {port: net.ifaces[router][nb] for nb, port in cfg.ports.items()}
+                addr = f"unix:{log_dir / f'{router}.grpc.sock'}"
+                sw = stack.enter_context(
+                    bmv2_switch(
+                        ports,
+                        log_dir=log_dir,
+                        name=router,
+                        ns=net.ns(router),
+                        grpc_addr=addr,
+                        thrift_port=THRIFT_PORT,
+                        device_id=device_id,
+                        timeout=timeout,
+                    )
+                )
+                net.switches[router] = sw
+                try:
+                    configure_switch(
+                        addr, device_id, p4info_path, json_path, cfg.entries, timeout=timeout
+                    )
+                except P4RuntimeError as e:
+                    raise Bmv2Error(
+                        f"configuring {router} over P4Runtime ({addr}): {e}; "
+                        f"switch log {sw.log_path}:\n{sw.log_tail()}"
+                    ) from e
+                sw.cli(
+                    *(
+                        f"set_queue_depth {depth} {port} {queue}"
+                        for port in sorted(ports)
+                        for queue, depth in sorted(cfg.queue_depths.items())
+                    )
+                )
+            _ping_all(net)
+            ready = True
+            yield net
+    finally:
+        # a failed setup keeps its switch logs (the error names them), if any
+        if ready or not any(log_dir.iterdir()):
+            shutil.rmtree(log_dir, ignore_errors=True)

@@ -1,0 +1,139 @@
+"""The policy model: TOML files, per-class overrides, validation errors that name the
+field, and the one model behind every renderer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlcp.proto.wire import TosMap
+from dlcp.switch.linux_tc import tc_commands
+from dlcp.switch.p4entries import P4Names, policy_entries, queue_depths
+from dlcp.switch.policy import (
+    ClassQueue,
+    PolicyError,
+    SwitchPolicy,
+    load_policy,
+    policy_from_dict,
+)
+from dlcp.switch.sonic import sonic_config
+
+
+def test_defaults_and_empty_file(tmp_path: Path) -> None:
+    empty = tmp_path / "p.toml"
+    empty.write_text("")
+    assert load_policy(empty) == SwitchPolicy() == load_policy(None)
+    p = SwitchPolicy()
+    assert (p.queue_limit(3), p.drop_threshold(3), p.queue_of(7)) == (100, 20, 7)
+
+
+def test_testbed_module_reexports_the_same_classes() -> None:
+    from dlcp.testbed import switch_profile
+
+    assert switch_profile.SwitchPolicy is SwitchPolicy
+    assert switch_profile.tc_commands is tc_commands
+
+
+def test_full_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(
+        "n_classes = 4\nlink_rate_mbit = 25\nqueue_packets = 50\ndrop_eligible_packets = 10\n"
+        "[tos]\ndscp = [0, 10, 20, 30, 40, 50, 60, 62]\necn_protected = 1\n"
+        "[classes.3]\nqueue_packets = 80\n[classes.1]\ndrop_eligible_packets = 2\n"
+    )
+    p = load_policy(f)
+    assert p.n_classes == 4 and p.link_rate_mbit == 25.0
+    assert p.tos == TosMap(dscp=(0, 10, 20, 30, 40, 50, 60, 62), ecn_protected=1)
+    assert p.classes == (ClassQueue(1, drop_eligible_packets=2), ClassQueue(3, queue_packets=80))
+    assert [p.queue_limit(c) for c in range(4)] == [50, 50, 50, 80]
+    assert [p.drop_threshold(c) for c in range(4)] == [10, 2, 10, 10]
+
+
+def test_overrides_reach_every_renderer() -> None:
+    p = SwitchPolicy(n_classes=2, classes=(ClassQueue(1, 300, 60),))
+    limits = {
+        c[c.index("parent") + 1]: c[-1]
+        for c in tc_commands(p, "d")
+        if c[1] == "qdisc" and "parent" in c
+    }
+    assert (limits["1:21"], limits["1:22"], limits["1:11"], limits["1:12"]) == (
+        "300", "60", "100", "20")  # fmt: skip
+    thresholds = {
+        e.match[0][1].value: dict(e.params)["depth"]  # type: ignore[union-attr]
+        for e in policy_entries(p)
+        if e.table == P4Names.DROP_THRESHOLD
+    }
+    assert thresholds == {0: 20, 1: 60}
+    assert queue_depths(p) == {0: 100, 1: 300}
+    wred = sonic_config(p)["WRED_PROFILE"]
+    assert wred["DLCP_C1"]["green_min_threshold"] == str(60 * 1500)
+
+
+def test_for_link_matches_the_testbed() -> None:
+    p = SwitchPolicy.for_link(50, 100)
+    assert (p.link_rate_mbit, p.queue_packets, p.drop_eligible_packets) == (50, 100, 20)
+    assert SwitchPolicy.for_link(1000, 3).drop_eligible_packets == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"n_classes": 9}, r"n_classes must be 1\.\.8, got 9"),
+        ({"n_clases": 3}, r"n_clases: unknown field \(known: "),
+        ({"queue_packets": "many"}, "queue_packets: must be an integer, got 'many'"),
+        ({"link_rate_mbit": True}, "link_rate_mbit: must be a number"),
+        ({"link_rate_mbit": -1}, "link_rate_mbit must be a positive number, got -1"),
+        ({"mtu_bytes": 0}, "mtu_bytes must be a positive integer"),
+        ({"queue_packets": 10, "drop_eligible_packets": 10},
+         r"drop_eligible_packets \(10\) must be smaller than queue_packets \(10\)"),
+        ({"tos": {"dscp": [0, 8]}}, "tos: TosMap.dscp needs one DSCP per priority class"),
+        ({"tos": {"dscp": [0, 8, 16, 24, 32, 40, 48, 64]}}, r"tos: TosMap.dscp\[7\]=64"),
+        ({"tos": {"dscp": [0, 0, 16, 24, 32, 40, 48, 56]}}, "tos.dscp: classes 0..7 need distinct"),
+        ({"tos": {"ecn_protected": 0}}, "tos.ecn_protected and tos.ecn_droppable must differ"),
+        ({"tos": {"ecn": 1}}, "tos.ecn: unknown field"),
+        ({"tos": 3}, "tos: must be a table"),
+        ({"classes": {"x": {}}}, r"classes.x: class must be a number 0\.\.7"),
+        ({"n_classes": 2, "classes": {"5": {}}},
+         r"classes.5: no such class \(classes are 0\.\.1\)"),
+        ({"classes": {"3": {"queue_packets": 10}}},
+         r"classes.3.drop_eligible_packets \(20\) must be smaller than classes.3.queue_packets"),
+        ({"classes": {"3": {"drop_eligible_packets": 0}}},
+         "classes.3.drop_eligible_packets must be a positive integer"),
+        ({"classes": {"3": {"weight": 1}}}, "classes.3.weight: unknown field"),
+        ({"classes": {"3": 1}}, "classes.3: must be a table"),
+    ],
+)  # fmt: skip
+def test_validation_names_the_field(data: dict[str, Any], match: str) -> None:
+    with pytest.raises(PolicyError, match=match):
+        policy_from_dict(data)
+
+
+def test_duplicate_override() -> None:
+    with pytest.raises(PolicyError, match=r"classes\.2: class given twice"):
+        SwitchPolicy(classes=(ClassQueue(2, 50), ClassQueue(2, 60)))
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"absent\.toml: cannot read policy file"):
+        load_policy(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("n_classes = = 3")
+    with pytest.raises(PolicyError, match=r"bad\.toml: not valid TOML"):
+        load_policy(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("n_classes = 0")
+    with pytest.raises(PolicyError, match=r"wrong.toml: n_classes must be 1\.\.8, got 0"):
+        load_policy(wrong)
+
+
+def test_policy_error_is_a_value_error() -> None:
+    # existing callers catch ValueError
+    with pytest.raises(ValueError, match="queue_packets"):
+        SwitchPolicy(queue_packets=0)
+
+
+def test_queue_of_outside_classes() -> None:
+    with pytest.raises(PolicyError, match=r"class 3 outside 0\.\.2"):
+        SwitchPolicy(n_classes=3).queue_of(3)
