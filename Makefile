@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# the CPU build of torch that these machines carry; an unpinned torch pulls CUDA
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,testbed]'
+	$(BIN)/pip install --quiet -e '.[dev,testbed,switch,sim]'
 	touch $(STAMP)
 
 setup: $(STAMP) sysdeps

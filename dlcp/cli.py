@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
 
     # testbed/ is installed as dlcp.testbed (package-dir): imported by name
     importlib.import_module("dlcp.testbed.cli").add_parser(sub)
+    from .switch.cli import add_parser as add_switch_parser
+
+    add_switch_parser(sub)
+    from .sim.cli import add_parser as add_sim_parser
+
+    add_sim_parser(sub)
     return ap
 
 
@@ -93,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(bench.main(args.args))
     if args.command == "testbed":
         return int(importlib.import_module("dlcp.testbed.cli").main(args))
+    if args.command == "switch":
+        from .switch.cli import main as switch_main
+
+        return switch_main(args)
+    if args.command == "sim":
+        from .sim.cli import main as sim_main
+
+        return sim_main(args)
     raise AssertionError(args.command)
 
 

@@ -1,0 +1,301 @@
+// DLCP large-scale simulation: the DLCP transport (packetized UDP).
+//
+// Mirrors dlcp.proto: every data packet carries (message, chunk, total) so it
+// can land in any order; its IPv4 TOS byte is DSCP(priority class) plus an ECN
+// codepoint saying protected or drop-eligible. Sender: one pump per host sends
+// at most at line rate, picks the highest-class message allowed by its pacing
+// rate, sends FINISH(round, protected chunks) when a round is out (in the
+// message's class, so it queues behind the data) and repeats it on a timeout.
+// Receiver: completes a message once every chunk arrived, or -- reorder_grace
+// after FINISH, so data still in flight is not declared lost -- once all
+// protected chunks and at least (1-p) of the bytes arrived; then it sends STOP
+// and accounts the missing bytes as zero-filled loss. Otherwise it NACKs the
+// missing ranges and how many chunks the bound still needs; the sender resends
+// the missing protected chunks plus enough drop-eligible ones (as protected
+// packets). Other control packets (STOP, NACK, RATE) use the top class.
+// Receiver-driven pacing, per (sender, receiver) pair as in dlcp.proto: each
+// receiver gives every sender with a message in progress an equal share of
+// pacing_target x its downlink (wire bytes) and tells it (RATE) at most once
+// per rate interval when the share moved by > 10 %; a sender paces all its
+// messages to that receiver together, starting new ones at the pair's rate.
+#pragma once
+#include "dlcp_sender.h"
+
+namespace dlcpsim
+{
+
+class DlcpTransport : public DlcpSender
+{
+  public:
+    void Setup(Scenario* sc) override
+    {
+        m_sc = sc;
+        uint32_t n = sc->fabric.hosts.GetN();
+        m_hosts.resize(n);
+        m_out.resize(sc->flows.size());
+        for (uint32_t h = 0; h < n; h++)
+        {
+            Ptr<Socket> s = Socket::CreateSocket(sc->fabric.hosts.Get(h),
+                                                 UdpSocketFactory::GetTypeId());
+            s->Bind(InetSocketAddress(Ipv4Address::GetAny(), port));
+            s->SetRecvCallback(MakeCallback(&DlcpTransport::OnRecv, this));
+            m_hosts[h].sock = s;
+            m_hostOf[PeekPointer(s)] = h;
+        }
+        Simulator::Schedule(MicroSeconds(1), &Scenario::Begin, sc);
+    }
+
+  private:
+    // ---- receiving -------------------------------------------------------------
+
+    void OnRecv(Ptr<Socket> s)
+    {
+        uint32_t h = m_hostOf[PeekPointer(s)];
+        Ptr<Packet> p;
+        static uint8_t buf[65536];
+        while ((p = s->Recv()))
+        {
+            uint32_t n = p->CopyData(buf, std::min<uint32_t>(p->GetSize(), sizeof buf));
+            if (n < sizeof(DlcpHdr))
+            {
+                continue;
+            }
+            DlcpHdr hd;
+            std::memcpy(&hd, buf, sizeof hd);
+            if (hd.flow >= m_sc->flows.size())
+            {
+                continue;
+            }
+            switch (hd.type)
+            {
+            case D_DATA:
+                OnData(h, hd);
+                break;
+            case D_FINISH:
+                OnFinish(h, hd);
+                break;
+            case D_NACK:
+                OnNack(hd, reinterpret_cast<const uint32_t*>(buf + sizeof hd));
+                break;
+            case D_STOP:
+                if (m_out[hd.flow].state != DONE)
+                {
+                    Finish(hd.flow);
+                }
+                break;
+            case D_RATE:
+            {
+                Peer& peer = m_hosts[h].peers[m_sc->flows[hd.flow].dst];
+                peer.rate = std::max(prm.minRate, double(hd.a) * 1e3);
+                peer.nextTime = std::min(peer.nextTime,
+                                         Simulator::Now() + Seconds(1500.0 / peer.rate));
+            }
+                break;
+            }
+        }
+    }
+
+
+    In& Incoming(uint32_t h, uint32_t id)
+    {
+        Host& host = m_hosts[h];
+        auto it = host.in.find(id);
+        if (it != host.in.end())
+        {
+            return it->second;
+        }
+        In& r = host.in[id];
+        const Flow& f = m_sc->flows[id];
+        r.npkts = uint32_t((f.bytes + prm.payload - 1) / prm.payload);
+        r.requiredBytes = f.bytes - uint64_t(std::floor(f.p * double(f.bytes) + 1e-9));
+        r.got.assign(r.npkts, 0);
+        host.activeIn.push_back(id);
+        host.activeSenders[f.src]++;
+        RateChanged(h);
+        return r;
+    }
+
+    void OnData(uint32_t h, const DlcpHdr& hd)
+    {
+        In& r = Incoming(h, hd.flow);
+        if (r.done || hd.seq >= r.npkts || r.got[hd.seq])
+        {
+            return;
+        }
+        r.got[hd.seq] = 1;
+        r.nGot++;
+        r.gotBytes += ChunkBytes(hd.flow, hd.seq);
+        if (hd.flags & 1)
+        {
+            r.nProtGot++;
+        }
+        CheckComplete(h, hd.flow, r);
+    }
+
+    void OnFinish(uint32_t h, const DlcpHdr& hd)
+    {
+        In& r = Incoming(h, hd.flow);
+        const Flow& f = m_sc->flows[hd.flow];
+        if (r.done)
+        {
+            Control(f.dst, f.src, DlcpHdr{D_STOP, 0, 0, hd.flow, 0, 0, 0, 0, 0, 0});
+            return;
+        }
+        r.finishSeen = true;
+        r.finishProt = hd.b;
+        r.round = hd.a;
+        if (CheckComplete(h, hd.flow, r))
+        {
+            return;
+        }
+        if (!r.nackEv.IsPending())
+        {
+            r.nackEv = Simulator::Schedule(MicroSeconds(prm.reorderGraceUs),
+                                           &DlcpTransport::OnGrace, this, h, hd.flow);
+        }
+    }
+
+    // reorder_grace after FINISH: what is still missing is lost or must be NACKed
+    void OnGrace(uint32_t h, uint32_t id)
+    {
+        In& r = m_hosts[h].in[id];
+        if (r.done)
+        {
+            return;
+        }
+        r.graceOver = true;
+        if (!CheckComplete(h, id, r))
+        {
+            SendNack(h, id);
+        }
+    }
+
+    bool CheckComplete(uint32_t h, uint32_t id, In& r)
+    {
+        bool all = r.nGot == r.npkts;
+        if (!all &&
+            !(r.finishSeen && r.graceOver && r.gotBytes >= r.requiredBytes &&
+              r.nProtGot >= r.finishProt))
+        {
+            return false;
+        }
+        r.done = true;
+        r.nackEv.Cancel();
+        const Flow& f = m_sc->flows[id];
+        Control(f.dst, f.src, DlcpHdr{D_STOP, 0, 0, id, 0, 0, 0, 0, 0, 0});
+        uint64_t lost = 0;
+        for (uint32_t s = 0; s < r.npkts; s++)
+        {
+            if (!r.got[s])
+            {
+                lost += ChunkBytes(id, s);
+            }
+        }
+        auto& act = m_hosts[h].activeIn;
+        auto as = m_hosts[h].activeSenders.find(f.src);
+        if (as != m_hosts[h].activeSenders.end() && --as->second == 0)
+        {
+            m_hosts[h].activeSenders.erase(as);
+        }
+        act.erase(std::remove(act.begin(), act.end(), id), act.end());
+        RateChanged(h);
+        m_sc->FlowDone(id, lost, false);
+        std::vector<uint8_t>().swap(r.got);
+        return true;
+    }
+
+    void SendNack(uint32_t h, uint32_t id)
+    {
+        In& r = m_hosts[h].in[id];
+        if (r.done)
+        {
+            return;
+        }
+        const Flow& f = m_sc->flows[id];
+        std::vector<uint32_t> ranges;
+        for (uint32_t s = 0; s < r.npkts;)
+        {
+            if (r.got[s])
+            {
+                s++;
+                continue;
+            }
+            uint32_t e = s;
+            while (e < r.npkts && !r.got[e])
+            {
+                e++;
+            }
+            ranges.push_back(s);
+            ranges.push_back(e - s);
+            s = e;
+        }
+        // chunks still needed for the bound (full-size chunks: conservative)
+        uint64_t missing = r.requiredBytes > r.gotBytes ? r.requiredBytes - r.gotBytes : 0;
+        uint32_t needed = uint32_t((missing + prm.payload - 1) / prm.payload);
+        const uint32_t perPart = 170;  // wire.MAX_NACK_RANGES
+        uint32_t nRanges = ranges.size() / 2;
+        for (uint32_t first = 0; first < nRanges || first == 0; first += perPart)
+        {
+            uint32_t n = std::min(perPart, nRanges - first);
+            uint32_t more = first + n < nRanges ? 1 : 0;
+            Control(f.dst, f.src, DlcpHdr{D_NACK, 0, 0, id, 0, r.npkts, r.round, needed, n, more},
+                    ranges.data() + 2 * first, 2 * n);
+            if (nRanges == 0)
+            {
+                break;
+            }
+        }
+    }
+
+    // ---- receiver-driven pacing ---------------------------------------------
+
+    void RateChanged(uint32_t h)
+    {
+        if (!prm.pacing)
+        {
+            return;
+        }
+        Host& host = m_hosts[h];
+        if (host.rateEv.IsPending())
+        {
+            return;
+        }
+        Time at = std::max(Simulator::Now(),
+                           host.lastRateUpdate + MicroSeconds(prm.rateIntervalUs));
+        host.rateEv = Simulator::Schedule(at - Simulator::Now(), &DlcpTransport::RateUpdate,
+                                          this, h);
+    }
+
+    void RateUpdate(uint32_t h)
+    {
+        Host& host = m_hosts[h];
+        host.lastRateUpdate = Simulator::Now();
+        if (host.activeSenders.empty())
+        {
+            return;
+        }
+        // rates are wire bytes per second (the sender paces packets with their headers)
+        double share = prm.pacingTarget * prm.hostGbps * 1e9 / 8 / host.activeSenders.size();
+        for (const auto& [src, n] : host.activeSenders)
+        {
+            double& last = host.lastRate[src];
+            if (last > 0 && std::fabs(share - last) < 0.1 * last)
+            {
+                continue;
+            }
+            last = share;
+            uint32_t id = 0;  // any message of this sender names the pair
+            for (uint32_t m : host.activeIn)
+            {
+                if (m_sc->flows[m].src == src)
+                {
+                    id = m;
+                    break;
+                }
+            }
+            Control(h, src, DlcpHdr{D_RATE, 0, 0, id, 0, 0, uint32_t(share / 1e3), 0, 0, 0});
+        }
+    }
+};
+
+}  // namespace dlcpsim

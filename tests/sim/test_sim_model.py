@@ -1,0 +1,117 @@
+"""The simulation's pure-Python parts (no ns-3 needed): layer tables,
+configuration errors, topology description and workload structure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlcp.cli import main
+from dlcp.sim import runner
+from dlcp.sim.config import SimConfig, SimConfigError, switch_policy
+from dlcp.sim.models import MODELS, compute_layers, load_layers
+from dlcp.sim.runner import SimError
+from dlcp.sim.topology import host_leaf_indices, leaf_spine
+from dlcp.sim.workloads import build_workload
+
+REFERENCE_PARAMS = {"resnet50": 25_557_032, "vgg16": 138_357_544, "bert": 109_482_240}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_layer_tables_match_architectures(model: str) -> None:
+    assert load_layers(model) == compute_layers(model)
+    assert sum(layer.params for layer in load_layers(model)) == REFERENCE_PARAMS[model]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"hosts": 100}, "hosts=100"),
+        ({"workload": "ps-alexnet"}, "workload='ps-alexnet'"),
+        ({"transport": "quic"}, "transport='quic'"),
+        ({"disable": ("magic",)}, "'magic'"),
+        ({"transport": "tcp", "disable": ("spray",)}, "disable"),
+        ({"hosts": 16, "servers": 16}, "servers=16"),
+        ({"p": 0.5}, "p=0.5"),
+        ({"buffer_packets": 50, "drop_eligible_packets": 50}, "drop_eligible_packets"),
+        ({"protocol": {"mtu": 10}}, "mtu"),
+    ],
+)
+def test_bad_config_names_the_parameter(kwargs: dict[str, object], names: str) -> None:
+    with pytest.raises(SimConfigError, match=names.replace("(", r"\(")):
+        SimConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_parameter_from_dict() -> None:
+    with pytest.raises(SimConfigError, match="hostz"):
+        SimConfig.from_dict({"hostz": 3})
+
+
+def test_default_fabric_and_policy() -> None:
+    cfg = SimConfig()
+    assert (cfg.leaves, cfg.spines, cfg.fabric_gbps, cfg.effective_oversubscription) == (
+        9, 4, 100.0, 4.0,
+    )  # fmt: skip
+    assert SimConfig(oversubscription=1.0).fabric_gbps == 400.0
+    policy = switch_policy(cfg)
+    assert (policy.queue_packets, policy.drop_eligible_packets, policy.n_classes) == (300, 60, 8)
+    leaf_of, n_leaves, n_spines = host_leaf_indices(leaf_spine(cfg))
+    assert (len(leaf_of), n_leaves, n_spines) == (144, 9, 4)
+    assert leaf_of[15] == 0 and leaf_of[16] == 1
+
+
+def test_parameter_server_workload_structure() -> None:
+    cfg = SimConfig(hosts=16, hosts_per_leaf=8, spines=2, servers=2, iterations=2)
+    wl = build_workload(cfg)
+    assert len(wl.servers) == 2 and len(wl.workers) == 14
+    assert {wl.servers[0] // 8, wl.servers[1] // 8} == {0, 1}  # one server per leaf
+    push = [f for f in wl.flows if f.kind == "push" and f.iteration == 0]
+    pull = [f for f in wl.flows if f.kind == "pull" and f.iteration == 0]
+    assert len(push) == len(pull) and all(f.dst in wl.servers for f in push)
+    # every worker pushes its whole (scaled) gradient once per iteration
+    per_worker = sum(f.nbytes for f in push if f.src == wl.workers[0])
+    assert abs(per_worker - 0.01 * wl.gradient_bytes) < 100
+    assert all(f.p == cfg.p for f in push) and all(f.p == cfg.p_pull for f in pull)
+    assert {f.cls for f in push} == set(range(8))
+
+
+def test_ring_workload_structure() -> None:
+    cfg = SimConfig(hosts=8, hosts_per_leaf=4, spines=2, workload="ring-vgg16", iterations=1)
+    wl = build_workload(cfg)
+    steps = {(f.src, f.dst) for f in wl.flows}
+    assert steps == {(h, (h + 1) % 8) for h in range(8)}
+    kinds = [f.kind for f in wl.flows]
+    assert kinds.count("reduce-scatter") == kinds.count("all-gather")
+
+
+def test_testbed_topology_file(tmp_path: Path) -> None:
+    default = Path(__file__).resolve().parents[2] / "testbed" / "topologies" / "leaf_spine_4h.toml"
+    cfg = SimConfig(hosts=4, hosts_per_leaf=2, spines=2, servers=1, topology=str(default))
+    assert cfg.topology == str(default)
+    with pytest.raises(SimConfigError, match="has 2 spines but spines=4"):
+        SimConfig(hosts=4, hosts_per_leaf=2, servers=1, topology=str(default))
+    with pytest.raises(SimConfigError, match="hosts_per_leaf=1"):
+        SimConfig(hosts=4, hosts_per_leaf=1, spines=2, servers=1, topology=str(default))
+    with pytest.raises(SimConfigError, match="has 4 hosts but hosts=8"):
+        SimConfig(hosts=8, hosts_per_leaf=2, spines=2, servers=1, topology=str(default))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'name = "x"\nleaves = ["l1"]\nspines = ["s1"]\n[hosts]\nh1 = { leaf = "l9" }\nh2 = "l1"\n'
+    )
+    with pytest.raises(SimConfigError, match="topology"):
+        SimConfig(hosts=2, hosts_per_leaf=1, spines=1, servers=1, topology=str(bad))
+
+
+def test_missing_ns3_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SimError, match=r"pip install 'dlcp\[sim\]'"):
+        runner.require_ns3()
+    assert main(["sim", "run", "--hosts", "16", "--hosts-per-leaf", "8", "--servers", "2"]) == 1
+
+
+def test_cli_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "run", "--hosts", "100"]) == 2
+    assert "hosts=100" in capsys.readouterr().err
+    assert main(["sim", "suite", "--workload", "ring-alexnet"]) == 2
+    assert "ring-alexnet" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""ns-3 runs on a small leaf-spine (skipped without the ``sim`` extra).
+
+All runs happen once per module (two at a time, each in its own interpreter:
+ns-3 takes ~12 s to import and keeps global state) and the tests read them.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ns3", reason="ns-3 not installed: pip install 'dlcp[sim]'")
+pytest.importorskip("cppyy", reason="ns-3 not installed: pip install 'dlcp[sim]'")
+
+from dlcp.sim import SimConfig, run_many
+
+# 16 hosts on 2 leaves, 2 servers: an incast of 14 workers (1 MB each) per iteration
+INCAST = {"hosts": 16, "hosts_per_leaf": 8, "spines": 2, "servers": 2, "iterations": 1,
+          "buffer_packets": 100, "workload": "ps-resnet50", "scale": 0.01}  # fmt: skip
+# ring all-reduce on 8 hosts: one flow per link, nothing should be lost
+RING = {"hosts": 8, "hosts_per_leaf": 4, "spines": 2, "iterations": 1,
+        "workload": "ring-resnet50", "scale": 0.01}  # fmt: skip
+TRANSPORTS = ("dlcp", "tcp", "dctcp")
+INCAST_P = SimConfig().p  # DLCP's default gradient loss bound
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("sim")
+    configs = [SimConfig(**INCAST, transport=t) for t in TRANSPORTS]
+    configs += [SimConfig(**RING, transport=t) for t in TRANSPORTS]
+    rows = run_many(configs, out / "a", jobs=2)
+    again = run_many([SimConfig(**INCAST, transport="dlcp")], out / "b", jobs=1)
+    return {
+        "incast": {r["transport"]: r for r in rows[:3]},
+        "ring": {r["transport"]: r for r in rows[3:]},
+        "again": again[0],
+        "dirs": (out / "a", out / "b"),
+    }
+
+
+@pytest.mark.parametrize("workload", ["incast", "ring"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_transport_completes(runs: dict[str, Any], workload: str, transport: str) -> None:
+    r = runs[workload][transport]
+    assert r["completed"] == r["messages"] > 0
+    assert r["failed"] == 0
+    assert r["iteration_mean_us"] > 0
+    assert not r.get("tcp_stuck")  # no TCP connection left with undelivered data
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_no_congestion_delivers_everything(runs: dict[str, Any], transport: str) -> None:
+    r = runs["ring"][transport]
+    assert r["lost_bytes_total"] == 0
+    assert r["switch_drops"] == 0
+
+
+def test_incast_dlcp_loss_within_bound_and_tail_below_tcp(runs: dict[str, Any]) -> None:
+    dlcp, tcp = runs["incast"]["dlcp"], runs["incast"]["tcp"]
+    assert dlcp["switch_drops"] > 0  # the incast really congests
+    assert dlcp["drops_protected"] <= dlcp["drops_drop_eligible"]
+    assert dlcp["loss_fraction_max_message"] <= INCAST_P + 1e-9
+    assert 0 <= dlcp["loss_fraction"] <= INCAST_P
+    assert dlcp["fct_p99_us"] < tcp["fct_p99_us"]
+
+
+def test_deterministic_for_a_fixed_seed(runs: dict[str, Any]) -> None:
+    first, second = runs["dirs"]
+    name = runs["again"]["name"]
+
+    def rows(d: Path) -> list[dict[str, str]]:
+        with (d / f"{name}.flows.csv").open() as f:
+            return list(csv.DictReader(f))
+
+    assert rows(first) == rows(second)
+    assert runs["again"]["fct_p99_us"] == runs["incast"]["dlcp"]["fct_p99_us"]
