@@ -348,12 +348,14 @@ static Py_ssize_t prefetch_ahead(Py_ssize_t stride) {
 }
 
 /*
- * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields)
+ * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields[, mask])
  *     copies n records of record_bytes from src to dst (strided, like copy_rows
  *     without row indices) and reverses the byte order of the fields that
  *     `fields` names: bytes of (offset, size) pairs, size 2, 4 or 8. It turns
  *     big-endian wire headers into native structured records and back; the layout
  *     comes from the caller (dlcp/proto/wire.py's dtype), none is written here.
+ *     With `mask` (record_bytes bytes), it also returns whether every record
+ *     agrees with the first in the bits the mask sets (None without a mask).
  */
 static PyObject *swap_records(PyObject *self, PyObject *args) {
     (void)self;
@@ -361,9 +363,16 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
     Py_ssize_t dst_stride, src_stride, n, record_bytes;
     const unsigned char *fields;
     Py_ssize_t fields_len;
-    if (!PyArg_ParseTuple(args, "OnOnnny#:swap_records", &dst_obj, &dst_stride, &src_obj,
-                          &src_stride, &n, &record_bytes, &fields, &fields_len))
+    const unsigned char *mask = NULL;
+    Py_ssize_t mask_len = 0;
+    if (!PyArg_ParseTuple(args, "OnOnnny#|z#:swap_records", &dst_obj, &dst_stride, &src_obj,
+                          &src_stride, &n, &record_bytes, &fields, &fields_len, &mask,
+                          &mask_len))
         return NULL;
+    if (mask != NULL && mask_len != record_bytes) {
+        PyErr_Format(PyExc_ValueError, "mask has %zd bytes, records %zd", mask_len, record_bytes);
+        return NULL;
+    }
     if (n < 0 || record_bytes < 0 || dst_stride < record_bytes || src_stride < record_bytes) {
         PyErr_SetString(PyExc_ValueError, "n must be >= 0 and strides >= record_bytes");
         return NULL;
@@ -382,6 +391,7 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
     }
     Buf dst = {0}, src = {0};
     PyObject *result = NULL;
+    int same = 1;
     if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     dst.held = 1;
@@ -398,6 +408,7 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
         unsigned char *d = (unsigned char *)dst.view.buf;
         const unsigned char *s = (const unsigned char *)src.view.buf;
         Py_ssize_t ahead = prefetch_ahead(src_stride);
+        same = 1;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             unsigned char *dr = d + i * dst_stride;
@@ -408,6 +419,12 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
                 __builtin_prefetch(sr + ahead * src_stride);
 #endif
             memcpy(dr, sr, (size_t)record_bytes);
+            if (mask != NULL && same)
+                for (Py_ssize_t k = 0; k < record_bytes; k++)
+                    if ((sr[k] ^ s[k]) & mask[k]) {
+                        same = 0;
+                        break;
+                    }
             for (Py_ssize_t f = 0; f < fields_len; f += 2) {
                 int at = fields[f], size = fields[f + 1];
                 for (int k = 0; k < size; k++)
@@ -416,7 +433,7 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    result = Py_NewRef(Py_None);
+    result = mask == NULL ? Py_NewRef(Py_None) : PyBool_FromLong(same);
 done:
     buf_release(&src);
     buf_release(&dst);
@@ -500,7 +517,7 @@ static PyMethodDef methods[] = {
      "nbytes, template, fields, stream): build records, header and payload in one pass "
      "(see the module source)."},
     {"swap_records", swap_records, METH_VARARGS,
-     "swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields): copy strided "
+     "swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields[, mask]): copy strided "
      "records, reversing the byte order of the (offset, size) fields (see the module source)."},
     {"block_abs_mean_f32", block_abs_mean_f32, METH_VARARGS,
      "block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out): sampled mean "

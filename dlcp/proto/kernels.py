@@ -27,6 +27,7 @@ __all__ = [
     "pack_records",
     "streams",
     "unpack_records",
+    "unpack_uniform",
 ]
 
 try:
@@ -177,6 +178,31 @@ def _c_ints(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
     if values.dtype == np.bool_:
         return values.view(np.uint8)
     return np.ascontiguousarray(values)
+
+
+def unpack_uniform(
+    rows: UInt8Array,
+    wire: np.dtype[np.void],
+    mask: bytes,
+    *,
+    accelerated: bool | None = None,
+) -> tuple[npt.NDArray[np.void], bool]:
+    """:func:`unpack_records`, and whether every row agrees with the first in the
+    header bits ``mask`` sets (``wire.itemsize`` bytes), found in the same pass."""
+    if len(mask) != wire.itemsize:
+        raise ValueError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
+    use_c = ACCELERATED if accelerated is None else accelerated
+    n = len(rows)
+    if not (use_c and _accel is not None) or n == 0:
+        native = unpack_records(rows, wire, accelerated=False)
+        words = native.view(np.uint8).reshape(n, -1) & np.frombuffer(mask, np.uint8)
+        return native, bool((words == words[0]).all()) if n else True
+    out = np.empty(n, dtype=_native(wire))
+    flat, stride = flat_rows(rows)
+    same = _accel.swap_records(
+        out, out.itemsize, flat, stride, n, wire.itemsize, _swapped(wire), mask
+    )
+    return out, bool(same)
 
 
 def unpack_records(

@@ -38,7 +38,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from .kernels import unpack_records
+from .kernels import unpack_uniform
 
 __all__ = [
     "AUTH_TAG_LEN",
@@ -418,8 +418,10 @@ def parse_batch(
     payloads = records[:, DATA_HEADER_LEN:]
     # one gather of the headers into a compact, native-endian array: every later
     # field access is then a cheap contiguous read, not a strided byte swap
-    headers = unpack_records(records, HEADER_DTYPE)
-    if _uniform_and_valid(headers, lengths, job=job, auth=key is not None or require_auth):
+    headers, shared = unpack_uniform(records, HEADER_DTYPE, _SHARED_MASK_BYTES)
+    if shared and _uniform_and_valid(
+        headers, lengths, job=job, auth=key is not None or require_auth
+    ):
         reasons = np.zeros(n, dtype=np.uint8)
     else:
         reasons = _validate(headers, lengths, job=job, key=key, require_auth=require_auth)
@@ -430,15 +432,13 @@ def parse_batch(
 
 # Bytes of the data header that every packet of one message shares: version/type,
 # the reserved flag bits and AUTH (a sender tags all its packets or none), job,
-# step, msg, msg_elems, src, dtype, bound. Every
-# multi-byte field is masked whole or not at all, so the mask reads the same on
-# wire-order and native-order headers.
-_SHARED_MASK: Final = np.frombuffer(
+# step, msg, msg_elems, src, dtype, bound. Every multi-byte field is masked whole
+# or not at all, so the mask reads the same on wire-order and native-order headers.
+_SHARED_MASK_BYTES: Final = (
     bytes([0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
     + bytes([0xFF, 0xFF, 0, 0, 0, 0, 0, 0])  # msg layer seq
     + bytes([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF])  # offset msg_elems
-    + bytes([0, 0, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0]),  # payload_len src tclass dtype bound path
-    dtype=np.uint64,
+    + bytes([0, 0, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0])  # payload_len src tclass dtype bound path
 )
 
 
@@ -451,14 +451,12 @@ def _uniform_and_valid(
 ) -> bool:
     """Fast path for the usual batch: packets of one message, all valid.
 
-    Checks with a handful of vectorised operations that every record shares the
-    message-wide bytes of record 0, that record 0 passes every rule, and that the
+    For records that share the message-wide bytes of record 0 (the caller checked
+    that with :data:`_SHARED_MASK_BYTES` while unpacking them), checks with a
+    handful of vectorised operations that record 0 passes every rule and that the
     per-packet fields (lengths, offsets) are right. False means "look closer":
     :func:`_validate` then gives each record its exact reason.
     """
-    words = h.view(np.uint64).reshape(-1, DATA_HEADER_LEN // 8)
-    if not bool(((words & _SHARED_MASK) == (words[0] & _SHARED_MASK)).all()):
-        return False
     first = h[0]
     code = int(first["dtype"])
     itemsize = int(_ITEMSIZE_BY_CODE[code >> 4])

@@ -252,3 +252,21 @@ def test_c_gather_records_refuses_a_field_array_that_is_too_short() -> None:
             16,
         )
     assert not records.any()
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_unpack_uniform_says_whether_rows_share_the_masked_bytes(accelerated: bool) -> None:
+    from dlcp.proto.wire import HEADER_DTYPE
+
+    rng = np.random.default_rng(4)
+    rows = np.tile(rng.integers(0, 256, 80, dtype=np.uint8), (30, 1))
+    rows[:, 12:20] = rng.integers(0, 256, (30, 8), dtype=np.uint8)  # unmasked bytes vary
+    mask = bytes([0xFF] * 12 + [0] * 8 + [0xFF] * 12)
+    native, same = kernels.unpack_uniform(rows, HEADER_DTYPE, mask, accelerated=accelerated)
+    assert same and len(native) == 30
+    rows[17, 3] ^= 0x10  # a masked bit differs in one row
+    assert not kernels.unpack_uniform(rows, HEADER_DTYPE, mask, accelerated=accelerated)[1]
+    np.testing.assert_array_equal(
+        kernels.unpack_uniform(rows, HEADER_DTYPE, mask, accelerated=accelerated)[0],
+        kernels.unpack_records(rows, HEADER_DTYPE, accelerated=False),
+    )
