@@ -143,6 +143,20 @@ def _step(
     )
     if outgoing is not None:
         sends.append(outgoing)
+    _raise_failed_send(sends)
     if incoming is not None:
-        report.received(comm.wait(incoming), bounded=p > 0)
+        try:
+            report.received(comm.wait(incoming), bounded=p > 0)
+        except Exception:
+            # a neighbour that went away often takes the other one with it: name
+            # the first failure this rank saw (a send's) rather than the later one
+            _raise_failed_send(sends)
+            raise
     return incoming is not None
+
+
+def _raise_failed_send(sends: list[Any]) -> None:
+    """Raise the error of the first of ``sends`` that has already failed."""
+    for outgoing in sends:
+        if outgoing.done() and outgoing.exception() is not None:
+            raise outgoing.exception()
