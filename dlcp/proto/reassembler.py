@@ -208,7 +208,7 @@ class Reassembler:
         self._write(seq, payloads)
         tclass = headers["tclass"]
         self.received[seq] = True
-        self.received_class[seq] = (tclass >> 5) * 2 + ((tclass >> 4) & 1)
+        self.received_class[seq] = tclass >> 4  # prio * 2 + drop: tclass's high nibble
         self.received_elems += int(elems.sum())
         self.received_protected += n_fresh - int(np.count_nonzero(tclass & 0x10))
         self.retransmitted += int(np.count_nonzero(flags & _RETRANSMIT))
