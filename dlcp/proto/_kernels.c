@@ -122,6 +122,40 @@ static int check_rows(const char *name, const Buf *rows, Py_ssize_t n, Py_ssize_
     return 0;
 }
 
+/* The two buffers of a row copy and their row index arrays, every row checked. */
+typedef struct {
+    Buf dst, src, drows, srows;
+} RowBufs;
+
+static void row_bufs_release(RowBufs *b) {
+    buf_release(&b->srows);
+    buf_release(&b->drows);
+    buf_release(&b->src);
+    buf_release(&b->dst);
+}
+
+/* Acquire dst (writable) and src, their row arrays (or None), and check that rows
+ * [start + row * stride, + bytes) lie inside each buffer. -1 with an exception set
+ * (and whatever was acquired still to release) on failure. */
+static int row_bufs_get(RowBufs *b, Py_ssize_t n, PyObject *dst_obj, PyObject *dst_rows_obj,
+                        Py_ssize_t dst_start, Py_ssize_t dst_stride, Py_ssize_t dst_bytes,
+                        PyObject *src_obj, PyObject *src_rows_obj, Py_ssize_t src_start,
+                        Py_ssize_t src_stride, Py_ssize_t src_bytes) {
+    if (PyObject_GetBuffer(dst_obj, &b->dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return -1;
+    b->dst.held = 1;
+    if (PyObject_GetBuffer(src_obj, &b->src.view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    b->src.held = 1;
+    if (get_rows(dst_rows_obj, "dst_rows", n, &b->drows) < 0 ||
+        get_rows(src_rows_obj, "src_rows", n, &b->srows) < 0)
+        return -1;
+    if (check_rows("dst", &b->drows, n, dst_start, dst_stride, dst_bytes, b->dst.view.len) < 0 ||
+        check_rows("src", &b->srows, n, src_start, src_stride, src_bytes, b->src.view.len) < 0)
+        return -1;
+    return 0;
+}
+
 static PyObject *copy_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *dst_obj, *dst_rows_obj, *src_obj, *src_rows_obj;
@@ -135,25 +169,16 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "n, nbytes and strides must not be negative");
         return NULL;
     }
-    Buf dst = {0}, src = {0}, drows = {0}, srows = {0};
+    RowBufs b = {0};
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        goto done;
-    dst.held = 1;
-    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    src.held = 1;
-    if (get_rows(dst_rows_obj, "dst_rows", n, &drows) < 0 ||
-        get_rows(src_rows_obj, "src_rows", n, &srows) < 0)
-        goto done;
-    if (check_rows("dst", &drows, n, dst_start, dst_stride, nbytes, dst.view.len) < 0 ||
-        check_rows("src", &srows, n, src_start, src_stride, nbytes, src.view.len) < 0)
+    if (row_bufs_get(&b, n, dst_obj, dst_rows_obj, dst_start, dst_stride, nbytes, src_obj,
+                     src_rows_obj, src_start, src_stride, nbytes) < 0)
         goto done;
     {
-        char *d = (char *)dst.view.buf;
-        const char *s = (const char *)src.view.buf;
-        const int64_t *dr = drows.held ? (const int64_t *)drows.view.buf : NULL;
-        const int64_t *sr = srows.held ? (const int64_t *)srows.view.buf : NULL;
+        char *d = (char *)b.dst.view.buf;
+        const char *s = (const char *)b.src.view.buf;
+        const int64_t *dr = b.drows.held ? (const int64_t *)b.drows.view.buf : NULL;
+        const int64_t *sr = b.srows.held ? (const int64_t *)b.srows.view.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t di = dr ? (Py_ssize_t)dr[i] : i;
@@ -169,10 +194,7 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
     }
     result = Py_NewRef(Py_None);
 done:
-    buf_release(&srows);
-    buf_release(&drows);
-    buf_release(&src);
-    buf_release(&dst);
+    row_bufs_release(&b);
     return result;
 }
 
@@ -235,7 +257,8 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     if (seq == NULL)
         return NULL;
     Py_ssize_t n_fields = PySequence_Fast_GET_SIZE(seq);
-    Buf dst = {0}, src = {0}, drows = {0}, srows = {0}, fbuf[MAX_FIELDS];
+    RowBufs b = {0};
+    Buf fbuf[MAX_FIELDS];
     Field fields[MAX_FIELDS];
     Py_ssize_t n_held = 0;
     PyObject *result = NULL;
@@ -244,21 +267,12 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "at most %d fields", MAX_FIELDS);
         goto done;
     }
-    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        goto done;
-    dst.held = 1;
-    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    src.held = 1;
-    if (get_rows(dst_rows_obj, "dst_rows", n, &drows) < 0 ||
-        get_rows(src_rows_obj, "src_rows", n, &srows) < 0)
-        goto done;
-    if (check_rows("dst", &drows, n, 0, dst_stride, head_bytes + nbytes, dst.view.len) < 0 ||
-        check_rows("src", &srows, n, 0, src_stride, nbytes, src.view.len) < 0)
+    if (row_bufs_get(&b, n, dst_obj, dst_rows_obj, 0, dst_stride, head_bytes + nbytes, src_obj,
+                     src_rows_obj, 0, src_stride, nbytes) < 0)
         goto done;
     Py_ssize_t top = -1; /* highest record row: every field array must reach it */
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t r = drows.held ? (Py_ssize_t)((const int64_t *)drows.view.buf)[i] : i;
+        Py_ssize_t r = b.drows.held ? (Py_ssize_t)((const int64_t *)b.drows.view.buf)[i] : i;
         if (r > top)
             top = r;
     }
@@ -288,10 +302,10 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
         fields[k] = (Field){offset, size, (int)item_size, (const unsigned char *)fbuf[k].view.buf};
     }
     {
-        unsigned char *d = (unsigned char *)dst.view.buf;
-        const unsigned char *s = (const unsigned char *)src.view.buf;
-        const int64_t *dr = drows.held ? (const int64_t *)drows.view.buf : NULL;
-        const int64_t *sr = srows.held ? (const int64_t *)srows.view.buf : NULL;
+        unsigned char *d = (unsigned char *)b.dst.view.buf;
+        const unsigned char *s = (const unsigned char *)b.src.view.buf;
+        const int64_t *dr = b.drows.held ? (const int64_t *)b.drows.view.buf : NULL;
+        const int64_t *sr = b.srows.held ? (const int64_t *)b.srows.view.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
         unsigned char line[64];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -329,10 +343,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
 done:
     for (Py_ssize_t k = 0; k < n_held; k++)
         buf_release(&fbuf[k]);
-    buf_release(&srows);
-    buf_release(&drows);
-    buf_release(&src);
-    buf_release(&dst);
+    row_bufs_release(&b);
     Py_DECREF(seq);
     return result;
 }
