@@ -24,7 +24,6 @@ __all__ = [
     "copy_rows",
     "flat_rows",
     "gather_records",
-    "pack_records",
     "streams",
     "unpack_records",
     "unpack_uniform",
@@ -180,6 +179,16 @@ def _c_ints(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
     return np.ascontiguousarray(values)
 
 
+def unpack_records(
+    rows: UInt8Array, wire: np.dtype[np.void], *, accelerated: bool | None = None
+) -> npt.NDArray[np.void]:
+    """The first ``wire.itemsize`` bytes of each row of ``rows`` (2-D uint8, rows
+    contiguous, e.g. the headers of a batch of datagrams) as a compact array of
+    ``wire`` records in native byte order: what ``rows.view(wire).astype(native)``
+    gives, in one pass instead of numpy's field-by-field conversion."""
+    return _unpack(rows, wire, None, accelerated)[0]
+
+
 def unpack_uniform(
     rows: UInt8Array,
     wire: np.dtype[np.void],
@@ -191,63 +200,26 @@ def unpack_uniform(
     header bits ``mask`` sets (``wire.itemsize`` bytes), found in the same pass."""
     if len(mask) != wire.itemsize:
         raise ValueError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
+    return _unpack(rows, wire, mask, accelerated)
+
+
+def _unpack(
+    rows: UInt8Array, wire: np.dtype[np.void], mask: bytes | None, accelerated: bool | None
+) -> tuple[npt.NDArray[np.void], bool]:
+    native, n = _native(wire), len(rows)
     use_c = ACCELERATED if accelerated is None else accelerated
-    n = len(rows)
-    if not (use_c and _accel is not None) or n == 0:
-        native = unpack_records(rows, wire, accelerated=False)
-        words = native.view(np.uint8).reshape(n, -1) & np.frombuffer(mask, np.uint8)
-        return native, bool((words == words[0]).all()) if n else True
-    out = np.empty(n, dtype=_native(wire))
-    flat, stride = flat_rows(rows)
-    same = _accel.swap_records(
-        out, out.itemsize, flat, stride, n, wire.itemsize, _swapped(wire), mask
-    )
-    return out, bool(same)
-
-
-def unpack_records(
-    rows: UInt8Array, wire: np.dtype[np.void], *, accelerated: bool | None = None
-) -> npt.NDArray[np.void]:
-    """The first ``wire.itemsize`` bytes of each row of ``rows`` (2-D uint8, rows
-    contiguous, e.g. the headers of a batch of datagrams) as a compact array of
-    ``wire`` records in native byte order: what ``rows.view(wire).astype(native)``
-    gives, in one pass instead of numpy's field-by-field conversion."""
-    native = _native(wire)
-    n = len(rows)
-    use_c = ACCELERATED if accelerated is None else accelerated
-    if not (use_c and _accel is not None) or n == 0:
-        raw = np.ascontiguousarray(rows[:, : wire.itemsize])
-        return raw.view(wire)[:, 0].astype(native)
-    out = np.empty(n, dtype=native)
-    flat, stride = flat_rows(rows)
-    _accel.swap_records(out, native.itemsize, flat, stride, n, wire.itemsize, _swapped(wire))
-    return out
-
-
-def pack_records(
-    records: npt.NDArray[np.void],
-    rows: UInt8Array,
-    wire: np.dtype[np.void],
-    *,
-    accelerated: bool | None = None,
-) -> None:
-    """Write native-order ``records`` into the first ``wire.itemsize`` bytes of each
-    row of ``rows`` in ``wire`` byte order: the inverse of :func:`unpack_records`."""
-    n = len(records)
-    if records.dtype != _native(wire) or rows.shape[0] != n:
-        raise TypeError(f"{n} records of {records.dtype} do not pack into {rows.shape} as {wire}")
-    use_c = ACCELERATED if accelerated is None else accelerated
-    if not (use_c and _accel is not None) or n == 0:
-        rows[:, : wire.itemsize] = records.astype(wire).view(np.uint8).reshape(n, wire.itemsize)
-        return
-    if rows.strides[1] != 1:
-        raise TypeError("rows must have contiguous bytes")
-    flat = np.lib.stride_tricks.as_strided(
-        rows, shape=((n - 1) * rows.strides[0] + wire.itemsize,), strides=(1,)
-    )
-    _accel.swap_records(
-        flat, rows.strides[0], records, wire.itemsize, n, wire.itemsize, _swapped(wire)
-    )
+    if use_c and _accel is not None and n:
+        out = np.empty(n, dtype=native)
+        flat, stride = flat_rows(rows)
+        same = _accel.swap_records(
+            out, native.itemsize, flat, stride, n, wire.itemsize, _swapped(wire), mask
+        )
+        return out, same is None or bool(same)
+    out = np.ascontiguousarray(rows[:, : wire.itemsize]).view(wire)[:, 0].astype(native)
+    if mask is None or n == 0:
+        return out, True
+    words = out.view(np.uint8).reshape(n, -1) & np.frombuffer(mask, np.uint8)
+    return out, bool((words == words[0]).all())
 
 
 @functools.cache

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlcp.proto import kernels
-from dlcp.proto.kernels import block_abs_mean, copy_rows, flat_rows, pack_records, unpack_records
+from dlcp.proto.kernels import block_abs_mean, copy_rows, flat_rows, unpack_records
 
 IMPLS = [
     False,
@@ -160,7 +160,7 @@ def test_block_abs_mean_refuses_blocks_past_the_row(accelerated: bool) -> None:
 
 
 @pytest.mark.parametrize("accelerated", IMPLS)
-def test_headers_unpack_to_native_order_and_pack_back(accelerated: bool) -> None:
+def test_headers_unpack_to_native_order(accelerated: bool) -> None:
     from dlcp.proto.wire import HEADER_DTYPE, NATIVE_HEADER_DTYPE
 
     rng = np.random.default_rng(11)
@@ -170,10 +170,6 @@ def test_headers_unpack_to_native_order_and_pack_back(accelerated: bool) -> None
     want = np.ascontiguousarray(records[:, :32]).view(HEADER_DTYPE)[:, 0]
     for name in HEADER_DTYPE.names:
         np.testing.assert_array_equal(native[name], want[name])
-    out = np.zeros_like(records)
-    pack_records(native, out, HEADER_DTYPE, accelerated=accelerated)
-    np.testing.assert_array_equal(out[:, :32], records[:, :32])
-    assert not out[:, 32:].any()  # nothing past the header was touched
 
 
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
