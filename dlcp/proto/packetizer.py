@@ -249,10 +249,7 @@ class RecordRun:
         out = []
         for s in range(start, stop, spray):
             e = min(s + spray, stop)
-            size = (e - s) * stride
-            if s <= self._short < e:
-                size -= stride - int(self.lengths[self._short])
-            out.append((e - s, flat[s * stride : s * stride + size]))
+            out.append((e - s, flat[s * stride : s * stride + self.batch_nbytes(s, e)]))
         return out
 
 
@@ -267,6 +264,7 @@ def build_records(
     source_rows: Int64Array | None = None,
     source_stride: int = 0,
     buffer: UInt8Array | None = None,
+    row_of_seq: Int64Array | None = None,
 ) -> RecordRun:
     """Records for chunks ``seqs`` (already in send order).
 
@@ -274,6 +272,8 @@ def build_records(
     records of an earlier round, whose row for each seq ``source_rows`` names.
     ``buffer`` (optional) is a ``(len(seqs), stride)`` uint8 array to build in,
     so that a sender reuses memory across steps instead of faulting in new pages.
+    ``row_of_seq`` (optional, when ``seqs`` is the whole message): the record each
+    chunk goes to, if the caller has it already.
     """
     itemsize = table.dtype.itemsize
     chunk_bytes = table.chunk_elems * itemsize
@@ -317,7 +317,10 @@ def build_records(
             "payload_len": payload_len,
             "tclass": (prio << 5) | (drop.astype(np.uint8) << 4) | table.mag[seqs],
         }
-        _gather(source, records, seqs, full, chunk_bytes, table.n_chunks, template, per_record)
+        _gather(
+            source, records, seqs, full, chunk_bytes, table.n_chunks, template, per_record,
+            row_of_seq,
+        )
     if not full.all():
         short = int(np.argmin(full))
         records[short, DATA_HEADER_LEN + int(payload_len[short]) :] = 0
@@ -334,6 +337,7 @@ def _gather(
     n_chunks: int,
     template: npt.NDArray[np.void],
     per_record: dict[str, npt.NDArray[np.integer]],
+    row_of_seq: Int64Array | None,
 ) -> None:
     """Record ``i``: its header and chunk ``seqs[i]`` of ``source`` (see
     :func:`.kernels.gather_records`), the short last chunk of a message apart.
@@ -343,10 +347,11 @@ def _gather(
     whole-row writes cost no more than sequential ones, whereas the other way round
     every row read would be a cache and TLB miss."""
     n = len(seqs)
+    in_order: Int64Array | None = None
     if n == n_chunks:  # a whole message: seqs is a permutation of 0..n-1
-        row_of_seq = np.empty(n, dtype=np.int64)
-        row_of_seq[seqs] = np.arange(n, dtype=np.int64)
-        in_order = None
+        if row_of_seq is None:
+            row_of_seq = np.empty(n, dtype=np.int64)
+            row_of_seq[seqs] = np.arange(n, dtype=np.int64)
     else:
         row_of_seq = np.argsort(seqs, kind="stable")
         in_order = seqs[row_of_seq]

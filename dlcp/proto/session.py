@@ -235,6 +235,8 @@ class Session:
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
         order = table.send_order()
         stride = record_stride(table, authenticate=self.key is not None)
+        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
+        row_of_seq[order] = np.arange(table.n_chunks)
         first = build_records(
             data.reshape(-1).view(np.uint8),
             table,
@@ -242,9 +244,8 @@ class Session:
             ident,
             authenticate=self.key is not None,
             buffer=self._pool.take((table.n_chunks, stride)),
+            row_of_seq=row_of_seq,
         )
-        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
-        row_of_seq[order] = np.arange(table.n_chunks)
         peer.outgoing[key] = _Outgoing(
             ident=ident,
             table=table,
