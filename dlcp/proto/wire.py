@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import hmac
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Final, TypeAlias
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-
-from .kernels import unpack_uniform
 
 __all__ = [
     "AUTH_TAG_LEN",
@@ -353,255 +350,6 @@ def decode_data(
     return header, payload
 
 
-# --------------------------------------------------------------------------- batches
-
-UInt8Array: TypeAlias = npt.NDArray[np.uint8]
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedBatch:
-    """A batch of data records, parsed in place.
-
-    ``headers`` is a structured view (no copy) of the records' headers,
-    ``payloads`` a ``(n, segment_size - 32)`` byte view, ``lengths`` the datagram
-    length of each record and ``reasons`` a :class:`Reason` code per record.
-    """
-
-    headers: npt.NDArray[np.void]
-    payloads: UInt8Array
-    lengths: npt.NDArray[np.int64]
-    reasons: UInt8Array
-    job: int
-
-    @property
-    def ok(self) -> npt.NDArray[np.bool_]:
-        return np.equal(self.reasons, 0)
-
-    def message(self, i: int) -> str:
-        """The exact error message for record ``i`` (empty when it was accepted)."""
-        return _reason_message(self, i)
-
-
-def parse_batch(
-    buf: UInt8Array,
-    segment_size: int,
-    *,
-    job: int,
-    key: bytes | None = None,
-    require_auth: bool = False,
-    n_records: int | None = None,
-) -> ParsedBatch:
-    """Parse ``buf`` as consecutive datagrams of ``segment_size`` bytes (the last
-    one may be shorter), the way UDP GRO hands them over. Never raises for bad
-    content: each record gets a :class:`Reason`.
-    """
-    if segment_size <= 0:
-        raise ValueError(f"segment_size must be positive, got {segment_size}")
-    total = len(buf)
-    n = n_records if n_records is not None else max(1, -(-total // segment_size))
-    stride = max(segment_size, DATA_HEADER_LEN)
-    padded_len = n * stride
-    if total >= padded_len and segment_size >= DATA_HEADER_LEN:
-        records = buf[:padded_len].reshape(n, stride)
-    else:
-        # short tail or tiny datagrams: copy into a zero-padded array
-        records = np.zeros((n, stride), dtype=np.uint8)
-        flat = records.reshape(-1)
-        if segment_size >= DATA_HEADER_LEN:
-            flat[:total] = buf[:padded_len]
-        else:
-            for i in range(n):
-                chunk = buf[i * segment_size : (i + 1) * segment_size]
-                records[i, : len(chunk)] = chunk
-    lengths = np.full(n, segment_size, dtype=np.int64)
-    lengths[-1] = total - (n - 1) * segment_size
-    payloads = records[:, DATA_HEADER_LEN:]
-    # one gather of the headers into a compact, native-endian array: every later
-    # field access is then a cheap contiguous read, not a strided byte swap
-    headers, shared = unpack_uniform(records, HEADER_DTYPE, _SHARED_MASK_BYTES)
-    if shared and _uniform_and_valid(
-        headers, lengths, job=job, auth=key is not None or require_auth
-    ):
-        reasons = np.zeros(n, dtype=np.uint8)
-    else:
-        reasons = _validate(headers, lengths, job=job, key=key, require_auth=require_auth)
-    if key is not None:
-        _check_tags(records, headers, lengths, reasons, key)
-    return ParsedBatch(headers, payloads, lengths, reasons, job)
-
-
-# Bytes of the data header that every packet of one message shares: version/type,
-# the reserved flag bits and AUTH (a sender tags all its packets or none), job,
-# step, msg, msg_elems, src, dtype, bound. Every multi-byte field is masked whole
-# or not at all, so the mask reads the same on wire-order and native-order headers.
-_SHARED_MASK_BYTES: Final = (
-    bytes([0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
-    + bytes([0xFF, 0xFF, 0, 0, 0, 0, 0, 0])  # msg layer seq
-    + bytes([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF])  # offset msg_elems
-    + bytes([0, 0, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0])  # payload_len src tclass dtype bound path
-)
-
-
-def _uniform_and_valid(
-    h: npt.NDArray[np.void],
-    lengths: npt.NDArray[np.int64],
-    *,
-    job: int,
-    auth: bool,
-) -> bool:
-    """Fast path for the usual batch: packets of one message, all valid.
-
-    For records that share the message-wide bytes of record 0 (the caller checked
-    that with :data:`_SHARED_MASK_BYTES` while unpacking them), checks with a
-    handful of vectorised operations that record 0 passes every rule and that the
-    per-packet fields (lengths, offsets) are right. False means "look closer":
-    :func:`_validate` then gives each record its exact reason.
-    """
-    first = h[0]
-    code = int(first["dtype"])
-    itemsize = int(_ITEMSIZE_BY_CODE[code >> 4])
-    flags0 = int(first["flags"])
-    if (
-        int(lengths.min()) < DATA_HEADER_LEN
-        or int(first["ver_type"]) != (VERSION << 4) | PacketType.DATA
-        or int(first["job"]) != job
-        or flags0 & ~_DATA_FLAG_MASK
-        or code & 0x0F
-        or itemsize == 0
-        or int(first["msg_elems"]) == 0
-    ):
-        return False
-    tagged = bool(flags0 & Flags.AUTH)  # the same in every record (shared mask)
-    if auth and not tagged:
-        return False
-    payload_len = h["payload_len"].astype(np.int64)
-    expected = DATA_HEADER_LEN + payload_len + (AUTH_TAG_LEN if tagged else 0)
-    return bool(
-        (expected == lengths).all()
-        and (payload_len > 0).all()
-        and not (payload_len & (itemsize - 1)).any()  # itemsizes are powers of two
-        and (
-            h["offset"].astype(np.int64) + payload_len // itemsize <= int(first["msg_elems"])
-        ).all()
-    )
-
-
-def _validate(
-    h: npt.NDArray[np.void],
-    lengths: npt.NDArray[np.int64],
-    *,
-    job: int,
-    key: bytes | None,
-    require_auth: bool,
-) -> UInt8Array:
-    """Vectorised header checks; the first failing rule wins (same order as the spec)."""
-    n = len(h)
-    vt = h["ver_type"]
-    flags = h["flags"].astype(np.int64)
-    dtype_code = h["dtype"].astype(np.int64)
-    itemsize = _ITEMSIZE_BY_CODE[(dtype_code >> 4) & 0x0F]
-    safe_item = np.maximum(itemsize, 1)
-    has_tag = (flags & Flags.AUTH) != 0
-    payload_len = h["payload_len"].astype(np.int64)
-    expected = DATA_HEADER_LEN + payload_len + AUTH_TAG_LEN * has_tag
-    offset = h["offset"].astype(np.int64)
-    elems = h["msg_elems"].astype(np.int64)
-    payload_elems = payload_len // safe_item
-    rules: list[tuple[Reason, npt.NDArray[np.bool_]]] = [
-        (Reason.TRUNCATED, lengths < DATA_HEADER_LEN),
-        (Reason.BAD_VERSION, (vt >> 4) != VERSION),
-        (Reason.BAD_TYPE, (vt & 0x0F) != PacketType.DATA),
-        (Reason.WRONG_JOB, h["job"] != job),
-        (
-            Reason.BAD_FIELD,
-            ((flags & ~_DATA_FLAG_MASK) != 0) | ((dtype_code & 0x0F) != 0) | (itemsize == 0),
-        ),
-        (
-            Reason.LENGTH_MISMATCH,
-            (expected != lengths) | (payload_elems * safe_item != payload_len),
-        ),
-        (
-            Reason.OUT_OF_BOUNDS,
-            (elems == 0) | (offset + payload_elems > elems) | (payload_len == 0),
-        ),
-    ]
-    if key is not None or require_auth:
-        rules.append((Reason.AUTH_REQUIRED, ~has_tag))
-    reasons = np.zeros(n, dtype=np.uint8)
-    bad = np.logical_or.reduce([cond for _, cond in rules])
-    if not bad.any():
-        return reasons
-    for reason, cond in reversed(rules):  # the earliest rule is written last and wins
-        reasons[cond] = reason
-    return reasons
-
-
-def _check_tags(
-    records: UInt8Array,
-    h: npt.NDArray[np.void],
-    lengths: npt.NDArray[np.int64],
-    reasons: UInt8Array,
-    key: bytes,
-) -> None:
-    # BLAKE2b has no vectorised form: this per-record loop is the cost of
-    # authentication, reported by the transport benchmark.
-    for i in np.flatnonzero(reasons == 0):
-        end = int(lengths[i]) - AUTH_TAG_LEN
-        row = records[i]
-        expected = auth_tag(key, row[:end].data)
-        if not hmac.compare_digest(expected, row[end : end + AUTH_TAG_LEN].tobytes()):
-            reasons[i] = Reason.AUTH_FAILED
-
-
-def _reason_message(batch: ParsedBatch, i: int) -> str:
-    reason = Reason(int(batch.reasons[i]))
-    h = batch.headers[i]
-    length = int(batch.lengths[i])
-    if reason is Reason.OK:
-        return ""
-    if reason is Reason.TRUNCATED:
-        return f"truncated datagram: {length} bytes, a data header needs {DATA_HEADER_LEN}"
-    vt = int(h["ver_type"])
-    if reason is Reason.BAD_VERSION:
-        return f"unknown version {vt >> 4} (this is version {VERSION})"
-    if reason is Reason.BAD_TYPE:
-        return f"unknown packet type {vt & 0x0F} where a data packet was expected"
-    if reason is Reason.WRONG_JOB:
-        return (
-            f"wrong job: datagram is for job {int(h['job'])}, this endpoint serves job {batch.job}"
-        )
-    if reason is Reason.BAD_FIELD:
-        flags, code = int(h["flags"]), int(h["dtype"])
-        if flags & ~_DATA_FLAG_MASK:
-            return f"reserved flag bits set: flags={flags:#04x}"
-        if code & 0x0F:
-            return f"reserved bits set in the dtype byte: {code:#04x}"
-        return f"unknown element type code {code >> 4}"
-    payload_len = int(h["payload_len"])
-    if reason is Reason.LENGTH_MISMATCH:
-        tag = AUTH_TAG_LEN if int(h["flags"]) & Flags.AUTH else 0
-        itemsize = int(_ITEMSIZE_BY_CODE[int(h["dtype"]) >> 4])
-        if payload_len % itemsize:
-            return (
-                f"payload length mismatch: payload_len={payload_len} is not a multiple "
-                f"of the element size {itemsize}"
-            )
-        return (
-            f"payload length mismatch: header says {payload_len} payload bytes "
-            f"({DATA_HEADER_LEN + payload_len + tag} in all), datagram has {length}"
-        )
-    if reason is Reason.OUT_OF_BOUNDS:
-        itemsize = int(_ITEMSIZE_BY_CODE[int(h["dtype"]) >> 4])
-        off, elems = int(h["offset"]), int(h["msg_elems"])
-        return (
-            f"offset/length beyond the message: elements [{off}, {off + payload_len // itemsize}) "
-            f"of a {elems}-element message"
-        )
-    if reason is Reason.AUTH_REQUIRED:
-        return "authentication required: datagram carries no tag"
-    return "authentication failed: tag does not match"
-
-
 # --------------------------------------------------------------------------- TOS
 
 
@@ -639,8 +387,10 @@ class TosMap:
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)
 
 
-# The control-message codec lives in .control; its names stay importable from here,
-# so that ``dlcp.proto.wire`` remains the one place that names the whole wire format.
+# The control-message codec lives in .control and batch parsing in .batch; their
+# names stay importable from here, so that ``dlcp.proto.wire`` remains the one place
+# that names the whole wire format.
+from .batch import ParsedBatch, parse_batch  # noqa: E402
 from .control import (  # noqa: E402
     Abort,
     AbortReason,
