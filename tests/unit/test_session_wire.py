@@ -1,0 +1,382 @@
+"""What :class:`dlcp.proto.session.Session` puts on the wire and what it accepts:
+priority order and TOS, path spraying, rate feedback, unknown peers,
+authentication and hostile input, over the in-memory link (see test_session.py)."""
+
+import heapq
+
+import numpy as np
+import pytest
+
+from dlcp.linkemu import LossyLink
+from dlcp.proto.session import (
+    ControlDatagram,
+    DataBatch,
+    MessageFailed,
+    MessageReceived,
+    Session,
+)
+from dlcp.proto.wire import (
+    Abort,
+    AbortReason,
+    DataHeader,
+    Finish,
+    Flags,
+    Nack,
+    RateFeedback,
+    Stop,
+    TosMap,
+    decode_control,
+    encode_control,
+    encode_data,
+)
+from tests.unit.session_helpers import (
+    CHUNK,
+    JOB,
+    KEY,
+    config,
+    events,
+    gradient,
+    is_droppable,
+    is_retransmit,
+    layer_segments,
+    only_delivered,
+    only_received,
+    partial_then,
+    same_bits,
+    seq_of,
+    sessions,
+)
+
+# ----------------------------------------------------------------------------- priorities, TOS
+
+
+def data_batches(items: list) -> list[DataBatch]:
+    return [i for i in items if isinstance(i, DataBatch)]
+
+
+def datagrams(batch: DataBatch) -> list[bytes]:
+    raw = batch.data.tobytes()
+    return [raw[i : i + batch.segment_size] for i in range(0, len(raw), batch.segment_size)]
+
+
+def test_higher_priority_message_leaves_first_with_its_tos() -> None:
+    cfg = config(pacer="unpaced", batch_packets=8, classifier="layer")
+    a, _ = sessions(cfg=cfg)
+    n = 3000
+    low = gradient(n, 21)
+    high = gradient(n, 22)
+    # layer 7 of 8 is priority class 0 (front layers are the most urgent)
+    a.send_message(1, low, step=0, msg=1, now=0.0, segments=[(0, n, 7)])
+    a.send_message(1, high, step=0, msg=2, now=0.0)  # one layer: class 7
+    batches = data_batches(a.datagrams_to_send(now=0.0, max_batches=1000))
+    msgs = [int.from_bytes(datagrams(bt)[0][8:10], "big") for bt in batches]
+    n_high = msgs.count(2)
+    assert n_high > 1 and msgs.count(1) > 1
+    assert msgs == [2] * n_high + [1] * (len(msgs) - n_high)
+    for bt, m in zip(batches, msgs, strict=True):
+        prio = 7 if m == 2 else 0
+        assert bt.tos == (8 * prio) << 2 | 0b10  # DSCP CSx, ECT(0): protected
+        assert bt.dst == 1
+        assert all(d[28] >> 5 == prio and not is_droppable(d) for d in datagrams(bt))
+
+
+@pytest.mark.parametrize("tos_map", [TosMap(), TosMap((1, 3, 5, 7, 9, 11, 13, 63), 0b01, 0b11)])
+def test_batches_go_in_class_order_and_carry_the_class_tos(tos_map: TosMap) -> None:
+    cfg = config(
+        pacer="unpaced",
+        batch_packets=8,
+        tos=tos_map,
+        classifier="combined",
+        classifier_options={"drop_fraction": 0.3},
+    )
+    a, _ = sessions(cfg=cfg)
+    n = 20000
+    a.send_message(1, gradient(n, 23), step=0, msg=0, now=0.0, segments=layer_segments(n, 8))
+    batches = data_batches(a.datagrams_to_send(now=0.0, max_batches=1000))
+    keys = []
+    for bt in batches:
+        ds = datagrams(bt)
+        prio, drop = ds[0][28] >> 5, is_droppable(ds[0])
+        assert all((d[28] >> 5, is_droppable(d)) == (prio, drop) for d in ds)
+        dscp = tos_map.dscp[prio]
+        ecn = tos_map.ecn_droppable if drop else tos_map.ecn_protected
+        assert bt.tos == dscp << 2 | ecn
+        keys.append((-prio, drop))
+    assert keys == sorted(keys)  # highest class first, protected before drop-eligible
+    assert len(set(keys)) == 16  # all 8 classes, both kinds
+    assert sum(bt.count for bt in batches) == -(-n * 4 // CHUNK)
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def test_batches_are_sprayed_over_all_paths() -> None:
+    cfg = config(pacer="unpaced", batch_packets=4, n_paths=4)
+    a, _ = sessions(cfg=cfg)
+    a.send_message(1, gradient(8000, 24), step=0, msg=0, now=0.0)
+    batches = data_batches(a.datagrams_to_send(now=0.0, max_batches=1000))
+    assert {bt.path for bt in batches} == {0, 1, 2, 3}
+    for bt in batches:
+        assert all(d[31] == bt.path for d in datagrams(bt))
+    counts = np.bincount([bt.path for bt in batches], minlength=4)
+    assert counts.max() - counts.min() <= 1  # equal weights: round robin
+
+
+def test_lossy_path_loses_its_share() -> None:
+    cfg = config(batch_packets=4, n_paths=4)
+    a, b = sessions(cfg=cfg)
+    link = LossyLink([a, b], loss=[0.0, 0.0, 0.5, 0.0], seed=25)
+    shares = []
+    now = 0.0
+    for m in range(6):
+        before = dict(link.stats.per_path_sent)
+        a.send_message(1, gradient(8000, 25 + m), step=m, msg=0, now=now)
+        now = link.run(start=now)
+        after = link.stats.per_path_sent
+        sent = np.array([after.get(i, 0) - before.get(i, 0) for i in range(4)], float)
+        shares.append(sent / sent.sum())
+    assert len(events(link, MessageReceived)) == 6 and not events(link, MessageFailed)
+    assert shares[0][2] == pytest.approx(0.25, abs=0.06)  # equal until loss is seen
+    last = shares[-1]
+    others = np.delete(last, 2)
+    assert last[2] < 0.5 * others.min()
+    weights = a._peers[1].paths.effective_weights
+    assert weights[2] < 0.5 * np.delete(weights, 2).min()
+
+
+# ----------------------------------------------------------------------------- rate feedback
+
+
+class BottleneckLink(LossyLink):
+    """Delivers data no faster than ``rate`` bytes/s (one serialising queue), and
+    records every control datagram."""
+
+    def __init__(self, sessions: list[Session], rate: float, **kw: object) -> None:
+        super().__init__(sessions, **kw)  # type: ignore[arg-type]
+        self.rate = rate
+        self.free_at = 0.0
+        self.control: list[tuple[float, int, bytes]] = []
+
+    def transmit(self, src: int, item: DataBatch | ControlDatagram, *, now: float) -> None:
+        if isinstance(item, ControlDatagram):
+            self.control.append((now, item.dst, item.data))
+            super().transmit(src, item, now=now)
+            return
+        for d in datagrams(item):
+            self.free_at = max(self.free_at, now) + len(d) / self.rate
+            self.stats.data_sent += 1
+            self._order += 1
+            heapq.heappush(self._queue, (self.free_at + self.delay, self._order, item.dst, d))
+
+
+def test_sender_paces_to_the_rate_the_receiver_measures() -> None:
+    cfg = config(payload_bytes=1024, rate_interval=0.0005)
+    a, b = sessions(cfg=cfg)
+    bottleneck = 50e6  # bytes/s, far below the pacer's initial 1.25 GB/s
+    link = BottleneckLink([a, b], bottleneck, seed=26)
+    xs = [gradient(100_000, 26 + i) for i in range(3)]
+    for i, x in enumerate(xs):
+        a.send_message(1, x, step=0, msg=i, now=0.0)
+    link.run()
+    for i, x in enumerate(xs):
+        (got,) = [e for e in events(link, MessageReceived) if e.msg == i]
+        assert same_bits(got.data, x)
+    rates = []
+    for _t, dst, raw in link.control:
+        if raw[0] & 0x0F == 5:
+            fb = decode_control(raw, job=JOB)
+            assert isinstance(fb, RateFeedback) and dst == 0 and fb.src == 1
+            assert fb.interval_us == 500
+            rates.append(fb.bytes_per_s)
+    assert len(rates) > 10
+    # the receiver measures the bottleneck ...
+    assert np.median(rates) == pytest.approx(bottleneck, rel=0.2)
+    # ... and the sender's pacer follows it down from its initial 1.25 GB/s
+    rate = a._peers[1].pacer.rate
+    assert bottleneck <= rate <= 2 * bottleneck
+
+
+def test_rate_feedback_raises_the_pacer_rate() -> None:
+    a, _ = sessions()
+    a.send_message(1, gradient(1000, 27), step=0, msg=0, now=0.0)
+    before = a._peers[1].pacer.rate
+    fb = RateFeedback(0, 0, 1, bytes_per_s=int(4e9), interval_us=5000)
+    a.receive_datagram(encode_control(fb, job=JOB), now=0.001)
+    assert a._peers[1].pacer.rate == pytest.approx(1.25 * 4e9)
+    assert a._peers[1].pacer.rate > before
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def test_data_and_control_from_unknown_peers_are_ignored() -> None:
+    cfg = config(finish_timeout=0.01, finish_retries=3)
+    stranger = Session(rank=7, job=JOB, config=cfg)
+    b = Session(rank=1, job=JOB, config=cfg, peers={0, 1})
+    stranger.send_message(1, gradient(3000, 28), step=0, msg=0, now=0.0)
+    link = LossyLink([stranger, b], seed=28)
+    link.run()
+    assert not events(link, MessageReceived)
+    (failed,) = events(link, MessageFailed, 7)
+    assert failed.peer_timeout
+    assert b.stats.rejected == {"unknown_peer": b.stats.datagrams_in}
+    assert b.stats.datagrams_in == link.stats.data_sent + link.stats.control_sent
+    with pytest.raises(ValueError, match="rank 7"):
+        b.send_message(7, gradient(10, 0), step=0, msg=0, now=0.0)
+    with pytest.raises(ValueError, match="rank 7"):
+        b.expect_message(7, step=0, msg=0)
+    with pytest.raises(ValueError, match="rank 1"):
+        b.send_message(1, gradient(10, 0), step=0, msg=0, now=0.0)
+
+
+# ----------------------------------------------------------------------------- authentication
+
+
+def test_authenticated_transfer() -> None:
+    cfg = config(authenticate=True)
+    a, b = sessions(cfg=cfg, key=KEY)
+    x = gradient(10000, 29)
+    a.send_message(1, x, step=0, msg=0, now=0.0)
+    b.send_message(0, x[::-1].copy(), step=0, msg=0, now=0.0)
+    link = LossyLink([a, b], loss=0.05, reorder=True, seed=29)
+    link.run()
+    assert same_bits(only_received(link, 1).data, x)
+    assert same_bits(only_received(link, 0).data, x[::-1])
+    assert not a.stats.rejected and not b.stats.rejected
+
+
+def test_tampered_and_forged_datagrams_are_rejected_under_authentication() -> None:
+    cfg = config(authenticate=True)
+    a, b = sessions(cfg=cfg, key=KEY)
+    x = gradient(10000, 30)
+    a.send_message(1, x, step=3, msg=1, now=0.0)
+    captured: list[bytes] = []
+
+    def steal(d: bytes) -> bool:  # seq 5 of round 0 is lost on the way ...
+        if seq_of(d) == 5 and not is_retransmit(d):
+            captured.append(d)
+            return True
+        return False
+
+    link = LossyLink([a, b], seed=30, drop_filter=steal)
+    now = link.run(stop_when=lambda _: bool(captured))
+    # ... and an attacker delivers it with a flipped payload byte instead
+    tampered = bytearray(captured[0])
+    tampered[40] ^= 0x01
+    b.receive_datagram(bytes(tampered), now=now)
+    # forged control messages: a STOP that would end the transfer early, an ABORT
+    wrong_key = bytes(32)
+    stop = Stop(3, 1, 1, received_elems=10000)
+    a.receive_datagram(encode_control(stop, job=JOB, key=wrong_key), now=now)
+    a.receive_datagram(encode_control(stop, job=JOB), now=now)  # no tag at all
+    abort = Abort(3, 1, 0, reason=AbortReason.CANCELLED)
+    forged = bytearray(encode_control(abort, job=JOB, key=KEY))
+    forged[11] ^= 0x02  # src 0 -> 2 after signing
+    b.receive_datagram(bytes(forged), now=now)
+    link.run(start=now)
+
+    assert b.stats.rejected == {"auth_failed": 2}
+    assert a.stats.rejected == {"auth_failed": 1, "auth_required": 1}
+    got = only_received(link)
+    assert same_bits(got.data, x)
+    assert got.report.retransmitted_chunks == 1
+    assert only_delivered(link).report.acknowledged_elems == len(x)
+
+
+def test_session_with_another_key_accepts_nothing() -> None:
+    cfg = config(authenticate=True, finish_timeout=0.01, finish_retries=3)
+    a = Session(rank=0, job=JOB, config=cfg, key=KEY)
+    b = Session(rank=1, job=JOB, config=cfg, key=bytes(reversed(KEY)))
+    a.send_message(1, gradient(3000, 31), step=0, msg=0, now=0.0)
+    link = LossyLink([a, b], seed=31)
+    link.run()
+    assert b.stats.datagrams_in > 0
+    assert b.stats.rejected == {"auth_failed": b.stats.datagrams_in}
+    assert not events(link, MessageReceived)
+    (failed,) = events(link, MessageFailed, 0)
+    assert failed.peer_timeout
+
+
+def test_unauthenticated_session_is_refused_by_an_authenticating_one() -> None:
+    plain = Session(rank=0, job=JOB, config=config(finish_timeout=0.01, finish_retries=2))
+    b = Session(rank=1, job=JOB, config=config(authenticate=True), key=KEY)
+    plain.send_message(1, gradient(2000, 32), step=0, msg=0, now=0.0)
+    link = LossyLink([plain, b], seed=32)
+    link.run()
+    assert b.stats.rejected == {"auth_required": b.stats.datagrams_in}
+    assert not events(link, MessageReceived)
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+
+def test_last_chunk_claiming_offset_zero_with_a_nonzero_seq_is_rejected() -> None:
+    """The first packet of a message decides its chunk size (offset / seq for the
+    LAST chunk); offset 0 with seq 5 would mean chunks of 0 elements."""
+    _, b = sessions()
+    h = DataHeader(
+        job=JOB,
+        step=3,
+        msg=4,
+        seq=5,
+        offset=0,
+        msg_elems=100,
+        payload_len=16,
+        src=0,
+        flags=Flags.LAST,
+    )
+    b.receive_datagram(encode_data(h, bytes(16)), now=0.0)
+    assert b.stats.rejected == {"geometry": 1}
+    b.handle_timer(now=100.0)
+    assert b.next_event() is None
+
+
+def test_finish_announcing_zero_chunks_is_rejected() -> None:
+    """A wire-valid FINISH for 0 chunks must not make the receiver build an
+    invalid NACK (range of 0 chunks) when it NACKs the orphan FINISH."""
+    _, b = sessions()
+    finish = Finish(3, 4, 0, round=0, total_chunks=0, protected_chunks=0)
+    b.receive_datagram(encode_control(finish, job=JOB), now=0.0)
+    b.handle_timer(now=1.0)
+    assert b.stats.rejected == {"geometry": 1}
+    assert b.datagrams_to_send(now=1.0) == []
+
+
+def test_nack_naming_the_whole_sequence_space_resends_the_message_once() -> None:
+    """NACK ranges may name up to 2**32 - 1 chunks; the sender resends what exists
+    instead of materialising the range."""
+    a, b = sessions(cfg=config(classifier="layer"))
+    x = gradient(3000, 33)
+    a.send_message(1, x, step=3, msg=4, now=0.0)
+    link = LossyLink([a, b], seed=33, drop_filter=lambda d: seq_of(d) == 7 and not is_retransmit(d))
+    now = link.run(stop_when=lambda _: b.stats.datagrams_in >= 1)
+    out = [i for i in a.datagrams_to_send(now=now) if isinstance(i, DataBatch)]
+    assert not out  # round 0 is all out: FINISH went, now NACK it with a giant range
+    nack = Nack(3, 4, 1, round=0, needed_elems=0xFFFFFFFF, ranges=((0, 0xFFFFFFFE),))
+    a.receive_datagram(encode_control(nack, job=JOB), now=now)
+    resent = [i for i in a.datagrams_to_send(now=now) if isinstance(i, DataBatch)]
+    assert sum(bt.count for bt in resent) == -(-3000 * 4 // CHUNK)
+    link.run(start=now)
+    assert same_bits(only_received(link).data, x)
+
+
+def test_late_packets_of_an_aborted_message_do_not_restart_it() -> None:
+    """After a sender's ABORT, retransmissions still in flight are ignored rather
+    than starting the message again (which would fail a second time later)."""
+    cfg = config(recv_idle_timeout=0.5)
+    a, b = sessions(cfg=cfg)
+    x = gradient(50000, 34)
+    a.send_message(1, x, step=1, msg=1, now=0.0)
+    link = LossyLink([a, b], reorder=True, seed=34)
+    now = partial_then(link, b)
+    in_flight = sum(d[0] == 0x11 for *_, d in link._queue)  # data still on the way
+    b.receive_datagram(
+        encode_control(Abort(1, 1, 0, reason=AbortReason.CANCELLED), job=JOB), now=now
+    )
+    link.run(start=now, until=now + 0.1)
+    del link.sessions[0]  # the sender is gone too: nothing may keep b busy
+    link.run(start=now + 0.1)
+    (failed,) = events(link, MessageFailed, 1)
+    assert "aborted" in failed.reason
+    assert b.stats.late_packets >= in_flight > 0
+    assert not events(link, MessageReceived)
