@@ -1,0 +1,345 @@
+"""``dlcp.io.Endpoint`` and what crosses the wire: junk and forged datagrams, keyed
+authentication, and the DSCP/ECN byte of each packet class (see test_endpoint.py
+for how the worker processes are run)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.io import Endpoint, EndpointConfig
+from dlcp.io.control import HELLO
+from dlcp.proto.config import ProtocolConfig
+from dlcp.proto.wire import (
+    DATA_HEADER_LEN,
+    Abort,
+    AbortReason,
+    DataHeader,
+    DType,
+    Finish,
+    Flags,
+    Stop,
+    TosMap,
+    decode_data,
+    encode_control,
+    encode_data,
+)
+from tests.integration.endpoint_helpers import (
+    JOB,
+    KEY,
+    MARGIN,
+    WRONG_KEY,
+    LocalStore,
+    assert_exact,
+    plan,
+    recv,
+    root_only,
+    send,
+)
+from tests.integration.peers import MB4, digest, make_data, transfer, workers
+
+# ----------------------------------------------------------------------------- 7. junk
+
+
+def _header(**fields: Any) -> DataHeader:
+    base = {"job": JOB, "step": 0, "msg": 1, "seq": 0, "offset": 0, "msg_elems": 1000,
+            "payload_len": 400, "src": 0}
+    return DataHeader(**{**base, **fields})
+
+
+def _junk_datagrams() -> list[tuple[str, bytes]]:
+    """(reason the receiver must give, datagram): garbage, truncated, foreign and
+    valid-looking-but-wrong datagrams. Those with the real message's key (rank 0,
+    step 0, msg 1) have a geometry no real chunk can have; one is exactly as long
+    as a real full-size datagram, so the kernel and the driver batch it with them."""
+    rng = np.random.default_rng(3)
+    good = encode_data(_header(), bytes(400))
+    full = DATA_HEADER_LEN + ProtocolConfig().chunk_bytes
+    bad_flags = bytearray(good)
+    bad_flags[1] |= 0x80
+    return [
+        ("empty", b""),
+        ("truncated", good[:20]),
+        ("bad_version", b"\x21" + rng.bytes(200)),
+        ("truncated", encode_control(Stop(0, 1, 0, received_elems=5), job=JOB)),  # 20 bytes
+        ("bad_type", encode_control(Finish(0, 1, 0, round=0, total_chunks=1, protected_chunks=1,
+                                           class_chunks=(1,) + (0,) * 15), job=JOB)),
+        ("bad_type", b"\x1f" + rng.bytes(60)),
+        ("wrong_job", encode_data(_header(job=JOB ^ 1), bytes(400))),
+        ("bad_field", bytes(bad_flags)),
+        ("length_mismatch", good[:-3]),
+        ("out_of_bounds", encode_data(_header(offset=900, msg_elems=950), bytes(400))),
+        ("unknown_peer", encode_data(_header(src=9), bytes(400))),
+        ("geometry", encode_data(
+            _header(seq=3, offset=7, msg_elems=MB4, flags=Flags.LAST), bytes(400))),
+        ("geometry", encode_data(
+            _header(seq=5, offset=7, msg_elems=MB4, payload_len=full - DATA_HEADER_LEN,
+                    flags=Flags.LAST), bytes(full - DATA_HEADER_LEN))),
+    ]
+
+
+def _control_junk(host: str, port: int) -> Counter[str]:
+    """Connect junk to the control port; the session reasons it causes."""
+    caused: Counter[str] = Counter()
+    conns = []
+    for hello in (b"GET / HTTP/1.0\r\n\r\n", HELLO.pack(b"DLCP", JOB ^ 1, 0), b""):
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(hello)
+        conns.append(s)
+    # a well-formed hello from a rank that is no peer, then frames that are not
+    # control messages: each is rejected by reason, the connection stays up
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(HELLO.pack(b"DLCP", JOB, 9))
+    for reason, frame in (("bad_version", b"\x32" + bytes(20)), ("truncated", b"\x12\x00"),
+                          ("wrong_job", encode_control(Stop(0, 1, 0, received_elems=1),
+                                                       job=JOB ^ 1))):
+        s.sendall(struct.pack(">I", len(frame)) + frame)
+        caused[reason] += 1
+    conns.append(s)
+    for c in conns:
+        c.close()
+    return caused
+
+
+def test_junk_flood_during_transfer(tmp_path: Path) -> None:
+    ops_tx = [send(1, n=MB4), send(2, n=MB4), send(3, step=1, n=MB4)]
+    ops_rx = [recv(1), recv(2), recv(3, step=1)]
+    junk = _junk_datagrams()
+    sent: Counter[str] = Counter()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def blast(addr: tuple[str, int]) -> None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                while not stop.is_set():
+                    for reason, datagram in junk:
+                        s.sendto(datagram, addr)
+                        sent[reason] += 1
+                    # ~3,000 a second with the transfer's packets: well below what a
+                    # receiver can inspect (~10,000 a second), so the junk cannot crowd
+                    # real packets out of its socket buffer (a flood beyond that is a
+                    # denial of service no receiver survives unscathed)
+                    stop.wait(0.004)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with workers([plan(0, ops_tx), plan(1, ops_rx)], tmp_path) as (a, b):
+        assert b.address is not None
+        host, data_port, control_port = b.address.split()
+        blaster = threading.Thread(target=blast, args=((host, int(data_port)),))
+        blaster.start()
+        try:
+            control_caused = _control_junk(host, int(control_port))
+            before = sum(sent.values())
+            a.say("go"), b.say("go")
+            tx, rx = a.results(30), b.results(30)
+            during = sum(sent.values()) - before
+        finally:
+            stop.set()
+            blaster.join(timeout=10)
+        assert not errors, errors
+        assert a.finish() == b.finish() == []
+    for i, op in enumerate(ops_tx):
+        assert_exact(rx["results"][i], tx["results"][i], op)
+    assert during > 0, "no junk arrived while the transfer was running"
+    rejected = rx["stats"]["rejected"]
+    caused = sent + control_caused
+    assert rx["stats"]["empty_datagrams"] > 0
+    for reason in set(caused) - {"empty"}:
+        # every kind of junk was counted under its reason, and never more often
+        # than it was sent: no genuine packet was rejected alongside it
+        assert 0 < rejected.get(reason, 0) <= caused[reason], (reason, rejected, caused)
+    assert set(rejected) <= set(caused), rejected
+
+
+# ----------------------------------------------------------------------------- 8. auth
+
+
+AUTH = {"authenticate": True}
+
+
+def _forgeries(n: int, chunk_bytes: int) -> list[tuple[str, bytes]]:
+    """Data datagrams for the real message (rank 0, step 0, msg 1) with a real
+    chunk's geometry, that would overwrite real data if they were accepted."""
+    elems = chunk_bytes // 4
+    out = []
+    for seq in range(0, n // elems, 97):
+        h = _header(seq=seq, offset=seq * elems, msg_elems=n, payload_len=chunk_bytes,
+                    dtype=DType.FLOAT32)
+        payload = b"\xff" * chunk_bytes
+        out.append(("auth_failed", encode_data(h, payload, key=WRONG_KEY)))
+        out.append(("auth_required", encode_data(h, payload)))
+        tampered = bytearray(encode_data(h, bytes(chunk_bytes), key=KEY))
+        tampered[DATA_HEADER_LEN + 5] ^= 0x01  # one payload bit after tagging
+        out.append(("auth_failed", bytes(tampered)))
+    return out
+
+
+def test_authenticated_transfer_rejects_forgeries(tmp_path: Path) -> None:
+    op = send(1, n=MB4, seed=77, layers=1)
+    forged = _forgeries(MB4, ProtocolConfig(**AUTH).chunk_bytes)
+    sent: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def forge(addr: tuple[str, int]) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not stop.is_set():
+                for reason, datagram in forged:
+                    s.sendto(datagram, addr)
+                    sent[reason] += 1
+                stop.wait(0.01)  # ~9,000 a second: a rate limit, not readiness
+
+    plans = [plan(0, [op], protocol=AUTH, key=KEY),
+             plan(1, [recv(1, seed=77)], protocol=AUTH, key=KEY)]
+    with workers(plans, tmp_path) as (a, b):
+        assert b.address is not None
+        host, data_port, control_port = b.address.split()
+        forger = threading.Thread(target=forge, args=((host, int(data_port)),))
+        forger.start()
+        # a forged ABORT of the message on the control channel, with the wrong key
+        ctrl = socket.create_connection((host, int(control_port)), timeout=5)
+        try:
+            abort = encode_control(Abort(0, 1, 0, reason=AbortReason.CANCELLED), job=JOB,
+                                   key=WRONG_KEY)
+            ctrl.sendall(HELLO.pack(b"DLCP", JOB, 0) + struct.pack(">I", len(abort)) + abort)
+            a.say("go"), b.say("go")
+            tx, rx = a.results(30), b.results(30)
+        finally:
+            stop.set()
+            forger.join(timeout=10)
+            assert a.finish() == b.finish() == []
+            ctrl.close()
+    assert_exact(rx["results"][0], tx["results"][0], op)
+    rejected = rx["stats"]["rejected"]
+    assert rejected.get("auth_required", 0) > 0
+    assert rejected.get("auth_failed", 0) > 0
+    assert rejected["auth_failed"] <= sent["auth_failed"] + 1  # + the forged ABORT
+    assert set(rejected) <= {"auth_failed", "auth_required"}
+
+
+def test_endpoints_with_different_keys_cannot_talk(tmp_path: Path) -> None:
+    timeout = 3.0
+    plans = [plan(0, [send(1, n=200_000)], protocol=AUTH, key=KEY, timeout=timeout),
+             plan(1, [recv(1, n=200_000)], protocol=AUTH, key=WRONG_KEY, timeout=timeout)]
+    tx, rx = transfer(plans, tmp_path, timeout=timeout + 10)
+    for side, peer in ((tx, 1), (rx, 0)):
+        res = side["results"][0]
+        assert not res["ok"]
+        assert "PeerTimeout" in res["bases"], res
+        assert f"rank {peer}" in res["message"] and "(step 0, msg 1)" in res["message"]
+        assert res["elapsed"] < timeout + MARGIN
+    assert rx["stats"]["rejected"].get("auth_failed", 0) > 0
+
+
+def test_unauthenticated_hello_cannot_cut_off_a_peer() -> None:
+    """A stranger who says hello as rank 0 and hangs up is not rank 0 leaving: only the
+    end of a connection that carried a message passing the session's checks (with
+    authentication, a valid tag) counts as the peer going away."""
+    store = LocalStore()
+    cfg = EndpointConfig(protocol=ProtocolConfig(**AUTH), timeout=5)
+    a = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=KEY)
+    b = Endpoint(1, store=store, world_size=2, job=JOB, config=cfg, key=KEY)
+    try:
+        with socket.create_connection(("127.0.0.1", b.address.control_port), timeout=5) as s:
+            s.sendall(HELLO.pack(b"DLCP", JOB, 0))  # "I am rank 0", then hang up
+        b.stats(), b.stats()  # two trips through b's I/O thread: the hangup is handled
+        x, _ = make_data("float32", 100_000, 5)
+        rfut = b.recv(src=0, msg=1)
+        a.send(x, to=1, msg=1).result(timeout=10)
+        assert digest(rfut.result(timeout=10).data) == digest(x)
+    finally:
+        a.close()
+        b.close()
+
+
+# ----------------------------------------------------------------------------- 9. DSCP/ECN
+
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+
+
+def _open_capture() -> socket.socket:
+    try:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    except (PermissionError, OSError, AttributeError) as exc:
+        pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+    s.bind(("lo", 0))
+    s.settimeout(0.05)
+    return s
+
+
+def _dlcp_datagrams(frame: bytes, port: int) -> list[tuple[int, bytes]]:
+    """(TOS, DLCP datagram) for each datagram of a captured IPv4/UDP frame to
+    ``port`` (a GSO frame on loopback carries many, one after the other)."""
+    ip = frame[14:]
+    if frame[12:14] != b"\x08\x00" or len(ip) < 28 or ip[0] >> 4 != 4 or ip[9] != 17:
+        return []
+    ihl = (ip[0] & 0x0F) * 4
+    if struct.unpack_from(">H", ip, ihl + 2)[0] != port:
+        return []
+    tos, payload, out = ip[1], ip[ihl + 8 :], []
+    while len(payload) >= DATA_HEADER_LEN:
+        size = DATA_HEADER_LEN + struct.unpack_from(">H", payload, 24)[0]
+        size += 16 if payload[1] & Flags.AUTH else 0
+        out.append((tos, payload[:size]))
+        payload = payload[size:]
+    return out
+
+
+@pytest.mark.root
+@root_only
+@pytest.mark.parametrize("gso", ["off", "auto"])
+def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: str) -> None:
+    cap = _open_capture()
+    frames: list[bytes] = []
+    stop = threading.Event()
+
+    def capture() -> None:
+        while not stop.is_set():
+            try:
+                frame, addr = cap.recvfrom(1 << 17)
+            except TimeoutError:
+                continue
+            if addr[2] == PACKET_OUTGOING:
+                frames.append(frame)
+
+    op = send(1, n=MB4, layers=8)
+    try:
+        with workers([plan(0, [op], gso=gso), plan(1, [recv(1)])], tmp_path) as (a, b):
+            assert b.address is not None
+            port = int(b.address.split()[1])
+            thread = threading.Thread(target=capture)
+            thread.start()
+            try:
+                a.say("go"), b.say("go")
+                tx, rx = a.results(30), b.results(30)
+            finally:
+                stop.set()
+                thread.join(timeout=10)
+            assert a.finish() == b.finish() == []
+    finally:
+        cap.close()
+    assert_exact(rx["results"][0], tx["results"][0], op)
+    tos_map = TosMap()
+    seen: Counter[tuple[int, bool]] = Counter()
+    for frame in frames:
+        for tos, datagram in _dlcp_datagrams(frame, port):
+            h, _ = decode_data(datagram, job=JOB)
+            assert tos == tos_map.tos(h.prio, h.drop), (h, hex(tos))
+            seen[(h.prio, h.drop)] += 1
+    assert sum(seen.values()) > 1000, f"captured only {sum(seen.values())} data packets"
+    ecn = {tos_map.tos(prio, drop) & 0x3 for prio, drop in seen}
+    assert ecn == {0b10, 0b00}, "both ECT(0) (protected) and Not-ECT (drop-eligible) expected"
+    assert {prio for prio, _ in seen} == set(range(8)), "8 layers should use all 8 classes"
