@@ -20,7 +20,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .io.config import EndpointConfig
-from .io.endpoint import Endpoint, Store
+from .io.endpoint import Endpoint
+from .io.peers import Store
 
 __all__ = ["JobInfo", "connect", "env_job", "local_address"]
 

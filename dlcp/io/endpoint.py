@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,7 @@ from ..proto.session import (
 from ..proto.wire import DType
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
+from .peers import PeerAddress, Store, store_key
 from .udp import DataSockets
 
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
@@ -60,33 +61,6 @@ log = logging.getLogger("dlcp.io")
 
 Key = tuple[int, int, int]  # (peer, step, msg)
 Segments = Sequence[tuple[int, int, int]]
-
-
-class Store(Protocol):
-    """What DLCP needs of a key-value store (torch.distributed.TCPStore fits)."""
-
-    def set(self, key: str, value: str | bytes) -> None: ...
-
-    def get(self, key: str) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PeerAddress:
-    host: str
-    data_port: int
-    control_port: int
-
-    def encode(self) -> str:
-        return f"{self.host} {self.data_port} {self.control_port}"
-
-    @classmethod
-    def decode(cls, raw: str | bytes) -> PeerAddress:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        try:
-            host, data, ctrl = text.split()
-            return cls(host, int(data), int(ctrl))
-        except ValueError:
-            raise ConfigError(f"malformed peer address {text!r} in the store") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +153,7 @@ class Endpoint:
         self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
         self._addresses.setdefault(rank, self.address)
         if store is not None:
-            store.set(_store_key(job, rank), self.address.encode())
+            store.set(store_key(job, rank), self.address.encode())
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._commands: queue.SimpleQueue[tuple[Callable[[], None], Future[Any]]] = (
@@ -357,7 +331,7 @@ class Endpoint:
             raise ValueError(
                 f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self._addresses)})"
             )
-        addr = PeerAddress.decode(self._store.get(_store_key(self.job, peer)))
+        addr = PeerAddress.decode(self._store.get(store_key(self.job, peer)))
         self._addresses[peer] = addr
         return addr
 
@@ -637,7 +611,3 @@ class Endpoint:
                 break
             if not fut.done():
                 fut.set_exception(error)
-
-
-def _store_key(job: int, rank: int) -> str:
-    return f"dlcp/{job}/addr/{rank}"
