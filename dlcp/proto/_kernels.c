@@ -1,5 +1,5 @@
 /*
- * dlcp.proto._kernels: the two byte-moving loops of the data path, in C.
+ * dlcp.proto._kernels: the byte-moving loops of the data path, in C.
  *
  * Optional accelerator. dlcp/proto/kernels.py falls back to numpy when this module
  * was not built; both give the same bytes (tests/unit/test_kernels.py compares them).
@@ -522,7 +522,171 @@ done:
     return result;
 }
 
+/*
+ * scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems,
+ *             msg_elems, itemsize, received, received_class, stream)
+ *     the receive side's fast path, one pass per record: n datagrams lie back to
+ *     back in buf, stride bytes apart (the last one ends at `total`), each a
+ *     header of len(template) bytes and a payload. Record i is taken when
+ *       - it agrees with `template` (the first record's header, checked by the
+ *         caller) in every bit `mask` sets: same message, same element type;
+ *       - its per-packet fields fit the message geometry: seq < n_chunks,
+ *         offset == seq * chunk_elems, payload_len == the chunk's elements *
+ *         itemsize, datagram length == header + payload_len, and the LAST flag
+ *         set exactly on the last chunk.
+ *     A taken record whose chunk has not arrived (received[seq] == 0) is copied to
+ *     out + offset * itemsize and marked: received[seq] = 1, received_class[seq] =
+ *     tclass >> 4. The first record that is not taken ends the run: the caller
+ *     gives it and the rest to the general path (which names what is wrong).
+ *     Field positions come from `layout`, bytes (flags, seq, offset, payload_len,
+ *     tclass) offsets in the header, and three bit masks (last, retransmit, drop)
+ *     follow; fields are big-endian of 1, 4, 4, 2 and 1 bytes.
+ *     Returns (taken, fresh, fresh_elems, fresh_droppable, fresh_retransmitted,
+ *     payload_bytes): records taken, those that were new, their elements, how many
+ *     of them were drop-eligible or retransmissions, and the payload bytes of all
+ *     taken records (duplicates too: they crossed the network).
+ */
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint32_t be16(const unsigned char *p) { return ((uint32_t)p[0] << 8) | p[1]; }
+
+#define MAX_HEADER 64
+
+static PyObject *scatter_run(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buf_obj, *out_obj, *recv_obj, *cls_obj;
+    Py_ssize_t n, stride, total, chunk_elems, msg_elems, itemsize;
+    const unsigned char *tmpl, *mask, *layout;
+    Py_ssize_t tmpl_len, mask_len, layout_len;
+    int stream;
+    if (!PyArg_ParseTuple(args, "Onnny#y#y#OnnnOOp:scatter_run", &buf_obj, &n, &stride, &total,
+                          &tmpl, &tmpl_len, &mask, &mask_len, &layout, &layout_len, &out_obj,
+                          &chunk_elems, &msg_elems, &itemsize, &recv_obj, &cls_obj, &stream))
+        return NULL;
+    Py_ssize_t hl = tmpl_len;
+    if (hl <= 0 || hl > MAX_HEADER || hl % 8 || mask_len != hl) {
+        PyErr_Format(PyExc_ValueError,
+                     "template and mask must have the same length, a multiple of 8 up to %d "
+                     "(got %zd and %zd)", MAX_HEADER, tmpl_len, mask_len);
+        return NULL;
+    }
+    if (layout_len != 8 || layout[0] >= hl || layout[1] + 4 > hl || layout[2] + 4 > hl ||
+        layout[3] + 2 > hl || layout[4] >= hl) {
+        PyErr_SetString(PyExc_ValueError,
+                        "layout must be 8 bytes: flags, seq, offset, payload_len, tclass offsets "
+                        "inside the header, then the last, retransmit and drop bits");
+        return NULL;
+    }
+    if (n < 0 || stride < hl || chunk_elems <= 0 || msg_elems <= 0 || itemsize <= 0 ||
+        total > n * stride || (n > 0 && total <= (n - 1) * stride)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "need n >= 0, stride >= header, positive geometry, and the last record "
+                        "ending inside its stride");
+        return NULL;
+    }
+    Py_ssize_t n_chunks = (msg_elems + chunk_elems - 1) / chunk_elems;
+    Buf buf = {0}, out = {0}, recv = {0}, cls = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    buf.held = 1;
+    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    out.held = 1;
+    if (PyObject_GetBuffer(recv_obj, &recv.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    recv.held = 1;
+    if (PyObject_GetBuffer(cls_obj, &cls.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    cls.held = 1;
+    if (buf.view.len < total || out.view.len < msg_elems * itemsize ||
+        recv.view.len < n_chunks || cls.view.len < n_chunks || recv.view.itemsize != 1 ||
+        cls.view.itemsize != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "buffers too small: buf %zd < %zd bytes, out %zd < %zd, or the chunk maps "
+                     "(%zd, %zd) hold fewer than %zd one-byte items",
+                     buf.view.len, total, out.view.len, msg_elems * itemsize, recv.view.len,
+                     cls.view.len, n_chunks);
+        goto done;
+    }
+    {
+        const unsigned char *s = (const unsigned char *)buf.view.buf;
+        unsigned char *o = (unsigned char *)out.view.buf;
+        unsigned char *rcv = (unsigned char *)recv.view.buf;
+        unsigned char *rcls = (unsigned char *)cls.view.buf;
+        const int f_flags = layout[0], f_seq = layout[1], f_off = layout[2], f_len = layout[3],
+                  f_cls = layout[4];
+        const unsigned last_bit = layout[5], retx_bit = layout[6], drop_bit = layout[7];
+        uint64_t want[MAX_HEADER / 8], bits[MAX_HEADER / 8];
+        const int words = (int)(hl / 8);
+        for (int w = 0; w < words; w++) {
+            uint64_t t, m;
+            memcpy(&t, tmpl + 8 * w, 8);
+            memcpy(&m, mask + 8 * w, 8);
+            want[w] = t & m;
+            bits[w] = m;
+        }
+        Py_ssize_t i = 0, fresh = 0, fresh_drop = 0, fresh_retx = 0;
+        long long fresh_elems = 0, payload_bytes = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (; i < n; i++) {
+            const unsigned char *r = s + i * stride;
+            Py_ssize_t len = i + 1 < n ? stride : total - i * stride;
+            if (len < hl)
+                break;
+            int same = 1;
+            for (int w = 0; w < words; w++) {
+                uint64_t v;
+                memcpy(&v, r + 8 * w, 8);
+                same &= (v & bits[w]) == want[w];
+            }
+            if (!same)
+                break;
+            uint32_t seq = be32(r + f_seq);
+            if ((Py_ssize_t)seq >= n_chunks)
+                break;
+            long long start = (long long)seq * chunk_elems;
+            long long elems = msg_elems - start < chunk_elems ? msg_elems - start : chunk_elems;
+            uint32_t payload = be16(r + f_len);
+            unsigned flags = r[f_flags];
+            if ((long long)be32(r + f_off) != start || (long long)payload != elems * itemsize ||
+                len != hl + (Py_ssize_t)payload ||
+                ((flags & last_bit) != 0) != ((Py_ssize_t)seq == n_chunks - 1))
+                break;
+            payload_bytes += payload;
+            if (rcv[seq])
+                continue; /* a duplicate: counted by the caller, never rewritten */
+            copy_row((char *)o + start * itemsize, (const char *)r + hl, payload, stream);
+            rcv[seq] = 1;
+            rcls[seq] = (unsigned char)(r[f_cls] >> 4);
+            fresh++;
+            fresh_elems += elems;
+            fresh_drop += (r[f_cls] & drop_bit) != 0;
+            fresh_retx += (flags & retx_bit) != 0;
+        }
+#if defined(__SSE2__)
+        if (stream)
+            _mm_sfence();
+#endif
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("nnLnnL", i, fresh, fresh_elems, fresh_drop, fresh_retx,
+                               payload_bytes);
+    }
+done:
+    buf_release(&cls);
+    buf_release(&recv);
+    buf_release(&out);
+    buf_release(&buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"scatter_run", scatter_run, METH_VARARGS,
+     "scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems, msg_elems, "
+     "itemsize, received, received_class, stream): check and scatter a run of one message's "
+     "datagrams in one pass (see the module source)."},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(dst, dst_stride, head_bytes, dst_rows, src, src_stride, src_rows, n, "
      "nbytes, template, fields, stream): build records, header and payload in one pass "

@@ -31,7 +31,7 @@ from .wire import (
     auth_tag,
 )
 
-__all__ = ["ParsedBatch", "parse_batch"]
+__all__ = ["SHARED_HEADER_MASK", "ParsedBatch", "parse_batch"]
 
 UInt8Array: TypeAlias = npt.NDArray[np.uint8]
 
@@ -96,7 +96,7 @@ def parse_batch(
     payloads = records[:, DATA_HEADER_LEN:]
     # one gather of the headers into a compact, native-endian array: every later
     # field access is then a cheap contiguous read, not a strided byte swap
-    headers, shared = unpack_uniform(records, HEADER_DTYPE, _SHARED_MASK_BYTES)
+    headers, shared = unpack_uniform(records, HEADER_DTYPE, SHARED_HEADER_MASK)
     if shared and _uniform_and_valid(
         headers, lengths, job=job, auth=key is not None or require_auth
     ):
@@ -112,7 +112,7 @@ def parse_batch(
 # the reserved flag bits and AUTH (a sender tags all its packets or none), job,
 # step, msg, msg_elems, src, dtype, bound. Every multi-byte field is masked whole
 # or not at all, so the mask reads the same on wire-order and native-order headers.
-_SHARED_MASK_BYTES: Final = (
+SHARED_HEADER_MASK: Final = (
     bytes([0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])  # ver_type flags job step
     + bytes([0xFF, 0xFF, 0, 0, 0, 0, 0, 0])  # msg layer seq
     + bytes([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF])  # offset msg_elems
@@ -130,7 +130,7 @@ def _uniform_and_valid(
     """Fast path for the usual batch: packets of one message, all valid.
 
     For records that share the message-wide bytes of record 0 (the caller checked
-    that with :data:`_SHARED_MASK_BYTES` while unpacking them), checks with a
+    that with :data:`SHARED_HEADER_MASK` while unpacking them), checks with a
     handful of vectorised operations that record 0 passes every rule and that the
     per-packet fields (lengths, offsets) are right. False means "look closer":
     :func:`_validate` then gives each record its exact reason.

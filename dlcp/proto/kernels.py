@@ -1,6 +1,7 @@
 """Row copies between strided byte buffers: the packetizer's gather (tensor rows
 into records, in send order) and the reassembler's scatter (record payloads into
-the tensor, in arrival order).
+the tensor, in arrival order), and the receive fast path that checks a run of
+one message's datagrams and scatters it in the same pass (:func:`scatter_run`).
 
 Two implementations give the same bytes: the C accelerator ``dlcp.proto._kernels``
 (built by ``pip install`` when a C compiler is there; it copies each row with one
@@ -24,6 +25,7 @@ __all__ = [
     "copy_rows",
     "flat_rows",
     "gather_records",
+    "scatter_run",
     "streams",
     "unpack_records",
     "unpack_uniform",
@@ -156,8 +158,18 @@ def gather_records(
             for name, values in fields.items()
         ]
         _accel.gather_records(
-            flat, stride, head, _rows(dst_rows), src, src_stride, _rows(src_rows), n, nbytes,
-            template.astype(wire).tobytes(), spec, stream,
+            flat,
+            stride,
+            head,
+            _rows(dst_rows),
+            src,
+            src_stride,
+            _rows(src_rows),
+            n,
+            nbytes,
+            template.astype(wire).tobytes(),
+            spec,
+            stream,
         )
         return
     rows = np.arange(n, dtype=np.int64) if dst_rows is None else dst_rows[:n]
@@ -167,9 +179,67 @@ def gather_records(
         h[name] = values[rows]
     records[rows, :head] = h.astype(wire).view(np.uint8).reshape(-1, head)
     copy_rows(
-        flat, head, stride, dst_rows, src, 0, src_stride, src_rows, n, nbytes,
-        stream=stream, accelerated=False,
+        flat,
+        head,
+        stride,
+        dst_rows,
+        src,
+        0,
+        src_stride,
+        src_rows,
+        n,
+        nbytes,
+        stream=stream,
+        accelerated=False,
     )
+
+
+def scatter_run(
+    buf: UInt8Array,
+    segment_size: int,
+    template: bytes,
+    mask: bytes,
+    layout: bytes,
+    out: UInt8Array,
+    chunk_elems: int,
+    msg_elems: int,
+    itemsize: int,
+    received: npt.NDArray[np.bool_],
+    received_class: UInt8Array,
+    *,
+    stream: bool,
+) -> tuple[int, int, int, int, int, int]:
+    """The receive fast path over the datagrams of ``buf`` (``segment_size`` apart,
+    the last possibly shorter): check each against the message and copy the new
+    ones into ``out``, in one pass, up to the first record that does not fit (see
+    ``scatter_run`` in ``_kernels.c``). Returns ``(taken, fresh, fresh_elems,
+    fresh_droppable, fresh_retransmitted, payload_bytes)``.
+
+    Without the C accelerator nothing is taken (``taken == 0``): the general path
+    (:func:`dlcp.proto.batch.parse_batch` and ``Reassembler.scatter``) then does
+    the same work with numpy, and ``tests/unit/test_receive_run.py`` checks that
+    both paths end in the same state.
+    """
+    if _accel is None or not ACCELERATED:
+        return 0, 0, 0, 0, 0, 0
+    n = -(-len(buf) // segment_size)
+    result: tuple[int, int, int, int, int, int] = _accel.scatter_run(
+        buf,
+        n,
+        segment_size,
+        len(buf),
+        template,
+        mask,
+        layout,
+        out,
+        chunk_elems,
+        msg_elems,
+        itemsize,
+        received,
+        received_class,
+        stream,
+    )
+    return result
 
 
 def _c_ints(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
-from .kernels import copy_rows, flat_rows, streams
-from .wire import DType, Finish, Flags
+from .kernels import copy_rows, flat_rows, scatter_run, streams
+from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Finish, Flags
 
 __all__ = ["GeometryError", "LossReport", "Reassembler"]
 
@@ -38,6 +39,24 @@ N_CLASSES = 16  # 8 priorities x {protected, drop-eligible}, index prio * 2 + dr
 
 _LAST = int(Flags.LAST)
 _RETRANSMIT = int(Flags.RETRANSMIT)
+
+
+def _run_layout() -> bytes:
+    """Where the fast path finds the per-packet fields (see ``scatter_run``)."""
+    fields = HEADER_DTYPE.fields
+    assert fields is not None
+    sizes = {"flags": 1, "seq": 4, "offset": 4, "payload_len": 2, "tclass": 1}
+    offsets = []
+    for name, size in sizes.items():
+        dtype, offset = fields[name][:2]
+        assert dtype.itemsize == size, f"the fast path reads {name} as {size} bytes"
+        offsets.append(offset)
+    return bytes([*offsets, _LAST, _RETRANSMIT, _DROP_BIT])
+
+
+#: tclass bit of a drop-eligible packet (tclass's high nibble is prio * 2 + drop)
+_DROP_BIT = 0x10
+_RUN_LAYOUT = _run_layout()
 
 
 class GeometryError(ValueError):
@@ -210,9 +229,46 @@ class Reassembler:
         self.received[seq] = True
         self.received_class[seq] = tclass >> 4  # prio * 2 + drop: tclass's high nibble
         self.received_elems += int(elems.sum())
-        self.received_protected += n_fresh - int(np.count_nonzero(tclass & 0x10))
+        self.received_protected += n_fresh - int(np.count_nonzero(tclass & _DROP_BIT))
         self.retransmitted += int(np.count_nonzero(flags & _RETRANSMIT))
         return n_fresh
+
+    def scatter_run(
+        self, buf: UInt8Array, segment_size: int, *, dtype_byte: int, msg_elems: int, now: float
+    ) -> tuple[int, int, int]:
+        """The fast path for a run of this message's datagrams straight off the
+        wire (``segment_size`` apart): checks and writes them in one pass, up to the
+        first one that is not a well-formed packet of this message with the same
+        message-wide header bytes as the first. ``dtype_byte`` and ``msg_elems``
+        are the first datagram's; the caller checked its version, type, job and
+        flags. Returns ``(taken, fresh, payload_bytes)``: the leading datagrams
+        handled (the caller passes the rest to :meth:`scatter` by way of
+        ``parse_batch``), how many were new, and the payload bytes of the taken ones.
+        Takes nothing without the C accelerator.
+        """
+        if dtype_byte != self._dtype_byte or msg_elems != self.msg_elems:
+            return 0, 0, 0
+        taken, fresh, elems, droppable, retransmitted, payload_bytes = scatter_run(
+            buf,
+            segment_size,
+            bytes(buf[:DATA_HEADER_LEN]),
+            SHARED_HEADER_MASK,
+            _RUN_LAYOUT,
+            self._bytes,
+            self.chunk_elems,
+            self.msg_elems,
+            self.dtype.itemsize,
+            self.received,
+            self.received_class,
+            stream=streams(len(self._bytes)),
+        )
+        if taken:
+            self.last_activity = now
+            self.received_elems += elems
+            self.received_protected += fresh - droppable
+            self.retransmitted += retransmitted
+            self.duplicates += taken - fresh
+        return taken, fresh, payload_bytes
 
     def misfits(self, headers: npt.NDArray[np.void]) -> BoolArray:
         """Which of ``headers`` disagree with the message geometry (the packets
@@ -247,7 +303,16 @@ class Reassembler:
             # do not say so: a batch in send order can permute a contiguous range.
             if int(seq[-1]) - first == len(seq) - 1 and bool((seq[1:] > seq[:-1]).all()):
                 copy_rows(
-                    self._bytes, first * cb, cb, None, src, 0, src_stride, None, len(seq), cb,
+                    self._bytes,
+                    first * cb,
+                    cb,
+                    None,
+                    src,
+                    0,
+                    src_stride,
+                    None,
+                    len(seq),
+                    cb,
                     stream=stream,
                 )
             else:

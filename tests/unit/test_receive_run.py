@@ -1,0 +1,167 @@
+"""The receive fast path (``Session._receive_run``, the C ``scatter_run``) against
+the general path (``parse_batch`` + ``Reassembler.scatter``): for clean runs and
+for runs with duplicates, reordering, retransmissions, corrupted, truncated and
+foreign datagrams, a session with the fast path ends in exactly the state of one
+without it: output bytes, reassembly state, counters, rejects and events."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dlcp.proto import kernels
+from dlcp.proto.events import DataBatch
+from dlcp.proto.session import Session
+from dlcp.proto.wire import DATA_HEADER_LEN, Flags
+from tests.unit.session_helpers import JOB, config
+
+pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+
+STEP, MSG = 3, 5
+
+
+def message_datagrams(n_elems: int, *, seed: int, msg: int = MSG, job: int = JOB) -> list[bytes]:
+    """Every data datagram of one message, in send order (classes mixed: the
+    magnitude classifier marks a share of them drop-eligible)."""
+    cfg = config(classifier="combined")
+    tx = Session(rank=0, job=job, config=cfg)
+    data = np.random.default_rng(seed).standard_normal(n_elems).astype(np.float32)
+    tx.send_message(1, data, step=STEP, msg=msg, now=0.0)
+    out: list[bytes] = []
+    for item in tx.datagrams_to_send(now=0.0, max_batches=1 << 20):
+        if isinstance(item, DataBatch):
+            raw = bytes(item.data)
+            out += [raw[i : i + item.segment_size] for i in range(0, len(raw), item.segment_size)]
+    return out
+
+
+class Pair:
+    """Two receivers fed the same bytes, one with the fast path and one without."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, n_elems: int, *, expect: bool) -> None:
+        self.fast = Session(rank=1, job=JOB, config=config())
+        self.slow = Session(rank=1, job=JOB, config=config())
+        monkeypatch.setattr(self.slow, "_receive_run", lambda *a, **k: 0)
+        self.taken = 0
+        run = self.fast._receive_run
+
+        def counting(*a: object, **k: object) -> int:
+            got = run(*a, **k)  # type: ignore[arg-type]
+            self.taken += got
+            return got
+
+        monkeypatch.setattr(self.fast, "_receive_run", counting)
+        self.outs = []
+        for s in (self.fast, self.slow):
+            out = np.full(n_elems, np.nan, np.float32) if expect else None
+            if expect:
+                s.expect_message(0, step=STEP, msg=MSG, out=out)
+            self.outs.append(out)
+
+    def feed(self, datagrams: list[bytes], segment_size: int) -> None:
+        buf = np.frombuffer(b"".join(datagrams), np.uint8)
+        for s in (self.fast, self.slow):
+            s.receive_batch(buf.copy(), segment_size, now=1.0)
+        self.check()
+
+    def check(self) -> None:
+        f, s = self.fast, self.slow
+        assert dataclasses.asdict(f.stats) == dataclasses.asdict(s.stats)
+        assert f._meter._bytes == s._meter._bytes
+        assert f._incoming.keys() == s._incoming.keys()
+        for key, state in f._incoming.items():
+            a, b = state.reassembler, s._incoming[key].reassembler
+            assert np.array_equal(a.received, b.received)
+            assert np.array_equal(a.received_class, b.received_class)
+            for name in ("received_elems", "received_protected", "retransmitted", "duplicates"):
+                assert getattr(a, name) == getattr(b, name), name
+            # what arrived is the same (unwritten memory of an unexpected message is not)
+            for seq in np.flatnonzero(a.received):
+                at = slice(seq * a.chunk_elems, (seq + 1) * a.chunk_elems)
+                assert a.out[at].tobytes() == b.out[at].tobytes(), seq
+        events_f, events_s = list(f._events), list(s._events)
+        assert len(events_f) == len(events_s)
+        for ef, es in zip(events_f, events_s, strict=True):
+            assert type(ef) is type(es)
+            if hasattr(ef, "report"):
+                assert ef.report == es.report
+                assert ef.data.tobytes() == es.data.tobytes()
+
+
+def test_clean_message_is_taken_by_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 20_000
+    grams = message_datagrams(n, seed=1)
+    seg = len(grams[0])
+    pair = Pair(monkeypatch, n, expect=True)
+    pair.feed(grams[:3], seg)  # starts the message (general path)
+    for i in range(3, len(grams), 17):
+        pair.feed(grams[i : i + 17], seg)
+    # everything after the opening run went through the kernel
+    assert pair.taken == len(grams) - 3
+    assert len(pair.fast._events) == 1
+    assert pair.outs[0] is not None
+    want = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    assert pair.outs[0].tobytes() == want.tobytes()
+
+
+def _mutate(rng: np.random.Generator, run: list[bytes], others: list[bytes]) -> list[bytes]:
+    run = list(run)
+    kind = rng.integers(8)
+    i = int(rng.integers(len(run)))
+    if kind == 0:  # duplicates
+        run.insert(i, run[int(rng.integers(len(run)))])
+    elif kind == 1:  # reordered
+        rng.shuffle(run)  # type: ignore[arg-type]
+    elif kind == 2:  # a header byte corrupted
+        b = bytearray(run[i])
+        b[int(rng.integers(DATA_HEADER_LEN))] ^= 1 << int(rng.integers(8))
+        run[i] = bytes(b)
+    elif kind == 3:  # a payload byte corrupted: not detectable without a tag
+        b = bytearray(run[i])
+        b[DATA_HEADER_LEN + int(rng.integers(len(b) - DATA_HEADER_LEN))] ^= 0xFF
+        run[i] = bytes(b)
+    elif kind == 4:  # a datagram of another message (or job) mid-run
+        run.insert(i, others[int(rng.integers(len(others)))])
+    elif kind == 5:  # retransmission flag
+        b = bytearray(run[i])
+        b[1] |= Flags.RETRANSMIT
+        run[i] = bytes(b)
+    elif kind == 6:  # a garbage datagram of the right size
+        run.insert(i, rng.integers(0, 256, len(run[0]), dtype=np.uint8).tobytes())
+    else:  # the LAST flag flipped
+        b = bytearray(run[i])
+        b[1] ^= Flags.LAST
+        run[i] = bytes(b)
+    return run
+
+
+@pytest.mark.parametrize("expect", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_mutated_runs_end_in_the_same_state(
+    monkeypatch: pytest.MonkeyPatch, seed: int, expect: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    n = 30_011  # a short last chunk
+    grams = message_datagrams(n, seed=seed)
+    others = message_datagrams(4_000, seed=seed + 100, msg=MSG + 1) + message_datagrams(
+        4_000, seed=seed + 200, job=JOB + 1
+    )
+    seg = len(grams[0])
+    others = [g for g in others if len(g) == seg]
+    pair = Pair(monkeypatch, n, expect=expect)
+    pair.feed(grams[:2], seg)
+    at = 2
+    while at < len(grams):
+        size = int(rng.integers(1, 60))
+        run = grams[at : at + size]
+        at += size
+        for _ in range(int(rng.integers(0, 3))):
+            run = _mutate(rng, run, others)
+        # only the last datagram of a run may be short: a GRO read ends there
+        shorts = [g for g in run if len(g) != seg]
+        run = [g for g in run if len(g) == seg] + shorts[:1]
+        if rng.random() < 0.1:  # truncated last datagram
+            run[-1] = run[-1][: int(rng.integers(1, len(run[-1])))]
+        pair.feed(run, seg)
+    # the kernel did take part; what it did not take went the general way
+    assert pair.taken > len(grams) // 2
