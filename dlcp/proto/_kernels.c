@@ -502,8 +502,12 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
             double total = 0.0;
 #if defined(__GNUC__)
             if (c + ahead < n_chunks)
-                for (Py_ssize_t j = 0; j < n_starts; j++)
-                    __builtin_prefetch(chunk + ahead * chunk_elems + st[j]);
+                for (Py_ssize_t j = 0; j < n_starts; j++) {
+                    /* both ends: a block that straddles two lines needs both */
+                    const float *b = chunk + ahead * chunk_elems + st[j];
+                    __builtin_prefetch(b);
+                    __builtin_prefetch(b + block - 1);
+                }
 #endif
             for (Py_ssize_t j = 0; j < n_starts; j++) {
                 const float *b = chunk + st[j];
