@@ -480,21 +480,31 @@ def chunk_layers(
     if n_chunks == 0:
         return ChunkLayers(np.zeros(0, dtype=np.uint16), n_layers)
 
-    # cut the message at every segment and chunk start: each piece lies in one
-    # segment and one chunk; sum piece lengths per (chunk, layer) and take the
-    # largest per chunk
+    # a chunk whose first and last elements lie in one segment takes its layer;
+    # only the few chunks that straddle a segment boundary need the majority rule
     chunk_starts = np.arange(n_chunks, dtype=np.int64) * chunk_elems
-    cuts = np.union1d(starts, chunk_starts)
-    piece_len = np.diff(np.append(cuts, msg_elems))
-    piece_layer = lay[np.searchsorted(starts, cuts, side="right") - 1]
-    piece_chunk = cuts // chunk_elems
-    groups, inverse = np.unique(piece_chunk * n_layers + piece_layer, return_inverse=True)
-    covered = np.bincount(inverse.reshape(-1), weights=piece_len)
-    g_chunk, g_layer = groups // n_layers, groups % n_layers
-    best = np.lexsort((g_layer, -covered, g_chunk))
-    first = best[np.flatnonzero(np.diff(g_chunk[best], prepend=-1))]
-    out = np.zeros(n_chunks, dtype=np.uint16)
-    out[g_chunk[first]] = g_layer[first]
+    chunk_ends = np.minimum(chunk_starts + chunk_elems, msg_elems)
+    first_seg = np.searchsorted(starts, chunk_starts, side="right") - 1
+    last_seg = np.searchsorted(starts, chunk_ends - 1, side="right") - 1
+    out = lay[first_seg].astype(np.uint16)
+    cut = np.flatnonzero(first_seg != last_seg)
+    if len(cut):
+        # one piece per (straddling chunk, segment in it): sum the elements per
+        # (chunk, layer) and take the largest per chunk, the lowest layer on a tie
+        count = last_seg[cut] - first_seg[cut] + 1
+        piece_chunk = np.repeat(cut, count)
+        piece_seg = np.repeat(first_seg[cut] - np.cumsum(count) + count, count) + np.arange(
+            int(count.sum())
+        )
+        piece_len = np.minimum(ends[piece_seg], chunk_ends[piece_chunk]) - np.maximum(
+            starts[piece_seg], chunk_starts[piece_chunk]
+        )
+        groups, inverse = np.unique(piece_chunk * n_layers + lay[piece_seg], return_inverse=True)
+        covered = np.bincount(inverse.reshape(-1), weights=piece_len)
+        g_chunk, g_layer = groups // n_layers, groups % n_layers
+        best = np.lexsort((g_layer, -covered, g_chunk))
+        first = best[np.flatnonzero(np.diff(g_chunk[best], prepend=-1))]
+        out[g_chunk[first]] = g_layer[first]
     return ChunkLayers(out, n_layers)
 
 

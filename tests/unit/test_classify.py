@@ -319,6 +319,34 @@ def test_chunk_layers_short_last_chunk_and_any_order() -> None:
     assert out.n_layers == 4
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=25),
+    layers=st.lists(st.integers(0, 9), min_size=25, max_size=25),
+    chunk=st.integers(1, 30),
+    seed=st.integers(0, 2**16),
+)
+def test_chunk_layers_matches_an_element_by_element_count(
+    lengths: list[int], layers: list[int], chunk: int, seed: int
+) -> None:
+    msg = sum(lengths)
+    if msg == 0:
+        return
+    offsets = np.cumsum([0, *lengths[:-1]])
+    segs = [(int(o), n, layers[i]) for i, (o, n) in enumerate(zip(offsets, lengths))]
+    np.random.default_rng(seed).shuffle(segs)
+    n_chunks = -(-msg // chunk)
+    got = chunk_layers(segs, n_chunks, chunk, msg)
+    # reference: the layer of every element, counted per chunk
+    elem_layer = np.repeat([s[2] for s in sorted(segs)], [s[1] for s in sorted(segs)])
+    want = [
+        int(np.argmax(np.bincount(elem_layer[c * chunk : (c + 1) * chunk], minlength=10)))
+        for c in range(n_chunks)
+    ]
+    assert got.layers.tolist() == want
+    assert got.n_layers == max(layers[: len(lengths)]) + 1
+
+
 def test_chunk_layers_without_segments() -> None:
     no_segments: tuple[list[tuple[int, int, int]] | None, ...] = (None, [])
     for segs in no_segments:
