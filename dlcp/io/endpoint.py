@@ -281,6 +281,7 @@ class Endpoint:
             fut.set_result(
                 {
                     "datagrams_in": s.datagrams_in,
+                    "datagrams_fast": s.datagrams_fast,
                     "bytes_in": s.bytes_in,
                     "packets_out": s.packets_out,
                     "bytes_out": s.bytes_out,

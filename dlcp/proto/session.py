@@ -352,20 +352,31 @@ class Session:
         self._on_control(ctrl, now=now)
 
     def receive_batch(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
-        """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read)."""
+        """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
+        or a run of them), the last one possibly shorter."""
         self._now = max(self._now, now)
         if not self.config.authenticate and segment_size >= DATA_HEADER_LEN:
             taken = self._receive_run(buf, segment_size, now=now)
-            if taken:
-                if taken * segment_size >= len(buf):
-                    return
-                buf = buf[taken * segment_size :]
+            if not taken and self._opens_message(buf):
+                # the first datagram of a message starts it the general way (which
+                # checks it and learns the geometry); the rest can then take the
+                # fast path, however long the run that arrived in one read
+                self._receive_parsed(buf[:segment_size], segment_size, now=now)
+                taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
+            if taken * segment_size >= len(buf):
+                return
+            buf = buf[taken * segment_size :]
+        self._receive_parsed(buf, segment_size, now=now)
+
+    def _receive_parsed(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
+        """The general path: parse and validate every datagram (each gets its
+        exact reason), group them by message and scatter each group."""
         tail = len(buf) % segment_size if segment_size > 0 else 0
         if tail and len(buf) > segment_size:
             # a short last datagram: parse the full ones in place and the short one
             # on its own, rather than copying the whole run into a padded array
-            self.receive_batch(buf[: len(buf) - tail], segment_size, now=now)
-            self.receive_batch(buf[len(buf) - tail :], segment_size, now=now)
+            self._receive_parsed(buf[: len(buf) - tail], segment_size, now=now)
+            self._receive_parsed(buf[len(buf) - tail :], segment_size, now=now)
             return
         parsed = parse_batch(
             buf, segment_size, job=self.job, key=self.key, require_auth=self.config.authenticate
@@ -397,6 +408,20 @@ class Session:
             key = (k >> 48, (k >> 16) & 0xFFFFFFFF, k & 0xFFFF)
             self._receive_group(key, headers[sel], payloads[sel], now=now)
 
+    def _opens_message(self, buf: npt.NDArray[np.uint8]) -> bool:
+        """Whether ``buf`` starts with a datagram of a message not under way and not
+        finished, one that a longer run may follow."""
+        if len(buf) < DATA_HEADER_LEN:
+            return False
+        vt, _, job, step, msg, _, src, _ = _RUN_HEAD.unpack_from(buf.data)
+        key = (src, step, msg)
+        return (
+            vt == _DATA_VT
+            and job == self.job
+            and key not in self._incoming
+            and key not in self._completed
+        )
+
     def _receive_run(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> int:
         """The fast path: the leading datagrams of ``buf`` that belong to a message
         already under way and fit it, checked and written in one pass (the C
@@ -418,6 +443,7 @@ class Session:
         if not taken:
             return 0
         self.stats.datagrams_in += taken
+        self.stats.datagrams_fast += taken
         self.stats.bytes_in += min(len(buf), taken * segment_size)
         self._last_data[src] = now
         self._meter.on_bytes(src, payload_bytes + taken * DATA_HEADER_LEN, now=now)

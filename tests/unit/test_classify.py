@@ -333,7 +333,7 @@ def test_chunk_layers_matches_an_element_by_element_count(
     if msg == 0:
         return
     offsets = np.cumsum([0, *lengths[:-1]])
-    segs = [(int(o), n, layers[i]) for i, (o, n) in enumerate(zip(offsets, lengths))]
+    segs = [(int(o), n, layers[i]) for i, (o, n) in enumerate(zip(offsets, lengths, strict=True))]
     np.random.default_rng(seed).shuffle(segs)
     n_chunks = -(-msg // chunk)
     got = chunk_layers(segs, n_chunks, chunk, msg)

@@ -66,7 +66,10 @@ class Pair:
 
     def check(self) -> None:
         f, s = self.fast, self.slow
-        assert dataclasses.asdict(f.stats) == dataclasses.asdict(s.stats)
+        fast_stats, slow_stats = dataclasses.asdict(f.stats), dataclasses.asdict(s.stats)
+        assert fast_stats.pop("datagrams_fast") == self.taken
+        assert slow_stats.pop("datagrams_fast") == 0
+        assert fast_stats == slow_stats
         assert f._meter._bytes == s._meter._bytes
         assert f._incoming.keys() == s._incoming.keys()
         for key, state in f._incoming.items():
@@ -93,11 +96,11 @@ def test_clean_message_is_taken_by_the_fast_path(monkeypatch: pytest.MonkeyPatch
     grams = message_datagrams(n, seed=1)
     seg = len(grams[0])
     pair = Pair(monkeypatch, n, expect=True)
-    pair.feed(grams[:3], seg)  # starts the message (general path)
-    for i in range(3, len(grams), 17):
+    pair.feed(grams[:300], seg)  # the first datagram starts the message (general path)
+    for i in range(300, len(grams), 17):
         pair.feed(grams[i : i + 17], seg)
-    # everything after the opening run went through the kernel
-    assert pair.taken == len(grams) - 3
+    # everything after the first datagram went through the kernel
+    assert pair.taken == len(grams) - 1
     assert len(pair.fast._events) == 1
     assert pair.outs[0] is not None
     want = np.random.default_rng(1).standard_normal(n).astype(np.float32)
