@@ -81,7 +81,7 @@ def test_lossless_transfer_is_bit_exact_and_fully_acknowledged(dtype: str) -> No
     assert sent.report.chunks == chunks == sent.report.sent_packets
     assert sent.report.retransmitted_packets == 0 and sent.report.rounds == 0
     assert not events(link, MessageFailed)
-    assert a.get_timer() is None or not a._peers[1].outgoing
+    assert a.get_timer() is None or not a._outbox.peers[1].outgoing
 
 
 def test_sender_may_reuse_its_buffer_after_send_message() -> None:

@@ -140,7 +140,7 @@ def test_lossy_path_loses_its_share() -> None:
     last = shares[-1]
     others = np.delete(last, 2)
     assert last[2] < 0.5 * others.min()
-    weights = a._peers[1].paths.effective_weights
+    weights = a._outbox.peers[1].paths.effective_weights
     assert weights[2] < 0.5 * np.delete(weights, 2).min()
 
 
@@ -192,18 +192,18 @@ def test_sender_paces_to_the_rate_the_receiver_measures() -> None:
     # the receiver measures the bottleneck ...
     assert np.median(rates) == pytest.approx(bottleneck, rel=0.2)
     # ... and the sender's pacer follows it down from its initial 1.25 GB/s
-    rate = a._peers[1].pacer.rate
+    rate = a._outbox.peers[1].pacer.rate
     assert bottleneck <= rate <= 2 * bottleneck
 
 
 def test_rate_feedback_raises_the_pacer_rate() -> None:
     a, _ = sessions()
     a.send_message(1, gradient(1000, 27), step=0, msg=0, now=0.0)
-    before = a._peers[1].pacer.rate
+    before = a._outbox.peers[1].pacer.rate
     fb = RateFeedback(0, 0, 1, bytes_per_s=int(4e9), interval_us=5000)
     a.receive_datagram(encode_control(fb, job=JOB), now=0.001)
-    assert a._peers[1].pacer.rate == pytest.approx(1.25 * 4e9)
-    assert a._peers[1].pacer.rate > before
+    assert a._outbox.peers[1].pacer.rate == pytest.approx(1.25 * 4e9)
+    assert a._outbox.peers[1].pacer.rate > before
 
 
 # ----------------------------------------------------------------------------- peers

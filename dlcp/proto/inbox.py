@@ -1,0 +1,481 @@
+"""The receive side of a session: messages coming in from peers.
+
+:class:`Inbox` holds every message this rank is receiving or expecting: the
+reassembler and NACK state of each, what the application said about messages
+that have not arrived yet, and a memory of finished ones (so that late packets
+and repeated FINISHes are recognised). Data datagrams come in through
+:meth:`Inbox.receive`: a run of one message's datagrams takes the one-pass fast
+path (the C kernel's ``scatter_run``), anything else the general path that parses,
+validates and groups every record. The session dispatches FINISH and ABORT for
+incoming messages here and runs its timers (NACKs, completion after the reorder
+grace, orphan FINISHes, rate feedback).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Set
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import FillPolicy
+from .context import ALL_ELEMS, Key, SessionContext
+from .events import MessageFailed, MessageReceived
+from .pacing import RateMeter
+from .reassembler import GeometryError, Reassembler
+from .recovery import ReceiverRecovery
+from .wire import (
+    DATA_HEADER_LEN,
+    VERSION,
+    Abort,
+    AbortReason,
+    DType,
+    Finish,
+    Flags,
+    Nack,
+    PacketType,
+    RateFeedback,
+    Reason,
+    Stop,
+    bound_from_wire,
+    bound_to_wire,
+    parse_batch,
+)
+
+__all__ = ["Inbox"]
+
+#: in Inbox._completed: the message ended here without delivery (it failed, or
+#: the receiver cancelled it), so late packets are ignored (not started as a new
+#: message) and a repeated FINISH is answered with ABORT
+FAILED = -2
+CANCELLED = -1
+
+#: the fields of a data header the receive fast path reads from the first
+#: datagram of a run: ver_type, flags, job, step, msg, msg_elems, src, dtype
+_RUN_HEAD = struct.Struct(">BBHIH2x4x4xI2xHxB")
+_DATA_VT = (VERSION << 4) | PacketType.DATA
+_PER_PACKET_FLAGS = int(Flags.LAST | Flags.RETRANSMIT)
+
+
+@dataclass(slots=True)
+class _Incoming:
+    reassembler: Reassembler
+    recovery: ReceiverRecovery
+    unexpected_bytes: int  # buffer bytes charged against max_unexpected_bytes
+
+
+@dataclass(slots=True)
+class _Expectation:
+    out: npt.NDArray[np.generic] | None
+    p: float | None
+    fill: FillPolicy
+
+
+class Inbox:
+    """Receive state of one rank: every message coming in, from any peer."""
+
+    def __init__(self, ctx: SessionContext, peers: Set[int] | None) -> None:
+        self.config, self.stats = ctx.config, ctx.stats
+        self.rank, self.job, self.key = ctx.rank, ctx.job, ctx.key
+        #: the ranks data may come from (None: any)
+        self.peers = peers
+        self._events = ctx.events
+        self._queue = ctx.queue
+        self._incoming: dict[Key, _Incoming] = {}
+        self._expected: dict[Key, _Expectation] = {}
+        self._completed: OrderedDict[Key, int] = OrderedDict()  # key -> received elems
+        self._orphan_finish: dict[Key, tuple[Finish, float]] = {}
+        self._unexpected_bytes = 0
+        self._meter = RateMeter(self.config.rate_interval)
+        self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
+
+    # ------------------------------------------------------------------ application
+
+    def expect(
+        self,
+        key: Key,
+        *,
+        out: npt.NDArray[np.generic] | None,
+        p: float | None,
+        fill: FillPolicy | None,
+    ) -> None:
+        """Where message ``key`` goes and how strict to be (``Session.expect_message``)."""
+        src, step, msg = key
+        if key in self._completed:
+            how = {FAILED: "failed", CANCELLED: "cancelled"}.get(self._completed[key], "completed")
+            raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
+        if p is not None:
+            bound_to_wire(p)  # validates the range
+        fill = fill or self.config.default_fill
+        if fill is FillPolicy.PREVIOUS and out is None:
+            raise ValueError("fill='previous' needs out= holding the previous values")
+        state = self._incoming.get(key)
+        if state is None:
+            self._expected[key] = _Expectation(out, p, fill)
+            return
+        r = state.reassembler
+        r.fill = fill
+        if p is not None and p < r.bound:
+            r.bound = p
+            r.allowed_loss = int(p * r.msg_elems + 1e-9)
+        if out is not None:
+            r.replace_output(out)
+            self._unexpected_bytes -= state.unexpected_bytes
+            state.unexpected_bytes = 0
+
+    def cancel(self, key: Key) -> bool:
+        """Forget message ``key`` (the receiver cancelled it); True if it was known."""
+        state = self._incoming.pop(key, None)
+        expected = self._expected.pop(key, None)
+        self._orphan_finish.pop(key, None)
+        if state is None and expected is None:
+            return False
+        if state is not None:
+            self._unexpected_bytes -= state.unexpected_bytes
+        self._remember(key, CANCELLED)
+        return True
+
+    # ------------------------------------------------------------------ data
+
+    def receive(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
+        """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
+        or a run of them), the last one possibly shorter."""
+        if not self.config.authenticate and segment_size >= DATA_HEADER_LEN:
+            taken = self._receive_run(buf, segment_size, now=now)
+            if not taken and self._opens_message(buf):
+                # the first datagram of a message starts it the general way (which
+                # checks it and learns the geometry); the rest can then take the
+                # fast path, however long the run that arrived in one read
+                self._receive_parsed(buf[:segment_size], segment_size, now=now)
+                taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
+            if taken:
+                if taken * segment_size >= len(buf):
+                    return
+                buf = buf[taken * segment_size :]
+        self._receive_parsed(buf, segment_size, now=now)
+
+    def _receive_parsed(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
+        """The general path: parse and validate every datagram (each gets its
+        exact reason), group them by message and scatter each group."""
+        tail = len(buf) % segment_size if segment_size > 0 else 0
+        if tail and len(buf) > segment_size:
+            # a short last datagram: parse the full ones in place and the short one
+            # on its own, rather than copying the whole run into a padded array
+            self._receive_parsed(buf[: len(buf) - tail], segment_size, now=now)
+            self._receive_parsed(buf[len(buf) - tail :], segment_size, now=now)
+            return
+        parsed = parse_batch(
+            buf, segment_size, job=self.job, key=self.key, require_auth=self.config.authenticate
+        )
+        n = len(parsed.reasons)
+        self.stats.datagrams_in += n
+        self.stats.bytes_in += len(buf)
+        ok = parsed.ok
+        if not ok.all():
+            counts = np.bincount(parsed.reasons[~ok], minlength=len(Reason))
+            for code in np.flatnonzero(counts):
+                self.stats.reject(Reason(int(code)).name.lower(), int(counts[code]))
+            rows = np.flatnonzero(ok)
+            if len(rows) == 0:
+                return
+            headers, payloads = parsed.headers[rows], parsed.payloads[rows]
+        else:
+            headers, payloads = parsed.headers, parsed.payloads
+        src, step, msg = headers["src"], headers["step"], headers["msg"]
+        if (src == src[0]).all() and (step == step[0]).all() and (msg == msg[0]).all():
+            self._receive_group(
+                (int(src[0]), int(step[0]), int(msg[0])), headers, payloads, now=now
+            )
+            return
+        composite = (src.astype(np.uint64) << 48) | (step.astype(np.uint64) << 16) | msg
+        keys, inverse = np.unique(composite, return_inverse=True)
+        for i, k in enumerate(keys.tolist()):
+            sel = inverse == i
+            key = (k >> 48, (k >> 16) & 0xFFFFFFFF, k & 0xFFFF)
+            self._receive_group(key, headers[sel], payloads[sel], now=now)
+
+    def _opens_message(self, buf: npt.NDArray[np.uint8]) -> bool:
+        """Whether ``buf`` starts with a datagram of a message not under way and not
+        finished, one that a longer run may follow."""
+        if len(buf) < DATA_HEADER_LEN:
+            return False
+        vt, _, job, step, msg, _, src, _ = _RUN_HEAD.unpack_from(buf.data)
+        key = (src, step, msg)
+        return (
+            vt == _DATA_VT
+            and job == self.job
+            and key not in self._incoming
+            and key not in self._completed
+        )
+
+    def _receive_run(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> int:
+        """The fast path: the leading datagrams of ``buf`` that belong to a message
+        already under way and fit it, checked and written in one pass (the C
+        kernel's ``scatter_run``). Returns how many it took; the rest, and anything
+        unusual (a new message, a bad or foreign datagram, authentication), takes
+        the general path, which gives every record its exact reason."""
+        if len(buf) < DATA_HEADER_LEN:
+            return 0
+        vt, flags, job, step, msg, elems, src, dtype = _RUN_HEAD.unpack_from(buf.data)
+        if vt != _DATA_VT or job != self.job or flags & ~_PER_PACKET_FLAGS:
+            return 0
+        key = (src, step, msg)
+        state = self._incoming.get(key)
+        if state is None or (self.peers is not None and src not in self.peers):
+            return 0
+        taken, fresh, payload_bytes = state.reassembler.scatter_run(
+            buf, segment_size, dtype_byte=dtype, msg_elems=elems, now=now
+        )
+        if not taken:
+            return 0
+        self.stats.datagrams_in += taken
+        self.stats.datagrams_fast += taken
+        self.stats.bytes_in += min(len(buf), taken * segment_size)
+        self._last_data[src] = now
+        self._meter.on_bytes(src, payload_bytes + taken * DATA_HEADER_LEN, now=now)
+        if fresh:
+            self._check_complete(key, state, now=now)
+        return taken
+
+    def _receive_group(
+        self,
+        key: Key,
+        headers: npt.NDArray[np.void],
+        payloads: npt.NDArray[np.uint8],
+        *,
+        now: float,
+    ) -> None:
+        n = len(headers)
+        if self.peers is not None and key[0] not in self.peers:
+            self.stats.reject("unknown_peer", n)
+            return
+        self._last_data[key[0]] = now
+        if key in self._completed:
+            self.stats.late_packets += n
+            return
+        state = self._incoming.get(key) or self._start_incoming(key, headers, now=now)
+        if state is None:
+            return
+        try:
+            fresh = state.reassembler.scatter(headers, payloads, now=now)
+        except GeometryError:
+            # only the packets that do not fit are dropped: a forged one batched
+            # with genuine packets (same GRO read) must not take them down with it
+            bad = state.reassembler.misfits(headers)
+            self.stats.reject("geometry", int(np.count_nonzero(bad)))
+            if bad.all():
+                return
+            headers, payloads = headers[~bad], payloads[~bad]
+            n = len(headers)
+            fresh = state.reassembler.scatter(headers, payloads, now=now)
+        wire_bytes = int(headers["payload_len"].astype(np.int64).sum()) + n * DATA_HEADER_LEN
+        self._meter.on_bytes(key[0], wire_bytes, now=now)
+        if fresh:
+            self._check_complete(key, state, now=now)
+
+    def _start_incoming(
+        self, key: Key, headers: npt.NDArray[np.void], *, now: float
+    ) -> _Incoming | None:
+        # the first packet with a consistent geometry of its own decides the
+        # message's; inconsistent ones before it are counted when they misfit
+        for h in headers:
+            try:
+                dtype = DType(int(h["dtype"]) >> 4)
+                msg_elems = int(h["msg_elems"])
+                chunk_elems = Reassembler.chunk_elems_of(
+                    seq=int(h["seq"]),
+                    offset=int(h["offset"]),
+                    payload_elems=int(h["payload_len"]) // dtype.itemsize,
+                    last=bool(h["flags"] & Flags.LAST),
+                    msg_elems=msg_elems,
+                )
+                break
+            except GeometryError:
+                continue
+        else:
+            self.stats.reject("geometry", len(headers))
+            return None
+        want = self._expected.pop(key, None)
+        sender_p = bound_from_wire(int(h["bound"]))
+        p = sender_p if want is None or want.p is None else min(sender_p, want.p)
+        charged = 0
+        if want is None or want.out is None:
+            charged = msg_elems * dtype.itemsize
+            if self._unexpected_bytes + charged > self.config.max_unexpected_bytes:
+                self.stats.reject("unexpected_overflow", len(headers))
+                if want is not None:
+                    self._expected[key] = want
+                return None
+        try:
+            r = Reassembler(
+                dtype=dtype,
+                msg_elems=msg_elems,
+                chunk_elems=chunk_elems,
+                out=None if want is None else want.out,
+                bound=p,
+                fill=self.config.default_fill if want is None else want.fill,
+                now=now,
+            )
+        except (GeometryError, ValueError) as exc:
+            self.stats.reject("geometry", len(headers))
+            if want is not None:
+                self.fail(key, None, f"packet does not fit the expected message: {exc}")
+            return None
+        self._unexpected_bytes += charged
+        state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
+        self._incoming[key] = state
+        orphan = self._orphan_finish.pop(key, None)
+        if orphan is not None:
+            self._apply_finish(key, state, orphan[0], now=now)
+        return state
+
+    def _check_complete(self, key: Key, state: _Incoming, *, now: float) -> None:
+        r = state.reassembler
+        if not r.is_complete():
+            return
+        if r.received_elems < r.msg_elems:
+            # complete by the bound: first let data still in flight behind the
+            # FINISH land, so that nothing that was not lost is reported lost
+            quiet = r.last_activity + self.config.reorder_grace
+            if now < quiet:
+                state.recovery.complete_at = quiet
+                state.recovery.nack_at = None  # the bound is met: no NACK while waiting
+                return
+        report = r.complete(now=now)
+        del self._incoming[key]
+        self._unexpected_bytes -= state.unexpected_bytes
+        self._remember(key, r.received_elems)
+        self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
+        self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
+
+    def _remember(self, key: Key, received: int) -> None:
+        self._completed[key] = received
+        while len(self._completed) > self.config.completed_memory:
+            self._completed.popitem(last=False)
+
+    def _apply_finish(self, key: Key, state: _Incoming, finish: Finish, *, now: float) -> None:
+        if not state.reassembler.on_finish(finish):
+            self.stats.reject("geometry")
+            return
+        self._check_complete(key, state, now=now)
+        if key in self._incoming:
+            state.recovery.on_finish(finish.round, now=now)
+
+    def fail(self, key: Key, state: _Incoming | None, why: str, peer_timeout: bool = False) -> None:
+        if state is not None:
+            self._unexpected_bytes -= state.unexpected_bytes
+        self._remember(key, FAILED)
+        self._events.append(
+            MessageFailed(
+                key[0], key[1], key[2], False, f"receiving from rank {key[0]}: {why}", peer_timeout
+            )
+        )
+
+    def note_idle(self, seconds: float, *, now: float) -> None:
+        """The driver's receive loop waited the ``seconds`` up to ``now`` for
+        datagrams: the rate feedback then tells senders what this receiver could
+        take, not only what it got (see :class:`~dlcp.proto.pacing.RateMeter`)."""
+        self._meter.on_idle(seconds, now=now)
+
+    # ------------------------------------------------------------------ control
+
+    def on_finish(self, key: Key, finish: Finish, *, now: float) -> None:
+        if finish.total_chunks == 0:  # no message has zero chunks (and NACK(0, 0) is invalid)
+            self.stats.reject("geometry")
+            return
+        if key in self._completed:
+            received = self._completed[key]
+            if received in (FAILED, CANCELLED):
+                reason = AbortReason.CANCELLED if received == CANCELLED else AbortReason.GAVE_UP
+                self._queue(key[0], Abort(key[1], key[2], self.rank, reason=reason))
+            else:
+                self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
+            return
+        state = self._incoming.get(key)
+        if state is None:
+            # no data seen yet: FINISH may have overtaken it, or all of it was lost
+            self._orphan_finish[key] = (finish, now + self.config.reorder_grace)
+            return
+        self._apply_finish(key, state, finish, now=now)
+
+    def on_abort(self, key: Key, abort: Abort, *, waiting_only: bool) -> bool:
+        """The sender aborted message ``key``: fail it if it is under way, or if
+        it is only expected and ``waiting_only`` allows (the application waiting
+        for it must hear of it too). True if the ABORT was for an incoming message."""
+        why = f"sender aborted the message ({abort.reason.name.lower()})"
+        if key in self._incoming:
+            self.fail(key, self._incoming.pop(key), why)
+            return True
+        if waiting_only and key in self._expected:
+            # aborted before any of its data arrived
+            del self._expected[key]
+            self._orphan_finish.pop(key, None)
+            self.fail(key, None, why)
+            return True
+        return False
+
+    def expects(self, key: Key) -> bool:
+        """Whether message ``key`` is expected and none of its data arrived yet."""
+        return key in self._expected
+
+    # ------------------------------------------------------------------ timers
+
+    def timers(self) -> list[float]:
+        """When the receive side needs :meth:`handle_timer` (every pending time)."""
+        times = [t for s in self._incoming.values() if (t := s.recovery.timer) is not None]
+        times.extend(deadline for _, deadline in self._orphan_finish.values())
+        meter = self._meter.next_deadline()
+        if meter is not None:
+            times.append(meter)
+        return times
+
+    def handle_timer(self, *, now: float) -> None:
+        for key, state in list(self._incoming.items()):
+            if state.reassembler.is_complete():
+                self._check_complete(key, state, now=now)
+                continue
+            nacks = state.recovery.on_timer(
+                now=now,
+                step=key[1],
+                msg=key[2],
+                src=self.rank,
+                source_active=self._last_data.get(key[0], float("-inf")),
+            )
+            if nacks:
+                for part in nacks:
+                    self._queue(key[0], part)
+            elif state.recovery.failure is not None:
+                del self._incoming[key]
+                self._queue(
+                    key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.PEER_TIMEOUT)
+                )
+                f = state.recovery.failure
+                self.fail(key, state, f.message, f.peer_timeout)
+        for key, (finish, deadline) in list(self._orphan_finish.items()):
+            quiet = self._last_data.get(key[0], float("-inf")) + self.config.reorder_grace
+            if now < quiet:  # this sender's data is still arriving: ours may be behind it
+                self._orphan_finish[key] = (finish, quiet)
+                continue
+            if now >= deadline:
+                del self._orphan_finish[key]
+                self._queue(
+                    key[0],
+                    Nack(
+                        key[1],
+                        key[2],
+                        self.rank,
+                        round=finish.round,
+                        needed_elems=ALL_ELEMS,
+                        ranges=((0, finish.total_chunks),),
+                    ),
+                )
+        if self._meter.due(now=now):
+            interval_us = int(self.config.rate_interval * 1e6)
+            for src, rate in self._meter.sample(now=now).items():
+                self._queue(
+                    src,
+                    RateFeedback(0, 0, self.rank, bytes_per_s=int(rate), interval_us=interval_us),
+                )

@@ -1,0 +1,384 @@
+"""The send side of a session: messages going out to peers.
+
+:class:`Outbox` holds, per destination, the pacer, the path scheduler and every
+message being sent: its chunk table, its records (built once, in send order),
+and its recovery state. It hands out data batches as the pacers allow, highest
+priority class first, sprayed over the paths; it acts on the receiver's STOP,
+NACK and ABORT (retransmitting what a NACK names, from the first round's
+records), and reports each message delivered or failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from .classify import Classifier, make_classifier
+from .context import Key, SessionContext
+from .events import DataBatch, MessageDelivered, MessageFailed, SendReport, Transmit
+from .pacing import Pacer, make_pacer
+from .packetizer import (
+    BufferPool,
+    ChunkTable,
+    MessageId,
+    RecordRun,
+    Segments,
+    build_records,
+    plan_message,
+    record_stride,
+    seal,
+)
+from .paths import PathScheduler, path_loss_from_nack
+from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase
+from .wire import (
+    Abort,
+    AbortReason,
+    ControlMessage,
+    DType,
+    Nack,
+    RateFeedback,
+    Stop,
+    bound_to_wire,
+)
+
+__all__ = ["Outbox"]
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    ident: MessageId
+    table: ChunkTable
+    recovery: SenderRecovery
+    first: RecordRun  # round 0, in send order; source of every retransmission
+    row_of_seq: npt.NDArray[np.int64]
+    run: RecordRun
+    cursor: int = 0
+    path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
+    round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    nack_parts: list[Nack] = field(default_factory=list)
+
+    @property
+    def pending(self) -> bool:
+        return self.recovery.phase is SendPhase.SENDING and self.cursor < len(self.run)
+
+
+@dataclass(slots=True)
+class _Peer:
+    pacer: Pacer
+    paths: PathScheduler
+    outgoing: dict[Key, _Outgoing] = field(default_factory=dict)
+    planned: list[int] = field(default_factory=list)  # paths of the next batches
+
+    def next_path(self) -> int:
+        if self.paths.n_paths == 1:
+            return 0
+        if not self.planned:  # plan a few batches ahead: one scheduler call per 32 batches
+            self.planned = self.paths.assign(32).tolist()[::-1]
+        return self.planned.pop()
+
+    def replan(self) -> None:
+        self.planned.clear()
+
+
+class Outbox:
+    """Send state of one rank: every message going out, to any peer."""
+
+    def __init__(self, ctx: SessionContext) -> None:
+        self.config, self.stats = ctx.config, ctx.stats
+        self.rank, self.job, self.key = ctx.rank, ctx.job, ctx.key
+        self._events = ctx.events
+        self._queue = ctx.queue
+        self._classifier: Classifier = make_classifier(
+            self.config.classifier, **self.config.classifier_kwargs()
+        )
+        #: per destination rank: pacer, paths and the messages to it
+        self.peers: dict[int, _Peer] = {}
+        self._next_peer = 0
+        self._pool = BufferPool()
+
+    # ------------------------------------------------------------------ application
+
+    def send(
+        self,
+        dst: int,
+        data: npt.NDArray[np.generic],
+        *,
+        step: int,
+        msg: int,
+        now: float,
+        segments: Segments | None = None,
+        p: float | None = None,
+        bfloat16: bool = False,
+    ) -> None:
+        """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
+        so the caller may reuse ``data`` as soon as this returns."""
+        key = (dst, step, msg)
+        peer = self.peer(dst)
+        if key in peer.outgoing:
+            raise ValueError(f"message (step {step}, msg {msg}) to rank {dst} is already in flight")
+        dtype = DType.of(data, bfloat16=bfloat16)
+        bound = bound_to_wire(self.config.default_p if p is None else p)
+        data = np.ascontiguousarray(data)
+        table = plan_message(
+            data,
+            dtype,
+            chunk_bytes=self.config.chunk_bytes,
+            classifier=self._classifier,
+            segments=segments,
+            magnitude_sample=self.config.magnitude_sample,
+        )
+        ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
+        order = table.send_order()
+        stride = record_stride(table, authenticate=self.key is not None)
+        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
+        row_of_seq[order] = np.arange(table.n_chunks)
+        first = build_records(
+            data.reshape(-1).view(np.uint8),
+            table,
+            order,
+            ident,
+            authenticate=self.key is not None,
+            buffer=self._pool.take((table.n_chunks, stride)),
+            row_of_seq=row_of_seq,
+        )
+        peer.outgoing[key] = _Outgoing(
+            ident=ident,
+            table=table,
+            recovery=SenderRecovery(table, self.config, now=now),
+            first=first,
+            row_of_seq=row_of_seq,
+            run=first,
+            path_of_seq=np.zeros(table.n_chunks, np.uint8),
+            round_of_seq=np.zeros(table.n_chunks, np.int32),
+        )
+
+    def cancel(self, key: Key) -> bool:
+        """Forget message ``key`` (the sender cancelled it); True if it was known."""
+        peer = self.peers.get(key[0])
+        o = peer.outgoing.pop(key, None) if peer is not None else None
+        if o is None:
+            return False
+        self._pool.give(o.first.records)
+        return True
+
+    def has(self, key: Key) -> bool:
+        """Whether message ``key`` is being sent."""
+        peer = self.peers.get(key[0])
+        return peer is not None and key in peer.outgoing
+
+    # ------------------------------------------------------------------ control
+
+    def on_feedback(self, feedback: RateFeedback, *, now: float) -> None:
+        peer = self.peers.get(feedback.src)
+        if peer is not None:
+            peer.pacer.on_feedback(float(feedback.bytes_per_s), now=now)
+
+    def on_control(self, key: Key, ctrl: ControlMessage, *, now: float) -> None:
+        """STOP, NACK or ABORT from the receiver of message ``key``."""
+        out = self.peers[key[0]].outgoing.get(key) if key[0] in self.peers else None
+        if out is None:
+            self.stats.stale_control += 1
+        elif isinstance(ctrl, Stop):
+            out.recovery.on_stop(ctrl.received_elems)
+            self._finish_outgoing(key, out, now=now)
+        elif isinstance(ctrl, Nack):
+            self._on_nack(key, out, ctrl, now=now)
+        elif isinstance(ctrl, Abort):
+            out.recovery.on_abort(f"receiver aborted the message ({ctrl.reason.name.lower()})")
+            self._finish_outgoing(key, out, now=now)
+
+    def _on_nack(self, key: Key, out: _Outgoing, nack: Nack, *, now: float) -> None:
+        rec = out.recovery
+        if nack.more or out.nack_parts:
+            # a NACK in parts: gather the ranges of this round, act on the last part
+            if out.nack_parts and out.nack_parts[0].round != nack.round:
+                out.nack_parts.clear()
+            out.nack_parts.append(nack)
+            if nack.more and len(out.nack_parts) < MAX_NACK_PARTS:
+                return  # (a peer that never ends its parts is answered after MAX_NACK_PARTS)
+            ranges = tuple(r for part in out.nack_parts for r in part.ranges)
+            out.nack_parts.clear()
+            nack = dataclasses.replace(nack, ranges=ranges, more=False)
+        if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
+            missing = np.concatenate(
+                [
+                    np.arange(f, min(f + c, out.table.n_chunks), dtype=np.int64)
+                    for f, c in nack.ranges
+                ]
+                or [np.zeros(0, np.int64)]
+            )
+            missing = missing[missing < out.table.n_chunks]
+            this_round = np.flatnonzero(out.round_of_seq == rec.round)
+            missing = missing[out.round_of_seq[missing] == rec.round]
+            sent, lost = path_loss_from_nack(
+                out.path_of_seq[this_round],
+                np.searchsorted(this_round, missing),
+                self.config.n_paths,
+            )
+            self.peers[key[0]].paths.on_loss_report(sent, lost)
+            self.peers[key[0]].replan()
+        seqs = rec.on_nack(nack, now=now)
+        if rec.phase is SendPhase.FAILED:
+            self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.GAVE_UP))
+            self._finish_outgoing(key, out, now=now)
+            return
+        if seqs is None:
+            self.stats.stale_control += 1
+            return
+        out.run = build_records(
+            out.first.records,
+            out.table,
+            seqs,
+            out.ident,
+            authenticate=self.key is not None,
+            retransmit=True,
+            source_rows=out.row_of_seq,
+            source_stride=out.first.stride,
+        )
+        out.cursor = 0
+        rec.retransmitted_packets += len(seqs)
+        if len(seqs) == 0:
+            self._round_sent(key, out, now=now)
+
+    def _finish_outgoing(self, key: Key, out: _Outgoing, *, now: float) -> None:
+        rec = out.recovery
+        del self.peers[key[0]].outgoing[key]
+        self._pool.give(out.first.records)
+        if rec.phase is SendPhase.DONE:
+            report = SendReport(
+                msg_elems=out.table.msg_elems,
+                chunks=out.table.n_chunks,
+                sent_packets=rec.sent_packets,
+                retransmitted_packets=rec.retransmitted_packets,
+                rounds=rec.round,
+                acknowledged_elems=rec.received_elems,
+                duration=now - rec.started,
+            )
+            self._events.append(MessageDelivered(key[0], key[1], key[2], report))
+        else:
+            failure = rec.failure
+            assert failure is not None
+            self._events.append(
+                MessageFailed(
+                    key[0],
+                    key[1],
+                    key[2],
+                    True,
+                    f"sending to rank {key[0]}: {failure.message}",
+                    failure.peer_timeout,
+                )
+            )
+
+    # ------------------------------------------------------------------ output
+
+    def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
+        """Append up to ``max_batches`` data batches the pacers allow to ``out``,
+        one destination after another, highest priority class first for each."""
+        dsts = [d for d, p in self.peers.items() if any(o.pending for o in p.outgoing.values())]
+        if not dsts:
+            return
+        start = self._next_peer % len(dsts)
+        self._next_peer += 1
+        budget = max_batches
+        active = dsts[start:] + dsts[:start]
+        while active and budget > 0:
+            still = []
+            for dst in active:  # one batch per destination in turn
+                if budget > 0 and self._next_batch(dst, out, now=now):
+                    budget -= 1
+                    still.append(dst)
+            active = still
+
+    def _next_batch(self, dst: int, out: list[Transmit], *, now: float) -> bool:
+        peer = self.peers[dst]
+        best: tuple[int, Key, _Outgoing] | None = None
+        for key, o in peer.outgoing.items():
+            if o.pending:
+                prio = int(o.run.prio[o.cursor])
+                if best is None or prio > best[0]:
+                    best = (prio, key, o)
+        if best is None:
+            return False
+        _, key, o = best
+        run, start = o.run, o.cursor
+        stop = run.batch_end(start, self.config.batch_packets)
+        nbytes = run.batch_nbytes(start, stop)
+        if peer.pacer.next_send_time(nbytes, now=now) > now:
+            return False
+        seqs = run.seq[start:stop]
+        o.round_of_seq[seqs] = o.recovery.round
+        tos = self.config.tos.tos(int(run.prio[start]), bool(run.drop[start]))
+        spray = self.config.spray_packets
+        # one path per spray batch: stamped and recorded for the whole run at once
+        paths = [peer.next_path() for _ in range(start, stop, spray)]
+        if len(paths) == 1 or peer.paths.n_paths == 1:
+            per_record: int | npt.NDArray[np.uint8] = paths[0]
+        else:
+            per_record = np.repeat(np.asarray(paths, np.uint8), spray)[: stop - start]
+        if peer.paths.n_paths > 1:
+            o.path_of_seq[seqs] = per_record
+        if peer.paths.n_paths > 1 or self.key is not None:  # one path: every stamp is 0
+            seal(run, start, stop, path=per_record, key=self.key)
+        stride = run.stride
+        for path, (count, data) in zip(paths, run.spray_batches(start, stop, spray), strict=True):
+            out.append(DataBatch(dst, path, tos, stride, count, data))
+        peer.pacer.on_sent(nbytes, now=now)
+        self.stats.packets_out += stop - start
+        self.stats.bytes_out += nbytes
+        o.recovery.sent_packets += stop - start
+        o.cursor = stop
+        if stop == len(run):
+            self._round_sent(key, o, now=now)
+        return True
+
+    def _round_sent(self, key: Key, o: _Outgoing, *, now: float) -> None:
+        o.recovery.round_sent(now=now)
+        self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
+
+    # ------------------------------------------------------------------ timers
+
+    def timers(self, *, now: float) -> list[float]:
+        """When the send side needs :meth:`handle_timer` (every pending time):
+        recovery timers, and when each pacer lets the next batch go."""
+        times: list[float] = []
+        for peer in self.peers.values():
+            pending_bytes = 0
+            for o in peer.outgoing.values():
+                if o.recovery.timer is not None:
+                    times.append(o.recovery.timer)
+                if o.pending and not pending_bytes:
+                    stop = o.run.batch_end(o.cursor, self.config.batch_packets)
+                    pending_bytes = o.run.batch_nbytes(o.cursor, stop)
+            if pending_bytes:
+                times.append(peer.pacer.next_send_time(pending_bytes, now=now))
+        return times
+
+    def handle_timer(self, *, now: float) -> None:
+        for dst, peer in list(self.peers.items()):
+            for key, o in list(peer.outgoing.items()):
+                if o.recovery.on_timer(now=now):
+                    self._queue(
+                        dst, o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank)
+                    )
+                elif o.recovery.phase is SendPhase.FAILED:
+                    self._finish_outgoing(key, o, now=now)
+
+    # ------------------------------------------------------------------ helpers
+
+    def path_shares(self, dst: int) -> npt.NDArray[np.float64]:
+        """The share of batches each path to ``dst`` gets now (loss-aware)."""
+        return self.peer(dst).paths.effective_weights
+
+    def peer(self, dst: int) -> _Peer:
+        peer = self.peers.get(dst)
+        if peer is None:
+            cfg = self.config
+            peer = _Peer(
+                make_pacer(cfg.pacer, **cfg.pacer_kwargs()),
+                PathScheduler(cfg.n_paths, cfg.path_weights),
+            )
+            self.peers[dst] = peer
+        return peer
