@@ -20,6 +20,20 @@ works: every host pings every other). Then each router hands forwarding to BMv2:
   thrift CLI (``set_queue_depth``: not a P4Runtime entity);
 * readiness: every host pings every other host again, now through the switches.
 
+While it runs (for the training scenarios of :mod:`.experiments`):
+
+* :func:`bmv2_link_down` fails a link: the switches take the port out of service
+  (thrift ``port_remove``, what a port driver does on loss of carrier: BMv2 stops
+  forwarding on *every* port while one of its interfaces is down, measured), both
+  veth ends go down and, since a P4 switch does not see link state, the controller
+  recomputes every switch's routes without the link and writes the difference over
+  P4Runtime (what a fabric's control plane does on a link failure: the dead member
+  leaves the leaves' ECMP groups, the spine withdraws the hosts behind the link);
+* :func:`bmv2_set_loss` sets the loss-injection probability of one switch (needs
+  ``loss_injection=True``: the ``-DDLCP_LOSS_INJECTION`` build on every switch,
+  probability 0 until set);
+* :func:`bmv2_counters` reads the program's counters over P4Runtime.
+
 BMv2 is a functional model: numbers measured over it are functional, not
 performance. On exit the switches are terminated (each process this module
 started) before the namespaces are removed; the switch logs and sockets live in a
@@ -35,6 +49,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dlcp.switch.policy import SwitchPolicy
 
@@ -42,7 +57,7 @@ from .bmv2 import Bmv2Error, Bmv2Switch, bmv2_switch, missing_bmv2, program_path
 from .netns import NetnsError, _run
 from .topology import Network, Topology, build
 
-__all__ = ["Bmv2Network", "build_bmv2"]
+__all__ = ["Bmv2Network", "bmv2_counters", "bmv2_link_down", "bmv2_set_loss", "build_bmv2"]
 
 THRIFT_PORT = 9090
 
@@ -53,6 +68,15 @@ class Bmv2Network(Network):
 
     switches: dict[str, Bmv2Switch] = field(default_factory=dict)
     log_dir: Path | None = None
+    policy: SwitchPolicy | None = None
+    p4info_path: Path | None = None
+    loss_injection: bool = False
+    #: ``(node, neighbour) -> MAC`` of the interfaces, as the controller uses them
+    macs: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: table entries installed now, per switch
+    entries: dict[str, list[Any]] = field(default_factory=dict)
+    #: links taken down by :func:`bmv2_link_down`
+    down: set[tuple[str, str]] = field(default_factory=set)
 
 
 def _macs(net: Network) -> dict[tuple[str, str], str]:
@@ -122,11 +146,20 @@ def build_bmv2(
     try:
         with build(t, prefix=prefix) as base, ExitStack() as stack:
             net = Bmv2Network(
-                t, base.prefix, base.namespaces, base.ifaces, switches={}, log_dir=log_dir
+                t,
+                base.prefix,
+                base.namespaces,
+                base.ifaces,
+                switches={},
+                log_dir=log_dir,
+                policy=policy,
+                p4info_path=p4info_path,
+                loss_injection=loss_injection,
             )
             for node in t.nodes:
                 _offloads_off(net, node)
-            configs = fabric_config(t, policy, _macs(net))
+            net.macs = _macs(net)
+            configs = fabric_config(t, policy, net.macs)
             for device_id, (router, cfg) in enumerate(configs.items(), start=1):
                 net.run(router, ["sysctl", "-qw", "net.ipv4.ip_forward=0"])
                 ports = {port: net.ifaces[router][nb] for nb, port in cfg.ports.items()}
@@ -144,6 +177,7 @@ def build_bmv2(
                     )
                 )
                 net.switches[router] = sw
+                net.entries[router] = list(cfg.entries)
                 try:
                     configure_switch(
                         addr, device_id, p4info_path, json_path, cfg.entries, timeout=timeout
@@ -167,3 +201,87 @@ def build_bmv2(
         # a failed setup keeps its switch logs (the error names them), if any
         if ready or not any(log_dir.iterdir()):
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _switch(net: Bmv2Network, name: str) -> Bmv2Switch:
+    try:
+        return net.switches[name]
+    except KeyError:
+        raise ValueError(
+            f"{name!r} is not a BMv2 switch of this testbed ({', '.join(net.switches)})"
+        ) from None
+
+
+def bmv2_link_down(net: Bmv2Network, a: str, b: str, *, timeout: float = 30.0) -> None:
+    """Fail link ``a``--``b``: the switch ports out of service, both interfaces
+    down, then the controller routes every switch around it (module doc).
+    Readiness: every pair of hosts that still has a path pings through the
+    switches."""
+    from dlcp.switch.controller import entry_changes, fabric_config, switch_ports, update_switch
+
+    from .impairments import _check_reachable, _iface
+
+    _iface(net, a, b)
+    assert net.policy is not None and net.p4info_path is not None
+    for node, peer in ((a, b), (b, a)):
+        if node in net.switches:
+            net.switches[node].cli(f"port_remove {switch_ports(net.topology, node)[peer]}")
+        net.run(node, ["ip", "link", "set", "dev", net.ifaces[node][peer], "down"])
+    net.down.add((a, b))
+    configs = fabric_config(net.topology, net.policy, net.macs, down=net.down)
+    for name, sw in net.switches.items():
+        changes = entry_changes(net.entries[name], configs[name].entries)
+        assert sw.grpc_addr is not None
+        update_switch(sw.grpc_addr, sw.device_id, net.p4info_path, changes, timeout=timeout)
+        net.entries[name] = list(configs[name].entries)
+    _check_reachable(net)
+
+
+def bmv2_set_loss(net: Bmv2Network, switch: str, percent: float) -> int:
+    """Drop ``percent`` % of the packets ``switch`` forwards (its loss-injection
+    register, in 1/65536 units; the value written is returned). Written through
+    the switch's thrift CLI and read back: BMv2's P4Runtime server answers register
+    writes with UNIMPLEMENTED ("Register writes are not supported yet")."""
+    from dlcp.switch.p4entries import P4Names
+
+    sw = _switch(net, switch)
+    if not net.loss_injection:
+        raise Bmv2Error(
+            "loss injection needs the -DDLCP_LOSS_INJECTION build on the switches "
+            "(build_bmv2(..., loss_injection=True))"
+        )
+    if not 0 <= percent <= 100:
+        raise ValueError(f"loss percent must be in [0, 100], got {percent!r}")
+    value = min(0xFFFF, round(percent / 100 * 65536))
+    sw.cli(f"register_write {P4Names.LOSS_PROBABILITY} 0 {value}")
+    got = sw.register(P4Names.LOSS_PROBABILITY, 0)
+    if got != value:
+        raise Bmv2Error(f"switch {switch}: loss register reads {got} after writing {value}")
+    return value
+
+
+def bmv2_counters(net: Bmv2Network, *, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+    """The program's counters of every switch, read over P4Runtime:
+    ``{switch: {"forwarded": {queue: packets}, "dropped": {queue: packets},
+    "egress": {iface: packets}, "ingress": {iface: packets}, "injected": packets}}``
+    (``dropped``: selective drops; ``injected``: loss injection, 0 without it)."""
+    from dlcp.switch.controller import read_counters
+    from dlcp.switch.p4entries import P4Names
+
+    assert net.p4info_path is not None
+    names = [P4Names.FORWARDED, P4Names.DROPPED_SELECTIVE, P4Names.EGRESS_PORT,
+             P4Names.INGRESS_PORT]  # fmt: skip
+    if net.loss_injection:
+        names.append(P4Names.LOSS_INJECTED)
+    out: dict[str, dict[str, Any]] = {}
+    for name, sw in net.switches.items():
+        assert sw.grpc_addr is not None
+        c = read_counters(sw.grpc_addr, sw.device_id, net.p4info_path, names, timeout=timeout)
+        out[name] = {
+            "forwarded": {q: v[0] for q, v in c[P4Names.FORWARDED].items()},
+            "dropped": {q: v[0] for q, v in c[P4Names.DROPPED_SELECTIVE].items()},
+            "egress": {dev: c[P4Names.EGRESS_PORT][p][0] for p, dev in sw.ports.items()},
+            "ingress": {dev: c[P4Names.INGRESS_PORT][p][0] for p, dev in sw.ports.items()},
+            "injected": c[P4Names.LOSS_INJECTED][0][0] if net.loss_injection else 0,
+        }
+    return out

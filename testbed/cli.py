@@ -65,6 +65,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_experiment_parsers(tsub)
 
 
+_SWITCH_HELP = (
+    "routers: Linux forwarding + tc profile (default), or BMv2 simple_switch_grpc with the "
+    "DLCP P4 program over P4Runtime (functional numbers, not performance)"
+)
+
+
 def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .experiments import ABLATIONS, SCENARIOS
 
@@ -83,6 +89,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
+    run.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     suite = tsub.add_parser("suite", help="every scenario for Gloo and DLCP, then a table")
     suite.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)"
@@ -95,6 +102,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
         help="also run each DLCP ablation on this scenario",
     )
     suite.add_argument("--results", default="results", help="results folder (default results)")
+    suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     plot = tsub.add_parser("plot", help="bar plot (PNG) and table of <results>/testbed.csv")
     plot.add_argument("--results", default="results", help="results folder (default results)")
 
@@ -225,6 +233,7 @@ def _experiments(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             results=args.results,
             ablation_scenario=args.ablations_on,
+            switch=args.switch,
         )
         return 1 if failures else 0
     kw = {} if args.link_rate is None else {"link_rate_mbit": args.link_rate}
@@ -237,6 +246,7 @@ def _experiments(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             results=args.results,
             prefix=args.prefix,
+            switch=args.switch,
             **kw,
         )
     except ValueError as e:

@@ -3,6 +3,7 @@
     dlcp testbed run --scenario loss --transport dlcp --epochs 2
     dlcp testbed run --scenario clean --transport dlcp --ablate spray,bound
     dlcp testbed suite --scenarios clean,loss,background --epochs 2
+    dlcp testbed run --scenario loss --transport dlcp --epochs 1 --switch bmv2
     dlcp testbed plot --results results
 
 Every run builds the default leaf-spine topology (4 hosts, 2 leaves, 2 spines)
@@ -33,6 +34,33 @@ Scenarios:
                 mode, so for Gloo ``incast`` is its ordinary ring all-reduce
                 (the row is the baseline the DLCP PS is compared with).
 
+Over BMv2 (``--switch bmv2``): the routers are ``simple_switch_grpc`` running the
+DLCP P4 program, configured over P4Runtime (:mod:`.bmv2_backend`); the same
+scenarios, made with the switches' own means where the kernel's do not apply
+(BMv2 forwards, not the kernel):
+
+``loss``        the loss-injection build of the program on every switch, 1 % set
+                on spine1 (probability 0 elsewhere): every packet crossing
+                leaf1--spine1 crosses spine1 once, so this is the Linux scenario's
+                1 % per direction; counted by the program's ``injected`` counter.
+``spine-down``  leaf1--spine1 down before training; the controller routes every
+                switch around it (the dead member leaves the leaves' ECMP groups,
+                spine1 withdraws leaf1's hosts), as a fabric's control plane would.
+``background``  the same paced UDP flow, at :data:`BMV2_BACKGROUND_MBIT`: links
+                are not shaped (BMv2's queues have per-priority rates only, no
+                port rate), the software switch's own forwarding rate (about
+                30 Mbit/s of 1200-byte UDP per path, measured on the development
+                machine) is the bottleneck.
+``clean``, ``incast``  as above.
+
+The router counters are the P4 program's, read over P4Runtime: per queue
+(``q0``..``q7``, queue = DLCP class; TCP and other unmarked traffic in ``q0``)
+packets forwarded and selectively dropped, plus ``loss-injected`` and ``other``
+(packets a switch took in and neither forwarded nor counted as dropped: queue
+tail drops, and packets with no route such as ARP). BMv2 is a functional model:
+its numbers are functional, not performance -- the CSV's ``switch`` column says
+``bmv2`` and the printed results say so.
+
 Ablations (DLCP only; ``--ablate`` takes a comma list; default is everything on):
 
 ``spray``     on: ``DLCP_N_PATHS=8`` (8 UDP source ports, ECMP spreads them);
@@ -44,7 +72,7 @@ Ablations (DLCP only; ``--ablate`` takes a comma list; default is everything on)
               drop-eligible). ``priority`` and ``drop`` both off:
               ``DLCP_CLASSIFIER=none``.
 
-Results: ``<results>/<scenario>-<transport>[-no-<ablations>].json`` (the
+Results: ``<results>/<scenario>-<transport>[-no-<ablations>][-bmv2].json`` (the
 example's per-epoch JSON of rank 0 plus the setup, the router counters per
 class -- sent packets and drops summed over every router interface, the
 difference between before and after training -- and the wall time), one row
@@ -67,6 +95,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from .bmv2_backend import Bmv2Network, bmv2_counters, bmv2_link_down, bmv2_set_loss, build_bmv2
 from .impairments import (
     CrossTraffic,
     apply_profile,
@@ -90,12 +119,16 @@ __all__ = [
 ]
 
 SCENARIOS = ("clean", "loss", "background", "spine-down", "incast")
+SWITCHES = ("linux", "bmv2")
 ABLATIONS = ("priority", "drop", "spray", "bound")
 TRANSPORTS = ("dlcp", "gloo")
 MASTER_PORT = 29517
 LINK_RATE_MBIT = 200.0
 BACKGROUND_SHARE = 0.95
 LOSS_PERCENT = 1.0
+#: the background flow over BMv2 (unshaped links; see the module doc)
+BMV2_BACKGROUND_MBIT = 20.0
+FUNCTIONAL_NOTE = "BMv2 is a functional model: its numbers are functional, not performance"
 N_PATHS = 8
 P_BOUND = 0.05
 CSV_NAME = "testbed.csv"
@@ -111,6 +144,7 @@ CSV_FIELDS = (
     "retransmissions",
     "router_drops",
     "wall_s",
+    "switch",
 )
 
 
@@ -124,9 +158,16 @@ def ablation_label(ablate: Iterable[str]) -> str:
     return "no-" + "+".join(items) if items else ""
 
 
-def run_name(scenario: str, transport: str, ablate: Iterable[str] = ()) -> str:
+def run_name(
+    scenario: str, transport: str, ablate: Iterable[str] = (), switch: str = "linux"
+) -> str:
+    """``<scenario>-<transport>[-no-<ablations>][-bmv2]``."""
     label = ablation_label(ablate)
-    return f"{scenario}-{transport}" + (f"-{label}" if label else "")
+    return (
+        f"{scenario}-{transport}"
+        + (f"-{label}" if label else "")
+        + ("-bmv2" if switch == "bmv2" else "")
+    )
 
 
 def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str], list[str]]:
@@ -165,6 +206,59 @@ def _setup(net: Network, scenario: str, link_rate_mbit: float) -> CrossTraffic |
             mbit=BACKGROUND_SHARE * link_rate_mbit,
         )  # fmt: skip
     return None
+
+
+def _setup_bmv2(net: Bmv2Network, scenario: str) -> CrossTraffic | None:
+    if scenario == "loss":
+        bmv2_set_loss(net, "spine1", LOSS_PERCENT)
+    elif scenario == "spine-down":
+        bmv2_link_down(net, "leaf1", "spine1")
+    elif scenario == "background":
+        return cross_traffic(
+            net, "h2", "h3", spine="spine1", seconds=24 * 3600, mbit=BMV2_BACKGROUND_MBIT
+        )
+    return None
+
+
+def bmv2_class_totals(
+    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Per queue ``q<n>``: packets forwarded (``packets``) and selectively dropped
+    (``drops``) between two :func:`~.bmv2_backend.bmv2_counters`, summed over the
+    switches; ``loss-injected`` and ``other`` (taken in, neither forwarded nor
+    counted as dropped) as ``drops``."""
+    out: dict[str, dict[str, int]] = {}
+
+    def delta(sw: str, kind: str, key: Any) -> int:
+        return int(after[sw][kind][key]) - int(before.get(sw, {}).get(kind, {}).get(key, 0))
+
+    for sw, c in after.items():
+        for q in c["forwarded"]:
+            tot = out.setdefault(f"q{q}", {"packets": 0, "drops": 0})
+            tot["packets"] += delta(sw, "forwarded", q)
+            tot["drops"] += delta(sw, "dropped", q)
+        injected = int(c["injected"]) - int(before.get(sw, {}).get("injected", 0))
+        taken = sum(delta(sw, "ingress", dev) for dev in c["ingress"])
+        sent = sum(delta(sw, "egress", dev) for dev in c["egress"])
+        selective = sum(delta(sw, "dropped", q) for q in c["dropped"])
+        for name, n in (("loss-injected", injected),
+                        ("other", taken - sent - selective - injected)):  # fmt: skip
+            out.setdefault(name, {"packets": 0, "drops": 0})["drops"] += n
+    return out
+
+
+def bmv2_link_packets(
+    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, dict[str, int]]]:
+    """``{switch: {egress iface: {"all": packets sent}}}`` (the program counts per
+    port, not per class and port)."""
+    return {
+        sw: {
+            dev: {"all": n - int(before.get(sw, {}).get("egress", {}).get(dev, 0))}
+            for dev, n in c["egress"].items()
+        }
+        for sw, c in after.items()
+    }
 
 
 def class_totals(
@@ -244,13 +338,17 @@ def run_experiment(
     epochs: int = 2,
     batch_size: int = 16,
     results: str | Path = "results",
-    link_rate_mbit: float = LINK_RATE_MBIT,
+    link_rate_mbit: float | None = None,
     prefix: str | None = None,
+    switch: str = "linux",
     timeout: float | None = None,
     out: IO[str] | None = None,
     plot_after: bool = True,
 ) -> dict[str, Any]:
-    """One training run on a fresh testbed; returns (and writes) the result."""
+    """One training run on a fresh testbed; returns (and writes) the result.
+    ``switch``: the routers forward with Linux and the tc profile, or are BMv2
+    switches running the DLCP P4 program (module doc). ``link_rate_mbit``
+    (default :data:`LINK_RATE_MBIT`) shapes the Linux routers' egress only."""
     from dlcp.launch import launch
 
     if scenario not in SCENARIOS:
@@ -262,10 +360,20 @@ def run_experiment(
         raise ValueError(f"unknown ablation {bad[0]!r} (known: {', '.join(ABLATIONS)})")
     if ablate and transport != "dlcp":
         raise ValueError("ablations apply to --transport dlcp only")
+    if switch not in SWITCHES:
+        raise ValueError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
+    bmv2 = switch == "bmv2"
+    if bmv2 and link_rate_mbit is not None:
+        raise ValueError(
+            "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
+            "(BMv2 queues have per-priority rates only)"
+        )
+    if link_rate_mbit is None:
+        link_rate_mbit = LINK_RATE_MBIT
     sink = out if out is not None else sys.stdout
     res_dir = Path(results)
     res_dir.mkdir(parents=True, exist_ok=True)
-    name = run_name(scenario, transport, ablate)
+    name = run_name(scenario, transport, ablate, switch)
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
     t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
@@ -278,11 +386,21 @@ def run_experiment(
     if timeout is None:
         timeout = 300.0 + 240.0 * epochs
     started = time.monotonic()
-    with build(t, prefix=prefix) as net:
-        apply_profile(net, _policy(t, link_rate_mbit))
-        traffic = _setup(net, scenario, link_rate_mbit)
+    builder = (
+        build_bmv2(t, _policy(t, link_rate_mbit), prefix=prefix, loss_injection=scenario == "loss")
+        if bmv2
+        else build(t, prefix=prefix)
+    )
+    with builder as net:
+        if isinstance(net, Bmv2Network):
+            traffic = _setup_bmv2(net, scenario)
+        else:
+            apply_profile(net, _policy(t, link_rate_mbit))
+            traffic = _setup(net, scenario, link_rate_mbit)
         try:
-            before = profile_counters(net)
+            before: Any = (
+                bmv2_counters(net) if isinstance(net, Bmv2Network) else profile_counters(net)
+            )
             master = net.host_addr(t.host_names[0])
             world = len(t.host_names)
             cmds: dict[int, list[str]] = {}
@@ -298,10 +416,15 @@ def run_experiment(
                 if rank == 0:
                     argv += ["--json", str(train_json)]
                 cmds[rank] = net.exec_argv(host, argv)
+            links = (
+                "BMv2 switches (P4Runtime), links not shaped"
+                if bmv2
+                else f"links {link_rate_mbit:g} Mbit/s"
+            )
             sink.write(
                 f"[testbed] {name}: {world} ranks on {', '.join(t.host_names)} "
                 f"(master {master}:{MASTER_PORT}), {epochs} epochs, "
-                f"links {link_rate_mbit:g} Mbit/s" + (f", {env}" if env else "") + "\n"
+                f"{links}" + (f", {env}" if env else "") + "\n"
             )
             sink.flush()
             progress = _Progress(sink, name, started)
@@ -316,15 +439,23 @@ def run_experiment(
             )
             if lr.returncode != 0:
                 raise ExperimentError(f"{name}: {lr.message}")
-            after = profile_counters(net)
-            injected = link_dropped(net, "leaf1", "spine1") if scenario == "loss" else None
+            injected: dict[str, int] | None = None
+            if isinstance(net, Bmv2Network):
+                after: Any = bmv2_counters(net)
+                if scenario == "loss":
+                    injected = {sw: after[sw]["injected"] - before[sw]["injected"]
+                                for sw in after}  # fmt: skip
+            else:
+                after = profile_counters(net)
+                if scenario == "loss":
+                    injected = link_dropped(net, "leaf1", "spine1")
         finally:
             if traffic is not None:
                 traffic.stop()
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()
-    totals = class_totals(before, after)
+    totals = bmv2_class_totals(before, after) if bmv2 else class_totals(before, after)
     ep = train["epochs"]
     summary = {
         "scenario": scenario,
@@ -337,12 +468,14 @@ def run_experiment(
         "retransmissions": sum(e["retransmitted_packets"] for e in ep),
         "router_drops": drops_summary(totals),
         "wall_s": round(wall, 1),
+        "switch": switch,
     }
     result = {
         **summary,
         "setup": {
             "topology": t.name,
-            "link_rate_mbit": link_rate_mbit,
+            "switch": switch,
+            "link_rate_mbit": None if bmv2 else link_rate_mbit,
             "batch_size": batch_size,
             "env": env,
             "flags": flags,
@@ -353,8 +486,11 @@ def run_experiment(
                 else None
             ),
         },
+        **({"note": FUNCTIONAL_NOTE} if bmv2 else {}),
         "router_classes": totals,
-        "router_link_packets": per_link_packets(before, after),
+        "router_link_packets": (
+            bmv2_link_packets(before, after) if bmv2 else per_link_packets(before, after)
+        ),
         "train": train,
     }
     (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -363,6 +499,7 @@ def run_experiment(
         f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
         f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
         f"router drops {summary['router_drops'] or 'none'}\n"
+        + (f"[testbed] {name}: {FUNCTIONAL_NOTE}\n" if bmv2 else "")
     )
     sink.flush()
     if plot_after:
@@ -371,8 +508,20 @@ def run_experiment(
 
 
 def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
+    """Append ``row``; a file written before a column existed is rewritten with
+    today's header first (the new columns empty in its old rows)."""
     path = Path(results) / CSV_NAME
     new = not path.exists()
+    if not new:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            old_rows = list(reader)
+            header = tuple(reader.fieldnames or ())
+        if header != CSV_FIELDS:
+            with path.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+                w.writeheader()
+                w.writerows(old_rows)
     with path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         if new:
@@ -381,15 +530,21 @@ def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
     return path
 
 
+def _switch_of(row: Mapping[str, Any]) -> str:
+    return str(row.get("switch") or "linux")  # rows from before the column: Linux
+
+
 def read_csv(results: str | Path) -> list[dict[str, str]]:
-    """The newest row of every (scenario, transport, ablation), in first-seen order."""
+    """The newest row of every (scenario, transport, ablation, switch), in
+    first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []
-    latest: dict[tuple[str, str, str], dict[str, str]] = {}
+    latest: dict[tuple[str, str, str, str], dict[str, str]] = {}
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
-            latest[(row["scenario"], row["transport"], row["ablation"])] = row
+            key = (row["scenario"], row["transport"], row["ablation"], _switch_of(row))
+            latest[key] = row
     return list(latest.values())
 
 
@@ -404,12 +559,14 @@ def plot(results: str | Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def variant(r: Mapping[str, str]) -> str:
+        ablation = f" {r['ablation']}" if r["ablation"] else ""
+        switch = " [bmv2, functional]" if _switch_of(r) == "bmv2" else ""
+        return r["transport"] + ablation + switch
+
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    variants = list(
-        dict.fromkeys(r["transport"] + (f" {r['ablation']}" if r["ablation"] else "") for r in rows)
-    )
-    by = {(r["scenario"], r["transport"] + (f" {r['ablation']}" if r["ablation"] else "")): r
-          for r in rows}  # fmt: skip
+    variants = list(dict.fromkeys(variant(r) for r in rows))
+    by = {(r["scenario"], variant(r)): r for r in rows}
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(scenarios) * 2), 4.5))
     width = 0.8 / len(variants)
     for ax, key, title in (
@@ -438,19 +595,22 @@ def plot(results: str | Path) -> Path | None:
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A Markdown table of CSV-like rows."""
+    """A Markdown table of CSV-like rows (a note under it when a row is BMv2's)."""
     head = (
         "| scenario | transport | ablation | accuracy % | ms/iter | lost % | retx "
-        "| router drops (class:drops/sent) |"
+        "| router drops (class:drops/sent) | switch |"
     )
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---|"]
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
             f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
             f"{100 * float(r['lost_fraction']):.2f} | {r['retransmissions']} | "
-            f"{r['router_drops'] or '-'} |"
+            f"{r['router_drops'] or '-'} | {_switch_of(r)} |"
         )
+    if any(_switch_of(r) == "bmv2" for r in rows):
+        lines.append("")
+        lines.append(f"switch bmv2: {FUNCTIONAL_NOTE}.")
     return "\n".join(lines)
 
 
@@ -461,10 +621,11 @@ def suite(
     results: str | Path = "results",
     ablation_scenario: str | None = None,
     out: IO[str] | None = None,
+    switch: str = "linux",
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then (if ``ablation_scenario``) each
-    single ablation of DLCP on that scenario. Failed runs are reported and
-    skipped. Returns (number of failures, summaries)."""
+    single ablation of DLCP on that scenario, on ``switch`` (linux or bmv2).
+    Failed runs are reported and skipped. Returns (number of failures, summaries)."""
     sink = out if out is not None else sys.stdout
     plan: list[tuple[str, str, tuple[str, ...]]] = [
         (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")
@@ -474,13 +635,13 @@ def suite(
     done: list[dict[str, Any]] = []
     failures = 0
     for i, (s, tr, ab) in enumerate(plan, 1):
-        sink.write(f"[testbed] suite {i}/{len(plan)}: {run_name(s, tr, ab)}\n")
+        sink.write(f"[testbed] suite {i}/{len(plan)}: {run_name(s, tr, ab, switch)}\n")
         try:
             r = run_experiment(s, tr, ablate=ab, epochs=epochs, results=results, out=sink,
-                               plot_after=False)  # fmt: skip
+                               plot_after=False, switch=switch)  # fmt: skip
         except Exception as e:  # one failed run must not end the suite
             failures += 1
-            sink.write(f"[testbed] suite: {run_name(s, tr, ab)} FAILED: {e}\n")
+            sink.write(f"[testbed] suite: {run_name(s, tr, ab, switch)} FAILED: {e}\n")
             continue
         done.append({k: r[k] for k in CSV_FIELDS})
     plot(results)

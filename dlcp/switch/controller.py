@@ -20,12 +20,20 @@ spine; DLCP packets sprayed per packet, other traffic per flow by the P4 program
 or the one spine directly; a spine sends each host's /24 to the host's leaf. Every
 switch gets the policy's priority map and drop thresholds
 (:func:`~dlcp.switch.p4entries.policy_entries`).
+
+Failed links (``down``): a P4 switch does not act on link state by itself, so the
+controller does what a fabric's control plane does when a link fails -- it
+recomputes every switch's routes from the links still up and pushes the
+difference (:func:`entry_changes`, :func:`update_switch`). A leaf then uses, per
+remote host, only the spines that still reach that host's leaf (a smaller ECMP
+group, the one spine directly, or no route); a spine withdraws the hosts behind
+its dead link. :func:`read_counters` reads the program's counters back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,10 +45,13 @@ __all__ = [
     "ECMP_GROUP",
     "SwitchConfig",
     "configure_switch",
+    "entry_changes",
     "fabric_config",
     "iface_mac",
+    "read_counters",
     "switch_entries",
     "switch_ports",
+    "update_switch",
 ]
 
 ECMP_GROUP = 1  # the uplink group of every leaf
@@ -98,6 +109,12 @@ def iface_mac(t: FabricTopology, node: str, neighbour: str) -> str:
 
 
 MacMap = Mapping[tuple[str, str], str]
+#: failed links, each as the pair of its ends (either order)
+DownLinks = Collection[tuple[str, str]]
+
+
+def _is_up(down: DownLinks, a: str, b: str) -> bool:
+    return (a, b) not in down and (b, a) not in down
 
 
 def _mac(t: FabricTopology, macs: MacMap | None, node: str, neighbour: str) -> str:
@@ -118,10 +135,14 @@ def _host_subnets(t: FabricTopology) -> dict[str, tuple[str, int]]:
 
 
 def switch_entries(
-    t: FabricTopology, policy: SwitchPolicy, node: str, macs: MacMap | None = None
+    t: FabricTopology,
+    policy: SwitchPolicy,
+    node: str,
+    macs: MacMap | None = None,
+    down: DownLinks = (),
 ) -> list[TableEntry]:
     """Every table entry of switch ``node``: routes, ECMP members, priority map,
-    drop thresholds (in that order)."""
+    drop thresholds (in that order), routing around the links in ``down``."""
     n = P4Names
     ports = switch_ports(t, node)
     subnets = _host_subnets(t)
@@ -147,43 +168,53 @@ def switch_entries(
                     )
                 )
         remote = [h for h in t.hosts if h.leaf != node]
+        groups: dict[tuple[str, ...], int] = {}  # spines of a group -> its id
         for h in remote:
             addr, plen = subnets[h.name]
             match = ((n.DST_ADDR, Lpm(addr, plen)),)
             note = f"host {h.name} on {h.leaf}"
-            if len(t.spines) == 1:
+            spines = tuple(s for s in t.spines if _is_up(down, node, s) and _is_up(down, h.leaf, s))
+            if not spines:
+                continue  # unreachable: no entry, the table's default drops
+            if len(spines) == 1:
                 out.append(
                     TableEntry(
                         n.IPV4_LPM,
                         match,
                         n.SET_NEXT_HOP,
-                        hop(t.spines[0]),
-                        note=f"{note}, via {t.spines[0]}",
+                        hop(spines[0]),
+                        note=f"{note}, via {spines[0]}",
                     )
                 )
-            else:
-                out.append(
-                    TableEntry(
-                        n.IPV4_LPM,
-                        match,
-                        n.SET_ECMP_GROUP,
-                        (("group_id", ECMP_GROUP), ("size", len(t.spines))),
-                        note=f"{note}, over {len(t.spines)} spines",
-                    )
+                continue
+            if spines not in groups:  # every spine: group 1; fewer: 2, 3, ...
+                full = spines == tuple(t.spines)
+                groups[spines] = ECMP_GROUP if full else ECMP_GROUP + 1 + len(groups)
+            out.append(
+                TableEntry(
+                    n.IPV4_LPM,
+                    match,
+                    n.SET_ECMP_GROUP,
+                    (("group_id", groups[spines]), ("size", len(spines))),
+                    note=f"{note}, over {len(spines)} spines",
                 )
-        if remote and len(t.spines) > 1:
-            for i, s in enumerate(t.spines):
+            )
+        for spines, group in groups.items():
+            for i, s in enumerate(spines):
                 out.append(
                     TableEntry(
                         n.ECMP_MEMBER,
-                        ((n.ECMP_GROUP_ID, Exact(ECMP_GROUP)), (n.ECMP_MEMBER_FIELD, Exact(i))),
+                        ((n.ECMP_GROUP_ID, Exact(group)), (n.ECMP_MEMBER_FIELD, Exact(i))),
                         n.SET_MEMBER_NEXT_HOP,
                         hop(s),
-                        note=f"uplink {i}: {s}",
+                        note=f"uplink {i}: {s}"
+                        + (f" (group {group})" if group != ECMP_GROUP else ""),
                     )
                 )
     else:
         for h in t.hosts:
+            if not _is_up(down, node, h.leaf):
+                continue  # withdrawn: the link to the host's leaf is down
             addr, plen = subnets[h.name]
             out.append(
                 TableEntry(
@@ -218,14 +249,18 @@ class SwitchConfig:
 
 
 def fabric_config(
-    t: FabricTopology, policy: SwitchPolicy, macs: MacMap | None = None
+    t: FabricTopology,
+    policy: SwitchPolicy,
+    macs: MacMap | None = None,
+    down: DownLinks = (),
 ) -> dict[str, SwitchConfig]:
-    """:class:`SwitchConfig` of every switch (leaves, then spines)."""
+    """:class:`SwitchConfig` of every switch (leaves, then spines), routing around
+    the links in ``down``."""
     return {
         node: SwitchConfig(
             node,
             switch_ports(t, node),
-            switch_entries(t, policy, node, macs),
+            switch_entries(t, policy, node, macs, down),
             dict(queue_depths(policy)),
         )
         for node in _switches(t)
@@ -256,3 +291,71 @@ def configure_switch(
     with P4RuntimeClient(address, device_id, election_id=election_id, timeout=timeout) as c:
         c.set_pipeline(helper.p4info, device_config)
         c.write(updates, [e.describe() for e in entries])
+
+
+def _key(e: TableEntry) -> tuple[str, tuple[tuple[str, Any], ...], int]:
+    return (e.table, e.match, e.priority)
+
+
+def entry_changes(
+    old: Sequence[TableEntry], new: Sequence[TableEntry]
+) -> list[tuple[str, TableEntry]]:
+    """``(kind, entry)`` updates that turn a switch's ``old`` entries into ``new``:
+    INSERT the new keys (match), MODIFY those whose action changed, DELETE the
+    keys gone -- in that order, so that a route never points at a member that is
+    not there yet."""
+    before = {_key(e): e for e in old}
+    after = {_key(e): e for e in new}
+    out: list[tuple[str, TableEntry]] = []
+    out += [("INSERT", e) for k, e in after.items() if k not in before]
+    out += [
+        ("MODIFY", e)
+        for k, e in after.items()
+        if k in before and (e.action, e.params) != (before[k].action, before[k].params)
+    ]
+    out += [("DELETE", e) for k, e in before.items() if k not in after]
+    return out
+
+
+def update_switch(
+    address: str,
+    device_id: int,
+    p4info_path: str | os.PathLike[str],
+    changes: Sequence[tuple[str, TableEntry]],
+    *,
+    election_id: int = 1,
+    timeout: float = 10.0,
+) -> None:
+    """Write ``changes`` (from :func:`entry_changes`) to a configured device, as
+    its primary controller."""
+    from .p4info import P4InfoHelper
+    from .p4runtime import P4RuntimeClient
+
+    if not changes:
+        return
+    helper = P4InfoHelper.from_file(p4info_path)
+    updates = [u for kind, e in changes for u in helper.updates([e], kind)]
+    labels = [f"{kind} {e.describe()}" for kind, e in changes]
+    with P4RuntimeClient(address, device_id, election_id=election_id, timeout=timeout) as c:
+        c.write(updates, labels)
+
+
+def read_counters(
+    address: str,
+    device_id: int,
+    p4info_path: str | os.PathLike[str],
+    names: Sequence[str],
+    *,
+    timeout: float = 10.0,
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """``{counter: {index: (packets, bytes)}}`` of the indirect counters ``names``
+    (every index), read over P4Runtime without becoming primary."""
+    from .p4info import P4InfoHelper
+    from .p4runtime import P4RuntimeClient
+
+    helper = P4InfoHelper.from_file(p4info_path)
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    with P4RuntimeClient(address, device_id, primary=False, timeout=timeout) as c:
+        for name in names:
+            out[name] = {i: (v.packets, v.bytes) for i, v in c.read_counter(helper, name).items()}
+    return out
