@@ -29,11 +29,13 @@ __all__ = [
 @dataclass(slots=True)
 class DataBatch:
     """Data records for one destination and path, ``segment_size`` bytes apart
-    (the last may be shorter): one UDP GSO send, or ``count`` plain sends.
+    (the last may be shorter): UDP GSO sends of up to 64 KB, or ``count`` plain
+    sends. With several paths a session hands out one per ``spray_packets``
+    records (the spraying unit); with one path, one per pacing decision.
 
     Not frozen, unlike the others (treat it as read-only all the same): a session
-    hands out one per 44 packets, and a frozen dataclass costs about three times
-    as much to build."""
+    hands out many, and a frozen dataclass costs about three times as much to
+    build."""
 
     dst: int
     path: int

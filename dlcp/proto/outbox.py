@@ -323,8 +323,13 @@ class Outbox:
         if peer.paths.n_paths > 1 or self.key is not None:  # one path: every stamp is 0
             seal(run, start, stop, path=per_record, key=self.key)
         stride = run.stride
-        for path, (count, data) in zip(paths, run.spray_batches(start, stop, spray), strict=True):
-            out.append(DataBatch(dst, path, tos, stride, count, data))
+        if len(set(paths)) == 1:  # one path (the usual case with one): one batch for all
+            out.append(DataBatch(dst, paths[0], tos, stride, stop - start, run.view(start, stop)))
+        else:
+            for path, (count, data) in zip(
+                paths, run.spray_batches(start, stop, spray), strict=True
+            ):
+                out.append(DataBatch(dst, path, tos, stride, count, data))
         peer.pacer.on_sent(nbytes, now=now)
         self.stats.packets_out += stop - start
         self.stats.bytes_out += nbytes

@@ -242,14 +242,18 @@ class RecordRun:
             size -= self.stride - int(self.lengths[self._short])
         return size
 
+    def view(self, start: int, stop: int) -> memoryview:
+        """The datagrams of records ``[start, stop)``, back to back."""
+        at = start * self.stride
+        return self._flat[at : at + self.batch_nbytes(start, stop)]
+
     def spray_batches(self, start: int, stop: int, spray: int) -> list[tuple[int, memoryview]]:
         """Records ``[start, stop)`` cut into runs of ``spray`` records: (count,
         contiguous buffer of datagrams) for each."""
-        flat, stride = self._flat, self.stride
         out = []
         for s in range(start, stop, spray):
             e = min(s + spray, stop)
-            out.append((e - s, flat[s * stride : s * stride + self.batch_nbytes(s, e)]))
+            out.append((e - s, self.view(s, e)))
         return out
 
 

@@ -77,9 +77,15 @@ def test_buffer_refills_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(c) > 1 and b"".join(d for d, _ in c) == b"".join(d for d, _ in py)
 
 
-@pytest.mark.parametrize("gso", ["off", "auto"])
-def test_a_batch_sent_without_and_with_gso_arrives_whole(gso: str) -> None:
-    # gso=off: one sendmmsg per up to 256 datagrams (C) or a sendmsg each (Python)
+@pytest.mark.parametrize("gso", ["off", "auto", "auto-python"])
+def test_a_batch_sent_without_and_with_gso_arrives_whole(
+    gso: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gso=off: one sendmmsg per up to 256 datagrams (C) or a sendmsg each (Python);
+    # gso=auto: every 64 KB GSO message in one sendmmsg (C) or a sendmsg each (Python)
+    if gso == "auto-python":
+        monkeypatch.setattr(udp, "_udpio", None)
+        gso = "auto"
     rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="off", rcvbuf=1 << 22, sndbuf=1 << 20)
     tx = DataSockets("127.0.0.1", 0, 1, gso=gso, gro="off", rcvbuf=1 << 20, sndbuf=1 << 22)
     try:
