@@ -144,11 +144,21 @@ class ReceiverDrivenPacer:
     used at least ``used_fraction`` of the tokens it accrued since the previous
     feedback. After ``idle_reset`` seconds without sending or waiting, the rate
     returns to ``initial_rate``.
+
+    A sender told by :meth:`next_send_time` to wait until ``t`` that comes back
+    late (a driver's timer fires on a millisecond grid: ``epoll`` rounds its
+    timeout up to whole milliseconds) keeps the tokens earned after ``t``, for up
+    to ``max_lateness`` seconds (later than that, it was idle): the bucket may
+    then hold one burst plus the lateness times the rate. Otherwise a
+    rate whose burst lasts less than the timer's resolution would be capped at
+    one burst per wake-up (512 KB per millisecond is 0.5 GB/s), whatever the
+    receiver reported.
     """
 
     __slots__ = (
         "_backlogged",
         "_budget",
+        "_due",
         "_last",
         "_last_active",
         "_rate",
@@ -158,6 +168,7 @@ class ReceiverDrivenPacer:
         "gain",
         "idle_reset",
         "initial_rate",
+        "max_lateness",
         "max_rate",
         "min_rate",
         "used_fraction",
@@ -173,6 +184,7 @@ class ReceiverDrivenPacer:
         gain: float = 1.25,
         idle_reset: float = 1.0,
         used_fraction: float = 0.9,
+        max_lateness: float = 0.005,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise ValueError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -191,6 +203,8 @@ class ReceiverDrivenPacer:
             raise ValueError(f"idle_reset={idle_reset} must be > 0 seconds (math.inf: never)")
         if not 0.0 <= used_fraction <= 1.0:
             raise ValueError(f"used_fraction={used_fraction} outside [0, 1]")
+        if not (math.isfinite(max_lateness) and max_lateness >= 0):
+            raise ValueError(f"max_lateness={max_lateness} must be a finite duration >= 0")
         self.initial_rate = float(initial_rate)
         self.min_rate = float(min_rate)
         self.max_rate = float(max_rate)
@@ -198,6 +212,7 @@ class ReceiverDrivenPacer:
         self.gain = float(gain)
         self.idle_reset = float(idle_reset)
         self.used_fraction = float(used_fraction)
+        self.max_lateness = float(max_lateness)
         self._rate = self.initial_rate
         self._tokens = float(burst_bytes)
         self._last: float | None = None  # time the bucket was last brought up to date
@@ -205,6 +220,7 @@ class ReceiverDrivenPacer:
         self._backlogged = False  # since the last feedback
         self._budget = 0.0  # tokens accrued since the last feedback
         self._wasted = 0.0  # of those, thrown away by a full bucket
+        self._due: float | None = None  # when next_send_time last told the sender to send
 
     def __repr__(self) -> str:
         return (
@@ -230,11 +246,17 @@ class ReceiverDrivenPacer:
         if dt <= 0:
             return
         earned = self._rate * dt
-        room = max(0.0, self.burst_bytes - self._tokens)
+        cap = float(self.burst_bytes)
+        if self._due is not None and now > self._due:
+            if now - self._due <= self.max_lateness:  # a late wake-up keeps its tokens
+                cap += self._rate * (now - self._due)
+            else:  # not late but idle: back to one burst
+                self._due = None
+        room = max(0.0, cap - self._tokens)
         self._budget += earned
         if earned > room:
             self._wasted += earned - room
-            self._tokens = float(self.burst_bytes)
+            self._tokens = max(self._tokens, cap)
         else:
             self._tokens += earned
         self._last = now
@@ -255,6 +277,7 @@ class ReceiverDrivenPacer:
         nbytes = _check_nbytes(nbytes)
         self._advance(now)
         self._tokens -= nbytes
+        self._due = None
         self._last_active = self._last
         if self._tokens + self._slack() < min(max(nbytes, 1), self.burst_bytes):
             self._backlogged = True
@@ -268,7 +291,8 @@ class ReceiverDrivenPacer:
             return now
         self._backlogged = True
         self._last_active = self._last
-        return now + (need - self._tokens) / self._rate
+        self._due = now + (need - self._tokens) / self._rate
+        return self._due
 
     def note_backlogged(self, *, now: float) -> None:
         self._advance(now)

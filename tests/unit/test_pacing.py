@@ -83,6 +83,34 @@ def test_allowance_sender_long_run_matches_rate() -> None:
     assert abs(sent - expected) / expected < 0.01
 
 
+def test_a_driver_waking_on_a_millisecond_grid_still_gets_the_rate() -> None:
+    # rate 2 GB/s, burst 512 KB: a burst lasts 0.26 ms, but the driver's timer
+    # (epoll) fires on whole milliseconds. Tokens earned while it was late are
+    # kept, so the sender still gets the rate, not one burst per millisecond.
+    rate, burst, batch = 2e9, 1 << 19, 352 * 1472
+    p = ReceiverDrivenPacer(rate, 1e6, burst_bytes=burst)
+    t, sent, end = 0.0, 0, 0.2
+    while t < end:
+        when = p.next_send_time(batch, now=t)
+        if when > t:
+            t = math.ceil(when * 1e3 - 1e-9) / 1e3  # the next millisecond tick
+            continue
+        p.on_sent(batch, now=t)
+        sent += batch
+    assert sent / end > 0.95 * rate, sent / end / 1e9
+    # without the lateness allowance it would be about one burst per tick
+    q = ReceiverDrivenPacer(rate, 1e6, burst_bytes=burst, max_lateness=0.0)
+    t, sent = 0.0, 0
+    while t < end:
+        when = q.next_send_time(batch, now=t)
+        if when > t:
+            t = math.ceil(when * 1e3 - 1e-9) / 1e3
+            continue
+        q.on_sent(batch, now=t)
+        sent += batch
+    assert sent / end < 0.3 * rate, sent / end / 1e9
+
+
 def test_overdraft_is_paid_back() -> None:
     p = pacer()
     p.on_sent(30_000, now=0.0)  # one batch larger than the allowance
@@ -259,6 +287,7 @@ def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
         ({"max_rate": 1.0}, "max_rate=1.0"),
         ({"initial_rate": 1e9}, "initial_rate=1000000000.0"),
         ({"burst_bytes": 0}, "burst_bytes=0"),
+        ({"max_lateness": -1.0}, "max_lateness=-1.0"),
         ({"gain": 0.0}, "gain=0.0"),
         ({"idle_reset": 0.0}, "idle_reset=0.0"),
         ({"used_fraction": 1.5}, "used_fraction=1.5"),
