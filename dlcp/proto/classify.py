@@ -471,12 +471,22 @@ def chunk_layers(
             f"segments must be (offset, length, layer) triples, got an array of shape {seg.shape}"
         )
     off, length, layer = seg[:, 0], seg[:, 1], seg[:, 2]
-    _check_segment_fields(off, length, layer)
-    n_layers = int(layer.max()) + 1
+    top_layer = int(layer.max())
+    if int(seg.min()) < 0 or top_layer >= MAX_LAYERS:
+        _check_segment_fields(off, length, layer)  # raises, naming the first bad one
+    n_layers = top_layer + 1
     keep = length > 0
-    order = np.argsort(off[keep], kind="stable")
-    starts, ends, lay = off[keep][order], (off + length)[keep][order], layer[keep][order]
-    _check_tiling(starts, ends, msg_elems)
+    if not keep.all():
+        off, length, layer = off[keep], length[keep], layer[keep]
+    order = np.argsort(off, kind="stable")
+    starts, ends, lay = off[order], (off + length)[order], layer[order]
+    if not (
+        len(starts)
+        and starts[0] == 0
+        and ends[-1] == msg_elems
+        and bool((starts[1:] == ends[:-1]).all())
+    ):
+        _check_tiling(starts, ends, msg_elems)  # raises unless nothing is to be covered
     if n_chunks == 0:
         return ChunkLayers(np.zeros(0, dtype=np.uint16), n_layers)
 
@@ -488,7 +498,15 @@ def chunk_layers(
     last_seg = np.searchsorted(starts, chunk_ends - 1, side="right") - 1
     out = lay[first_seg].astype(np.uint16)
     cut = np.flatnonzero(first_seg != last_seg)
-    if len(cut):
+    if 0 < len(cut) <= _FEW_STRADDLERS:
+        # a few chunks straddle a boundary (the usual case): one at a time
+        for c in cut.tolist():
+            segs = slice(int(first_seg[c]), int(last_seg[c]) + 1)
+            lo, hi = int(chunk_starts[c]), int(chunk_ends[c])
+            covered = np.minimum(ends[segs], hi) - np.maximum(starts[segs], lo)
+            per_layer = np.bincount(lay[segs], weights=covered)
+            out[c] = int(np.argmax(per_layer))  # the first maximum: ties go to the lowest layer
+    elif len(cut):
         # one piece per (straddling chunk, segment in it): sum the elements per
         # (chunk, layer) and take the largest per chunk, the lowest layer on a tie
         count = last_seg[cut] - first_seg[cut] + 1
@@ -506,6 +524,10 @@ def chunk_layers(
         first = best[np.flatnonzero(np.diff(g_chunk[best], prepend=-1))]
         out[g_chunk[first]] = g_layer[first]
     return ChunkLayers(out, n_layers)
+
+
+#: up to this many chunks straddling a segment boundary are resolved one by one
+_FEW_STRADDLERS = 16
 
 
 def _check_segment_fields(

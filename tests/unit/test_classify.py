@@ -347,6 +347,28 @@ def test_chunk_layers_matches_an_element_by_element_count(
     assert got.n_layers == max(layers[: len(lengths)]) + 1
 
 
+@pytest.mark.parametrize("few", [0, 16, 10_000])
+def test_chunk_layers_one_by_one_and_vectorised_agree(
+    few: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 300 segments of 1..9 elements in chunks of 7: hundreds of straddling chunks,
+    # resolved one by one (few=10_000), vectorised (few=0) or the default way
+    monkeypatch.setattr(classify, "_FEW_STRADDLERS", few)
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 10, 300)
+    layers = rng.integers(0, 40, 300)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    msg = int(lengths.sum())
+    segs = [(int(o), int(n), int(y)) for o, n, y in zip(offsets, lengths, layers, strict=True)]
+    got = chunk_layers(segs, -(-msg // 7), 7, msg)
+    elem_layer = np.repeat(layers, lengths)
+    want = [
+        int(np.argmax(np.bincount(elem_layer[c * 7 : (c + 1) * 7], minlength=40)))
+        for c in range(-(-msg // 7))
+    ]
+    assert got.layers.tolist() == want
+
+
 def test_chunk_layers_without_segments() -> None:
     no_segments: tuple[list[tuple[int, int, int]] | None, ...] = (None, [])
     for segs in no_segments:
