@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import Communicator, ps_allreduce, ring_allreduce
+from ..collectives import Communicator, direct_allreduce, ps_allreduce, ring_allreduce
 from ..collectives.comm import CollectiveReport
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
@@ -62,6 +62,13 @@ class DLCPState:
     with every rank serving a shard, or the ranks in ``servers``).
     ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
     phase uses ``p_gather`` (default 0: every replica gets identical bytes).
+    ``direct_max_bytes``: with ``collective="ring"`` and no loss allowed (``p``
+    and ``p_gather`` 0), a bucket whose copies to every other rank add up to at
+    most this many bytes is reduced in one round
+    (:func:`dlcp.collectives.direct_allreduce`: latency, not bandwidth, bounds
+    small buckets, and a ring pays it ``2 (n - 1)`` times); 0 turns this off.
+    With ``p > 0`` buckets always take the ring, whose owner per chunk keeps
+    replicas identical whatever was lost.
     """
 
     model: nn.Module | None = None
@@ -70,6 +77,7 @@ class DLCPState:
     p_gather: float = 0.0
     fill: str = "zero"
     servers: list[int] | None = None
+    direct_max_bytes: int = 4 << 20
     endpoint: Endpoint | None = None
     world_size: int | None = None
     trace_path: str | None = None
@@ -78,6 +86,8 @@ class DLCPState:
     def __post_init__(self) -> None:
         if self.collective not in ("ring", "ps"):
             raise ValueError(f"collective={self.collective!r}: use 'ring' or 'ps'")
+        if self.direct_max_bytes < 0:
+            raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
         self._fill = FillPolicy(self.fill)
         if self.endpoint is None:
             from ..rendezvous import connect
@@ -172,6 +182,10 @@ class DLCPState:
         self, data: np.ndarray, segments: list[tuple[int, int, int]]
     ) -> CollectiveReport:
         if self.collective == "ring":
+            assert self.world_size is not None
+            exact = self.p == 0 and self.p_gather == 0
+            if exact and data.nbytes * (self.world_size - 1) <= self.direct_max_bytes:
+                return direct_allreduce(self.comm, data, segments=segments, average=True)
             return ring_allreduce(
                 self.comm,
                 data,

@@ -25,6 +25,8 @@ class StepSummary:
     lost_fraction: float
     retransmitted_packets: int
     comm_seconds: float
+    #: the collective each bucket went through, in order (e.g. "ring_allreduce")
+    ops: tuple[str, ...] = ()
 
 
 @dataclass
@@ -54,6 +56,7 @@ class StepMetrics:
                 lost_fraction=lost / elems if elems else 0.0,
                 retransmitted_packets=sum(r.retransmitted_packets for r in reps),
                 comm_seconds=sum(r.seconds for r in reps),
+                ops=tuple(r.op for r in reps),
             )
         )
 

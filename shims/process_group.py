@@ -18,7 +18,11 @@ What travels how:
 * ``all_reduce`` with SUM or AVG of float32 / float16 / bfloat16 tensors: ring
   all-reduce (:func:`dlcp.collectives.ring_allreduce`); bfloat16 is reduced in
   float32. The reduce-scatter phase takes the loss bound ``p``; the all-gather
-  phase is reliable, so every rank ends with identical bytes.
+  phase is reliable, so every rank ends with identical bytes. An exact one
+  (``p = 0``) of a small tensor (its copies to every other rank within
+  ``DLCPOptions.direct_max_bytes``) goes in one round instead
+  (:func:`dlcp.collectives.direct_allreduce`): latency bounds it, and a ring
+  pays latency ``2 (n - 1)`` times.
 * every other all-reduce (integer / bool / float64 tensors, MAX, MIN, PRODUCT,
   BAND, BOR, BXOR): an exact all-gather of the raw bytes, then the same
   reduction in rank order on every rank.
@@ -69,7 +73,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store, Work
 
-from ..collectives import CollectiveReport, Communicator, ring_allreduce
+from ..collectives import CollectiveReport, Communicator, direct_allreduce, ring_allreduce
 from ..collectives.comm import ReportBuilder
 from ..errors import ConfigError, DLCPError
 from ..io.endpoint import Endpoint
@@ -106,13 +110,16 @@ class DLCPOptions:
     ``None`` takes ``DLCP_DEFAULT_P`` (0 when unset). ``p_gather``: bound of the
     all-gather phase (keep 0 so that replicas stay identical). ``fill``: what lost
     elements become (``"zero"`` or ``"rescale"``). ``lossy_min_elems``: smaller
-    tensors are always reduced with ``p = 0``.
+    tensors are always reduced with ``p = 0``. ``direct_max_bytes``: an exact
+    all-reduce whose copies to every other rank add up to at most this many
+    bytes goes in one round (0: always the ring).
     """
 
     p: float | None = None
     p_gather: float = 0.0
     fill: str = "zero"
     lossy_min_elems: int = 1 << 16
+    direct_max_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         for name in ("p", "p_gather"):
@@ -127,6 +134,10 @@ class DLCPOptions:
             ) from None
         if self.lossy_min_elems < 0:
             raise ConfigError(f"DLCPOptions.lossy_min_elems={self.lossy_min_elems} must be >= 0")
+        if self.direct_max_bytes < 0:
+            raise ConfigError(
+                f"DLCPOptions.direct_max_bytes={self.direct_max_bytes} must be >= 0"
+            )
 
 
 def _unsupported(op: str) -> Callable[..., Any]:
@@ -653,9 +664,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
             wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
             host = _Host(tensor, wire)
             p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
+            data = host.numpy()
+            if p == 0 and self.options.p_gather == 0 and (
+                data.nbytes * (self._size - 1) <= self.options.direct_max_bytes
+            ):
+                report = direct_allreduce(self.comm, data, average=red == _Red.AVG)
+                host.write_back()
+                return report
             report = ring_allreduce(
                 self.comm,
-                host.numpy(),
+                data,
                 p=p,
                 p_gather=self.options.p_gather,
                 fill=self._fill,

@@ -1,7 +1,16 @@
-"""Collectives over DLCP endpoints: ring all-reduce and parameter server."""
+"""Collectives over DLCP endpoints: ring all-reduce, direct all-reduce of small
+arrays, and parameter server."""
 
 from .comm import CollectiveReport, Communicator
+from .direct import direct_allreduce
 from .ps import ps_allreduce, ps_serve
 from .ring import ring_allreduce
 
-__all__ = ["CollectiveReport", "Communicator", "ps_allreduce", "ps_serve", "ring_allreduce"]
+__all__ = [
+    "CollectiveReport",
+    "Communicator",
+    "direct_allreduce",
+    "ps_allreduce",
+    "ps_serve",
+    "ring_allreduce",
+]

@@ -53,7 +53,7 @@ def main() -> int:
     template = build()
     replicas: dict[str, nn.parallel.DistributedDataParallel] = {}
     states: dict[str, DLCPState] = {}
-    for name in ("gloo", "ring", "ps"):
+    for name in ("gloo", "ring", "direct", "ps"):
         model = build()
         model.load_state_dict(template.state_dict())
         # ~16 KB buckets: the 33k-parameter model spreads over several buckets
@@ -61,7 +61,12 @@ def main() -> int:
         if name != "gloo":
             endpoint, _ = connect(group=f"test-{name}")
             states[name] = DLCPState(
-                model=ddp.module, collective=name, p=0.0, endpoint=endpoint, world_size=world
+                model=ddp.module,
+                collective="ps" if name == "ps" else "ring",
+                p=0.0,
+                endpoint=endpoint,
+                world_size=world,
+                direct_max_bytes=0 if name == "ring" else 4 << 20,  # ring: never direct
             )
             ddp.register_comm_hook(states[name], dlcp_hook)
         replicas[name] = ddp
@@ -73,7 +78,7 @@ def main() -> int:
             ddp.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(ddp(x), y).backward()
         ref = [p.grad for p in replicas["gloo"].parameters()]
-        for name in ("ring", "ps"):
+        for name in ("ring", "direct", "ps"):
             got = [p.grad for p in replicas[name].parameters()]
             assert len(got) == len(ref)
             for i, (a, b) in enumerate(zip(got, ref, strict=True)):
@@ -84,6 +89,7 @@ def main() -> int:
             "steps": len(st.metrics.history),
             "buckets": [s.buckets for s in st.metrics.history],
             "lost_elems": sum(s.lost_elems for s in st.metrics.history),
+            "ops": sorted({op for s in st.metrics.history for op in s.ops}),
         }
         for name, st in states.items()
     }

@@ -94,15 +94,19 @@ def all_reduce_sum_float32_vs_gloo() -> dict[str, Any]:
         a, b = both(lambda t, g: dist.all_reduce(t, group=g), data((n,), i, integer=True))
         assert torch.equal(a, b), f"n={n}"
         same_on_every_rank(a)
-    x = data((77_777,), 9)  # random floats: sums in another order
-    a, b = both(lambda t, g: dist.all_reduce(t, group=g), x)
-    assert_close(a, b)
-    same_on_every_rank(a)
     from dlcp.shims.process_group import dlcp_group
 
-    rep = dlcp_group().reports[-1]
-    return {"sizes": sizes, "last_report": {"op": rep.op, "elems": rep.elems,
-                                            "lost_elems": rep.lost_elems}}
+    reports = {}
+    # random floats (sums in another order): a small tensor goes in one round (311 KB
+    # to each of 2 peers), a large one over the ring (4.8 MB each: over 4 MiB in all)
+    for n, seed in ((77_777, 9), (1_200_000, 10)):
+        x = data((n,), seed)
+        a, b = both(lambda t, g: dist.all_reduce(t, group=g), x)
+        assert_close(a, b)
+        same_on_every_rank(a)
+        rep = dlcp_group().reports[-1]
+        reports[n] = {"op": rep.op, "elems": rep.elems, "lost_elems": rep.lost_elems}
+    return {"sizes": sizes, "reports": reports}
 
 
 @check

@@ -55,20 +55,25 @@ def _explain(result: LaunchResult, out: str, err: str) -> str:
 
 
 @pytest.mark.slow
-def test_hook_gradients_equal_gloo_allreduce_ring_and_ps() -> None:
+def test_hook_gradients_equal_gloo_allreduce_ring_direct_and_ps() -> None:
     """tests/integration/ddp_worker.py: a conv/linear/layer-norm model (11
-    parameter tensors) under DDP over Gloo, with the DLCP hook over a ring, and
-    with the hook over a PS; assert_close of every gradient, 4 iterations."""
+    parameter tensors) under DDP over Gloo, with the DLCP hook over a ring, in
+    one round (direct), and over a PS; assert_close of every gradient, 4
+    iterations."""
     cmd = [sys.executable, "-u", "-m", "tests.integration.ddp_worker"]
     result, out, err = _launch(cmd, _env(DLCP_TIMEOUT="20"), timeout=150)
     assert result.returncode == 0, _explain(result, out, err)
     line = next(x for x in out.splitlines() if "RESULT " in x)
     summary = json.loads(line.split("RESULT ", 1)[1])
-    for name in ("ring", "ps"):
+    for name in ("ring", "direct", "ps"):
         assert summary[name]["steps"] == 4
         assert summary[name]["lost_elems"] == 0
         # DDP rebuilt its buckets after the first iteration: more than one now
         assert summary[name]["buckets"][-1] > 1
+    # small exact buckets go in one round unless the state says otherwise
+    assert summary["direct"]["ops"] == ["direct_allreduce"]
+    assert summary["ring"]["ops"] == ["ring_allreduce"]
+    assert summary["ps"]["ops"] == ["ps_allreduce"]
 
 
 # ---------------------------------------------------------------------------- loss
