@@ -28,7 +28,9 @@ Scenarios:
                 :data:`BACKGROUND_SHARE` of the link rate, for the whole run.
                 It is not DLCP traffic, so the profile serves it best-effort
                 (below every DLCP class); Gloo's TCP shares that class with it.
-``spine-down``  leaf1--spine1 taken down (routes re-converged) before training.
+``spine-down``  leaf1--spine1 goes down mid-run, when rank 0 reports its first
+                epoch (routes re-converge around it while the ranks train);
+                with ``--epochs 1``, before training.
 ``incast``      DLCP: ``--collective ps`` (parameter server on rank 0 = h1: every
                 other rank pushes to it at once). Gloo has no parameter-server
                 mode, so for Gloo ``incast`` is its ordinary ring all-reduce
@@ -43,8 +45,8 @@ scenarios, made with the switches' own means where the kernel's do not apply
                 on spine1 (probability 0 elsewhere): every packet crossing
                 leaf1--spine1 crosses spine1 once, so this is the Linux scenario's
                 1 % per direction; counted by the program's ``injected`` counter.
-``spine-down``  leaf1--spine1 down before training; the controller routes every
-                switch around it (the dead member leaves the leaves' ECMP groups,
+``spine-down``  leaf1--spine1 down mid-run, as over Linux; the controller routes
+                every switch around it (the dead member leaves the leaves' ECMP groups,
                 spine1 withdraws leaf1's hosts), as a fabric's control plane would.
 ``background``  the same paced UDP flow, at :data:`BMV2_BACKGROUND_MBIT`: links
                 are not shaped (BMv2's queues have per-priority rates only, no
@@ -91,7 +93,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -194,10 +196,12 @@ def _policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
     )
 
 
-def _setup(net: Network, scenario: str, link_rate_mbit: float) -> CrossTraffic | None:
+def _setup(
+    net: Network, scenario: str, link_rate_mbit: float, *, link_down_now: bool
+) -> CrossTraffic | None:
     if scenario == "loss":
         link_loss(net, "leaf1", "spine1", LOSS_PERCENT)
-    elif scenario == "spine-down":
+    elif scenario == "spine-down" and link_down_now:
         link_down(net, "leaf1", "spine1")
     elif scenario == "background":
         # "for the run's duration": a long flow, stopped when training ends
@@ -208,10 +212,10 @@ def _setup(net: Network, scenario: str, link_rate_mbit: float) -> CrossTraffic |
     return None
 
 
-def _setup_bmv2(net: Bmv2Network, scenario: str) -> CrossTraffic | None:
+def _setup_bmv2(net: Bmv2Network, scenario: str, *, link_down_now: bool) -> CrossTraffic | None:
     if scenario == "loss":
         bmv2_set_loss(net, "spine1", LOSS_PERCENT)
-    elif scenario == "spine-down":
+    elif scenario == "spine-down" and link_down_now:
         bmv2_link_down(net, "leaf1", "spine1")
     elif scenario == "background":
         return cross_traffic(
@@ -312,8 +316,17 @@ class _Progress:
 
     _EPOCH = re.compile(r"^\[rank0\]: epoch\s+(\d+)/(\d+)")
 
-    def __init__(self, sink: IO[str], label: str, start: float) -> None:
+    def __init__(
+        self,
+        sink: IO[str],
+        label: str,
+        start: float,
+        on_epoch: Callable[[int], None] | None = None,
+    ) -> None:
         self.sink, self.label, self.start = sink, label, start
+        #: called with the epoch number after each epoch rank 0 reports (in the
+        #: thread that pumps the ranks' output: mid-run impairments)
+        self.on_epoch = on_epoch
 
     def write(self, text: str) -> int:
         self.sink.write(text)
@@ -324,6 +337,8 @@ class _Progress:
                     f"[testbed] {self.label}: epoch {m[1]}/{m[2]} done, "
                     f"{time.monotonic() - self.start:.0f} s\n"
                 )
+                if self.on_epoch is not None:
+                    self.on_epoch(int(m[1]))
         return len(text)
 
     def flush(self) -> None:
@@ -391,12 +406,27 @@ def run_experiment(
         if bmv2
         else build(t, prefix=prefix)
     )
+    # spine-down: the link fails mid-run (after the first epoch) unless there is
+    # only one epoch, in which case it is down from the start
+    mid_run = scenario == "spine-down" and epochs >= 2
+    link_event = "before training" if scenario == "spine-down" and not mid_run else None
     with builder as net:
         if isinstance(net, Bmv2Network):
-            traffic = _setup_bmv2(net, scenario)
+            traffic = _setup_bmv2(net, scenario, link_down_now=not mid_run)
         else:
             apply_profile(net, _policy(t, link_rate_mbit))
-            traffic = _setup(net, scenario, link_rate_mbit)
+            traffic = _setup(net, scenario, link_rate_mbit, link_down_now=not mid_run)
+
+        def on_epoch(epoch: int) -> None:
+            nonlocal link_event
+            if mid_run and epoch == 1 and link_event is None:
+                if isinstance(net, Bmv2Network):
+                    bmv2_link_down(net, "leaf1", "spine1")
+                else:
+                    link_down(net, "leaf1", "spine1")
+                link_event = f"after epoch 1, {time.monotonic() - started:.1f} s into the run"
+                sink.write(f"[testbed] {name}: leaf1--spine1 down {link_event}\n")
+
         try:
             before: Any = (
                 bmv2_counters(net) if isinstance(net, Bmv2Network) else profile_counters(net)
@@ -427,7 +457,7 @@ def run_experiment(
                 f"{links}" + (f", {env}" if env else "") + "\n"
             )
             sink.flush()
-            progress = _Progress(sink, name, started)
+            progress = _Progress(sink, name, started, on_epoch)
             lr = launch(
                 cmds[0],
                 world,
@@ -480,6 +510,7 @@ def run_experiment(
             "env": env,
             "flags": flags,
             "loss_rule_drops": injected,
+            "link_down": link_event,
             "background": (
                 {"sent": traffic.sent, "received": traffic.received, "sport": traffic.sport}
                 if traffic is not None

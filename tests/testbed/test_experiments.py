@@ -138,3 +138,30 @@ def test_dlcp_sprays_over_both_spines(runs: tuple[Path, dict[str, dict[str, Any]
         assert s1 + s2 > 500, (leaf, s1, s2)
         shares.append(min(s1, s2) / (s1 + s2))
     assert max(shares) > 0.01, (shares, links)
+
+
+def test_progress_calls_back_after_each_epoch_rank0_reports() -> None:
+    seen: list[int] = []
+    sink = io.StringIO()
+    p = ex._Progress(sink, "clean-dlcp", 0.0, seen.append)
+    p.write("[rank1]: epoch  1/2  test acc 50%\n[rank0]: epoch  1/2  test acc 51%\n")
+    p.write("[rank0]: something else\n[rank0]: epoch  2/2  test acc 60%\n")
+    assert seen == [1, 2]  # rank 0's epochs only, in order
+    assert sink.getvalue().count("[testbed] clean-dlcp: epoch") == 2
+
+
+@needs_root
+def test_spine_down_fails_the_link_mid_run(tmp_path: Path) -> None:
+    """spine-down over 2 epochs: leaf1--spine1 goes down when rank 0 reports its
+    first epoch, the routes re-converge while the ranks train, and training ends."""
+    log = io.StringIO()
+    r = ex.run_experiment(
+        "spine-down", "dlcp", epochs=2, batch_size=32, results=tmp_path, out=log,
+        plot_after=False,
+    )  # fmt: skip
+    text = log.getvalue()
+    down = text.index("[testbed] spine-down-dlcp: leaf1--spine1 down after epoch 1")
+    assert text.index("[testbed] spine-down-dlcp: epoch 1/2 done") < down
+    assert down < text.index("[testbed] spine-down-dlcp: epoch 2/2 done")
+    assert r["setup"]["link_down"].startswith("after epoch 1")
+    assert len(r["train"]["epochs"]) == 2 and r["final_accuracy"] > 10.0
