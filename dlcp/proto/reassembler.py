@@ -386,14 +386,13 @@ class Reassembler:
 
     def complete(self, *, now: float) -> LossReport:
         """Fill what is missing and report it. Call once :meth:`is_complete` is true."""
-        missing = ~self.received
-        starts, lengths = _runs(missing)
-        ranges = []
-        for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-            off = s * self.chunk_elems
-            ranges.append((off, min((s + n) * self.chunk_elems, self.msg_elems) - off))
         lost_elems = self.msg_elems - self.received_elems
-        if lost_elems:
+        ranges = []
+        if lost_elems:  # (the usual message lost nothing: no runs to look for)
+            starts, lengths = _runs(~self.received)
+            for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+                off = s * self.chunk_elems
+                ranges.append((off, min((s + n) * self.chunk_elems, self.msg_elems) - off))
             self._fill(ranges)
         received = np.bincount(self.received_class[self.received], minlength=N_CLASSES)
         if self.finish is not None:
@@ -406,8 +405,8 @@ class Reassembler:
             received_elems=self.received_elems,
             lost_elems=lost_elems,
             lost_ranges=tuple(ranges),
-            received_chunks=tuple(int(x) for x in received),
-            lost_chunks=tuple(int(x) for x in lost),
+            received_chunks=tuple(received.tolist()),
+            lost_chunks=tuple(lost.tolist()),
             retransmitted_chunks=self.retransmitted,
             duplicate_chunks=self.duplicates,
             nack_rounds=self.nack_rounds,
