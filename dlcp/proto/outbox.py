@@ -41,6 +41,7 @@ from .wire import (
     Nack,
     RateFeedback,
     Stop,
+    bound_from_wire,
     bound_to_wire,
 )
 
@@ -129,6 +130,7 @@ class Outbox:
             classifier=self._classifier,
             segments=segments,
             magnitude_sample=self.config.magnitude_sample,
+            loss_bound=bound_from_wire(bound),  # as the receiver will see it
         )
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
         order = table.send_order()

@@ -156,8 +156,16 @@ def plan_message(
     classifier: Classifier,
     segments: Segments | None = None,
     magnitude_sample: int = 16,
+    loss_bound: float | None = None,
 ) -> ChunkTable:
-    """Cut ``data`` into chunks and classify them."""
+    """Cut ``data`` into chunks and classify them.
+
+    ``loss_bound`` (the message's ``p``): when it lets the receiver give up less
+    than one chunk's elements, no chunk is drop-eligible, whatever the classifier
+    says. A drop-eligible packet is the one a congested switch drops first, and
+    here every dropped chunk would have to be sent again: marking it would only
+    invite the loss (small messages, and every message with ``p = 0``).
+    """
     if data.ndim != 1:
         raise ValueError(f"a message is a 1-D array, got shape {data.shape}")
     if len(data) == 0:
@@ -174,13 +182,16 @@ def plan_message(
     magnitude = _magnitudes(data, dtype, chunk_elems, magnitude_sample)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         classes = classifier.classify(layers, magnitude, n_layers=n_layers)
+    drop = classes.drop
+    if loss_bound is not None and int(loss_bound * len(data) + 1e-9) < chunk_elems:
+        drop = np.zeros_like(drop)
     return ChunkTable(
         dtype=dtype,
         msg_elems=len(data),
         chunk_elems=chunk_elems,
         layer=layers.astype(np.uint16, copy=False),
         prio=classes.prio,
-        drop=classes.drop,
+        drop=drop,
         mag=classes.mag,
         magnitude=magnitude,
     )

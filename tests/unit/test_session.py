@@ -486,7 +486,9 @@ def test_sender_gives_up_after_max_rounds_and_receiver_is_told() -> None:
     cfg = config(max_rounds=3, classifier="combined", classifier_options={"drop_fraction": 0.5})
     x = gradient(8000, 20)
     a, b = sessions(cfg=cfg)
-    a.send_message(1, x, step=8, msg=1, now=0.0, p=0.0)
+    # p = 0.05: the bound absorbs whole chunks, so the classifier's drop-eligible
+    # ones stay eligible (with p = 0 nothing would be)
+    a.send_message(1, x, step=8, msg=1, now=0.0, p=0.05)
     # every protected chunk is lost, every time
     link = LossyLink([a, b], seed=20, drop_filter=lambda d: is_data(d) and not is_droppable(d))
     link.run()

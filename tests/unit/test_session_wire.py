@@ -91,7 +91,9 @@ def test_batches_go_in_class_order_and_carry_the_class_tos(tos_map: TosMap) -> N
     )
     a, _ = sessions(cfg=cfg)
     n = 20000
-    a.send_message(1, gradient(n, 23), step=0, msg=0, now=0.0, segments=layer_segments(n, 8))
+    a.send_message(
+        1, gradient(n, 23), step=0, msg=0, now=0.0, segments=layer_segments(n, 8), p=0.05
+    )
     batches = data_batches(a.datagrams_to_send(now=0.0, max_batches=1000))
     keys = []
     for bt in batches:
@@ -105,6 +107,19 @@ def test_batches_go_in_class_order_and_carry_the_class_tos(tos_map: TosMap) -> N
     assert keys == sorted(keys)  # highest class first, protected before drop-eligible
     assert len(set(keys)) == 16  # all 8 classes, both kinds
     assert sum(bt.count for bt in batches) == -(-n * 4 // CHUNK)
+
+
+def test_no_chunk_is_drop_eligible_when_the_bound_cannot_absorb_one() -> None:
+    """A dropped drop-eligible chunk that the bound cannot absorb is sent again:
+    with p = 0, or a message whose p * elements is less than one chunk, the
+    sender marks nothing drop-eligible (a switch would only drop it first)."""
+    cfg = config(pacer="unpaced", classifier="combined", classifier_options={"drop_fraction": 0.5})
+    for n, p, any_droppable in ((20000, 0.0, False), (1000, 0.05, False), (2000, 0.05, True)):
+        a, _ = sessions(cfg=cfg)  # chunks of 64 elements: 0.05 * 1000 = 50 < 64 <= 100
+        a.send_message(1, gradient(n, 5), step=0, msg=0, now=0.0, p=p)
+        grams = [d for bt in data_batches(a.datagrams_to_send(now=0.0)) for d in datagrams(bt)]
+        assert len(grams) == -(-n * 4 // CHUNK)
+        assert any(is_droppable(d) for d in grams) == any_droppable, (n, p)
 
 
 # ----------------------------------------------------------------------------- paths
