@@ -315,7 +315,8 @@ def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: st
             if addr[2] == PACKET_OUTGOING:
                 frames.append(frame)
 
-    op = send(1, n=MB4, layers=8)
+    # p > 0: with p = 0 nothing would be drop-eligible (a drop would be resent anyway)
+    op = send(1, n=MB4, layers=8, p=0.05)
     try:
         with workers([plan(0, [op], gso=gso), plan(1, [recv(1)])], tmp_path) as (a, b):
             assert b.address is not None
