@@ -50,11 +50,12 @@ class ProtocolConfig:
     #: payload bytes per packet; None = the most that fits the MTU
     payload_bytes: int | None = None
     #: packets the sender takes per pacing decision: one contiguous run of records,
-    #: handed out as data batches of ``spray_packets`` (per-batch work in Python is
-    #: paid once per ``batch_packets``; 352 = 8 sends of 44, and 352 x 1472 B stays
-    #: under the default 512 KiB burst)
+    #: handed out as one data batch with one path, as data batches of
+    #: ``spray_packets`` with several (per-batch work in Python is paid once per
+    #: ``batch_packets``; 352 = 8 GSO sends of 44, and 352 x 1472 B stays under the
+    #: default 512 KiB burst)
     batch_packets: int = 352
-    #: packets per data batch: one GSO send on one path, the unit of spraying
+    #: packets per path choice when spraying over several paths (one GSO send)
     spray_packets: int = 44
     #: equal-cost paths to spray over (one UDP source port each)
     n_paths: int = 1

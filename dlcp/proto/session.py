@@ -8,7 +8,7 @@ peers. It is driven from outside:
   — bytes that arrived (data records or control messages);
 * ``datagrams_to_send(now=...)`` — what to put on the wire: :class:`DataBatch`
   (a contiguous run of fixed-stride data records with its destination, path and
-  TOS byte, ready for one UDP GSO send) and :class:`ControlDatagram` (to carry
+  TOS byte, ready for UDP GSO sends) and :class:`ControlDatagram` (to carry
   on the reliable control channel);
 * ``get_timer()`` / ``handle_timer(now=...)`` — the one timer the driver re-arms;
 * ``next_event()`` — :class:`MessageReceived`, :class:`MessageDelivered`,
