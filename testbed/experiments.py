@@ -80,20 +80,20 @@ class -- sent packets and drops summed over every router interface, the
 difference between before and after training -- and the wall time), one row
 appended to ``<results>/testbed.csv`` and a bar plot ``<results>/testbed.png``
 (ms/iter and accuracy per scenario and transport, the newest row of each).
-``median ms/iter`` is the median over epochs of the example's per-epoch mean
-time per iteration (the example reports no per-iteration times).
+:mod:`.results` writes and reads these. ``median ms/iter`` is the median over
+epochs of the example's per-epoch mean time per iteration (the example reports
+no per-iteration times).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -107,15 +107,33 @@ from .impairments import (
     link_loss,
     profile_counters,
 )
+from .results import (
+    CSV_FIELDS,
+    CSV_NAME,
+    FUNCTIONAL_NOTE,
+    PNG_NAME,
+    append_csv,
+    bmv2_class_totals,
+    bmv2_link_packets,
+    class_totals,
+    drops_summary,
+    per_link_packets,
+    plot,
+    read_csv,
+    table,
+)
 from .switch_profile import SwitchPolicy
 from .topology import Network, Topology, build
 
 __all__ = [
     "ABLATIONS",
+    "CSV_NAME",
+    "PNG_NAME",
     "SCENARIOS",
     "ablation_label",
     "append_csv",
     "plot",
+    "read_csv",
     "run_experiment",
     "suite",
 ]
@@ -130,26 +148,8 @@ BACKGROUND_SHARE = 0.95
 LOSS_PERCENT = 1.0
 #: the background flow over BMv2 (unshaped links; see the module doc)
 BMV2_BACKGROUND_MBIT = 20.0
-FUNCTIONAL_NOTE = "BMv2 is a functional model: its numbers are functional, not performance"
 N_PATHS = 8
 P_BOUND = 0.05
-CSV_NAME = "testbed.csv"
-PNG_NAME = "testbed.png"
-CSV_FIELDS = (
-    "scenario",
-    "transport",
-    "ablation",
-    "epochs",
-    "final_accuracy",
-    "median_ms_per_iter",
-    "lost_fraction",
-    "retransmissions",
-    "router_drops",
-    "wall_s",
-    "switch",
-)
-
-
 class ExperimentError(RuntimeError):
     """A training run on the testbed failed (the message says which rank, how)."""
 
@@ -222,92 +222,6 @@ def _setup_bmv2(net: Bmv2Network, scenario: str, *, link_down_now: bool) -> Cros
             net, "h2", "h3", spine="spine1", seconds=24 * 3600, mbit=BMV2_BACKGROUND_MBIT
         )
     return None
-
-
-def bmv2_class_totals(
-    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, int]]:
-    """Per queue ``q<n>``: packets forwarded (``packets``) and selectively dropped
-    (``drops``) between two :func:`~.bmv2_backend.bmv2_counters`, summed over the
-    switches; ``loss-injected`` and ``other`` (taken in, neither forwarded nor
-    counted as dropped) as ``drops``."""
-    out: dict[str, dict[str, int]] = {}
-
-    def delta(sw: str, kind: str, key: Any) -> int:
-        return int(after[sw][kind][key]) - int(before.get(sw, {}).get(kind, {}).get(key, 0))
-
-    for sw, c in after.items():
-        for q in c["forwarded"]:
-            tot = out.setdefault(f"q{q}", {"packets": 0, "drops": 0})
-            tot["packets"] += delta(sw, "forwarded", q)
-            tot["drops"] += delta(sw, "dropped", q)
-        injected = int(c["injected"]) - int(before.get(sw, {}).get("injected", 0))
-        taken = sum(delta(sw, "ingress", dev) for dev in c["ingress"])
-        sent = sum(delta(sw, "egress", dev) for dev in c["egress"])
-        selective = sum(delta(sw, "dropped", q) for q in c["dropped"])
-        for name, n in (("loss-injected", injected),
-                        ("other", taken - sent - selective - injected)):  # fmt: skip
-            out.setdefault(name, {"packets": 0, "drops": 0})["drops"] += n
-    return out
-
-
-def bmv2_link_packets(
-    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, dict[str, int]]]:
-    """``{switch: {egress iface: {"all": packets sent}}}`` (the program counts per
-    port, not per class and port)."""
-    return {
-        sw: {
-            dev: {"all": n - int(before.get(sw, {}).get("egress", {}).get(dev, 0))}
-            for dev, n in c["egress"].items()
-        }
-        for sw, c in after.items()
-    }
-
-
-def class_totals(
-    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
-    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
-) -> dict[str, dict[str, int]]:
-    """Per class: packets sent and drops between two :func:`profile_counters`,
-    summed over every router interface."""
-    out: dict[str, dict[str, int]] = {}
-    for router, devs in after.items():
-        for dev, classes in devs.items():
-            for name, c in classes.items():
-                b = before.get(router, {}).get(dev, {}).get(name, {})
-                tot = out.setdefault(name, {"packets": 0, "drops": 0})
-                tot["packets"] += c["packets"] - b.get("packets", 0)
-                tot["drops"] += c["drops"] - b.get("drops", 0)
-    return out
-
-
-def per_link_packets(
-    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
-    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
-) -> dict[str, dict[str, dict[str, int]]]:
-    """``{router: {egress iface: {class: packets sent}}}`` between two
-    :func:`profile_counters` (classes that sent nothing left out)."""
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for router, devs in after.items():
-        for dev, classes in devs.items():
-            b = before.get(router, {}).get(dev, {})
-            sent = {
-                name: c["packets"] - b.get(name, {}).get("packets", 0)
-                for name, c in sorted(classes.items())
-            }
-            out.setdefault(router, {})[dev] = {k: v for k, v in sent.items() if v}
-    return out
-
-
-def drops_summary(totals: Mapping[str, Mapping[str, int]]) -> str:
-    """``class:drops/sent`` for every class that carried traffic."""
-    parts = [
-        f"{name}:{c['drops']}/{c['packets']}"
-        for name, c in sorted(totals.items())
-        if c["packets"] or c["drops"]
-    ]
-    return " ".join(parts)
 
 
 class _Progress:
@@ -536,113 +450,6 @@ def run_experiment(
     if plot_after:
         plot(res_dir)
     return result
-
-
-def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
-    """Append ``row``; a file written before a column existed is rewritten with
-    today's header first (the new columns empty in its old rows)."""
-    path = Path(results) / CSV_NAME
-    new = not path.exists()
-    if not new:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            old_rows = list(reader)
-            header = tuple(reader.fieldnames or ())
-        if header != CSV_FIELDS:
-            with path.open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-                w.writeheader()
-                w.writerows(old_rows)
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(row)
-    return path
-
-
-def _switch_of(row: Mapping[str, Any]) -> str:
-    return str(row.get("switch") or "linux")  # rows from before the column: Linux
-
-
-def read_csv(results: str | Path) -> list[dict[str, str]]:
-    """The newest row of every (scenario, transport, ablation, switch), in
-    first-seen order."""
-    path = Path(results) / CSV_NAME
-    if not path.exists():
-        return []
-    latest: dict[tuple[str, str, str, str], dict[str, str]] = {}
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            key = (row["scenario"], row["transport"], row["ablation"], _switch_of(row))
-            latest[key] = row
-    return list(latest.values())
-
-
-def plot(results: str | Path) -> Path | None:
-    """Bar plot of ms/iter and final accuracy per scenario and transport (newest
-    CSV row of each) to ``<results>/testbed.png``; None if there is no data."""
-    rows = read_csv(results)
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    def variant(r: Mapping[str, str]) -> str:
-        ablation = f" {r['ablation']}" if r["ablation"] else ""
-        switch = " [bmv2, functional]" if _switch_of(r) == "bmv2" else ""
-        return r["transport"] + ablation + switch
-
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    variants = list(dict.fromkeys(variant(r) for r in rows))
-    by = {(r["scenario"], variant(r)): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(scenarios) * 2), 4.5))
-    width = 0.8 / len(variants)
-    for ax, key, title in (
-        (axes[0], "median_ms_per_iter", "median ms / iteration (lower is better)"),
-        (axes[1], "final_accuracy", "final test accuracy % (higher is better)"),
-    ):
-        for i, v in enumerate(variants):
-            xs, ys = [], []
-            for j, s in enumerate(scenarios):
-                r = by.get((s, v))
-                if r is not None:
-                    xs.append(j + (i - (len(variants) - 1) / 2) * width)
-                    ys.append(float(r[key]))
-            ax.bar(xs, ys, width, label=v)
-        ax.set_xticks(range(len(scenarios)), scenarios)
-        ax.set_title(title)
-        if key == "final_accuracy":
-            ax.set_ylim(0, 100)
-    axes[0].legend(fontsize="small")
-    fig.suptitle("DLCP vs Gloo on the leaf-spine testbed")
-    fig.tight_layout()
-    path = Path(results) / PNG_NAME
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A Markdown table of CSV-like rows (a note under it when a row is BMv2's)."""
-    head = (
-        "| scenario | transport | ablation | accuracy % | ms/iter | lost % | retx "
-        "| router drops (class:drops/sent) | switch |"
-    )
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
-            f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
-            f"{100 * float(r['lost_fraction']):.2f} | {r['retransmissions']} | "
-            f"{r['router_drops'] or '-'} | {_switch_of(r)} |"
-        )
-    if any(_switch_of(r) == "bmv2" for r in rows):
-        lines.append("")
-        lines.append(f"switch bmv2: {FUNCTIONAL_NOTE}.")
-    return "\n".join(lines)
 
 
 def suite(
