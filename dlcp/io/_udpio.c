@@ -8,21 +8,16 @@
  * the path) that, not the kernel, bounds the receive rate. Here the loop runs
  * without the GIL, so the endpoint's other threads keep going meanwhile.
  *
- * send_datagrams(fd, data, segment_size, host, port, tos) -> sent
+ * send_batch(fd, data, segment_size, per_message, host, port, tos) -> sent
  *   Sends data as datagrams of segment_size bytes (the last may be shorter) to
- *   (host, port), each with IP_TOS tos, with sendmmsg: one system call per up to
- *   SEND_BATCH datagrams instead of one per datagram. For paths where UDP GSO
- *   would be segmented in software (no segmentation offload), this is the
- *   cheaper way to send MTU-sized datagrams. Blocks while the socket buffer is
- *   full (the data sockets are blocking); raises OSError on other errors.
- *
- * send_gso(fd, data, segment_size, per_send, host, port, tos) -> sent
- *   Sends data as datagrams of segment_size bytes (the last may be shorter) to
- *   (host, port) with UDP GSO: one message of up to per_send datagrams each
- *   (UDP_SEGMENT ancillary data; a message of one datagram goes without it), and
- *   up to SEND_BATCH such messages per sendmmsg call. A sender's decision of 352
- *   datagrams is then one system call instead of eight, and one Python call.
- *   Blocks while the socket buffer is full; raises OSError on other errors.
+ *   (host, port), each with IP_TOS tos, up to SEND_BATCH messages per sendmmsg
+ *   call. A message holds up to per_message datagrams: more than one goes as one
+ *   UDP GSO message (UDP_SEGMENT ancillary data), one as a plain datagram. With
+ *   GSO a sender's decision of 352 datagrams is one system call instead of eight;
+ *   without it (per_message 1: paths where GSO would be segmented in software),
+ *   one system call per SEND_BATCH datagrams instead of one per datagram. Blocks
+ *   while the socket buffer is full (the data sockets are blocking); raises
+ *   OSError on other errors.
  *
  * recv_runs(fd, buf, budget, max_reads, read_size)
  *     -> (runs, nbytes, reads, empty, more, errno)
@@ -174,99 +169,25 @@ static int destination(struct sockaddr_in *addr, const char *host, int port) {
 
 #define SEND_BATCH 256
 
-static PyObject *send_datagrams(PyObject *self, PyObject *args) {
+static PyObject *send_batch(PyObject *self, PyObject *args) {
     (void)self;
     int fd, port, tos;
     Py_buffer data;
-    Py_ssize_t seg;
+    Py_ssize_t seg, per_message;
     const char *host;
-    if (!PyArg_ParseTuple(args, "iy*nsii:send_datagrams", &fd, &data, &seg, &host, &port, &tos))
+    if (!PyArg_ParseTuple(args, "iy*nnsii:send_batch", &fd, &data, &seg, &per_message, &host,
+                          &port, &tos))
         return NULL;
     struct sockaddr_in addr;
     if (destination(&addr, host, port) < 0) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    if (seg <= 0) {
-        PyBuffer_Release(&data);
-        PyErr_Format(PyExc_ValueError, "bad segment size %zd", seg);
-        return NULL;
-    }
-    Py_ssize_t count = (data.len + seg - 1) / seg, sent = 0;
-    int err = 0;
-    struct mmsghdr *msgs = PyMem_Calloc(SEND_BATCH, sizeof(struct mmsghdr));
-    struct iovec *iov = PyMem_Calloc(SEND_BATCH, sizeof(struct iovec));
-    union {
-        char space[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    if (msgs == NULL || iov == NULL) {
-        PyMem_Free(msgs);
-        PyMem_Free(iov);
-        PyBuffer_Release(&data);
-        return PyErr_NoMemory();
-    }
-    memset(&control, 0, sizeof control);
-    struct cmsghdr *c = (struct cmsghdr *)control.space;
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-    Py_BEGIN_ALLOW_THREADS
-    while (sent < count) {
-        int k = 0;
-        for (; k < SEND_BATCH && sent + k < count; k++) {
-            Py_ssize_t at = (sent + k) * seg;
-            Py_ssize_t n = data.len - at < seg ? data.len - at : seg;
-            iov[k].iov_base = (char *)data.buf + at;
-            iov[k].iov_len = (size_t)n;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = &addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof addr;
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
-            msgs[k].msg_hdr.msg_control = control.space; /* read-only for the kernel */
-            msgs[k].msg_hdr.msg_controllen = sizeof control.space;
-        }
-        int r = sendmmsg(fd, msgs, (unsigned)k, 0);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            err = errno;
-            break;
-        }
-        sent += r;
-    }
-    Py_END_ALLOW_THREADS
-    PyMem_Free(msgs);
-    PyMem_Free(iov);
-    PyBuffer_Release(&data);
-    if (err) {
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return PyLong_FromSsize_t(sent);
-}
-
-static PyObject *send_gso(PyObject *self, PyObject *args) {
-    (void)self;
-    int fd, port, tos;
-    Py_buffer data;
-    Py_ssize_t seg, per_send;
-    const char *host;
-    if (!PyArg_ParseTuple(args, "iy*nnsii:send_gso", &fd, &data, &seg, &per_send, &host, &port,
-                          &tos))
-        return NULL;
-    struct sockaddr_in addr;
-    if (destination(&addr, host, port) < 0) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
-    if (seg <= 0 || seg > 65535 || per_send <= 0 || per_send * seg > 65535) {
+    if (seg <= 0 || seg > 65535 || per_message <= 0 || per_message * seg > 65535) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError,
-                     "segment size %zd x %zd per send does not fit one UDP GSO message", seg,
-                     per_send);
+                     "segment size %zd x %zd per message does not fit one UDP GSO message",
+                     seg, per_message);
         return NULL;
     }
     /* two control blocks: TOS and segment size for a message of several
@@ -297,7 +218,7 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &tos, sizeof tos);
 
-    Py_ssize_t step = seg * per_send;
+    Py_ssize_t step = seg * per_message;
     Py_ssize_t n_msgs = (data.len + step - 1) / step, done = 0, sent = 0;
     int err = 0;
     struct mmsghdr msgs[SEND_BATCH];
@@ -344,12 +265,10 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"send_gso", send_gso, METH_VARARGS,
-     "send_gso(fd, data, segment_size, per_send, host, port, tos) -> sent: UDP GSO sends of "
-     "a batch, several per sendmmsg call (see the module source)."},
-    {"send_datagrams", send_datagrams, METH_VARARGS,
-     "send_datagrams(fd, data, segment_size, host, port, tos) -> sent: sendmmsg the "
-     "datagrams of a batch (see the module source)."},
+    {"send_batch", send_batch, METH_VARARGS,
+     "send_batch(fd, data, segment_size, per_message, host, port, tos) -> sent: the datagrams "
+     "of a batch, per_message per (GSO) message, many messages per sendmmsg call (see the "
+     "module source)."},
     {"recv_runs", recv_runs, METH_VARARGS,
      "recv_runs(fd, buf, budget, max_reads, read_size) -> (runs, nbytes, reads, empty, more, "
      "errno): drain a UDP socket into buf as runs of same-size datagrams (see the source)."},

@@ -2,11 +2,11 @@
 
 * **Send**: a :class:`~dlcp.proto.session.DataBatch` is a contiguous run of
   equal-size datagrams (the last may be shorter). With UDP GSO
-  (``UDP_SEGMENT``) it leaves as one GSO message per 64 KB, all of a batch's
-  messages in one ``sendmmsg`` (``dlcp.io._udpio``; one ``sendmsg`` per message
-  if that was not built); without GSO, in one ``sendmmsg`` per 256 datagrams
-  (one ``sendmsg`` per datagram without ``_udpio``). Measured over a veth path without offloads,
-  GSO segmented in software still beats ``sendmmsg`` (0.19 vs 0.15 GB/s). The
+  (``UDP_SEGMENT``) it leaves as one GSO message per 64 KB, without GSO as
+  single datagrams; either way up to 256 messages go in one ``sendmmsg``
+  (``dlcp.io._udpio``; one ``sendmsg`` per message if that was not built).
+  Measured over a veth path without offloads, GSO segmented in software still
+  beats ``sendmmsg`` of single datagrams (0.19 vs 0.15 GB/s). The
   TOS byte (DSCP + ECN) rides along as ``IP_TOS`` ancillary data on every call,
   so one socket serves every packet class.
 * **Paths**: each path has its own send socket and so its own source port; ECMP
@@ -132,26 +132,20 @@ class DataSockets:
         if tos_msg is None:
             tos_msg = (socket.IPPROTO_IP, socket.IP_TOS, struct.pack("=i", tos))
             self._tos_cache[tos] = tos_msg
-        if self.use_gso and count > 1:
-            per_call = max(1, min(_GSO_MAX_SEGMENTS, _GSO_MAX_BYTES // segment_size))
-            if _udpio is not None:  # every GSO message of the batch in one system call
-                host, port = addr
-                return int(
-                    _udpio.send_gso(sock.fileno(), data, segment_size, per_call, host, port, tos)
-                )
-            step = per_call * segment_size
-            seg = (socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", segment_size))
-            for start in range(0, len(data), step):
-                chunk = data[start : start + step]
-                if len(chunk) <= segment_size:
-                    sock.sendmsg([chunk], [tos_msg], 0, addr)
-                else:
-                    sock.sendmsg([chunk], [tos_msg, seg], 0, addr)
-            return count
-        if _udpio is not None and count > 1:
-            return int(_udpio.send_datagrams(sock.fileno(), data, segment_size, *addr, tos))
-        for start in range(0, len(data), segment_size):
-            sock.sendmsg([data[start : start + segment_size]], [tos_msg], 0, addr)
+        # datagrams per message: a 64 KB GSO message, or one datagram without GSO
+        per_message = (
+            max(1, min(_GSO_MAX_SEGMENTS, _GSO_MAX_BYTES // segment_size)) if self.use_gso else 1
+        )
+        if _udpio is not None and count > 1:  # every message of the batch in few system calls
+            host, port = addr
+            fd = sock.fileno()
+            return int(_udpio.send_batch(fd, data, segment_size, per_message, host, port, tos))
+        step = per_message * segment_size
+        seg = (socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", segment_size))
+        for start in range(0, len(data), step):
+            chunk = data[start : start + step]
+            cmsgs = [tos_msg] if len(chunk) <= segment_size else [tos_msg, seg]
+            sock.sendmsg([chunk], cmsgs, 0, addr)
         return count
 
     # ------------------------------------------------------------------ receive
