@@ -74,6 +74,15 @@ static void buf_release(Buf *b) {
     }
 }
 
+/* A C-contiguous buffer of obj (writable if asked), held until buf_release. */
+static int buf_get(PyObject *obj, int writable, Buf *b) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
+        return -1;
+    b->held = 1;
+    return 0;
+}
+
 /* An int64 row index array, or None (identity). */
 static int get_rows(PyObject *obj, const char *name, Py_ssize_t n, Buf *out) {
     out->held = 0;
@@ -141,12 +150,10 @@ static int row_bufs_get(RowBufs *b, Py_ssize_t n, PyObject *dst_obj, PyObject *d
                         Py_ssize_t dst_start, Py_ssize_t dst_stride, Py_ssize_t dst_bytes,
                         PyObject *src_obj, PyObject *src_rows_obj, Py_ssize_t src_start,
                         Py_ssize_t src_stride, Py_ssize_t src_bytes) {
-    if (PyObject_GetBuffer(dst_obj, &b->dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(dst_obj, 1, &b->dst) < 0)
         return -1;
-    b->dst.held = 1;
-    if (PyObject_GetBuffer(src_obj, &b->src.view, PyBUF_C_CONTIGUOUS) < 0)
+    if (buf_get(src_obj, 0, &b->src) < 0)
         return -1;
-    b->src.held = 1;
     if (get_rows(dst_rows_obj, "dst_rows", n, &b->drows) < 0 ||
         get_rows(src_rows_obj, "src_rows", n, &b->srows) < 0)
         return -1;
@@ -282,9 +289,8 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
         PyObject *arr;
         if (!PyArg_ParseTuple(item, "iiO:field", &offset, &size, &arr))
             goto done;
-        if (PyObject_GetBuffer(arr, &fbuf[k].view, PyBUF_C_CONTIGUOUS) < 0)
+        if (buf_get(arr, 0, &fbuf[k]) < 0)
             goto done;
-        fbuf[k].held = 1;
         n_held = k + 1;
         Py_ssize_t item_size = fbuf[k].view.itemsize;
         if ((size != 1 && size != 2 && size != 4 && size != 8) || offset < 0 ||
@@ -403,12 +409,10 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
     Buf dst = {0}, src = {0};
     PyObject *result = NULL;
     int same = 1;
-    if (PyObject_GetBuffer(dst_obj, &dst.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(dst_obj, 1, &dst) < 0)
         goto done;
-    dst.held = 1;
-    if (PyObject_GetBuffer(src_obj, &src.view, PyBUF_C_CONTIGUOUS) < 0)
+    if (buf_get(src_obj, 0, &src) < 0)
         goto done;
-    src.held = 1;
     if (n > 0 && ((n - 1) * dst_stride + record_bytes > dst.view.len ||
                   (n - 1) * src_stride + record_bytes > src.view.len)) {
         PyErr_Format(PyExc_IndexError, "%zd records do not fit dst (%zd bytes) or src (%zd bytes)",
@@ -464,12 +468,10 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "chunk_elems and block must be positive");
         return NULL;
     }
-    if (PyObject_GetBuffer(data_obj, &data.view, PyBUF_C_CONTIGUOUS) < 0)
+    if (buf_get(data_obj, 0, &data) < 0)
         goto done;
-    data.held = 1;
-    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(out_obj, 1, &out) < 0)
         goto done;
-    out.held = 1;
     if (get_rows(starts_obj, "starts", 0, &starts) < 0)
         goto done;
     {
@@ -593,18 +595,14 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
     Py_ssize_t n_chunks = (msg_elems + chunk_elems - 1) / chunk_elems;
     Buf buf = {0}, out = {0}, recv = {0}, cls = {0};
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(buf_obj, &buf.view, PyBUF_C_CONTIGUOUS) < 0)
+    if (buf_get(buf_obj, 0, &buf) < 0)
         goto done;
-    buf.held = 1;
-    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(out_obj, 1, &out) < 0)
         goto done;
-    out.held = 1;
-    if (PyObject_GetBuffer(recv_obj, &recv.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(recv_obj, 1, &recv) < 0)
         goto done;
-    recv.held = 1;
-    if (PyObject_GetBuffer(cls_obj, &cls.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (buf_get(cls_obj, 1, &cls) < 0)
         goto done;
-    cls.held = 1;
     if (buf.view.len < total || out.view.len < msg_elems * itemsize ||
         recv.view.len < n_chunks || cls.view.len < n_chunks || recv.view.itemsize != 1 ||
         cls.view.itemsize != 1) {
