@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import Communicator, direct_allreduce, ps_allreduce, ring_allreduce
+from ..collectives import DIRECT_MAX_BYTES, Communicator, allreduce, ps_allreduce
 from ..collectives.comm import CollectiveReport
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
@@ -77,7 +77,7 @@ class DLCPState:
     p_gather: float = 0.0
     fill: str = "zero"
     servers: list[int] | None = None
-    direct_max_bytes: int = 4 << 20
+    direct_max_bytes: int = DIRECT_MAX_BYTES
     endpoint: Endpoint | None = None
     world_size: int | None = None
     trace_path: str | None = None
@@ -181,12 +181,8 @@ class DLCPState:
     def _collective(
         self, data: np.ndarray, segments: list[tuple[int, int, int]]
     ) -> CollectiveReport:
-        if self.collective == "ring":
-            assert self.world_size is not None
-            exact = self.p == 0 and self.p_gather == 0
-            if exact and data.nbytes * (self.world_size - 1) <= self.direct_max_bytes:
-                return direct_allreduce(self.comm, data, segments=segments, average=True)
-            return ring_allreduce(
+        if self.collective == "ring":  # or one round, for a small exact bucket
+            return allreduce(
                 self.comm,
                 data,
                 segments=segments,
@@ -194,6 +190,7 @@ class DLCPState:
                 p_gather=self.p_gather,
                 fill=self._fill,
                 average=True,
+                direct_max_bytes=self.direct_max_bytes,
             )
         return ps_allreduce(
             self.comm,

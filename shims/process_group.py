@@ -73,7 +73,13 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store, Work
 
-from ..collectives import CollectiveReport, Communicator, direct_allreduce, ring_allreduce
+from ..collectives import (
+    DIRECT_MAX_BYTES,
+    CollectiveReport,
+    Communicator,
+    allreduce,
+    ring_allreduce,
+)
 from ..collectives.comm import ReportBuilder
 from ..errors import ConfigError, DLCPError
 from ..io.endpoint import Endpoint
@@ -119,7 +125,7 @@ class DLCPOptions:
     p_gather: float = 0.0
     fill: str = "zero"
     lossy_min_elems: int = 1 << 16
-    direct_max_bytes: int = 4 << 20
+    direct_max_bytes: int = DIRECT_MAX_BYTES
 
     def __post_init__(self) -> None:
         for name in ("p", "p_gather"):
@@ -664,20 +670,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
             wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
             host = _Host(tensor, wire)
             p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
-            data = host.numpy()
-            if p == 0 and self.options.p_gather == 0 and (
-                data.nbytes * (self._size - 1) <= self.options.direct_max_bytes
-            ):
-                report = direct_allreduce(self.comm, data, average=red == _Red.AVG)
-                host.write_back()
-                return report
-            report = ring_allreduce(
+            report = allreduce(  # the ring, or one round for a small exact tensor
                 self.comm,
-                data,
+                host.numpy(),
                 p=p,
                 p_gather=self.options.p_gather,
                 fill=self._fill,
                 average=red == _Red.AVG,
+                direct_max_bytes=self.options.direct_max_bytes,
             )
             host.write_back()
             return report
