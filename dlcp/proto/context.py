@@ -15,7 +15,7 @@ from .config import ProtocolConfig
 from .events import ControlDatagram, Event, SessionStats
 from .wire import ControlMessage, encode_control
 
-__all__ = ["ALL_ELEMS", "Key", "SessionContext"]
+__all__ = ["ALL_ELEMS", "Key", "SessionContext", "SessionSide"]
 
 Key = tuple[int, int, int]  # (peer rank, step, msg id)
 ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
@@ -37,3 +37,14 @@ class SessionContext:
     def queue(self, dst: int, ctrl: ControlMessage) -> None:
         """Encode ``ctrl`` for the reliable control channel to ``dst``."""
         self.control.append(ControlDatagram(dst, encode_control(ctrl, job=self.job, key=self.key)))
+
+
+class SessionSide:
+    """Base of the session's receive and send sides: the context's identity and
+    configuration as attributes, and where events and control messages go."""
+
+    def __init__(self, ctx: SessionContext) -> None:
+        self.config, self.stats = ctx.config, ctx.stats
+        self.rank, self.job, self.key = ctx.rank, ctx.job, ctx.key
+        self._events = ctx.events
+        self._queue = ctx.queue

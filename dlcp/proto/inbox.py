@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import FillPolicy
-from .context import ALL_ELEMS, Key, SessionContext
+from .context import ALL_ELEMS, Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
@@ -74,16 +74,13 @@ class _Expectation:
     fill: FillPolicy
 
 
-class Inbox:
+class Inbox(SessionSide):
     """Receive state of one rank: every message coming in, from any peer."""
 
     def __init__(self, ctx: SessionContext, peers: Set[int] | None) -> None:
-        self.config, self.stats = ctx.config, ctx.stats
-        self.rank, self.job, self.key = ctx.rank, ctx.job, ctx.key
+        super().__init__(ctx)
         #: the ranks data may come from (None: any)
         self.peers = peers
-        self._events = ctx.events
-        self._queue = ctx.queue
         self._incoming: dict[Key, _Incoming] = {}
         self._expected: dict[Key, _Expectation] = {}
         self._completed: OrderedDict[Key, int] = OrderedDict()  # key -> received elems

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .classify import Classifier, make_classifier
-from .context import Key, SessionContext
+from .context import Key, SessionContext, SessionSide
 from .events import DataBatch, MessageDelivered, MessageFailed, SendReport, Transmit
 from .pacing import Pacer, make_pacer
 from .packetizer import (
@@ -84,14 +84,11 @@ class _Peer:
         self.planned.clear()
 
 
-class Outbox:
+class Outbox(SessionSide):
     """Send state of one rank: every message going out, to any peer."""
 
     def __init__(self, ctx: SessionContext) -> None:
-        self.config, self.stats = ctx.config, ctx.stats
-        self.rank, self.job, self.key = ctx.rank, ctx.job, ctx.key
-        self._events = ctx.events
-        self._queue = ctx.queue
+        super().__init__(ctx)
         self._classifier: Classifier = make_classifier(
             self.config.classifier, **self.config.classifier_kwargs()
         )
