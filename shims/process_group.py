@@ -71,7 +71,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store, Work
+from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store
 
 from ..collectives import (
     DIRECT_MAX_BYTES,
@@ -86,6 +86,17 @@ from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
 from ..rendezvous import connect
+from .pg_tensors import (
+    FOLDS,
+    ROLE_STRIDE,
+    DLCPWork,
+    HostTensor,
+    Job,
+    TensorList,
+    check_tensors,
+    flatten,
+    parts,
+)
 
 __all__ = ["BACKEND", "DLCPOptions", "DLCPProcessGroup", "DLCPWork", "dlcp_group", "register"]
 
@@ -95,17 +106,11 @@ BACKEND = "dlcp"
 #: Communicator channel of process groups (the DDP hook uses 1); each group has
 #: its own endpoint, the channel only keeps traces readable
 CHANNEL = 2
-#: largest message; bigger tensors travel in several parts
-MAX_PART_BYTES = 1 << 30
-#: message roles of one operation: tensor index + part * ROLE_STRIDE (roles are 12 bits)
-ROLE_STRIDE = 256
-MAX_PARTS = 16
 #: seconds shutdown() lets queued operations finish before closing the endpoint
 SHUTDOWN_GRACE = 30.0
 
 _Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
 _RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TensorList = list[torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,87 +160,6 @@ def _unsupported(op: str) -> Callable[..., Any]:
     return method
 
 
-class DLCPWork(Work):
-    """The handle of one queued operation: ``wait()`` raises what the operation
-    raised (a failed collective is never silent), ``get_future()`` is completed
-    by the transport thread with the operation's output tensors."""
-
-    def __init__(self, name: str, future: torch.futures.Future[Any]) -> None:
-        super().__init__()
-        self.name = name
-        self._future = future
-        self._done = threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        seconds = timeout.total_seconds() if timeout is not None else 0.0
-        if seconds > 0 and not self._done.wait(seconds):
-            raise TimeoutError(f"dlcp {self.name} did not complete within {seconds:g} s")
-        self._future.wait()  # raises the operation's error
-        return True
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        return self._future
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
-
-    def result(self) -> Any:
-        return self._future.wait()
-
-
-@dataclass(slots=True)
-class _Job:
-    name: str
-    run: Callable[[], CollectiveReport | None]
-    result: _TensorList
-    future: torch.futures.Future[Any]
-    ready: Any = None  # CUDA event recorded on the caller's stream
-
-
-class _Host:
-    """A tensor as a contiguous 1-D CPU tensor (``flat``), a copy ("staged") when
-    the tensor is not already one of ``dtype``; :meth:`write_back` copies results
-    back into the tensor."""
-
-    __slots__ = ("flat", "staged", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-        t = tensor.detach()
-        want = t.dtype if dtype is None else dtype
-        self.tensor = tensor
-        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == want:
-            self.flat = t.reshape(-1)
-            self.staged = False
-        else:
-            self.flat = torch.empty(t.numel(), dtype=want, pin_memory=t.is_cuda)
-            self.flat.view(t.shape).copy_(t)
-            self.staged = True
-
-    def numpy(self) -> npt.NDArray[Any]:
-        return self.flat.numpy()
-
-    def bytes(self) -> npt.NDArray[np.uint8]:
-        return self.flat.view(torch.uint8).numpy()
-
-    def write_back(self) -> None:
-        if not self.staged:
-            return
-        with torch.no_grad():
-            self.tensor.copy_(self.flat.view(self.tensor.shape))
-        if self.tensor.is_cuda:  # pragma: no cover - no GPU here
-            torch.cuda.current_stream(self.tensor.device).synchronize()
-
-
 class DLCPProcessGroup(dist.ProcessGroup):
     """A process group over one DLCP endpoint. Created by torch through the
     registered backend; see the module docstring."""
@@ -275,7 +199,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._fill = FillPolicy(self.options.fill)
         #: reports of the latest operations, oldest first
         self.reports: deque[CollectiveReport] = deque(maxlen=1024)
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(
@@ -293,9 +217,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # the name torch's trampoline looks up
         return BACKEND
 
-    def allreduce(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+    def allreduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         red = self._reduce_op(opts, "allreduce")
-        _check_tensors(tensors, "allreduce")
+        check_tensors(tensors, "allreduce")
         for t in tensors:
             self._check_reducible(t, red, "allreduce")
 
@@ -307,19 +231,19 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return self._submit("allreduce", run, tensors, tensors)
 
-    def allreduce_coalesced(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+    def allreduce_coalesced(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+    def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         root = self._root(opts, "broadcast")
-        _check_tensors(tensors, "broadcast")
+        check_tensors(tensors, "broadcast")
         if len(tensors) >= ROLE_STRIDE:
             raise ValueError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
 
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
             report = ReportBuilder("broadcast", call, sum(t.numel() for t in tensors))
-            hosts = [_Host(t) for t in tensors]
+            hosts = [HostTensor(t) for t in tensors]
             if self._rank == root:
                 sends = [
                     (peer, i, h.bytes())
@@ -339,9 +263,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self._submit("broadcast", run, tensors, tensors)
 
     def allgather(
-        self, output_tensors: list[_TensorList], input_tensors: _TensorList, opts: Any = None
+        self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
-        _check_tensors(input_tensors, "allgather")
+        check_tensors(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(
                 f"allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs"
@@ -356,8 +280,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report = ReportBuilder("allgather", call, sum(t.numel() for t in input_tensors))
             sends, recvs, outs_host = [], [], []
             for i, (outs, inp) in enumerate(zip(output_tensors, input_tensors, strict=True)):
-                mine = _Host(inp).bytes()
-                hosts = [_Host(o) for o in outs]
+                mine = HostTensor(inp).bytes()
+                hosts = [HostTensor(o) for o in outs]
                 outs_host.extend(hosts)
                 for peer in range(self._size):
                     if peer == self._rank:
@@ -374,7 +298,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self._submit("allgather", run, flat_out, [*flat_out, *input_tensors])
 
     def allgather_coalesced(
-        self, output_lists: list[_TensorList], input_list: _TensorList, opts: Any = None
+        self, output_lists: list[TensorList], input_list: TensorList, opts: Any = None
     ) -> DLCPWork:
         return self.allgather(output_lists, input_list, opts)
 
@@ -382,7 +306,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> DLCPWork:
         """``all_gather_into_tensor``: rank r's input lands in the r-th slice of output."""
-        _check_tensors([output, input], "all_gather_into_tensor")
+        check_tensors([output, input], "all_gather_into_tensor")
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
             raise ValueError(
                 f"all_gather_into_tensor: output {output.dtype}{list(output.shape)} must hold "
@@ -392,8 +316,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
             report = ReportBuilder("all_gather_into_tensor", call, input.numel())
-            mine = _Host(input).bytes()
-            out = _Host(output)
+            mine = HostTensor(input).bytes()
+            out = HostTensor(output)
             rows = out.bytes().reshape(self._size, -1)
             rows[self._rank] = mine
             peers = [q for q in range(self._size) if q != self._rank]
@@ -410,10 +334,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
     ) -> DLCPWork:
         return self.all_gather_single(output, input, opts)
 
-    def reduce(self, tensors: _TensorList, opts: Any = None) -> DLCPWork:
+    def reduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         red = self._reduce_op(opts, "reduce")
         root = self._root(opts, "reduce")
-        _check_tensors(tensors, "reduce")
+        check_tensors(tensors, "reduce")
         for t in tensors:
             self._check_reducible(t, red, "reduce")
 
@@ -427,10 +351,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self._submit("reduce", run, tensors, tensors)
 
     def reduce_scatter(
-        self, output_tensors: _TensorList, input_tensors: list[_TensorList], opts: Any = None
+        self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
         red = self._reduce_op(opts, "reduce_scatter")
-        _check_tensors(output_tensors, "reduce_scatter")
+        check_tensors(output_tensors, "reduce_scatter")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(
                 f"reduce_scatter: {len(output_tensors)} outputs for "
@@ -450,7 +374,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return report
 
         return self._submit(
-            "reduce_scatter", run, output_tensors, [*output_tensors, *_flatten(input_tensors)]
+            "reduce_scatter", run, output_tensors, [*output_tensors, *flatten(input_tensors)]
         )
 
     def reduce_scatter_single(
@@ -458,7 +382,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     ) -> DLCPWork:
         """``reduce_scatter_tensor``: slice r of the reduced input lands in rank r's output."""
         red = self._reduce_op(opts, "reduce_scatter_tensor")
-        _check_tensors([output, input], "reduce_scatter_tensor")
+        check_tensors([output, input], "reduce_scatter_tensor")
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(
                 f"reduce_scatter_tensor: input {input.dtype}{list(input.shape)} must hold "
@@ -481,10 +405,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self.reduce_scatter_single(output, input, opts)
 
     def gather(
-        self, output_tensors: list[_TensorList], input_tensors: _TensorList, opts: Any = None
+        self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
         root = self._root(opts, "gather")
-        _check_tensors(input_tensors, "gather")
+        check_tensors(input_tensors, "gather")
         if len(input_tensors) != 1:
             raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
         if self._rank == root:
@@ -498,11 +422,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
             report = ReportBuilder("gather", call, inp.numel())
-            mine = _Host(inp).bytes()
+            mine = HostTensor(inp).bytes()
             if self._rank != root:
                 self._transfer(call, [(root, 0, mine)], [], report)
                 return report.build()
-            hosts = [_Host(o) for o in output_tensors[0]]
+            hosts = [HostTensor(o) for o in output_tensors[0]]
             hosts[root].bytes()[:] = mine
             peers = [q for q in range(self._size) if q != root]
             self._transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
@@ -514,10 +438,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self._submit("gather", run, list(outs), [*outs, inp])
 
     def scatter(
-        self, output_tensors: _TensorList, input_tensors: list[_TensorList], opts: Any = None
+        self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
         root = self._root(opts, "scatter")
-        _check_tensors(output_tensors, "scatter")
+        check_tensors(output_tensors, "scatter")
         if len(output_tensors) != 1:
             raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
         out = output_tensors[0]
@@ -531,9 +455,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
             report = ReportBuilder("scatter", call, out.numel())
-            host = _Host(out)
+            host = HostTensor(out)
             if self._rank == root:
-                pieces = [_Host(t).bytes() for t in input_tensors[0]]
+                pieces = [HostTensor(t).bytes() for t in input_tensors[0]]
                 host.bytes()[:] = pieces[root]
                 sends = [(q, 0, pieces[q]) for q in range(self._size) if q != root]
                 self._transfer(call, sends, [], report)
@@ -593,8 +517,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self,
         name: str,
         run: Callable[[], CollectiveReport | None],
-        result: _TensorList,
-        touched: _TensorList,
+        result: TensorList,
+        touched: TensorList,
     ) -> DLCPWork:
         cuda: list[int | str | torch.device] = sorted(
             {t.device for t in touched if t.is_cuda}, key=str
@@ -609,7 +533,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         with self._lock:  # queue order is call order: the same on every rank
             if self._closed:
                 raise DLCPError(f"dlcp process group (rank {self._rank}) is shut down: {name}")
-            self._jobs.put(_Job(name, run, result, future, ready))
+            self._jobs.put(Job(name, run, result, future, ready))
         log.debug("dlcp process group rank %d: queued %s", self._rank, name)
         return DLCPWork(name, future)
 
@@ -636,8 +560,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if red in (_Red.MAX, _Red.MIN) and t.is_complex():
             raise ValueError(f"{op}: {red.name} is undefined for complex tensors")
 
-    def _check_gather_list(self, tensors: _TensorList, like: torch.Tensor, op: str) -> None:
-        _check_tensors(tensors, op)
+    def _check_gather_list(self, tensors: TensorList, like: torch.Tensor, op: str) -> None:
+        check_tensors(tensors, op)
         if len(tensors) != self._size:
             raise ValueError(f"{op}: {len(tensors)} tensors in the list, world size {self._size}")
         for i, t in enumerate(tensors):
@@ -668,7 +592,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _allreduce(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
         if red in (_Red.SUM, _Red.AVG) and tensor.dtype in _RING_DTYPES:
             wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
-            host = _Host(tensor, wire)
+            host = HostTensor(tensor, wire)
             p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
             report = allreduce(  # the ring, or one round for a small exact tensor
                 self.comm,
@@ -687,7 +611,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """All-gather the raw bytes, reduce in rank order: bitwise the same everywhere."""
         call = self.comm.next_call()
         report = ReportBuilder(f"allreduce_{red.name.lower()}", call, tensor.numel())
-        host = _Host(tensor)
+        host = HostTensor(tensor)
         rows = torch.empty((self._size, host.flat.numel()), dtype=host.flat.dtype)
         rows[self._rank] = host.flat
         row_bytes = rows.view(torch.uint8).numpy()
@@ -696,7 +620,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._transfer(
             call, [(q, 0, mine) for q in peers], [(q, 0, row_bytes[q]) for q in peers], report
         )
-        out = functools.reduce(_FOLDS[red], rows.unbind(0))
+        out = functools.reduce(FOLDS[red], rows.unbind(0))
         if red == _Red.AVG:  # float64 / complex: the ring carries float32 and float16
             out = out / self._size
         host.flat.copy_(out)
@@ -716,14 +640,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
         incoming: list[Future[Any]] = []
         outgoing: list[Future[Any]] = []
         for peer, index, buf in recvs:
-            for role, part in _parts(buf, index):
+            for role, part in parts(buf, index):
                 incoming.append(
                     self.comm.recv(
                         part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
                     )
                 )
         for peer, index, buf in sends:
-            for role, part in _parts(buf, index):
+            for role, part in parts(buf, index):
                 outgoing.append(
                     self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
                 )
@@ -731,47 +655,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report.received(self.comm.wait(fut), bounded=False)
         for fut in outgoing:
             report.sent(self.comm.wait(fut), 1)
-
-
-def _parts(buf: npt.NDArray[np.uint8], index: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:
-    if buf.size == 0:
-        return []
-    n = -(-buf.size // MAX_PART_BYTES)
-    if n > MAX_PARTS or index >= ROLE_STRIDE:
-        raise ValueError(
-            f"message of {buf.size} bytes (tensor {index}) exceeds "
-            f"{MAX_PARTS} x {MAX_PART_BYTES} bytes"
-        )
-    return [
-        (index + k * ROLE_STRIDE, buf[k * MAX_PART_BYTES : (k + 1) * MAX_PART_BYTES])
-        for k in range(n)
-    ]
-
-
-def _flatten(lists: list[_TensorList]) -> _TensorList:
-    return [t for ts in lists for t in ts]
-
-
-def _check_tensors(tensors: _TensorList, op: str) -> None:
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise ValueError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
-        if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
-
-
-_FOLDS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    _Red.SUM: lambda a, b: torch.logical_or(a, b) if a.dtype == torch.bool else a + b,
-    _Red.AVG: lambda a, b: a + b,  # divided by the world size after the fold
-    _Red.PRODUCT: lambda a, b: torch.logical_and(a, b) if a.dtype == torch.bool else a * b,
-    _Red.MAX: torch.maximum,
-    _Red.MIN: torch.minimum,
-    _Red.BAND: torch.bitwise_and,
-    _Red.BOR: torch.bitwise_or,
-    _Red.BXOR: torch.bitwise_xor,
-}
 
 
 def _store_host(store: Any) -> str | None:

@@ -1,0 +1,164 @@
+"""The dlcp process group's tensors and handles: the ``Work`` it returns, host
+staging of each tensor (CPU copy, or pinned memory for CUDA), argument checks,
+the cutting of raw bytes into messages, and the reductions of exact
+all-reduces. :mod:`.process_group` builds on these.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch._C._distributed_c10d import ReduceOp, Work
+
+from ..collectives import CollectiveReport
+
+__all__ = [
+    "FOLDS",
+    "MAX_PARTS",
+    "MAX_PART_BYTES",
+    "ROLE_STRIDE",
+    "DLCPWork",
+    "HostTensor",
+    "Job",
+    "TensorList",
+    "check_tensors",
+    "flatten",
+    "parts",
+]
+
+TensorList = list[torch.Tensor]
+
+#: largest message; bigger tensors travel in several parts
+MAX_PART_BYTES = 1 << 30
+#: message roles of one operation: tensor index + part * ROLE_STRIDE (roles are 12 bits)
+ROLE_STRIDE = 256
+MAX_PARTS = 16
+
+
+class DLCPWork(Work):
+    """The handle of one queued operation: ``wait()`` raises what the operation
+    raised (a failed collective is never silent), ``get_future()`` is completed
+    by the transport thread with the operation's output tensors."""
+
+    def __init__(self, name: str, future: torch.futures.Future[Any]) -> None:
+        super().__init__()
+        self.name = name
+        self._future = future
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self._done.wait(seconds):
+            raise TimeoutError(f"dlcp {self.name} did not complete within {seconds:g} s")
+        self._future.wait()  # raises the operation's error
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def result(self) -> Any:
+        return self._future.wait()
+
+
+@dataclass(slots=True)
+class Job:
+    name: str
+    run: Callable[[], CollectiveReport | None]
+    result: TensorList
+    future: torch.futures.Future[Any]
+    ready: Any = None  # CUDA event recorded on the caller's stream
+
+
+class HostTensor:
+    """A tensor as a contiguous 1-D CPU tensor (``flat``), a copy ("staged") when
+    the tensor is not already one of ``dtype``; :meth:`write_back` copies results
+    back into the tensor."""
+
+    __slots__ = ("flat", "staged", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+        t = tensor.detach()
+        want = t.dtype if dtype is None else dtype
+        self.tensor = tensor
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == want:
+            self.flat = t.reshape(-1)
+            self.staged = False
+        else:
+            self.flat = torch.empty(t.numel(), dtype=want, pin_memory=t.is_cuda)
+            self.flat.view(t.shape).copy_(t)
+            self.staged = True
+
+    def numpy(self) -> npt.NDArray[Any]:
+        return self.flat.numpy()
+
+    def bytes(self) -> npt.NDArray[np.uint8]:
+        return self.flat.view(torch.uint8).numpy()
+
+    def write_back(self) -> None:
+        if not self.staged:
+            return
+        with torch.no_grad():
+            self.tensor.copy_(self.flat.view(self.tensor.shape))
+        if self.tensor.is_cuda:  # pragma: no cover - no GPU here
+            torch.cuda.current_stream(self.tensor.device).synchronize()
+
+
+def parts(buf: npt.NDArray[np.uint8], index: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:
+    if buf.size == 0:
+        return []
+    n = -(-buf.size // MAX_PART_BYTES)
+    if n > MAX_PARTS or index >= ROLE_STRIDE:
+        raise ValueError(
+            f"message of {buf.size} bytes (tensor {index}) exceeds "
+            f"{MAX_PARTS} x {MAX_PART_BYTES} bytes"
+        )
+    return [
+        (index + k * ROLE_STRIDE, buf[k * MAX_PART_BYTES : (k + 1) * MAX_PART_BYTES])
+        for k in range(n)
+    ]
+
+
+def flatten(lists: list[TensorList]) -> TensorList:
+    return [t for ts in lists for t in ts]
+
+
+def check_tensors(tensors: TensorList, op: str) -> None:
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise ValueError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
+
+
+FOLDS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ReduceOp.SUM: lambda a, b: torch.logical_or(a, b) if a.dtype == torch.bool else a + b,
+    ReduceOp.AVG: lambda a, b: a + b,  # divided by the world size after the fold
+    ReduceOp.PRODUCT: lambda a, b: torch.logical_and(a, b) if a.dtype == torch.bool else a * b,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.BAND: torch.bitwise_and,
+    ReduceOp.BOR: torch.bitwise_or,
+    ReduceOp.BXOR: torch.bitwise_xor,
+}
