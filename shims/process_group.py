@@ -57,13 +57,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
@@ -74,18 +72,17 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store
 
 from ..collectives import (
-    DIRECT_MAX_BYTES,
     CollectiveReport,
     Communicator,
     allreduce,
     ring_allreduce,
 )
 from ..collectives.comm import ReportBuilder
-from ..errors import ConfigError, DLCPError
+from ..errors import DLCPError
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
-from ..proto.wire import MAX_LOSS_BOUND
 from ..rendezvous import connect
+from .pg_options import DLCPOptions, rendezvous_env
 from .pg_tensors import (
     FOLDS,
     ROLE_STRIDE,
@@ -111,44 +108,6 @@ SHUTDOWN_GRACE = 30.0
 
 _Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
 _RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True, slots=True)
-class DLCPOptions:
-    """Per-group options, passed as ``pg_options=`` to ``init_process_group`` / ``new_group``.
-
-    ``p``: loss bound of the reduce-scatter phase of float SUM/AVG all-reduces;
-    ``None`` takes ``DLCP_DEFAULT_P`` (0 when unset). ``p_gather``: bound of the
-    all-gather phase (keep 0 so that replicas stay identical). ``fill``: what lost
-    elements become (``"zero"`` or ``"rescale"``). ``lossy_min_elems``: smaller
-    tensors are always reduced with ``p = 0``. ``direct_max_bytes``: an exact
-    all-reduce whose copies to every other rank add up to at most this many
-    bytes goes in one round (0: always the ring).
-    """
-
-    p: float | None = None
-    p_gather: float = 0.0
-    fill: str = "zero"
-    lossy_min_elems: int = 1 << 16
-    direct_max_bytes: int = DIRECT_MAX_BYTES
-
-    def __post_init__(self) -> None:
-        for name in ("p", "p_gather"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= MAX_LOSS_BOUND:
-                raise ConfigError(f"DLCPOptions.{name}={value} outside [0, {MAX_LOSS_BOUND}]")
-        try:
-            FillPolicy(self.fill)
-        except ValueError:
-            raise ConfigError(
-                f"DLCPOptions.fill={self.fill!r}: use one of {[f.value for f in FillPolicy]}"
-            ) from None
-        if self.lossy_min_elems < 0:
-            raise ConfigError(f"DLCPOptions.lossy_min_elems={self.lossy_min_elems} must be >= 0")
-        if self.direct_max_bytes < 0:
-            raise ConfigError(
-                f"DLCPOptions.direct_max_bytes={self.direct_max_bytes} must be >= 0"
-            )
 
 
 def _unsupported(op: str) -> Callable[..., Any]:
@@ -187,7 +146,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self.endpoint, _ = connect(
             group="pg",
             store=cast(Any, PrefixStore("dlcp", store)),  # accepts str and bytes values
-            env=_rendezvous_env(store, rank, world_size, timeout),
+            env=rendezvous_env(store, rank, world_size, timeout),
         )
         self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)
         #: loss bound of large float SUM/AVG all-reduces
@@ -655,32 +614,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report.received(self.comm.wait(fut), bounded=False)
         for fut in outgoing:
             report.sent(self.comm.wait(fut), 1)
-
-
-def _store_host(store: Any) -> str | None:
-    """The host of the TCPStore under (possibly several) PrefixStores, if any."""
-    for _ in range(16):
-        if isinstance(store, PrefixStore):
-            store = store.underlying_store
-            continue
-        host = getattr(store, "host", None)
-        return str(host) if host else None
-    return None
-
-
-def _rendezvous_env(
-    store: Any, rank: int, world_size: int, timeout: timedelta | None
-) -> Mapping[str, str]:
-    """What :func:`dlcp.rendezvous.connect` reads, from torch's arguments: the group's
-    rank and size (not the job's), the store's host for picking our address, and the
-    group's timeout as the endpoint's unless ``DLCP_TIMEOUT`` is set."""
-    env = dict(os.environ)
-    env["RANK"], env["WORLD_SIZE"] = str(rank), str(world_size)
-    env["MASTER_ADDR"] = _store_host(store) or env.get("MASTER_ADDR") or "127.0.0.1"
-    env.setdefault("MASTER_PORT", "0")  # not used: the store is given
-    if timeout is not None and "DLCP_TIMEOUT" not in env:
-        env["DLCP_TIMEOUT"] = repr(max(timeout.total_seconds(), 1.0))
-    return env
 
 
 def _create(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:
