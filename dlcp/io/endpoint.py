@@ -1,15 +1,22 @@
 """``Endpoint``: DLCP on real sockets, the object applications use.
 
 One endpoint per rank. It owns a protocol :class:`~dlcp.proto.session.Session`,
-the UDP data sockets, the TCP control channel, and one I/O thread that is the
-only thing touching any of them. Application threads call :meth:`Endpoint.send`
-and :meth:`Endpoint.recv`, which post a command to the I/O thread and return a
+the UDP data sockets, the TCP control channel, and one I/O thread. Application
+threads call :meth:`Endpoint.send` and :meth:`Endpoint.recv`, which return a
 :class:`concurrent.futures.Future` at once.
 
-The I/O thread loops: wait on the sockets (and a wake-up socket for commands)
-until the session's timer or the next deadline; feed what arrived to the
-session; run its timer; send what it produced; complete futures from its
-events; fail what ran past ``config.timeout``. It never spins while idle.
+One lock guards the session, the sockets and the pending futures. The I/O
+thread holds it except while it waits: it waits on the sockets until the
+session's timer or the next deadline; feeds what arrived to the session; runs
+its timer; sends what it produced; completes futures from its events; fails what
+ran past ``config.timeout``. It never spins while idle.
+
+``send`` and ``recv`` do their work in the calling thread, under the lock: a
+send is planned, packed and put on the wire (as far as the pacer allows) before
+``send`` returns, without handing over to the I/O thread and waiting for it to
+be scheduled (two context switches per message on a busy machine). The caller
+wakes the I/O thread only when the session now needs it earlier than it planned
+to wake: the rest of a paced message, or a timer.
 
 Buffers follow MPI's rules: an array passed to ``send`` must stay unchanged
 until its future is done, and ``recv(out=...)`` writes ``out`` from the I/O
@@ -23,7 +30,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import queue
 import selectors
 import socket
 import threading
@@ -156,9 +162,11 @@ class Endpoint:
             store.set(store_key(job, rank), self.address.encode())
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._commands: queue.SimpleQueue[tuple[Callable[[], None], Future[Any]]] = (
-            queue.SimpleQueue()
-        )
+        #: guards the session, the sockets and the tables below (module docstring);
+        #: re-entrant: a future's callback may send or receive
+        self._lock = threading.RLock()
+        #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
+        self._sleep_until = -math.inf
         self._sends: dict[Key, _Pending] = {}
         self._recvs: dict[Key, _Pending] = {}
         self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
@@ -337,11 +345,19 @@ class Endpoint:
         return addr
 
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
-        if self._closing:
-            fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
-            return
-        self._commands.put((command, fut))
-        self._wake()
+        """Run ``command`` (a session operation that settles ``fut`` or leaves it
+        pending) in this thread, then send what it produced."""
+        with self._lock:
+            if self._closing:
+                fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
+                return
+            command()
+            now = time.monotonic()
+            self._dispatch_events()
+            self._flush(now)
+            self._dispatch_events()
+            if self._next_time(now) < self._sleep_until:
+                self._wake()
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # already awake (buffer full), or closing
@@ -356,37 +372,42 @@ class Endpoint:
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             while not self._closing:
-                before = time.monotonic()
-                timeout = self._wait_time(before)
-                ready = sel.select(timeout)
-                now = time.monotonic()
-                self._session.note_idle(now - before, now=now)  # receive capacity (rate feedback)
-                for key, _ in ready:
-                    self._on_ready(sel, key.fileobj, key.data)
-                now = time.monotonic()
-                self._run_commands()
-                timer = self._session.get_timer()
-                if timer is not None and timer <= now:
-                    self._session.handle_timer(now=now)
-                self._dispatch_events()  # before sending: a send may find a peer gone
-                self._flush(now)
-                self._dispatch_events()
-                self._expire(now)
+                with self._lock:
+                    before = time.monotonic()
+                    self._sleep_until = self._next_time(before)
+                ready = sel.select(max(0.0, self._sleep_until - before))
+                with self._lock:
+                    self._sleep_until = -math.inf
+                    now = time.monotonic()
+                    self._session.note_idle(now - before, now=now)  # receive capacity
+                    for key, _ in ready:
+                        self._on_ready(sel, key.fileobj, key.data)
+                    now = time.monotonic()
+                    timer = self._session.get_timer()
+                    if timer is not None and timer <= now:
+                        self._session.handle_timer(now=now)
+                    self._dispatch_events()  # before sending: a send may find a peer gone
+                    self._flush(now)
+                    self._dispatch_events()
+                    self._expire(now)
         except BaseException as exc:  # keep the endpoint's users from hanging
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
             self._fail_all(TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}"))
             raise
         finally:
-            self._closing = True  # after a crash too: later calls fail instead of hanging
-            self._fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
-            sel.close()
-            self._data.close()
-            self._control.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            with self._lock:
+                self._closing = True  # after a crash too: later calls fail instead of hanging
+                self._fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
+                sel.close()
+                self._data.close()
+                self._control.close()
+                self._wake_r.close()
+                self._wake_w.close()
             self._closed.set()
 
-    def _wait_time(self, now: float) -> float:
+    def _next_time(self, now: float) -> float:
+        """When the I/O thread has something to do without input: the session's
+        timer or a deadline, at most a second from ``now``."""
         times = [now + 1.0]
         timer = self._session.get_timer()
         if timer is not None:
@@ -394,7 +415,7 @@ class Endpoint:
         times.extend(
             p.deadline for p in itertools.chain(self._sends.values(), self._recvs.values())
         )
-        return max(0.0, min(times) - now)
+        return min(times)
 
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
         if what == "data":
@@ -451,14 +472,6 @@ class Endpoint:
         if n_full < n and keep[-1]:
             rows = np.concatenate((rows, buf[n_full * seg :]))
         return rows
-
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                command, _ = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            command()
 
     def _flush(self, now: float) -> None:
         # bounded, so that receiving gets its turn between bursts of sending
@@ -605,10 +618,3 @@ class Endpoint:
                 if not pending.future.done():
                     pending.future.set_exception(error)
             table.clear()
-        while True:
-            try:
-                _, fut = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if not fut.done():
-                fut.set_exception(error)
