@@ -153,9 +153,10 @@ def gather_records(
     flat = records.reshape(-1)
     use_c = ACCELERATED if accelerated is None else accelerated
     if use_c and _accel is not None:
+        layout = _field_layout(wire, tuple(fields))
         spec = [
-            (wire.fields[name][1], wire[name].itemsize, _c_ints(values))  # type: ignore[index]
-            for name, values in fields.items()
+            (offset, size, _c_ints(values))
+            for (offset, size), values in zip(layout, fields.values(), strict=True)
         ]
         _accel.gather_records(
             flat,
@@ -240,6 +241,12 @@ def scatter_run(
         stream,
     )
     return result
+
+
+@functools.lru_cache(maxsize=16)
+def _field_layout(wire: np.dtype[np.void], names: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(offset, size) in ``wire`` of each field of ``names``."""
+    return [(wire.fields[n][1], wire[n].itemsize) for n in names]  # type: ignore[index]
 
 
 def _c_ints(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:

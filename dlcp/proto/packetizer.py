@@ -17,6 +17,7 @@ call (UDP GSO). Everything is vectorised: no Python loop runs per chunk.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -122,8 +123,7 @@ def _magnitudes_of(
         if 0 < sample < chunk_elems:
             # blocks of 16 neighbouring values (one cache line of float32) at evenly
             # spaced places: touches a few lines per chunk instead of `sample` lines
-            blocks = -(-sample // _BLOCK)
-            starts = np.linspace(0, chunk_elems - _BLOCK, blocks).astype(np.int64)
+            starts = _block_starts(chunk_elems, -(-sample // _BLOCK))
             if dtype is DType.FLOAT32 and chunk_elems >= _BLOCK:
                 out[:n_full] = block_abs_mean(full.view(np.float32), starts, _BLOCK)
                 return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
@@ -139,12 +139,21 @@ def _magnitudes_of(
     return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
 
 
+@functools.lru_cache(maxsize=64)
+def _block_starts(chunk_elems: int, blocks: int) -> npt.NDArray[np.int64]:
+    """Where the sampled blocks of a chunk start (read-only: shared between calls)."""
+    starts = np.linspace(0, chunk_elems - _BLOCK, blocks).astype(np.int64)
+    starts.flags.writeable = False
+    return starts
+
+
 def _tail_magnitude(
     data: npt.NDArray[np.generic], dtype: DType, tail_start: int, out: npt.NDArray[np.float32]
 ) -> npt.NDArray[np.float32]:
     """Fill in the short last chunk's magnitude (all its values), if there is one."""
     if tail_start < len(data):
-        out[-1] = np.abs(_as_float32(data[tail_start:], dtype)).mean(dtype=np.float64)
+        tail = _as_float32(data[tail_start:], dtype)
+        out[-1] = np.abs(tail).sum(dtype=np.float64) / len(tail)
     return out
 
 
@@ -178,7 +187,7 @@ def plan_message(
     n_chunks = -(-len(data) // chunk_elems)
     if n_chunks > 0xFFFFFFFF:
         raise ValueError(f"message needs {n_chunks} chunks, more than a seq number holds")
-    layers, n_layers = chunk_layers(segments, n_chunks, chunk_elems, len(data))
+    layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
     magnitude = _magnitudes(data, dtype, chunk_elems, magnitude_sample)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         classes = classifier.classify(layers, magnitude, n_layers=n_layers)
@@ -195,6 +204,34 @@ def plan_message(
         mag=classes.mag,
         magnitude=magnitude,
     )
+
+
+#: segments lists up to this long are remembered with their chunk layers
+_CACHED_SEGMENTS = 512
+
+
+def _chunk_layers(
+    segments: Segments | None, n_chunks: int, chunk_elems: int, msg_elems: int
+) -> tuple[npt.NDArray[np.uint16], int]:
+    """:func:`.classify.chunk_layers`, remembered for short segment lists: training
+    sends the same buckets with the same layers every step."""
+    if segments is None or len(segments) > _CACHED_SEGMENTS:
+        return chunk_layers(segments, n_chunks, chunk_elems, msg_elems)
+    try:
+        key = tuple((int(o), int(n), int(layer)) for o, n, layer in segments)
+    except (TypeError, ValueError):  # not triples of integers: let chunk_layers say why
+        return chunk_layers(segments, n_chunks, chunk_elems, msg_elems)
+    return _chunk_layers_of(key, n_chunks, chunk_elems, msg_elems)
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_layers_of(
+    segments: tuple[tuple[int, int, int], ...], n_chunks: int, chunk_elems: int, msg_elems: int
+) -> tuple[npt.NDArray[np.uint16], int]:
+    layers, n_layers = chunk_layers(segments, n_chunks, chunk_elems, msg_elems)
+    layers = layers.astype(np.uint16, copy=False)
+    layers.flags.writeable = False  # shared by every message with these segments
+    return layers, n_layers
 
 
 class RecordRun:
@@ -219,7 +256,11 @@ class RecordRun:
         prio: UInt8Array,
         drop: BoolArray,
         stride: int,
+        *,
+        short: int | None = None,
     ) -> None:
+        """``short``: the record shorter than ``stride`` (-1: none), if the
+        caller knows it (else it is looked up in ``lengths``)."""
         self.records, self.lengths, self.seq = records, lengths, seq
         self.prio, self.drop, self.stride = prio, drop, stride
         #: structured view (no copy) of the records' headers
@@ -227,12 +268,16 @@ class RecordRun:
             :, 0
         ]
         self._flat = memoryview(records.reshape(-1))  # type: ignore[arg-type]
-        short = np.flatnonzero(lengths != stride)
+        if short is None:
+            (shorter,) = np.nonzero(lengths != stride)
+            short = int(shorter[0]) if len(shorter) else -1
         #: the one record shorter than the stride (the message's last chunk), or -1
-        self._short = int(short[0]) if len(short) else -1
+        self._short = short
         # where a batch must end: a change of class, and just after the short record
-        change = (prio[1:] != prio[:-1]) | (drop[1:] != drop[:-1])
-        breaks = set((np.flatnonzero(change) + 1).tolist())
+        breaks = set()
+        if len(seq) > 1:
+            (change,) = np.nonzero((prio[1:] != prio[:-1]) | (drop[1:] != drop[:-1]))
+            breaks.update((change + 1).tolist())
         if self._short >= 0:
             breaks.add(self._short + 1)
         breaks.add(len(seq))
@@ -299,13 +344,22 @@ def build_records(
         records = buffer
     else:
         records = np.empty((n, stride), dtype=np.uint8)
-    elems = table.chunk_len(seqs)
-    payload_len = elems * itemsize
-    full = payload_len == chunk_bytes
-    last = seqs == table.n_chunks - 1
-    flags = np.where(last, int(Flags.LAST), 0) | (int(Flags.RETRANSMIT) if retransmit else 0)
-    if authenticate:
-        flags |= int(Flags.AUTH)
+    last_seq = table.n_chunks - 1
+    # the record of the message's last chunk, if among seqs (-1 if not): the only one
+    # flagged LAST, and the only one that can be short
+    (where_last,) = np.nonzero(seqs == last_seq)
+    last_row = int(where_last[0]) if len(where_last) else -1
+    tail_bytes = (table.msg_elems - last_seq * table.chunk_elems) * itemsize
+    short_row = last_row if tail_bytes != chunk_bytes else -1
+    payload_len = np.full(n, chunk_bytes, dtype=np.int64)
+    flags = np.full(
+        n,
+        (int(Flags.RETRANSMIT) if retransmit else 0) | (int(Flags.AUTH) if authenticate else 0),
+        dtype=np.uint8,
+    )
+    if last_row >= 0:
+        payload_len[last_row] = tail_bytes
+        flags[last_row] |= int(Flags.LAST)
     prio = table.prio[seqs]
     drop = table.drop[seqs]
     if source_rows is not None:
@@ -333,21 +387,20 @@ def build_records(
             "tclass": (prio << 5) | (drop.astype(np.uint8) << 4) | table.mag[seqs],
         }
         _gather(
-            source, records, seqs, full, chunk_bytes, table.n_chunks, template, per_record,
+            source, records, seqs, short_row, chunk_bytes, table.n_chunks, template, per_record,
             row_of_seq,
         )
-    if not full.all():
-        short = int(np.argmin(full))
-        records[short, DATA_HEADER_LEN + int(payload_len[short]) :] = 0
+    if short_row >= 0:
+        records[short_row, DATA_HEADER_LEN + tail_bytes :] = 0
     lengths = DATA_HEADER_LEN + payload_len + tag
-    return RecordRun(records, lengths.astype(np.int64), seqs, prio, drop, stride)
+    return RecordRun(records, lengths, seqs, prio, drop, stride, short=short_row)
 
 
 def _gather(
     source: UInt8Array,
     records: UInt8Array,
     seqs: Int64Array,
-    full: BoolArray,
+    short_row: int,
     chunk_bytes: int,
     n_chunks: int,
     template: npt.NDArray[np.void],
@@ -355,7 +408,8 @@ def _gather(
     row_of_seq: Int64Array | None,
 ) -> None:
     """Record ``i``: its header and chunk ``seqs[i]`` of ``source`` (see
-    :func:`.kernels.gather_records`), the short last chunk of a message apart.
+    :func:`.kernels.gather_records`), the short last chunk of a message (record
+    ``short_row``, -1 if none) apart.
 
     The source is read in ascending chunk order and the records written wherever
     the send order puts them: sequential reads stream from memory, and scattered
@@ -371,19 +425,18 @@ def _gather(
         row_of_seq = np.argsort(seqs, kind="stable")
         in_order = seqs[row_of_seq]
     n_copy = n
-    stream = streams(records.nbytes)
-    if not bool(full.all()):  # the message's last chunk is short: last in seq order
+    if short_row >= 0:  # the message's last chunk is short: last in seq order
         n_copy -= 1
-        row = int(np.flatnonzero(~full)[0])
-        seq = int(seqs[row])
+        seq = int(seqs[short_row])
         gather_records(
-            records, HEADER_DTYPE, template, per_record, np.array([row], np.int64), source,
+            records, HEADER_DTYPE, template, per_record, np.array([short_row], np.int64), source,
             chunk_bytes, np.array([seq], np.int64), 1, len(source) - seq * chunk_bytes,
         )
-    gather_records(
-        records, HEADER_DTYPE, template, per_record, row_of_seq, source, chunk_bytes, in_order,
-        n_copy, chunk_bytes, stream=stream,
-    )
+    if n_copy:
+        gather_records(
+            records, HEADER_DTYPE, template, per_record, row_of_seq, source, chunk_bytes,
+            in_order, n_copy, chunk_bytes, stream=streams(records.nbytes),
+        )
 
 
 def record_stride(table: ChunkTable, *, authenticate: bool) -> int:

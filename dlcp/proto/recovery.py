@@ -110,7 +110,7 @@ class SenderRecovery:
         n = table.n_chunks
         # per-(priority, drop) chunk counts, announced in every FINISH
         cls = table.prio.astype(np.int64) * 2 + table.drop
-        self._class_chunks = tuple(int(x) for x in np.bincount(cls, minlength=16))
+        self._class_chunks = tuple(np.bincount(cls, minlength=16).tolist())
         self._protected = int(n - np.count_nonzero(table.drop))
 
     def finish_message(self, *, step: int, msg: int, src: int) -> Finish:
