@@ -33,6 +33,10 @@ from .wire import (
 
 __all__ = ["SHARED_HEADER_MASK", "ParsedBatch", "parse_batch"]
 
+_DATA_VT: Final = (VERSION << 4) | PacketType.DATA
+_AUTH: Final = int(Flags.AUTH)
+_ITEMSIZE_OF_CODE: Final = tuple(_ITEMSIZE_BY_CODE.tolist())  # by wire code
+
 UInt8Array: TypeAlias = npt.NDArray[np.uint8]
 
 
@@ -91,14 +95,16 @@ def parse_batch(
             for i in range(n):
                 chunk = buf[i * segment_size : (i + 1) * segment_size]
                 records[i, : len(chunk)] = chunk
-    lengths = np.full(n, segment_size, dtype=np.int64)
-    lengths[-1] = total - (n - 1) * segment_size
+    last_len = total - (n - 1) * segment_size
+    lengths = np.empty(n, dtype=np.int64)
+    lengths[:-1] = segment_size
+    lengths[-1] = last_len
     payloads = records[:, DATA_HEADER_LEN:]
     # one gather of the headers into a compact, native-endian array: every later
     # field access is then a cheap contiguous read, not a strided byte swap
     headers, shared = unpack_uniform(records, HEADER_DTYPE, SHARED_HEADER_MASK)
     if shared and _uniform_and_valid(
-        headers, lengths, job=job, auth=key is not None or require_auth
+        headers, segment_size, last_len, job=job, auth=key is not None or require_auth
     ):
         reasons = np.zeros(n, dtype=np.uint8)
     else:
@@ -122,7 +128,8 @@ SHARED_HEADER_MASK: Final = (
 
 def _uniform_and_valid(
     h: npt.NDArray[np.void],
-    lengths: npt.NDArray[np.int64],
+    segment_size: int,
+    last_len: int,
     *,
     job: int,
     auth: bool,
@@ -130,37 +137,51 @@ def _uniform_and_valid(
     """Fast path for the usual batch: packets of one message, all valid.
 
     For records that share the message-wide bytes of record 0 (the caller checked
-    that with :data:`SHARED_HEADER_MASK` while unpacking them), checks with a
-    handful of vectorised operations that record 0 passes every rule and that the
-    per-packet fields (lengths, offsets) are right. False means "look closer":
-    :func:`_validate` then gives each record its exact reason.
+    that with :data:`SHARED_HEADER_MASK` while unpacking them), each ``segment_size``
+    bytes long but the last (``last_len``), checks that record 0 passes every rule
+    and that the per-packet fields (lengths, offsets) are right: with plain
+    integers, and one or two vectorised operations over the records but the last.
+    False means "look closer": :func:`_validate` then gives each record its exact
+    reason.
     """
-    first = h[0]
-    code = int(first["dtype"])
-    itemsize = int(_ITEMSIZE_BY_CODE[code >> 4])
-    flags0 = int(first["flags"])
+    n = len(h)
+    vt, flags, pkt_job, _, _, _, _, offset, msg_elems, payload_len, _, _, code, _, _ = h[
+        n - 1
+    ].item()  # the last record: the message-wide fields are those of record 0
+    itemsize = _ITEMSIZE_OF_CODE[code >> 4]
     if (
-        int(lengths.min()) < DATA_HEADER_LEN
-        or int(first["ver_type"]) != (VERSION << 4) | PacketType.DATA
-        or int(first["job"]) != job
-        or flags0 & ~_DATA_FLAG_MASK
+        (last_len if n == 1 else min(segment_size, last_len)) < DATA_HEADER_LEN
+        or vt != _DATA_VT
+        or pkt_job != job
+        or flags & ~_DATA_FLAG_MASK
         or code & 0x0F
         or itemsize == 0
-        or int(first["msg_elems"]) == 0
+        or msg_elems == 0
     ):
         return False
-    tagged = bool(flags0 & Flags.AUTH)  # the same in every record (shared mask)
+    tagged = bool(flags & _AUTH)  # the same in every record (shared mask)
     if auth and not tagged:
         return False
-    payload_len = h["payload_len"].astype(np.int64)
-    expected = DATA_HEADER_LEN + payload_len + (AUTH_TAG_LEN if tagged else 0)
+    overhead = DATA_HEADER_LEN + (AUTH_TAG_LEN if tagged else 0)
+    # every payload length must be its datagram's length less the overhead; then
+    # the per-record rules on it hold if they hold for the two lengths there are
+    last_payload = last_len - overhead
+    if (
+        payload_len != last_payload
+        or last_payload <= 0
+        or last_payload % itemsize
+        or offset + last_payload // itemsize > msg_elems
+    ):
+        return False
+    if n == 1:
+        return True
+    payload = segment_size - overhead
+    if payload <= 0 or payload % itemsize or payload > 0xFFFF:
+        return False
+    rest = h[: n - 1]
     return bool(
-        (expected == lengths).all()
-        and (payload_len > 0).all()
-        and not (payload_len & (itemsize - 1)).any()  # itemsizes are powers of two
-        and (
-            h["offset"].astype(np.int64) + payload_len // itemsize <= int(first["msg_elems"])
-        ).all()
+        (rest["payload_len"] == payload).all()
+        and int(rest["offset"].max()) + payload // itemsize <= msg_elems
     )
 
 

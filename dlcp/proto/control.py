@@ -44,7 +44,14 @@ __all__ = [
 _CONTROL_STRUCT: Final = struct.Struct(">BBHIHHHH")
 assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
+_AUTH: Final = int(Flags.AUTH)
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
+#: the first byte of each control message (version and type) -> its type
+_TYPE_BY_FIRST_BYTE: Final = {(VERSION << 4) | t: t for t in PacketType if t is not PacketType.DATA}
+_U32: Final = struct.Struct(">I")
+_FINISH_BODY: Final = struct.Struct(">HHII16I")
+_RATE_BODY: Final = struct.Struct(">QI")
+_ABORT_BODY: Final = struct.Struct(">HH")
 
 
 class AbortReason(enum.IntEnum):
@@ -117,11 +124,13 @@ _TYPE_OF: Final[dict[type, PacketType]] = {
     RateFeedback: PacketType.RATE,
     Abort: PacketType.ABORT,
 }
+#: the first header byte (version and type) of each message class
+_FIRST_BYTE_OF: Final = {cls: (VERSION << 4) | t for cls, t in _TYPE_OF.items()}
 
 
 def _body(msg: ControlMessage) -> bytes:
     if isinstance(msg, Stop):
-        return struct.pack(">I", msg.received_elems)
+        return _U32.pack(msg.received_elems)
     if isinstance(msg, Finish):
         if len(msg.class_chunks) != 16:
             raise ValueError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
@@ -130,8 +139,8 @@ def _body(msg: ControlMessage) -> bytes:
                 f"inconsistent Finish: {msg.protected_chunks} protected and "
                 f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
             )
-        return struct.pack(
-            ">HHII16I", msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
+        return _FINISH_BODY.pack(
+            msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
         )
     if isinstance(msg, Nack):
         if len(msg.ranges) > MAX_NACK_RANGES:
@@ -151,20 +160,27 @@ def _body(msg: ControlMessage) -> bytes:
             *flat,
         )
     if isinstance(msg, RateFeedback):
-        return struct.pack(">QI", msg.bytes_per_s, msg.interval_us)
-    return struct.pack(">HH", int(msg.reason), 0)
+        return _RATE_BODY.pack(msg.bytes_per_s, msg.interval_us)
+    return _ABORT_BODY.pack(int(msg.reason), 0)
 
 
 def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -> bytes:
     """One control datagram; with ``key`` the AUTH flag is set and the tag appended."""
-    _check_range("job", job, 0xFFFF)
-    _check_range("step", msg.step, 0xFFFFFFFF)
-    _check_range("msg", msg.msg, 0xFFFF)
-    _check_range("src", msg.src, 0xFFFF)
+    step, msg_id, src = msg.step, msg.msg, msg.src
+    if not (
+        0 <= job <= 0xFFFF
+        and 0 <= step <= 0xFFFFFFFF
+        and 0 <= msg_id <= 0xFFFF
+        and 0 <= src <= 0xFFFF
+    ):
+        _check_range("job", job, 0xFFFF)
+        _check_range("step", step, 0xFFFFFFFF)
+        _check_range("msg", msg_id, 0xFFFF)
+        _check_range("src", src, 0xFFFF)
     body = _body(msg)
-    flags = int(Flags.AUTH) if key is not None else 0
+    flags = _AUTH if key is not None else 0
     head = _CONTROL_STRUCT.pack(
-        (VERSION << 4) | _TYPE_OF[type(msg)], flags, job, msg.step, msg.msg, msg.src, len(body), 0
+        _FIRST_BYTE_OF[type(msg)], flags, job, step, msg_id, src, len(body), 0
     )
     out = head + body
     return out + auth_tag(key, out) if key is not None else out
@@ -183,7 +199,9 @@ def decode_control(
 ) -> ControlMessage:
     """Parse and validate one control datagram; raises :class:`WireError`."""
     data = bytes(data)
-    ptype = peek_type(data)
+    ptype = _TYPE_BY_FIRST_BYTE.get(data[0]) if data else None
+    if ptype is None:
+        ptype = peek_type(data)  # (raises for anything but a data packet)
     if ptype is PacketType.DATA:
         raise WireError(
             Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected"
@@ -204,7 +222,7 @@ def decode_control(
             Reason.BAD_FIELD,
             f"reserved bits set in control header: flags={flags:#04x}, reserved={reserved:#06x}",
         )
-    tag = AUTH_TAG_LEN if flags & Flags.AUTH else 0
+    tag = AUTH_TAG_LEN if flags & _AUTH else 0
     if len(data) != CONTROL_HEADER_LEN + body_len + tag:
         raise WireError(
             Reason.LENGTH_MISMATCH,
@@ -265,10 +283,10 @@ def decode_control(
             f"payload length mismatch: {ptype.name} body must be {want} bytes, has {body_len}",
         )
     if ptype is PacketType.STOP:
-        (received,) = struct.unpack(">I", body)
+        (received,) = _U32.unpack(body)
         return Stop(step, msg, src, received_elems=received)
     if ptype is PacketType.FINISH:
-        rnd, res, total, protected, *classes = struct.unpack(">HHII16I", body)
+        rnd, res, total, protected, *classes = _FINISH_BODY.unpack(body)
         if res:
             raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
         if protected > total or sum(classes) != total:
@@ -287,9 +305,9 @@ def decode_control(
             class_chunks=tuple(classes),
         )
     if ptype is PacketType.RATE:
-        rate, interval = struct.unpack(">QI", body)
+        rate, interval = _RATE_BODY.unpack(body)
         return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
-    code, res = struct.unpack(">HH", body)
+    code, res = _ABORT_BODY.unpack(body)
     if res:
         raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {res:#06x}")
     try:

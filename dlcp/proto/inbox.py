@@ -56,8 +56,12 @@ CANCELLED = -1
 #: the fields of a data header the receive fast path reads from the first
 #: datagram of a run: ver_type, flags, job, step, msg, msg_elems, src, dtype
 _RUN_HEAD = struct.Struct(">BBHIH2x4x4xI2xHxB")
+#: every field of a data header but layer and path (the first datagram of a message)
+_OPEN_HEAD = struct.Struct(">BBHIH2xIIIHHBBBx")
 _DATA_VT = (VERSION << 4) | PacketType.DATA
+_LAST = int(Flags.LAST)
 _PER_PACKET_FLAGS = int(Flags.LAST | Flags.RETRANSMIT)
+_DTYPES = tuple(DType)  # by wire code
 
 
 @dataclass(slots=True)
@@ -146,7 +150,8 @@ class Inbox(SessionSide):
                 # the first datagram of a message starts it the general way (which
                 # checks it and learns the geometry); the rest can then take the
                 # fast path, however long the run that arrived in one read
-                self._receive_parsed(buf[:segment_size], segment_size, now=now)
+                if not self._receive_first(buf, segment_size, now=now):
+                    self._receive_parsed(buf[:segment_size], segment_size, now=now)
                 taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
             if taken:
                 if taken * segment_size >= len(buf):
@@ -182,7 +187,9 @@ class Inbox(SessionSide):
         else:
             headers, payloads = parsed.headers, parsed.payloads
         src, step, msg = headers["src"], headers["step"], headers["msg"]
-        if (src == src[0]).all() and (step == step[0]).all() and (msg == msg[0]).all():
+        if len(headers) == 1 or (
+            (src == src[0]).all() and (step == step[0]).all() and (msg == msg[0]).all()
+        ):
             self._receive_group(
                 (int(src[0]), int(step[0]), int(msg[0])), headers, payloads, now=now
             )
@@ -207,6 +214,67 @@ class Inbox(SessionSide):
             and key not in self._incoming
             and key not in self._completed
         )
+
+    def _receive_first(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> bool:
+        """The general path for the first datagram of ``buf``, a valid datagram of a
+        new message, with plain integers instead of a parsed batch (that costs more
+        than a small message's whole transfer). False, having done nothing, for a
+        datagram :func:`parse_batch` would not accept as it is: the general path
+        then gives it its exact reason. Otherwise it does what
+        :meth:`_receive_parsed` and :meth:`_receive_group` do for a batch of that
+        one datagram, with the same counters, rejects and events."""
+        length = min(len(buf), segment_size)
+        head = _OPEN_HEAD.unpack_from(buf.data)
+        vt, flags, job, step, msg, seq, offset, elems, payload_len, src, tclass, code, bound = head
+        if (
+            vt != _DATA_VT
+            or job != self.job
+            or flags & ~_PER_PACKET_FLAGS  # (AUTH too: the general path checks tags)
+            or code & 0x0F
+            or code >= len(_DTYPES) << 4
+            or payload_len == 0
+            or length != DATA_HEADER_LEN + payload_len
+            or elems == 0
+        ):
+            return False
+        dtype = _DTYPES[code >> 4]
+        itemsize = dtype.itemsize
+        if payload_len % itemsize or offset + payload_len // itemsize > elems:
+            return False
+        # accepted on the wire: from here on, _receive_parsed and _receive_group
+        key = (src, step, msg)
+        self.stats.datagrams_in += 1
+        self.stats.bytes_in += length
+        if self.peers is not None and src not in self.peers:
+            self.stats.reject("unknown_peer")
+            return True
+        self._last_data[src] = now
+        state = self._incoming.get(key)
+        if state is None:
+            try:
+                chunk_elems = Reassembler.chunk_elems_of(
+                    seq=seq,
+                    offset=offset,
+                    payload_elems=payload_len // itemsize,
+                    last=bool(flags & _LAST),
+                    msg_elems=elems,
+                )
+            except GeometryError:
+                self.stats.reject("geometry")
+                return True
+            state = self._open(key, dtype, elems, chunk_elems, bound, 1, now=now)
+            if state is None:
+                return True
+        r = state.reassembler
+        if not r.fits(seq, offset, elems, payload_len, code, flags):
+            self.stats.reject("geometry")
+            return True
+        end = DATA_HEADER_LEN + payload_len
+        fresh = r.scatter_one(seq, buf[DATA_HEADER_LEN:end], tclass, flags, now=now)
+        self._meter.on_bytes(src, end, now=now)
+        if fresh:
+            self._check_complete(key, state, now=now)
+        return True
 
     def _receive_run(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> int:
         """The fast path: the leading datagrams of ``buf`` that belong to a message
@@ -279,14 +347,16 @@ class Inbox(SessionSide):
         # the first packet with a consistent geometry of its own decides the
         # message's; inconsistent ones before it are counted when they misfit
         for h in headers:
+            (_, flags, _, _, _, _, seq, offset, msg_elems, payload_len, _, _, code, bound, _) = (
+                h.item()
+            )
             try:
-                dtype = DType(int(h["dtype"]) >> 4)
-                msg_elems = int(h["msg_elems"])
+                dtype = DType(code >> 4)
                 chunk_elems = Reassembler.chunk_elems_of(
-                    seq=int(h["seq"]),
-                    offset=int(h["offset"]),
-                    payload_elems=int(h["payload_len"]) // dtype.itemsize,
-                    last=bool(h["flags"] & Flags.LAST),
+                    seq=seq,
+                    offset=offset,
+                    payload_elems=payload_len // dtype.itemsize,
+                    last=bool(flags & _LAST),
                     msg_elems=msg_elems,
                 )
                 break
@@ -295,14 +365,30 @@ class Inbox(SessionSide):
         else:
             self.stats.reject("geometry", len(headers))
             return None
+        return self._open(key, dtype, msg_elems, chunk_elems, bound, len(headers), now=now)
+
+    def _open(
+        self,
+        key: Key,
+        dtype: DType,
+        msg_elems: int,
+        chunk_elems: int,
+        bound: int,
+        n_packets: int,
+        *,
+        now: float,
+    ) -> _Incoming | None:
+        """Start receiving message ``key`` with the geometry its first ``n_packets``
+        packets gave (and their wire ``bound``); None if it cannot be received
+        (then those packets are counted as rejected)."""
         want = self._expected.pop(key, None)
-        sender_p = bound_from_wire(int(h["bound"]))
+        sender_p = bound_from_wire(bound)
         p = sender_p if want is None or want.p is None else min(sender_p, want.p)
         charged = 0
         if want is None or want.out is None:
             charged = msg_elems * dtype.itemsize
             if self._unexpected_bytes + charged > self.config.max_unexpected_bytes:
-                self.stats.reject("unexpected_overflow", len(headers))
+                self.stats.reject("unexpected_overflow", n_packets)
                 if want is not None:
                     self._expected[key] = want
                 return None
@@ -317,7 +403,7 @@ class Inbox(SessionSide):
                 now=now,
             )
         except (GeometryError, ValueError) as exc:
-            self.stats.reject("geometry", len(headers))
+            self.stats.reject("geometry", n_packets)
             if want is not None:
                 self.fail(key, None, f"packet does not fit the expected message: {exc}")
             return None

@@ -35,6 +35,7 @@ Int64Array = npt.NDArray[np.int64]
 UInt8Array = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
 N_CLASSES = 16  # 8 priorities x {protected, drop-eligible}, index prio * 2 + drop
+_NO_CHUNKS = (0,) * N_CLASSES
 
 
 _LAST = int(Flags.LAST)
@@ -131,8 +132,10 @@ class Reassembler:
         self.started = now
         self.last_activity = now
         self._bytes = out.view(np.uint8)
+        self._stream = streams(len(self._bytes))
         self._dtype_byte = int(dtype) << 4
-        self.chunk_bytes = chunk_elems * dtype.itemsize
+        self._itemsize = dtype.itemsize
+        self.chunk_bytes = chunk_elems * self._itemsize
         self.received = np.zeros(self.n_chunks, dtype=np.bool_)
         self.received_class = np.zeros(self.n_chunks, dtype=np.uint8)
         self.received_elems = 0
@@ -180,6 +183,7 @@ class Reassembler:
             out[...] = self.out
         self.out = out
         self._bytes = out.view(np.uint8)
+        self._stream = streams(len(self._bytes))
 
     @property
     def _n_full(self) -> int:
@@ -197,6 +201,14 @@ class Reassembler:
         :class:`GeometryError` if any packet disagrees with the message geometry;
         then nothing of the batch is written.
         """
+        if len(headers) == 1:  # (a short last datagram, a single one): plain integers
+            h = headers[0]
+            _, flags, _, _, _, _, seq_, offset, msg_elems, payload_len, _, tclass_, code, _, _ = (
+                h.item()
+            )
+            if not self.fits(seq_, offset, msg_elems, payload_len, code, flags):
+                raise GeometryError(self._geometry_message(h))
+            return self.scatter_one(seq_, payloads[0, :payload_len], tclass_, flags, now=now)
         seq = headers["seq"].astype(np.int64)
         n = len(seq)
         start = seq * self.chunk_elems
@@ -251,16 +263,16 @@ class Reassembler:
         taken, fresh, elems, droppable, retransmitted, payload_bytes = scatter_run(
             buf,
             segment_size,
-            bytes(buf[:DATA_HEADER_LEN]),
+            buf[:DATA_HEADER_LEN].tobytes(),
             SHARED_HEADER_MASK,
             _RUN_LAYOUT,
             self._bytes,
             self.chunk_elems,
             self.msg_elems,
-            self.dtype.itemsize,
+            self._itemsize,
             self.received,
             self.received_class,
-            stream=streams(len(self._bytes)),
+            stream=self._stream,
         )
         if taken:
             self.last_activity = now
@@ -269,6 +281,42 @@ class Reassembler:
             self.retransmitted += retransmitted
             self.duplicates += taken - fresh
         return taken, fresh, payload_bytes
+
+    def fits(
+        self, seq: int, offset: int, msg_elems: int, payload_len: int, dtype_byte: int, flags: int
+    ) -> bool:
+        """Whether one packet with these header fields fits the message geometry
+        (the packets :meth:`scatter` accepts, see :meth:`_misfits`)."""
+        start = seq * self.chunk_elems
+        elems = min(start + self.chunk_elems, self.msg_elems) - start
+        return (
+            offset == start
+            and payload_len == elems * self._itemsize
+            and msg_elems == self.msg_elems
+            and dtype_byte == self._dtype_byte
+            and bool(flags & _LAST) == (seq == self.n_chunks - 1)
+        )
+
+    def scatter_one(
+        self, seq: int, payload: UInt8Array, tclass: int, flags: int, *, now: float
+    ) -> int:
+        """:meth:`scatter` for one packet that :meth:`fits`, given by its fields:
+        writes ``payload`` (its bytes) unless chunk ``seq`` arrived already.
+        Returns 1 if the chunk is new, else 0."""
+        self.last_activity = now
+        if self.received[seq]:
+            self.duplicates += 1
+            return 0
+        at = seq * self.chunk_bytes
+        self._bytes[at : at + len(payload)] = payload
+        self.received[seq] = True
+        self.received_class[seq] = tclass >> 4
+        self.received_elems += len(payload) // self._itemsize
+        if not tclass & _DROP_BIT:
+            self.received_protected += 1
+        if flags & _RETRANSMIT:
+            self.retransmitted += 1
+        return 1
 
     def misfits(self, headers: npt.NDArray[np.void]) -> BoolArray:
         """Which of ``headers`` disagree with the message geometry (the packets
@@ -295,7 +343,7 @@ class Reassembler:
         cb = self.chunk_bytes
         n_full = self._n_full
         src, src_stride = flat_rows(payloads)
-        stream = streams(len(self._bytes))
+        stream = self._stream
         full = seq < n_full
         if bool(full.all()):
             first = int(seq[0])
@@ -394,19 +442,21 @@ class Reassembler:
                 off = s * self.chunk_elems
                 ranges.append((off, min((s + n) * self.chunk_elems, self.msg_elems) - off))
             self._fill(ranges)
-        received = np.bincount(self.received_class[self.received], minlength=N_CLASSES)
+        # (every chunk arrived when no element is lost)
+        classes = self.received_class[self.received] if lost_elems else self.received_class
+        received = np.bincount(classes, minlength=N_CLASSES).tolist()
         if self.finish is not None:
-            sent = np.array(self.finish.class_chunks, dtype=np.int64)
-            lost = np.maximum(sent - received, 0)
+            sent = self.finish.class_chunks
+            lost = tuple(max(s - r, 0) for s, r in zip(sent, received, strict=True))
         else:
-            lost = np.zeros(N_CLASSES, dtype=np.int64)
+            lost = _NO_CHUNKS
         return LossReport(
             msg_elems=self.msg_elems,
             received_elems=self.received_elems,
             lost_elems=lost_elems,
             lost_ranges=tuple(ranges),
-            received_chunks=tuple(received.tolist()),
-            lost_chunks=tuple(lost.tolist()),
+            received_chunks=tuple(received),
+            lost_chunks=lost,
             retransmitted_chunks=self.retransmitted,
             duplicate_chunks=self.duplicates,
             nack_rounds=self.nack_rounds,

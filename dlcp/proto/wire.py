@@ -134,7 +134,7 @@ class DType(enum.IntEnum):
         )
 
     def numpy(self) -> np.dtype[np.generic]:
-        return np.dtype(_NUMPY_OF[self])
+        return _NUMPY_DTYPE[self]
 
 
 _ITEMSIZE: Final = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.UINT8: 1}
@@ -144,6 +144,7 @@ _NUMPY_OF: Final = {
     DType.BFLOAT16: np.uint16,
     DType.UINT8: np.uint8,
 }
+_NUMPY_DTYPE: Final = {d: np.dtype(t) for d, t in _NUMPY_OF.items()}
 _ITEMSIZE_BY_CODE = np.array([4, 2, 2, 1] + [0] * 12, dtype=np.int64)
 
 
