@@ -42,6 +42,7 @@ from .topology import (
     Topology,
     _check_ready,
     checked_prefix,
+    host_offloads_off,
     prepare_nodes,
     route_commands,
 )
@@ -167,11 +168,7 @@ def build_mininet(
         for node, argv in route_commands(t):
             net.run(node, argv)
         for h in t.hosts:
-            net.run(
-                h.name,
-                ["ethtool", "-K", h.leaf, "tx-udp-segmentation", "off"],
-                check=False,  # not every kernel exposes the feature; ignore
-            )
+            host_offloads_off(net, h.name, h.leaf)
         _check_ready(net)
         yield net
         if cli:

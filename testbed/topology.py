@@ -31,8 +31,11 @@ Addressing (private ranges that exist only inside these namespaces):
 Leaves route every remote host prefix over all spines (ECMP multipath); with
 ``net.ipv4.fib_multipath_hash_policy=1`` the next hop is chosen by a hash of
 the 5-tuple, so UDP flows with different source ports spread over the spines.
-Spines route each host prefix to its leaf. Hosts turn UDP segmentation offload
-off so that packets on the wire are real MTU-sized packets.
+Spines route each host prefix to its leaf. Hosts turn segmentation offloads
+off (TCP's TSO and GSO, and UDP's) so that packets on the wire are real
+MTU-sized packets for every transport: with TSO on, a TCP sender's 64 KB
+segments would cross the fabric whole -- shaped by bytes, but forwarded, queued
+and dropped as one packet each (:func:`host_offloads_off`).
 
 Everything is removed by name on exit, on error and on Ctrl-C; namespaces with
 the same names left behind by a crashed run are removed before building.
@@ -344,6 +347,15 @@ def _sysctl(net: Network, node: str, *settings: str) -> None:
     net.run(node, ["sysctl", "-qw", *settings])
 
 
+def host_offloads_off(net: Network, host: str, dev: str) -> None:
+    """Segmentation offloads of a host's interface off: TCP and UDP leave the host
+    as MTU-sized packets (module docstring)."""
+    for features in (("tso", "off", "gso", "off"), ("tx-udp-segmentation", "off")):
+        # separately: a kernel without UDP segmentation offload rejects the whole
+        # command if it names the feature; what it does not expose stays as it is
+        net.run(host, ["ethtool", "-K", dev, *features], check=False)
+
+
 def _check_ready(net: Network) -> None:
     t = net.topology
     for leaf in t.leaves:
@@ -423,11 +435,7 @@ def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]
         for node, argv in route_commands(t):
             net.run(node, argv)
         for h in t.hosts:
-            net.run(
-                h.name,
-                ["ethtool", "-K", h.leaf, "tx-udp-segmentation", "off"],
-                check=False,  # not every kernel exposes the feature; ignore
-            )
+            host_offloads_off(net, h.name, h.leaf)
         _check_ready(net)
         yield net
     finally:

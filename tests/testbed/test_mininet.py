@@ -70,13 +70,14 @@ def test_default_topology_under_mininet() -> None:
             dst = argv[3]
             if dst != "default":
                 assert dst in {r["dst"] for r in net.routes(node)}
-        # TCLink shaping at the topology rate; UDP segmentation offload off on hosts
+        # TCLink shaping at the topology rate; segmentation offloads off on hosts
         qd = net.run("h1", ["tc", "qdisc", "show", "dev", "leaf1"]).stdout
         assert "htb 5:" in qd
         cls = net.run("h1", ["tc", "class", "show", "dev", "leaf1"]).stdout
         assert "rate 1Gbit" in cls
         feats = net.run("h1", ["ethtool", "-k", "leaf1"]).stdout
         assert "tx-udp-segmentation: off" in feats
+        assert "tcp-segmentation-offload: off" in feats
     # nothing of this network is left; other programs on the machine may have
     # added namespaces or links meanwhile, so only ours are looked for
     assert not {n for n in _netns() if n.startswith(prefix)}

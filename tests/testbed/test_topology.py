@@ -194,6 +194,8 @@ def test_build_default_ecmp_and_cleanup() -> None:
         # hosts send real MTU-sized packets
         feats = net.run("h1", ["ethtool", "-k", "leaf1"]).stdout
         assert "tx-udp-segmentation: off" in feats
+        assert "tcp-segmentation-offload: off" in feats
+        assert "generic-segmentation-offload: off" in feats
         assert net.run("h1", ["ip", "link", "show", "dev", "leaf1"]).stdout.count("mtu 1500") == 1
 
         # many source ports: both spines carry a substantial share. A first round
