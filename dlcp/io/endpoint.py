@@ -356,7 +356,8 @@ class Endpoint:
             self._dispatch_events()
             self._flush(now)
             self._dispatch_events()
-            if self._next_time(now) < self._sleep_until:
+            # (while the I/O thread is awake it plans its next wait after this)
+            if self._sleep_until > now and self._next_time(now) < self._sleep_until:
                 self._wake()
 
     def _wake(self) -> None:
@@ -412,9 +413,11 @@ class Endpoint:
         timer = self._session.get_timer()
         if timer is not None:
             times.append(timer)
-        times.extend(
-            p.deadline for p in itertools.chain(self._sends.values(), self._recvs.values())
-        )
+        # every deadline is its entry's time plus config.timeout: the oldest entry
+        # of a table (dicts keep insertion order) has the earliest
+        for table in (self._sends, self._recvs):
+            if table:
+                times.append(next(iter(table.values())).deadline)
         return min(times)
 
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
@@ -574,9 +577,10 @@ class Endpoint:
 
     def _expire(self, now: float) -> None:
         for table, outgoing in ((self._sends, True), (self._recvs, False)):
-            for key, pending in list(table.items()):
-                if now < pending.deadline:
-                    continue
+            while table:
+                key, pending = next(iter(table.items()))
+                if now < pending.deadline:  # the oldest entry: the rest expire later
+                    break
                 del table[key]
                 self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
                 what = "to" if outgoing else "from"

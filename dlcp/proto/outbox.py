@@ -276,7 +276,11 @@ class Outbox(SessionSide):
     def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
         """Append up to ``max_batches`` data batches the pacers allow to ``out``,
         one destination after another, highest priority class first for each."""
-        dsts = [d for d, p in self.peers.items() if any(o.pending for o in p.outgoing.values())]
+        dsts = [
+            d
+            for d, p in self.peers.items()
+            if p.outgoing and any(o.pending for o in p.outgoing.values())
+        ]
         if not dsts:
             return
         start = self._next_peer % len(dsts)
