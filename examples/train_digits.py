@@ -11,7 +11,10 @@ that every rank shares, and rank ``r`` of ``W`` takes every ``W``-th sample
 from position ``r`` on (all shards the same length, so every rank runs the same
 number of steps, as DDP needs).
 
-``--transport gloo`` is plain DDP over Gloo. ``--transport dlcp`` still creates
+``--transport gloo`` is plain DDP over Gloo (its ring all-reduce); with
+``--collective ps`` the gradients go through a parameter server on rank 0
+over Gloo's point-to-point TCP instead (:mod:`dlcp.shims.tcp_ps`, the TCP
+baseline of DLCP's parameter server). ``--transport dlcp`` still creates
 a Gloo process group (for what DDP does outside the gradient all-reduce: the
 initial broadcast of the parameters) and registers the DLCP comm hook, so the
 gradients travel over DLCP with loss bound ``--p``. Emulated loss comes from
@@ -160,6 +163,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             trace_path=_trace_path(args.trace, rank, world),
         )
         ddp.register_comm_hook(state, dlcp_hook)
+    elif args.collective == "ps":
+        from dlcp.shims.tcp_ps import TcpPsState, tcp_ps_hook
+
+        ddp.register_comm_hook(TcpPsState(server=0), tcp_ps_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     steps_per_epoch = -(-(len(x_tr) // world) // args.batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * steps_per_epoch)
@@ -169,7 +176,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     say(
         f"digits CNN ({sum(p.numel() for p in model.parameters())} parameters), "
         f"{world} ranks, transport {args.transport}"
-        + (f" ({args.collective}, p={args.p:g}, emulated loss {emulated:.1%})" if state else "")
+        + (f" ({args.collective}, p={args.p:g}, emulated loss {emulated:.1%})" if state else
+           f" ({'ring all-reduce' if args.collective == 'ring' else 'parameter server on rank 0'})")
         + f", {len(x_tr)} train / {len(x_te)} test samples, batch {args.batch_size} per rank",
         flush=True,
     )
@@ -237,7 +245,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
     result = {
         "transport": args.transport,
-        "collective": args.collective if state else None,
+        "collective": args.collective,
         "p": args.p if state else None,
         "emulated_loss": emulated,
         "world_size": world,

@@ -31,10 +31,11 @@ Scenarios:
 ``spine-down``  leaf1--spine1 goes down mid-run, when rank 0 reports its first
                 epoch (routes re-converge around it while the ranks train);
                 with ``--epochs 1``, before training.
-``incast``      DLCP: ``--collective ps`` (parameter server on rank 0 = h1: every
-                other rank pushes to it at once). Gloo has no parameter-server
-                mode, so for Gloo ``incast`` is its ordinary ring all-reduce
-                (the row is the baseline the DLCP PS is compared with).
+``incast``      ``--collective ps``: a parameter server on rank 0 = h1, every
+                other rank pushes to it at once. DLCP's parameter server
+                against the same pattern over TCP: Gloo has no
+                parameter-server mode, so the Gloo run pushes and pulls with
+                Gloo's point-to-point send/recv (:mod:`dlcp.shims.tcp_ps`).
 
 Over BMv2 (``--switch bmv2``): the routers are ``simple_switch_grpc`` running the
 DLCP P4 program, configured over P4Runtime (:mod:`.bmv2_backend`); the same
@@ -312,6 +313,8 @@ def run_experiment(
         denv, dflags = dlcp_settings(scenario, ablate)
         env.update(denv)
         flags += dflags
+    elif scenario == "incast":  # the same parameter server, over Gloo's TCP
+        flags += ["--collective", "ps"]
     if timeout is None:
         timeout = 300.0 + 240.0 * epochs
     started = time.monotonic()

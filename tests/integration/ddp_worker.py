@@ -53,12 +53,16 @@ def main() -> int:
     template = build()
     replicas: dict[str, nn.parallel.DistributedDataParallel] = {}
     states: dict[str, DLCPState] = {}
-    for name in ("gloo", "ring", "direct", "ps"):
+    from dlcp.shims.tcp_ps import TcpPsState, tcp_ps_hook
+
+    for name in ("gloo", "ring", "direct", "ps", "tcp_ps"):
         model = build()
         model.load_state_dict(template.state_dict())
         # ~16 KB buckets: the 33k-parameter model spreads over several buckets
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.016)
-        if name != "gloo":
+        if name == "tcp_ps":  # the TCP parameter-server baseline (Gloo send/recv)
+            ddp.register_comm_hook(TcpPsState(server=1), tcp_ps_hook)
+        elif name != "gloo":
             endpoint, _ = connect(group=f"test-{name}")
             states[name] = DLCPState(
                 model=ddp.module,
@@ -78,7 +82,7 @@ def main() -> int:
             ddp.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(ddp(x), y).backward()
         ref = [p.grad for p in replicas["gloo"].parameters()]
-        for name in ("ring", "direct", "ps"):
+        for name in ("ring", "direct", "ps", "tcp_ps"):
             got = [p.grad for p in replicas[name].parameters()]
             assert len(got) == len(ref)
             for i, (a, b) in enumerate(zip(got, ref, strict=True)):

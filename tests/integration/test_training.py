@@ -58,8 +58,8 @@ def _explain(result: LaunchResult, out: str, err: str) -> str:
 def test_hook_gradients_equal_gloo_allreduce_ring_direct_and_ps() -> None:
     """tests/integration/ddp_worker.py: a conv/linear/layer-norm model (11
     parameter tensors) under DDP over Gloo, with the DLCP hook over a ring, in
-    one round (direct), and over a PS; assert_close of every gradient, 4
-    iterations."""
+    one round (direct), and over a PS, and with the TCP parameter-server
+    baseline hook (server rank 1); assert_close of every gradient, 4 iterations."""
     cmd = [sys.executable, "-u", "-m", "tests.integration.ddp_worker"]
     result, out, err = _launch(cmd, _env(DLCP_TIMEOUT="20"), timeout=150)
     assert result.returncode == 0, _explain(result, out, err)
