@@ -357,7 +357,10 @@ class Endpoint:
             self._flush(now)
             self._dispatch_events()
             # (while the I/O thread is awake it plans its next wait after this)
-            if self._sleep_until > now and self._next_time(now) < self._sleep_until:
+            if (
+                self._sleep_until > now
+                and self._next_time(now, self._session.get_timer()) < self._sleep_until
+            ):
                 self._wake()
 
     def _wake(self) -> None:
@@ -375,7 +378,8 @@ class Endpoint:
             while not self._closing:
                 with self._lock:
                     before = time.monotonic()
-                    self._sleep_until = self._next_time(before)
+                    timer = self._session.get_timer()
+                    self._sleep_until = self._next_time(before, timer)
                 ready = sel.select(max(0.0, self._sleep_until - before))
                 with self._lock:
                     self._sleep_until = -math.inf
@@ -384,7 +388,8 @@ class Endpoint:
                     for key, _ in ready:
                         self._on_ready(sel, key.fileobj, key.data)
                     now = time.monotonic()
-                    timer = self._session.get_timer()
+                    # the timer as it was before this turn's input (a timer that input
+                    # set runs next turn: that turn's wait is then short or none)
                     if timer is not None and timer <= now:
                         self._session.handle_timer(now=now)
                     self._dispatch_events()  # before sending: a send may find a peer gone
@@ -406,11 +411,10 @@ class Endpoint:
                 self._wake_w.close()
             self._closed.set()
 
-    def _next_time(self, now: float) -> float:
+    def _next_time(self, now: float, timer: float | None) -> float:
         """When the I/O thread has something to do without input: the session's
-        timer or a deadline, at most a second from ``now``."""
+        ``timer`` or a deadline, at most a second from ``now``."""
         times = [now + 1.0]
-        timer = self._session.get_timer()
         if timer is not None:
             times.append(timer)
         # every deadline is its entry's time plus config.timeout: the oldest entry

@@ -506,14 +506,18 @@ class Inbox(SessionSide):
 
     # ------------------------------------------------------------------ timers
 
-    def timers(self) -> list[float]:
-        """When the receive side needs :meth:`handle_timer` (every pending time)."""
-        times = [t for s in self._incoming.values() if (t := s.recovery.timer) is not None]
-        times.extend(deadline for _, deadline in self._orphan_finish.values())
-        meter = self._meter.next_deadline()
-        if meter is not None:
-            times.append(meter)
-        return times
+    def next_timer(self) -> float | None:
+        """When the receive side next needs :meth:`handle_timer` (None: never).
+        A driver asks every turn of its loop: a running minimum, no lists."""
+        best = self._meter.next_deadline()
+        for state in self._incoming.values():
+            t = state.recovery.timer
+            if best is None or t < best:
+                best = t
+        for _, deadline in self._orphan_finish.values():
+            if best is None or deadline < best:
+                best = deadline
+        return best
 
     def handle_timer(self, *, now: float) -> None:
         for key, state in list(self._incoming.items()):

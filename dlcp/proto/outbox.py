@@ -348,21 +348,25 @@ class Outbox(SessionSide):
 
     # ------------------------------------------------------------------ timers
 
-    def timers(self, *, now: float) -> list[float]:
-        """When the send side needs :meth:`handle_timer` (every pending time):
-        recovery timers, and when each pacer lets the next batch go."""
-        times: list[float] = []
+    def next_timer(self, *, now: float) -> float | None:
+        """When the send side next needs :meth:`handle_timer` (None: never):
+        recovery timers, and when each pacer lets the next batch go. A driver
+        asks every turn of its loop: a running minimum, no lists."""
+        best: float | None = None
         for peer in self.peers.values():
             pending_bytes = 0
             for o in peer.outgoing.values():
-                if o.recovery.timer is not None:
-                    times.append(o.recovery.timer)
-                if o.pending and not pending_bytes:
+                t = o.recovery.timer
+                if t is not None and (best is None or t < best):
+                    best = t
+                if not pending_bytes and o.pending:
                     stop = o.run.batch_end(o.cursor, self.config.batch_packets)
                     pending_bytes = o.run.batch_nbytes(o.cursor, stop)
             if pending_bytes:
-                times.append(peer.pacer.next_send_time(pending_bytes, now=now))
-        return times
+                t = peer.pacer.next_send_time(pending_bytes, now=now)
+                if best is None or t < best:
+                    best = t
+        return best
 
     def handle_timer(self, *, now: float) -> None:
         for dst, peer in list(self.peers.items()):

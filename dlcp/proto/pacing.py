@@ -394,9 +394,11 @@ class RateMeter:
     def on_idle(self, seconds: float, *, now: float) -> None:
         """The receiver waited the ``seconds`` up to ``now`` for datagrams; only the
         part inside the current window counts."""
-        if not (math.isfinite(seconds) and seconds >= 0):
+        # (plain comparisons, false for NaN: a driver calls this every turn)
+        if not 0.0 <= seconds < math.inf:
             raise ValueError(f"seconds={seconds} must be a finite duration >= 0")
-        now = _check_now(now)
+        if not -math.inf < now < math.inf:
+            raise ValueError(f"now={now} must be a finite time in seconds")
         if self._start is not None:
             self._idle += max(0.0, min(seconds, now - self._start))
 

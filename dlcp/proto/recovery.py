@@ -192,10 +192,13 @@ class ReceiverRecovery:
         self.complete_at: float | None = None
 
     @property
-    def timer(self) -> float | None:
-        times = [self.reassembler.last_activity + self.config.recv_idle_timeout]
-        times += [t for t in (self.nack_at, self.complete_at) if t is not None]
-        return min(times)
+    def timer(self) -> float:
+        t = self.reassembler.last_activity + self.config.recv_idle_timeout
+        if self.nack_at is not None and self.nack_at < t:
+            t = self.nack_at
+        if self.complete_at is not None and self.complete_at < t:
+            t = self.complete_at
+        return t
 
     def on_finish(self, finish_round: int, *, now: float) -> None:
         """FINISH arrived and the message is not complete: NACK after the grace

@@ -213,8 +213,11 @@ class Session:
 
     def get_timer(self) -> float | None:
         """When :meth:`handle_timer` must run next (None: nothing pending)."""
-        times = self._outbox.timers(now=self._now) + self._inbox.timers()
-        return min(times) if times else None
+        send = self._outbox.next_timer(now=self._now)
+        receive = self._inbox.next_timer()
+        if send is None:
+            return receive
+        return send if receive is None or send < receive else receive
 
     def handle_timer(self, *, now: float) -> None:
         self._now = max(self._now, now)
