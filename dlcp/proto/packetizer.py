@@ -105,13 +105,6 @@ def _as_float32(values: npt.NDArray[np.generic], dtype: DType) -> npt.NDArray[np
 _BLOCK = 16  # values per sampled block
 
 
-def _magnitudes(
-    data: npt.NDArray[np.generic], dtype: DType, chunk_elems: int, sample: int
-) -> npt.NDArray[np.float32]:
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf chunks are protected
-        return _magnitudes_of(data, dtype, chunk_elems, sample)
-
-
 def _magnitudes_of(
     data: npt.NDArray[np.generic], dtype: DType, chunk_elems: int, sample: int
 ) -> npt.NDArray[np.float32]:
@@ -188,8 +181,10 @@ def plan_message(
     if n_chunks > 0xFFFFFFFF:
         raise ValueError(f"message needs {n_chunks} chunks, more than a seq number holds")
     layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
-    magnitude = _magnitudes(data, dtype, chunk_elems, magnitude_sample)
+    # one errstate for both (entering one costs microseconds): NaN/inf chunks
+    # are protected, not errors
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        magnitude = _magnitudes_of(data, dtype, chunk_elems, magnitude_sample)
         classes = classifier.classify(layers, magnitude, n_layers=n_layers)
     drop = classes.drop
     if loss_bound is not None and int(loss_bound * len(data) + 1e-9) < chunk_elems:
