@@ -125,10 +125,10 @@ def _step(
 
     The send's future goes to ``sends`` instead of being waited for: waiting for
     the receiver's STOP here would add a control round trip to every step. That
-    is safe because the I/O thread copies a send's bytes into packets before it
-    handles any later command, and no later step writes a chunk this rank has
-    sent until the all-gather receives into it: a receive the I/O thread handles
-    after that send. The caller waits for all of them before returning."""
+    is safe because ``Endpoint.send`` copies a send's bytes into packets before
+    it returns, and no later step writes a chunk this rank has sent until the
+    all-gather receives into it: a receive posted after that send. The caller
+    waits for all of them before returning."""
     n, r = comm.world_size, comm.rank
     incoming = (
         comm.recv(recv_into, src=(r - 1) % n, call=call, role=role, p=p, fill=fill)

@@ -149,8 +149,8 @@ class Endpoint:
                 cfg.control_port,
                 rank=rank,
                 job=job,
-                # the connect runs on the I/O thread: keep a peer that drops SYNs from
-                # stalling every other peer for long (a listening peer answers at once)
+                # the connect runs under the endpoint's lock: keep a peer that drops SYNs
+                # from stalling every other peer for long (a listening peer answers at once)
                 connect_timeout=min(cfg.timeout, 2.0),
             )
         except BaseException:
@@ -318,7 +318,7 @@ class Endpoint:
             self._closing = True
             self._wake()
         # also after the thread stopped on its own (a crash); never from itself
-        # (a future's callback runs on the I/O thread)
+        # (a future's callback may run on the I/O thread)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -516,7 +516,7 @@ class Endpoint:
             self._peer_gone(gone)
 
     def _address_of(self, peer: int) -> PeerAddress | None:
-        """A peer's address from the I/O thread. A peer that sent us something has
+        """A peer's address, under the lock. A peer that sent us something has
         published its address already, so a store lookup returns at once."""
         try:
             return self._resolve(peer)
