@@ -137,6 +137,7 @@ __all__ = [
     "read_csv",
     "run_experiment",
     "suite",
+    "switch_policy",
 ]
 
 SCENARIOS = ("clean", "loss", "background", "spine-down", "incast")
@@ -189,7 +190,9 @@ def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str],
     return env, flags
 
 
-def _policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
+def switch_policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
+    """The experiments' switch profile: the topology's queue size, a fifth of it
+    (at least one packet) for drop-eligible packets, shaped to ``link_rate_mbit``."""
     return SwitchPolicy(
         link_rate_mbit=link_rate_mbit,
         queue_packets=t.buffer_packets,
@@ -319,7 +322,9 @@ def run_experiment(
         timeout = 300.0 + 240.0 * epochs
     started = time.monotonic()
     builder = (
-        build_bmv2(t, _policy(t, link_rate_mbit), prefix=prefix, loss_injection=scenario == "loss")
+        build_bmv2(
+            t, switch_policy(t, link_rate_mbit), prefix=prefix, loss_injection=scenario == "loss"
+        )
         if bmv2
         else build(t, prefix=prefix)
     )
@@ -331,7 +336,7 @@ def run_experiment(
         if isinstance(net, Bmv2Network):
             traffic = _setup_bmv2(net, scenario, link_down_now=not mid_run)
         else:
-            apply_profile(net, _policy(t, link_rate_mbit))
+            apply_profile(net, switch_policy(t, link_rate_mbit))
             traffic = _setup(net, scenario, link_rate_mbit, link_down_now=not mid_run)
 
         def on_epoch(epoch: int) -> None:

@@ -1,0 +1,263 @@
+"""All-reduce benchmark: one small array on 4 ranks, DLCP's collectives against Gloo's.
+
+    python -m bench.allreduce --json        # or: dlcp bench allreduce --json
+
+The testbed's training iterations are short (the digits CNN has 38,282
+parameters), so what decides them is what one all-reduce of ~150 KB costs, in
+time and in CPU. This benchmark times exactly that, side by side in one job of
+4 ranks: Gloo's ``all_reduce`` and DLCP's ring and parameter-server-style
+all-reduce (every rank serves a shard) of the same float32 array, averaging,
+loss bound ``--p`` for DLCP's push phase. The kinds take turns, ``--rounds``
+times ``--iters`` calls each after one warm-up round; a kind's figure is the
+median over all its calls of rank 0's time per call.
+
+Where:
+
+* root (``path = "testbed"``): the default leaf-spine testbed (4 hosts, 2
+  leaves, 2 spines, network namespaces), every router egress shaped to
+  ``--link-rate`` Mbit/s by the DLCP switch profile, hosts sending MTU-sized
+  packets (segmentation offloads off for TCP and UDP alike), one rank per
+  host; DLCP sprays over ``--paths`` source ports;
+* otherwise (``path = "loopback"``): 4 local ranks on the loopback.
+
+The ranks share the machine's cores, and the routers forward in the same
+kernel, so the machine's CPU is part of the result: ``*_cpu_ms`` is the busy
+time of all cores (``/proc/stat``: user, system, interrupts, softirq) per call,
+over the calls of that kind. The last stdout line (``--json``) is one JSON
+object: ``gloo_ms``, ``ring_ms``, ``ps_ms``, their CPU, and
+``ratio_ring = ring_ms / gloo_ms``, ``ratio_ps = ps_ms / gloo_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+KINDS = ("gloo", "ring", "ps")
+#: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
+DIGITS_PARAMS = 38282
+
+
+class BenchError(RuntimeError):
+    """A benchmark job failed (the message says which rank, how)."""
+
+
+# ---------------------------------------------------------------------- worker (one rank)
+
+
+def _busy_jiffies() -> int:
+    """Busy time of all cores so far (jiffies): everything but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def worker(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from dlcp.collectives import Communicator, ps_allreduce
+    from dlcp.collectives.ring import ring_allreduce
+    from dlcp.rendezvous import connect
+
+    dist.init_process_group("gloo")
+    endpoint, job = connect(group="bench-allreduce")
+    comm = Communicator(endpoint, job.world_size, channel=1)
+    n = args.elems
+    data = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
+    tensor = torch.from_numpy(data.copy())
+    half = n // 2  # two layers: packets carry two priority classes
+    segments = [(0, half, 0), (half, n - half, 1)]
+    calls = {
+        "gloo": lambda: dist.all_reduce(tensor),
+        "ring": lambda: ring_allreduce(comm, data, segments=segments, p=args.p, average=True),
+        "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
+    }
+    times: dict[str, list[float]] = {k: [] for k in KINDS}
+    busy: dict[str, int] = dict.fromkeys(KINDS, 0)
+    lost = 0
+    for round_no in range(args.rounds + 1):  # round 0 warms up
+        for kind in KINDS:
+            dist.barrier()  # every rank starts the kind together
+            b0 = _busy_jiffies()
+            for _ in range(args.iters):
+                t0 = time.perf_counter()
+                report = calls[kind]()
+                if round_no:
+                    times[kind].append(time.perf_counter() - t0)
+                    if kind != "gloo":
+                        lost += report.lost_elems
+            if round_no:
+                busy[kind] += _busy_jiffies() - b0
+    dist.barrier()
+    endpoint.close()
+    if job.rank == 0:
+        hz = os.sysconf("SC_CLK_TCK")
+        result = {
+            "times": times,
+            "cpu_ms": {k: 1e3 * busy[k] / hz / len(times[k]) for k in KINDS},
+            "lost_elems": lost,
+        }
+        Path(args.out).write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return 0
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def _worker_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    return [
+        sys.executable, "-u", "-m", "dlcp.bench.allreduce", "--worker", "--out", str(out),
+        "--elems", str(args.elems), "--iters", str(args.iters), "--rounds", str(args.rounds),
+        "--p", repr(args.p),
+    ]  # fmt: skip
+
+
+def _run_loopback(args: argparse.Namespace, out: Path) -> None:
+    from dlcp.launch import launch
+
+    log = io.StringIO()
+    result = launch(_worker_argv(args, out), 4, stdout=log, stderr=log, timeout=args.timeout)
+    if result.returncode != 0:
+        raise BenchError(f"loopback job: {result.message}\n{log.getvalue()[-5000:]}")
+
+
+def _run_testbed(args: argparse.Namespace, out: Path) -> None:
+    import dataclasses
+
+    from dlcp.testbed.experiments import MASTER_PORT, switch_policy
+    from dlcp.testbed.impairments import apply_profile
+    from dlcp.testbed.topology import Topology, build
+
+    from dlcp.launch import launch
+
+    t = dataclasses.replace(Topology.default(), link_rate_mbit=args.link_rate)
+    with build(t) as net:
+        apply_profile(net, switch_policy(t, args.link_rate))
+        master = net.host_addr(t.host_names[0])
+        cmds = {}
+        for rank, host in enumerate(t.host_names):
+            argv = [
+                "env", f"MASTER_ADDR={master}", f"MASTER_PORT={MASTER_PORT}", f"RANK={rank}",
+                f"WORLD_SIZE={len(t.host_names)}", "LOCAL_RANK=0",
+                f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}", f"DLCP_N_PATHS={args.paths}",
+                *_worker_argv(args, out),
+            ]  # fmt: skip
+            cmds[rank] = net.exec_argv(host, argv)
+        log = io.StringIO()
+        result = launch(
+            cmds[0],
+            len(t.host_names),
+            rank_cmd=cmds,
+            master_port=MASTER_PORT,
+            stdout=log,
+            stderr=log,
+            timeout=args.timeout,
+        )
+        if result.returncode != 0:
+            raise BenchError(f"testbed job: {result.message}\n{log.getvalue()[-5000:]}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    testbed = os.geteuid() == 0 and not args.loopback
+    if testbed:
+        from dlcp.testbed.netns import require_tools
+
+        require_tools("the all-reduce benchmark's testbed", offloads=True)
+    with tempfile.TemporaryDirectory(prefix="dlcp-bench-allreduce-") as tmp:
+        out = Path(tmp) / "result.json"
+        started = time.monotonic()
+        print(f"{'testbed' if testbed else 'loopback'}: 4 ranks ...", file=sys.stderr, flush=True)
+        (_run_testbed if testbed else _run_loopback)(args, out)
+        raw = json.loads(out.read_text())
+    med = {k: 1e3 * statistics.median(raw["times"][k]) for k in KINDS}
+    calls = len(raw["times"]["ring"])
+    return {
+        "bench": "allreduce",
+        "path": "testbed" if testbed else "loopback",
+        "link_rate_mbit": args.link_rate if testbed else None,
+        "n_paths": args.paths if testbed else None,
+        "world_size": 4,
+        "elems": args.elems,
+        "bytes": 4 * args.elems,
+        "p": args.p,
+        "calls_per_kind": calls,
+        "gloo_ms": round(med["gloo"], 3),
+        "ring_ms": round(med["ring"], 3),
+        "ps_ms": round(med["ps"], 3),
+        "ratio_ring": round(med["ring"] / med["gloo"], 3),
+        "ratio_ps": round(med["ps"] / med["gloo"], 3),
+        "gloo_cpu_ms": round(raw["cpu_ms"]["gloo"], 2),
+        "ring_cpu_ms": round(raw["cpu_ms"]["ring"], 2),
+        "ps_cpu_ms": round(raw["cpu_ms"]["ps"], 2),
+        "dlcp_lost_fraction": round(raw["lost_elems"] / (2 * calls * args.elems), 6),
+        "job_s": round(time.monotonic() - started, 1),
+    }
+
+
+def table(r: dict[str, Any]) -> str:
+    where = (
+        f"testbed, links {r['link_rate_mbit']:g} Mbit/s, {r['n_paths']} paths"
+        if r["path"] == "testbed"
+        else "loopback"
+    )
+    lines = [
+        f"all-reduce of {r['elems']} float32 ({r['bytes'] / 1e3:.0f} KB), 4 ranks, {where}, "
+        f"DLCP p={r['p']:g}, median of {r['calls_per_kind']} calls:",
+        f"  {'':14}{'ms/call':>9}{'CPU ms/call':>13}{'/ Gloo':>8}",
+        f"  {'Gloo':14}{r['gloo_ms']:9.2f}{r['gloo_cpu_ms']:13.1f}",
+        f"  {'DLCP ring':14}{r['ring_ms']:9.2f}{r['ring_cpu_ms']:13.1f}{r['ratio_ring']:8.2f}",
+        f"  {'DLCP PS-style':14}{r['ps_ms']:9.2f}{r['ps_cpu_ms']:13.1f}{r['ratio_ps']:8.2f}",
+        "  (CPU: busy time of all the machine's cores per call: ranks and routers)",
+    ]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.allreduce", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--elems",
+        type=int,
+        default=DIGITS_PARAMS,
+        help=f"float32 elements (default {DIGITS_PARAMS}: the digits CNN)",
+    )
+    ap.add_argument("--iters", type=int, default=20, help="calls per kind per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds after the warm-up one")
+    ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound of the push phase")
+    ap.add_argument("--link-rate", type=float, default=200.0, help="testbed links, Mbit/s")
+    ap.add_argument("--paths", type=int, default=8, help="DLCP source ports (testbed)")
+    ap.add_argument("--loopback", action="store_true", help="loopback even as root")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.elems < 4:
+        raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")
+    if args.worker:
+        return worker(args)
+    result = run(args)
+    print(table(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
