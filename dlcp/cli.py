@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--results", default="results", help="directory for JSON and PNG")
 
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
-    bench.add_argument("which", choices=["core", "transport", "ddp", "allreduce"])
+    bench.add_argument("which", choices=["core", "transport", "ddp", "allreduce", "messages"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
 
     # testbed/ is installed as dlcp.testbed (package-dir): imported by name
