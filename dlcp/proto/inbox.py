@@ -13,6 +13,7 @@ grace, orphan FINISHes, rate feedback).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import OrderedDict
 from collections.abc import Set
@@ -87,7 +88,8 @@ class Inbox(SessionSide):
         self.peers = peers
         self._incoming: dict[Key, _Incoming] = {}
         self._expected: dict[Key, _Expectation] = {}
-        self._completed: OrderedDict[Key, int] = OrderedDict()  # key -> received elems
+        #: key -> (received elems, or FAILED / CANCELLED; when it was completed)
+        self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
         self._orphan_finish: dict[Key, tuple[Finish, float]] = {}
         self._unexpected_bytes = 0
         self._meter = RateMeter(self.config.rate_interval)
@@ -106,7 +108,8 @@ class Inbox(SessionSide):
         """Where message ``key`` goes and how strict to be (``Session.expect_message``)."""
         src, step, msg = key
         if key in self._completed:
-            how = {FAILED: "failed", CANCELLED: "cancelled"}.get(self._completed[key], "completed")
+            received = self._completed[key][0]
+            how = {FAILED: "failed", CANCELLED: "cancelled"}.get(received, "completed")
             raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
         if p is not None:
             bound_to_wire(p)  # validates the range
@@ -430,12 +433,12 @@ class Inbox(SessionSide):
         report = r.complete(now=now)
         del self._incoming[key]
         self._unexpected_bytes -= state.unexpected_bytes
-        self._remember(key, r.received_elems)
+        self._remember(key, r.received_elems, now)
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
 
-    def _remember(self, key: Key, received: int) -> None:
-        self._completed[key] = received
+    def _remember(self, key: Key, received: int, at: float = -math.inf) -> None:
+        self._completed[key] = (received, at)
         while len(self._completed) > self.config.completed_memory:
             self._completed.popitem(last=False)
 
@@ -470,12 +473,15 @@ class Inbox(SessionSide):
             self.stats.reject("geometry")
             return
         if key in self._completed:
-            received = self._completed[key]
+            received, completed_at = self._completed[key]
             if received in (FAILED, CANCELLED):
                 reason = AbortReason.CANCELLED if received == CANCELLED else AbortReason.GAVE_UP
                 self._queue(key[0], Abort(key[1], key[2], self.rank, reason=reason))
-            else:
+            elif now - completed_at >= self.config.finish_timeout / 2:
+                # a FINISH repeated on the sender's timer: our STOP did not arrive
                 self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
+            # else it crossed our STOP (the data alone completed the message): the
+            # STOP is on its way, a second one would be stale (docs/spec.md §7)
             return
         state = self._incoming.get(key)
         if state is None:
