@@ -96,6 +96,9 @@ class Outbox(SessionSide):
         self.peers: dict[int, _Peer] = {}
         self._next_peer = 0
         self._pool = BufferPool()
+        #: False once a scan found no message with records left to hand out, until a
+        #: send or a retransmission round adds some (a driver asks every turn)
+        self._may_send = False
 
     # ------------------------------------------------------------------ application
 
@@ -143,6 +146,7 @@ class Outbox(SessionSide):
             buffer=self._pool.take((table.n_chunks, stride)),
             row_of_seq=row_of_seq,
         )
+        self._may_send = True
         peer.outgoing[key] = _Outgoing(
             ident=ident,
             table=table,
@@ -238,6 +242,7 @@ class Outbox(SessionSide):
             source_stride=out.first.stride,
         )
         out.cursor = 0
+        self._may_send = True
         rec.retransmitted_packets += len(seqs)
         if len(seqs) == 0:
             self._round_sent(key, out, now=now)
@@ -276,12 +281,15 @@ class Outbox(SessionSide):
     def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
         """Append up to ``max_batches`` data batches the pacers allow to ``out``,
         one destination after another, highest priority class first for each."""
+        if not self._may_send:
+            return
         dsts = [
             d
             for d, p in self.peers.items()
             if p.outgoing and any(o.pending for o in p.outgoing.values())
         ]
         if not dsts:
+            self._may_send = False
             return
         start = self._next_peer % len(dsts)
         self._next_peer += 1
