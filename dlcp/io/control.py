@@ -82,15 +82,32 @@ class ControlChannel:
             if sock is None:
                 sock = socket.create_connection(addr, timeout=self.connect_timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.sendall(HELLO.pack(_MAGIC, self.job, self.rank))
+                sock.setblocking(False)
                 self.outbound[peer] = sock
-            sock.sendall(_FRAME.pack(len(data)) + data)
+                self._send_all(sock, HELLO.pack(_MAGIC, self.job, self.rank))
+            self._send_all(sock, _FRAME.pack(len(data)) + data)
         except OSError as exc:
             self._drop_outbound(peer)
             return PeerGone(
                 peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
             )
         return None
+
+    def _send_all(self, sock: socket.socket, data: bytes) -> None:
+        """``data`` onto a non-blocking outbound socket: at once if it fits the
+        socket buffer (a socket with a timeout would poll() before every send);
+        else wait for the peer to read, at most ``connect_timeout`` (a peer that
+        stops reading must not stall this rank: the OSError names it gone)."""
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            sock.settimeout(self.connect_timeout)
+            try:
+                sock.sendall(memoryview(data)[sent:])
+            finally:
+                sock.setblocking(False)
 
     def _drop_outbound(self, peer: int) -> None:
         sock = self.outbound.pop(peer, None)
