@@ -252,7 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")
     if args.worker:
         return worker(args)
-    result = run(args)
+    try:
+        result = run(args)
+    except BenchError as exc:
+        print(f"dlcp bench allreduce: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dlcp bench allreduce: interrupted (ranks stopped, testbed removed)", file=sys.stderr)
+        return 130
     print(table(result))
     if args.json:
         print(json.dumps(result))
