@@ -19,8 +19,10 @@ wakes the I/O thread only when the session now needs it earlier than it planned
 to wake: the rest of a paced message, or a timer.
 
 Buffers follow MPI's rules: an array passed to ``send`` must stay unchanged
-until its future is done, and ``recv(out=...)`` writes ``out`` from the I/O
-thread until its future is done.
+until its future is done (this implementation has copied it into packets when
+``send`` returns, but does not promise to), and ``recv(out=...)`` writes
+``out`` (from the I/O thread, or from a thread calling the endpoint) until its
+future is done.
 """
 
 from __future__ import annotations
