@@ -21,14 +21,19 @@
  *
  * recv_runs(fd, buf, budget, max_reads, read_size)
  *     -> (runs, nbytes, reads, empty, more, errno)
- *   Reads datagrams (one recvmsg each, non-blocking, with the UDP_GRO segment
- *   size from ancillary data) back to back into buf from offset 0, until the
+ *   Reads datagrams (non-blocking, with the UDP_GRO segment size from ancillary
+ *   data) back to back into buf from offset 0, until the
  *   socket is drained, `budget` bytes or `max_reads` reads are done, or fewer
  *   than `read_size` bytes of buf are left. runs: (start, end, segment_size) of
  *   each run of same-size datagrams, in buf; a run ends where the size changes
  *   or after a short datagram. more: stopped because buf was full (call again
  *   once the runs are consumed). errno: a receive error other than EAGAIN/EINTR
  *   (0 if none), reported after the runs read before it.
+ *   A read that returns one plain datagram (not GRO-coalesced, at most
+ *   MMSG_SMALL bytes) switches to recvmmsg: up to MMSG_BATCH datagrams per
+ *   system call, each into a read_size slot, moved down to the end of the data
+ *   (a small copy; a system call per datagram costs more). A coalesced read
+ *   switches back to one recvmsg per read, which needs no move.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,10 +55,52 @@
 #endif
 
 #define MAX_RUNS 4096
+#define MMSG_BATCH 64
+#define MMSG_SMALL 9216
 
 typedef struct {
     Py_ssize_t start, end, seg;
 } Run;
+
+/* Where the reads of recv_runs stand: buf filled up to `fill`, the open run
+ * starting at `start` with datagrams of `seg_size`. */
+typedef struct {
+    Run *runs;
+    Py_ssize_t n_runs, fill, start, seg_size;
+} Runs;
+
+/* The UDP_GRO segment size of a received message, or n (one plain datagram). */
+static Py_ssize_t gro_segment(struct msghdr *msg, Py_ssize_t n) {
+    Py_ssize_t seg = n;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
+            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int gso;
+            memcpy(&gso, CMSG_DATA(c), sizeof gso);
+            seg = gso;
+        }
+    }
+    return seg <= 0 ? n : seg;
+}
+
+/* Account n bytes (segment size seg) just placed at r->fill. */
+static void add_read(Runs *r, Py_ssize_t n, Py_ssize_t seg) {
+    if (r->fill > r->start && seg != r->seg_size) { /* a different size starts a new run */
+        r->runs[r->n_runs++] = (Run){r->start, r->fill, r->seg_size};
+        r->start = r->fill;
+    }
+    r->seg_size = seg;
+    r->fill += n;
+    if (n % seg) { /* short last datagram: the run cannot continue after it */
+        r->runs[r->n_runs++] = (Run){r->start, r->fill, r->seg_size};
+        r->start = r->fill;
+    }
+}
+
+typedef union {
+    char space[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+} GroControl;
 
 static PyObject *recv_runs(PyObject *self, PyObject *args) {
     (void)self;
@@ -75,67 +122,89 @@ static PyObject *recv_runs(PyObject *self, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-    Py_ssize_t n_runs = 0, fill = 0, start = 0, seg_size = 0, total = 0, reads = 0, empty = 0;
-    int more = 0, err = 0;
+    Runs r = {runs, 0, 0, 0, 0};
+    Py_ssize_t total = 0, reads = 0, empty = 0;
+    int more = 0, err = 0, batched = 0;
     char *buf = (char *)view.buf;
     Py_ssize_t len = view.len;
+    struct mmsghdr *mm = PyMem_Malloc(sizeof(struct mmsghdr) * MMSG_BATCH);
+    struct iovec *iovs = PyMem_Malloc(sizeof(struct iovec) * MMSG_BATCH);
+    GroControl *ctl = PyMem_Malloc(sizeof(GroControl) * MMSG_BATCH);
+    if (mm == NULL || iovs == NULL || ctl == NULL) {
+        PyMem_Free(mm);
+        PyMem_Free(iovs);
+        PyMem_Free(ctl);
+        PyMem_Free(runs);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
 
     Py_BEGIN_ALLOW_THREADS
     while (total < budget && reads < max_reads) {
-        if (len - fill < read_size || n_runs >= MAX_RUNS - 2) {
+        if (len - r.fill < read_size || r.n_runs >= MAX_RUNS - 2) {
             more = 1;
             break;
         }
-        reads++;
-        struct iovec iov = {buf + fill, (size_t)read_size};
-        union {
-            char space[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.space;
-        msg.msg_controllen = sizeof control.space;
-        ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
-        if (n < 0) {
+        /* datagrams this call may take: buffer slots, reads, runs (two per datagram
+         * at most) and one more than the budget needs */
+        Py_ssize_t k = batched ? (len - r.fill) / read_size : 1;
+        if (k > MMSG_BATCH)
+            k = MMSG_BATCH;
+        if (k > max_reads - reads)
+            k = max_reads - reads;
+        if (k > (MAX_RUNS - 2 - r.n_runs) / 2)
+            k = (MAX_RUNS - 2 - r.n_runs) / 2;
+        if (k < 1)
+            k = 1;
+        memset(mm, 0, sizeof(struct mmsghdr) * (size_t)k);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            iovs[i] = (struct iovec){buf + r.fill + i * read_size, (size_t)read_size};
+            mm[i].msg_hdr.msg_iov = &iovs[i];
+            mm[i].msg_hdr.msg_iovlen = 1;
+            mm[i].msg_hdr.msg_control = ctl[i].space;
+            mm[i].msg_hdr.msg_controllen = sizeof ctl[i].space;
+        }
+        int got;
+        if (k == 1) {
+            ssize_t n = recvmsg(fd, &mm[0].msg_hdr, MSG_DONTWAIT);
+            got = n < 0 ? -1 : 1;
+            if (n >= 0)
+                mm[0].msg_len = (unsigned int)n;
+        } else {
+            got = recvmmsg(fd, mm, (unsigned int)k, MSG_DONTWAIT, NULL);
+        }
+        if (got < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 err = errno;
-            reads--;
             break;
         }
-        total += n;
-        if (n == 0) { /* an empty datagram carries nothing; the session never sees it */
-            empty++;
-            continue;
-        }
-        Py_ssize_t seg = n;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
-                c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                int gso;
-                memcpy(&gso, CMSG_DATA(c), sizeof gso);
-                seg = gso;
+        Py_ssize_t base = r.fill;
+        for (int i = 0; i < got; i++) {
+            Py_ssize_t n = (Py_ssize_t)mm[i].msg_len;
+            reads++;
+            total += n;
+            if (n == 0) { /* an empty datagram carries nothing; the session never sees it */
+                empty++;
+                continue;
             }
+            Py_ssize_t seg = gro_segment(&mm[i].msg_hdr, n);
+            char *at = buf + base + i * read_size;
+            if (at != buf + r.fill)
+                memmove(buf + r.fill, at, (size_t)n); /* down to the end of the data */
+            add_read(&r, n, seg);
+            batched = seg == n && n <= MMSG_SMALL;
         }
-        if (seg <= 0)
-            seg = n;
-        if (fill > start && seg != seg_size) { /* a different size starts a new run */
-            runs[n_runs++] = (Run){start, fill, seg_size};
-            start = fill;
-        }
-        seg_size = seg;
-        fill += n;
-        if (n % seg) { /* short last datagram: the run cannot continue after it */
-            runs[n_runs++] = (Run){start, fill, seg_size};
-            start = fill;
-        }
+        if (got < k) /* drained */
+            break;
     }
-    if (fill > start)
-        runs[n_runs++] = (Run){start, fill, seg_size};
+    if (r.fill > r.start)
+        r.runs[r.n_runs++] = (Run){r.start, r.fill, r.seg_size};
     Py_END_ALLOW_THREADS
 
+    PyMem_Free(mm);
+    PyMem_Free(iovs);
+    PyMem_Free(ctl);
+    Py_ssize_t n_runs = r.n_runs;
     PyBuffer_Release(&view);
     PyObject *list = PyList_New(n_runs);
     if (list == NULL) {

@@ -98,3 +98,37 @@ def test_a_batch_sent_without_and_with_gso_arrives_whole(
     finally:
         tx.close()
         rx.close()
+
+
+def test_plain_and_coalesced_reads_mixed_give_the_same_runs_in_c_and_python() -> None:
+    # plain datagrams (the C loop then reads up to 64 per recvmmsg), GSO batches
+    # that arrive GRO-coalesced (back to one recvmsg per read), plain ones again
+    if udp._udpio is None:
+        pytest.skip("dlcp.io._udpio not built")
+    groups = [("plain", 150, 1472), ("gso", 200, 1000), ("plain", 3, 1000), ("plain", 40, 1472),
+              ("gso", 90, 1472), ("plain", 1, 77)]  # fmt: skip
+    rng = np.random.default_rng(11)
+    payloads = [rng.integers(0, 256, count * size, dtype=np.uint8) for _, count, size in groups]
+
+    def receive(accelerated: bool) -> list[tuple[bytes, int]]:
+        rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=1 << 23, sndbuf=1 << 20)
+        tx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="off", rcvbuf=1 << 20, sndbuf=1 << 22)
+        got: list[tuple[bytes, int]] = []
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
+                for (how, count, size), data in zip(groups, payloads, strict=True):
+                    if how == "gso":
+                        sent = tx.send(data.data, size, count, path=0, tos=0, addr=rx.address)
+                        assert sent == count
+                    else:
+                        for k in range(count):
+                            plain.sendto(data[k * size : (k + 1) * size].tobytes(), rx.address)
+            rx.receive(lambda buf, seg: got.append((buf.tobytes(), seg)), accelerated=accelerated)
+        finally:
+            tx.close()
+            rx.close()
+        return got
+
+    c, py = receive(True), receive(False)
+    assert c == py
+    assert b"".join(d for d, _ in c) == b"".join(p.tobytes() for p in payloads)
