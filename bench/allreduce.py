@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .outcome import finish
+
 KINDS = ("gloo", "ring", "ps")
 #: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
 DIGITS_PARAMS = 38282
@@ -252,18 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")
     if args.worker:
         return worker(args)
-    try:
-        result = run(args)
-    except BenchError as exc:
-        print(f"dlcp bench allreduce: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("dlcp bench allreduce: interrupted (ranks stopped, testbed removed)", file=sys.stderr)
-        return 130
-    print(table(result))
-    if args.json:
-        print(json.dumps(result))
-    return 0
+    return finish(
+        "allreduce",
+        run,
+        table,
+        args,
+        errors=BenchError,
+        cleaned_up="ranks stopped, testbed removed",
+    )
 
 
 if __name__ == "__main__":

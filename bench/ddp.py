@@ -48,6 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .outcome import finish
+
 # ---------------------------------------------------------------------- worker (one rank)
 
 
@@ -322,18 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlcp bench ddp: --loss={args.loss} is not a percentage in (0, 100)",
               file=sys.stderr)
         return 2
-    try:
-        result = run(args)
-    except BenchError as exc:
-        print(f"dlcp bench ddp: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("dlcp bench ddp: interrupted (ranks stopped, namespace removed)", file=sys.stderr)
-        return 130
-    print(table(result))
-    if args.json:
-        print(json.dumps(result))
-    return 0
+    return finish(
+        "ddp", run, table, args, errors=BenchError, cleaned_up="ranks stopped, namespace removed"
+    )
 
 
 if __name__ == "__main__":

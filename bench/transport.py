@@ -81,6 +81,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .outcome import finish
 from .transport_report import Rep, summary, table
 from .transport_worker import KEY_ENV, worker_main
 
@@ -547,21 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)  # unwinds through stopping workers, removing namespaces
 
     signal.signal(signal.SIGTERM, on_term)
-    try:
-        result = run(args)
-    except WorkerError as exc:
-        print(f"dlcp bench transport: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(
-            "dlcp bench transport: interrupted (workers stopped, namespaces removed)",
-            file=sys.stderr,
-        )
-        return 130
-    print(table(result))
-    if args.json:
-        print(json.dumps(result))
-    return 0
+    return finish(
+        "transport",
+        run,
+        table,
+        args,
+        errors=WorkerError,
+        cleaned_up="workers stopped, namespaces removed",
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""How a benchmark ends: its table, its JSON line, or one line saying why not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["finish"]
+
+
+def finish(
+    name: str,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+    args: argparse.Namespace,
+    *,
+    errors: type[Exception] | tuple[type[Exception], ...],
+    cleaned_up: str,
+) -> int:
+    """``run(args)``, then print ``table`` of its result and, with ``--json``, the
+    result as the last line; exit status 0. A failed job (one of ``errors``) or
+    Ctrl-C ends with one line naming the benchmark (``dlcp bench <name>: ...``;
+    ``cleaned_up`` says what was stopped and removed) and status 1 or 130."""
+    try:
+        result = run(args)
+    except errors as exc:
+        print(f"dlcp bench {name}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
+        return 130
+    print(table(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
