@@ -199,9 +199,9 @@ def decode_control(
 ) -> ControlMessage:
     """Parse and validate one control datagram; raises :class:`WireError`."""
     data = bytes(data)
-    ptype = _TYPE_BY_FIRST_BYTE.get(data[0]) if data else None
-    if ptype is None:
-        ptype = peek_type(data)  # (raises for anything but a data packet)
+    known = _TYPE_BY_FIRST_BYTE.get(data[0]) if data else None
+    # (peek_type raises for anything but a data packet)
+    ptype: PacketType = known if known is not None else peek_type(data)
     if ptype is PacketType.DATA:
         raise WireError(
             Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected"

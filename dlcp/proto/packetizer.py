@@ -373,7 +373,7 @@ def build_records(
         template["src"] = ident.src
         template["dtype"] = int(table.dtype) << 4
         template["bound"] = ident.bound
-        per_record = {  # indexed by record (send order)
+        per_record: dict[str, npt.NDArray[np.integer]] = {  # indexed by record (send order)
             "flags": flags,
             "layer": table.layer[seqs],
             "seq": seqs,
