@@ -66,6 +66,7 @@ class ControlChannel:
         self.address: tuple[str, int] = self.listener.getsockname()
         self.inbound: dict[socket.socket, Inbound] = {}
         self.outbound: dict[int, socket.socket] = {}
+        self._read_buf = bytearray(1 << 18)
 
     def close(self) -> None:
         for s in [self.listener, *self.inbound, *self.outbound.values()]:
@@ -135,14 +136,16 @@ class ControlChannel:
         :meth:`ended` whether that means its peer is gone)."""
         conn = self.inbound[sock]
         try:
-            chunk = sock.recv(1 << 18)
+            # into one buffer kept for every read: recv(n) would allocate n bytes
+            # each time (256 KB: an mmap and munmap per control read)
+            n = sock.recv_into(self._read_buf)
         except (BlockingIOError, InterruptedError):
             return [], None
         except OSError as exc:
             return [], self._close_inbound(conn, f"connection error: {exc}")
-        if not chunk:
+        if not n:
             return [], self._close_inbound(conn, "closed its control connection")
-        conn.buf += chunk
+        conn.buf += memoryview(self._read_buf)[:n]
         frames: list[tuple[int, bytes]] = []
         if conn.rank is None:
             if len(conn.buf) < HELLO.size:
