@@ -60,7 +60,8 @@ from ..proto.session import (
 from ..proto.wire import DType
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
-from .peers import PeerAddress, Store, store_key
+from .emulation import LossEmulator
+from .peers import PeerAddress, PeerBook, Store
 from .udp import DataSockets
 
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
@@ -96,7 +97,6 @@ class _DriverStats:
     control_in: int = 0
     control_rejected: int = 0
     receive_calls: int = 0
-    emulated_loss_dropped: int = 0
     peers_gone: dict[int, str] = field(default_factory=dict)
 
 
@@ -124,12 +124,9 @@ class Endpoint:
             if not 0 <= rank < world_size:
                 raise ConfigError(f"rank={rank} outside 0..{world_size - 1}")
             known = set(range(world_size))
-        self._addresses: dict[int, PeerAddress] = {}
-        for r, a in (peers or {}).items():
-            self._addresses[r] = a if isinstance(a, PeerAddress) else PeerAddress(*a)
+        self._peers = PeerBook(rank, job, peers, store)
         if known is None and store is None:
-            known = set(self._addresses) | {rank}
-        self._store = store
+            known = set(self._peers.addresses) | {rank}
         cfg = self.config
         protocol = cfg.protocol
         # a sender gives up on a silent receiver after the endpoint's timeout, not before
@@ -159,9 +156,7 @@ class Endpoint:
             self._data.close()
             raise
         self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
-        self._addresses.setdefault(rank, self.address)
-        if store is not None:
-            store.set(store_key(job, rank), self.address.encode())
+        self._peers.publish(self.address)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         #: guards the session, the sockets and the tables below (module docstring);
@@ -174,14 +169,11 @@ class Endpoint:
         self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
         self._gone: dict[int, str] = {}
         self._stats = _DriverStats()
-        self._rng = np.random.default_rng(cfg.emulated_loss_seed)
-        if cfg.emulated_loss:
-            log.warning(
-                "dlcp rank %d: EMULATED loss: dropping %.2f%% of received data "
-                "datagrams in-process",
-                rank,
-                100 * cfg.emulated_loss,
-            )
+        self._emulator = (
+            LossEmulator(cfg.emulated_loss, cfg.emulated_loss_seed, rank=rank)
+            if cfg.emulated_loss
+            else None
+        )
         self._closing = False
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
@@ -204,7 +196,7 @@ class Endpoint:
         :class:`SendReport` once the receiver has it within its bound."""
         flat = np.asarray(array).reshape(-1)
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
-        self._resolve(to)
+        self._peers.resolve(to)  # fail now, in the caller, on a rank without an address
         fut: Future[SendReport] = Future()
 
         def command() -> None:
@@ -247,7 +239,7 @@ class Endpoint:
         if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
             raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
-        self._resolve(src)
+        self._peers.resolve(src)
         fut: Future[Received] = Future()
 
         def command() -> None:
@@ -303,7 +295,7 @@ class Endpoint:
                     "control_rejected": self._stats.control_rejected,
                     "control_out": self._stats.control_out,
                     "emulated_loss": self.config.emulated_loss,
-                    "emulated_loss_dropped": self._stats.emulated_loss_dropped,
+                    "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
                     "peers_gone": dict(self._gone),
                     "gso": self._data.use_gso,
@@ -331,20 +323,6 @@ class Endpoint:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
-
-    def _resolve(self, peer: int) -> PeerAddress:
-        if peer == self.rank:
-            raise ValueError(f"rank {peer} cannot send to or receive from itself")
-        addr = self._addresses.get(peer)
-        if addr is not None:
-            return addr
-        if self._store is None:
-            raise ValueError(
-                f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self._addresses)})"
-            )
-        addr = PeerAddress.decode(self._store.get(store_key(self.job, peer)))
-        self._addresses[peer] = addr
-        return addr
 
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``command`` (a session operation that settles ``fut`` or leaves it
@@ -460,27 +438,11 @@ class Endpoint:
                 self._peer_gone(gone)
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
-        loss = self.config.emulated_loss
-        if loss:
-            buf = self._emulate_loss(buf, segment_size, loss)
+        if self._emulator is not None:
+            buf = self._emulator.filter(buf, segment_size)
             if len(buf) == 0:
                 return
         self._session.receive_batch(buf, segment_size, now=time.monotonic())
-
-    def _emulate_loss(
-        self, buf: npt.NDArray[np.uint8], seg: int, loss: float
-    ) -> npt.NDArray[np.uint8]:
-        n = -(-len(buf) // seg)
-        keep = self._rng.random(n) >= loss
-        dropped = n - int(keep.sum())
-        if not dropped:
-            return buf
-        self._stats.emulated_loss_dropped += dropped
-        n_full = len(buf) // seg
-        rows = buf[: n_full * seg].reshape(n_full, seg)[keep[:n_full]].reshape(-1)
-        if n_full < n and keep[-1]:
-            rows = np.concatenate((rows, buf[n_full * seg :]))
-        return rows
 
     def _flush(self, now: float) -> None:
         # bounded, so that receiving gets its turn between bursts of sending
@@ -521,7 +483,7 @@ class Endpoint:
         """A peer's address, under the lock. A peer that sent us something has
         published its address already, so a store lookup returns at once."""
         try:
-            return self._resolve(peer)
+            return self._peers.resolve(peer)
         except Exception as exc:
             self._peer_gone(PeerGone(peer, f"rank {peer} has no known address: {exc}"))
             return None

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigError
 
-__all__ = ["PeerAddress", "Store", "store_key"]
+__all__ = ["PeerAddress", "PeerBook", "Store", "store_key"]
 
 
 class Store(Protocol):
@@ -41,3 +42,42 @@ class PeerAddress:
 def store_key(job: int, rank: int) -> str:
     """The store key under which rank ``rank`` of job ``job`` publishes its address."""
     return f"dlcp/{job}/addr/{rank}"
+
+
+class PeerBook:
+    """The addresses of one rank's peers: the ones given at creation, the rest
+    looked up in ``store`` the first time they are needed (and kept)."""
+
+    def __init__(
+        self,
+        rank: int,
+        job: int,
+        peers: Mapping[int, PeerAddress | tuple[str, int, int]] | None,
+        store: Store | None,
+    ) -> None:
+        self.rank, self.job, self.store = rank, job, store
+        self.addresses: dict[int, PeerAddress] = {
+            r: a if isinstance(a, PeerAddress) else PeerAddress(*a)
+            for r, a in (peers or {}).items()
+        }
+
+    def publish(self, address: PeerAddress) -> None:
+        """This rank's own address: known here, and in the store for the others."""
+        self.addresses.setdefault(self.rank, address)
+        if self.store is not None:
+            self.store.set(store_key(self.job, self.rank), address.encode())
+
+    def resolve(self, peer: int) -> PeerAddress:
+        """``peer``'s address; ValueError if it is this rank or has none."""
+        if peer == self.rank:
+            raise ValueError(f"rank {peer} cannot send to or receive from itself")
+        addr = self.addresses.get(peer)
+        if addr is not None:
+            return addr
+        if self.store is None:
+            raise ValueError(
+                f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self.addresses)})"
+            )
+        addr = PeerAddress.decode(self.store.get(store_key(self.job, peer)))
+        self.addresses[peer] = addr
+        return addr
