@@ -55,18 +55,14 @@ are written but untested here (no GPU on these machines).
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, cast
 
-import numpy as np
-import numpy.typing as npt
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store
@@ -74,17 +70,14 @@ from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store
 from ..collectives import (
     CollectiveReport,
     Communicator,
-    allreduce,
     ring_allreduce,
 )
 from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError
 from ..io.endpoint import Endpoint
-from ..proto.config import FillPolicy
 from ..rendezvous import connect
 from .pg_options import DLCPOptions, rendezvous_env
 from .pg_tensors import (
-    FOLDS,
     ROLE_STRIDE,
     DLCPWork,
     HostTensor,
@@ -92,8 +85,8 @@ from .pg_tensors import (
     TensorList,
     check_tensors,
     flatten,
-    parts,
 )
+from .pg_transport import GroupTransport
 
 __all__ = ["BACKEND", "DLCPOptions", "DLCPProcessGroup", "DLCPWork", "dlcp_group", "register"]
 
@@ -107,7 +100,6 @@ CHANNEL = 2
 SHUTDOWN_GRACE = 30.0
 
 _Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
-_RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _unsupported(op: str) -> Callable[..., Any]:
@@ -155,7 +147,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if self.options.p is not None
             else self.endpoint.config.protocol.default_p
         )
-        self._fill = FillPolicy(self.options.fill)
+        self._transport = GroupTransport(self.comm, self.options, self.p)
         #: reports of the latest operations, oldest first
         self.reports: deque[CollectiveReport] = deque(maxlen=1024)
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -185,7 +177,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> CollectiveReport | None:
             report = None
             for t in tensors:
-                report = self._allreduce(t, red)
+                report = self._transport.allreduce(t, red)
             return report
 
         return self._submit("allreduce", run, tensors, tensors)
@@ -210,9 +202,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     for peer in range(self._size)
                     if peer != root
                 ]
-                self._transfer(call, sends, [], report)
+                self._transport.transfer(call, sends, [], report)
             else:
-                self._transfer(
+                self._transport.transfer(
                     call, [], [(root, i, h.bytes()) for i, h in enumerate(hosts)], report
                 )
                 for h in hosts:
@@ -248,7 +240,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     else:
                         sends.append((peer, i, mine))
                         recvs.append((peer, i, hosts[peer].bytes()))
-            self._transfer(call, sends, recvs, report)
+            self._transport.transfer(call, sends, recvs, report)
             for h in outs_host:
                 h.write_back()
             return report.build()
@@ -280,7 +272,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             rows = out.bytes().reshape(self._size, -1)
             rows[self._rank] = mine
             peers = [q for q in range(self._size) if q != self._rank]
-            self._transfer(
+            self._transport.transfer(
                 call, [(q, 0, mine) for q in peers], [(q, 0, rows[q]) for q in peers], report
             )
             out.write_back()
@@ -304,7 +296,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report = None
             for t in tensors:
                 # every rank computes the result; only the root keeps it
-                report = self._allreduce(t if self._rank == root else t.detach().clone(), red)
+                mine = t if self._rank == root else t.detach().clone()
+                report = self._transport.allreduce(mine, red)
             return report
 
         return self._submit("reduce", run, tensors, tensors)
@@ -327,7 +320,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report = None
             for out, ins in zip(output_tensors, input_tensors, strict=True):
                 whole = torch.cat([t.detach().reshape(-1).cpu() for t in ins])
-                report = self._allreduce(whole, red)
+                report = self._transport.allreduce(whole, red)
                 with torch.no_grad():
                     out.copy_(whole.view(self._size, -1)[self._rank].view(out.shape))
             return report
@@ -351,7 +344,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> CollectiveReport | None:
             whole = input.detach().reshape(-1).cpu().clone()
-            report = self._allreduce(whole, red)
+            report = self._transport.allreduce(whole, red)
             with torch.no_grad():
                 output.copy_(whole.view(self._size, -1)[self._rank].view(output.shape))
             return report
@@ -383,12 +376,12 @@ class DLCPProcessGroup(dist.ProcessGroup):
             report = ReportBuilder("gather", call, inp.numel())
             mine = HostTensor(inp).bytes()
             if self._rank != root:
-                self._transfer(call, [(root, 0, mine)], [], report)
+                self._transport.transfer(call, [(root, 0, mine)], [], report)
                 return report.build()
             hosts = [HostTensor(o) for o in output_tensors[0]]
             hosts[root].bytes()[:] = mine
             peers = [q for q in range(self._size) if q != root]
-            self._transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
+            self._transport.transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
             for h in hosts:
                 h.write_back()
             return report.build()
@@ -419,9 +412,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 pieces = [HostTensor(t).bytes() for t in input_tensors[0]]
                 host.bytes()[:] = pieces[root]
                 sends = [(q, 0, pieces[q]) for q in range(self._size) if q != root]
-                self._transfer(call, sends, [], report)
+                self._transport.transfer(call, sends, [], report)
             else:
-                self._transfer(call, [], [(root, 0, host.bytes())], report)
+                self._transport.transfer(call, [], [(root, 0, host.bytes())], report)
             host.write_back()
             return report.build()
 
@@ -547,73 +540,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if report is not None:
                 self.reports.append(report)
             job.future.set_result(job.result)
-
-    def _allreduce(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
-        if red in (_Red.SUM, _Red.AVG) and tensor.dtype in _RING_DTYPES:
-            wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
-            host = HostTensor(tensor, wire)
-            p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
-            report = allreduce(  # the ring, or one round for a small exact tensor
-                self.comm,
-                host.numpy(),
-                p=p,
-                p_gather=self.options.p_gather,
-                fill=self._fill,
-                average=red == _Red.AVG,
-                direct_max_bytes=self.options.direct_max_bytes,
-            )
-            host.write_back()
-            return report
-        return self._allreduce_exact(tensor, red)
-
-    def _allreduce_exact(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
-        """All-gather the raw bytes, reduce in rank order: bitwise the same everywhere."""
-        call = self.comm.next_call()
-        report = ReportBuilder(f"allreduce_{red.name.lower()}", call, tensor.numel())
-        host = HostTensor(tensor)
-        rows = torch.empty((self._size, host.flat.numel()), dtype=host.flat.dtype)
-        rows[self._rank] = host.flat
-        row_bytes = rows.view(torch.uint8).numpy()
-        mine = row_bytes[self._rank]
-        peers = [q for q in range(self._size) if q != self._rank]
-        self._transfer(
-            call, [(q, 0, mine) for q in peers], [(q, 0, row_bytes[q]) for q in peers], report
-        )
-        out = functools.reduce(FOLDS[red], rows.unbind(0))
-        if red == _Red.AVG:  # float64 / complex: the ring carries float32 and float16
-            out = out / self._size
-        host.flat.copy_(out)
-        host.write_back()
-        return report.build()
-
-    def _transfer(
-        self,
-        call: int,
-        sends: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
-        recvs: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
-        report: ReportBuilder,
-    ) -> None:
-        """Exact (``p = 0``) byte messages of one operation: (peer, index, bytes).
-        Receives are posted first; empty arrays are skipped on both sides (their
-        sizes are known everywhere); big ones travel in parts."""
-        incoming: list[Future[Any]] = []
-        outgoing: list[Future[Any]] = []
-        for peer, index, buf in recvs:
-            for role, part in parts(buf, index):
-                incoming.append(
-                    self.comm.recv(
-                        part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
-                    )
-                )
-        for peer, index, buf in sends:
-            for role, part in parts(buf, index):
-                outgoing.append(
-                    self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
-                )
-        for fut in incoming:
-            report.received(self.comm.wait(fut), bounded=False)
-        for fut in outgoing:
-            report.sent(self.comm.wait(fut), 1)
 
 
 def _create(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:

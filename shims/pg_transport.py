@@ -1,0 +1,105 @@
+"""How the dlcp process group's operations travel: float SUM/AVG all-reduces
+over the ring (or in one round when small and exact), every other all-reduce
+as an exact all-gather of the raw bytes folded in rank order, and the byte
+messages of broadcast, gather, scatter and all-gather. :mod:`.process_group`
+runs these on its transport thread."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch._C._distributed_c10d import ReduceOp
+
+from ..collectives import CollectiveReport, Communicator, allreduce
+from ..collectives.comm import ReportBuilder
+from ..proto.config import FillPolicy
+from .pg_options import DLCPOptions
+from .pg_tensors import FOLDS, HostTensor, parts
+
+__all__ = ["GroupTransport"]
+
+_Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
+_RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class GroupTransport:
+    """A process group's collectives over its communicator; ``p`` is the loss
+    bound of large float SUM/AVG all-reduces."""
+
+    def __init__(self, comm: Communicator, options: DLCPOptions, p: float) -> None:
+        self.comm, self.options, self.p = comm, options, p
+        self._fill = FillPolicy(options.fill)
+
+    def allreduce(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
+        """Reduce ``tensor`` in place across the group with ``red`` (module docstring)."""
+        if red in (_Red.SUM, _Red.AVG) and tensor.dtype in _RING_DTYPES:
+            wire = torch.float16 if tensor.dtype == torch.float16 else torch.float32
+            host = HostTensor(tensor, wire)
+            p = self.p if host.flat.numel() >= self.options.lossy_min_elems else 0.0
+            report = allreduce(  # the ring, or one round for a small exact tensor
+                self.comm,
+                host.numpy(),
+                p=p,
+                p_gather=self.options.p_gather,
+                fill=self._fill,
+                average=red == _Red.AVG,
+                direct_max_bytes=self.options.direct_max_bytes,
+            )
+            host.write_back()
+            return report
+        return self._allreduce_exact(tensor, red)
+
+    def _allreduce_exact(self, tensor: torch.Tensor, red: Any) -> CollectiveReport:
+        """All-gather the raw bytes, reduce in rank order: bitwise the same everywhere."""
+        call = self.comm.next_call()
+        report = ReportBuilder(f"allreduce_{red.name.lower()}", call, tensor.numel())
+        host = HostTensor(tensor)
+        rows = torch.empty((self.comm.world_size, host.flat.numel()), dtype=host.flat.dtype)
+        rows[self.comm.rank] = host.flat
+        row_bytes = rows.view(torch.uint8).numpy()
+        mine = row_bytes[self.comm.rank]
+        peers = [q for q in range(self.comm.world_size) if q != self.comm.rank]
+        self.transfer(
+            call, [(q, 0, mine) for q in peers], [(q, 0, row_bytes[q]) for q in peers], report
+        )
+        out = functools.reduce(FOLDS[red], rows.unbind(0))
+        if red == _Red.AVG:  # float64 / complex: the ring carries float32 and float16
+            out = out / self.comm.world_size
+        host.flat.copy_(out)
+        host.write_back()
+        return report.build()
+
+    def transfer(
+        self,
+        call: int,
+        sends: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
+        recvs: Sequence[tuple[int, int, npt.NDArray[np.uint8]]],
+        report: ReportBuilder,
+    ) -> None:
+        """Exact (``p = 0``) byte messages of one operation: (peer, index, bytes).
+        Receives are posted first; empty arrays are skipped on both sides (their
+        sizes are known everywhere); big ones travel in parts."""
+        incoming: list[Future[Any]] = []
+        outgoing: list[Future[Any]] = []
+        for peer, index, buf in recvs:
+            for role, part in parts(buf, index):
+                incoming.append(
+                    self.comm.recv(
+                        part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
+                    )
+                )
+        for peer, index, buf in sends:
+            for role, part in parts(buf, index):
+                outgoing.append(
+                    self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
+                )
+        for fut in incoming:
+            report.received(self.comm.wait(fut), bounded=False)
+        for fut in outgoing:
+            report.sent(self.comm.wait(fut), 1)
