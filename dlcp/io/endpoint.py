@@ -365,13 +365,8 @@ class Endpoint:
                     self._sleep_until = -math.inf
                     now = time.monotonic()
                     self._session.note_idle(now - before, now=now)  # receive capacity
-                    for key, _ in ready:
-                        self._on_ready(sel, key.fileobj, key.data)
+                    self._take_input(sel, ready, timer)
                     now = time.monotonic()
-                    # the timer as it was before this turn's input (a timer that input
-                    # set runs next turn: that turn's wait is then short or none)
-                    if timer is not None and timer <= now:
-                        self._session.handle_timer(now=now)
                     self._dispatch_events()  # before sending: a send may find a peer gone
                     self._flush(now)
                     self._dispatch_events()
@@ -390,6 +385,32 @@ class Endpoint:
                 self._wake_r.close()
                 self._wake_w.close()
             self._closed.set()
+
+    def _take_input(
+        self,
+        sel: selectors.BaseSelector,
+        ready: list[tuple[selectors.SelectorKey, int]],
+        timer: float | None,
+    ) -> None:
+        """One turn's input: the data socket first, whether or not ``select`` saw
+        it ready (data may have come while this thread waited for the lock); then
+        the other ready sockets; then ``timer``, the session's timer as it was
+        before this turn's input (a timer that input set runs next turn: that
+        turn's wait is then short or none).
+
+        While the data socket keeps a backlog (the receive budget ran out),
+        neither control messages nor timers: a FINISH or a reorder grace judged
+        before the queued data is read would NACK, or complete by the bound,
+        data that has arrived. The sockets stay readable: the next turn comes
+        at once."""
+        self._on_ready(sel, self._data.recv_sock, "data")
+        backlog = self._data.backlog
+        for key, _ in ready:
+            if key.data != "data" and not (backlog and key.data == "control"):
+                self._on_ready(sel, key.fileobj, key.data)
+        now = time.monotonic()
+        if timer is not None and timer <= now and not backlog:
+            self._session.handle_timer(now=now)
 
     def _next_time(self, now: float, timer: float | None) -> float:
         """When the I/O thread has something to do without input: the session's

@@ -108,6 +108,8 @@ class DataSockets:
         self._buf = np.empty(RECEIVE_BUFFER_BYTES, dtype=np.uint8)
         self._tos_cache: dict[int, tuple[int, int, bytes]] = {}
         self.empty_datagrams = 0
+        #: the last receive() stopped at its budget with datagrams still queued
+        self.backlog = False
 
     def close(self) -> None:
         for s in [self.recv_sock, *self.send_socks]:
@@ -188,6 +190,7 @@ class DataSockets:
             if err:
                 raise OSError(err, os.strerror(err))
             if not more:
+                self.backlog = total >= budget or reads >= _MAX_READS
                 return total
 
     def _receive_py(self, deliver: Deliver, budget: int) -> int:
@@ -195,6 +198,7 @@ class DataSockets:
         start = fill = seg_size = total = 0
         cmsg_space = socket.CMSG_SPACE(4)
         reads = 0
+        self.backlog = True  # unless the socket runs dry first
         while total < budget and reads < _MAX_READS:
             if len(buf) - fill < _READ_SIZE:
                 if fill > start:
@@ -205,6 +209,7 @@ class DataSockets:
             try:
                 n, anc, _flags, _addr = self.recv_sock.recvmsg_into([view], cmsg_space)
             except (BlockingIOError, InterruptedError):
+                self.backlog = False
                 break
             total += n
             if n == 0:  # an empty datagram carries nothing; the session never sees it

@@ -132,3 +132,26 @@ def test_plain_and_coalesced_reads_mixed_give_the_same_runs_in_c_and_python() ->
     c, py = receive(True), receive(False)
     assert c == py
     assert b"".join(d for d, _ in c) == b"".join(p.tobytes() for p in payloads)
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_a_receive_that_stops_at_its_budget_reports_the_backlog(accelerated: bool) -> None:
+    rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=1 << 22, sndbuf=1 << 20)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for _ in range(10):
+                tx.sendto(bytes(1000), rx.address)
+        got: list[int] = []
+
+        def deliver(buf: np.ndarray, seg: int) -> None:
+            got.append(len(buf))
+
+        assert rx.receive(deliver, budget=4000, accelerated=accelerated) >= 4000
+        assert rx.backlog  # stopped at the budget, datagrams still queued
+        rx.receive(deliver, accelerated=accelerated)
+        assert not rx.backlog  # ran dry
+        assert sum(got) == 10_000
+        rx.receive(deliver, accelerated=accelerated)
+        assert not rx.backlog and sum(got) == 10_000
+    finally:
+        rx.close()
