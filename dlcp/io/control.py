@@ -49,13 +49,17 @@ class ControlChannel:
     """Listening socket, inbound connections and lazily opened outbound ones."""
 
     def __init__(
-        self, host: str, port: int, *, rank: int, job: int, connect_timeout: float
+        self, host: str, port: int, *, rank: int, job: int, connect_timeout: float, tos: int = 0
     ) -> None:
         self.rank = rank
         self.job = job
         self.connect_timeout = connect_timeout
+        #: IP TOS byte of every control packet, both directions (accepted
+        #: connections inherit the listener's); for TCP the kernel keeps the ECN bits
+        self.tos = tos
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
         try:
             self.listener.bind((host, port))
             self.listener.listen(64)
@@ -81,8 +85,7 @@ class ControlChannel:
         sock = self.outbound.get(peer)
         try:
             if sock is None:
-                sock = socket.create_connection(addr, timeout=self.connect_timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._connect(addr)
                 sock.setblocking(False)
                 self.outbound[peer] = sock
                 self._send_all(sock, HELLO.pack(_MAGIC, self.job, self.rank))
@@ -93,6 +96,18 @@ class ControlChannel:
                 peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
             )
         return None
+
+    def _connect(self, addr: tuple[str, int]) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.tos)  # the SYN's too
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.connect_timeout)
+            sock.connect(addr)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def _send_all(self, sock: socket.socket, data: bytes) -> None:
         """``data`` onto a non-blocking outbound socket: at once if it fits the

@@ -151,6 +151,8 @@ class Endpoint:
                 # the connect runs under the endpoint's lock: keep a peer that drops SYNs
                 # from stalling every other peer for long (a listening peer answers at once)
                 connect_timeout=min(cfg.timeout, 2.0),
+                # control messages decide when data moves: the highest priority class
+                tos=protocol.tos.tos(7, drop=False),
             )
         except BaseException:
             self._data.close()
@@ -196,7 +198,7 @@ class Endpoint:
         :class:`SendReport` once the receiver has it within its bound."""
         flat = np.asarray(array).reshape(-1)
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
-        self._peers.resolve(to)  # fail now, in the caller, on a rank without an address
+        self._resolve(to, f"message (step {step}, msg {msg}) to rank {to}")
         fut: Future[SendReport] = Future()
 
         def command() -> None:
@@ -239,7 +241,7 @@ class Endpoint:
         if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
             raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
-        self._peers.resolve(src)
+        self._resolve(src, f"message (step {step}, msg {msg}) from rank {src}")
         fut: Future[Received] = Future()
 
         def command() -> None:
@@ -323,6 +325,14 @@ class Endpoint:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
+
+    def _resolve(self, peer: int, what: str) -> None:
+        """Fail now, in the caller, on a rank without an address (waiting at most
+        the endpoint's timeout for one that has yet to publish it)."""
+        try:
+            self._peers.resolve(peer, timeout=self.config.timeout)
+        except PeerTimeout as exc:
+            raise PeerTimeout(f"rank {self.rank}: {what}: {exc}") from None
 
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``command`` (a session operation that settles ``fut`` or leaves it

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerTimeout
 
 __all__ = ["PeerAddress", "PeerBook", "Store", "store_key"]
 
@@ -67,8 +69,12 @@ class PeerBook:
         if self.store is not None:
             self.store.set(store_key(self.job, self.rank), address.encode())
 
-    def resolve(self, peer: int) -> PeerAddress:
-        """``peer``'s address; ValueError if it is this rank or has none."""
+    def resolve(self, peer: int, *, timeout: float | None = None) -> PeerAddress:
+        """``peer``'s address; ValueError if it is this rank or has none.
+
+        A peer looked up in the store is waited for at most ``timeout`` seconds
+        when the store can wait on a key (torch's stores can; their own timeout,
+        often minutes, applies otherwise), then PeerTimeout."""
         if peer == self.rank:
             raise ValueError(f"rank {peer} cannot send to or receive from itself")
         addr = self.addresses.get(peer)
@@ -78,6 +84,19 @@ class PeerBook:
             raise ValueError(
                 f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self.addresses)})"
             )
-        addr = PeerAddress.decode(self.store.get(store_key(self.job, peer)))
+        key = store_key(self.job, peer)
+        wait = getattr(self.store, "wait", None)
+        if timeout is not None and callable(wait):
+            started = time.monotonic()
+            try:
+                wait([key], timedelta(seconds=timeout))
+            except Exception:  # torch raises DistStoreError on timeout
+                if time.monotonic() - started < 0.9 * timeout:
+                    raise  # the store failed, it did not time out
+                raise PeerTimeout(
+                    f"rank {peer} did not publish its address (store key {key!r}) "
+                    f"within {timeout:g} s"
+                ) from None
+        addr = PeerAddress.decode(self.store.get(key))
         self.addresses[peer] = addr
         return addr

@@ -298,6 +298,16 @@ def _dlcp_datagrams(frame: bytes, port: int) -> list[tuple[int, bytes]]:
     return out
 
 
+def _tcp_tos(frame: bytes, ports: set[int]) -> int | None:
+    """The TOS byte of a captured IPv4/TCP frame from or to one of ``ports``."""
+    ip = frame[14:]
+    if frame[12:14] != b"\x08\x00" or len(ip) < 40 or ip[0] >> 4 != 4 or ip[9] != 6:
+        return None
+    ihl = (ip[0] & 0x0F) * 4
+    src, dst = struct.unpack_from(">HH", ip, ihl)
+    return ip[1] if src in ports or dst in ports else None
+
+
 @pytest.mark.root
 @root_only
 @pytest.mark.parametrize("gso", ["off", "auto"])
@@ -321,6 +331,7 @@ def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: st
         with workers([plan(0, [op], gso=gso), plan(1, [recv(1)])], tmp_path) as (a, b):
             assert b.address is not None
             port = int(b.address.split()[1])
+            control_ports = {int(w.address.split()[2]) for w in (a, b) if w.address}
             thread = threading.Thread(target=capture)
             thread.start()
             try:
@@ -344,3 +355,8 @@ def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: st
     ecn = {tos_map.tos(prio, drop) & 0x3 for prio, drop in seen}
     assert ecn == {0b10, 0b00}, "both ECT(0) (protected) and Not-ECT (drop-eligible) expected"
     assert {prio for prio, _ in seen} == set(range(8)), "8 layers should use all 8 classes"
+    # control traffic (FINISH one way, STOP back, the TCP handshake and ACKs) travels
+    # in the highest class; the kernel owns a TCP packet's ECN bits
+    control = [tos for frame in frames if (tos := _tcp_tos(frame, control_ports)) is not None]
+    assert len(control) >= 4, f"captured only {len(control)} control packets"
+    assert {tos >> 2 for tos in control} == {tos_map.dscp[7]}, sorted({hex(t) for t in control})
