@@ -16,13 +16,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) sysdeps
 
-# Namespace tests and benchmarks need iproute2, nftables, ethtool and ping; the Mininet
-# backend needs mnexec (Debian mininet). As root with apt (CI, a fresh Debian), install
-# what is missing; otherwise those tests skip.
+# Namespace tests and benchmarks need iproute2, procps (sysctl), nftables, ethtool and
+# ping; the Mininet backend needs mnexec (Debian mininet). As root with apt (CI, a fresh
+# Debian), install what is missing; otherwise those tests skip.
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
-	  for t in ip:iproute2 nft:nftables ethtool:ethtool ping:iputils-ping; do \
+	  for t in ip:iproute2 sysctl:procps nft:nftables ethtool:ethtool ping:iputils-ping; do \
 	    command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \

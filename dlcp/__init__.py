@@ -19,4 +19,38 @@ def _register_torch_backend() -> None:
 
 _register_torch_backend()
 
-__all__ = ["FillPolicy", "LossReport", "ProtocolConfig", "Session", "TosMap", "WireError"]
+#: names from the I/O layer, imported on first use: ``import dlcp`` (and the
+#: protocol core with it) stays free of sockets and threads
+_LAZY = {
+    "Endpoint": "dlcp.io",
+    "EndpointConfig": "dlcp.io",
+    "Communicator": "dlcp.collectives",
+    "ConfigError": "dlcp.errors",
+    "PeerTimeout": "dlcp.errors",
+    "TransferFailed": "dlcp.errors",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dlcp' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "Communicator",
+    "ConfigError",
+    "Endpoint",
+    "EndpointConfig",
+    "FillPolicy",
+    "LossReport",
+    "PeerTimeout",
+    "ProtocolConfig",
+    "Session",
+    "TosMap",
+    "TransferFailed",
+    "WireError",
+]

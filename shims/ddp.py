@@ -61,7 +61,9 @@ class DLCPState:
     ``collective``: ``"ring"`` (ring all-reduce) or ``"ps"`` (parameter server
     with every rank serving a shard, or the ranks in ``servers``).
     ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
-    phase uses ``p_gather`` (default 0: every replica gets identical bytes).
+    phase uses ``p_gather`` (default 0: every replica gets identical bytes; above
+    0, at most ``p``, a replica keeps its own values where its copy lost some, so
+    replicas drift apart by the elements the reports count as lost).
     ``direct_max_bytes``: with ``collective="ring"`` and no loss allowed (``p``
     and ``p_gather`` 0), a bucket whose copies to every other rank add up to at
     most this many bytes is reduced in one round
@@ -88,6 +90,8 @@ class DLCPState:
             raise ValueError(f"collective={self.collective!r}: use 'ring' or 'ps'")
         if self.direct_max_bytes < 0:
             raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
+        if not 0.0 <= self.p_gather <= self.p:
+            raise ValueError(f"p_gather={self.p_gather} must be in [0, p={self.p}]")
         self._fill = FillPolicy(self.fill)
         if self.endpoint is None:
             from ..rendezvous import connect

@@ -378,6 +378,8 @@ def run_experiment(
                 f"(master {master}:{MASTER_PORT}), {epochs} epochs, "
                 f"{links}" + (f", {env}" if env else "") + "\n"
             )
+            # removed on exit; after a hard crash: dlcp testbed down --prefix <prefix>
+            sink.write(f"[testbed] {name}: namespaces {net.prefix}<node>\n")
             sink.flush()
             progress = _Progress(sink, name, started, on_epoch)
             lr = launch(

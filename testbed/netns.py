@@ -42,7 +42,7 @@ def missing_tools(*, loss: bool = False, offloads: bool = False) -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root")
-    for tool, wanted in (("ip", True), ("nft", loss), ("ethtool", offloads)):
+    for tool, wanted in (("ip", True), ("sysctl", True), ("nft", loss), ("ethtool", offloads)):
         if wanted and shutil.which(tool) is None:
             missing.append(tool)
     return missing

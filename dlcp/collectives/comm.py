@@ -55,9 +55,20 @@ class CollectiveReport:
     lost_fraction: float
     #: lost chunks per (priority, drop) class, index prio * 2 + drop
     lost_chunks: tuple[int, ...]
+    #: chunks of each class that incoming messages carried (received or lost)
+    class_chunks: tuple[int, ...]
     retransmitted_packets: int
     nack_rounds: int
     seconds: float
+
+    @property
+    def lost_fraction_per_class(self) -> tuple[float, ...]:
+        """Per (priority, drop) class, index prio * 2 + drop: the share of that
+        class's incoming chunks that were lost (0.0 for a class with none)."""
+        return tuple(
+            lost / total if total else 0.0
+            for lost, total in zip(self.lost_chunks, self.class_chunks, strict=True)
+        )
 
 
 @dataclass(slots=True)
@@ -73,6 +84,9 @@ class ReportBuilder:
     lost_chunks: npt.NDArray[np.int64] = field(
         default_factory=lambda: np.zeros(N_CLASSES, dtype=np.int64)
     )
+    class_chunks: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(N_CLASSES, dtype=np.int64)
+    )
     retransmitted: int = 0
     nack_rounds: int = 0
 
@@ -86,7 +100,9 @@ class ReportBuilder:
         self.lost_elems += r.lost_elems
         if bounded:
             self.bounded_elems += r.msg_elems
-        self.lost_chunks += np.asarray(r.lost_chunks, dtype=np.int64)
+        lost = np.asarray(r.lost_chunks, dtype=np.int64)
+        self.lost_chunks += lost
+        self.class_chunks += lost + np.asarray(r.received_chunks, dtype=np.int64)
         self.nack_rounds += r.nack_rounds
 
     def build(self) -> CollectiveReport:
@@ -99,6 +115,7 @@ class ReportBuilder:
             lost_elems=self.lost_elems,
             lost_fraction=self.lost_elems / self.bounded_elems if self.bounded_elems else 0.0,
             lost_chunks=tuple(int(x) for x in self.lost_chunks),
+            class_chunks=tuple(int(x) for x in self.class_chunks),
             retransmitted_packets=self.retransmitted,
             nack_rounds=self.nack_rounds,
             seconds=time.perf_counter() - self.started,

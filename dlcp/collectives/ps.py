@@ -119,13 +119,16 @@ def ps_serve(
     *,
     servers: Sequence[int],
     workers: Sequence[int],
+    segments: Segments | None = None,
     p_push: float = 0.0,
     p_pull: float = 0.0,
     fill: FillPolicy = FillPolicy.ZERO,
     average: bool = False,
 ) -> CollectiveReport:
     """A dedicated server's step: receive a shard from every worker, sum, send it back.
-    Shapes come from the packets; the first worker's message sets them."""
+    Shapes come from the packets; the first worker's message sets them. ``segments``
+    (offset, length, layer) of the shard's layers, offsets from the shard's start,
+    give the pulls their classes (without them a pull is one class)."""
     srv, wrk = _roles(comm, servers, workers)
     r = comm.rank
     if r in wrk or r not in srv:
@@ -150,7 +153,9 @@ def ps_serve(
     report = ReportBuilder("ps_serve", call, len(total))
     for g in got:
         report.received(g, bounded=p_push > 0)
-    sends = [comm.send(total, to=w, call=call, role=PULL, segments=None, p=p_pull) for w in wrk]
+    sends = [
+        comm.send(total, to=w, call=call, role=PULL, segments=segments, p=p_pull) for w in wrk
+    ]
     for fut in sends:
         report.sent(comm.wait(fut), total.itemsize)
     return report.build()

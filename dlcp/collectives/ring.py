@@ -9,6 +9,12 @@ all-gather passes every owned chunk around the ring with the gather bound
 (default 0: retransmit until everything arrived). Because each reduced chunk is
 computed once and copied bit for bit, every replica ends with identical bytes,
 whatever the reduce-scatter lost.
+
+A gather bound above 0 (at most ``p``) trades that away: a rank whose copy of
+a reduced chunk misses elements keeps what its buffer held there (its own
+partial sum; previous-value fill), and so does every rank it forwards the copy
+to, so replicas differ by those elements. They are counted as lost in the
+report, like the reduce-scatter's.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def ring_allreduce(
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across the ring, in place."""
     check_array(data, "ring_allreduce")
+    if p_gather > p:
+        raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
     n, r = comm.world_size, comm.rank
     call = comm.next_call()
     report = ReportBuilder("ring_allreduce", call, len(data))

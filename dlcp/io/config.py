@@ -40,6 +40,18 @@ class EndpointConfig:
     emulated_loss_seed: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.protocol, ProtocolConfig):
+            raise ConfigError(f"protocol={self.protocol!r} is not a ProtocolConfig")
+        for f in dataclasses.fields(self):
+            kind, value = str(f.type), getattr(self, f.name)
+            if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{f.name}={value!r} is not an integer")
+            if kind == "float" and (
+                isinstance(value, bool) or not isinstance(value, (int, float))
+            ):
+                raise ConfigError(f"{f.name}={value!r} is not a number")
+            if kind == "str" and not isinstance(value, str):
+                raise ConfigError(f"{f.name}={value!r} is not a string")
         try:
             ipaddress.ip_address(self.host)
         except ValueError:

@@ -360,6 +360,23 @@ def test_config_from_env() -> None:
     assert EndpointConfig.from_env({}) == EndpointConfig()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("timeout", "5", "not a number"),
+        ("timeout", True, "not a number"),
+        ("data_port", "80", "not an integer"),
+        ("rcvbuf", 1.5, "not an integer"),
+        ("emulated_loss", None, "not a number"),
+        ("gso", 1, "not a string"),
+        ("protocol", {"n_paths": 2}, "not a ProtocolConfig"),
+    ],
+)
+def test_config_of_the_wrong_type_names_the_field(field: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"{field}=.*{message}"):
+        EndpointConfig(**{field: value})
+
+
 def test_endpoint_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in [v for v in os.environ if v.startswith("DLCP_")]:
         monkeypatch.delenv(var)
@@ -431,3 +448,10 @@ def test_close_fails_a_pending_send() -> None:
         assert time.monotonic() - t0 < 2.0
         assert isinstance(fut.exception(timeout=5), EndpointClosed)
     assert dlcp_threads() == []
+
+
+def test_the_endpoint_is_reachable_from_the_package() -> None:
+    import dlcp
+
+    assert dlcp.Endpoint is Endpoint and dlcp.EndpointConfig is EndpointConfig
+    assert dlcp.PeerTimeout is PeerTimeout
