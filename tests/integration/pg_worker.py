@@ -389,20 +389,28 @@ def ddp_find_unused_parameters_matches_gloo() -> None:
 def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
     from dlcp.shims.process_group import DLCPOptions, dlcp_group
 
-    lossy = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05))
+    # this group's endpoint drops 2 % of its received data datagrams (EMULATION,
+    # read from the environment when the group is created): loss really happens
+    os.environ["DLCP_EMULATED_LOSS"] = "0.02"
+    os.environ["DLCP_EMULATED_LOSS_SEED"] = str(C.rank)
+    try:
+        lossy = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05))
+    finally:
+        del os.environ["DLCP_EMULATED_LOSS"], os.environ["DLCP_EMULATED_LOSS_SEED"]
     pg = dlcp_group(lossy)
-    assert pg.p == 0.05
+    assert pg.p == 0.05 and pg.endpoint.config.emulated_loss == 0.02
     x = data((200_000,), 50)
     a = x.clone()
     dist.all_reduce(a, group=lossy)
     rep = pg.reports[-1]
-    assert rep.lost_fraction <= 0.05, rep
-    same_on_every_rank(a)
-    if rep.lost_elems == 0:
-        b = x.clone()
-        dist.all_reduce(b, group=C.gloo)
-        assert_close(a, b)
-    small = torch.ones(100)  # below lossy_min_elems: always exact
+    assert 0 < rep.lost_fraction <= 0.05, rep  # some loss, within the bound
+    same_on_every_rank(a)  # the exact all-gather keeps replicas identical
+    b = x.clone()
+    dist.all_reduce(b, group=C.gloo)
+    # only lost elements differ from the exact sum: at most p of them
+    differ = (a != b) & ~torch.isclose(a, b)
+    assert int(differ.sum()) <= 0.05 * a.numel() * C.world, int(differ.sum())
+    small = torch.ones(100)  # below lossy_min_elems: always exact, loss or not
     dist.all_reduce(small, group=lossy)
     assert small.eq(C.world).all()
     assert pg.reports[-1].lost_elems == 0
