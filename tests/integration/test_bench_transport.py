@@ -1,0 +1,98 @@
+"""``python -m bench.transport``, run as a user would: small, on loopback.
+
+The benchmark's contract with its users (and with the scripts that collect its
+figures) is its command line and the last line of its stdout with ``--json``:
+one JSON object with every figure. This runs it end to end with a 4 MiB tensor
+and checks that contract: it exits 0, the last line parses, the keys the
+documentation and the result tables rely on are there, the path and loss method
+are what the module docstring promises for ``--loopback`` (the in-process loss
+emulator, and TCP's loss fields null since TCP cannot be compared under emulated
+loss), and the lossless figures are positive numbers. No figure is compared with
+a speed: this is not a performance check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE_MIB = 4
+TIMEOUT = 120.0  # seconds; a run this small takes about one
+
+ARGV = [
+    sys.executable,
+    "-m",
+    "bench.transport",
+    "--json",
+    "--loopback",
+    "--size-mib",
+    str(SIZE_MIB),
+    "--repetitions",
+    "3",
+    "--lossless-repetitions",
+    "2",
+    "--no-progress",
+]
+
+KEYS = {
+    "size_bytes",
+    "dlcp_lossless_gbps",
+    "tcp_lossless_gbps",
+    "ratio_lossless",
+    "dlcp_loss_median_s",
+    "tcp_loss_median_s",
+    "dlcp_loss_p99_s",
+    "tcp_loss_p99_s",
+    "ratio_loss_median",
+    "ratio_loss_p99",
+    "loss_method",
+    "path",
+}
+TCP_LOSS_FIELDS = ("tcp_loss_median_s", "tcp_loss_p99_s", "ratio_loss_median", "ratio_loss_p99")
+
+
+def _run_benchmark() -> dict[str, Any]:
+    """Run the benchmark; check it exits 0; the object on its last stdout line."""
+    proc = subprocess.run(
+        ARGV, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{detail}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"nothing on stdout\n{detail}"
+    try:
+        report = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"last stdout line is not JSON ({exc}): {lines[-1]!r}") from None
+    assert isinstance(report, dict), f"last stdout line is not one JSON object: {lines[-1]!r}"
+    return report
+
+
+def _positive(report: dict[str, Any], key: str) -> None:
+    value = report[key]
+    assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+    assert math.isfinite(value) and value > 0, f"{key} = {value!r}, want a positive number"
+
+
+def test_transport_benchmark_json_on_loopback() -> None:
+    report = _run_benchmark()
+    missing = KEYS - report.keys()
+    assert not missing, f"keys missing from the JSON line: {sorted(missing)}"
+    assert report["path"] == "loopback", report["path"]
+    assert report["size_bytes"] == SIZE_MIB << 20, report["size_bytes"]
+    for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", "ratio_lossless"):
+        _positive(report, key)
+
+    # --loopback: DLCP's in-process loss emulator, and (docstring) TCP cannot be
+    # compared under emulated loss, so its loss fields are null; DLCP's are measured
+    assert report["loss_method"] == "emulated", report["loss_method"]
+    for key in TCP_LOSS_FIELDS:
+        assert report[key] is None, f"{key} = {report[key]!r} under emulated loss, want null"
+    for key in ("dlcp_loss_median_s", "dlcp_loss_p99_s"):
+        _positive(report, key)
+    assert report["dlcp_loss_p99_s"] >= report["dlcp_loss_median_s"], report
