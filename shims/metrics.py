@@ -20,8 +20,13 @@ class StepSummary:
 
     step: int
     buckets: int
+    #: gradient elements of the step's buckets
     elems: int
+    #: elements this rank received filled instead of exact (all buckets, all phases)
     lost_elems: int
+    #: lost_elems / elems: the share of the step's gradient this rank lost. (A
+    #: collective's own report divides by the elements it received under a loss
+    #: bound instead, which for a ring is about half of them.)
     lost_fraction: float
     retransmitted_packets: int
     comm_seconds: float

@@ -64,9 +64,16 @@ def ps_allreduce(
     r = comm.rank
     if r not in wrk:
         raise ValueError(f"rank {r} is not a worker; a dedicated server calls ps_serve")
+    bounds = chunk_bounds(len(data), len(srv))
+    empty = [s for i, s in enumerate(srv) if s not in wrk and bounds[i] == bounds[i + 1]]
+    if empty:
+        # a dedicated server learns its shard from the pushes: it would wait for ever
+        raise ValueError(
+            f"{len(data)} elements for {len(srv)} servers leave dedicated server(s) "
+            f"{empty} an empty shard"
+        )
     call = comm.next_call()
     report = ReportBuilder("ps_allreduce", call, len(data))
-    bounds = chunk_bounds(len(data), len(srv))
     pushes: list[Future[Any]] = []
     for i, server in enumerate(srv):
         a, b = bounds[i], bounds[i + 1]

@@ -155,3 +155,11 @@ def test_dedicated_server_push_bound_under_emulated_loss() -> None:
         assert 0 < int(off.sum()) <= server.lost_elems
         for w in workers:  # nothing of the exact pull is missing on a worker
             assert reports[w][step].lost_elems == 0
+
+
+def test_an_empty_shard_for_a_dedicated_server_is_refused_up_front() -> None:
+    # 1 element, 2 dedicated servers: server 0 would wait for pushes that never come
+    with endpoints(3) as eps:
+        comm = Communicator(eps[2], 3)
+        with pytest.raises(ValueError, match=r"dedicated server\(s\) \[0\] an empty shard"):
+            ps_allreduce(comm, np.ones(1, np.float32), servers=[0, 1], workers=[2])
