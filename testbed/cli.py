@@ -98,8 +98,8 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     suite.add_argument(
         "--ablations-on",
         default=None,
-        metavar="SCENARIO",
-        help="also run each DLCP ablation on this scenario",
+        metavar="SCENARIOS",
+        help="also run each DLCP ablation on these scenarios (comma-separated, or 'all')",
     )
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
@@ -224,7 +224,14 @@ def _experiments(args: argparse.Namespace) -> int:
         print(f"plot: {path}")
         return 0
     if args.testbed_command == "suite":
-        bad = [s for s in _split(args.scenarios) if s not in ex.SCENARIOS]
+        ablated = (
+            []
+            if args.ablations_on is None
+            else list(ex.SCENARIOS)
+            if args.ablations_on == "all"
+            else _split(args.ablations_on)
+        )
+        bad = [s for s in (*_split(args.scenarios), *ablated) if s not in ex.SCENARIOS]
         if bad:
             print(f"dlcp testbed suite: unknown scenario {bad[0]!r}", file=sys.stderr)
             return 2
@@ -232,7 +239,7 @@ def _experiments(args: argparse.Namespace) -> int:
             _split(args.scenarios),
             epochs=args.epochs,
             results=args.results,
-            ablation_scenario=args.ablations_on,
+            ablation_scenario=ablated,
             switch=args.switch,
         )
         return 1 if failures else 0

@@ -467,19 +467,22 @@ def suite(
     *,
     epochs: int = 2,
     results: str | Path = "results",
-    ablation_scenario: str | None = None,
+    ablation_scenario: str | Sequence[str] | None = None,
     out: IO[str] | None = None,
     switch: str = "linux",
 ) -> tuple[int, list[dict[str, Any]]]:
-    """Every scenario for Gloo and DLCP, then (if ``ablation_scenario``) each
-    single ablation of DLCP on that scenario, on ``switch`` (linux or bmv2).
-    Failed runs are reported and skipped. Returns (number of failures, summaries)."""
+    """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
+    ``ablation_scenario`` (one scenario or several), on ``switch`` (linux or
+    bmv2). Failed runs are reported and skipped. Returns (number of failures,
+    summaries)."""
     sink = out if out is not None else sys.stdout
     plan: list[tuple[str, str, tuple[str, ...]]] = [
         (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")
     ]
-    if ablation_scenario:
-        plan += [(ablation_scenario, "dlcp", (a,)) for a in ABLATIONS]
+    if isinstance(ablation_scenario, str):
+        ablation_scenario = [ablation_scenario]
+    for scenario in ablation_scenario or ():
+        plan += [(scenario, "dlcp", (a,)) for a in ABLATIONS]
     done: list[dict[str, Any]] = []
     failures = 0
     for i, (s, tr, ab) in enumerate(plan, 1):
