@@ -81,6 +81,9 @@ class Received:
     msg: int
     data: npt.NDArray[Any]
     report: LossReport
+    #: EMULATION: the share of received data datagrams this endpoint drops on
+    #: purpose (``EndpointConfig.emulated_loss``); 0.0: any loss in ``report`` is real
+    emulated_loss: float = 0.0
 
 
 @dataclass(slots=True)
@@ -572,7 +575,9 @@ class Endpoint:
                 return
             out[...] = data
             data = out
-        fut.set_result(Received(ev.src, ev.step, ev.msg, data, ev.report))
+        fut.set_result(
+            Received(ev.src, ev.step, ev.msg, data, ev.report, self.config.emulated_loss)
+        )
 
     def _expire(self, now: float) -> None:
         for table, outgoing in ((self._sends, True), (self._recvs, False)):

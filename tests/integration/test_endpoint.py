@@ -455,3 +455,30 @@ def test_the_endpoint_is_reachable_from_the_package() -> None:
 
     assert dlcp.Endpoint is Endpoint and dlcp.EndpointConfig is EndpointConfig
     assert dlcp.PeerTimeout is PeerTimeout
+
+
+def _emulated_run(seed: int) -> tuple[Any, float]:
+    store = LocalStore()
+    cfg = {"timeout": 20.0}
+    with (
+        Endpoint(0, store=store, world_size=2, job=JOB, config=EndpointConfig(**cfg)) as a,
+        Endpoint(1, store=store, world_size=2, job=JOB,
+                 config=EndpointConfig(emulated_loss=0.05, emulated_loss_seed=seed, **cfg)) as b,
+    ):  # fmt: skip
+        x, _ = make_data("float32", 1 << 18, 4)
+        fut = b.recv(src=0, msg=1, p=0.05)
+        a.send(x, to=1, msg=1, p=0.05).result(timeout=20)
+        got = fut.result(timeout=20)
+    return got.report, got.emulated_loss
+
+
+def test_emulated_loss_is_labelled_and_seeded() -> None:
+    """A receive says when its endpoint drops packets on purpose, and the same
+    seed drops the same packets (one sender, one path: arrival order is fixed)."""
+    first, label = _emulated_run(seed=5)
+    again, _ = _emulated_run(seed=5)
+    other, _ = _emulated_run(seed=6)
+    assert label == 0.05
+    assert first.lost_elems > 0
+    assert first.lost_ranges == again.lost_ranges
+    assert first.lost_ranges != other.lost_ranges

@@ -181,6 +181,8 @@ def test_backend_is_registered_by_import() -> None:
     import dlcp  # noqa: F401
 
     assert "dlcp" in dist.Backend.backend_list
+    # CUDA tensors go through host staging (no GPU here to run it on)
+    assert dist.Backend.backend_capability["dlcp"] == ["cpu", "cuda"]
 
 
 def test_import_dlcp_registers_without_importing_torch() -> None:
