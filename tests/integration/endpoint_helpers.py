@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,24 @@ IS_ROOT = os.geteuid() == 0
 MARGIN = 1.5  # seconds an error may come after the configured timeout
 
 root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root")
+
+ETH_P_ALL = 0x0003
+#: sll_pkttype of a frame this host sent (AF_PACKET address, third field)
+PACKET_OUTGOING = 4
+
+
+def open_capture() -> socket.socket:
+    """A raw AF_PACKET socket on loopback (root), 50 ms receive timeout; skips the
+    test where packets cannot be captured."""
+    try:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    except (PermissionError, OSError, AttributeError) as exc:
+        pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+    s.bind(("lo", 0))
+    s.settimeout(0.05)
+    return s
 
 
 def plan(rank: int, ops: list[dict[str, Any]], *, timeout: float = 15.0,

@@ -4,7 +4,6 @@ for how the worker processes are run)."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import struct
 import threading
@@ -36,9 +35,11 @@ from tests.integration.endpoint_helpers import (
     JOB,
     KEY,
     MARGIN,
+    PACKET_OUTGOING,
     WRONG_KEY,
     LocalStore,
     assert_exact,
+    open_capture,
     plan,
     recv,
     root_only,
@@ -264,22 +265,6 @@ def test_unauthenticated_hello_cannot_cut_off_a_peer() -> None:
 # ----------------------------------------------------------------------------- 9. DSCP/ECN
 
 
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
-
-
-def _open_capture() -> socket.socket:
-    try:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    except (PermissionError, OSError, AttributeError) as exc:
-        pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
-    with contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
-    s.bind(("lo", 0))
-    s.settimeout(0.05)
-    return s
-
-
 def _dlcp_datagrams(frame: bytes, port: int) -> list[tuple[int, bytes]]:
     """(TOS, DLCP datagram) for each datagram of a captured IPv4/UDP frame to
     ``port`` (a GSO frame on loopback carries many, one after the other)."""
@@ -312,7 +297,7 @@ def _tcp_tos(frame: bytes, ports: set[int]) -> int | None:
 @root_only
 @pytest.mark.parametrize("gso", ["off", "auto"])
 def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: str) -> None:
-    cap = _open_capture()
+    cap = open_capture()
     frames: list[bytes] = []
     stop = threading.Event()
 

@@ -32,35 +32,28 @@ import pytest
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags, decode_data
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads, root_only
+from tests.integration.endpoint_helpers import (
+    JOB,
+    PACKET_OUTGOING,
+    LocalStore,
+    dlcp_threads,
+    open_capture,
+    root_only,
+)
 from tests.integration.peers import MB4, digest, make_data
 
 N_PATHS = 4
 SPRAY = 8
 BATCH = 64  # > SPRAY: each pacing batch is sprayed as 8 GSO sends
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
 
 pytestmark = [pytest.mark.root, root_only]
-
-
-def _open_capture() -> socket.socket:
-    try:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    except (PermissionError, OSError, AttributeError) as exc:
-        pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
-    with contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
-    s.bind(("lo", 0))
-    s.settimeout(0.05)
-    return s
 
 
 @contextlib.contextmanager
 def _capturing() -> Iterator[list[bytes]]:
     """Frames leaving on loopback while the block runs, in wire order (each frame
     once: only as outgoing)."""
-    cap = _open_capture()
+    cap = open_capture()
     frames: list[bytes] = []
     stop = threading.Event()
 
