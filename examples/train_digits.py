@@ -187,8 +187,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         idx = shard(len(x_tr), rank, world, args.seed, epoch)
         first_step = len(state.metrics.history) if state else 0
         loss_sum, iters = 0.0, 0
+        iteration_s: list[float] = []
         t0 = time.perf_counter()
         for start in range(0, len(idx), args.batch_size):
+            t_iter = time.perf_counter()
             if step == args.exit_step and rank == args.exit_rank:
                 print(f"rank {rank}: exiting at step {step} (--exit-rank)", file=sys.stderr,
                       flush=True)
@@ -200,6 +202,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             opt.step()
             sched.step()
             loss_sum += loss.item()
+            iteration_s.append(time.perf_counter() - t_iter)
             iters += 1
             step += 1
             if args.check_replicas:
@@ -220,6 +223,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
         dist.all_reduce(totals)  # over ranks (Gloo: a few numbers once per epoch)
         mean_loss, lost, elems, retx, comm_s, elapsed_sum = totals.tolist()
+        # every rank runs the same iterations: an iteration takes its slowest rank's time
+        slowest = torch.tensor(iteration_s, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         row = {
             "epoch": epoch + 1,
             "test_accuracy": evaluate(model, x_te, y_te),
@@ -230,6 +236,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "lost_elems": int(lost),
             "retransmitted_packets": int(retx),
             "comm_s_per_iter": comm_s / world / iters,
+            #: each iteration's time on its slowest rank (check_replicas included)
+            "iteration_s": [round(t, 6) for t in slowest.tolist()],
         }
         epochs.append(row)
         say(

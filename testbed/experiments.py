@@ -82,8 +82,8 @@ difference between before and after training -- and the wall time), one row
 appended to ``<results>/testbed.csv`` and a bar plot ``<results>/testbed.png``
 (ms/iter and accuracy per scenario and transport, the newest row of each).
 :mod:`.results` writes and reads these. ``median ms/iter`` is the median over
-epochs of the example's per-epoch mean time per iteration (the example reports
-no per-iteration times).
+epochs of the example's per-epoch mean time per iteration; the JSON also holds
+every iteration's time (its slowest rank's), per epoch (``iteration_s``).
 """
 
 from __future__ import annotations

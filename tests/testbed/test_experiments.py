@@ -105,6 +105,11 @@ def test_short_training_run_completes(
     assert r["train"]["world_size"] == 4
     saved = json.loads((res / f"clean-{transport}.json").read_text())
     assert saved["transport"] == transport and saved["train"]["epochs"]
+    for epoch in saved["train"]["epochs"]:  # every iteration's time, slowest rank
+        times = epoch["iteration_s"]
+        assert len(times) == epoch["iterations"] and all(t > 0 for t in times)
+        # their mean is the epoch's time per iteration, less the loop's own overhead
+        assert sum(times) / len(times) <= epoch["iter_s"] * 1.5
     with (res / ex.CSV_NAME).open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["scenario"], r["transport"]) for r in rows} == {("clean", "gloo"), ("clean", "dlcp")}
@@ -165,3 +170,27 @@ def test_spine_down_fails_the_link_mid_run(tmp_path: Path) -> None:
     assert down < text.index("[testbed] spine-down-dlcp: epoch 2/2 done")
     assert r["setup"]["link_down"].startswith("after epoch 1")
     assert len(r["train"]["epochs"]) == 2 and r["final_accuracy"] > 10.0
+
+
+@needs_root
+@pytest.mark.parametrize("scenario", ["loss", "background", "incast"])
+def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: str) -> None:
+    """One short DLCP run of each impaired scenario: its impairment really acted
+    (the loss rules dropped packets, the cross traffic flowed, the parameter
+    server took the pushes), training finished, and any gradient loss stayed
+    within the bound (p = 0.05)."""
+    r = ex.run_experiment(
+        scenario, "dlcp", epochs=1, batch_size=32, results=tmp_path, out=io.StringIO(),
+        plot_after=False,
+    )  # fmt: skip
+    assert r["final_accuracy"] > 10.0 and len(r["train"]["epochs"]) == 1
+    assert r["lost_fraction"] <= 0.05
+    setup = r["setup"]
+    if scenario == "loss":
+        assert sum(setup["loss_rule_drops"].values()) > 0, setup["loss_rule_drops"]
+    elif scenario == "background":
+        # the flow runs until training ends, then its sender is stopped: the sink counts
+        got = setup["background"]["received"]
+        assert got.get("packets", 0) > 1000, setup["background"]
+    else:
+        assert r["train"]["collective"] == "ps" and "--collective" in setup["flags"]
