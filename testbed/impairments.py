@@ -23,6 +23,7 @@ Incast (many senders to one host) is not here yet.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -35,7 +36,7 @@ from typing import Any
 from . import switch_profile
 from .netns import NetnsError, _run, nft_dropped, nft_random_drop
 from .switch_profile import FifoPolicy, SwitchPolicy
-from .topology import Network
+from .topology import LinkSpec, Network
 
 __all__ = [
     "CrossTraffic",
@@ -44,6 +45,7 @@ __all__ = [
     "link_down",
     "link_dropped",
     "link_loss",
+    "link_policy",
     "link_up",
     "profile_counters",
     "rate_limit",
@@ -71,15 +73,37 @@ def _iface(net: Network, a: str, b: str) -> str:
 # ---- switch profile -----------------------------------------------------------------
 
 
+def link_policy(
+    policy: SwitchPolicy | FifoPolicy, spec: LinkSpec | None
+) -> SwitchPolicy | FifoPolicy:
+    """``policy`` for one link: the topology's overrides of that link (its rate,
+    its buffer; the drop-eligible threshold scaled with the buffer) win."""
+    if spec is None:
+        return policy
+    rate = spec.link_rate_mbit if spec.link_rate_mbit is not None else policy.link_rate_mbit
+    queue = spec.buffer_packets if spec.buffer_packets is not None else policy.queue_packets
+    if isinstance(policy, SwitchPolicy):
+        share = policy.drop_eligible_packets / policy.queue_packets
+        return dataclasses.replace(
+            policy,
+            link_rate_mbit=rate,
+            queue_packets=queue,
+            drop_eligible_packets=max(1, min(queue - 1, round(share * queue))),
+        )
+    return dataclasses.replace(policy, link_rate_mbit=rate, queue_packets=queue)
+
+
 def apply_profile(net: Network, policy: SwitchPolicy | FifoPolicy) -> None:
     """Install ``policy`` on every router egress interface (leaves and spines),
-    replacing whatever root qdisc was there. One ``tc -batch`` per router."""
+    replacing whatever root qdisc was there; a link the topology file gives its
+    own rate or buffer (``[[links]]``) gets them. One ``tc -batch`` per router."""
+    t = net.topology
     for router in _routers(net):
-        devs = list(net.ifaces[router].values())
         lines = []
-        for dev in devs:
+        for neighbour, dev in net.ifaces[router].items():
             switch_profile.remove(_runner(net, router), dev)
-            lines += [" ".join(argv[1:]) for argv in switch_profile.tc_commands(policy, dev)]
+            mine = link_policy(policy, t.link_spec(router, neighbour))
+            lines += [" ".join(argv[1:]) for argv in switch_profile.tc_commands(mine, dev)]
         proc = subprocess.run(
             net.exec_argv(router, ["tc", "-batch", "-"]),
             input="\n".join(lines) + "\n",

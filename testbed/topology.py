@@ -60,6 +60,7 @@ from .netns import NetnsError, _cleanup, _run, require_tools, run_prefix
 __all__ = [
     "DEFAULT_TOPOLOGY",
     "HostSpec",
+    "LinkSpec",
     "Network",
     "Topology",
     "TopologyError",
@@ -75,7 +76,10 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _RESERVED = frozenset({"lo", "all", "default"})
 _HOST_NET = "10.215"
 _FABRIC_NET = "10.214"
-_KEYS = frozenset({"name", "mtu", "link_rate_mbit", "buffer_packets", "leaves", "spines", "hosts"})
+_KEYS = frozenset(
+    {"name", "mtu", "link_rate_mbit", "buffer_packets", "leaves", "spines", "hosts", "links"}
+)
+_LINK_KEYS = frozenset({"between", "link_rate_mbit", "buffer_packets"})
 
 
 class TopologyError(ValueError):
@@ -91,6 +95,17 @@ class HostSpec:
 
 
 @dataclass(frozen=True)
+class LinkSpec:
+    """What one link (both directions) has instead of the topology's rate and
+    buffer: ``between`` names its two nodes (a host and its leaf, or a leaf and a
+    spine); None keeps the topology-wide value."""
+
+    between: tuple[str, str]
+    link_rate_mbit: float | None = None
+    buffer_packets: int | None = None
+
+
+@dataclass(frozen=True)
 class Topology:
     """A leaf-spine topology: hosts on leaves, every leaf linked to every spine."""
 
@@ -101,9 +116,18 @@ class Topology:
     mtu: int = 1500
     link_rate_mbit: float = 1000.0
     buffer_packets: int = 100
+    #: per-link overrides of link_rate_mbit / buffer_packets
+    link_specs: tuple[LinkSpec, ...] = ()
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def link_spec(self, a: str, b: str) -> LinkSpec | None:
+        """The overrides of link ``a``--``b`` (either order), if it has any."""
+        for spec in self.link_specs:
+            if set(spec.between) == {a, b}:
+                return spec
+        return None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Topology:
@@ -155,6 +179,34 @@ class Topology:
             if not isinstance(leaf, str):
                 raise TopologyError(f"hosts.{host}.leaf: must be a string")
             hosts.append(HostSpec(str(host), leaf))
+        raw_links = data.get("links", [])
+        if not isinstance(raw_links, list) or not all(isinstance(x, Mapping) for x in raw_links):
+            raise TopologyError(
+                'links: must be an array of tables, e.g. [[links]] between = ["leaf1", "spine1"]'
+            )
+        specs = []
+        for i, raw in enumerate(raw_links):
+            where = f"links[{i}]"
+            extra = sorted(set(raw) - _LINK_KEYS)
+            if extra:
+                known = ", ".join(sorted(_LINK_KEYS))
+                raise TopologyError(f"{where}.{extra[0]}: unknown field (known: {known})")
+            between = raw.get("between")
+            if (
+                not isinstance(between, list)
+                or len(between) != 2
+                or not all(isinstance(n, str) for n in between)
+            ):
+                raise TopologyError(f"{where}.between: must be a list of two node names")
+            rate = raw.get("link_rate_mbit")
+            buf = raw.get("buffer_packets")
+            specs.append(
+                LinkSpec(
+                    (between[0], between[1]),
+                    None if rate is None else float(_number(raw, "link_rate_mbit", 0, float)),
+                    None if buf is None else _number(raw, "buffer_packets", 0, int),
+                )
+            )
         return cls(
             name=name,
             hosts=tuple(hosts),
@@ -163,6 +215,7 @@ class Topology:
             mtu=_number(data, "mtu", 1500, int),
             link_rate_mbit=float(_number(data, "link_rate_mbit", 1000.0, float)),
             buffer_packets=_number(data, "buffer_packets", 100, int),
+            link_specs=tuple(specs),
         )
 
     @property
@@ -262,6 +315,25 @@ def _validate(t: Topology) -> None:
         raise TopologyError(f"link_rate_mbit: must be positive (got {t.link_rate_mbit})")
     if t.buffer_packets <= 0:
         raise TopologyError(f"buffer_packets: must be positive (got {t.buffer_packets})")
+    pairs = {frozenset((h.name, h.leaf)) for h in t.hosts}
+    pairs |= {frozenset((leaf, spine)) for leaf in t.leaves for spine in t.spines}
+    seen_links: set[frozenset[str]] = set()
+    for i, spec in enumerate(t.link_specs):
+        a, b = spec.between
+        where = f"links[{i}]"
+        for n in (a, b):
+            if n not in seen:
+                raise TopologyError(f"{where}.between: unknown node {n!r}")
+        pair = frozenset((a, b))
+        if pair not in pairs:
+            raise TopologyError(f"{where}.between: {a} and {b} share no link")
+        if pair in seen_links:
+            raise TopologyError(f"{where}.between: link {a}--{b} is given twice")
+        seen_links.add(pair)
+        if spec.link_rate_mbit is not None and spec.link_rate_mbit <= 0:
+            raise TopologyError(f"{where}.link_rate_mbit: must be positive")
+        if spec.buffer_packets is not None and spec.buffer_packets <= 0:
+            raise TopologyError(f"{where}.buffer_packets: must be positive")
 
 
 @dataclass

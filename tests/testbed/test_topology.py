@@ -262,3 +262,67 @@ def test_build_a_larger_topology_from_its_file() -> None:
         for spine, n in deltas.items():
             assert n > 0.12 * total, f"{spine} forwarded only {n} of {total}: {deltas}"
     assert not [ns for ns in _netns_list() if ns.startswith(prefix)]
+
+
+def test_links_override_rate_and_buffer(tmp_path: Path) -> None:
+    p = tmp_path / "t.toml"
+    p.write_text(
+        'leaves = ["leaf1", "leaf2"]\nspines = ["spine1"]\nlink_rate_mbit = 200\n'
+        "buffer_packets = 100\n"
+        '[hosts]\nh1 = "leaf1"\nh2 = "leaf2"\n'
+        '[[links]]\nbetween = ["spine1", "leaf2"]\nlink_rate_mbit = 50\n'
+        '[[links]]\nbetween = ["h1", "leaf1"]\nbuffer_packets = 30\n'
+    )
+    t = Topology.load(p)
+    assert t.link_spec("leaf2", "spine1") == t.link_spec("spine1", "leaf2")
+    assert t.link_spec("leaf1", "spine1") is None
+    from dlcp.testbed.impairments import link_policy
+    from dlcp.testbed.switch_profile import SwitchPolicy
+
+    base = SwitchPolicy(link_rate_mbit=200, queue_packets=100, drop_eligible_packets=20)
+    slow = link_policy(base, t.link_spec("leaf2", "spine1"))
+    assert (slow.link_rate_mbit, slow.queue_packets) == (50, 100)
+    short = link_policy(base, t.link_spec("leaf1", "h1"))
+    assert isinstance(short, SwitchPolicy)
+    assert (short.link_rate_mbit, short.queue_packets, short.drop_eligible_packets) == (200, 30, 6)
+    assert link_policy(base, None) is base
+
+
+@pytest.mark.parametrize(
+    ("links", "match"),
+    [
+        ('[[links]]\nbetween = ["h1", "spine1"]\n', "h1 and spine1 share no link"),
+        ('[[links]]\nbetween = ["h1", "leaf9"]\n', "unknown node 'leaf9'"),
+        ('[[links]]\nbetween = ["h1"]\n', "two node names"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\nlink_rate_mbit = 0\n', "must be positive"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\nspeed = 1\n', "speed: unknown field"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\n[[links]]\nbetween = ["leaf1", "h1"]\n',
+         "given twice"),
+    ],
+)  # fmt: skip
+def test_link_override_errors_name_the_field(tmp_path: Path, links: str, match: str) -> None:
+    p = tmp_path / "t.toml"
+    p.write_text('leaves = ["leaf1"]\nspines = ["spine1"]\n[hosts]\nh1 = "leaf1"\n' + links)
+    with pytest.raises(TopologyError, match=match):
+        Topology.load(p)
+
+
+@pytest.mark.root
+@needs_root
+def test_a_link_override_reaches_the_routers_queues(tmp_path: Path) -> None:
+    from dlcp.testbed.impairments import apply_profile
+    from dlcp.testbed.switch_profile import SwitchPolicy
+
+    p = tmp_path / "t.toml"
+    p.write_text(
+        DEFAULT_TOPOLOGY.read_text()
+        + '\n[[links]]\nbetween = ["spine1", "leaf2"]\nlink_rate_mbit = 50\n'
+    )
+    prefix = "dlcpt9"
+    with build(Topology.load(p), prefix=prefix) as net:
+        apply_profile(net, SwitchPolicy(link_rate_mbit=200))
+        for router, nb in (("spine1", "leaf2"), ("leaf2", "spine1"), ("spine2", "leaf2")):
+            out = net.run(router, ["tc", "class", "show", "dev", net.ifaces[router][nb]]).stdout
+            want = "50Mbit" if "spine2" not in (router, nb) else "200Mbit"
+            assert f"rate {want} ceil {want}" in out, (router, nb, out)
+    assert not [ns for ns in _netns_list() if ns.startswith(prefix)]
