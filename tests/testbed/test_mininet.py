@@ -104,8 +104,8 @@ def test_cli_up_with_mininet_cli() -> None:
     prefix = f"dlcpmu{os.getpid() % 100000}-"
     proc = subprocess.run(
         [sys.executable, "-m", "dlcp.cli", "testbed", "up", "--backend", "mininet", "--cli",
-         "--profile", "fifo", "--prefix", prefix],
-        input="h1 ping -c 1 -W 5 h4\n",
+         "--profile", "dlcp", "--prefix", prefix],
+        input="h1 ping -c 1 -W 5 h4\nleaf1 tc qdisc show\n",
         capture_output=True,
         text=True,
         timeout=120,
@@ -114,5 +114,8 @@ def test_cli_up_with_mininet_cli() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "ready" in proc.stdout
     assert "1 received" in proc.stdout + proc.stderr  # Mininet prints through its log
+    # our switch profile on the Mininet routers' egresses: HTB root, a FIFO per class
+    qdiscs = proc.stdout + proc.stderr
+    assert "qdisc htb 1: " in qdiscs and qdiscs.count("qdisc pfifo") >= 8, qdiscs[-3000:]
     assert "testbed removed" in proc.stdout
     assert not {n for n in _netns() if n.startswith(prefix)}
