@@ -39,7 +39,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,7 +46,6 @@ import numpy.typing as npt
 
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
-from ..proto.reassembler import LossReport
 from ..proto.session import (
     ControlDatagram,
     DataBatch,
@@ -62,6 +60,7 @@ from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
 from .peers import PeerAddress, PeerBook, Store
+from .records import DriverStats, Pending, Received
 from .udp import DataSockets
 
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
@@ -70,37 +69,6 @@ log = logging.getLogger("dlcp.io")
 
 Key = tuple[int, int, int]  # (peer, step, msg)
 Segments = Sequence[tuple[int, int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A completed receive: the data (``out`` if one was given) and what was lost."""
-
-    src: int
-    step: int
-    msg: int
-    data: npt.NDArray[Any]
-    report: LossReport
-    #: EMULATION: the share of received data datagrams this endpoint drops on
-    #: purpose (``EndpointConfig.emulated_loss``); 0.0: any loss in ``report`` is real
-    emulated_loss: float = 0.0
-
-
-@dataclass(slots=True)
-class _Pending:
-    future: Future[Any]
-    deadline: float
-    out: npt.NDArray[Any] | None = None
-
-
-@dataclass(slots=True)
-class _DriverStats:
-    data_batches_out: int = 0
-    control_out: int = 0
-    control_in: int = 0
-    control_rejected: int = 0
-    receive_calls: int = 0
-    peers_gone: dict[int, str] = field(default_factory=dict)
 
 
 class Endpoint:
@@ -169,11 +137,11 @@ class Endpoint:
         self._lock = threading.RLock()
         #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
         self._sleep_until = -math.inf
-        self._sends: dict[Key, _Pending] = {}
-        self._recvs: dict[Key, _Pending] = {}
+        self._sends: dict[Key, Pending] = {}
+        self._recvs: dict[Key, Pending] = {}
         self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
         self._gone: dict[int, str] = {}
-        self._stats = _DriverStats()
+        self._stats = DriverStats()
         self._emulator = (
             LossEmulator(cfg.emulated_loss, cfg.emulated_loss_seed, rank=rank)
             if cfg.emulated_loss
@@ -221,7 +189,7 @@ class Endpoint:
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._sends[key] = _Pending(fut, now + self.config.timeout)
+            self._sends[key] = Pending(fut, now + self.config.timeout)
             if to in self._gone:
                 self._fail_peer(to, self._gone[to])
 
@@ -274,7 +242,7 @@ class Endpoint:
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._recvs[key] = _Pending(fut, time.monotonic() + self.config.timeout, out)
+            self._recvs[key] = Pending(fut, time.monotonic() + self.config.timeout, out)
 
         self._post(command, fut)
         return fut
