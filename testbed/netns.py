@@ -15,11 +15,13 @@ import itertools
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "SEGMENTATION_FEATURES",
     "NetnsError",
     "NetnsLine",
     "NetnsLoopback",
@@ -28,6 +30,8 @@ __all__ = [
     "netns_line",
     "netns_loopback",
     "netns_pair",
+    "require_segmentation_off",
+    "segmentation_left_on",
 ]
 
 _counter = itertools.count()
@@ -53,6 +57,39 @@ def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
     if check and proc.returncode != 0:
         raise NetnsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
+
+
+#: ``ethtool -k`` names of the segmentation offloads that must be off for packets
+#: on the wire to be MTU-sized (TCP's TSO, GSO, and UDP's)
+SEGMENTATION_FEATURES = (
+    "tcp-segmentation-offload",
+    "generic-segmentation-offload",
+    "tx-udp-segmentation",
+)
+
+
+def segmentation_left_on(ethtool_k: str) -> list[str]:
+    """The segmentation offloads that ``ethtool -k`` output shows on (one the
+    kernel does not list cannot be on)."""
+    on = []
+    for line in ethtool_k.splitlines():
+        name, _, state = line.strip().partition(":")
+        if name in SEGMENTATION_FEATURES and state.strip().startswith("on"):
+            on.append(name)
+    return on
+
+
+def require_segmentation_off(run: Callable[[Sequence[str]], Any], dev: str, where: str) -> None:
+    """Raise NetnsError if ``dev`` still segments (``run`` executes an argv where
+    ``dev`` lives): ``ethtool -K`` may refuse a feature and a run would then
+    measure 64 KB packets while claiming MTU-sized ones."""
+    out = run(["ethtool", "-k", dev]).stdout
+    left = segmentation_left_on(out)
+    if left:
+        raise NetnsError(
+            f"{where}: {dev} still has {', '.join(left)} on after ethtool -K (the packets "
+            "on the wire would not be MTU-sized)"
+        )
 
 
 def offload_argv(dev: str, *, on: bool) -> list[str]:
@@ -144,6 +181,10 @@ class NetnsPair:
         packets on the wire are real MTU-sized packets (off) or GSO batches (on)."""
         for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
             _run(["ip", "netns", "exec", ns, *offload_argv(dev, on=on)], check=False)
+            if not on:
+                require_segmentation_off(
+                    lambda argv, ns=ns: _run(["ip", "netns", "exec", ns, *argv]), dev, ns
+                )
 
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
@@ -262,6 +303,8 @@ class NetnsLine(NetnsPair):
                 ],
                 check=False,
             )
+            if not on:
+                require_segmentation_off(lambda argv, ns=ns: self.run(ns, argv), dev, ns)
         for dev in (self.if_ra, self.if_rb):
             self.run(self.ns_r, ["ethtool", "-K", dev, "gro", "off"], check=False)
 
@@ -354,6 +397,8 @@ class NetnsLoopback:
         as one packet) or off (every packet is at most ``mtu`` bytes, so a drop
         hits one MTU-sized packet of any transport)."""
         self.run(offload_argv("lo", on=on), check=False)
+        if not on:
+            require_segmentation_off(self.run, "lo", self.ns)
 
     def set_loss(self, percent: float) -> None:
         """Drop ``percent`` % of the IPv4 packets delivered on loopback (nftables

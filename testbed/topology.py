@@ -55,7 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .netns import NetnsError, _cleanup, _run, require_tools, run_prefix
+from .netns import (
+    NetnsError,
+    _cleanup,
+    _run,
+    require_segmentation_off,
+    require_tools,
+    run_prefix,
+)
 
 __all__ = [
     "DEFAULT_TOPOLOGY",
@@ -426,6 +433,7 @@ def host_offloads_off(net: Network, host: str, dev: str) -> None:
         # separately: a kernel without UDP segmentation offload rejects the whole
         # command if it names the feature; what it does not expose stays as it is
         net.run(host, ["ethtool", "-K", dev, *features], check=False)
+    require_segmentation_off(lambda argv: net.run(host, argv), dev, net.ns(host))
 
 
 def _check_ready(net: Network) -> None:

@@ -326,3 +326,24 @@ def test_a_link_override_reaches_the_routers_queues(tmp_path: Path) -> None:
             want = "50Mbit" if "spine2" not in (router, nb) else "200Mbit"
             assert f"rate {want} ceil {want}" in out, (router, nb, out)
     assert not [ns for ns in _netns_list() if ns.startswith(prefix)]
+
+
+def test_segmentation_left_on_reads_ethtool() -> None:
+    from dlcp.testbed.netns import NetnsError, require_segmentation_off, segmentation_left_on
+
+    out = (
+        "Features for h1-leaf1:\n"
+        "tcp-segmentation-offload: off\n"
+        "\ttx-tcp-segmentation: off\n"
+        "generic-segmentation-offload: on\n"
+        "tx-udp-segmentation: on [fixed]\n"
+        "generic-receive-offload: on\n"
+    )
+    assert segmentation_left_on(out) == ["generic-segmentation-offload", "tx-udp-segmentation"]
+    assert segmentation_left_on(out.replace(": on", ": off")) == []
+
+    class _Done:
+        stdout = out
+
+    with pytest.raises(NetnsError, match="eth9 still has generic-segmentation-offload"):
+        require_segmentation_off(lambda argv: _Done(), "eth9", "ns1")
