@@ -155,3 +155,18 @@ def test_a_receive_that_stops_at_its_budget_reports_the_backlog(accelerated: boo
         assert not rx.backlog and sum(got) == 10_000
     finally:
         rx.close()
+
+
+@pytest.mark.parametrize(("gso", "gro"), [("off", "off"), ("auto", "auto")])
+def test_gso_and_gro_detection_is_logged(
+    caplog: pytest.LogCaptureFixture, gso: str, gro: str
+) -> None:
+    with caplog.at_level("INFO", logger="dlcp.io"):
+        rx = DataSockets("127.0.0.1", 0, 2, gso=gso, gro=gro, rcvbuf=1 << 20, sndbuf=1 << 20)
+        rx.close()
+    (line,) = [r.getMessage() for r in caplog.records if "data socket" in r.getMessage()]
+    assert "2 path(s)" in line
+    assert f"GSO {'on' if rx.use_gso else 'off'}" in line
+    assert f"GRO {'on' if rx.use_gro else 'off'}" in line
+    if gso == "off":
+        assert "GSO off, GRO off" in line
