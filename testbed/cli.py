@@ -239,7 +239,7 @@ def _experiments(args: argparse.Namespace) -> int:
             _split(args.scenarios),
             epochs=args.epochs,
             results=args.results,
-            ablation_scenario=ablated,
+            ablation_scenarios=ablated,
             switch=args.switch,
         )
         return 1 if failures else 0

@@ -467,21 +467,18 @@ def suite(
     *,
     epochs: int = 2,
     results: str | Path = "results",
-    ablation_scenario: str | Sequence[str] | None = None,
+    ablation_scenarios: Sequence[str] = (),
     out: IO[str] | None = None,
     switch: str = "linux",
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
-    ``ablation_scenario`` (one scenario or several), on ``switch`` (linux or
-    bmv2). Failed runs are reported and skipped. Returns (number of failures,
-    summaries)."""
+    each of ``ablation_scenarios``, on ``switch`` (linux or bmv2). Failed runs
+    are reported and skipped. Returns (number of failures, summaries)."""
     sink = out if out is not None else sys.stdout
     plan: list[tuple[str, str, tuple[str, ...]]] = [
         (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")
     ]
-    if isinstance(ablation_scenario, str):
-        ablation_scenario = [ablation_scenario]
-    for scenario in ablation_scenario or ():
+    for scenario in ablation_scenarios:
         plan += [(scenario, "dlcp", (a,)) for a in ABLATIONS]
     done: list[dict[str, Any]] = []
     failures = 0

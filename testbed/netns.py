@@ -180,11 +180,9 @@ class NetnsPair:
         """Turn segmentation/receive offloads of both veth ends on or off, so that
         packets on the wire are real MTU-sized packets (off) or GSO batches (on)."""
         for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
-            _run(["ip", "netns", "exec", ns, *offload_argv(dev, on=on)], check=False)
+            self.run(ns, offload_argv(dev, on=on), check=False)
             if not on:
-                require_segmentation_off(
-                    lambda argv, ns=ns: _run(["ip", "netns", "exec", ns, *argv]), dev, ns
-                )
+                require_segmentation_off(lambda argv, ns=ns: self.run(ns, argv), dev, ns)
 
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables

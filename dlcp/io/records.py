@@ -4,7 +4,7 @@ receive, a pending operation's future and deadline, the driver's counters."""
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy.typing as npt
@@ -46,4 +46,3 @@ class DriverStats:
     control_in: int = 0
     control_rejected: int = 0
     receive_calls: int = 0
-    peers_gone: dict[int, str] = field(default_factory=dict)
