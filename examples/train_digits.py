@@ -236,7 +236,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "lost_elems": int(lost),
             "retransmitted_packets": int(retx),
             "comm_s_per_iter": comm_s / world / iters,
-            #: each iteration's time on its slowest rank (check_replicas included)
+            #: each iteration's time on its slowest rank (check_replicas not included);
+            #: ranks absorb waits in different iterations, so their sum is at least
+            #: any one rank's loop time, and may exceed it
             "iteration_s": [round(t, 6) for t in slowest.tolist()],
         }
         epochs.append(row)

@@ -108,8 +108,10 @@ def test_short_training_run_completes(
     for epoch in saved["train"]["epochs"]:  # every iteration's time, slowest rank
         times = epoch["iteration_s"]
         assert len(times) == epoch["iterations"] and all(t > 0 for t in times)
-        # their mean is the epoch's time per iteration, less the loop's own overhead
-        assert sum(times) / len(times) <= epoch["iter_s"] * 1.5
+        # each is the max over ranks, so their sum covers every rank's loop time (less
+        # the loop's own microseconds); it is no upper bound: ranks wait in different
+        # iterations (a fast rank's wait shows up in its next backward)
+        assert sum(times) >= 0.95 * epoch["iter_s"] * epoch["iterations"]
     with (res / ex.CSV_NAME).open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["scenario"], r["transport"]) for r in rows} == {("clean", "gloo"), ("clean", "dlcp")}
