@@ -29,6 +29,9 @@ class EndpointConfig:
     control_port: int = 0
     #: how long send/recv may take before they fail with PeerTimeout
     timeout: float = 30.0
+    #: minimum TCP retransmission timeout (and delayed-ACK maximum) of the control
+    #: connections, where the kernel allows it per socket; 0 = the kernel's (200 ms)
+    control_rto_min: float = 0.005
     #: "auto" (use when the kernel has it), "on" (fail without it) or "off"
     gso: str = "auto"
     gro: str = "auto"
@@ -62,6 +65,11 @@ class EndpointConfig:
                 raise ConfigError(f"{name}={port} outside 0..65535")
         if not self.timeout > 0:
             raise ConfigError(f"timeout={self.timeout} must be > 0 seconds")
+        if not 0 <= self.control_rto_min <= 0.2:
+            raise ConfigError(
+                f"control_rto_min={self.control_rto_min} outside [0, 0.2] seconds "
+                "(0 keeps the kernel's)"
+            )
         for name in ("gso", "gro"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")

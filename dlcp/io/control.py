@@ -9,16 +9,28 @@ defines it (authenticated by its own tag when the job uses a key).
 
 A connection that closes, resets or sends garbage marks that peer as gone;
 the endpoint then fails what it was waiting for from that peer, and only that.
+
+Loss on the control path: a control message is one small segment with nothing
+behind it, so when the network drops it TCP cannot recover by duplicate ACKs;
+it waits for its tail-loss probe or retransmission timer, which Linux bounds
+below by 200 ms (``tcp_rto_min``, and the delayed-ACK maximum in the probe's
+timeout). One lost STOP or NACK would then stall a whole transfer or training
+step for 200 ms. Where the kernel has the per-socket options (``TCP_RTO_MIN_US``,
+``TCP_DELACK_MAX_US``, Linux 6.15+), every control socket lowers both to
+``rto_min`` (the endpoint's ``control_rto_min``; the kernel rounds up to whole
+jiffies and refuses less than two); elsewhere the kernel's defaults stay, said
+once in the log.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone"]
+__all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone", "set_fast_timers"]
 
 log = logging.getLogger("dlcp.io")
 
@@ -26,6 +38,39 @@ HELLO = struct.Struct(">4sHH")
 _MAGIC = b"DLCP"
 _FRAME = struct.Struct(">I")
 _MAX_FRAME = 1 << 16
+#: Linux's per-socket TCP timer options (include/uapi/linux/tcp.h, 6.15+)
+TCP_RTO_MIN_US = 45
+TCP_DELACK_MAX_US = 46
+#: what the kernel accepts for both (its own default is the upper end)
+_TIMER_MAX_US = 200_000
+_timer_warned: list[bool] = []
+
+
+def set_fast_timers(sock: socket.socket, rto_min: float) -> int | None:
+    """Lower ``sock``'s minimum retransmission timeout and delayed-ACK maximum to
+    ``rto_min`` seconds (0: leave the kernel's). Returns the microseconds set,
+    or None where the kernel lacks the options (logged once per process). A
+    value below two jiffies is refused by the kernel: doubled until accepted."""
+    if rto_min <= 0:
+        return None
+    usec = max(1, round(rto_min * 1e6))
+    while True:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, usec)
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_DELACK_MAX_US, usec)
+            return usec
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and usec < _TIMER_MAX_US:
+                usec = min(2 * usec, _TIMER_MAX_US)
+                continue
+            if not _timer_warned:
+                _timer_warned.append(True)
+                log.info(
+                    "dlcp: this kernel cannot lower TCP timers per socket (%s): a lost "
+                    "control segment costs its default retransmission timeout (~200 ms)",
+                    exc,
+                )
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +94,21 @@ class ControlChannel:
     """Listening socket, inbound connections and lazily opened outbound ones."""
 
     def __init__(
-        self, host: str, port: int, *, rank: int, job: int, connect_timeout: float, tos: int = 0
+        self,
+        host: str,
+        port: int,
+        *,
+        rank: int,
+        job: int,
+        connect_timeout: float,
+        tos: int = 0,
+        rto_min: float = 0.0,
     ) -> None:
         self.rank = rank
         self.job = job
         self.connect_timeout = connect_timeout
+        #: seconds: minimum retransmission timeout of every control socket (module doc)
+        self.rto_min = rto_min
         #: IP TOS byte of every control packet, both directions (accepted
         #: connections inherit the listener's); for TCP the kernel keeps the ECN bits
         self.tos = tos
@@ -102,6 +157,7 @@ class ControlChannel:
         try:
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.tos)  # the SYN's too
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_fast_timers(sock, self.rto_min)
             sock.settimeout(self.connect_timeout)
             sock.connect(addr)
         except BaseException:
@@ -142,6 +198,7 @@ class ControlChannel:
             return None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_fast_timers(sock, self.rto_min)
         self.inbound[sock] = Inbound(sock)
         return sock
 

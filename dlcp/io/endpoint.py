@@ -124,6 +124,7 @@ class Endpoint:
                 connect_timeout=min(cfg.timeout, 2.0),
                 # control messages decide when data moves: the highest priority class
                 tos=protocol.tos.tos(7, drop=False),
+                rto_min=cfg.control_rto_min,
             )
         except BaseException:
             self._data.close()
