@@ -90,6 +90,13 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
     run.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
+    run.add_argument(
+        "--profile",
+        choices=["dlcp", "fifo"],
+        default=None,
+        help="Linux routers' queueing: the DLCP switch profile or one FIFO (default: dlcp "
+        "for DLCP, fifo for Gloo, as a network without DLCP's configuration)",
+    )
     suite = tsub.add_parser("suite", help="every scenario for Gloo and DLCP, then a table")
     suite.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)"
@@ -103,6 +110,12 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
+    suite.add_argument(
+        "--gloo-profile",
+        choices=["dlcp", "fifo"],
+        default=None,
+        help="Gloo's runs over Linux routers: one FIFO (default) or the DLCP profile",
+    )
     plot = tsub.add_parser("plot", help="bar plot (PNG) and table of <results>/testbed.csv")
     plot.add_argument("--results", default="results", help="results folder (default results)")
 
@@ -241,6 +254,7 @@ def _experiments(args: argparse.Namespace) -> int:
             results=args.results,
             ablation_scenarios=ablated,
             switch=args.switch,
+            gloo_profile=args.gloo_profile,
         )
         return 1 if failures else 0
     kw = {} if args.link_rate is None else {"link_rate_mbit": args.link_rate}
@@ -254,6 +268,7 @@ def _experiments(args: argparse.Namespace) -> int:
             results=args.results,
             prefix=args.prefix,
             switch=args.switch,
+            profile=args.profile,
             **kw,
         )
     except ValueError as e:

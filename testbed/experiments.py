@@ -7,9 +7,11 @@
     dlcp testbed plot --results results
 
 Every run builds the default leaf-spine topology (4 hosts, 2 leaves, 2 spines)
-with the DLCP switch profile on every router egress, shaped to
-``link_rate_mbit`` (default :data:`LINK_RATE_MBIT` = 200 Mbit/s, so that
-background traffic matters), applies the scenario, and starts one training rank
+with queueing on every router egress shaped to ``link_rate_mbit`` (default
+:data:`LINK_RATE_MBIT` = 200 Mbit/s, so that background traffic matters): the
+DLCP switch profile for DLCP, one FIFO of the same buffer for Gloo (the
+baseline's network has no DLCP configuration; ``profile`` overrides either),
+applies the scenario, and starts one training rank
 (``dlcp.examples.train_digits``) per host *inside that host's namespace*, with
 torchrun's variables: ``RANK`` = host index, ``WORLD_SIZE`` = 4,
 ``LOCAL_RANK`` = 0, ``MASTER_ADDR`` = h1's address, ``MASTER_PORT`` =
@@ -26,8 +28,9 @@ Scenarios:
 ``loss``        1 % random loss on leaf1--spine1, both directions.
 ``background``  a paced UDP flow h2 -> h3 pinned to spine1 at
                 :data:`BACKGROUND_SHARE` of the link rate, for the whole run.
-                It is not DLCP traffic, so the profile serves it best-effort
-                (below every DLCP class); Gloo's TCP shares that class with it.
+                It is not DLCP traffic: the DLCP profile puts it (TOS 0,
+                Not-ECT) in class 0's drop-eligible queue, below every class
+                DLCP's data uses; on Gloo's FIFO it shares the queue with Gloo.
 ``spine-down``  leaf1--spine1 goes down mid-run, when rank 0 reports its first
                 epoch (routes re-converge around it while the ranks train);
                 with ``--epochs 1``, before training.
@@ -123,7 +126,7 @@ from .results import (
     read_csv,
     table,
 )
-from .switch_profile import SwitchPolicy
+from .switch_profile import FifoPolicy, SwitchPolicy
 from .topology import Network, Topology, build
 
 __all__ = [
@@ -142,6 +145,8 @@ __all__ = [
 
 SCENARIOS = ("clean", "loss", "background", "spine-down", "incast")
 SWITCHES = ("linux", "bmv2")
+#: router queueing over Linux: the DLCP commodity-switch profile, or one FIFO
+PROFILES = ("dlcp", "fifo")
 ABLATIONS = ("priority", "drop", "spray", "bound")
 TRANSPORTS = ("dlcp", "gloo")
 MASTER_PORT = 29517
@@ -162,15 +167,30 @@ def ablation_label(ablate: Iterable[str]) -> str:
     return "no-" + "+".join(items) if items else ""
 
 
+def default_profile(transport: str) -> str:
+    """The routers' queueing a transport's runs get unless told otherwise: DLCP
+    its switch profile; the baseline a plain FIFO of the same buffer at the same
+    rate, as a network without DLCP's configuration would give it (on the DLCP
+    profile its unmarked TCP would land in class 0's short drop-eligible queue)."""
+    return "fifo" if transport == "gloo" else "dlcp"
+
+
 def run_name(
-    scenario: str, transport: str, ablate: Iterable[str] = (), switch: str = "linux"
+    scenario: str,
+    transport: str,
+    ablate: Iterable[str] = (),
+    switch: str = "linux",
+    profile: str | None = None,
 ) -> str:
-    """``<scenario>-<transport>[-no-<ablations>][-bmv2]``."""
+    """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>]``, the last
+    part only for a profile other than the transport's default."""
     label = ablation_label(ablate)
+    odd = profile is not None and switch == "linux" and profile != default_profile(transport)
     return (
         f"{scenario}-{transport}"
         + (f"-{label}" if label else "")
         + ("-bmv2" if switch == "bmv2" else "")
+        + (f"-on-{profile}" if odd else "")
     )
 
 
@@ -277,11 +297,14 @@ def run_experiment(
     timeout: float | None = None,
     out: IO[str] | None = None,
     plot_after: bool = True,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """One training run on a fresh testbed; returns (and writes) the result.
-    ``switch``: the routers forward with Linux and the tc profile, or are BMv2
-    switches running the DLCP P4 program (module doc). ``link_rate_mbit``
-    (default :data:`LINK_RATE_MBIT`) shapes the Linux routers' egress only."""
+    ``switch``: the routers forward with Linux and a tc profile, or are BMv2
+    switches running the DLCP P4 program (module doc). ``profile`` (Linux only):
+    the DLCP profile or a FIFO, by default :func:`default_profile` of the
+    transport. ``link_rate_mbit`` (default :data:`LINK_RATE_MBIT`) shapes the
+    Linux routers' egress only."""
     from dlcp.launch import launch
 
     if scenario not in SCENARIOS:
@@ -296,6 +319,12 @@ def run_experiment(
     if switch not in SWITCHES:
         raise ValueError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
     bmv2 = switch == "bmv2"
+    if bmv2 and profile is not None:
+        raise ValueError("--profile chooses the Linux routers' queueing; BMv2 runs the P4 program")
+    if profile is None and not bmv2:
+        profile = default_profile(transport)
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
     if bmv2 and link_rate_mbit is not None:
         raise ValueError(
             "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
@@ -306,7 +335,7 @@ def run_experiment(
     sink = out if out is not None else sys.stdout
     res_dir = Path(results)
     res_dir.mkdir(parents=True, exist_ok=True)
-    name = run_name(scenario, transport, ablate, switch)
+    name = run_name(scenario, transport, ablate, switch, profile)
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
     t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
@@ -336,7 +365,12 @@ def run_experiment(
         if isinstance(net, Bmv2Network):
             traffic = _setup_bmv2(net, scenario, link_down_now=not mid_run)
         else:
-            apply_profile(net, switch_policy(t, link_rate_mbit))
+            apply_profile(
+                net,
+                switch_policy(t, link_rate_mbit)
+                if profile == "dlcp"
+                else FifoPolicy(link_rate_mbit=link_rate_mbit, queue_packets=t.buffer_packets),
+            )
             traffic = _setup(net, scenario, link_rate_mbit, link_down_now=not mid_run)
 
         def on_epoch(epoch: int) -> None:
@@ -376,7 +410,8 @@ def run_experiment(
             sink.write(
                 f"[testbed] {name}: {world} ranks on {', '.join(t.host_names)} "
                 f"(master {master}:{MASTER_PORT}), {epochs} epochs, "
-                f"{links}" + (f", {env}" if env else "") + "\n"
+                f"{links}" + (f", {profile} profile" if profile else "")
+                + (f", {env}" if env else "") + "\n"
             )
             # removed on exit; after a hard crash: dlcp testbed down --prefix <prefix>
             sink.write(f"[testbed] {name}: namespaces {net.prefix}<node>\n")
@@ -423,12 +458,14 @@ def run_experiment(
         "router_drops": drops_summary(totals),
         "wall_s": round(wall, 1),
         "switch": switch,
+        "profile": profile or "p4",
     }
     result = {
         **summary,
         "setup": {
             "topology": t.name,
             "switch": switch,
+            "profile": profile or "p4",
             "link_rate_mbit": None if bmv2 else link_rate_mbit,
             "batch_size": batch_size,
             "env": env,
@@ -470,10 +507,12 @@ def suite(
     ablation_scenarios: Sequence[str] = (),
     out: IO[str] | None = None,
     switch: str = "linux",
+    gloo_profile: str | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
-    each of ``ablation_scenarios``, on ``switch`` (linux or bmv2). Failed runs
-    are reported and skipped. Returns (number of failures, summaries)."""
+    each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
+    over Linux on ``gloo_profile`` (default: a FIFO). Failed runs are reported
+    and skipped. Returns (number of failures, summaries)."""
     sink = out if out is not None else sys.stdout
     plan: list[tuple[str, str, tuple[str, ...]]] = [
         (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")
@@ -483,13 +522,15 @@ def suite(
     done: list[dict[str, Any]] = []
     failures = 0
     for i, (s, tr, ab) in enumerate(plan, 1):
-        sink.write(f"[testbed] suite {i}/{len(plan)}: {run_name(s, tr, ab, switch)}\n")
+        prof = gloo_profile if tr == "gloo" else None
+        name = run_name(s, tr, ab, switch, prof)
+        sink.write(f"[testbed] suite {i}/{len(plan)}: {name}\n")
         try:
             r = run_experiment(s, tr, ablate=ab, epochs=epochs, results=results, out=sink,
-                               plot_after=False, switch=switch)  # fmt: skip
+                               plot_after=False, switch=switch, profile=prof)  # fmt: skip
         except Exception as e:  # one failed run must not end the suite
             failures += 1
-            sink.write(f"[testbed] suite: {run_name(s, tr, ab, switch)} FAILED: {e}\n")
+            sink.write(f"[testbed] suite: {name} FAILED: {e}\n")
             continue
         done.append({k: r[k] for k in CSV_FIELDS})
     plot(results)

@@ -43,6 +43,7 @@ CSV_FIELDS = (
     "router_drops",
     "wall_s",
     "switch",
+    "profile",
 )
 
 
@@ -159,16 +160,24 @@ def _switch_of(row: Mapping[str, Any]) -> str:
     return str(row.get("switch") or "linux")  # rows from before the column: Linux
 
 
+def _profile_of(row: Mapping[str, Any]) -> str:
+    # rows from before the column: every run used the DLCP profile (or BMv2's program)
+    return str(row.get("profile") or ("p4" if _switch_of(row) == "bmv2" else "dlcp"))
+
+
 def read_csv(results: str | Path) -> list[dict[str, str]]:
-    """The newest row of every (scenario, transport, ablation, switch), in
-    first-seen order."""
+    """The newest row of every (scenario, transport, ablation, switch, profile),
+    in first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []
-    latest: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    latest: dict[tuple[str, str, str, str, str], dict[str, str]] = {}
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
-            key = (row["scenario"], row["transport"], row["ablation"], _switch_of(row))
+            key = (
+                row["scenario"], row["transport"], row["ablation"], _switch_of(row),
+                _profile_of(row),
+            )  # fmt: skip
             latest[key] = row
     return list(latest.values())
 
@@ -187,7 +196,8 @@ def plot(results: str | Path) -> Path | None:
     def variant(r: Mapping[str, str]) -> str:
         ablation = f" {r['ablation']}" if r["ablation"] else ""
         switch = " [bmv2, functional]" if _switch_of(r) == "bmv2" else ""
-        return r["transport"] + ablation + switch
+        fifo = " [fifo]" if _profile_of(r) == "fifo" else ""
+        return r["transport"] + ablation + switch + fifo
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     variants = list(dict.fromkeys(variant(r) for r in rows))
@@ -223,15 +233,15 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A Markdown table of CSV-like rows (a note under it when a row is BMv2's)."""
     head = (
         "| scenario | transport | ablation | accuracy % | ms/iter | lost % | retx "
-        "| router drops (class:drops/sent) | switch |"
+        "| router drops (class:drops/sent) | switch | queues |"
     )
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---|---|"]
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
             f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
             f"{100 * float(r['lost_fraction']):.2f} | {r['retransmissions']} | "
-            f"{r['router_drops'] or '-'} | {_switch_of(r)} |"
+            f"{r['router_drops'] or '-'} | {_switch_of(r)} | {_profile_of(r)} |"
         )
     if any(_switch_of(r) == "bmv2" for r in rows):
         lines.append("")

@@ -34,7 +34,20 @@ def test_ablation_mapping() -> None:
     assert ex.run_name("loss", "gloo") == "loss-gloo"
 
 
+def test_each_transport_gets_its_own_queueing_unless_told() -> None:
+    # the baseline runs on a plain FIFO (a network without DLCP's configuration)
+    assert ex.default_profile("gloo") == "fifo" and ex.default_profile("dlcp") == "dlcp"
+    assert ex.run_name("clean", "gloo", (), "linux", "fifo") == "clean-gloo"
+    assert ex.run_name("clean", "gloo", (), "linux", "dlcp") == "clean-gloo-on-dlcp"
+    name = ex.run_name("clean", "dlcp", ("spray",), "linux", "fifo")
+    assert name == "clean-dlcp-no-spray-on-fifo"
+
+
 def test_bad_arguments_are_rejected_before_building() -> None:
+    with pytest.raises(ValueError, match="unknown profile 'wred'"):
+        ex.run_experiment("clean", "gloo", profile="wred")
+    with pytest.raises(ValueError, match="BMv2 runs the P4 program"):
+        ex.run_experiment("clean", "gloo", switch="bmv2", profile="fifo")
     with pytest.raises(ValueError, match="unknown scenario"):
         ex.run_experiment("nope", "dlcp")
     with pytest.raises(ValueError, match="unknown ablation"):
@@ -71,6 +84,12 @@ def test_csv_newest_row_wins_and_plot(tmp_path: Path) -> None:
     rows = ex.read_csv(tmp_path)
     assert [r["final_accuracy"] for r in rows] == ["90", "80"]
     assert "| clean | gloo | - | 90.0 |" in ex.table(rows)
+    # the same run on the other queueing is another row, not a newer one
+    fifo = {**row, "scenario": "clean", "transport": "gloo", "ablation": "", "profile": "fifo"}
+    ex.append_csv(tmp_path, {**fifo, "final_accuracy": "70"})
+    rows = ex.read_csv(tmp_path)
+    assert [r["final_accuracy"] for r in rows] == ["90", "80", "70"]
+    assert ex.table(rows).splitlines()[-1].endswith("| fifo |")
     png = ex.plot(tmp_path)
     assert png is not None and png.stat().st_size > 1000
 
@@ -118,8 +137,13 @@ def test_short_training_run_completes(
     assert (res / ex.PNG_NAME).stat().st_size > 1000
     if transport == "dlcp":
         # DSCP-marked DLCP traffic reached the priority classes of the profile
+        assert r["profile"] == "dlcp"
         assert any(k != "c0-drop" and k != "best-effort" and v["packets"] > 100
                    for k, v in r["router_classes"].items())  # fmt: skip
+    else:  # the baseline's routers had one FIFO, which carried all of its traffic
+        assert r["profile"] == "fifo" and saved["setup"]["profile"] == "fifo"
+        assert set(r["router_classes"]) == {"best-effort"}
+        assert r["router_classes"]["best-effort"]["packets"] > 1000
 
 
 @needs_root
