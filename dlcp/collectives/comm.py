@@ -17,7 +17,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
@@ -81,12 +80,9 @@ class ReportBuilder:
     bytes_received: int = 0
     lost_elems: int = 0
     bounded_elems: int = 0
-    lost_chunks: npt.NDArray[np.int64] = field(
-        default_factory=lambda: np.zeros(N_CLASSES, dtype=np.int64)
-    )
-    class_chunks: npt.NDArray[np.int64] = field(
-        default_factory=lambda: np.zeros(N_CLASSES, dtype=np.int64)
-    )
+    #: per received message, its per-class (lost, received) chunk counts: summed
+    #: once in :meth:`build` (cheaper than array arithmetic per message)
+    chunk_counts: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     retransmitted: int = 0
     nack_rounds: int = 0
 
@@ -100,12 +96,16 @@ class ReportBuilder:
         self.lost_elems += r.lost_elems
         if bounded:
             self.bounded_elems += r.msg_elems
-        lost = np.asarray(r.lost_chunks, dtype=np.int64)
-        self.lost_chunks += lost
-        self.class_chunks += lost + np.asarray(r.received_chunks, dtype=np.int64)
+        self.chunk_counts.append((r.lost_chunks, r.received_chunks))
         self.nack_rounds += r.nack_rounds
 
     def build(self) -> CollectiveReport:
+        lost = [0] * N_CLASSES
+        total = [0] * N_CLASSES
+        for lost_c, received_c in self.chunk_counts:
+            for i, (a, b) in enumerate(zip(lost_c, received_c, strict=True)):
+                lost[i] += a
+                total[i] += a + b
         return CollectiveReport(
             op=self.op,
             call=self.call,
@@ -114,8 +114,8 @@ class ReportBuilder:
             bytes_received=self.bytes_received,
             lost_elems=self.lost_elems,
             lost_fraction=self.lost_elems / self.bounded_elems if self.bounded_elems else 0.0,
-            lost_chunks=tuple(int(x) for x in self.lost_chunks),
-            class_chunks=tuple(int(x) for x in self.class_chunks),
+            lost_chunks=tuple(lost),
+            class_chunks=tuple(total),
             retransmitted_packets=self.retransmitted,
             nack_rounds=self.nack_rounds,
             seconds=time.perf_counter() - self.started,

@@ -20,6 +20,7 @@ report, like the reduce-scatter's.
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,7 @@ def ring_allreduce(
     bounds = chunk_bounds(len(data), n)
     scratch = np.empty(max(b - a for a, b in itertools.pairwise(bounds)), data.dtype)
 
-    sends: list[Any] = []  # send futures: waited for at the end, not step by step
+    sends = SendTracker()  # send futures: waited for at the end, not step by step
 
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
@@ -108,7 +109,7 @@ def ring_allreduce(
             report=report,
             sends=sends,
         )
-    for outgoing in sends:
+    for outgoing in sends.futures:
         report.sent(comm.wait(outgoing), data.itemsize)
     return report.build()
 
@@ -125,7 +126,7 @@ def _step(
     fill: FillPolicy,
     segments: Segments | None,
     report: ReportBuilder,
-    sends: list[Any],
+    sends: SendTracker,
 ) -> bool:
     """One ring step: ``data[send]`` to the right neighbour while ``recv_into`` is
     filled from the left one. With fewer elements than ranks a chunk can be empty:
@@ -150,17 +151,42 @@ def _step(
         else None
     )
     if outgoing is not None:
-        sends.append(outgoing)
-    _raise_failed_send(sends)
+        sends.add(outgoing)
+    sends.raise_first_failure()
     if incoming is not None:
         try:
             report.received(comm.wait(incoming), bounded=p > 0)
         except Exception:
             # a neighbour that went away often takes the other one with it: name
             # the first failure this rank saw (a send's) rather than the later one
-            _raise_failed_send(sends)
+            sends.raise_first_failure()
             raise
     return incoming is not None
+
+
+class SendTracker:
+    """The send futures of one collective call, waited for at its end. A send
+    that fails is recorded by its done-callback when it fails, so checking for
+    one between steps takes no lock (a ``done()`` per future per step did)."""
+
+    __slots__ = ("_failed", "futures")
+
+    def __init__(self) -> None:
+        self.futures: list[Future[Any]] = []
+        self._failed: list[BaseException] = []
+
+    def add(self, fut: Future[Any]) -> None:
+        self.futures.append(fut)
+        fut.add_done_callback(self._settled)
+
+    def _settled(self, fut: Future[Any]) -> None:
+        if not fut.cancelled() and (exc := fut.exception()) is not None:
+            self._failed.append(exc)  # list.append: atomic, from any thread
+
+    def raise_first_failure(self) -> None:
+        """Raise the error of the first send that failed, if one did."""
+        if self._failed:
+            raise self._failed[0]
 
 
 def _raise_failed_send(sends: list[Any]) -> None:
