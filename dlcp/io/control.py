@@ -48,16 +48,23 @@ _timer_warned: list[bool] = []
 
 def set_fast_timers(sock: socket.socket, rto_min: float) -> int | None:
     """Lower ``sock``'s minimum retransmission timeout and delayed-ACK maximum to
-    ``rto_min`` seconds (0: leave the kernel's). Returns the microseconds set,
-    or None where the kernel lacks the options (logged once per process). A
-    value below two jiffies is refused by the kernel: doubled until accepted."""
+    ``rto_min`` seconds (0: leave the kernel's). Returns the microseconds the
+    retransmission timeout got, or None where the kernel lacks the option (said
+    once per process in the log). The kernel refuses less than two jiffies: a
+    refused value is doubled until accepted. Each option is set on its own, so
+    a kernel with only one of them still gets that one."""
     if rto_min <= 0:
         return None
     usec = max(1, round(rto_min * 1e6))
+    rto = _set_timer(sock, TCP_RTO_MIN_US, usec)
+    _set_timer(sock, TCP_DELACK_MAX_US, usec)
+    return rto
+
+
+def _set_timer(sock: socket.socket, option: int, usec: int) -> int | None:
     while True:
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, usec)
-            sock.setsockopt(socket.IPPROTO_TCP, TCP_DELACK_MAX_US, usec)
+            sock.setsockopt(socket.IPPROTO_TCP, option, usec)
             return usec
         except OSError as exc:
             if exc.errno == errno.EINVAL and usec < _TIMER_MAX_US:
@@ -67,7 +74,7 @@ def set_fast_timers(sock: socket.socket, rto_min: float) -> int | None:
                 _timer_warned.append(True)
                 log.info(
                     "dlcp: this kernel cannot lower TCP timers per socket (%s): a lost "
-                    "control segment costs its default retransmission timeout (~200 ms)",
+                    "control segment costs its default timeout (~200 ms)",
                     exc,
                 )
             return None

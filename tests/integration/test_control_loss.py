@@ -17,7 +17,7 @@ from dlcp.testbed import netns
 
 from dlcp.errors import ConfigError
 from dlcp.io.config import EndpointConfig
-from dlcp.io.control import set_fast_timers
+from dlcp.io.control import TCP_DELACK_MAX_US, TCP_RTO_MIN_US, set_fast_timers
 
 WORKER = Path(__file__).with_name("control_drop_worker.py")
 MISSING = netns.missing_tools(loss=True)
@@ -51,13 +51,16 @@ class _RefusingSocket:
     kernel refuses less than two jiffies); without a floor, every value with
     ``errno`` (92 = ENOPROTOOPT: a kernel without the options)."""
 
-    def __init__(self, floor: int | None = None, errno: int = 92) -> None:
+    def __init__(
+        self, floor: int | None = None, errno: int = 92, lacks: frozenset[int] = frozenset()
+    ) -> None:
         self.floor = floor
         self.errno = errno
+        self.lacks = lacks  # options this kernel does not have at all
         self.set: dict[int, int] = {}
 
     def setsockopt(self, level: int, opt: int, value: int) -> None:
-        if self.floor is None:
+        if self.floor is None or opt in self.lacks:
             raise OSError(self.errno, "refused")
         if value < self.floor:
             raise OSError(22, "below the floor")
@@ -69,6 +72,9 @@ def test_a_value_below_the_kernels_floor_is_raised_until_accepted() -> None:
     assert set_fast_timers(sock, 0.005) == 10_000  # type: ignore[arg-type]
     assert set(sock.set.values()) == {10_000} and len(sock.set) == 2
     assert set_fast_timers(_RefusingSocket(), 0.005) is None  # type: ignore[arg-type]
+    only_rto = _RefusingSocket(floor=1, lacks=frozenset({TCP_DELACK_MAX_US}))
+    assert set_fast_timers(only_rto, 0.005) == 5000  # type: ignore[arg-type]
+    assert only_rto.set == {TCP_RTO_MIN_US: 5000}
     untouched = _RefusingSocket(floor=1)
     assert set_fast_timers(untouched, 0.0) is None  # type: ignore[arg-type]
     assert not untouched.set
