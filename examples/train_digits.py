@@ -238,7 +238,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "comm_s_per_iter": comm_s / world / iters,
             #: each iteration's time on its slowest rank (check_replicas not included);
             #: ranks absorb waits in different iterations, so their sum is at least
-            #: any one rank's loop time, and may exceed it
+            #: any one rank's timed loop time, and may exceed it
             "iteration_s": [round(t, 6) for t in slowest.tolist()],
         }
         epochs.append(row)

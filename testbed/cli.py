@@ -248,6 +248,10 @@ def _experiments(args: argparse.Namespace) -> int:
         if bad:
             print(f"dlcp testbed suite: unknown scenario {bad[0]!r}", file=sys.stderr)
             return 2
+        if args.switch == "bmv2" and args.gloo_profile is not None:
+            print("dlcp testbed suite: --gloo-profile applies to --switch linux only "
+                  "(BMv2 runs the P4 program)", file=sys.stderr)  # fmt: skip
+            return 2
         failures, _rows = ex.suite(
             _split(args.scenarios),
             epochs=args.epochs,

@@ -120,6 +120,7 @@ from .results import (
     bmv2_class_totals,
     bmv2_link_packets,
     class_totals,
+    default_profile,
     drops_summary,
     per_link_packets,
     plot,
@@ -165,14 +166,6 @@ def ablation_label(ablate: Iterable[str]) -> str:
     """``""`` for none, else ``no-<a>[+<b>...]`` (sorted)."""
     items = sorted(set(ablate))
     return "no-" + "+".join(items) if items else ""
-
-
-def default_profile(transport: str) -> str:
-    """The routers' queueing a transport's runs get unless told otherwise: DLCP
-    its switch profile; the baseline a plain FIFO of the same buffer at the same
-    rate, as a network without DLCP's configuration would give it (on the DLCP
-    profile its unmarked TCP would land in class 0's short drop-eligible queue)."""
-    return "fifo" if transport == "gloo" else "dlcp"
 
 
 def run_name(
@@ -320,7 +313,9 @@ def run_experiment(
         raise ValueError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
     bmv2 = switch == "bmv2"
     if bmv2 and profile is not None:
-        raise ValueError("--profile chooses the Linux routers' queueing; BMv2 runs the P4 program")
+        raise ValueError(
+            f"profile={profile!r} chooses the Linux routers' queueing; BMv2 runs the P4 program"
+        )
     if profile is None and not bmv2:
         profile = default_profile(transport)
     if profile is not None and profile not in PROFILES:
@@ -513,6 +508,11 @@ def suite(
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
     over Linux on ``gloo_profile`` (default: a FIFO). Failed runs are reported
     and skipped. Returns (number of failures, summaries)."""
+    if switch == "bmv2" and gloo_profile is not None:
+        raise ValueError(
+            f"gloo_profile={gloo_profile!r} chooses the Linux routers' queueing; "
+            "BMv2 runs the P4 program"
+        )
     sink = out if out is not None else sys.stdout
     plan: list[tuple[str, str, tuple[str, ...]]] = [
         (s, tr, ()) for s in scenarios for tr in ("gloo", "dlcp")

@@ -21,6 +21,7 @@ __all__ = [
     "bmv2_class_totals",
     "bmv2_link_packets",
     "class_totals",
+    "default_profile",
     "drops_summary",
     "per_link_packets",
     "plot",
@@ -156,6 +157,14 @@ def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
     return path
 
 
+def default_profile(transport: str) -> str:
+    """The routers' queueing a transport's runs get unless told otherwise: DLCP
+    its switch profile; the baseline a plain FIFO of the same buffer at the same
+    rate, as a network without DLCP's configuration would give it (on the DLCP
+    profile its unmarked TCP would land in class 0's short drop-eligible queue)."""
+    return "fifo" if transport == "gloo" else "dlcp"
+
+
 def _switch_of(row: Mapping[str, Any]) -> str:
     return str(row.get("switch") or "linux")  # rows from before the column: Linux
 
@@ -196,8 +205,9 @@ def plot(results: str | Path) -> Path | None:
     def variant(r: Mapping[str, str]) -> str:
         ablation = f" {r['ablation']}" if r["ablation"] else ""
         switch = " [bmv2, functional]" if _switch_of(r) == "bmv2" else ""
-        fifo = " [fifo]" if _profile_of(r) == "fifo" else ""
-        return r["transport"] + ablation + switch + fifo
+        prof = _profile_of(r)
+        other = f" [on {prof}]" if switch == "" and prof != default_profile(r["transport"]) else ""
+        return r["transport"] + ablation + switch + other
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     variants = list(dict.fromkeys(variant(r) for r in rows))

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from ..proto.config import FillPolicy
 from .comm import CollectiveReport, Communicator, ReportBuilder, Segments
-from .ring import _raise_failed_send, check_array, ring_allreduce
+from .ring import SendTracker, check_array, ring_allreduce
 
 __all__ = ["DIRECT_MAX_BYTES", "allreduce", "direct_allreduce"]
 
@@ -79,18 +79,20 @@ def direct_allreduce(
         (q, comm.recv(arrays[q], src=q, call=call, role=0, p=0.0, fill=FillPolicy.ZERO))
         for q in others
     ]
-    sends = [comm.send(mine, to=q, call=call, role=0, segments=segments, p=0.0) for q in others]
+    sends = SendTracker()
+    for q in others:
+        sends.add(comm.send(mine, to=q, call=call, role=0, segments=segments, p=0.0))
     for _, incoming in recvs:
         try:
             report.received(comm.wait(incoming), bounded=False)
         except Exception:
-            _raise_failed_send(sends)  # a send's failure names the peer that went first
+            sends.raise_first_failure()  # a send's failure names the peer that went first
             raise
     np.copyto(data, arrays[0])
     for q in range(1, n):  # the same order on every rank: identical bytes everywhere
         data += arrays[q]
     if average:
         data /= data.dtype.type(n)
-    for outgoing in sends:
+    for outgoing in sends.futures:
         report.sent(comm.wait(outgoing), data.itemsize)
     return report.build()

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from ..proto.config import FillPolicy
 from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
 
-__all__ = ["chunk_bounds", "ring_allreduce"]
+__all__ = ["SendTracker", "chunk_bounds", "ring_allreduce"]
 
 _GATHER_ROLE = 2048
 SUPPORTED = (np.float32, np.float16)
@@ -187,10 +187,3 @@ class SendTracker:
         """Raise the error of the first send that failed, if one did."""
         if self._failed:
             raise self._failed[0]
-
-
-def _raise_failed_send(sends: list[Any]) -> None:
-    """Raise the error of the first of ``sends`` that has already failed."""
-    for outgoing in sends:
-        if outgoing.done() and outgoing.exception() is not None:
-            raise outgoing.exception()

@@ -43,16 +43,20 @@ TCP_RTO_MIN_US = 45
 TCP_DELACK_MAX_US = 46
 #: what the kernel accepts for both (its own default is the upper end)
 _TIMER_MAX_US = 200_000
-_timer_warned: list[bool] = []
+_TIMER_NAMES = {TCP_RTO_MIN_US: "TCP_RTO_MIN_US", TCP_DELACK_MAX_US: "TCP_DELACK_MAX_US"}
+#: options this process already said it cannot set (said once each)
+_timer_warned: set[int] = set()
 
 
 def set_fast_timers(sock: socket.socket, rto_min: float) -> int | None:
     """Lower ``sock``'s minimum retransmission timeout and delayed-ACK maximum to
-    ``rto_min`` seconds (0: leave the kernel's). Returns the microseconds the
-    retransmission timeout got, or None where the kernel lacks the option (said
-    once per process in the log). The kernel refuses less than two jiffies: a
-    refused value is doubled until accepted. Each option is set on its own, so
-    a kernel with only one of them still gets that one."""
+    ``rto_min`` seconds (0: leave the kernel's). Returns the minimum
+    retransmission timeout the socket now has, in microseconds as the kernel
+    reports it (rounded up to whole jiffies), or None where the kernel lacks the
+    option (said once per process in the log). The kernel refuses less than two
+    jiffies: a refused value is doubled until accepted. Each option is set on its
+    own, so a kernel with only one of them still gets that one. Accepted sockets
+    inherit both from their listener."""
     if rto_min <= 0:
         return None
     usec = max(1, round(rto_min * 1e6))
@@ -65,17 +69,22 @@ def _set_timer(sock: socket.socket, option: int, usec: int) -> int | None:
     while True:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, option, usec)
-            return usec
+            return int(sock.getsockopt(socket.IPPROTO_TCP, option))
         except OSError as exc:
             if exc.errno == errno.EINVAL and usec < _TIMER_MAX_US:
                 usec = min(2 * usec, _TIMER_MAX_US)
                 continue
-            if not _timer_warned:
-                _timer_warned.append(True)
+            if exc.errno not in (errno.ENOPROTOOPT, errno.EINVAL, errno.EOPNOTSUPP):
+                raise  # not "this kernel lacks it": a real error on this socket
+            if option not in _timer_warned:
+                _timer_warned.add(option)
                 log.info(
-                    "dlcp: this kernel cannot lower TCP timers per socket (%s): a lost "
-                    "control segment costs its default timeout (~200 ms)",
+                    "dlcp: this kernel cannot set %s per socket (%s): %s",
+                    _TIMER_NAMES[option],
                     exc,
+                    "a lost control segment waits for TCP's default timeout (~200 ms)"
+                    if option == TCP_RTO_MIN_US
+                    else "ACKs of control segments keep the default delay",
                 )
             return None
 
@@ -120,9 +129,10 @@ class ControlChannel:
         #: connections inherit the listener's); for TCP the kernel keeps the ECN bits
         self.tos = tos
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
         try:
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            set_fast_timers(self.listener, rto_min)  # accepted connections inherit them
             self.listener.bind((host, port))
             self.listener.listen(64)
         except BaseException:
@@ -205,7 +215,6 @@ class ControlChannel:
             return None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        set_fast_timers(sock, self.rto_min)
         self.inbound[sock] = Inbound(sock)
         return sock
 

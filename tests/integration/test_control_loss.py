@@ -17,7 +17,7 @@ from dlcp.testbed import netns
 
 from dlcp.errors import ConfigError
 from dlcp.io.config import EndpointConfig
-from dlcp.io.control import TCP_DELACK_MAX_US, TCP_RTO_MIN_US, set_fast_timers
+from dlcp.io.control import TCP_DELACK_MAX_US, TCP_RTO_MIN_US, ControlChannel, set_fast_timers
 
 WORKER = Path(__file__).with_name("control_drop_worker.py")
 MISSING = netns.missing_tools(loss=True)
@@ -35,6 +35,23 @@ def _lost_frame_delay(rto_min: float) -> dict[str, object]:
     result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["frame"] == "LOSE me once" and result["dropped"] == 1
     return result
+
+
+@pytest.mark.skipif(not _kernel_has_timer_options(), reason="kernel lacks TCP_RTO_MIN_US")
+def test_accepted_control_connections_get_the_listeners_timers() -> None:
+    server = ControlChannel("127.0.0.1", 0, rank=1, job=3, connect_timeout=2.0, rto_min=0.005)
+    client = ControlChannel("127.0.0.1", 0, rank=0, job=3, connect_timeout=2.0, rto_min=0.005)
+    try:
+        assert client.send(1, server.address, b"hello") is None
+        conn = server.accept()
+        assert conn is not None
+        out = client.outbound[1]
+        for sock in (conn, out):  # both ends: the kernel's two-jiffy floor, not 200 ms
+            assert sock.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) <= 20_000
+            assert sock.getsockopt(socket.IPPROTO_TCP, TCP_DELACK_MAX_US) <= 20_000
+    finally:
+        client.close()
+        server.close()
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (network namespaces)")
@@ -66,6 +83,9 @@ class _RefusingSocket:
             raise OSError(22, "below the floor")
         self.set[opt] = value
 
+    def getsockopt(self, level: int, opt: int) -> int:
+        return self.set[opt]
+
 
 def test_a_value_below_the_kernels_floor_is_raised_until_accepted() -> None:
     sock = _RefusingSocket(floor=8000)
@@ -75,6 +95,9 @@ def test_a_value_below_the_kernels_floor_is_raised_until_accepted() -> None:
     only_rto = _RefusingSocket(floor=1, lacks=frozenset({TCP_DELACK_MAX_US}))
     assert set_fast_timers(only_rto, 0.005) == 5000  # type: ignore[arg-type]
     assert only_rto.set == {TCP_RTO_MIN_US: 5000}
+    closed = _RefusingSocket(errno=9, lacks=frozenset({TCP_RTO_MIN_US}))  # EBADF
+    with pytest.raises(OSError, match="Errno 9"):  # a real error, not "unsupported"
+        set_fast_timers(closed, 0.005)  # type: ignore[arg-type]
     untouched = _RefusingSocket(floor=1)
     assert set_fast_timers(untouched, 0.0) is None  # type: ignore[arg-type]
     assert not untouched.set
