@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--loss", type=float, default=0.01, help="EMULATED loss on DLCP (default 0.01)"
     )
-    train.add_argument("--collective", choices=["ring", "ps"], default="ring")
+    train.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
     train.add_argument("--results", default="results", help="directory for JSON and PNG")
 
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")

@@ -17,7 +17,9 @@ over Gloo's point-to-point TCP instead (:mod:`dlcp.shims.tcp_ps`, the TCP
 baseline of DLCP's parameter server). ``--transport dlcp`` still creates
 a Gloo process group (for what DDP does outside the gradient all-reduce: the
 initial broadcast of the parameters) and registers the DLCP comm hook, so the
-gradients travel over DLCP with loss bound ``--p``. Emulated loss comes from
+gradients travel over DLCP with loss bound ``--p``, by ring all-reduce,
+``--collective halving-doubling`` (fewer steps; a power-of-two number of ranks)
+or ``--collective ps``. Emulated loss comes from
 ``DLCP_EMULATED_LOSS`` (in-process drops of received datagrams; each rank draws
 its drops from a different seed, ``DLCP_EMULATED_LOSS_SEED`` = its rank unless
 set), other knobs from the other ``DLCP_*`` variables (e.g. ``DLCP_TIMEOUT``).
@@ -177,7 +179,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         f"digits CNN ({sum(p.numel() for p in model.parameters())} parameters), "
         f"{world} ranks, transport {args.transport}"
         + (f" ({args.collective}, p={args.p:g}, emulated loss {emulated:.1%})" if state else
-           f" ({'ring all-reduce' if args.collective == 'ring' else 'parameter server on rank 0'})")
+           f" ({'parameter server on rank 0' if args.collective == 'ps' else 'its all-reduce'})")
         + f", {len(x_tr)} train / {len(x_te)} test samples, batch {args.batch_size} per rank",
         flush=True,
     )
@@ -281,7 +283,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", choices=["dlcp", "gloo"], default="dlcp")
-    ap.add_argument("--collective", choices=["ring", "ps"], default="ring")
+    ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound of the push phase")
     ap.add_argument("--p-gather", type=float, default=0.0, help="bound of the gather phase")
     ap.add_argument("--epochs", type=int, default=8)

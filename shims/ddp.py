@@ -34,13 +34,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import DIRECT_MAX_BYTES, Communicator, allreduce, ps_allreduce
+from ..collectives import (
+    DIRECT_MAX_BYTES,
+    Communicator,
+    allreduce,
+    halving_doubling_allreduce,
+    ps_allreduce,
+)
 from ..collectives.comm import CollectiveReport
+from ..collectives.halving import is_power_of_two
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from .metrics import StepMetrics, Tracer
 
-__all__ = ["DLCPState", "dlcp_hook"]
+__all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
+
+#: what ``DLCPState.collective`` may name
+COLLECTIVES = ("ring", "halving-doubling", "ps")
 
 log = logging.getLogger("dlcp.shims")
 
@@ -58,8 +68,11 @@ class _Job:
 class DLCPState:
     """Everything the hook needs; create it once, before the first backward.
 
-    ``collective``: ``"ring"`` (ring all-reduce) or ``"ps"`` (parameter server
-    with every rank serving a shard, or the ranks in ``servers``).
+    ``collective``: ``"ring"`` (ring all-reduce), ``"halving-doubling"`` (the
+    ring's guarantees in ``2 log2(n)`` steps instead of ``2 (n - 1)``; a
+    power-of-two number of ranks; see :mod:`dlcp.collectives.halving` for where
+    it pays) or ``"ps"`` (parameter server with every rank serving a shard, or
+    the ranks in ``servers``).
     ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
     phase uses ``p_gather`` (default 0: every replica gets identical bytes; above
     0, at most ``p``, a replica keeps its own values where its copy lost some, so
@@ -86,13 +99,16 @@ class DLCPState:
     metrics: StepMetrics = field(default_factory=StepMetrics)
 
     def __post_init__(self) -> None:
-        if self.collective not in ("ring", "ps"):
-            raise ValueError(f"collective={self.collective!r}: use 'ring' or 'ps'")
+        if self.collective not in COLLECTIVES:
+            raise ValueError(
+                f"collective={self.collective!r}: use one of {', '.join(COLLECTIVES)}"
+            )
         if self.direct_max_bytes < 0:
             raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
         if not 0.0 <= self.p_gather <= self.p:
             raise ValueError(f"p_gather={self.p_gather} must be in [0, p={self.p}]")
         self._fill = FillPolicy(self.fill)
+        created = self.endpoint is None
         if self.endpoint is None:
             from ..rendezvous import connect
 
@@ -104,6 +120,13 @@ class DLCPState:
             raise ValueError(
                 "DLCPState needs world_size= when given an endpoint outside "
                 "an initialised process group"
+            )
+        if self.collective == "halving-doubling" and not is_power_of_two(self.world_size):
+            if created:
+                self.endpoint.close()
+            raise ValueError(
+                f"collective='halving-doubling' needs a power-of-two number of ranks, "
+                f"got {self.world_size}: use 'ring'"
             )
         self.comm = Communicator(self.endpoint, self.world_size, channel=1)
         self._layer_of: dict[int, int] = {}
@@ -185,6 +208,16 @@ class DLCPState:
     def _collective(
         self, data: np.ndarray, segments: list[tuple[int, int, int]]
     ) -> CollectiveReport:
+        if self.collective == "halving-doubling":
+            return halving_doubling_allreduce(
+                self.comm,
+                data,
+                segments=segments,
+                p=self.p,
+                p_gather=self.p_gather,
+                fill=self._fill,
+                average=True,
+            )
         if self.collective == "ring":  # or one round, for a small exact bucket
             return allreduce(
                 self.comm,

@@ -55,7 +55,7 @@ def main() -> int:
     states: dict[str, DLCPState] = {}
     from dlcp.shims.tcp_ps import TcpPsState, tcp_ps_hook
 
-    for name in ("gloo", "ring", "direct", "ps", "tcp_ps"):
+    for name in ("gloo", "ring", "direct", "halving", "ps", "tcp_ps"):
         model = build()
         model.load_state_dict(template.state_dict())
         # ~16 KB buckets: the 33k-parameter model spreads over several buckets
@@ -66,7 +66,7 @@ def main() -> int:
             endpoint, _ = connect(group=f"test-{name}")
             states[name] = DLCPState(
                 model=ddp.module,
-                collective="ps" if name == "ps" else "ring",
+                collective={"ps": "ps", "halving": "halving-doubling"}.get(name, "ring"),
                 p=0.0,
                 endpoint=endpoint,
                 world_size=world,
@@ -82,7 +82,7 @@ def main() -> int:
             ddp.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(ddp(x), y).backward()
         ref = [p.grad for p in replicas["gloo"].parameters()]
-        for name in ("ring", "direct", "ps", "tcp_ps"):
+        for name in ("ring", "direct", "halving", "ps", "tcp_ps"):
             got = [p.grad for p in replicas[name].parameters()]
             assert len(got) == len(ref)
             for i, (a, b) in enumerate(zip(got, ref, strict=True)):

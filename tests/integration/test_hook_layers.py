@@ -151,3 +151,15 @@ def test_layers_survive_ddp_bucket_rebuild(tmp_path: Path) -> None:
                 assert layer == expected_layer(name), (i, bucket)
     # the hook's own bookkeeping: one step per iteration, all buckets reduced
     assert [h.buckets for h in history] == [len(per_iter[i]) for i in range(3)]
+
+
+def test_state_refuses_halving_doubling_on_a_world_that_is_not_a_power_of_two() -> None:
+    ep = Endpoint(0, store=LocalStore(), world_size=3, job=JOB, config=EndpointConfig(timeout=5))
+    try:
+        with pytest.raises(ValueError, match="power-of-two number of ranks, got 3"):
+            DLCPState(model=build(), collective="halving-doubling", endpoint=ep, world_size=3)
+        with pytest.raises(ValueError, match="use one of ring, halving-doubling, ps"):
+            DLCPState(model=build(), collective="tree", endpoint=ep, world_size=3)
+    finally:
+        ep.close()
+    assert dlcp_threads() == [], "dlcp threads left after close()"

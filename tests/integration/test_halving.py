@@ -1,0 +1,112 @@
+"""Halving-doubling all-reduce (``dlcp.collectives.halving``), with real endpoints
+in this process: the splits give every element one owner; exact sums for sizes
+down to fewer elements than ranks; under emulated loss (p = 0.05) every replica
+ends with the same bytes and the loss stays within the bound; a world that is
+not a power of two, or a gather bound above ``p``, is refused."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.collectives import CollectiveReport, Communicator, halving_doubling_allreduce
+from dlcp.collectives.halving import _splits, is_power_of_two
+from dlcp.io import Endpoint, EndpointConfig
+from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("n", [0, 1, 3, 7, 100, 9571])
+def test_splits_give_every_element_one_owner_and_pairs_agree(world: int, n: int) -> None:
+    plans = {r: _splits(n, world, r) for r in range(world)}
+    owner = np.zeros(n, dtype=np.int64)
+    for r, steps in plans.items():
+        assert len(steps) == world.bit_length() - 1  # log2(world) steps
+        for partner, lo, mid, hi, upper in steps:
+            # the partner splits the same range at the same place, keeping the other half
+            mine = (lo, mid, hi)
+            theirs = next(s for s in plans[partner] if s[0] == r)
+            assert theirs[1:4] == mine and theirs[4] is not upper
+        _, lo, mid, hi, upper = steps[-1]
+        a, b = (mid, hi) if upper else (lo, mid)
+        owner[a:b] += 1
+    assert (owner == 1).all()
+    assert is_power_of_two(world) and not is_power_of_two(world + 1 if world > 2 else 3)
+
+
+@contextlib.contextmanager
+def ranks(world: int, **config: Any) -> Iterator[list[Communicator]]:
+    store = LocalStore()
+    eps: list[Endpoint] = []
+    try:
+        for rank in range(world):
+            cfg = EndpointConfig(timeout=10, emulated_loss_seed=rank, **config)
+            eps.append(Endpoint(rank, store=store, world_size=world, job=JOB, config=cfg))
+        yield [Communicator(ep, world) for ep in eps]
+    finally:
+        for ep in eps:
+            ep.close()
+    assert dlcp_threads() == [], "dlcp threads left after close()"
+
+
+def _run(
+    comms: list[Communicator], arrays: list[np.ndarray], **kw: Any
+) -> list[CollectiveReport]:
+    with ThreadPoolExecutor(len(comms)) as pool:
+        futs = [
+            pool.submit(halving_doubling_allreduce, c, a, **kw)
+            for c, a in zip(comms, arrays, strict=True)
+        ]
+        return [f.result(timeout=60) for f in futs]
+
+
+def test_exact_sums_for_every_size() -> None:
+    with ranks(4) as comms:
+        for n in (1, 3, 4, 5, 17, 1000, 40_000):
+            arrays = [
+                np.random.default_rng(100 * n + r).standard_normal(n).astype(np.float32)
+                for r in range(4)
+            ]
+            # every rank adds in the same order as this reference: pairs first
+            want = (arrays[0] + arrays[2]) + (arrays[1] + arrays[3])
+            reports = _run(comms, arrays, p=0.0)
+            for a in arrays:
+                np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6)
+                assert a.tobytes() == arrays[0].tobytes()  # identical replicas
+            assert all(r.lost_elems == 0 and r.op == "halving_doubling_allreduce"
+                       for r in reports)  # fmt: skip
+        # the average, in place
+        arrays = [np.full(10, float(r + 1), dtype=np.float32) for r in range(4)]
+        _run(comms, arrays, average=True)
+        for a in arrays:
+            np.testing.assert_array_equal(a, np.full(10, 2.5, dtype=np.float32))
+
+
+def test_bounded_loss_keeps_replicas_identical() -> None:
+    with ranks(4, emulated_loss=0.05) as comms:
+        lost = 0
+        for call in range(5):
+            arrays = [
+                np.random.default_rng(10 * call + r).standard_normal(50_000).astype(np.float32)
+                for r in range(4)
+            ]
+            reports = _run(comms, arrays, p=0.05)
+            for a in arrays[1:]:
+                assert a.tobytes() == arrays[0].tobytes()  # exact all-gather
+            for r in reports:
+                assert r.lost_fraction <= 0.05, r
+                lost += r.lost_elems
+        assert lost > 0  # the emulator dropped reduce-scatter data, within the bound
+
+
+def test_refuses_a_world_that_is_not_a_power_of_two_and_a_loose_gather() -> None:
+    zeros = np.zeros(8, np.float32)
+    with ranks(3) as comms, pytest.raises(ValueError, match="power-of-two world, got 3"):
+        halving_doubling_allreduce(comms[0], zeros)
+    with ranks(2) as comms, pytest.raises(ValueError, match=r"p_gather=0\.1 must not exceed"):
+        halving_doubling_allreduce(comms[0], zeros, p=0.05, p_gather=0.1)
