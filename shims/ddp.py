@@ -22,6 +22,7 @@ written and reviewed but untested here (no GPU on these machines).
 # no `from __future__ import annotations` here: DDP inspects the hook's annotations
 # at run time and wants the real dist.GradBucket / torch.futures.Future objects
 
+import functools
 import logging
 import queue
 import threading
@@ -208,18 +209,14 @@ class DLCPState:
     def _collective(
         self, data: np.ndarray, segments: list[tuple[int, int, int]]
     ) -> CollectiveReport:
-        if self.collective == "halving-doubling":
-            return halving_doubling_allreduce(
-                self.comm,
-                data,
-                segments=segments,
-                p=self.p,
-                p_gather=self.p_gather,
-                fill=self._fill,
-                average=True,
+        if self.collective != "ps":
+            reduce = (
+                halving_doubling_allreduce
+                if self.collective == "halving-doubling"
+                # the ring, or one round for a small exact bucket
+                else functools.partial(allreduce, direct_max_bytes=self.direct_max_bytes)
             )
-        if self.collective == "ring":  # or one round, for a small exact bucket
-            return allreduce(
+            return reduce(
                 self.comm,
                 data,
                 segments=segments,
@@ -227,7 +224,6 @@ class DLCPState:
                 p_gather=self.p_gather,
                 fill=self._fill,
                 average=True,
-                direct_max_bytes=self.direct_max_bytes,
             )
         return ps_allreduce(
             self.comm,

@@ -248,18 +248,18 @@ def _experiments(args: argparse.Namespace) -> int:
         if bad:
             print(f"dlcp testbed suite: unknown scenario {bad[0]!r}", file=sys.stderr)
             return 2
-        if args.switch == "bmv2" and args.gloo_profile is not None:
-            print("dlcp testbed suite: --gloo-profile applies to --switch linux only "
-                  "(BMv2 runs the P4 program)", file=sys.stderr)  # fmt: skip
+        try:
+            failures, _rows = ex.suite(
+                _split(args.scenarios),
+                epochs=args.epochs,
+                results=args.results,
+                ablation_scenarios=ablated,
+                switch=args.switch,
+                gloo_profile=args.gloo_profile,
+            )
+        except ValueError as e:  # refused before any run
+            print(f"dlcp testbed suite: {e}", file=sys.stderr)
             return 2
-        failures, _rows = ex.suite(
-            _split(args.scenarios),
-            epochs=args.epochs,
-            results=args.results,
-            ablation_scenarios=ablated,
-            switch=args.switch,
-            gloo_profile=args.gloo_profile,
-        )
         return 1 if failures else 0
     kw = {} if args.link_rate is None else {"link_rate_mbit": args.link_rate}
     try:

@@ -320,6 +320,7 @@ def run_experiment(
         profile = default_profile(transport)
     if profile is not None and profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    queues = profile or "p4"  # what the results say the routers ran
     if bmv2 and link_rate_mbit is not None:
         raise ValueError(
             "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
@@ -453,14 +454,14 @@ def run_experiment(
         "router_drops": drops_summary(totals),
         "wall_s": round(wall, 1),
         "switch": switch,
-        "profile": profile or "p4",
+        "profile": queues,
     }
     result = {
         **summary,
         "setup": {
             "topology": t.name,
             "switch": switch,
-            "profile": profile or "p4",
+            "profile": queues,
             "link_rate_mbit": None if bmv2 else link_rate_mbit,
             "batch_size": batch_size,
             "env": env,

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from ..proto.config import FillPolicy
 from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
-from .ring import SendTracker, check_array
+from .ring import SendTracker, check_array, exchange
 
 __all__ = ["halving_doubling_allreduce", "is_power_of_two"]
 
@@ -88,49 +88,25 @@ def halving_doubling_allreduce(
         return report.build()
     steps = _splits(len(data), n, r)
     scratch = np.empty(len(data) - len(data) // 2, data.dtype)
-    sends = SendTracker()  # waited for at the end (see ring._step: no later step
-    # writes a range this rank has sent before a receive posted after that send)
-
-    def exchange(
-        partner: int, give: tuple[int, int], take: tuple[int, int], role: int, bound: float,
-        into: npt.NDArray[Any], how: FillPolicy, add: bool,
-    ) -> None:  # fmt: skip
-        (ga, gb), (ta, tb) = give, take
-        incoming = (
-            comm.recv(into[: tb - ta], src=partner, call=call, role=role, p=bound, fill=how)
-            if tb > ta
-            else None
-        )
-        if gb > ga:
-            sends.add(
-                comm.send_part(
-                    data, ga, gb, to=partner, call=call, role=role, segments=segments, p=bound
-                )
-            )
-        sends.raise_first_failure()
-        if incoming is None:
-            return
-        try:
-            report.received(comm.wait(incoming), bounded=bound > 0)
-        except Exception:
-            sends.raise_first_failure()  # name the first failure this rank saw
-            raise
-        if add:
-            data[ta:tb] += into[: tb - ta]
-
+    sends = SendTracker()  # waited for at the end (see ring.exchange)
     for k, (partner, lo, mid, hi, upper) in enumerate(steps):  # reduce-scatter
-        keep, give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
-        exchange(partner, give, keep, k, p, scratch, fill, add=True)
+        (ta, tb), give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
+        if exchange(
+            comm, data, give, scratch[: tb - ta], to=partner, src=partner, call=call,
+            role=k, p=p, fill=fill, segments=segments, report=report, sends=sends,
+        ):  # fmt: skip
+            data[ta:tb] += scratch[: tb - ta]
     _, lo, mid, hi, upper = steps[-1]
     lo, hi = (mid, hi) if upper else (lo, mid)  # the range this rank reduced
     if average:
         data[lo:hi] /= data.dtype.type(n)
     gather_fill = copy_fill(p_gather)
     for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):  # all-gather
-        theirs = (slo, smid) if upper else (smid, shi)
+        ta, tb = (slo, smid) if upper else (smid, shi)
         exchange(
-            partner, (lo, hi), theirs, _GATHER_ROLE + k, p_gather, data[theirs[0] :],
-            gather_fill, add=False,
+            comm, data, (lo, hi), data[ta:tb], to=partner, src=partner, call=call,
+            role=_GATHER_ROLE + k, p=p_gather, fill=gather_fill, segments=segments,
+            report=report, sends=sends,
         )  # fmt: skip
         lo, hi = slo, shi
     for outgoing in sends.futures:

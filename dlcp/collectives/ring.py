@@ -29,7 +29,7 @@ import numpy.typing as npt
 from ..proto.config import FillPolicy
 from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
 
-__all__ = ["SendTracker", "chunk_bounds", "ring_allreduce"]
+__all__ = ["SendTracker", "chunk_bounds", "exchange", "ring_allreduce"]
 
 _GATHER_ROLE = 2048
 SUPPORTED = (np.float32, np.float16)
@@ -74,13 +74,16 @@ def ring_allreduce(
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
 
+    right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):  # reduce-scatter: add what the left neighbour sends
         (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
-        if _step(
+        if exchange(
             comm,
             data,
             (sa, sb),
             scratch[: rb - ra],
+            to=right,
+            src=left,
             call=call,
             role=s,
             p=p,
@@ -96,11 +99,13 @@ def ring_allreduce(
         data[oa:ob] /= data.dtype.type(n)
     for s in range(n - 1):  # all-gather: pass every reduced chunk around
         (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
-        _step(
+        exchange(
             comm,
             data,
             (sa, sb),
             data[ra:rb],
+            to=right,
+            src=left,
             call=call,
             role=_GATHER_ROLE + s,
             p=p_gather,
@@ -114,12 +119,14 @@ def ring_allreduce(
     return report.build()
 
 
-def _step(
+def exchange(
     comm: Communicator,
     data: npt.NDArray[Any],
     send: tuple[int, int],
     recv_into: npt.NDArray[Any],
     *,
+    to: int,
+    src: int,
     call: int,
     role: int,
     p: float,
@@ -128,9 +135,11 @@ def _step(
     report: ReportBuilder,
     sends: SendTracker,
 ) -> bool:
-    """One ring step: ``data[send]`` to the right neighbour while ``recv_into`` is
-    filled from the left one. With fewer elements than ranks a chunk can be empty:
-    then nothing is sent or received for it. True if something was received.
+    """One step of a collective: ``data[send]`` to rank ``to`` while ``recv_into``
+    is filled from rank ``src`` (a ring's right and left neighbours, a
+    halving-doubling pair's partner both). An empty range or buffer (fewer
+    elements than ranks) is neither sent nor received. True if something was
+    received.
 
     The send's future goes to ``sends`` instead of being waited for: waiting for
     the receiver's STOP here would add a control round trip to every step. That
@@ -138,15 +147,14 @@ def _step(
     it returns, and no later step writes a chunk this rank has sent until the
     all-gather receives into it: a receive posted after that send. The caller
     waits for all of them before returning."""
-    n, r = comm.world_size, comm.rank
     incoming = (
-        comm.recv(recv_into, src=(r - 1) % n, call=call, role=role, p=p, fill=fill)
+        comm.recv(recv_into, src=src, call=call, role=role, p=p, fill=fill)
         if len(recv_into)
         else None
     )
     sa, sb = send
     outgoing = (
-        comm.send_part(data, sa, sb, to=(r + 1) % n, call=call, role=role, segments=segments, p=p)
+        comm.send_part(data, sa, sb, to=to, call=call, role=role, segments=segments, p=p)
         if sa < sb
         else None
     )
@@ -157,8 +165,8 @@ def _step(
         try:
             report.received(comm.wait(incoming), bounded=p > 0)
         except Exception:
-            # a neighbour that went away often takes the other one with it: name
-            # the first failure this rank saw (a send's) rather than the later one
+            # a peer that went away often takes another with it: name the first
+            # failure this rank saw (a send's) rather than the later one
             sends.raise_first_failure()
             raise
     return incoming is not None
