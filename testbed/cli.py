@@ -122,11 +122,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
 
 def _policy(name: str, t: Topology) -> SwitchPolicy | FifoPolicy | None:
     if name == "dlcp":
-        return SwitchPolicy(
-            link_rate_mbit=t.link_rate_mbit,
-            queue_packets=t.buffer_packets,
-            drop_eligible_packets=max(1, min(t.buffer_packets - 1, t.buffer_packets // 5)),
-        )
+        return SwitchPolicy.for_link(t.link_rate_mbit, t.buffer_packets)
     if name == "fifo":
         return FifoPolicy(link_rate_mbit=t.link_rate_mbit, queue_packets=t.buffer_packets)
     return None

@@ -204,13 +204,9 @@ def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str],
 
 
 def switch_policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
-    """The experiments' switch profile: the topology's queue size, a fifth of it
-    (at least one packet) for drop-eligible packets, shaped to ``link_rate_mbit``."""
-    return SwitchPolicy(
-        link_rate_mbit=link_rate_mbit,
-        queue_packets=t.buffer_packets,
-        drop_eligible_packets=max(1, min(t.buffer_packets - 1, t.buffer_packets // 5)),
-    )
+    """The experiments' switch profile: :meth:`SwitchPolicy.for_link` of the
+    topology's queue size, shaped to ``link_rate_mbit``."""
+    return SwitchPolicy.for_link(link_rate_mbit, t.buffer_packets)
 
 
 def _setup(

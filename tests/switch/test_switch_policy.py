@@ -73,8 +73,10 @@ def test_overrides_reach_every_renderer() -> None:
 
 def test_for_link_matches_the_testbed() -> None:
     p = SwitchPolicy.for_link(50, 100)
-    assert (p.link_rate_mbit, p.queue_packets, p.drop_eligible_packets) == (50, 100, 20)
+    assert (p.link_rate_mbit, p.queue_packets, p.drop_eligible_packets) == (50, 100, 40)
     assert SwitchPolicy.for_link(1000, 3).drop_eligible_packets == 1
+    assert SwitchPolicy.for_link(1000, 2).drop_eligible_packets == 1  # below the queue
+    assert SwitchPolicy.for_link(1000, 1000).drop_eligible_packets == 400
 
 
 @pytest.mark.parametrize(
