@@ -42,7 +42,7 @@ from ..collectives import (
     halving_doubling_allreduce,
     ps_allreduce,
 )
-from ..collectives.comm import CollectiveReport
+from ..collectives.comm import CollectiveReport, check_reduce_fill
 from ..collectives.halving import is_power_of_two
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
@@ -109,6 +109,7 @@ class DLCPState:
         if not 0.0 <= self.p_gather <= self.p:
             raise ValueError(f"p_gather={self.p_gather} must be in [0, p={self.p}]")
         self._fill = FillPolicy(self.fill)
+        check_reduce_fill(self._fill, "DLCPState")
         created = self.endpoint is None
         if self.endpoint is None:
             from ..rendezvous import connect
@@ -140,6 +141,9 @@ class DLCPState:
                 stacklevel=2,
             )
         self._tracer = Tracer(self.trace_path) if self.trace_path else None
+        #: the endpoint was made here, so close() closes it
+        self._owns_endpoint = created
+        self._closed = False
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="dlcp-ddp-hook", daemon=True)
         self._thread.start()
@@ -165,6 +169,8 @@ class DLCPState:
             else torch.futures.Future()
         )
         ready = None
+        if self._closed:
+            raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
         if tensor.is_cuda:  # pragma: no cover - no GPU here
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tensor.device))
@@ -172,11 +178,17 @@ class DLCPState:
         return fut
 
     def close(self) -> None:
-        """Finish queued buckets, stop the transport thread, write the trace."""
+        """Finish queued buckets, stop the transport thread, write the trace, and
+        close the endpoint if this state made it (one passed in stays open)."""
+        if self._closed:
+            return
+        self._closed = True
         self._queue.put(None)
         self._thread.join()
         if self._tracer is not None:
             self._tracer.write()
+        if self._owns_endpoint and self.endpoint is not None:
+            self.endpoint.close()
 
     # ------------------------------------------------------------------ transport thread
 
@@ -184,13 +196,13 @@ class DLCPState:
         while (job := self._queue.get()) is not None:
             try:
                 report = self._reduce(job)
+                self.metrics.add(report, last_bucket=job.last)
+                if self._tracer is not None:
+                    self._tracer.add(report)
             except BaseException as exc:  # surfaces in the training loop via the future
                 log.error("dlcp hook: %s", exc)
                 job.future.set_exception(exc)
                 continue
-            self.metrics.add(report, last_bucket=job.last)
-            if self._tracer is not None:
-                self._tracer.add(report)
             job.future.set_result(job.tensor)
 
     def _reduce(self, job: _Job) -> CollectiveReport:

@@ -14,6 +14,7 @@ from typing import Any
 from torch._C._distributed_c10d import PrefixStore
 
 from ..collectives import DIRECT_MAX_BYTES
+from ..collectives.comm import check_reduce_fill
 from ..errors import ConfigError
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
@@ -45,12 +46,21 @@ class DLCPOptions:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= MAX_LOSS_BOUND:
                 raise ConfigError(f"DLCPOptions.{name}={value} outside [0, {MAX_LOSS_BOUND}]")
+        if self.p is not None and self.p_gather > self.p:
+            raise ConfigError(
+                f"DLCPOptions.p_gather={self.p_gather} exceeds p={self.p}: the all-gather's "
+                "bound must be the stricter one"
+            )
         try:
-            FillPolicy(self.fill)
+            fill = FillPolicy(self.fill)
         except ValueError:
             raise ConfigError(
                 f"DLCPOptions.fill={self.fill!r}: use one of {[f.value for f in FillPolicy]}"
             ) from None
+        try:
+            check_reduce_fill(fill, "DLCPOptions.fill")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.lossy_min_elems < 0:
             raise ConfigError(f"DLCPOptions.lossy_min_elems={self.lossy_min_elems} must be >= 0")
         if self.direct_max_bytes < 0:

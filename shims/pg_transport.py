@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 from ..collectives import CollectiveReport, Communicator, allreduce
 from ..collectives.comm import ReportBuilder
+from ..errors import ConfigError
 from ..proto.config import FillPolicy
 from .pg_options import DLCPOptions
 from .pg_tensors import FOLDS, HostTensor, parts
@@ -33,6 +34,12 @@ class GroupTransport:
     bound of large float SUM/AVG all-reduces."""
 
     def __init__(self, comm: Communicator, options: DLCPOptions, p: float) -> None:
+        if options.p_gather > p:
+            raise ConfigError(
+                f"DLCPOptions.p_gather={options.p_gather} exceeds the group's p={p} "
+                "(DLCPOptions.p, else DLCP_DEFAULT_P): the all-gather's bound must be the "
+                "stricter one"
+            )
         self.comm, self.options, self.p = comm, options, p
         self._fill = FillPolicy(options.fill)
 
@@ -46,7 +53,7 @@ class GroupTransport:
                 self.comm,
                 host.numpy(),
                 p=p,
-                p_gather=self.options.p_gather,
+                p_gather=min(self.options.p_gather, p),  # a small tensor is exact throughout
                 fill=self._fill,
                 average=red == _Red.AVG,
                 direct_max_bytes=self.options.direct_max_bytes,

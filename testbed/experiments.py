@@ -112,9 +112,11 @@ from .impairments import (
     profile_counters,
 )
 from .results import (
+    BATCH_SIZE,
     CSV_FIELDS,
     CSV_NAME,
     FUNCTIONAL_NOTE,
+    LINK_RATE_MBIT,
     PNG_NAME,
     append_csv,
     bmv2_class_totals,
@@ -125,6 +127,7 @@ from .results import (
     per_link_packets,
     plot,
     read_csv,
+    settings_label,
     table,
 )
 from .switch_profile import FifoPolicy, SwitchPolicy
@@ -151,7 +154,6 @@ PROFILES = ("dlcp", "fifo")
 ABLATIONS = ("priority", "drop", "spray", "bound")
 TRANSPORTS = ("dlcp", "gloo")
 MASTER_PORT = 29517
-LINK_RATE_MBIT = 200.0
 BACKGROUND_SHARE = 0.95
 LOSS_PERCENT = 1.0
 #: the background flow over BMv2 (unshaped links; see the module doc)
@@ -174,16 +176,22 @@ def run_name(
     ablate: Iterable[str] = (),
     switch: str = "linux",
     profile: str | None = None,
+    *,
+    link_rate_mbit: float = LINK_RATE_MBIT,
+    batch_size: int = BATCH_SIZE,
 ) -> str:
-    """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>]``, the last
-    part only for a profile other than the transport's default."""
+    """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>][-<rate>mbit]
+    [-batch<n>]``: the profile only if not the transport's default, the link rate
+    (Linux routers only) and batch size only if not the defaults."""
     label = ablation_label(ablate)
     odd = profile is not None and switch == "linux" and profile != default_profile(transport)
+    rate = link_rate_mbit if switch == "linux" else LINK_RATE_MBIT  # BMv2 links: unshaped
     return (
         f"{scenario}-{transport}"
         + (f"-{label}" if label else "")
         + ("-bmv2" if switch == "bmv2" else "")
         + (f"-on-{profile}" if odd else "")
+        + settings_label(rate, batch_size)
     )
 
 
@@ -278,7 +286,7 @@ def run_experiment(
     *,
     ablate: Sequence[str] = (),
     epochs: int = 2,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     results: str | Path = "results",
     link_rate_mbit: float | None = None,
     prefix: str | None = None,
@@ -324,10 +332,18 @@ def run_experiment(
         )
     if link_rate_mbit is None:
         link_rate_mbit = LINK_RATE_MBIT
+    if epochs < 1 or batch_size < 1 or not 0 < link_rate_mbit < float("inf"):
+        raise ValueError(
+            f"epochs={epochs} and batch_size={batch_size} must be >= 1, and "
+            f"link_rate_mbit={link_rate_mbit} a positive number"
+        )
     sink = out if out is not None else sys.stdout
     res_dir = Path(results)
     res_dir.mkdir(parents=True, exist_ok=True)
-    name = run_name(scenario, transport, ablate, switch, profile)
+    name = run_name(
+        scenario, transport, ablate, switch, profile, link_rate_mbit=link_rate_mbit,
+        batch_size=batch_size,
+    )  # fmt: skip
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
     t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
@@ -451,6 +467,8 @@ def run_experiment(
         "wall_s": round(wall, 1),
         "switch": switch,
         "profile": queues,
+        "link_rate_mbit": None if bmv2 else link_rate_mbit,
+        "batch_size": batch_size,
     }
     result = {
         **summary,

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BATCH_SIZE",
     "CSV_FIELDS",
     "CSV_NAME",
     "FUNCTIONAL_NOTE",
+    "LINK_RATE_MBIT",
     "PNG_NAME",
     "append_csv",
     "bmv2_class_totals",
@@ -45,7 +47,12 @@ CSV_FIELDS = (
     "wall_s",
     "switch",
     "profile",
+    "link_rate_mbit",
+    "batch_size",
 )
+#: the runs' defaults: a row without the column (written before it) had these
+LINK_RATE_MBIT = 200.0
+BATCH_SIZE = 16
 
 
 def bmv2_class_totals(
@@ -174,18 +181,37 @@ def _profile_of(row: Mapping[str, Any]) -> str:
     return str(row.get("profile") or ("p4" if _switch_of(row) == "bmv2" else "dlcp"))
 
 
+def _settings_of(row: Mapping[str, Any]) -> tuple[float, int]:
+    """(link rate in Mbit/s, batch size) of a row; rows from before the columns
+    used the defaults. BMv2 rows have no link rate (its links are not shaped)."""
+    rate = row.get("link_rate_mbit")
+    batch = row.get("batch_size")
+    return (
+        float(rate) if rate not in (None, "") else LINK_RATE_MBIT,
+        int(batch) if batch not in (None, "") else BATCH_SIZE,
+    )
+
+
+def settings_label(link_rate_mbit: float, batch_size: int) -> str:
+    """What a run's name and plot label add for settings other than the defaults:
+    ``-<rate>mbit``, ``-batch<n>`` (empty for the defaults)."""
+    return (f"-{link_rate_mbit:g}mbit" if link_rate_mbit != LINK_RATE_MBIT else "") + (
+        f"-batch{batch_size}" if batch_size != BATCH_SIZE else ""
+    )
+
+
 def read_csv(results: str | Path) -> list[dict[str, str]]:
-    """The newest row of every (scenario, transport, ablation, switch, profile),
-    in first-seen order."""
+    """The newest row of every (scenario, transport, ablation, switch, profile,
+    link rate, batch size), in first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []
-    latest: dict[tuple[str, str, str, str, str], dict[str, str]] = {}
+    latest: dict[tuple[Any, ...], dict[str, str]] = {}
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             key = (
                 row["scenario"], row["transport"], row["ablation"], _switch_of(row),
-                _profile_of(row),
+                _profile_of(row), *_settings_of(row),
             )  # fmt: skip
             latest[key] = row
     return list(latest.values())
@@ -207,7 +233,9 @@ def plot(results: str | Path) -> Path | None:
         switch = " [bmv2, functional]" if _switch_of(r) == "bmv2" else ""
         prof = _profile_of(r)
         other = f" [on {prof}]" if switch == "" and prof != default_profile(r["transport"]) else ""
-        return r["transport"] + ablation + switch + other
+        settings = settings_label(*_settings_of(r))
+        extra = f" [{settings[1:]}]" if settings else ""
+        return r["transport"] + ablation + switch + other + extra
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     variants = list(dict.fromkeys(variant(r) for r in rows))

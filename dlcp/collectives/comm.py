@@ -30,6 +30,7 @@ __all__ = [
     "Communicator",
     "ReportBuilder",
     "Segments",
+    "check_reduce_fill",
     "copy_fill",
     "slice_segments",
 ]
@@ -126,6 +127,18 @@ def copy_fill(p: float) -> FillPolicy:
     """Fill for phases that hand out finished values (all-gather, pull): with a loss
     bound, keep what the buffer held; exact (p = 0) phases never fill."""
     return FillPolicy.PREVIOUS if p > 0 else FillPolicy.ZERO
+
+
+def check_reduce_fill(fill: FillPolicy, op: str) -> None:
+    """Refuse ``fill`` for a phase that adds what it receives (a reduce-scatter, a
+    server's aggregation): those messages land in scratch space, so there is no
+    previous value to keep, and the buffer's leftovers would be added to the sum."""
+    if fill is FillPolicy.PREVIOUS:
+        raise ValueError(
+            f"{op}: fill='previous' cannot fill the reduce phase (what it receives lands "
+            "in scratch space and is added): use 'zero' or 'rescale'; with a gather or "
+            "pull bound above 0, that phase keeps previous values by itself"
+        )
 
 
 def slice_segments(segments: Segments | None, start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -36,7 +36,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
+from .comm import (
+    CollectiveReport,
+    Communicator,
+    ReportBuilder,
+    Segments,
+    check_reduce_fill,
+    copy_fill,
+)
 from .ring import SendTracker, check_array, exchange
 
 __all__ = ["halving_doubling_allreduce", "is_power_of_two"]
@@ -77,6 +84,7 @@ def halving_doubling_allreduce(
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across a power-of-two number of ranks, in place."""
     check_array(data, "halving_doubling_allreduce")
+    check_reduce_fill(fill, "halving_doubling_allreduce")
     if p_gather > p:
         raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
     n, r = comm.world_size, comm.rank
@@ -100,6 +108,10 @@ def halving_doubling_allreduce(
     lo, hi = (mid, hi) if upper else (lo, mid)  # the range this rank reduced
     if average:
         data[lo:hi] /= data.dtype.type(n)
+    if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
+        for k, (_, slo, smid, shi, upper) in enumerate(steps):
+            ga, gb = (slo, smid) if upper else (smid, shi)  # given away at step k,
+            data[ga:gb] *= data.dtype.type((1 if average else n) / 2**k)  # 2**k ranks' sum
     gather_fill = copy_fill(p_gather)
     for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):  # all-gather
         ta, tb = (slo, smid) if upper else (smid, shi)

@@ -4,7 +4,9 @@ The array is cut into one contiguous shard per server. Every worker pushes
 shard ``i`` to server ``i`` (bounded loss: lost elements are filled and
 reported); each server sums what its workers pushed, divides by the number of
 workers if asked, and every worker pulls every shard back (default bound 0:
-reliable, so every worker ends with identical bytes).
+reliable, so every worker ends with identical bytes). With a pull bound above
+0, a pulled element that is lost keeps this worker's own value there, its
+estimate of the result (times the number of workers for a sum).
 
 Servers are either co-located (a worker that also serves a shard: with every
 rank a server this is a "PS-style all-reduce") or dedicated (a rank that holds
@@ -23,7 +25,14 @@ import numpy.typing as npt
 
 from ..io.endpoint import Received
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
+from .comm import (
+    CollectiveReport,
+    Communicator,
+    ReportBuilder,
+    Segments,
+    check_reduce_fill,
+    copy_fill,
+)
 from .ring import check_array, chunk_bounds
 
 __all__ = ["ps_allreduce", "ps_serve"]
@@ -60,6 +69,7 @@ def ps_allreduce(
     """A worker's step: push ``data``'s shards, pull the aggregate back into ``data``.
     A rank that is both worker and server also aggregates its own shard."""
     check_array(data, "ps_allreduce")
+    check_reduce_fill(fill, "ps_allreduce")
     srv, wrk = _roles(comm, servers, workers)
     r = comm.rank
     if r not in wrk:
@@ -83,6 +93,10 @@ def ps_allreduce(
                     data, a, b, to=server, call=call, role=PUSH, segments=segments, p=p_push
                 )
             )
+    if p_pull > 0 and not average:  # (the pushes have copied their bytes already)
+        for i, server in enumerate(srv):
+            if server != r:  # a lost pulled element keeps this worker's estimate of the sum
+                data[bounds[i] : bounds[i + 1]] *= data.dtype.type(len(wrk))
     pull_fill = copy_fill(p_pull)
     incoming = [
         comm.recv(
@@ -136,6 +150,7 @@ def ps_serve(
     Shapes come from the packets; the first worker's message sets them. ``segments``
     (offset, length, layer) of the shard's layers, offsets from the shard's start,
     give the pulls their classes (without them a pull is one class)."""
+    check_reduce_fill(fill, "ps_serve")
     srv, wrk = _roles(comm, servers, workers)
     r = comm.rank
     if r in wrk or r not in srv:

@@ -11,10 +11,13 @@ computed once and copied bit for bit, every replica ends with identical bytes,
 whatever the reduce-scatter lost.
 
 A gather bound above 0 (at most ``p``) trades that away: a rank whose copy of
-a reduced chunk misses elements keeps what its buffer held there (its own
-partial sum; previous-value fill), and so does every rank it forwards the copy
-to, so replicas differ by those elements. They are counted as lost in the
-report, like the reduce-scatter's.
+a reduced chunk misses elements keeps what its buffer held there
+(previous-value fill), and so does every rank it forwards the copy to, so
+replicas differ by those elements. They are counted as lost in the report,
+like the reduce-scatter's. What the buffer holds is made this rank's estimate
+first: after the reduce-scatter its chunk ``j`` is the sum of ``d + 1`` ranks'
+values (``d = (r - j) mod n``), scaled to their mean (and times ``n`` for a
+sum), so a lost element is off by sampling, not by a factor.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
+from .comm import (
+    CollectiveReport,
+    Communicator,
+    ReportBuilder,
+    Segments,
+    check_reduce_fill,
+    copy_fill,
+)
 
 __all__ = ["SendTracker", "chunk_bounds", "exchange", "ring_allreduce"]
 
@@ -59,6 +69,7 @@ def ring_allreduce(
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across the ring, in place."""
     check_array(data, "ring_allreduce")
+    check_reduce_fill(fill, "ring_allreduce")
     if p_gather > p:
         raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
     n, r = comm.world_size, comm.rank
@@ -97,6 +108,12 @@ def ring_allreduce(
     oa, ob = chunk((r + 1) % n)
     if average:
         data[oa:ob] /= data.dtype.type(n)
+    if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
+        for j in range(n):
+            held = (r - j) % n + 1  # ranks whose values chunk j sums here
+            if held < n:
+                a, b = chunk(j)
+                data[a:b] *= data.dtype.type((1 if average else n) / held)
     for s in range(n - 1):  # all-gather: pass every reduced chunk around
         (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
         exchange(

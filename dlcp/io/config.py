@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,15 +57,17 @@ class EndpointConfig:
             if kind == "str" and not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} is not a string")
         try:
-            ipaddress.ip_address(self.host)
+            ipaddress.IPv4Address(self.host)
         except ValueError:
-            raise ConfigError(f"host={self.host!r} is not an IP address") from None
+            raise ConfigError(
+                f"host={self.host!r} is not an IPv4 address (DLCP's sockets are IPv4)"
+            ) from None
         for name in ("data_port", "control_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}={port} outside 0..65535")
-        if not self.timeout > 0:
-            raise ConfigError(f"timeout={self.timeout} must be > 0 seconds")
+        if not 0 < self.timeout <= threading.TIMEOUT_MAX:
+            raise ConfigError(f"timeout={self.timeout} must be a finite number of seconds > 0")
         if not 0 <= self.control_rto_min <= 0.2:
             raise ConfigError(
                 f"control_rto_min={self.control_rto_min} outside [0, 0.2] seconds "
@@ -73,10 +76,15 @@ class EndpointConfig:
         for name in ("gso", "gro"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
-        if self.rcvbuf < 65536 or self.sndbuf < 65536:
-            raise ConfigError("rcvbuf and sndbuf must be at least 65536 bytes")
+        for name in ("rcvbuf", "sndbuf"):
+            if not 65536 <= getattr(self, name) <= _INT_MAX:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} outside 65536..{_INT_MAX} bytes"
+                )
         if not 0.0 <= self.emulated_loss < 1.0:
             raise ConfigError(f"emulated_loss={self.emulated_loss} outside [0, 1)")
+        if self.emulated_loss_seed < 0:
+            raise ConfigError(f"emulated_loss_seed={self.emulated_loss_seed} must be >= 0")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> EndpointConfig:
@@ -115,8 +123,12 @@ class EndpointConfig:
         return cls(protocol=protocol, **{**endpoint_kw, **overrides})
 
 
-#: DLCP_* variables that are read elsewhere (launcher, rendezvous), not config
-_NOT_CONFIG = frozenset({"job", "key", "auth_key"})
+#: DLCP_* variables that are read elsewhere (launcher, rendezvous, simulator,
+#: golden-file tests), not config
+_NOT_CONFIG = frozenset({"job", "key", "auth_key", "sim_trace_tcp", "regen_golden"})
+
+#: setsockopt's int: the largest socket buffer size one can ask for
+_INT_MAX = (1 << 31) - 1
 
 _PROTO_ENV: dict[str, str] = {
     "mtu": "int",

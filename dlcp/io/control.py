@@ -98,6 +98,8 @@ class PeerGone:
 @dataclass(slots=True)
 class Inbound:
     sock: socket.socket
+    #: time.monotonic() when it was accepted (one that never says hello is dropped)
+    opened: float = 0.0
     rank: int | None = None  # known after the hello
     buf: bytearray = field(default_factory=bytearray)
     #: set once a frame on it passed the session's checks (with authentication:
@@ -141,6 +143,8 @@ class ControlChannel:
         self.listener.setblocking(False)
         self.address: tuple[str, int] = self.listener.getsockname()
         self.inbound: dict[socket.socket, Inbound] = {}
+        #: why the last accept failed (out of descriptors, ...), None once one works
+        self.accept_error: str | None = None
         self.outbound: dict[int, socket.socket] = {}
         self._read_buf = bytearray(1 << 18)
 
@@ -205,18 +209,34 @@ class ControlChannel:
 
     # ------------------------------------------------------------------ receive
 
-    def accept(self) -> socket.socket | None:
+    def accept(self, now: float) -> socket.socket | None:
+        """A new inbound connection, or None: none pending, or the kernel refused
+        (then :attr:`accept_error` says why, until the next accept that works)."""
         try:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as exc:  # e.g. out of file descriptors: refuse, keep running
-            log.warning("dlcp: cannot accept a control connection: %s", exc)
+            if self.accept_error is None:
+                log.warning("dlcp: cannot accept a control connection: %s", exc)
+            self.accept_error = str(exc)
             return None
+        self.accept_error = None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.inbound[sock] = Inbound(sock)
+        self.inbound[sock] = Inbound(sock, opened=now)
         return sock
+
+    def silent_since(self, before: float) -> list[socket.socket]:
+        """Inbound connections accepted before ``before`` that have not said hello."""
+        return [c.sock for c in self.inbound.values() if c.rank is None and c.opened < before]
+
+    def drop(self, sock: socket.socket, why: str) -> None:
+        """Close inbound ``sock`` (the caller has stopped watching it)."""
+        conn = self.inbound.get(sock)
+        if conn is not None:
+            log.info("dlcp: dropped a control connection that %s", why)
+            self._close_inbound(conn, why)
 
     def read(self, sock: socket.socket) -> tuple[list[tuple[int, bytes]], str | None]:
         """Frames that arrived on inbound ``sock`` as (peer, datagram), and why the

@@ -55,7 +55,7 @@ from ..proto.session import (
     SendReport,
     Session,
 )
-from ..proto.wire import DType
+from ..proto.wire import DType, PacketType
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
@@ -66,6 +66,10 @@ from .udp import DataSockets
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
 
 log = logging.getLogger("dlcp.io")
+
+#: seconds the I/O thread stops watching the control listener after the kernel
+#: refused a connection (out of file descriptors, ...)
+_ACCEPT_PAUSE = 0.1
 
 Key = tuple[int, int, int]  # (peer, step, msg)
 Segments = Sequence[tuple[int, int, int]]
@@ -138,6 +142,8 @@ class Endpoint:
         self._lock = threading.RLock()
         #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
         self._sleep_until = -math.inf
+        #: when to watch the control listener again after a refused accept
+        self._accept_resume: float | None = None
         self._sends: dict[Key, Pending] = {}
         self._recvs: dict[Key, Pending] = {}
         self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
@@ -265,6 +271,7 @@ class Endpoint:
                     "late_packets": s.late_packets,
                     "stale_control": s.stale_control,
                     "data_batches_out": self._stats.data_batches_out,
+                    "data_send_errors": self._stats.data_send_errors,
                     "control_in": self._stats.control_in,
                     "control_rejected": self._stats.control_rejected,
                     "control_out": self._stats.control_out,
@@ -353,6 +360,7 @@ class Endpoint:
                     self._flush(now)
                     self._dispatch_events()
                     self._expire(now)
+                    self._tend_listener(sel, now)
         except BaseException as exc:  # keep the endpoint's users from hanging
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
             self._fail_all(TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}"))
@@ -394,12 +402,24 @@ class Endpoint:
         if timer is not None and timer <= now and not backlog:
             self._session.handle_timer(now=now)
 
+    def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
+        """Watch the listener again after a pause; drop inbound connections that
+        have not said hello within the timeout (each holds a descriptor)."""
+        if self._accept_resume is not None and now >= self._accept_resume:
+            self._accept_resume = None
+            sel.register(self._control.listener, selectors.EVENT_READ, "accept")
+        for sock in self._control.silent_since(now - self.config.timeout):
+            sel.unregister(sock)
+            self._control.drop(sock, f"said no hello within {self.config.timeout:g} s")
+
     def _next_time(self, now: float, timer: float | None) -> float:
         """When the I/O thread has something to do without input: the session's
-        ``timer`` or a deadline, at most a second from ``now``."""
+        ``timer``, a deadline or the listener's pause, at most a second from ``now``."""
         times = [now + 1.0]
         if timer is not None:
             times.append(timer)
+        if self._accept_resume is not None:
+            times.append(self._accept_resume)
         # every deadline is its entry's time plus config.timeout: the oldest entry
         # of a table (dicts keep insertion order) has the earliest
         for table in (self._sends, self._recvs):
@@ -418,8 +438,14 @@ class Endpoint:
             except (BlockingIOError, InterruptedError):
                 pass
         elif what == "accept":
-            while (conn := self._control.accept()) is not None:  # every pending one
+            now = time.monotonic()
+            while (conn := self._control.accept(now)) is not None:  # every pending one
                 sel.register(conn, selectors.EVENT_READ, "control")
+            if self._control.accept_error is not None:
+                # the refused connection stays queued and the listener readable: stop
+                # watching it for a while instead of spinning (turns resume it)
+                sel.unregister(sock)
+                self._accept_resume = now + _ACCEPT_PAUSE
         else:
             inbound = self._control.inbound[sock]
             frames, ended = self._control.read(sock)
@@ -428,6 +454,9 @@ class Endpoint:
             now = time.monotonic()
             for peer, datagram in frames:
                 self._stats.control_in += 1
+                if not datagram or datagram[0] & 0x0F == PacketType.DATA:
+                    self._stats.control_rejected += 1  # data travels over UDP only
+                    continue
                 if len(datagram) >= 16 and int.from_bytes(datagram[10:12], "big") != peer:
                     self._stats.control_rejected += 1  # claims another rank than its hello
                     continue
@@ -458,14 +487,23 @@ class Endpoint:
                     addr = self._address_of(item.dst)
                     if addr is None:
                         continue
-                    self._data.send(
-                        item.data,
-                        item.segment_size,
-                        item.count,
-                        path=item.path,
-                        tos=item.tos,
-                        addr=(addr.host, addr.data_port),
-                    )
+                    try:
+                        self._data.send(
+                            item.data,
+                            item.segment_size,
+                            item.count,
+                            path=item.path,
+                            tos=item.tos,
+                            addr=(addr.host, addr.data_port),
+                        )
+                    except OSError as exc:  # fail this peer's transfers, not everyone's
+                        self._stats.data_send_errors += 1
+                        self._fail_peer(
+                            item.dst,
+                            f"sending data to {addr.host}:{addr.data_port} failed: {exc}",
+                            receives=False,
+                        )
+                        continue
                     self._stats.data_batches_out += 1
                 elif isinstance(item, ControlDatagram):
                     self._send_control(item)
@@ -577,8 +615,11 @@ class Endpoint:
         self._gone[gone.rank] = gone.why
         self._fail_peer(gone.rank, gone.why)
 
-    def _fail_peer(self, peer: int, why: str) -> None:
-        for table, outgoing in ((self._sends, True), (self._recvs, False)):
+    def _fail_peer(self, peer: int, why: str, *, receives: bool = True) -> None:
+        """Fail what is pending with ``peer``: its sends, and its receives unless
+        ``receives`` is False (the failure was on our way to it only)."""
+        tables = ((self._sends, True), (self._recvs, False)) if receives else ((self._sends, True),)
+        for table, outgoing in tables:
             for key in [k for k in table if k[0] == peer]:
                 pending = table.pop(key)
                 self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)

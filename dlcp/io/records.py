@@ -42,6 +42,8 @@ class DriverStats:
     """The I/O driver's own counters (the session keeps the protocol's)."""
 
     data_batches_out: int = 0
+    #: data batches the kernel refused (their peer's transfers failed)
+    data_send_errors: int = 0
     control_out: int = 0
     control_in: int = 0
     control_rejected: int = 0

@@ -420,6 +420,12 @@ def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
     finally:
         del os.environ["DLCP_DEFAULT_P"]
     assert dlcp_group(from_env).p == 0.02
+    # a gather bound with a small tensor: exact throughout (its p drops to 0, so must
+    # the gather's), not refused for a gather bound above the push bound
+    loose_gather = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05, p_gather=0.01))
+    small = torch.ones(100)
+    dist.all_reduce(small, group=loose_gather)
+    assert small.eq(C.world).all()
     assert dlcp_group().p == 0.0
     return {"lost_fraction": rep.lost_fraction, "nack_rounds": rep.nack_rounds}
 

@@ -349,6 +349,19 @@ def test_config_from_env() -> None:
         EndpointConfig.from_env({"DLCP_EMULATED_LOSS": "1.5"})
     with pytest.raises(ConfigError, match="timeout"):
         EndpointConfig.from_env({"DLCP_TIMEOUT": "-1"})
+    # values that used to pass here and fail later, naming nothing
+    with pytest.raises(ConfigError, match="timeout=inf must be a finite number"):
+        EndpointConfig.from_env({"DLCP_TIMEOUT": "inf"})
+    with pytest.raises(ConfigError, match="host='::1' is not an IPv4 address"):
+        EndpointConfig(host="::1")
+    with pytest.raises(ConfigError, match=r"rcvbuf=1099511627776 outside 65536\.\."):
+        EndpointConfig(rcvbuf=1 << 40)
+    with pytest.raises(ConfigError, match="emulated_loss_seed=-1 must be >= 0"):
+        EndpointConfig(emulated_loss=0.1, emulated_loss_seed=-1)
+    # variables other parts of DLCP read are not configuration errors
+    assert EndpointConfig.from_env({"DLCP_SIM_TRACE_TCP": "1", "DLCP_REGEN_GOLDEN": "1"}) == (
+        EndpointConfig()
+    )
 
     cfg = EndpointConfig.from_env({"DLCP_N_PATHS": "4", "DLCP_TIMEOUT": "2.5",
                                    "DLCP_EMULATED_LOSS": "0.01", "DLCP_JOB": "7",

@@ -4,9 +4,11 @@ for how the worker processes are run)."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from tests.integration.endpoint_helpers import (
     WRONG_KEY,
     LocalStore,
     assert_exact,
+    local_endpoint,
     open_capture,
     plan,
     recv,
@@ -260,6 +263,88 @@ def test_unauthenticated_hello_cannot_cut_off_a_peer() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_data_frames_on_the_control_channel_are_rejected() -> None:
+    """Data travels over UDP only. A data frame on a control connection (one that
+    said hello as rank 0, which anyone can without authentication) is counted and
+    dropped, never delivered as rank 0's data; the real message then arrives."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=5)
+    a = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg)
+    b = Endpoint(1, store=store, world_size=2, job=JOB, config=cfg)
+    try:
+        # a whole one-chunk message from "rank 0", as the session would accept it
+        forged = encode_data(_header(msg_elems=100, flags=Flags.LAST), bytes(400))
+        rfut = b.recv(src=0, msg=1)
+        with socket.create_connection(("127.0.0.1", b.address.control_port), timeout=5) as s:
+            s.sendall(HELLO.pack(b"DLCP", JOB, 0) + struct.pack(">I", len(forged)) + forged)
+            deadline = time.monotonic() + 5
+            while b.stats()["control_in"] < 1:  # until b's I/O thread has read the frame
+                assert time.monotonic() < deadline, "the frame never reached rank 1"
+                threading.Event().wait(0.002)  # (poll interval, not a readiness guess)
+        assert b.stats()["control_rejected"] == 1
+        assert not rfut.done()
+        x, _ = make_data("float32", 100_000, 5)
+        a.send(x, to=1, msg=1).result(timeout=10)
+        assert digest(rfut.result(timeout=10).data) == digest(x)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_connection_that_never_says_hello_is_dropped() -> None:
+    """Each inbound control connection holds a descriptor: one that says nothing
+    is closed after the endpoint's timeout (the client sees the end of stream)."""
+    with local_endpoint(timeout=0.3) as (ep, _):
+        with socket.create_connection(("127.0.0.1", ep.address.control_port), timeout=5) as s:
+            t0 = time.monotonic()
+            assert s.recv(1) == b""  # the endpoint closed it
+            elapsed = time.monotonic() - t0
+        assert 0.3 <= elapsed < 0.3 + 1.0 + MARGIN  # (the I/O thread wakes at least each second)
+
+
+class _RefusingListener:
+    """The control listener, but its accept() fails as when the process is out of
+    file descriptors, while ``refuse`` is set (fault injection)."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self.real, self.calls = real, 0
+        self.refuse = threading.Event()
+        self.refuse.set()
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        self.calls += 1
+        if self.refuse.is_set():
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.real.accept()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_refused_accept_pauses_the_listener_instead_of_spinning() -> None:
+    """A connection the kernel cannot hand over stays queued, so the listener stays
+    readable: the I/O thread stops watching it for a while instead of retrying at
+    every turn, and accepts again once it can."""
+    with local_endpoint() as (ep, _):
+        listener = _RefusingListener(ep._control.listener)
+        ep._control.listener = listener  # type: ignore[assignment]
+        with socket.create_connection(("127.0.0.1", ep.address.control_port), timeout=5) as s:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.5:  # half a second of refusals
+                threading.Event().wait(0.01)
+            assert 1 <= listener.calls <= 0.5 / 0.1 + 2, listener.calls  # ~one per pause
+            assert ep._control.accept_error is not None
+            listener.refuse.clear()
+            s.sendall(HELLO.pack(b"DLCP", JOB, 1))
+            deadline = time.monotonic() + 5
+            while ep._control.accept_error is not None or not ep._control.inbound:
+                assert time.monotonic() < deadline, "the connection was never accepted"
+                threading.Event().wait(0.01)
 
 
 # ----------------------------------------------------------------------------- 9. DSCP/ECN

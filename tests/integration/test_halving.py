@@ -2,7 +2,9 @@
 in this process: the splits give every element one owner; exact sums for sizes
 down to fewer elements than ranks; under emulated loss (p = 0.05) every replica
 ends with the same bytes and the loss stays within the bound; a world that is
-not a power of two, or a gather bound above ``p``, is refused."""
+not a power of two, or a gather bound above ``p``, is refused. With a gather
+bound above 0, a lost all-gather element keeps this rank's estimate (ring and
+halving-doubling alike); a previous-value fill of the reduce phase is refused."""
 
 from __future__ import annotations
 
@@ -14,9 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlcp.collectives import CollectiveReport, Communicator, halving_doubling_allreduce
+from dlcp.collectives import (
+    CollectiveReport,
+    Communicator,
+    halving_doubling_allreduce,
+    ps_allreduce,
+    ring_allreduce,
+)
 from dlcp.collectives.halving import _splits, is_power_of_two
 from dlcp.io import Endpoint, EndpointConfig
+from dlcp.proto.config import FillPolicy
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
 
@@ -55,13 +64,11 @@ def ranks(world: int, **config: Any) -> Iterator[list[Communicator]]:
 
 
 def _run(
-    comms: list[Communicator], arrays: list[np.ndarray], **kw: Any
+    comms: list[Communicator], arrays: list[np.ndarray], op: Any = halving_doubling_allreduce,
+    **kw: Any,
 ) -> list[CollectiveReport]:
     with ThreadPoolExecutor(len(comms)) as pool:
-        futs = [
-            pool.submit(halving_doubling_allreduce, c, a, **kw)
-            for c, a in zip(comms, arrays, strict=True)
-        ]
+        futs = [pool.submit(op, c, a, **kw) for c, a in zip(comms, arrays, strict=True)]
         return [f.result(timeout=60) for f in futs]
 
 
@@ -110,3 +117,31 @@ def test_refuses_a_world_that_is_not_a_power_of_two_and_a_loose_gather() -> None
         halving_doubling_allreduce(comms[0], zeros)
     with ranks(2) as comms, pytest.raises(ValueError, match=r"p_gather=0\.1 must not exceed"):
         halving_doubling_allreduce(comms[0], zeros, p=0.05, p_gather=0.1)
+
+
+@pytest.mark.parametrize("op", [ring_allreduce, halving_doubling_allreduce])
+def test_a_lossy_gather_keeps_this_ranks_estimate(op: Any) -> None:
+    """Every rank holds the same values x, so the average is x, and so is every
+    rank's estimate from the partial sums it holds (their mean). A lost
+    reduce-scatter element is zero-filled (a contribution short: below |x|); a lost
+    all-gather element keeps the estimate (x). Keeping the partial sum itself, as
+    before, put values up to 3x there."""
+    x = np.random.default_rng(5).uniform(1.0, 2.0, 60_000).astype(np.float32)
+    with ranks(4, emulated_loss=0.05) as comms:
+        lost = 0
+        for _ in range(4):
+            arrays = [x.copy() for _ in range(4)]
+            reports = _run(comms, arrays, op, p=0.05, p_gather=0.05, average=True)
+            for a in arrays:
+                assert (a <= x * (1 + 1e-6)).all(), float((a / x).max())
+            lost += sum(r.lost_elems for r in reports)
+        assert lost > 0
+
+
+def test_the_reduce_phase_refuses_a_previous_value_fill() -> None:
+    zeros = np.zeros(8, np.float32)
+    with ranks(2) as comms:
+        for op, kw in ((ring_allreduce, {"p": 0.05}), (halving_doubling_allreduce, {"p": 0.05}),
+                       (ps_allreduce, {"p_push": 0.05})):  # fmt: skip
+            with pytest.raises(ValueError, match="fill='previous' cannot fill the reduce"):
+                op(comms[0], zeros, fill=FillPolicy.PREVIOUS, **kw)

@@ -7,6 +7,7 @@ have finished when its hook returned. Fake buckets stand in for DDP's."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from dlcp.shims.ddp import DLCPState, dlcp_hook
 
@@ -56,4 +57,21 @@ def test_the_hook_returns_before_the_all_reduce_and_the_future_completes_it() ->
             s.close()
         for ep in eps:
             ep.close()
+    assert dlcp_threads() == []
+
+
+def test_close_refuses_later_buckets_and_closes_only_its_own_endpoint() -> None:
+    ep = Endpoint(0, store=LocalStore(), world_size=1, job=JOB, config=EndpointConfig(timeout=5))
+    try:
+        model = torch.nn.Linear(4, 2)
+        state = DLCPState(model=model, endpoint=ep, world_size=1)
+        state.close()
+        state.close()  # twice is harmless
+        bucket = _Bucket(torch.zeros(10), list(model.parameters()))
+        # a bucket after close() fails at once instead of waiting for ever
+        with pytest.raises(RuntimeError, match="DLCPState is closed"):
+            dlcp_hook(state, bucket)  # type: ignore[arg-type]
+        assert ep.stats()["peers_gone"] == {}  # the endpoint passed in is still open
+    finally:
+        ep.close()
     assert dlcp_threads() == []

@@ -160,6 +160,9 @@ def test_state_refuses_halving_doubling_on_a_world_that_is_not_a_power_of_two() 
             DLCPState(model=build(), collective="halving-doubling", endpoint=ep, world_size=3)
         with pytest.raises(ValueError, match="use one of ring, halving-doubling, ps"):
             DLCPState(model=build(), collective="tree", endpoint=ep, world_size=3)
+        # a reduce phase adds what it receives into scratch space: nothing previous to keep
+        with pytest.raises(ValueError, match="fill='previous' cannot fill the reduce phase"):
+            DLCPState(model=build(), fill="previous", endpoint=ep, world_size=3)
     finally:
         ep.close()
     assert dlcp_threads() == [], "dlcp threads left after close()"

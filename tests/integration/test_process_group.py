@@ -174,6 +174,10 @@ def test_options_are_validated() -> None:
         DLCPOptions(p=0.5)
     with pytest.raises(ConfigError, match="fill"):
         DLCPOptions(fill="bogus")
+    with pytest.raises(ConfigError, match="cannot fill the reduce phase"):
+        DLCPOptions(fill="previous")
+    with pytest.raises(ConfigError, match=r"p_gather=0\.05 exceeds p=0\.01"):
+        DLCPOptions(p=0.01, p_gather=0.05)
     assert DLCPOptions().p is None
 
 

@@ -144,9 +144,10 @@ def test_loss_run_over_bmv2(tmp_path: Path) -> None:
         "loss", "dlcp", epochs=1, batch_size=32, results=tmp_path, out=log, switch="bmv2",
         prefix="dlcpbml", plot_after=False,
     )  # fmt: skip
-    assert "[testbed] loss-dlcp-bmv2: epoch 1/1 done" in log.getvalue()
-    assert f"[testbed] loss-dlcp-bmv2: {ex.FUNCTIONAL_NOTE}" in log.getvalue()
-    assert (tmp_path / "loss-dlcp-bmv2.json").is_file()  # beside a Linux run's, not over it
+    assert "[testbed] loss-dlcp-bmv2-batch32: epoch 1/1 done" in log.getvalue()
+    assert f"[testbed] loss-dlcp-bmv2-batch32: {ex.FUNCTIONAL_NOTE}" in log.getvalue()
+    # beside a Linux run's, not over it
+    assert (tmp_path / "loss-dlcp-bmv2-batch32.json").is_file()
     assert r["final_accuracy"] > 10.0  # above chance
     injected = r["setup"]["loss_rule_drops"]
     assert injected["spine1"] > 0 and injected["leaf1"] == injected["spine2"] == 0, injected

@@ -43,6 +43,35 @@ def test_each_transport_gets_its_own_queueing_unless_told() -> None:
     assert name == "clean-dlcp-no-spray-on-fifo"
 
 
+def test_runs_of_other_settings_keep_their_own_results(tmp_path: Path) -> None:
+    # a run at another link rate or batch size has its own name (its JSON file) ...
+    assert ex.run_name("clean", "dlcp", link_rate_mbit=100) == "clean-dlcp-100mbit"
+    assert ex.run_name("clean", "dlcp", batch_size=32) == "clean-dlcp-batch32"
+    assert ex.run_name("clean", "dlcp", link_rate_mbit=200, batch_size=16) == "clean-dlcp"
+    # (BMv2's links are not shaped: no rate in its names)
+    assert ex.run_name("clean", "dlcp", (), "bmv2", link_rate_mbit=100) == "clean-dlcp-bmv2"
+    # ... and its own CSV row; a row from before the columns had the defaults
+    row = dict.fromkeys(ex.CSV_FIELDS, "0")
+    base = {**row, "scenario": "clean", "transport": "dlcp", "ablation": "", "switch": "linux",
+            "profile": "dlcp"}  # fmt: skip
+    old_fields = [f for f in ex.CSV_FIELDS if f not in ("link_rate_mbit", "batch_size")]
+    with (tmp_path / ex.CSV_NAME).open("w", newline="") as f:  # an old file
+        w = csv.DictWriter(f, fieldnames=old_fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**base, "final_accuracy": "10"})
+    ex.append_csv(tmp_path, {**base, "final_accuracy": "20", "link_rate_mbit": "100",
+                             "batch_size": "16"})  # fmt: skip
+    ex.append_csv(tmp_path, {**base, "final_accuracy": "30", "link_rate_mbit": "200.0",
+                             "batch_size": "16"})  # fmt: skip (the default: newer than 10)
+    assert [r["final_accuracy"] for r in ex.read_csv(tmp_path)] == ["30", "20"]
+
+
+def test_run_settings_are_validated() -> None:
+    for kw in ({"epochs": 0}, {"batch_size": 0}, {"link_rate_mbit": -5.0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            ex.run_experiment("clean", "dlcp", **kw)  # type: ignore[arg-type]
+
+
 def test_bad_arguments_are_rejected_before_building() -> None:
     with pytest.raises(ValueError, match="unknown profile 'wred'"):
         ex.run_experiment("clean", "gloo", profile="wred")
@@ -126,7 +155,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
         out[transport] = ex.run_experiment(
             "clean", transport, epochs=1, batch_size=32, results=res, out=log
         )
-        assert "[testbed] clean-" + transport + ": epoch 1/1 done" in log.getvalue()
+        # (batch 32 is not the default: the run's name says so)
+        assert f"[testbed] clean-{transport}-batch32: epoch 1/1 done" in log.getvalue()
         assert "[rank3]:" in log.getvalue()  # every rank's output is streamed, prefixed
     return res, out
 
@@ -140,7 +170,7 @@ def test_short_training_run_completes(
     r = out[transport]
     assert r["final_accuracy"] is not None and r["final_accuracy"] > 10.0  # > chance
     assert r["train"]["world_size"] == 4
-    saved = json.loads((res / f"clean-{transport}.json").read_text())
+    saved = json.loads((res / f"clean-{transport}-batch32.json").read_text())
     assert saved["transport"] == transport and saved["train"]["epochs"]
     for epoch in saved["train"]["epochs"]:  # every iteration's time, slowest rank
         times = epoch["iteration_s"]
@@ -211,9 +241,9 @@ def test_spine_down_fails_the_link_mid_run(tmp_path: Path) -> None:
         plot_after=False,
     )  # fmt: skip
     text = log.getvalue()
-    down = text.index("[testbed] spine-down-dlcp: leaf1--spine1 down after epoch 1")
-    assert text.index("[testbed] spine-down-dlcp: epoch 1/2 done") < down
-    assert down < text.index("[testbed] spine-down-dlcp: epoch 2/2 done")
+    down = text.index("[testbed] spine-down-dlcp-batch32: leaf1--spine1 down after epoch 1")
+    assert text.index("[testbed] spine-down-dlcp-batch32: epoch 1/2 done") < down
+    assert down < text.index("[testbed] spine-down-dlcp-batch32: epoch 2/2 done")
     assert r["setup"]["link_down"].startswith("after epoch 1")
     assert len(r["train"]["epochs"]) == 2 and r["final_accuracy"] > 10.0
 
