@@ -111,9 +111,7 @@ def worker(args: argparse.Namespace) -> int:
         logging.getLogger("dlcp.io").setLevel(logging.ERROR)  # peers closing at the end
     dist.barrier()
     if state is not None:
-        state.close()
-        assert state.endpoint is not None
-        state.endpoint.close()
+        state.close()  # (and the endpoint it made)
     dist.destroy_process_group()
     if rank == 0:
         n_params = sum(p.numel() for p in model.parameters())

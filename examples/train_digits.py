@@ -271,9 +271,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         logging.getLogger("dlcp.io").setLevel(logging.ERROR)
     dist.barrier()
     if state is not None:
-        state.close()
-        assert state.endpoint is not None
-        state.endpoint.close()
+        state.close()  # (and the endpoint it made)
     dist.destroy_process_group()
     if rank == 0 and args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -76,8 +76,12 @@ class DLCPState:
     the ranks in ``servers``).
     ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
     phase uses ``p_gather`` (default 0: every replica gets identical bytes; above
-    0, at most ``p``, a replica keeps its own values where its copy lost some, so
-    replicas drift apart by the elements the reports count as lost).
+    0, at most ``p``, a replica keeps its own estimate where its copy lost some:
+    the mean of the values it has there, so replicas drift apart by the elements
+    the reports count as lost). ``fill``: what a lost reduce-scatter / push
+    element becomes, ``"zero"`` or ``"rescale"`` (``"previous"`` is refused: that
+    phase receives into scratch space). ``close()`` finishes, and closes the
+    endpoint if this state made it.
     ``direct_max_bytes``: with ``collective="ring"`` and no loss allowed (``p``
     and ``p_gather`` 0), a bucket whose copies to every other rank add up to at
     most this many bytes is reduced in one round
