@@ -14,12 +14,13 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy.typing as npt
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerTimeout
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -38,6 +39,9 @@ __all__ = [
 Segments = Sequence[tuple[int, int, int]]  # (offset, length, layer) in elements
 MAX_ROLE = 0x0FFF
 MAX_CHANNEL = 0x0F
+#: ranks a communicator serves: a ring's all-gather steps take roles 2048 + s,
+#: s < world_size - 1, and every role must fit MAX_ROLE
+MAX_WORLD = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +163,17 @@ class Communicator:
     def __init__(
         self, endpoint: Endpoint, world_size: int, *, channel: int = 0, timeout: float | None = None
     ) -> None:
-        if not 1 <= world_size <= 0xFFFF:
-            raise ConfigError(f"world_size={world_size} outside 1..65535")
+        if not 1 <= world_size <= MAX_WORLD:
+            raise ConfigError(
+                f"world_size={world_size} outside 1..{MAX_WORLD} (the collectives' "
+                "message roles number the steps of a call)"
+            )
+        if not 0 <= endpoint.rank < world_size:
+            raise ConfigError(f"the endpoint's rank {endpoint.rank} is not in 0..{world_size - 1}")
         if not 0 <= channel <= MAX_CHANNEL:
             raise ConfigError(f"channel={channel} outside 0..{MAX_CHANNEL}")
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout={timeout} must be a finite number of seconds > 0")
         self.endpoint = endpoint
         self.rank = endpoint.rank
         self.world_size = world_size
@@ -221,4 +232,15 @@ class Communicator:
         )
 
     def wait(self, fut: Future[Any]) -> Any:
-        return fut.result(timeout=self.timeout + 5.0)
+        """The result of a send or receive. The endpoint fails one that exceeds its
+        own timeout, naming the peer and message; this wait's longer limit only
+        guards against a future nobody settles."""
+        limit = self.timeout + 5.0
+        try:
+            return fut.result(timeout=limit)
+        except FutureTimeout:
+            fut.cancel()
+            raise PeerTimeout(
+                f"rank {self.rank}: a message of a collective call did not complete within "
+                f"{limit:g} s (Communicator timeout {self.timeout:g} s + 5)"
+            ) from None

@@ -177,7 +177,12 @@ def exchange(
     )
     if outgoing is not None:
         sends.add(outgoing)
-    sends.raise_first_failure()
+    try:
+        sends.raise_first_failure()
+    except Exception:
+        if incoming is not None:
+            incoming.cancel()  # the endpoint forgets it (and tells its sender)
+        raise
     if incoming is not None:
         try:
             report.received(comm.wait(incoming), bounded=p > 0)

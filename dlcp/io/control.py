@@ -28,6 +28,7 @@ import errno
 import logging
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone", "set_fast_timers"]
@@ -209,9 +210,10 @@ class ControlChannel:
 
     # ------------------------------------------------------------------ receive
 
-    def accept(self, now: float) -> socket.socket | None:
-        """A new inbound connection, or None: none pending, or the kernel refused
-        (then :attr:`accept_error` says why, until the next accept that works)."""
+    def accept(self, now: float | None = None) -> socket.socket | None:
+        """A new inbound connection (accepted at ``now``, default the monotonic
+        clock's now), or None: none pending, or the kernel refused (then
+        :attr:`accept_error` says why, until the next accept that works)."""
         try:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
@@ -224,7 +226,7 @@ class ControlChannel:
         self.accept_error = None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.inbound[sock] = Inbound(sock, opened=now)
+        self.inbound[sock] = Inbound(sock, opened=time.monotonic() if now is None else now)
         return sock
 
     def silent_since(self, before: float) -> list[socket.socket]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -60,7 +61,7 @@ from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
 from .peers import PeerAddress, PeerBook, Store
-from .records import DriverStats, Pending, Received
+from .records import DriverStats, Pending, Received, TransferFuture
 from .udp import DataSockets
 
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
@@ -140,6 +141,9 @@ class Endpoint:
         #: guards the session, the sockets and the tables below (module docstring);
         #: re-entrant: a future's callback may send or receive
         self._lock = threading.RLock()
+        #: the application thread running a command under the lock (callbacks of
+        #: the futures it settles run there too), if one is
+        self._holder: int | None = None
         #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
         self._sleep_until = -math.inf
         #: when to watch the control listener again after a refused accept
@@ -177,7 +181,7 @@ class Endpoint:
         flat = np.asarray(array).reshape(-1)
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
         self._resolve(to, f"message (step {step}, msg {msg}) to rank {to}")
-        fut: Future[SendReport] = Future()
+        fut: TransferFuture[SendReport] = TransferFuture()
 
         def command() -> None:
             key = (to, step, msg)
@@ -197,6 +201,7 @@ class Endpoint:
                 fut.set_exception(exc)
                 return
             self._sends[key] = Pending(fut, now + self.config.timeout)
+            fut.add_done_callback(functools.partial(self._on_cancel, key, True))
             if to in self._gone:
                 self._fail_peer(to, self._gone[to])
 
@@ -220,7 +225,7 @@ class Endpoint:
             raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         self._resolve(src, f"message (step {step}, msg {msg}) from rank {src}")
-        fut: Future[Received] = Future()
+        fut: TransferFuture[Received] = TransferFuture()
 
         def command() -> None:
             key = (src, step, msg)
@@ -250,6 +255,7 @@ class Endpoint:
                 fut.set_exception(exc)
                 return
             self._recvs[key] = Pending(fut, time.monotonic() + self.config.timeout, out)
+            fut.add_done_callback(functools.partial(self._on_cancel, key, False))
 
         self._post(command, fut)
         return fut
@@ -292,9 +298,12 @@ class Endpoint:
         if not self._closing:
             self._closing = True
             self._wake()
-        # also after the thread stopped on its own (a crash); never from itself
-        # (a future's callback may run on the I/O thread)
-        if threading.current_thread() is not self._thread:
+        # also after the thread stopped on its own (a crash); never from itself or
+        # from a future's callback that runs while this thread holds the lock (the
+        # I/O thread needs it to finish): then the I/O thread finishes afterwards
+        if threading.current_thread() is not self._thread and (
+            self._holder != threading.get_ident()
+        ):
             self._thread.join()
 
     def __enter__(self) -> Endpoint:
@@ -304,6 +313,20 @@ class Endpoint:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
+
+    def _on_cancel(self, key: Key, outgoing: bool, fut: Future[Any]) -> None:
+        """Its caller cancelled ``fut``: forget the transfer (the session stops
+        sending it, or waiting for it, and tells the peer) unless it had ended."""
+        if not fut.cancelled():
+            return
+        with self._lock:
+            table = self._sends if outgoing else self._recvs
+            pending = table.get(key)
+            if pending is None or pending.future is not fut or self._closing:
+                return
+            del table[key]
+            self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+        self._wake()  # the I/O thread sends what cancelling queued
 
     def _resolve(self, peer: int, what: str) -> None:
         """Fail now, in the caller, on a rank without an address (waiting at most
@@ -320,17 +343,21 @@ class Endpoint:
             if self._closing:
                 fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
                 return
-            command()
-            now = time.monotonic()
-            self._dispatch_events()
-            self._flush(now)
-            self._dispatch_events()
-            # (while the I/O thread is awake it plans its next wait after this)
-            if (
-                self._sleep_until > now
-                and self._next_time(now, self._session.get_timer()) < self._sleep_until
-            ):
-                self._wake()
+            outer, self._holder = self._holder, threading.get_ident()
+            try:
+                command()
+                now = time.monotonic()
+                self._dispatch_events()
+                self._flush(now)
+                self._dispatch_events()
+                # (while the I/O thread is awake it plans its next wait after this)
+                if (
+                    self._sleep_until > now
+                    and self._next_time(now, self._session.get_timer()) < self._sleep_until
+                ):
+                    self._wake()
+            finally:
+                self._holder = outer
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # already awake (buffer full), or closing

@@ -3,15 +3,17 @@ receive, a pending operation's future and deadline, the driver's counters."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy.typing as npt
 
 from ..proto.reassembler import LossReport
 
-__all__ = ["DriverStats", "Pending", "Received"]
+__all__ = ["DriverStats", "Pending", "Received", "TransferFuture"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,26 @@ class Received:
     #: EMULATION: the share of received data datagrams this endpoint drops on
     #: purpose (``EndpointConfig.emulated_loss``); 0.0: any loss in ``report`` is real
     emulated_loss: float = 0.0
+
+
+class TransferFuture(Future[_T]):
+    """The future of a send or receive. Its caller may cancel it (the endpoint then
+    forgets the transfer); the endpoint settling a cancelled one is a no-op, not
+    an error in the I/O thread, whichever of the two came first."""
+
+    def set_result(self, result: _T) -> None:
+        try:
+            super().set_result(result)
+        except InvalidStateError:
+            if not self.cancelled():
+                raise
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        try:
+            super().set_exception(exception)
+        except InvalidStateError:
+            if not self.cancelled():
+                raise
 
 
 @dataclass(slots=True)

@@ -145,3 +145,16 @@ def test_the_reduce_phase_refuses_a_previous_value_fill() -> None:
                        (ps_allreduce, {"p_push": 0.05})):  # fmt: skip
             with pytest.raises(ValueError, match="fill='previous' cannot fill the reduce"):
                 op(comms[0], zeros, fill=FillPolicy.PREVIOUS, **kw)
+
+
+def test_communicator_refuses_what_its_collectives_cannot_serve() -> None:
+    from dlcp.errors import ConfigError
+
+    with ranks(2) as comms:
+        ep = comms[1].endpoint
+        with pytest.raises(ConfigError, match=r"world_size=2049 outside 1\.\.2048"):
+            Communicator(ep, 2049)
+        with pytest.raises(ConfigError, match=r"rank 1 is not in 0\.\.0"):
+            Communicator(ep, 1)
+        with pytest.raises(ConfigError, match="timeout=0 must be a finite number"):
+            Communicator(ep, 2, timeout=0)

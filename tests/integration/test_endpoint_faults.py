@@ -1,0 +1,117 @@
+"""Faults that must stay local to one transfer or one peer, with real endpoints
+in this process on loopback.
+
+* A data send the kernel refuses fails that peer's sends, and only those: the
+  I/O thread and every other peer carry on. Rank 0's data socket is made to
+  refuse rank 2's address (as an nftables ``reject`` or a route that went away
+  would): a fault injected into the real endpoint, not a stand-in for it.
+* A caller that cancels a send's or a receive's future ends that transfer (the
+  peer is told) and nothing else; before, the I/O thread died settling the
+  cancelled future, taking every transfer of the endpoint with it."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.errors import PeerTimeout, TransferFailed
+from dlcp.io import Endpoint, EndpointConfig
+from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+
+def test_a_refused_data_send_fails_that_peer_only() -> None:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0)
+    eps = [Endpoint(r, store=store, world_size=3, job=JOB, config=cfg) for r in range(3)]
+    try:
+        sender = eps[0]
+        real_send = sender._data.send
+        refused_port = eps[2]._data.recv_sock.getsockname()[1]
+
+        def send(data: Any, segment_size: int, count: int, *, addr: tuple[str, int],
+                 **kw: Any) -> Any:  # fmt: skip
+            if addr[1] == refused_port:
+                raise PermissionError(errno.EPERM, "Operation not permitted")
+            return real_send(data, segment_size, count, addr=addr, **kw)
+
+        sender._data.send = send  # type: ignore[method-assign]
+        x = np.arange(50_000, dtype=np.float32)
+        out1 = np.empty_like(x)
+        got1 = eps[1].recv(src=0, msg=1, out=out1)
+        to1 = sender.send(x, to=1, msg=1)
+        to2 = sender.send(x, to=2, msg=1)
+        with pytest.raises(TransferFailed, match=r"to rank 2: sending data to .* Operation not"):
+            to2.result(timeout=10)
+        assert to1.result(timeout=10).acknowledged_elems == len(x)
+        got1.result(timeout=10)
+        assert np.array_equal(out1, x)
+        # the endpoint still works: another message to rank 1 after the failure
+        again = np.empty_like(x)
+        fut = eps[1].recv(src=0, msg=2, out=again)
+        sender.send(x, to=1, msg=2).result(timeout=10)
+        fut.result(timeout=10)
+        assert np.array_equal(again, x)
+        assert sender.stats()["data_send_errors"] >= 1
+    finally:
+        for ep in eps:
+            ep.close()
+    assert dlcp_threads() == []
+
+
+def test_cancelled_futures_end_their_transfer_only() -> None:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0)
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2))
+    try:
+        x = np.arange(200_000, dtype=np.float32)
+        # the receiver cancels: the sender learns it, the receiver's thread lives on
+        rfut = b.recv(src=0, msg=1)
+        assert rfut.cancel()
+        with pytest.raises(TransferFailed, match="receiver aborted the message"):
+            a.send(x, to=1, msg=1).result(timeout=10)
+        # the sender cancels a message whose receive is posted: the receive ends
+        # well within its timeout, with the data if all of it had left already,
+        # else failing with the sender's abort
+        got = b.recv(src=0, msg=2)
+        pending = a.send(x, to=1, msg=2)
+        cancelled = pending.cancel()
+        try:
+            assert np.array_equal(got.result(timeout=5).data, x)
+        except TransferFailed as exc:
+            assert cancelled and "aborted" in str(exc), exc
+        # both endpoints still move data
+        out = np.empty_like(x)
+        got = b.recv(src=0, msg=3, out=out)
+        a.send(x, to=1, msg=3).result(timeout=10)
+        got.result(timeout=10)
+        assert np.array_equal(out, x)
+    except PeerTimeout:
+        pytest.fail("a cancelled transfer left its peer waiting for the timeout")
+    finally:
+        a.close()
+        b.close()
+    assert dlcp_threads() == []
+
+
+def test_close_from_a_callback_under_the_endpoints_lock_does_not_hang() -> None:
+    """A future's callback may run in the application thread while it holds the
+    endpoint's lock (an operation there settled the future); close() from it must
+    not wait for the I/O thread, which needs that lock to finish."""
+    ep = Endpoint(0, store=LocalStore(), world_size=2, job=JOB, config=EndpointConfig(timeout=5))
+    done = threading.Event()
+
+    def close_inside() -> None:  # what such a callback runs
+        ep.close()
+        done.set()
+
+    worker = threading.Thread(target=ep._post, args=(close_inside, Future()), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert done.is_set() and not worker.is_alive(), "close() waited for the I/O thread"
+    ep.close()  # from outside: waits for the I/O thread, which now finishes
+    assert dlcp_threads() == []
