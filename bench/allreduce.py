@@ -79,8 +79,12 @@ def worker(args: argparse.Namespace) -> int:
     tensor = torch.from_numpy(data.copy())
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
+    def gloo() -> None:  # the same averaging as DLCP's (average=True): values stay put
+        dist.all_reduce(tensor)
+        tensor.div_(job.world_size)
+
     calls = {
-        "gloo": lambda: dist.all_reduce(tensor),
+        "gloo": gloo,
         "ring": lambda: ring_allreduce(comm, data, segments=segments, p=args.p, average=True),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
     }
@@ -130,6 +134,8 @@ def _run_loopback(args: argparse.Namespace, out: Path) -> None:
 
     log = io.StringIO()
     result = launch(_worker_argv(args, out), 4, stdout=log, stderr=log, timeout=args.timeout)
+    if result.interrupted:
+        raise KeyboardInterrupt(result.message)
     if result.returncode != 0:
         raise BenchError(f"loopback job: {result.message}\n{log.getvalue()[-5000:]}")
 
@@ -166,6 +172,8 @@ def _run_testbed(args: argparse.Namespace, out: Path) -> None:
             stderr=log,
             timeout=args.timeout,
         )
+        if result.interrupted:
+            raise KeyboardInterrupt(result.message)
         if result.returncode != 0:
             raise BenchError(f"testbed job: {result.message}\n{log.getvalue()[-5000:]}")
 

@@ -146,6 +146,8 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
         log = io.StringIO()
         started = time.monotonic()
         result = launch(cmd, args.nproc, env=env, stdout=log, stderr=log, timeout=args.timeout)
+        if result.interrupted:
+            raise KeyboardInterrupt(result.message)
         if result.returncode != 0:
             raise BenchError(f"{transport} job: {result.message}\n{log.getvalue()[-5000:]}")
         raw = json.loads(out_path.read_text())

@@ -33,14 +33,14 @@ import numpy as np
 
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.events import DataBatch
-from dlcp.proto.session import Session
+from dlcp.proto.session import MessageDelivered, MessageReceived, Session
 
 PHASES = ("send_us", "hand_out_us", "receive_us", "control_us")
 
 
 def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, float]:
     """Mean microseconds per message of each phase, for messages of ``n_elems``."""
-    config = ProtocolConfig(n_paths=8)
+    config = ProtocolConfig(n_paths=8, pacer="unpaced")  # no pacing limit (module doc)
     sender = Session(config=config, rank=0, job=7)
     receiver = Session(config=config, rank=1, job=7)
     data = np.random.default_rng(0).standard_normal(n_elems).astype(np.float32)
@@ -68,13 +68,19 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
         t3 = clock()
         for item in controls:
             receiver.receive_datagram(item.data, now=now)
-        while receiver.next_event() is not None:
-            pass
+        received = delivered = False
+        while (ev := receiver.next_event()) is not None:
+            received = received or isinstance(ev, MessageReceived)
         for item in receiver.datagrams_to_send(now=now, max_batches=64):
             sender.receive_datagram(item.data, now=now)
-        while sender.next_event() is not None:
-            pass
+        while (ev := sender.next_event()) is not None:
+            delivered = delivered or isinstance(ev, MessageDelivered)
         t4 = clock()
+        if not (received and delivered):  # a figure for a message that never arrived
+            raise RuntimeError(
+                f"{n_elems} elements: message {i} did not complete in one exchange "
+                f"(received {received}, delivered {delivered}): raise max_batches"
+            )
         if i >= warmup:
             for phase, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 totals[phase] += dt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,10 @@ def finish(
     """``run(args)``, then print ``table`` of its result and, with ``--json``, the
     result as the last line; exit status 0. A failed job (one of ``errors``) or
     Ctrl-C ends with one line naming the benchmark (``dlcp bench <name>: ...``;
-    ``cleaned_up`` says what was stopped and removed) and status 1 or 130."""
+    ``cleaned_up`` says what was stopped and removed) and status 1 or 130.
+    SIGTERM counts as Ctrl-C here: it unwinds the same way, so that what the run
+    built (namespaces, workers) is removed by its ``finally`` blocks."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run(args)
     except errors as exc:
@@ -32,7 +36,13 @@ def finish(
     except KeyboardInterrupt:
         print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(table(result))
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")

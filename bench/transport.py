@@ -31,7 +31,8 @@ Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
 1. warm-up, one of each (not counted);
 2. lossless, veth offloads on (TSO/GSO/GRO, as on a real NIC), DLCP p = 0;
 3. lossless DLCP with authentication: ``auth_cost`` = 1 - auth/plain throughput;
-4. (root) lossless with segmentation/receive offloads off on both veth ends:
+4. (root) lossless with segmentation offloads off on both veth ends (receive
+   offloads too with ``--topology pair``; the line topology keeps GRO on):
    what the loss runs' setting costs each transport before any loss;
 5. under loss (default 1 %), DLCP p = 0.05. With root: nftables ``numgen
    random`` drops, by default in both namespaces (``--loss-direction both``:
@@ -484,7 +485,8 @@ def _parser() -> argparse.ArgumentParser:
         "--loss-direction",
         choices=["both", "forward"],
         default="both",
-        help="nftables drops in both namespaces (default) or the receiver's only",
+        help="with --topology pair: nftables drops in both namespaces (default) or the "
+        "receiver's only (the line topology's router drops both ways)",
     )
     ap.add_argument(
         "--loss-offloads",
@@ -541,13 +543,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"dlcp bench transport: --loss={args.loss} is not a percentage in (0, 100)"
         )
+    if args.loss_direction != "both" and args.topology != "pair":
+        raise SystemExit(
+            f"dlcp bench transport: --loss-direction {args.loss_direction} needs --topology "
+            "pair (the line topology's router drops in both directions)"
+        )
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
 
-    def on_term(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)  # unwinds through stopping workers, removing namespaces
-
-    signal.signal(signal.SIGTERM, on_term)
     return finish(
         "transport",
         run,

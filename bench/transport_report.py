@@ -183,7 +183,8 @@ def table(r: dict[str, Any]) -> str:
     rows = [
         f"DLCP vs TCP, {r['size_bytes'] / 2**20:g} MiB float32, path {r['path']}, "
         f"GSO {'on' if r['gso'] else 'off'}, GRO {'on' if r['gro'] else 'off'}",
-        f"{'':34}{'DLCP':>10}{'TCP':>10}{'DLCP/TCP':>10}",
+        f"{'':34}{'DLCP':>10}{'TCP':>10}{'DLCP/TCP':>10}  (GB/s: higher is better for "
+        "DLCP; s: lower is)",
         f"{'lossless GB/s (median of ' + str(r['repetitions_lossless']) + ')':<34}"
         f"{r['dlcp_lossless_gbps']:>10.3f}{r['tcp_lossless_gbps']:>10.3f}"
         f"{r['ratio_lossless']:>10.3f}",

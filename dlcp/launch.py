@@ -51,6 +51,9 @@ class LaunchResult:
     #: each rank's own exit status (negative: killed by that signal), by rank
     exit_codes: tuple[int | None, ...]
     message: str
+    #: stopped by Ctrl-C or SIGTERM: a caller running several launches should
+    #: stop too (``raise KeyboardInterrupt``), not go on to the next
+    interrupted: bool = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -170,6 +173,9 @@ def launch(
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
+                    # its own process group, so that stopping a rank stops what it
+                    # started too (a wrapper script's python, say)
+                    start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             )
@@ -180,19 +186,25 @@ def launch(
 
 
 def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
-    """Terminate every child still running; kill those that outlive ``grace``."""
+    """Terminate every rank's process group (the rank and what it started); kill
+    what outlives ``grace``. Each group is named by its rank's pid, the id this
+    launcher got from starting it."""
     for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for proc in procs:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
+    for proc in procs:  # what a rank started and left behind
+        _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 class _Watch:
@@ -240,7 +252,10 @@ class _Watch:
             _stop(self.procs, self.grace)
             self._drain()
             return self._result(
-                128 + signum, None, f"interrupted ({signal.Signals(signum).name}): ranks terminated"
+                128 + signum,
+                None,
+                f"interrupted ({signal.Signals(signum).name}): ranks terminated",
+                interrupted=True,
             )
         finally:
             _stop(self.procs, self.grace)
@@ -329,8 +344,12 @@ class _Watch:
                 if state == "empty":
                     key.data.close()  # flush a partial last line
 
-    def _result(self, code: int, rank: int | None, message: str) -> LaunchResult:
-        return LaunchResult(code, rank, tuple(p.returncode for p in self.procs), message)
+    def _result(
+        self, code: int, rank: int | None, message: str, *, interrupted: bool = False
+    ) -> LaunchResult:
+        return LaunchResult(
+            code, rank, tuple(p.returncode for p in self.procs), message, interrupted
+        )
 
 
 def _install_term_handler() -> tuple[bool, Any]:

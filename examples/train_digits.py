@@ -188,7 +188,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     for epoch in range(args.epochs):
         idx = shard(len(x_tr), rank, world, args.seed, epoch)
         first_step = len(state.metrics.history) if state else 0
-        loss_sum, iters = 0.0, 0
+        loss_sum, iters, checks_s = 0.0, 0, 0.0
         iteration_s: list[float] = []
         t0 = time.perf_counter()
         for start in range(0, len(idx), args.batch_size):
@@ -208,9 +208,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             iters += 1
             step += 1
             if args.check_replicas:
+                t_check = time.perf_counter()
                 check_replicas(model, step, world)
                 replica_checks += 1
-        elapsed = time.perf_counter() - t0
+                checks_s += time.perf_counter() - t_check
+        elapsed = time.perf_counter() - t0 - checks_s  # training only, as iteration_s
         steps = state.metrics.history[first_step:] if state else []
         totals = torch.tensor(
             [

@@ -106,7 +106,14 @@ class GroupTransport:
                 outgoing.append(
                     self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
                 )
-        for fut in incoming:
-            report.received(self.comm.wait(fut), bounded=False)
-        for fut in outgoing:
-            report.sent(self.comm.wait(fut), 1)
+        try:
+            for fut in incoming:
+                report.received(self.comm.wait(fut), bounded=False)
+            for fut in outgoing:
+                report.sent(self.comm.wait(fut), 1)
+        except BaseException:
+            # the operation failed: nothing of it may write into the caller's
+            # tensors later, nor stay in the endpoint's tables
+            for fut in (*incoming, *outgoing):
+                fut.cancel()
+            raise

@@ -140,14 +140,18 @@ class DLCPProcessGroup(dist.ProcessGroup):
             store=cast(Any, PrefixStore("dlcp", store)),  # accepts str and bytes values
             env=rendezvous_env(store, rank, world_size, timeout),
         )
-        self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)
-        #: loss bound of large float SUM/AVG all-reduces
-        self.p = (
-            self.options.p
-            if self.options.p is not None
-            else self.endpoint.config.protocol.default_p
-        )
-        self._transport = GroupTransport(self.comm, self.options, self.p)
+        try:
+            self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)
+            #: loss bound of large float SUM/AVG all-reduces
+            self.p = (
+                self.options.p
+                if self.options.p is not None
+                else self.endpoint.config.protocol.default_p
+            )
+            self._transport = GroupTransport(self.comm, self.options, self.p)
+        except BaseException:  # (a bad option: the endpoint would outlive the error)
+            self.endpoint.close()
+            raise
         #: reports of the latest operations, oldest first
         self.reports: deque[CollectiveReport] = deque(maxlen=1024)
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()

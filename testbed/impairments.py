@@ -303,7 +303,13 @@ print(json.dumps({"packets": n, "bytes": nbytes, "seconds": last - first}), flus
 """
 
 _SENDER = r"""
-import json, socket, sys, time
+import json, signal, socket, sys, time
+stop = False
+def _stop(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, _stop)  # stop sending, report what was sent
+signal.signal(signal.SIGINT, _stop)
 dst, sport, dport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seconds, mbit, size = float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 count = int(sys.argv[7]) if len(sys.argv) > 7 else 0
@@ -315,7 +321,7 @@ payload = bytes([fill]) * size
 gap = size * 8 / (mbit * 1e6)
 n = 0
 start = time.monotonic()
-while True:
+while not stop:
     now = time.monotonic()
     if (count and n >= count) or (not count and now - start >= seconds):
         break
@@ -360,9 +366,16 @@ class CrossTraffic:
         return self.sender.returncode
 
     def stop(self) -> None:
-        if self.sender.poll() is None:
-            self.sender.kill()
-        self.sender.wait()
+        """End the flow early: the sender stops and reports what it sent (killed
+        if it does not within 5 s), then the sink reports what arrived."""
+        if self.sender.returncode is None:  # (not reaped by wait() already)
+            self.sender.terminate()
+            try:
+                out, _ = self.sender.communicate(timeout=5)
+                self.sent = _last_json(out)
+            except subprocess.TimeoutExpired:
+                self.sender.kill()
+                self.sender.wait()
         self._stop_sink()
 
     def _stop_sink(self) -> None:

@@ -195,8 +195,10 @@ class NetnsPair:
 
 
 def run_prefix() -> str:
-    """A fresh name prefix for what one run creates (``dlcp<pid><n>``)."""
-    return f"dlcp{os.getpid() % 100000}{next(_counter)}"
+    """A fresh name prefix for what one run creates, ``dlcp<pid>-<n>``: unique
+    among running processes (their pids differ; the dash keeps pid 12 run 34
+    apart from pid 123 run 4)."""
+    return f"dlcp{os.getpid()}-{next(_counter)}"
 
 
 def require_tools(what: str, **needs: bool) -> None:

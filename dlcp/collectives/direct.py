@@ -67,7 +67,7 @@ def direct_allreduce(
     n, r = comm.world_size, comm.rank
     call = comm.next_call()
     report = ReportBuilder("direct_allreduce", call, len(data))
-    if n == 1:
+    if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
     # the sends read this copy (an array given to a send stays untouched until the
     # send completes), while ``data`` takes the sum as soon as the receives are in

@@ -92,7 +92,7 @@ def halving_doubling_allreduce(
         raise ValueError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
     call = comm.next_call()
     report = ReportBuilder("halving_doubling_allreduce", call, len(data))
-    if n == 1:
+    if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
     steps = _splits(len(data), n, r)
     scratch = np.empty(len(data) - len(data) // 2, data.dtype)

@@ -52,6 +52,7 @@ _U32: Final = struct.Struct(">I")
 _FINISH_BODY: Final = struct.Struct(">HHII16I")
 _RATE_BODY: Final = struct.Struct(">QI")
 _ABORT_BODY: Final = struct.Struct(">HH")
+_ABORT_BY_RECEIVER: Final = 0x0001  # ABORT flags: the message's receiver abandoned it
 
 
 class AbortReason(enum.IntEnum):
@@ -110,9 +111,12 @@ class RateFeedback(_ControlBase):
 
 @dataclass(frozen=True, slots=True)
 class Abort(_ControlBase):
-    """Either direction: the message is abandoned."""
+    """Either direction: the message is abandoned. ``by_receiver``: its receiver
+    abandoned it (else its sender). Two ranks that send each other a message of
+    the same step and msg have one key for both, so the direction says which."""
 
     reason: AbortReason = AbortReason.GAVE_UP
+    by_receiver: bool = False
 
 
 ControlMessage: TypeAlias = Stop | Finish | Nack | RateFeedback | Abort
@@ -161,7 +165,7 @@ def _body(msg: ControlMessage) -> bytes:
         )
     if isinstance(msg, RateFeedback):
         return _RATE_BODY.pack(msg.bytes_per_s, msg.interval_us)
-    return _ABORT_BODY.pack(int(msg.reason), 0)
+    return _ABORT_BODY.pack(int(msg.reason), _ABORT_BY_RECEIVER if msg.by_receiver else 0)
 
 
 def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -> bytes:
@@ -307,10 +311,12 @@ def decode_control(
     if ptype is PacketType.RATE:
         rate, interval = _RATE_BODY.unpack(body)
         return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
-    code, res = _ABORT_BODY.unpack(body)
-    if res:
-        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {res:#06x}")
+    code, flags = _ABORT_BODY.unpack(body)
+    if flags & ~_ABORT_BY_RECEIVER:
+        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {flags:#06x}")
     try:
-        return Abort(step, msg, src, reason=AbortReason(code))
+        return Abort(
+            step, msg, src, reason=AbortReason(code), by_receiver=bool(flags & _ABORT_BY_RECEIVER)
+        )
     except ValueError:
         raise WireError(Reason.BAD_FIELD, f"unknown abort reason {code}") from None

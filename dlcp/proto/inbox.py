@@ -476,7 +476,9 @@ class Inbox(SessionSide):
             received, completed_at = self._completed[key]
             if received in (FAILED, CANCELLED):
                 reason = AbortReason.CANCELLED if received == CANCELLED else AbortReason.GAVE_UP
-                self._queue(key[0], Abort(key[1], key[2], self.rank, reason=reason))
+                self._queue(
+                    key[0], Abort(key[1], key[2], self.rank, reason=reason, by_receiver=True)
+                )
             elif now - completed_at >= self.config.finish_timeout / 2:
                 # a FINISH repeated on the sender's timer: our STOP did not arrive
                 self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
@@ -490,15 +492,15 @@ class Inbox(SessionSide):
             return
         self._apply_finish(key, state, finish, now=now)
 
-    def on_abort(self, key: Key, abort: Abort, *, waiting_only: bool) -> bool:
+    def on_abort(self, key: Key, abort: Abort) -> bool:
         """The sender aborted message ``key``: fail it if it is under way, or if
-        it is only expected and ``waiting_only`` allows (the application waiting
-        for it must hear of it too). True if the ABORT was for an incoming message."""
+        it is only expected (the application waiting for it must hear of it too).
+        False if this side knows no such message."""
         why = f"sender aborted the message ({abort.reason.name.lower()})"
         if key in self._incoming:
             self.fail(key, self._incoming.pop(key), why)
             return True
-        if waiting_only and key in self._expected:
+        if key in self._expected:
             # aborted before any of its data arrived
             del self._expected[key]
             self._orphan_finish.pop(key, None)
@@ -543,7 +545,14 @@ class Inbox(SessionSide):
             elif state.recovery.failure is not None:
                 del self._incoming[key]
                 self._queue(
-                    key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.PEER_TIMEOUT)
+                    key[0],
+                    Abort(
+                        key[1],
+                        key[2],
+                        self.rank,
+                        reason=AbortReason.PEER_TIMEOUT,
+                        by_receiver=True,
+                    ),
                 )
                 f = state.recovery.failure
                 self.fail(key, state, f.message, f.peer_timeout)

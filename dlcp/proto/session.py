@@ -154,7 +154,10 @@ class Session:
         side = self._outbox if outgoing else self._inbox
         if not side.cancel(key):
             return False
-        self._ctx.queue(peer, Abort(step, msg, self.rank, reason=AbortReason.CANCELLED))
+        self._ctx.queue(
+            peer,
+            Abort(step, msg, self.rank, reason=AbortReason.CANCELLED, by_receiver=not outgoing),
+        )
         return True
 
     # ------------------------------------------------------------------ input
@@ -192,10 +195,10 @@ class Session:
         key = (ctrl.src, ctrl.step, ctrl.msg)
         if isinstance(ctrl, Finish):
             self._inbox.on_finish(key, ctrl, now=now)
-        elif not (
-            isinstance(ctrl, Abort)
-            and self._inbox.on_abort(key, ctrl, waiting_only=not self._outbox.has(key))
-        ):
+        elif isinstance(ctrl, Abort) and not ctrl.by_receiver:  # about a message we receive
+            if not self._inbox.on_abort(key, ctrl):
+                self.stats.stale_control += 1
+        else:  # STOP, NACK, or ABORT by the receiver: about a message we send
             self._outbox.on_control(key, ctrl, now=now)
 
     # ------------------------------------------------------------------ output

@@ -426,6 +426,16 @@ def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
     small = torch.ones(100)
     dist.all_reduce(small, group=loose_gather)
     assert small.eq(C.world).all()
+    # a gather bound above the group's p (0: DLCP_DEFAULT_P is unset) is refused when
+    # the group is made, and the endpoint made for it is closed, not leaked
+    io_threads = sum(t.name.startswith("dlcp-io") for t in threading.enumerate())
+    try:
+        dist.new_group(backend="dlcp", pg_options=DLCPOptions(p_gather=0.01))
+    except Exception as exc:  # torch may wrap it
+        assert "p_gather=0.01 exceeds the group's p=0" in str(exc), exc
+    else:
+        raise AssertionError("p_gather above p was accepted")
+    assert sum(t.name.startswith("dlcp-io") for t in threading.enumerate()) == io_threads
     assert dlcp_group().p == 0.0
     return {"lost_fraction": rep.lost_fraction, "nack_rounds": rep.nack_rounds}
 

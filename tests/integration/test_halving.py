@@ -9,6 +9,7 @@ halving-doubling alike); a previous-value fill of the reduce phase is refused.""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -74,7 +75,7 @@ def _run(
 
 def test_exact_sums_for_every_size() -> None:
     with ranks(4) as comms:
-        for n in (1, 3, 4, 5, 17, 1000, 40_000):
+        for n in (0, 1, 3, 4, 5, 17, 1000, 40_000):
             arrays = [
                 np.random.default_rng(100 * n + r).standard_normal(n).astype(np.float32)
                 for r in range(4)
@@ -158,3 +159,17 @@ def test_communicator_refuses_what_its_collectives_cannot_serve() -> None:
             Communicator(ep, 1)
         with pytest.raises(ConfigError, match="timeout=0 must be a finite number"):
             Communicator(ep, 2, timeout=0)
+
+
+@pytest.mark.parametrize("direct_max_bytes", [0, 1 << 20])  # the ring; one round
+def test_an_empty_array_returns_at_once(direct_max_bytes: int) -> None:
+    """Nothing to move: no message (one of 0 elements is refused) and no wait for
+    the timeout (10 s here), as Gloo returns at once."""
+    from dlcp.collectives import allreduce
+
+    with ranks(3) as comms:
+        arrays = [np.zeros(0, np.float32) for _ in range(3)]
+        t0 = time.monotonic()
+        reports = _run(comms, arrays, allreduce, direct_max_bytes=direct_max_bytes)
+        assert time.monotonic() - t0 < 2.0
+        assert all(r.elems == 0 and r.bytes_sent == 0 for r in reports)

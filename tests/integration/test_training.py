@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,7 +196,46 @@ def scripts(tmp_path: Path) -> Iterator[Path]:
         "print('ready', os.getpid(), flush=True)\n"
         "signal.pause()\n"
     )
+    (tmp_path / "wrapper.py").write_text(  # a rank that starts a process of its own
+        "import os, pathlib, signal, subprocess, sys, threading\n"
+        "child = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE)\n"
+        "pid = child.stdout.readline().split()[-1].decode()\n"
+        "print('child', pid, flush=True)\n"
+        "done = pathlib.Path(sys.argv[2])\n"
+        "(done / os.environ['RANK']).write_text(pid)\n"
+        "if os.environ['RANK'] == '2':  # once every rank has its child: exit, leaving\n"
+        "    while len(list(done.iterdir())) < int(os.environ['WORLD_SIZE']):  # its own\n"
+        "        threading.Event().wait(0.01)\n"
+        "    sys.exit(7)\n"
+        "signal.pause()\n"
+    )
     yield tmp_path
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_launch_stops_what_the_ranks_started(scripts: Path) -> None:
+    """A rank's own children (a wrapper's python, a data loader's workers) are
+    stopped with it: each rank runs in its own process group, which the launcher
+    terminates, whether the rank was stopped or exited on its own."""
+    (scripts / "started").mkdir()
+    cmd = [sys.executable, str(scripts / "wrapper.py"), str(scripts / "wait.py"),
+           str(scripts / "started")]  # fmt: skip
+    result, out, err = _launch(cmd, _env(), timeout=30)
+    assert result.returncode == 7 and result.failed_rank == 2, _explain(result, out, err)
+    children = [int(line.split()[-1]) for line in out.splitlines() if " child " in line]
+    assert len(children) == WORLD, out
+    deadline = time.monotonic() + 10  # (killed; their reaper may take a moment)
+    while any(_alive(pid) for pid in children):
+        assert time.monotonic() < deadline, [pid for pid in children if _alive(pid)]
+        threading.Event().wait(0.01)
 
 
 def test_launch_sets_torchrun_variables_and_prefixes_output(scripts: Path) -> None:

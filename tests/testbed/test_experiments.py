@@ -266,7 +266,8 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
         assert sum(setup["loss_rule_drops"].values()) > 0, setup["loss_rule_drops"]
     elif scenario == "background":
         # the flow runs until training ends, then its sender is stopped: the sink counts
-        got = setup["background"]["received"]
+        got, sent = setup["background"]["received"], setup["background"]["sent"]
         assert got.get("packets", 0) > 1000, setup["background"]
+        assert sent.get("packets", 0) >= got["packets"], setup["background"]  # (reported)
     else:
         assert r["train"]["collective"] == "ps" and "--collective" in setup["flags"]

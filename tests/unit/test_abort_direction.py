@@ -1,0 +1,84 @@
+"""ABORT says which side abandoned a message. Two ranks that send each other a
+message of the same step and msg (a ring of two, a halving-doubling pair) have
+one key, (peer, step, msg), for both directions; an ABORT without its direction
+failed the receiver's incoming copy where the peer had abandoned the other one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlcp.proto.config import ProtocolConfig
+from dlcp.proto.control import Abort, AbortReason, decode_control, encode_control
+from dlcp.proto.events import ControlDatagram, DataBatch
+from dlcp.proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
+from dlcp.proto.wire import WireError
+
+JOB = 7
+
+
+def _deliver(sessions: list[Session], items: list[object], now: float) -> None:
+    for item in items:
+        assert isinstance(item, DataBatch | ControlDatagram)
+        peer = sessions[item.dst]
+        if isinstance(item, DataBatch):
+            peer.receive_batch(np.frombuffer(item.data, dtype=np.uint8), item.segment_size, now=now)
+        else:
+            peer.receive_datagram(item.data, now=now)
+
+
+def _pump(sessions: list[Session], *, until: float) -> dict[int, list[object]]:
+    """Move every datagram between the sessions and run their timers until
+    ``until`` (virtual seconds); the events each one emitted."""
+    got: dict[int, list[object]] = {s.rank: [] for s in sessions}
+    now = 0.0
+    while now < until:
+        moved = False
+        for s in sessions:
+            items = s.datagrams_to_send(now=now, max_batches=64)
+            moved = moved or bool(items)
+            _deliver(sessions, items, now)
+        for s in sessions:
+            timer = s.get_timer()
+            if timer is not None and timer <= now:
+                s.handle_timer(now=now)
+            while (ev := s.next_event()) is not None:
+                got[s.rank].append(ev)
+        if not moved:
+            now += 0.001
+    return got
+
+
+def test_an_abort_ends_the_message_of_its_direction_only() -> None:
+    cfg = ProtocolConfig(pacer="unpaced")
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    x = np.arange(400_000, dtype=np.float32)  # several batches: the first is a part
+    out_a, out_b = np.zeros_like(x), np.zeros_like(x)
+    a.expect_message(1, step=1, msg=0, out=out_a)
+    b.expect_message(0, step=1, msg=0, out=out_b)
+    a.send_message(1, x, step=1, msg=0, now=0.0)
+    b.send_message(0, x + 1, step=1, msg=0, now=0.0)
+    # the first of b's data reaches a: a's copy of (b, 1, 0) is under way ...
+    _deliver([a, b], b.datagrams_to_send(now=0.0, max_batches=1), 0.0)
+    # ... when b abandons the message a sends it
+    assert b.cancel(0, step=1, msg=0, outgoing=False)
+    ev = _pump([a, b], until=0.5)
+    # a: its send is what was aborted; what b sends it arrives whole
+    failed = [e for e in ev[0] if isinstance(e, MessageFailed)]
+    assert len(failed) == 1 and failed[0].outgoing, ev[0]
+    assert "receiver aborted" in failed[0].reason
+    assert any(isinstance(e, MessageReceived) for e in ev[0]), ev[0]
+    assert np.array_equal(out_a, x + 1)
+    # b: its own send was delivered, nothing of its failed
+    assert any(isinstance(e, MessageDelivered) for e in ev[1]), ev[1]
+    assert not any(isinstance(e, MessageFailed) for e in ev[1]), ev[1]
+
+
+def test_abort_direction_round_trips_and_other_bits_are_refused() -> None:
+    for by_receiver in (False, True):
+        msg = Abort(3, 4, 5, reason=AbortReason.CANCELLED, by_receiver=by_receiver)
+        assert decode_control(encode_control(msg, job=JOB), job=JOB) == msg
+    raw = bytearray(encode_control(Abort(3, 4, 5), job=JOB))
+    raw[-1] |= 0x02  # a flag bit that means nothing
+    with pytest.raises(WireError, match="reserved bits set in ABORT body"):
+        decode_control(bytes(raw), job=JOB)
