@@ -125,6 +125,13 @@ class Inbox(SessionSide):
         if p is not None and p < r.bound:
             r.bound = p
             r.allowed_loss = int(p * r.msg_elems + 1e-9)
+            rec = state.recovery
+            if rec.complete_at is not None and not r.is_complete():
+                # it was waiting out the grace to complete by the looser bound; now
+                # it needs what is missing: a NACK then, if the FINISH came (else
+                # the FINISH arms one); a stale complete_at would spin the driver
+                rec.nack_at = rec.complete_at if r.finish is not None else None
+                rec.complete_at = None
         if out is not None:
             r.replace_output(out)
             self._unexpected_bytes -= state.unexpected_bytes

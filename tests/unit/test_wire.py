@@ -306,7 +306,9 @@ control_messages = st.one_of(
         ranges=st.lists(nack_ranges(), max_size=MAX_NACK_RANGES).map(tuple),
     ),
     st.builds(RateFeedback, u32, u16, u16, bytes_per_s=st.integers(0, 2**64 - 1), interval_us=u32),
-    st.builds(Abort, u32, u16, u16, reason=st.sampled_from(list(AbortReason))),
+    st.builds(
+        Abort, u32, u16, u16, reason=st.sampled_from(list(AbortReason)), by_receiver=st.booleans()
+    ),
 )
 
 

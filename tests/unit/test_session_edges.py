@@ -1,7 +1,12 @@
-"""ABORT says which side abandoned a message. Two ranks that send each other a
-message of the same step and msg (a ring of two, a halving-doubling pair) have
-one key, (peer, step, msg), for both directions; an ABORT without its direction
-failed the receiver's incoming copy where the peer had abandoned the other one."""
+"""Session edge cases found in review, each driven through two real sessions.
+
+* ABORT says which side abandoned a message. Two ranks that send each other a
+  message of the same step and msg (a ring of two, a halving-doubling pair) have
+  one key, (peer, step, msg), for both directions; an ABORT without its direction
+  failed the receiver's incoming copy where the peer had abandoned the other one.
+* A receive posted with a stricter bound while its message waited to complete by
+  the looser one left that wait's deadline in the past: the timer stayed due and
+  a driver would spin. Now the message NACKs what the stricter bound needs."""
 
 from __future__ import annotations
 
@@ -82,3 +87,37 @@ def test_abort_direction_round_trips_and_other_bits_are_refused() -> None:
     raw[-1] |= 0x02  # a flag bit that means nothing
     with pytest.raises(WireError, match="reserved bits set in ABORT body"):
         decode_control(bytes(raw), job=JOB)
+
+
+def test_a_stricter_receive_bound_turns_a_waiting_completion_into_a_nack() -> None:
+    cfg = ProtocolConfig(pacer="unpaced")
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    x = np.arange(40_000, dtype=np.float32)
+    a.send_message(1, x, step=2, msg=5, now=0.0, p=0.1)
+    lost = 0
+    items: list[object] = []
+    while more := a.datagrams_to_send(now=0.0, max_batches=64):  # the data, then FINISH
+        items += more
+    for item in items:  # b has posted nothing yet
+        assert isinstance(item, DataBatch | ControlDatagram)
+        if isinstance(item, DataBatch):  # drop the first drop-eligible datagram or two
+            data = bytes(item.data)
+            for at in range(0, len(data), item.segment_size):
+                dgram = data[at : at + item.segment_size]
+                if lost < 2 and dgram[28] & 0x10:  # tclass (byte 28): the drop bit
+                    lost += 1
+                    continue
+                b.receive_batch(np.frombuffer(dgram, np.uint8), len(dgram), now=0.0)
+        else:
+            b.receive_datagram(item.data, now=0.0)  # FINISH
+    assert lost == 2
+    # complete by p = 0.1, waiting out the reorder grace; then the application asks
+    # for the whole message
+    out = np.zeros_like(x)
+    b.expect_message(0, step=2, msg=5, out=out, p=0.0)
+    b.handle_timer(now=0.01)  # past the grace: a NACK goes out, the timer moves on
+    timer = b.get_timer()
+    assert timer is not None and timer > 0.01, timer  # not a deadline already past
+    ev = _pump([a, b], until=1.0)
+    assert any(isinstance(e, MessageReceived) for e in ev[1]), ev[1]
+    assert np.array_equal(out, x)  # the NACK brought the dropped chunks back
