@@ -207,7 +207,8 @@ class DLCPAbort(_Body):
     name = "DLCP ABORT"
     fields_desc: ClassVar[list[AnyField]] = [
         ShortEnumField("reason", AbortReason.GAVE_UP, _ABORT_NAMES),
-        ShortField("reserved", 0),
+        BitField("reserved", 0, 15),  # the flags field's other bits
+        BitField("by_receiver", 0, 1),  # flags bit 0 (spec 5.6)
     ]
 
 

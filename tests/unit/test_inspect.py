@@ -71,7 +71,7 @@ def control_body(vector: dict[str, Any]) -> Packet:
         )
     if ptype is PacketType.RATE:
         return DLCPRate(bytes_per_s=f["bytes_per_s"], interval_us=f["interval_us"])
-    return DLCPAbort(reason=int(AbortReason[f["reason"]]))
+    return DLCPAbort(reason=int(AbortReason[f["reason"]]), by_receiver=int(f.get("by_receiver", 0)))
 
 
 def build_control(vector: dict[str, Any]) -> Packet:
