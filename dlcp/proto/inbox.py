@@ -63,6 +63,8 @@ _DATA_VT = (VERSION << 4) | PacketType.DATA
 _LAST = int(Flags.LAST)
 _PER_PACKET_FLAGS = int(Flags.LAST | Flags.RETRANSMIT)
 _DTYPES = tuple(DType)  # by wire code
+#: FINISHes kept for messages none of whose data was seen (the oldest go first)
+_MAX_ORPHAN_FINISH = 1024
 
 
 @dataclass(slots=True)
@@ -496,6 +498,8 @@ class Inbox(SessionSide):
         if state is None:
             # no data seen yet: FINISH may have overtaken it, or all of it was lost
             self._orphan_finish[key] = (finish, now + self.config.reorder_grace)
+            if len(self._orphan_finish) > _MAX_ORPHAN_FINISH:  # a peer's flood of
+                del self._orphan_finish[next(iter(self._orphan_finish))]  # FINISHes
             return
         self._apply_finish(key, state, finish, now=now)
 

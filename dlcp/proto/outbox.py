@@ -32,7 +32,7 @@ from .packetizer import (
     seal,
 )
 from .paths import PathScheduler, path_loss_from_nack
-from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase
+from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
 from .wire import (
     Abort,
     AbortReason,
@@ -206,14 +206,7 @@ class Outbox(SessionSide):
             out.nack_parts.clear()
             nack = dataclasses.replace(nack, ranges=ranges, more=False)
         if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
-            missing = np.concatenate(
-                [
-                    np.arange(f, min(f + c, out.table.n_chunks), dtype=np.int64)
-                    for f, c in nack.ranges
-                ]
-                or [np.zeros(0, np.int64)]
-            )
-            missing = missing[missing < out.table.n_chunks]
+            missing = chunks_in_ranges(nack.ranges, out.table.n_chunks)
             this_round = np.flatnonzero(out.round_of_seq == rec.round)
             missing = missing[out.round_of_seq[missing] == rec.round]
             sent, lost = path_loss_from_nack(

@@ -26,6 +26,7 @@ Nothing here touches a clock: each method that depends on time takes ``now``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ __all__ = [
     "ReceiverRecovery",
     "SendPhase",
     "SenderRecovery",
+    "chunks_in_ranges",
     "select_retransmissions",
 ]
 
@@ -66,17 +68,22 @@ class Failure:
     peer_timeout: bool = False
 
 
+def chunks_in_ranges(ranges: Sequence[tuple[int, int]], n_chunks: int) -> Int64Array:
+    """The chunks ``(first, count)`` ranges name, sorted, each once, below
+    ``n_chunks``: memory in ``n_chunks`` however the ranges overlap (a peer can
+    send thousands that each name the whole message)."""
+    named = np.zeros(n_chunks, dtype=np.bool_)
+    for first, n in ranges:
+        if first < n_chunks:
+            named[first : min(first + n, n_chunks)] = True
+    return np.flatnonzero(named)
+
+
 def select_retransmissions(table: ChunkTable, nack: Nack) -> Int64Array:
     """Chunks to resend for ``nack``, in send order (see the module rules)."""
     if not nack.ranges:
         return np.zeros(0, dtype=np.int64)
-    named = np.concatenate(
-        [
-            np.arange(first, min(first + n, table.n_chunks), dtype=np.int64)
-            for first, n in nack.ranges
-        ]
-    )
-    named = np.unique(named[named < table.n_chunks])
+    named = chunks_in_ranges(nack.ranges, table.n_chunks)
     ordered = table.send_order(named)
     protected = ~table.drop[ordered]
     elems = table.chunk_len(ordered)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.control import Abort, AbortReason, decode_control, encode_control
+from dlcp.proto.control import Abort, AbortReason, Finish, decode_control, encode_control
 from dlcp.proto.events import ControlDatagram, DataBatch
+from dlcp.proto.recovery import chunks_in_ranges
 from dlcp.proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
 from dlcp.proto.wire import WireError
 
@@ -121,3 +122,26 @@ def test_a_stricter_receive_bound_turns_a_waiting_completion_into_a_nack() -> No
     ev = _pump([a, b], until=1.0)
     assert any(isinstance(e, MessageReceived) for e in ev[1]), ev[1]
     assert np.array_equal(out, x)  # the NACK brought the dropped chunks back
+
+
+def test_nack_ranges_cost_memory_in_the_message_not_in_the_ranges() -> None:
+    """A NACK of many overlapping ranges, each naming the whole message (a buggy
+    or hostile receiver: 64 parts x 170 ranges), used to materialise every range
+    (about 8.7 GB for 100,000 chunks); now one mask of the message's chunks."""
+    ranges = [(0, 2**32 - 1)] * (64 * 170) + [(5, 3), (99_990, 50)]
+    named = chunks_in_ranges(ranges, 100_000)
+    assert np.array_equal(named, np.arange(100_000))
+    assert np.array_equal(chunks_in_ranges([(7, 2), (8, 3), (200, 5)], 100), [7, 8, 9, 10])
+    assert len(chunks_in_ranges([], 10)) == 0
+
+
+def test_finishes_for_unknown_messages_are_bounded() -> None:
+    """FINISHes of messages whose data never came are kept a while (a FINISH can
+    overtake its data); a flood of them keeps at most the newest 1024."""
+    b = Session(rank=1, job=JOB, config=ProtocolConfig())
+    for step in range(3000):
+        finish = Finish(step, 1, 0, round=0, total_chunks=1, protected_chunks=1,
+                        class_chunks=(1,) + (0,) * 15)  # fmt: skip
+        b.receive_datagram(encode_control(finish, job=JOB), now=0.0)
+    assert len(b._inbox._orphan_finish) == 1024
+    assert (0, 2999, 1) in b._inbox._orphan_finish  # the newest are kept
