@@ -101,6 +101,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from dlcp.proto.wire import DEFAULT_PORT
+
 from .bmv2_backend import Bmv2Network, bmv2_counters, bmv2_link_down, bmv2_set_loss, build_bmv2
 from .impairments import (
     CrossTraffic,
@@ -196,9 +198,15 @@ def run_name(
 
 
 def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str], list[str]]:
-    """(``DLCP_*`` environment, extra example flags) of a DLCP run."""
+    """(``DLCP_*`` environment, extra example flags) of a DLCP run. Data goes to
+    the protocol's port (one rank per host), the one the P4 program parses as
+    DLCP: on an ephemeral port the BMv2 switches would see plain UDP, classify it
+    by DSCP alone and never drop drop-eligible packets first."""
     off = set(ablate)
-    env = {"DLCP_N_PATHS": "1" if "spray" in off else str(N_PATHS)}
+    env = {
+        "DLCP_N_PATHS": "1" if "spray" in off else str(N_PATHS),
+        "DLCP_DATA_PORT": str(DEFAULT_PORT),
+    }
     if {"priority", "drop"} <= off:
         env["DLCP_CLASSIFIER"] = "none"
     elif "priority" in off:

@@ -71,8 +71,11 @@ def _check_pos_int(name: str, value: object) -> None:
 
 
 def _check_rate(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise PolicyError(f"link_rate_mbit must be a positive number, got {value!r}")
+    # tc renders the rate in kbit: at least one, and finite
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.001 <= value < 1e9:
+        raise PolicyError(
+            f"link_rate_mbit must be a number from 0.001 (1 kbit/s) to 1e9, got {value!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,8 +48,20 @@ def _check_ports(ports: Sequence[str]) -> None:
 
 
 def sonic_config(policy: SwitchPolicy, ports: Sequence[str] = ("Ethernet0",)) -> dict[str, Any]:
-    """The QoS tables of ``policy`` applied to ``ports``."""
+    """The QoS tables of ``policy`` applied to ``ports``.
+
+    Drop-eligibility is WRED with ``ecn: ecn_all``: ECN-capable packets are
+    marked, Not-ECT ones dropped. That is the policy's TOS map only when its
+    drop-eligible packets are Not-ECT and its protected ones ECN-capable; any
+    other map is refused rather than rendered into its opposite."""
     _check_ports(ports)
+    if policy.tos.ecn_droppable != 0 or policy.tos.ecn_protected == 0:
+        raise PolicyError(
+            "tos: the SONiC rendering (WRED, ecn_all) drops Not-ECT packets and marks "
+            "ECN-capable ones, so it needs ecn_droppable = 0 (Not-ECT) and an ECN-capable "
+            f"ecn_protected; got ecn_droppable={policy.tos.ecn_droppable}, "
+            f"ecn_protected={policy.tos.ecn_protected}"
+        )
     classes = range(policy.n_classes)
     queue_class = {policy.queue_of(c): c for c in classes}
     dscp_tc = {str(d): "0" for d in range(64)}

@@ -95,3 +95,15 @@ def test_sonic_drop_eligible_threshold_below_queue() -> None:
     assert (dscp["10"], dscp["18"], dscp["46"]) == ("0", "1", "2")
     assert len(dscp) == 64 and set(dscp.values()) == {"0", "1", "2"}
     assert cfg["PORT_QOS_MAP"]["Ethernet0"] == {"dscp_to_tc_map": "DLCP", "tc_to_queue_map": "DLCP"}
+
+
+def test_sonic_refuses_a_tos_map_its_wred_would_invert() -> None:
+    """WRED with ecn_all drops Not-ECT packets and marks ECN-capable ones: a map
+    whose drop-eligible packets are ECN-capable would come out the other way round."""
+    from dlcp.switch.policy import PolicyError, SwitchPolicy, TosMap
+    from dlcp.switch.sonic import sonic_config
+
+    flipped = SwitchPolicy(tos=TosMap(ecn_protected=0, ecn_droppable=2))
+    with pytest.raises(PolicyError, match="needs ecn_droppable = 0"):
+        sonic_config(flipped)
+    assert sonic_config(SwitchPolicy())["WRED_PROFILE"]  # the default map renders

@@ -22,10 +22,11 @@ needs_root = pytest.mark.skipif(
 
 
 def test_ablation_mapping() -> None:
+    # data to the protocol's port, the one the P4 program parses as DLCP
     env, flags = ex.dlcp_settings("clean", ())
-    assert env == {"DLCP_N_PATHS": "8"} and flags == ["--p", "0.05"]
+    assert env == {"DLCP_N_PATHS": "8", "DLCP_DATA_PORT": "9400"} and flags == ["--p", "0.05"]
     env, flags = ex.dlcp_settings("incast", ("spray", "bound"))
-    assert env == {"DLCP_N_PATHS": "1"}
+    assert env == {"DLCP_N_PATHS": "1", "DLCP_DATA_PORT": "9400"}
     assert flags == ["--p", "0", "--collective", "ps"]
     assert ex.dlcp_settings("clean", ("priority",))[0]["DLCP_CLASSIFIER"] == "magnitude"
     assert ex.dlcp_settings("clean", ("drop",))[0]["DLCP_CLASSIFIER"] == "layer"
