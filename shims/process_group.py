@@ -55,11 +55,12 @@ are written but untested here (no GPU on these machines).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
 
@@ -364,15 +365,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
         root = self._root(opts, "gather")
-        check_tensors(input_tensors, "gather")
-        if len(input_tensors) != 1:
-            raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
-        if self._rank == root:
-            if len(output_tensors) != 1:
-                raise ValueError("gather: the root needs one output list")
-            self._check_gather_list(output_tensors[0], input_tensors[0], "gather")
-        elif output_tensors and output_tensors[0]:
-            raise ValueError(f"gather: only the root (rank {root}) passes output tensors")
+        with self._checks("gather"):
+            check_tensors(input_tensors, "gather")
+            if len(input_tensors) != 1:
+                raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
+            if self._rank == root:
+                if len(output_tensors) != 1:
+                    raise ValueError("gather: the root needs one output list")
+                self._check_gather_list(output_tensors[0], input_tensors[0], "gather")
+            elif output_tensors and output_tensors[0]:
+                raise ValueError(f"gather: only the root (rank {root}) passes output tensors")
         inp = input_tensors[0]
 
         def run() -> CollectiveReport | None:
@@ -397,16 +399,17 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
         root = self._root(opts, "scatter")
-        check_tensors(output_tensors, "scatter")
-        if len(output_tensors) != 1:
-            raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
+        with self._checks("scatter"):
+            check_tensors(output_tensors, "scatter")
+            if len(output_tensors) != 1:
+                raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
+            if self._rank == root:
+                if len(input_tensors) != 1:
+                    raise ValueError("scatter: the root needs one input list")
+                self._check_gather_list(input_tensors[0], output_tensors[0], "scatter")
+            elif input_tensors and input_tensors[0]:
+                raise ValueError(f"scatter: only the root (rank {root}) passes input tensors")
         out = output_tensors[0]
-        if self._rank == root:
-            if len(input_tensors) != 1:
-                raise ValueError("scatter: the root needs one input list")
-            self._check_gather_list(input_tensors[0], out, "scatter")
-        elif input_tensors and input_tensors[0]:
-            raise ValueError(f"scatter: only the root (rank {root}) passes input tensors")
 
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
@@ -492,6 +495,22 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self._jobs.put(Job(name, run, result, future, ready))
         log.debug("dlcp process group rank %d: queued %s", self._rank, name)
         return DLCPWork(name, future)
+
+    @contextlib.contextmanager
+    def _checks(self, name: str) -> Iterator[None]:
+        """Argument checks that may fail on some ranks only (the root's and the
+        others' differ): a refused operation still takes its call number, in
+        queue order, so that this rank's later operations stay paired with the
+        other ranks' (else they would meet this one's messages)."""
+        try:
+            yield
+        except Exception:
+            self._submit(f"{name} (refused)", self._take_call, [], [])
+            raise
+
+    def _take_call(self) -> CollectiveReport | None:
+        self.comm.next_call()
+        return None
 
     def _reduce_op(self, opts: Any, op: str) -> Any:
         red = getattr(getattr(opts, "reduceOp", None), "op", _Red.SUM)

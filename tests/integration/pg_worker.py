@@ -262,6 +262,27 @@ def reduce_scatter_gather_scatter_reduce() -> None:
 
 
 @check
+def a_refused_gather_keeps_the_ranks_paired() -> None:
+    """The root refuses a gather (a list of the wrong length); the others' gather
+    goes through (the root's endpoint takes their data, unclaimed). The next
+    operation must pair up on every rank, not meet the refused gather's messages."""
+    w, r = C.world, C.rank
+    g = torch.full((4,), float(r))
+    if r == 0:
+        try:
+            dist.gather(g, [torch.empty(4) for _ in range(w + 1)], dst=0)
+        except ValueError as exc:
+            assert "gather" in str(exc), exc
+        else:
+            raise AssertionError("a gather list of the wrong length was accepted")
+    else:
+        dist.gather(g, None, dst=0)
+    x = torch.full((1000,), float(r + 1))
+    dist.all_reduce(x)
+    assert x.eq(w * (w + 1) / 2).all(), x[:4]
+
+
+@check
 def barrier_waits_for_every_rank() -> None:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"pg-test/arrived/{C.rank}", "1")
