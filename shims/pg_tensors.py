@@ -83,7 +83,8 @@ class DLCPWork(Work):
 @dataclass(slots=True)
 class Job:
     name: str
-    run: Callable[[], CollectiveReport | None]
+    #: what the operation cost: one report, one per collective it ran, or none
+    run: Callable[[], CollectiveReport | list[CollectiveReport] | None]
     result: TensorList
     future: torch.futures.Future[Any]
     ready: Any = None  # CUDA event recorded on the caller's stream

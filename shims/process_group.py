@@ -153,7 +153,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         except BaseException:  # (a bad option: the endpoint would outlive the error)
             self.endpoint.close()
             raise
-        #: reports of the latest operations, oldest first
+        #: reports of the latest collectives, oldest first (an operation on several
+        #: tensors adds one per tensor)
         self.reports: deque[CollectiveReport] = deque(maxlen=1024)
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -179,11 +180,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         for t in tensors:
             self._check_reducible(t, red, "allreduce")
 
-        def run() -> CollectiveReport | None:
-            report = None
-            for t in tensors:
-                report = self._transport.allreduce(t, red)
-            return report
+        def run() -> list[CollectiveReport]:  # one per tensor
+            return [self._transport.allreduce(t, red) for t in tensors]
 
         return self._submit("allreduce", run, tensors, tensors)
 
@@ -297,13 +295,13 @@ class DLCPProcessGroup(dist.ProcessGroup):
         for t in tensors:
             self._check_reducible(t, red, "reduce")
 
-        def run() -> CollectiveReport | None:
-            report = None
+        def run() -> list[CollectiveReport]:  # one per tensor
+            reports = []
             for t in tensors:
                 # every rank computes the result; only the root keeps it
                 mine = t if self._rank == root else t.detach().clone()
-                report = self._transport.allreduce(mine, red)
-            return report
+                reports.append(self._transport.allreduce(mine, red))
+            return reports
 
         return self._submit("reduce", run, tensors, tensors)
 
@@ -321,14 +319,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self._check_gather_list(ins, out, "reduce_scatter")
             self._check_reducible(out, red, "reduce_scatter")
 
-        def run() -> CollectiveReport | None:
-            report = None
+        def run() -> list[CollectiveReport]:  # one per output
+            reports = []
             for out, ins in zip(output_tensors, input_tensors, strict=True):
                 whole = torch.cat([t.detach().reshape(-1).cpu() for t in ins])
-                report = self._transport.allreduce(whole, red)
+                reports.append(self._transport.allreduce(whole, red))
                 with torch.no_grad():
                     out.copy_(whole.view(self._size, -1)[self._rank].view(out.shape))
-            return report
+            return reports
 
         return self._submit(
             "reduce_scatter", run, output_tensors, [*output_tensors, *flatten(input_tensors)]
@@ -475,7 +473,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _submit(
         self,
         name: str,
-        run: Callable[[], CollectiveReport | None],
+        run: Callable[[], CollectiveReport | list[CollectiveReport] | None],
         result: TensorList,
         touched: TensorList,
     ) -> DLCPWork:
@@ -560,7 +558,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
                 job.future.set_exception(error)
                 continue
-            if report is not None:
+            if isinstance(report, list):  # (a collective per tensor: each is reported)
+                self.reports.extend(report)
+            elif report is not None:
                 self.reports.append(report)
             job.future.set_result(job.result)
 

@@ -262,6 +262,21 @@ def reduce_scatter_gather_scatter_reduce() -> None:
 
 
 @check
+def every_tensor_of_an_operation_is_reported() -> None:
+    """An operation on several tensors runs a collective per tensor; each one's
+    report is kept (the group kept only the last one's)."""
+    from dlcp.shims.process_group import dlcp_group
+
+    pg = dlcp_group()
+    before = len(pg.reports)
+    ts = [torch.full((10 + k,), float(k + 1)) for k in range(3)]
+    dist.all_reduce_coalesced(ts)
+    assert all(t.eq((k + 1) * C.world).all() for k, t in enumerate(ts))
+    assert len(pg.reports) - before == 3, len(pg.reports) - before
+    assert [r.elems for r in list(pg.reports)[-3:]] == [10, 11, 12]
+
+
+@check
 def a_refused_gather_keeps_the_ranks_paired() -> None:
     """The root refuses a gather (a list of the wrong length); the others' gather
     goes through (the root's endpoint takes their data, unclaimed). The next

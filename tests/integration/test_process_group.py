@@ -95,6 +95,7 @@ CHECKS = [
     "broadcast_vs_gloo",
     "all_gather_vs_gloo",
     "reduce_scatter_gather_scatter_reduce",
+    "every_tensor_of_an_operation_is_reported",
     "a_refused_gather_keeps_the_ranks_paired",
     "barrier_waits_for_every_rank",
     "object_collectives",
