@@ -109,12 +109,12 @@ class Timers:
         ("DataSockets", "receive", "  receive: recvmsg + deliver"),
         ("Session", "receive_batch", "    session.receive_batch"),
         ("Session", "receive_datagram", "  session.receive_datagram"),
-        ("Endpoint", "_run_commands", "commands (send_message, recv)"),
+        ("Endpoint", "_post", "commands (send_message, recv)"),
         ("Session", "handle_timer", "session.handle_timer"),
         ("Endpoint", "_flush", "flush"),
         ("Session", "datagrams_to_send", "  session.datagrams_to_send"),
         ("DataSockets", "send", "  DataSockets.send (sendmsg)"),
-        ("Endpoint", "_dispatch_events", "events (complete futures)"),
+        ("Transfers", "dispatch", "events (complete futures)"),
     )
 
     def __init__(self) -> None:
@@ -141,7 +141,7 @@ class Timers:
         setattr(owner, name, timed)
 
     def install(self) -> None:
-        from dlcp.io import endpoint, udp
+        from dlcp.io import endpoint, transfers, udp
         from dlcp.proto import session
 
         selector = type("TimedSelector", (selectors.DefaultSelector,), {})
@@ -150,6 +150,7 @@ class Timers:
             "selector": selector,
             "Endpoint": endpoint.Endpoint,
             "DataSockets": udp.DataSockets,
+            "Transfers": transfers.Transfers,
             "Session": session.Session,
         }
         for owner, name, label in self.POINTS:

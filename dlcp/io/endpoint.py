@@ -30,14 +30,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import math
 import selectors
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -50,9 +48,6 @@ from ..proto.config import FillPolicy
 from ..proto.session import (
     ControlDatagram,
     DataBatch,
-    MessageDelivered,
-    MessageFailed,
-    MessageReceived,
     SendReport,
     Session,
 )
@@ -62,6 +57,7 @@ from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
+from .transfers import Key, Transfers
 from .udp import DataSockets
 
 __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
@@ -72,7 +68,6 @@ log = logging.getLogger("dlcp.io")
 #: refused a connection (out of file descriptors, ...)
 _ACCEPT_PAUSE = 0.1
 
-Key = tuple[int, int, int]  # (peer, step, msg)
 Segments = Sequence[tuple[int, int, int]]
 
 
@@ -148,9 +143,10 @@ class Endpoint:
         self._sleep_until = -math.inf
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
-        self._sends: dict[Key, Pending] = {}
-        self._recvs: dict[Key, Pending] = {}
-        self._unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
+        #: the sends and receives in flight, and messages nobody asked for yet
+        self._transfers = Transfers(
+            self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
+        )
         self._gone: dict[int, str] = {}
         self._stats = DriverStats()
         self._emulator = (
@@ -185,7 +181,7 @@ class Endpoint:
 
         def command() -> None:
             key = (to, step, msg)
-            if key in self._sends:
+            if key in self._transfers.sends:
                 fut.set_exception(
                     ValueError(
                         f"message (step {step}, msg {msg}) to rank {to} is already in flight"
@@ -200,10 +196,10 @@ class Endpoint:
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._sends[key] = Pending(fut, now + self.config.timeout)
+            self._transfers.sends[key] = Pending(fut, now + self.config.timeout)
             fut.add_done_callback(functools.partial(self._on_cancel, key, True))
             if to in self._gone:
-                self._fail_peer(to, self._gone[to])
+                self._transfers.fail_peer(to, self._gone[to])
 
         self._post(command, fut)
         return fut
@@ -229,15 +225,15 @@ class Endpoint:
 
         def command() -> None:
             key = (src, step, msg)
-            if key in self._recvs:
+            if key in self._transfers.recvs:
                 fut.set_exception(
                     ValueError(f"already receiving (step {step}, msg {msg}) from rank {src}")
                 )
                 return
-            self._dispatch_events()  # a completion may still sit in the session's queue
-            done = self._unclaimed.pop(key, None)
+            self._transfers.dispatch()  # a completion may still sit in the session's queue
+            done = self._transfers.unclaimed.pop(key, None)
             if done is not None:
-                self._complete_recv(fut, done, out)
+                self._transfers.complete_recv(fut, done, out)
                 return
             if src in self._gone:
                 fut.set_exception(
@@ -254,7 +250,7 @@ class Endpoint:
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._recvs[key] = Pending(fut, time.monotonic() + self.config.timeout, out)
+            self._transfers.recvs[key] = Pending(fut, time.monotonic() + self.config.timeout, out)
             fut.add_done_callback(functools.partial(self._on_cancel, key, False))
 
         self._post(command, fut)
@@ -320,12 +316,8 @@ class Endpoint:
         if not fut.cancelled():
             return
         with self._lock:
-            table = self._sends if outgoing else self._recvs
-            pending = table.get(key)
-            if pending is None or pending.future is not fut or self._closing:
+            if self._closing or not self._transfers.forget(key, outgoing, fut):
                 return
-            del table[key]
-            self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
         self._wake()  # the I/O thread sends what cancelling queued
 
     def _resolve(self, peer: int, what: str) -> None:
@@ -347,9 +339,9 @@ class Endpoint:
             try:
                 command()
                 now = time.monotonic()
-                self._dispatch_events()
+                self._transfers.dispatch()
                 self._flush(now)
-                self._dispatch_events()
+                self._transfers.dispatch()
                 # (while the I/O thread is awake it plans its next wait after this)
                 if (
                     self._sleep_until > now
@@ -383,19 +375,20 @@ class Endpoint:
                     self._session.note_idle(now - before, now=now)  # receive capacity
                     self._take_input(sel, ready, timer)
                     now = time.monotonic()
-                    self._dispatch_events()  # before sending: a send may find a peer gone
+                    self._transfers.dispatch()  # before sending: a send may find a peer gone
                     self._flush(now)
-                    self._dispatch_events()
-                    self._expire(now)
+                    self._transfers.dispatch()
+                    self._transfers.expire(now)
                     self._tend_listener(sel, now)
         except BaseException as exc:  # keep the endpoint's users from hanging
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
-            self._fail_all(TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}"))
+            failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
+            self._transfers.fail_all(failed)
             raise
         finally:
             with self._lock:
                 self._closing = True  # after a crash too: later calls fail instead of hanging
-                self._fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
+                self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
                 sel.close()
                 self._data.close()
                 self._control.close()
@@ -447,11 +440,8 @@ class Endpoint:
             times.append(timer)
         if self._accept_resume is not None:
             times.append(self._accept_resume)
-        # every deadline is its entry's time plus config.timeout: the oldest entry
-        # of a table (dicts keep insertion order) has the earliest
-        for table in (self._sends, self._recvs):
-            if table:
-                times.append(next(iter(table.values())).deadline)
+        if (deadline := self._transfers.next_deadline()) is not None:
+            times.append(deadline)
         return min(times)
 
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
@@ -525,7 +515,7 @@ class Endpoint:
                         )
                     except OSError as exc:  # fail this peer's transfers, not everyone's
                         self._stats.data_send_errors += 1
-                        self._fail_peer(
+                        self._transfers.fail_peer(
                             item.dst,
                             f"sending data to {addr.host}:{addr.data_port} failed: {exc}",
                             receives=False,
@@ -556,82 +546,9 @@ class Endpoint:
             self._peer_gone(PeerGone(peer, f"rank {peer} has no known address: {exc}"))
             return None
 
-    def _dispatch_events(self) -> None:
-        while (ev := self._session.next_event()) is not None:
-            if isinstance(ev, MessageDelivered):
-                pending = self._sends.pop((ev.dst, ev.step, ev.msg), None)
-                if pending is not None:
-                    pending.future.set_result(ev.report)
-            elif isinstance(ev, MessageReceived):
-                key = (ev.src, ev.step, ev.msg)
-                rpending = self._recvs.pop(key, None)
-                if rpending is not None:
-                    self._complete_recv(rpending.future, ev, rpending.out)
-                else:
-                    self._park(key, ev)
-            elif isinstance(ev, MessageFailed):
-                key = (ev.peer, ev.step, ev.msg)
-                table = self._sends if ev.outgoing else self._recvs
-                failed = table.pop(key, None)
-                error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
-                reason = f"rank {self.rank}: {ev.reason} (step {ev.step}, msg {ev.msg})"
-                if failed is not None:
-                    failed.future.set_exception(error_cls(reason))
-                elif not ev.outgoing:
-                    self._park(key, ev)
-
-    def _park(self, key: Key, ev: MessageReceived | MessageFailed) -> None:
-        self._unclaimed[key] = ev
-        while len(self._unclaimed) > 1024:
-            self._unclaimed.popitem(last=False)
-
-    def _complete_recv(
-        self,
-        fut: Future[Received],
-        ev: MessageReceived | MessageFailed,
-        out: npt.NDArray[Any] | None,
-    ) -> None:
-        if isinstance(ev, MessageFailed):
-            error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
-            fut.set_exception(
-                error_cls(f"rank {self.rank}: {ev.reason} (step {ev.step}, msg {ev.msg})")
-            )
-            return
-        data = ev.data
-        if out is not None and out is not data:
-            if out.shape != data.shape or out.dtype != data.dtype:
-                fut.set_exception(
-                    ValueError(
-                        f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
-                        f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
-                    )
-                )
-                return
-            out[...] = data
-            data = out
-        fut.set_result(
-            Received(ev.src, ev.step, ev.msg, data, ev.report, self.config.emulated_loss)
-        )
-
-    def _expire(self, now: float) -> None:
-        for table, outgoing in ((self._sends, True), (self._recvs, False)):
-            while table:
-                key, pending = next(iter(table.items()))
-                if now < pending.deadline:  # the oldest entry: the rest expire later
-                    break
-                del table[key]
-                self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
-                what = "to" if outgoing else "from"
-                pending.future.set_exception(
-                    PeerTimeout(
-                        f"rank {self.rank}: message (step {key[1]}, msg {key[2]}) {what} rank "
-                        f"{key[0]} did not complete within {self.config.timeout:g} s"
-                    )
-                )
-
     def _peer_gone(self, gone: PeerGone) -> None:
         if gone.rank not in self._gone:
-            waiting = any(k[0] == gone.rank for k in itertools.chain(self._sends, self._recvs))
+            waiting = self._transfers.waits_on(gone.rank)
             # a peer that leaves while nothing is pending with it is a normal shutdown
             log.log(
                 logging.WARNING if waiting else logging.INFO,
@@ -640,26 +557,4 @@ class Endpoint:
                 gone.why,
             )
         self._gone[gone.rank] = gone.why
-        self._fail_peer(gone.rank, gone.why)
-
-    def _fail_peer(self, peer: int, why: str, *, receives: bool = True) -> None:
-        """Fail what is pending with ``peer``: its sends, and its receives unless
-        ``receives`` is False (the failure was on our way to it only)."""
-        tables = ((self._sends, True), (self._recvs, False)) if receives else ((self._sends, True),)
-        for table, outgoing in tables:
-            for key in [k for k in table if k[0] == peer]:
-                pending = table.pop(key)
-                self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)
-                pending.future.set_exception(
-                    TransferFailed(
-                        f"rank {self.rank}: message (step {key[1]}, msg {key[2]}) "
-                        f"{'to' if outgoing else 'from'} rank {peer}: {why}"
-                    )
-                )
-
-    def _fail_all(self, error: Exception) -> None:
-        for table in (self._sends, self._recvs):
-            for pending in table.values():
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-            table.clear()
+        self._transfers.fail_peer(gone.rank, gone.why)

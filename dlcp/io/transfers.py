@@ -1,0 +1,159 @@
+"""An endpoint's transfers in flight and what settles them.
+
+:class:`Transfers` holds the sends and receives an :class:`~dlcp.io.endpoint.Endpoint`
+is waiting on, by (peer, step, msg), with their futures and deadlines, and the
+received (or failed) messages nobody has asked for yet. It settles the futures
+from the session's events, from deadlines that pass, and from a peer's failure.
+The endpoint calls it under its lock; nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+import numpy.typing as npt
+
+from ..errors import PeerTimeout, TransferFailed
+from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
+from .records import Pending, Received
+
+__all__ = ["Key", "Transfers"]
+
+Key = tuple[int, int, int]  # (peer, step, msg)
+
+#: completed messages kept for a receive not posted yet (the oldest go first)
+_MAX_UNCLAIMED = 1024
+
+
+class Transfers:
+    """Pending sends and receives of one endpoint (see the module docstring)."""
+
+    def __init__(self, session: Session, *, rank: int, timeout: float, emulated_loss: float):
+        self._session = session
+        self._rank = rank
+        self._timeout = timeout
+        self._emulated_loss = emulated_loss
+        #: tables in insertion order: the oldest entry has the earliest deadline
+        self.sends: dict[Key, Pending] = {}
+        self.recvs: dict[Key, Pending] = {}
+        self.unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a pending transfer (None: nothing pending)."""
+        first = [next(iter(t.values())).deadline for t in (self.sends, self.recvs) if t]
+        return min(first) if first else None
+
+    def waits_on(self, peer: int) -> bool:
+        """Whether anything pending is with ``peer``."""
+        return any(k[0] == peer for k in itertools.chain(self.sends, self.recvs))
+
+    def dispatch(self) -> None:
+        """Settle futures from the session's events; park what nobody waits for."""
+        while (ev := self._session.next_event()) is not None:
+            if isinstance(ev, MessageDelivered):
+                pending = self.sends.pop((ev.dst, ev.step, ev.msg), None)
+                if pending is not None:
+                    pending.future.set_result(ev.report)
+            elif isinstance(ev, MessageReceived):
+                key = (ev.src, ev.step, ev.msg)
+                rpending = self.recvs.pop(key, None)
+                if rpending is not None:
+                    self.complete_recv(rpending.future, ev, rpending.out)
+                else:
+                    self._park(key, ev)
+            elif isinstance(ev, MessageFailed):
+                key = (ev.peer, ev.step, ev.msg)
+                table = self.sends if ev.outgoing else self.recvs
+                failed = table.pop(key, None)
+                error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
+                reason = f"rank {self._rank}: {ev.reason} (step {ev.step}, msg {ev.msg})"
+                if failed is not None:
+                    failed.future.set_exception(error_cls(reason))
+                elif not ev.outgoing:
+                    self._park(key, ev)
+
+    def _park(self, key: Key, ev: MessageReceived | MessageFailed) -> None:
+        self.unclaimed[key] = ev
+        while len(self.unclaimed) > _MAX_UNCLAIMED:
+            self.unclaimed.popitem(last=False)
+
+    def complete_recv(
+        self,
+        fut: Future[Received],
+        ev: MessageReceived | MessageFailed,
+        out: npt.NDArray[Any] | None,
+    ) -> None:
+        """Settle receive ``fut`` with message ``ev``, copied into ``out`` if given."""
+        if isinstance(ev, MessageFailed):
+            error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
+            fut.set_exception(
+                error_cls(f"rank {self._rank}: {ev.reason} (step {ev.step}, msg {ev.msg})")
+            )
+            return
+        data = ev.data
+        if out is not None and out is not data:
+            if out.shape != data.shape or out.dtype != data.dtype:
+                fut.set_exception(
+                    ValueError(
+                        f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
+                        f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
+                    )
+                )
+                return
+            out[...] = data
+            data = out
+        fut.set_result(Received(ev.src, ev.step, ev.msg, data, ev.report, self._emulated_loss))
+
+    def forget(self, key: Key, outgoing: bool, fut: Future[Any]) -> bool:
+        """The caller cancelled ``fut``: drop its transfer and have the session stop
+        it (and tell the peer). False if it had ended already."""
+        table = self.sends if outgoing else self.recvs
+        pending = table.get(key)
+        if pending is None or pending.future is not fut:
+            return False
+        del table[key]
+        self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+        return True
+
+    def expire(self, now: float) -> None:
+        """Fail what ran past its deadline."""
+        for table, outgoing in ((self.sends, True), (self.recvs, False)):
+            while table:
+                key, pending = next(iter(table.items()))
+                if now < pending.deadline:  # the oldest entry: the rest expire later
+                    break
+                del table[key]
+                self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+                what = "to" if outgoing else "from"
+                pending.future.set_exception(
+                    PeerTimeout(
+                        f"rank {self._rank}: message (step {key[1]}, msg {key[2]}) {what} rank "
+                        f"{key[0]} did not complete within {self._timeout:g} s"
+                    )
+                )
+
+    def fail_peer(self, peer: int, why: str, *, receives: bool = True) -> None:
+        """Fail what is pending with ``peer``: its sends, and its receives unless
+        ``receives`` is False (the failure was on our way to it only)."""
+        tables = ((self.sends, True), (self.recvs, False)) if receives else ((self.sends, True),)
+        for table, outgoing in tables:
+            for key in [k for k in table if k[0] == peer]:
+                pending = table.pop(key)
+                self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)
+                pending.future.set_exception(
+                    TransferFailed(
+                        f"rank {self._rank}: message (step {key[1]}, msg {key[2]}) "
+                        f"{'to' if outgoing else 'from'} rank {peer}: {why}"
+                    )
+                )
+
+    def fail_all(self, error: Exception) -> None:
+        """Fail everything pending with ``error`` (the endpoint is going away)."""
+        for table in (self.sends, self.recvs):
+            for pending in table.values():
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            table.clear()
