@@ -134,8 +134,7 @@ def _run_loopback(args: argparse.Namespace, out: Path) -> None:
 
     log = io.StringIO()
     result = launch(_worker_argv(args, out), 4, stdout=log, stderr=log, timeout=args.timeout)
-    if result.interrupted:
-        raise KeyboardInterrupt(result.message)
+    result.raise_if_interrupted()
     if result.returncode != 0:
         raise BenchError(f"loopback job: {result.message}\n{log.getvalue()[-5000:]}")
 
@@ -172,8 +171,7 @@ def _run_testbed(args: argparse.Namespace, out: Path) -> None:
             stderr=log,
             timeout=args.timeout,
         )
-        if result.interrupted:
-            raise KeyboardInterrupt(result.message)
+        result.raise_if_interrupted()
         if result.returncode != 0:
             raise BenchError(f"testbed job: {result.message}\n{log.getvalue()[-5000:]}")
 

@@ -146,8 +146,7 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
         log = io.StringIO()
         started = time.monotonic()
         result = launch(cmd, args.nproc, env=env, stdout=log, stderr=log, timeout=args.timeout)
-        if result.interrupted:
-            raise KeyboardInterrupt(result.message)
+        result.raise_if_interrupted()
         if result.returncode != 0:
             raise BenchError(f"{transport} job: {result.message}\n{log.getvalue()[-5000:]}")
         raw = json.loads(out_path.read_text())

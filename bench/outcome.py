@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from dlcp.launch import sigterm_interrupts
 
 __all__ = ["finish"]
 
@@ -27,22 +28,16 @@ def finish(
     ``cleaned_up`` says what was stopped and removed) and status 1 or 130.
     SIGTERM counts as Ctrl-C here: it unwinds the same way, so that what the run
     built (namespaces, workers) is removed by its ``finally`` blocks."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = run(args)
+        with sigterm_interrupts():
+            result = run(args)
     except errors as exc:
         print(f"dlcp bench {name}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(table(result))
     if args.json:
         print(json.dumps(result))
     return 0
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")

@@ -32,11 +32,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-__all__ = ["LaunchResult", "free_port", "launch", "rank_env"]
+__all__ = ["LaunchResult", "free_port", "launch", "rank_env", "sigterm_interrupts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +52,29 @@ class LaunchResult:
     exit_codes: tuple[int | None, ...]
     message: str
     #: stopped by Ctrl-C or SIGTERM: a caller running several launches should
-    #: stop too (``raise KeyboardInterrupt``), not go on to the next
+    #: stop too (:meth:`raise_if_interrupted`), not go on to the next
     interrupted: bool = False
+
+    def raise_if_interrupted(self) -> None:
+        """Pass an interruption on to the caller, as Ctrl-C would have."""
+        if self.interrupted:
+            raise KeyboardInterrupt(self.message)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM raises KeyboardInterrupt (in the main thread): a
+    command unwinds on it as on Ctrl-C, and its ``finally`` blocks remove what it
+    built."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -17,6 +17,8 @@ import sys
 from types import FrameType
 from typing import Any
 
+from dlcp.launch import sigterm_interrupts
+
 from .bmv2 import Bmv2Error
 from .impairments import apply_profile
 from .netns import NetnsError, _cleanup, _run
@@ -280,10 +282,6 @@ def _experiments(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         if args.testbed_command == "up":
@@ -291,16 +289,13 @@ def main(args: argparse.Namespace) -> int:
         if args.testbed_command == "down":
             return down(args.topology, args.prefix)
         if args.testbed_command in ("run", "suite", "plot"):
-            # SIGTERM unwinds like Ctrl-C: every run's finally removes its testbed
-            previous = signal.signal(signal.SIGTERM, _interrupt)
-            try:
-                return _experiments(args)
+            try:  # (SIGTERM too: every run's finally removes its testbed)
+                with sigterm_interrupts():
+                    return _experiments(args)
             except KeyboardInterrupt:
                 print(f"dlcp testbed {args.testbed_command}: interrupted (testbed removed)",
                       file=sys.stderr)  # fmt: skip
                 return 130
-            finally:
-                signal.signal(signal.SIGTERM, previous)
     except (NetnsError, TopologyError, Bmv2Error) as e:
         print(f"dlcp testbed: {e}", file=sys.stderr)
         return 1

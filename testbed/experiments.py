@@ -442,8 +442,7 @@ def run_experiment(
                 stderr=progress,  # type: ignore[arg-type]
                 timeout=timeout,
             )
-            if lr.interrupted:  # Ctrl-C / SIGTERM: stop here (a suite too), not one run
-                raise KeyboardInterrupt(lr.message)
+            lr.raise_if_interrupted()  # Ctrl-C / SIGTERM: stop here (a suite too)
             if lr.returncode != 0:
                 raise ExperimentError(f"{name}: {lr.message}")
             injected: dict[str, int] | None = None

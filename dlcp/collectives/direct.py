@@ -93,6 +93,5 @@ def direct_allreduce(
         data += arrays[q]
     if average:
         data /= data.dtype.type(n)
-    for outgoing in sends.futures:
-        report.sent(comm.wait(outgoing), data.itemsize)
+    sends.wait(comm, report, data.itemsize)
     return report.build()

@@ -36,15 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import (
-    CollectiveReport,
-    Communicator,
-    ReportBuilder,
-    Segments,
-    check_reduce_fill,
-    copy_fill,
-)
-from .ring import SendTracker, check_array, exchange
+from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
+from .ring import SendTracker, check_allreduce, exchange
 
 __all__ = ["halving_doubling_allreduce", "is_power_of_two"]
 
@@ -83,10 +76,7 @@ def halving_doubling_allreduce(
     average: bool = False,
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across a power-of-two number of ranks, in place."""
-    check_array(data, "halving_doubling_allreduce")
-    check_reduce_fill(fill, "halving_doubling_allreduce")
-    if p_gather > p:
-        raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
+    check_allreduce(data, "halving_doubling_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
     if not is_power_of_two(n):
         raise ValueError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
@@ -121,6 +111,5 @@ def halving_doubling_allreduce(
             report=report, sends=sends,
         )  # fmt: skip
         lo, hi = slo, shi
-    for outgoing in sends.futures:
-        report.sent(comm.wait(outgoing), data.itemsize)
+    sends.wait(comm, report, data.itemsize)
     return report.build()

@@ -39,7 +39,7 @@ from .comm import (
     copy_fill,
 )
 
-__all__ = ["SendTracker", "chunk_bounds", "exchange", "ring_allreduce"]
+__all__ = ["SendTracker", "check_allreduce", "chunk_bounds", "exchange", "ring_allreduce"]
 
 _GATHER_ROLE = 2048
 SUPPORTED = (np.float32, np.float16)
@@ -57,6 +57,17 @@ def check_array(data: npt.NDArray[Any], op: str) -> None:
         raise ValueError(f"{op} reduces float32 or float16 arrays, got {data.dtype}")
 
 
+def check_allreduce(
+    data: npt.NDArray[Any], op: str, *, fill: FillPolicy, p: float, p_gather: float
+) -> None:
+    """What every bounded-loss all-reduce refuses: an array it cannot reduce, a
+    previous-value fill of its reduce phase, a gather bound looser than ``p``."""
+    check_array(data, op)
+    check_reduce_fill(fill, op)
+    if p_gather > p:
+        raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
+
+
 def ring_allreduce(
     comm: Communicator,
     data: npt.NDArray[Any],
@@ -68,10 +79,7 @@ def ring_allreduce(
     average: bool = False,
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across the ring, in place."""
-    check_array(data, "ring_allreduce")
-    check_reduce_fill(fill, "ring_allreduce")
-    if p_gather > p:
-        raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
+    check_allreduce(data, "ring_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
     call = comm.next_call()
     report = ReportBuilder("ring_allreduce", call, len(data))
@@ -131,8 +139,7 @@ def ring_allreduce(
             report=report,
             sends=sends,
         )
-    for outgoing in sends.futures:
-        report.sent(comm.wait(outgoing), data.itemsize)
+    sends.wait(comm, report, data.itemsize)
     return report.build()
 
 
@@ -217,3 +224,8 @@ class SendTracker:
         """Raise the error of the first send that failed, if one did."""
         if self._failed:
             raise self._failed[0]
+
+    def wait(self, comm: Communicator, report: ReportBuilder, itemsize: int) -> None:
+        """Wait for every send, in order, into ``report``."""
+        for fut in self.futures:
+            report.sent(comm.wait(fut), itemsize)

@@ -167,11 +167,6 @@ class Outbox(SessionSide):
         self._pool.give(o.first.records)
         return True
 
-    def has(self, key: Key) -> bool:
-        """Whether message ``key`` is being sent."""
-        peer = self.peers.get(key[0])
-        return peer is not None and key in peer.outgoing
-
     # ------------------------------------------------------------------ control
 
     def on_feedback(self, feedback: RateFeedback, *, now: float) -> None:
