@@ -46,6 +46,15 @@ Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
    emulator drops received datagrams (``loss_method = "emulated"``) and TCP
    cannot be compared: its loss fields are null.
 
+With root, phases 4 and 5 also time the **UDP floor** (``udp_floor_*``): the
+same bytes in datagrams of DLCP's size, each sent once through DLCP's own UDP
+layer with no protocol above it (no packing, no loss recovery, nothing
+acknowledged per message), from the first send to the receiver's last read
+that got data. No transport that sends every byte at least once, DLCP
+included, can take less time than this on the path; ``udp_floor_ratio_loss_*``
+is the floor over TCP, the lowest ``ratio_loss_*`` such a transport could
+reach in the same run.
+
 The last stdout line (with ``--json``) is one JSON object with every figure.
 ``DLCP_*`` environment variables tune the endpoints (e.g. ``DLCP_PACER``).
 ``--instrument`` adds a per-activity breakdown of the DLCP I/O threads' time,
@@ -286,24 +295,33 @@ class Bench:
         self.sender.send("send", p=p, **fields)
         got = collect(self.workers, {"send": 1, "recv": 1}, self.args.timeout, f"the {what}")
         tx, rx = got["send"][0], got["recv"][0]
-        if not rx["verified"]:
+        if transport == "floor":
+            if not rx["verified"]:
+                raise WorkerError(
+                    f"recv worker: the {what} got {rx['bytes']} of {rx['expected_bytes']} "
+                    f"bytes without loss (its socket overflowed: {rx['counters']})"
+                )
+            seconds = rx["last"] - tx["start"]  # both CLOCK_MONOTONIC, one kernel
+        elif not rx["verified"]:
             raise WorkerError(
                 f"recv worker: the {what} did not verify: {rx['wrong_elems']} "
                 f"values differ, report {rx['report']}"
             )
+        else:
+            seconds = tx["seconds"]
         timers = {"send": tx["timers"], "recv": rx["timers"]} if "timers" in tx else None
         self.progress.step(phase, transport)
-        return Rep(tx["seconds"], tx, rx, timers)
+        return Rep(seconds, tx, rx, timers)
 
 
 def _free_port_bases(requested: int | None) -> tuple[int, int]:
-    """Two port bases with 7 free ports each on loopback (checked now; if another
+    """Two port bases with 8 free ports each on loopback (checked now; if another
     program takes one before the worker binds it, the worker's error says so)."""
     if requested:
         return requested, requested + 10
     for base in range(21000, 32000, 20):
         try:
-            for port in range(base, base + 17):
+            for port in range(base, base + 18):
                 for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
                     with socket.socket(socket.AF_INET, kind) as s:
                         s.bind(("127.0.0.1", port))
@@ -369,7 +387,6 @@ def _worker_argv(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     reps, lossless = args.repetitions, args.lossless_repetitions
-    progress = Progress(2 + 5 * lossless + 1 + 2 * reps, not args.no_progress)
     env = {**os.environ, KEY_ENV: os.urandom(32).hex()}  # the auth key, for both workers
     # transfers by phase: lossless, authenticated, offloads off (root), under loss
     res: dict[str, Any] = {
@@ -382,9 +399,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tcp_no_offloads",
             "dlcp_loss",
             "tcp_loss",
+            "floor_no_offloads",
+            "floor_loss",
         )
     }
     with _placement(args) as (path, pair):
+        # warm-ups, lossless, authenticated, loss; then (root) offloads off and the
+        # UDP floor with both, or (not root) a skipped offloads-off phase
+        if pair is None:
+            extra = 2 * lossless
+        else:
+            extra = (3 * lossless if args.loss_offloads == "off" else 0) + reps
+        progress = Progress(3 + 3 * lossless + 2 * reps + extra, not args.no_progress)
         if pair is None:
             hosts, bases = ("127.0.0.1", "127.0.0.1"), _free_port_bases(args.port_base)
         else:  # fresh namespaces: every port is free
@@ -423,7 +449,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pair.set_offloads(on=args.loss_offloads == "on")
                 # the same without loss: what turning offloads off costs each transport
                 for _ in range(lossless if args.loss_offloads == "off" else 0):
-                    for transport in ("dlcp", "tcp"):
+                    for transport in ("dlcp", "tcp", "floor"):
                         res[f"{transport}_no_offloads"].append(
                             bench.rep(transport, "plain", 0.0, "offloads off")
                         )
@@ -434,9 +460,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     counted = pair.ns_b
                 for ns in lossy:
                     pair.set_loss(ns, args.loss)
-                res["nft"] = {"dlcp": 0, "tcp": 0}
+                res["nft"] = {"dlcp": 0, "tcp": 0, "floor": 0}
                 for _ in range(reps):
-                    for transport in ("dlcp", "tcp"):
+                    for transport in ("dlcp", "tcp", "floor"):
                         before = pair.dropped(counted)
                         res[f"{transport}_loss"].append(
                             bench.rep(transport, "plain", args.p, "loss")

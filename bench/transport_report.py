@@ -137,6 +137,7 @@ def summary(
             "tcp_gbps": _gbps(nbytes, nt),
             "ratio": round(nt / nd, 3),
         }
+    out.update(_floor(nbytes, res, tloss))
     if kernel_loss:
         fraction = res["nft"]["dlcp"] / max(1, packets)
         out["nft_dropped_dlcp_fraction"] = round(fraction, 5)
@@ -176,6 +177,53 @@ def summary(
     return out
 
 
+FLOOR_METHOD = (
+    "the same bytes in datagrams of DLCP's size, each sent once through DLCP's UDP layer "
+    "(dlcp.io.udp.DataSockets: sendmmsg, GSO as configured) with no protocol above it, "
+    "built before timing; time from the first send to the receiver's last read that got "
+    "data (CLOCK_MONOTONIC, one kernel). Whatever DLCP's protocol does, a transfer "
+    "that sends every byte takes at least this long on this path"
+)
+
+
+def _floor(nbytes: int, res: dict[str, Any], tloss: list[float]) -> dict[str, Any]:
+    """The UDP floor's figures (root only; null without it)."""
+    floor = [r.seconds for r in res["floor_loss"]]
+    if not floor:
+        return {
+            k: None
+            for k in (
+                "udp_floor_loss_median_s",
+                "udp_floor_loss_p99_s",
+                "udp_floor_ratio_loss_median",
+                "udp_floor_ratio_loss_p99",
+            )
+        }
+    out: dict[str, Any] = {
+        "udp_floor_method": FLOOR_METHOD,
+        "udp_floor_loss_median_s": round(_median(floor), 4),
+        "udp_floor_loss_min_s": round(min(floor), 4),
+        "udp_floor_loss_p99_s": round(_p99(floor), 4),
+        # the lowest ratios a transport that sends every byte once would reach
+        "udp_floor_ratio_loss_median": round(_median(floor) / _median(tloss), 3),
+        "udp_floor_ratio_loss_p99": round(_p99(floor) / _p99(tloss), 3),
+        "udp_floor_loss_delivered_fraction": round(
+            sum(r.receiver["bytes"] for r in res["floor_loss"])
+            / sum(r.receiver["expected_bytes"] for r in res["floor_loss"]),
+            5,
+        ),
+        "udp_floor_rcvbuf_errors": sum(
+            r.receiver["counters"]["udp_RcvbufErrors"]
+            for k in ("floor_no_offloads", "floor_loss")
+            for r in res[k]
+        ),
+    }
+    if res["floor_no_offloads"]:
+        lossless = _median([r.seconds for r in res["floor_no_offloads"]])
+        out["udp_floor_offloads_off_gbps"] = _gbps(nbytes, lossless)
+    return out
+
+
 def table(r: dict[str, Any]) -> str:
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -206,6 +254,21 @@ def table(r: dict[str, Any]) -> str:
             f"{'lossless GB/s, offloads off':<34}{o['dlcp_gbps']:>10.3f}"
             f"{o['tcp_gbps']:>10.3f}{o['ratio']:>10.3f}",
         )
+    if r["udp_floor_loss_median_s"] is not None:
+        rows.append(
+            f"{'  UDP floor, median s (see JSON)':<34}{r['udp_floor_loss_median_s']:>10.4f}"
+            f"{r['tcp_loss_median_s']:>10.4f}{r['udp_floor_ratio_loss_median']:>10.3f}"
+            "  (no protocol: the least any transport sending every byte once takes)"
+        )
+        rows.append(
+            f"{'  UDP floor, p99 s':<34}{r['udp_floor_loss_p99_s']:>10.4f}"
+            f"{r['tcp_loss_p99_s']:>10.4f}{r['udp_floor_ratio_loss_p99']:>10.3f}"
+        )
+        if "udp_floor_offloads_off_gbps" in r:
+            rows.append(
+                f"{'  UDP floor, lossless, offloads off':<34}"
+                f"{r['udp_floor_offloads_off_gbps']:>10.3f} GB/s"
+            )
     if "nft_dropped_dlcp_fraction" in r:
         rows.append(
             f"  nftables dropped {r['nft_dropped_dlcp_fraction']:.3%} of DLCP packets "

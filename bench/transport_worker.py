@@ -7,6 +7,8 @@ see ``bench/transport.py`` for the line protocol. A worker owns:
   ``plain`` (lossless and kernel-loss runs), ``auth`` (authenticated), and
   ``emul`` (only without root: the receiver's emulates loss in-process);
 * the plain TCP connection (the receiver listens on ``--port-base + 6``);
+* the UDP floor's sockets (:class:`~dlcp.io.udp.DataSockets`, DLCP's own UDP
+  layer with no protocol above it; the receiver's on ``--port-base + 7``);
 * the tensor both sides derive from one seed, so the receiver can verify.
 
 Every answer is one JSON line on the worker's stdout, which nothing else may
@@ -31,11 +33,14 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["ENDPOINT_PORTS", "KEY_ENV", "TCP_PORT", "worker_main"]
+from dlcp.proto.wire import DATA_HEADER_LEN
+
+__all__ = ["ENDPOINT_PORTS", "FLOOR_PORT", "KEY_ENV", "TCP_PORT", "worker_main"]
 
 #: offsets from a worker's port base: (data, control) of each endpoint, then TCP
 ENDPOINT_PORTS = {"plain": 0, "auth": 2, "emul": 4}
 TCP_PORT = 6
+FLOOR_PORT = 7
 #: environment variable with the authentication key (hex), set by the parent
 KEY_ENV = "DLCP_AUTH_KEY"  # a DLCP_* name that EndpointConfig.from_env leaves alone
 _SEED = 20240
@@ -198,6 +203,7 @@ class Worker:
         base = EndpointConfig.from_env(timeout=args.dlcp_timeout)
         names = ["plain", "auth"] + (["emul"] if args.emulated_loss else [])
         self.endpoints: dict[str, Any] = {}
+        self.floor: Any = None
         self.tcp: socket.socket | None = None
         self.listener: socket.socket | None = None
         try:
@@ -226,6 +232,7 @@ class Worker:
                     )
                 except OSError as exc:
                     raise OSError(f"{name} endpoint on {where}: {exc}") from exc
+            self.floor = _floor_sockets(args, base, self.role)
             if self.role == "recv":
                 port = args.port_base + TCP_PORT
                 try:
@@ -236,6 +243,11 @@ class Worker:
             self.close()
             raise
         self.tcp_addr = (args.peer_host, args.peer_port_base + TCP_PORT)
+        self.floor_addr = (args.peer_host, args.peer_port_base + FLOOR_PORT)
+        payload = base.protocol.chunk_bytes
+        self.floor_segment = DATA_HEADER_LEN + payload
+        self.floor_datagrams = -(-self.data.nbytes // payload)
+        self._floor_records: np.ndarray | None = None
 
     def emit(self, **fields: Any) -> None:
         self.reply_file.write(json.dumps({"ok": True, **fields}) + "\n")
@@ -244,6 +256,8 @@ class Worker:
     def close(self) -> None:
         for ep in self.endpoints.values():
             ep.close()
+        if self.floor is not None:
+            self.floor.close()
         for s in (self.tcp, self.listener):
             if s is not None:
                 s.close()
@@ -309,6 +323,9 @@ class Worker:
         if self.timers is not None:
             self.timers.reset()
         extra: dict[str, Any] = {}
+        if transport == "floor":
+            self._send_floor(counters)
+            return
         if transport == "dlcp":
             ep = self.endpoints[endpoint]
             before = ep.stats()["packets_out"]
@@ -332,6 +349,9 @@ class Worker:
         self.emit(op="send", seconds=seconds, counters=_delta(counters), **extra)
 
     def op_expect(self, transport: str, endpoint: str, step: int, msg: int, bound: float) -> None:
+        if transport == "floor":
+            self._expect_floor(bound)
+            return
         out = self.out
         assert out is not None
         out.fill(np.nan)  # nothing of the last repetition can pass for this one
@@ -370,6 +390,103 @@ class Worker:
             counters=counters,
             **extra,
         )
+
+    # ------------------------------------------------------------------ the UDP floor
+
+    def _records(self) -> np.ndarray:
+        """The tensor cut into datagrams of DLCP's size (a zeroed 32-byte header,
+        then a chunk of payload), built once: the floor pays no packing."""
+        if self._floor_records is None:
+            seg, n = self.floor_segment, self.floor_datagrams
+            payload = seg - DATA_HEADER_LEN
+            flat = np.zeros(n * payload, dtype=np.uint8)
+            flat[: self.data.nbytes] = self.data.view(np.uint8)
+            records = np.zeros((n, seg), dtype=np.uint8)
+            records[:, DATA_HEADER_LEN:] = flat.reshape(n, payload)
+            self._floor_records = records.reshape(-1)
+        return self._floor_records
+
+    def _send_floor(self, counters: dict[str, int]) -> None:
+        """Every datagram once through DLCP's UDP layer, then a byte on the TCP
+        connection that says so; timed until the receiver's acknowledgement."""
+        assert self.tcp is not None, "connect first"
+        records = memoryview(self._records())
+        start = time.monotonic()
+        t0 = time.perf_counter()
+        sent = self.floor.send(
+            records,
+            self.floor_segment,
+            self.floor_datagrams,
+            path=0,
+            tos=0,
+            addr=self.floor_addr,
+        )
+        self.tcp.sendall(b"\x02")
+        if self.tcp.recv(1) != b"\x01":
+            raise ConnectionError("UDP floor receiver closed instead of acknowledging")
+        seconds = time.perf_counter() - t0
+        self.emit(
+            op="send", seconds=seconds, start=start, datagrams=sent, counters=_delta(counters)
+        )
+
+    def _expect_floor(self, bound: float) -> None:
+        """Read datagrams (counting them, nothing else) until the sender's byte on
+        the TCP connection says it sent them all, then whatever is still queued;
+        the time of the last read that got data is when the last datagram came."""
+        assert self.tcp is not None, "accept first"
+        counters = _snmp()
+        sock, floor = self.tcp, self.floor
+        got, last = 0, None
+        self.emit(op="expect", event="expecting")
+        with selectors.DefaultSelector() as sel:
+            sel.register(floor.recv_sock, selectors.EVENT_READ, "udp")
+            sel.register(sock, selectors.EVENT_READ, "tcp")
+            sent_all = False
+            while not sent_all:
+                ready = sel.select(self.timeout)
+                if not ready:
+                    raise TimeoutError(f"UDP floor: nothing for {self.timeout:g} s ({got} bytes)")
+                for key, _ in ready:
+                    if key.data == "tcp":
+                        if sock.recv(1) != b"\x02":
+                            raise ConnectionError("UDP floor sender closed the TCP connection")
+                        sent_all = True
+                    elif n := floor.receive(_look_at_nothing):
+                        got, last = got + n, time.monotonic()
+        while n := floor.receive(_look_at_nothing):  # what was queued behind the sender's byte
+            got, last = got + n, time.monotonic()
+        sock.sendall(b"\x01")
+        expected = self.floor_datagrams * self.floor_segment
+        self.emit(
+            op="expect",
+            event="received",
+            last=last,
+            bytes=got,
+            expected_bytes=expected,
+            # lossless: every datagram; under loss the floor only counts
+            verified=got == expected if bound == 0 else last is not None,
+            wrong_elems=expected - got,
+            report={"lost_elems": 0, "msg_elems": self.data.size},
+            counters=_delta(counters),
+        )
+
+
+def _look_at_nothing(buf: np.ndarray, segment_size: int) -> None:
+    """The floor's receive callback: ``receive()`` returns the byte count, and
+    that is all the floor looks at."""
+
+
+def _floor_sockets(args: argparse.Namespace, cfg: Any, role: str) -> Any:
+    """DLCP's UDP layer alone, configured like the endpoints' (GSO, GRO, buffers)."""
+    from dlcp.io.udp import DataSockets
+
+    port = args.port_base + FLOOR_PORT if role == "recv" else 0
+    try:
+        return DataSockets(
+            args.host, port, 1, gso=cfg.gso, gro=cfg.gro, rcvbuf=cfg.rcvbuf, sndbuf=cfg.sndbuf
+        )
+    except OSError as exc:
+        raise OSError(f"UDP floor socket on {args.host}:{port}: {exc}") from exc
 
 
 def _profile_endpoint_threads(prefix: str) -> None:

@@ -7,8 +7,10 @@ and checks that contract: it exits 0, the last line parses, the keys the
 documentation and the result tables rely on are there, the path and loss method
 are what the module docstring promises for ``--loopback`` (the in-process loss
 emulator, and TCP's loss fields null since TCP cannot be compared under emulated
-loss), and the lossless figures are positive numbers. No figure is compared with
-a speed: this is not a performance check.
+loss), and the lossless figures are positive numbers. As root it also runs in
+the namespaces with kernel loss, where the UDP floor (every byte sent once with
+no protocol) is measured beside both transports. No figure is compared with a
+speed: this is not a performance check.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
+from dlcp.testbed import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE_MIB = 4
@@ -56,10 +61,10 @@ KEYS = {
 TCP_LOSS_FIELDS = ("tcp_loss_median_s", "tcp_loss_p99_s", "ratio_loss_median", "ratio_loss_p99")
 
 
-def _run_benchmark() -> dict[str, Any]:
+def _run_benchmark(argv: list[str] = ARGV) -> dict[str, Any]:
     """Run the benchmark; check it exits 0; the object on its last stdout line."""
     proc = subprocess.run(
-        ARGV, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
     )
     detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{detail}"
@@ -96,3 +101,27 @@ def test_transport_benchmark_json_on_loopback() -> None:
     for key in ("dlcp_loss_median_s", "dlcp_loss_p99_s"):
         _positive(report, key)
     assert report["dlcp_loss_p99_s"] >= report["dlcp_loss_median_s"], report
+    # the UDP floor needs kernel loss (root): null here
+    assert report["udp_floor_loss_median_s"] is None, report["udp_floor_loss_median_s"]
+    assert report["udp_floor_ratio_loss_median"] is None
+
+
+NETNS_MISSING = netns.missing_tools(loss=True, offloads=True)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bool(NETNS_MISSING), reason=f"needs {NETNS_MISSING} (network namespaces)")
+def test_transport_benchmark_in_namespaces_measures_the_udp_floor() -> None:
+    report = _run_benchmark([a for a in ARGV if a != "--loopback"])
+    assert report["path"] == "netns-router-veth-mtu1500", report["path"]
+    assert report["loss_method"] == "nftables", report["loss_method"]
+    for key in (*TCP_LOSS_FIELDS, "udp_floor_loss_median_s", "udp_floor_offloads_off_gbps"):
+        _positive(report, key)
+    # the floor's ratio is its median over TCP's, as the JSON says
+    want = report["udp_floor_loss_median_s"] / report["tcp_loss_median_s"]
+    assert abs(report["udp_floor_ratio_loss_median"] - want) <= 0.002 + 0.01 * want, report
+    # the router dropped some of the floor's datagrams, and only a few percent
+    assert report["nft_dropped"]["floor"] > 0, report["nft_dropped"]
+    delivered = report["udp_floor_loss_delivered_fraction"]
+    assert 0.9 < delivered < 1.0, delivered
+    assert report["udp_floor_loss_min_s"] <= report["udp_floor_loss_median_s"]
