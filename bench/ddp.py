@@ -29,6 +29,13 @@ Phases:
    * otherwise (``loss_method = "emulated"``): DLCP only, the endpoints' in-process
      EMULATOR dropping ``--loss`` % of received data datagrams; Gloo figures null.
 
+Also on the loopback, first: the same training with **no communication**
+(``nocomm``: a comm hook that hands DDP back each rank's own gradients, not
+averaged), the floor under both transports. ``*_comm_cost_s`` is what
+averaging the gradients adds to it, and ``floor_ratio_loss`` (``nocomm_iter_s``
+over Gloo's iteration under loss) is the lowest ``ratio_loss`` any transport
+could reach, one that cost nothing.
+
 The last stdout line (``--json``) is one JSON object with every figure.
 """
 
@@ -63,6 +70,17 @@ def build_model(width: int, depth: int, inputs: int, classes: int) -> Any:
     return nn.Sequential(*layers)
 
 
+def _no_communication(state, bucket):  # type: ignore[no-untyped-def]
+    """A comm hook that exchanges nothing: each rank keeps its own gradients.
+    (Unannotated: DDP refuses a hook whose annotations are strings, which they
+    are in this module.)"""
+    import torch
+
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def worker(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
@@ -84,6 +102,8 @@ def worker(args: argparse.Namespace) -> int:
 
         state = DLCPState(model=ddp.module, collective=args.collective, p=args.p)
         ddp.register_comm_hook(state, dlcp_hook)
+    elif args.transport == "nocomm":
+        ddp.register_comm_hook(None, _no_communication)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(args.batch, args.inputs, generator=g)
@@ -203,7 +223,7 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {}
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
-    for transport in ("gloo", "dlcp"):
+    for transport in ("nocomm", "gloo", "dlcp"):
         res[transport] = run_job(args, transport, p=args.p)
         _progress(args, transport, res[transport])
     with _lossy_place(args) as box:
@@ -230,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> dict[str, Any]:
-    d, g = res["dlcp"], res["gloo"]
+    d, g, floor = res["dlcp"], res["gloo"], res["nocomm"]["iter_s"]
     dl, gl = res.get("dlcp_loss", {}), res.get("gloo_loss")
     dn, gn = res.get("dlcp_netns"), res.get("gloo_netns")
     return {
@@ -248,6 +268,10 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "gloo_iter_s": _r(g["iter_s"]),
         "ratio": _ratio(d["iter_s"], g["iter_s"]),
         "dlcp_comm_s": _r(d["comm_s"]),
+        "nocomm_iter_s": _r(floor),
+        "dlcp_comm_cost_s": _r(d["iter_s"] - floor),
+        "gloo_comm_cost_s": _r(g["iter_s"] - floor),
+        "ratio_comm_cost": _ratio(d["iter_s"] - floor, g["iter_s"] - floor),
         "dlcp_lost_fraction": _r(d["lost_fraction"], 6),
         "loss_percent": args.loss,
         "loss_method": "nftables" if kernel else "emulated",
@@ -258,6 +282,7 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "dlcp_iter_s_loss": _r(dl.get("iter_s")),
         "gloo_iter_s_loss": _r(gl["iter_s"]) if gl else None,
         "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
+        "floor_ratio_loss": _ratio(floor, gl["iter_s"]) if gl else None,
         "dlcp_lost_fraction_loss": _r(dl.get("lost_fraction"), 6),
         "dlcp_retransmitted_per_iter_loss": _r(dl.get("retransmitted_per_iter"), 1),
         "dlcp_comm_s_loss": _r(dl.get("comm_s")),
@@ -278,6 +303,9 @@ def table(r: dict[str, Any]) -> str:
         f"DLCP {r['collective']} p={r['p']:g}, median per iteration:",
         f"  lossless, loopback: DLCP {ms(r['dlcp_iter_s'])}  Gloo {ms(r['gloo_iter_s'])}"
         f"  ratio {r['ratio']}",
+        f"  no communication (each rank's own gradients): {ms(r['nocomm_iter_s'])}; "
+        f"averaging adds DLCP {ms(r['dlcp_comm_cost_s'])}, Gloo {ms(r['gloo_comm_cost_s'])}"
+        f"  ratio {r['ratio_comm_cost']}",
     ]
     if r["ratio_netns_lossless"] is not None:
         lines.append(
@@ -290,6 +318,11 @@ def table(r: dict[str, Any]) -> str:
         f"ratio {r['ratio_loss']}  (DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% "
         "of gradient elements)"
     )
+    if r["floor_ratio_loss"] is not None:
+        lines.append(
+            f"  the least ratio under loss any transport could reach (no communication over "
+            f"Gloo's): {r['floor_ratio_loss']}"
+        )
     return "\n".join(lines)
 
 
@@ -310,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--transport", choices=["dlcp", "gloo"], help=argparse.SUPPRESS)
+    ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap
 
