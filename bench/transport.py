@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
@@ -90,6 +89,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+from dlcp.launch import die_with_parent
 
 from .outcome import finish
 from .transport_report import Rep, summary, table
@@ -121,7 +122,7 @@ class WorkerProc:
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         return cls(name, proc, stderr)
 
@@ -217,13 +218,6 @@ def collect(
             for key, _ in sel.select(left):
                 key.data.feed(os.read(key.fd, 1 << 16))
     return {n: [by_name[n].lines.popleft() for _ in range(k)] for n, k in want.items()}
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: a worker cannot outlive a parent killed with SIGKILL
-    # (``ip netns exec`` execs the worker in this very process, so it holds)
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------- driving

@@ -36,7 +36,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-__all__ = ["LaunchResult", "free_port", "launch", "rank_env", "sigterm_interrupts"]
+__all__ = [
+    "LaunchResult",
+    "die_with_parent",
+    "free_port",
+    "launch",
+    "rank_env",
+    "sigterm_interrupts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,10 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """A ``preexec_fn``: the child gets SIGKILL when its parent dies, even by
+    SIGKILL (``PR_SET_PDEATHSIG``; it survives the ``execve`` of ``ip netns
+    exec``, which runs the command in the same process)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -197,7 +207,7 @@ def launch(
                     # its own process group, so that stopping a rank stops what it
                     # started too (a wrapper script's python, say)
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
             )
     except BaseException:

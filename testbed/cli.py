@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from dlcp.launch import sigterm_interrupts
+from dlcp.switch.policy import PolicyError
 
 from .bmv2 import Bmv2Error
 from .impairments import apply_profile
@@ -296,7 +297,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"dlcp testbed {args.testbed_command}: interrupted (testbed removed)",
                       file=sys.stderr)  # fmt: skip
                 return 130
-    except (NetnsError, TopologyError, Bmv2Error) as e:
+    except (NetnsError, TopologyError, Bmv2Error, PolicyError) as e:
         print(f"dlcp testbed: {e}", file=sys.stderr)
         return 1
     print(f"unknown testbed command {args.testbed_command}", file=sys.stderr)

@@ -23,7 +23,6 @@ Incast (many senders to one host) is not here yet.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import re
@@ -32,6 +31,9 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from dlcp.launch import die_with_parent
+from dlcp.switch.policy import on_link
 
 from . import switch_profile
 from .netns import NetnsError, _run, nft_dropped, nft_random_drop
@@ -80,17 +82,7 @@ def link_policy(
     its buffer; the drop-eligible threshold scaled with the buffer) win."""
     if spec is None:
         return policy
-    rate = spec.link_rate_mbit if spec.link_rate_mbit is not None else policy.link_rate_mbit
-    queue = spec.buffer_packets if spec.buffer_packets is not None else policy.queue_packets
-    if isinstance(policy, SwitchPolicy):
-        share = policy.drop_eligible_packets / policy.queue_packets
-        return dataclasses.replace(
-            policy,
-            link_rate_mbit=rate,
-            queue_packets=queue,
-            drop_eligible_packets=max(1, min(queue - 1, round(share * queue))),
-        )
-    return dataclasses.replace(policy, link_rate_mbit=rate, queue_packets=queue)
+    return on_link(policy, spec.link_rate_mbit, spec.buffer_packets)
 
 
 def apply_profile(net: Network, policy: SwitchPolicy | FifoPolicy) -> None:
@@ -137,7 +129,10 @@ def profile_counters(net: Network) -> dict[str, dict[str, dict[str, dict[str, in
 
 
 def _loss_table(dev: str) -> str:
-    return "dlcp_loss_" + re.sub(r"[^A-Za-z0-9_]", "_", dev)
+    """The nftables table of the loss rule on ``dev``: one per device name
+    (interface names may hold '-', table names may not; '_' is doubled, so
+    ``s-1`` and ``s_1`` get tables of their own)."""
+    return "dlcp_loss_" + dev.replace("_", "__").replace("-", "_d")
 
 
 def link_loss(net: Network, a: str, b: str, percent: float) -> None:
@@ -318,7 +313,7 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", sport))
 payload = bytes([fill]) * size
-gap = size * 8 / (mbit * 1e6)
+gap = (size + 42) * 8 / (mbit * 1e6)  # as HTB counts it: + UDP, IPv4, Ethernet headers
 n = 0
 start = time.monotonic()
 while not stop:
@@ -405,6 +400,7 @@ def _python(net: Network, host: str, script: str, *args: object) -> subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=die_with_parent,  # a day-long sender must not outlive a crashed run
     )
 
 

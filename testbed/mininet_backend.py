@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .netns import NetnsError, _cleanup, _run
+from .netns import NetnsError, _cleanup, _run, prefix_lock
 from .topology import (
     Network,
     Topology,
@@ -136,45 +136,46 @@ def build_mininet(
     link_opts: dict[str, Any] = {}
     if t.link_rate_mbit <= _MAX_TCLINK_MBIT:
         link_opts["bw"] = t.link_rate_mbit
-    try:
-        _cleanup(names)  # names left behind by a crashed run (their namespaces with them)
-        for node, ns in zip(t.nodes, names, strict=True):
-            # ip=None: no address from Mininet's ipBase; ours are set below
-            h = mn.addHost(node, ip=None, inNamespace=True)
-            _run(["ip", "netns", "attach", ns, str(h.pid)])
-            net.namespaces.append(ns)
-        prepare_nodes(net)
-        mtu = str(t.mtu)
-        for lower, upper, addr_l, addr_u, _subnet in t.links():
-            # the veth pair is created inside lower's namespace with its peer in
-            # upper's (mininet.util.makeIntfPair), so names need only be unique per node
-            setLogLevel("critical")  # tc's "quantum of class is big" warnings, as errors
-            try:
-                link = mn.addLink(
-                    mn[lower], mn[upper], intfName1=upper, intfName2=lower, **link_opts
-                )
-            finally:
-                setLogLevel("warning")
-            net.ifaces[lower][upper] = upper
-            net.ifaces[upper][lower] = lower
-            for node, intf, addr in ((lower, link.intf1, addr_l), (upper, link.intf2, addr_u)):
-                dev = intf.name
-                _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "mtu", mtu])
-                _run(["ip", "-n", net.ns(node), "addr", "add", f"{addr}/24", "dev", dev])
-                _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "up"])
-                intf.ip, intf.prefixLen = addr, 24  # so node.IP() and the CLI know it
-        if link_opts:
-            _check_shaped(net)
-        for node, argv in route_commands(t):
-            net.run(node, argv)
-        for h in t.hosts:
-            host_offloads_off(net, h.name, h.leaf)
-        _check_ready(net)
-        yield net
-        if cli:
-            net.cli()
-    finally:
+    with prefix_lock(prefix):  # (see netns.prefix_lock)
         try:
-            mn.stop()
+            _cleanup(names)  # names left behind by a crashed run (their namespaces with them)
+            for node, ns in zip(t.nodes, names, strict=True):
+                # ip=None: no address from Mininet's ipBase; ours are set below
+                h = mn.addHost(node, ip=None, inNamespace=True)
+                _run(["ip", "netns", "attach", ns, str(h.pid)])
+                net.namespaces.append(ns)
+            prepare_nodes(net)
+            mtu = str(t.mtu)
+            for lower, upper, addr_l, addr_u, _subnet in t.links():
+                # the veth pair is created inside lower's namespace with its peer in
+                # upper's (mininet.util.makeIntfPair), so names need only be unique per node
+                setLogLevel("critical")  # tc's "quantum of class is big" warnings, as errors
+                try:
+                    link = mn.addLink(
+                        mn[lower], mn[upper], intfName1=upper, intfName2=lower, **link_opts
+                    )
+                finally:
+                    setLogLevel("warning")
+                net.ifaces[lower][upper] = upper
+                net.ifaces[upper][lower] = lower
+                for node, intf, addr in ((lower, link.intf1, addr_l), (upper, link.intf2, addr_u)):
+                    dev = intf.name
+                    _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "mtu", mtu])
+                    _run(["ip", "-n", net.ns(node), "addr", "add", f"{addr}/24", "dev", dev])
+                    _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "up"])
+                    intf.ip, intf.prefixLen = addr, 24  # so node.IP() and the CLI know it
+            if link_opts:
+                _check_shaped(net)
+            for node, argv in route_commands(t):
+                net.run(node, argv)
+            for h in t.hosts:
+                host_offloads_off(net, h.name, h.leaf)
+            _check_ready(net)
+            yield net
+            if cli:
+                net.cli()
         finally:
-            _cleanup(names)
+            try:
+                mn.stop()
+            finally:
+                _cleanup(names)

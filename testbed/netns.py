@@ -11,10 +11,13 @@ with a reason.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import shutil
+import signal
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -201,6 +204,12 @@ def run_prefix() -> str:
     return f"dlcp{os.getpid()}-{next(_counter)}"
 
 
+def _ifname(prefix: str, suffix: str) -> str:
+    """An interface name of the run ``prefix``: at most 15 characters (Linux's
+    limit) and always ending in ``suffix``, so the names of one run differ."""
+    return prefix[: 15 - len(suffix)] + suffix
+
+
 def require_tools(what: str, **needs: bool) -> None:
     """Raise :class:`NetnsError` naming what ``what`` needs and this host lacks."""
     missing = missing_tools(**needs)
@@ -208,9 +217,50 @@ def require_tools(what: str, **needs: bool) -> None:
         raise NetnsError(f"{what} needs {', '.join(missing)}")
 
 
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then delivered: a
+    second Ctrl-C must not cut a cleanup short and leave namespaces behind."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _cleanup(names: Sequence[str]) -> None:
-    for ns in names:
-        _run(["ip", "netns", "del", ns], check=False)
+    with signals_held():
+        for ns in names:
+            _run(["ip", "netns", "del", ns], check=False)
+
+
+def _lock_dir() -> str:
+    return "/run/lock" if os.access("/run/lock", os.W_OK) else tempfile.gettempdir()
+
+
+@contextmanager
+def prefix_lock(prefix: str) -> Iterator[None]:
+    """Hold ``prefix`` for one live testbed. A build removes what a crashed run
+    left under its names first; without this lock it would as well remove a
+    running testbed's. The lock (``flock``) ends with the process that held it,
+    so a crash leaves the prefix free for the next run."""
+    path = os.path.join(_lock_dir(), f"dlcp-testbed-{prefix}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise NetnsError(
+                f"prefix {prefix!r} is in use by a running testbed (pid {holder}, lock {path}): "
+                "stop that run or choose another --prefix"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 @contextmanager
@@ -222,8 +272,8 @@ def netns_pair(*, mtu: int = 1500, subnet: str = "10.213.7") -> Iterator[NetnsPa
         prefix,
         f"{prefix}a",
         f"{prefix}b",
-        f"{prefix}va"[:15],
-        f"{prefix}vb"[:15],
+        _ifname(prefix, "va"),
+        _ifname(prefix, "vb"),
         f"{subnet}.1",
         f"{subnet}.2",
         mtu,
@@ -323,14 +373,14 @@ def netns_line(*, mtu: int = 1500, subnet: str = "10.213") -> Iterator[NetnsLine
         prefix,
         f"{prefix}a",
         f"{prefix}b",
-        f"{prefix}va"[:15],
-        f"{prefix}vb"[:15],
+        _ifname(prefix, "va"),
+        _ifname(prefix, "vb"),
         f"{subnet}.8.2",
         f"{subnet}.9.2",
         mtu,
         ns_r=f"{prefix}r",
-        if_ra=f"{prefix}ra"[:15],
-        if_rb=f"{prefix}rb"[:15],
+        if_ra=_ifname(prefix, "ra"),
+        if_rb=_ifname(prefix, "rb"),
     )
     created: list[str] = []
     try:

@@ -45,6 +45,7 @@ Readiness is checked (routes present, every host pings every other host).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -55,10 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlcp.switch.policy import PolicyError, SwitchPolicy
+
 from .netns import (
     NetnsError,
     _cleanup,
     _run,
+    prefix_lock,
     require_segmentation_off,
     require_tools,
     run_prefix,
@@ -145,8 +149,8 @@ class Topology:
                 data = tomllib.load(f)
         except OSError as e:
             raise TopologyError(f"{p}: cannot read topology file: {e}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise TopologyError(f"{p}: not valid TOML: {e}") from e
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise TopologyError(f"{p}: not valid TOML (UTF-8): {e}") from e
         try:
             return cls.from_dict(data)
         except TopologyError as e:
@@ -318,10 +322,7 @@ def _validate(t: Topology) -> None:
         raise TopologyError("leaves/spines: at most 254 leaf-spine links")
     if not 68 <= t.mtu <= 65535:
         raise TopologyError(f"mtu: must be within 68..65535 (got {t.mtu})")
-    if t.link_rate_mbit <= 0:
-        raise TopologyError(f"link_rate_mbit: must be positive (got {t.link_rate_mbit})")
-    if t.buffer_packets <= 0:
-        raise TopologyError(f"buffer_packets: must be positive (got {t.buffer_packets})")
+    _check_link("", t.link_rate_mbit, t.buffer_packets)
     pairs = {frozenset((h.name, h.leaf)) for h in t.hosts}
     pairs |= {frozenset((leaf, spine)) for leaf in t.leaves for spine in t.spines}
     seen_links: set[frozenset[str]] = set()
@@ -337,10 +338,29 @@ def _validate(t: Topology) -> None:
         if pair in seen_links:
             raise TopologyError(f"{where}.between: link {a}--{b} is given twice")
         seen_links.add(pair)
-        if spec.link_rate_mbit is not None and spec.link_rate_mbit <= 0:
-            raise TopologyError(f"{where}.link_rate_mbit: must be positive")
-        if spec.buffer_packets is not None and spec.buffer_packets <= 0:
-            raise TopologyError(f"{where}.buffer_packets: must be positive")
+        _check_link(
+            f"{where}.",
+            t.link_rate_mbit if spec.link_rate_mbit is None else spec.link_rate_mbit,
+            t.buffer_packets if spec.buffer_packets is None else spec.buffer_packets,
+        )
+
+
+def _check_link(where: str, rate: float, buffer: int) -> None:
+    """A link's rate and buffer, as the switch profile will need them (``where``:
+    the table the values come from, ``""`` for the topology's own)."""
+    if not math.isfinite(rate) or not 0.001 <= rate < 1e9:
+        raise TopologyError(
+            f"{where}link_rate_mbit: must be a number from 0.001 (1 kbit/s) to 1e9, got {rate}"
+        )
+    if buffer < 2:
+        raise TopologyError(
+            f"{where}buffer_packets: must be at least 2 (drop-eligible packets are dropped "
+            f"below the full buffer), got {buffer}"
+        )
+    try:
+        SwitchPolicy.for_link(rate, buffer)
+    except PolicyError as e:
+        raise TopologyError(f"{where}buffer_packets: {e}") from None
 
 
 @dataclass
@@ -491,6 +511,14 @@ def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]
     t = topology
     net = Network(t, prefix)
     names = [f"{prefix}{n}" for n in t.nodes]
+    with prefix_lock(prefix), _built(net, names):
+        yield net
+
+
+@contextmanager
+def _built(net: Network, names: list[str]) -> Iterator[None]:
+    """``net``'s namespaces (``names``), built and checked; removed on exit."""
+    t = net.topology
     try:
         _cleanup(names)  # leftovers of a crashed run with the same names
         for ns in names:
@@ -517,6 +545,6 @@ def build(topology: Topology, *, prefix: str | None = None) -> Iterator[Network]
         for h in t.hosts:
             host_offloads_off(net, h.name, h.leaf)
         _check_ready(net)
-        yield net
+        yield
     finally:
         _cleanup(names)

@@ -354,6 +354,10 @@ def decode_data(
 # --------------------------------------------------------------------------- TOS
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class TosMap:
     """Priority class -> DSCP and drop eligibility -> ECN codepoint.
@@ -373,12 +377,13 @@ class TosMap:
                 f"TosMap.dscp needs one DSCP per priority class (8), got {len(self.dscp)}"
             )
         for c, d in enumerate(self.dscp):
-            if not 0 <= d <= 63:
-                raise ValueError(f"TosMap.dscp[{c}]={d} is not a DSCP (0..63)")
+            if not _is_int(d) or not 0 <= d <= 63:
+                raise ValueError(f"TosMap.dscp[{c}]={d!r} is not a DSCP (an integer 0..63)")
         for name in ("ecn_protected", "ecn_droppable"):
-            if not 0 <= getattr(self, name) <= 3:
+            if not _is_int(getattr(self, name)) or not 0 <= getattr(self, name) <= 3:
                 raise ValueError(
-                    f"TosMap.{name}={getattr(self, name)} is not an ECN codepoint (0..3)"
+                    f"TosMap.{name}={getattr(self, name)!r} is not an ECN codepoint "
+                    "(an integer 0..3)"
                 )
 
     def tos(self, prio: int, drop: bool) -> int:

@@ -19,7 +19,7 @@ import shlex
 import sys
 from typing import Any
 
-from .policy import PolicyError, SwitchPolicy, load_policy
+from .policy import PolicyError, SwitchPolicy, load_policy, on_link
 
 TARGETS = ("bmv2", "linux", "sonic")
 
@@ -83,8 +83,13 @@ def render(args: argparse.Namespace) -> str:
         lines = []
         for node in _switches(t, args.switch):
             for dev in _neighbours(t, node):
+                spec = t.link_spec(node, dev)  # a link with a rate or buffer of its own
+                if spec is not None:
+                    mine = on_link(policy, spec.link_rate_mbit, spec.buffer_packets)
+                else:
+                    mine = policy
                 lines.append(f"# {node}: egress {dev}")
-                lines += [shlex.join(c) for c in tc_commands(policy, dev)]
+                lines += [shlex.join(c) for c in tc_commands(mine, dev)]
         return "\n".join(lines)
     from .controller import fabric_config
 

@@ -182,6 +182,8 @@ class P4RuntimeClient:
 
     def _arbitrate(self) -> None:
         pr = self.protos
+        # a stream of its own: an earlier one's end (None) must not end this one
+        self._requests, self._responses = queue.Queue(), queue.Queue()
         self._stream = self._rpc("StreamChannel", "stream_stream")(self._request_iter())
         self._reader = threading.Thread(
             target=self._read_stream, args=(self._stream,), name="p4rt-stream", daemon=True

@@ -39,12 +39,13 @@ Policy files are TOML (:func:`load_policy`); every key is optional::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dlcp.proto.wire import TosMap
 
@@ -54,6 +55,7 @@ __all__ = [
     "PolicyError",
     "SwitchPolicy",
     "load_policy",
+    "on_link",
     "policy_from_dict",
 ]
 
@@ -65,9 +67,21 @@ class PolicyError(ValueError):
     """A switch policy is invalid; the message names the bad field."""
 
 
-def _check_pos_int(name: str, value: object) -> None:
+#: the deepest queue the P4 program can see (``enq_qdepth`` is 19 bits)
+MAX_QUEUE_PACKETS = (1 << 19) - 1
+#: tc's HTB quantum is 32 bits
+_MAX_QUANTUM = (1 << 32) - 1
+_DEPTH_LIMIT: dict[str, Any] = {
+    "maximum": MAX_QUEUE_PACKETS,
+    "why": "the deepest queue the P4 switch measures, 19 bits",
+}
+
+
+def _check_pos_int(name: str, value: object, *, maximum: int | None = None, why: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise PolicyError(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise PolicyError(f"{name} must be at most {maximum} ({why}), got {value!r}")
 
 
 def _check_rate(value: object) -> None:
@@ -120,10 +134,15 @@ class SwitchPolicy:
         if not isinstance(self.tos, TosMap):
             raise PolicyError(f"tos must be a TosMap, got {type(self.tos).__name__}")
         _check_rate(self.link_rate_mbit)
-        _check_pos_int("queue_packets", self.queue_packets)
-        _check_pos_int("drop_eligible_packets", self.drop_eligible_packets)
-        _check_pos_int("protected_weight", self.protected_weight)
-        _check_pos_int("mtu_bytes", self.mtu_bytes)
+        for name in ("queue_packets", "drop_eligible_packets"):
+            _check_pos_int(name, getattr(self, name), **_DEPTH_LIMIT)
+        _check_pos_int("mtu_bytes", self.mtu_bytes, maximum=65535, why="an IPv4 packet")
+        _check_pos_int(
+            "protected_weight",
+            self.protected_weight,
+            maximum=_MAX_QUANTUM // self.mtu_bytes,
+            why="tc's quantum, weight x mtu_bytes, is 32 bits",
+        )
         if self.drop_eligible_packets >= self.queue_packets:
             raise PolicyError(
                 f"drop_eligible_packets ({self.drop_eligible_packets}) must be smaller "
@@ -144,7 +163,7 @@ class SwitchPolicy:
             seen.add(o.cls)
             for name in ("queue_packets", "drop_eligible_packets"):
                 if getattr(o, name) is not None:
-                    _check_pos_int(f"{where}.{name}", getattr(o, name))
+                    _check_pos_int(f"{where}.{name}", getattr(o, name), **_DEPTH_LIMIT)
             q, d = self.queue_limit(o.cls), self.drop_threshold(o.cls)
             if d >= q:
                 raise PolicyError(
@@ -236,6 +255,27 @@ class FifoPolicy:
     def __post_init__(self) -> None:
         _check_rate(self.link_rate_mbit)
         _check_pos_int("queue_packets", self.queue_packets)
+
+
+_Policy = TypeVar("_Policy", SwitchPolicy, FifoPolicy)
+
+
+def on_link(policy: _Policy, link_rate_mbit: float | None, queue_packets: int | None) -> _Policy:
+    """``policy`` for one link that has a rate or buffer of its own (None: the
+    policy's); a DLCP policy's drop-eligible threshold keeps its share of the
+    buffer. The testbed installs this on every link a topology file names in
+    ``[[links]]``, and ``dlcp switch config`` prints it."""
+    rate = policy.link_rate_mbit if link_rate_mbit is None else link_rate_mbit
+    queue = policy.queue_packets if queue_packets is None else queue_packets
+    if isinstance(policy, SwitchPolicy):
+        share = policy.drop_eligible_packets / policy.queue_packets
+        return dataclasses.replace(
+            policy,
+            link_rate_mbit=rate,
+            queue_packets=queue,
+            drop_eligible_packets=max(1, min(queue - 1, round(share * queue))),
+        )
+    return dataclasses.replace(policy, link_rate_mbit=rate, queue_packets=queue)
 
 
 # ---- policy files -------------------------------------------------------------
@@ -339,8 +379,8 @@ def load_policy(path: str | os.PathLike[str] | None = None) -> SwitchPolicy:
             data = tomllib.load(f)
     except OSError as e:
         raise PolicyError(f"{p}: cannot read policy file: {e}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError(f"{p}: not valid TOML: {e}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise PolicyError(f"{p}: not valid TOML (UTF-8): {e}") from e
     try:
         return policy_from_dict(data)
     except PolicyError as e:

@@ -218,6 +218,19 @@ def test_rpc_deadline(fake_server: FakeServer, device: FakeDevice, p4info_file: 
         c.write_entries(helper, entries)
 
 
+def test_client_connects_again_after_close(
+    fake_server: FakeServer, device: FakeDevice, p4info_file: Path
+) -> None:
+    # the first stream's end must not end the second one's arbitration
+    helper = P4InfoHelper.from_file(p4info_file)
+    entries = fabric_config(_topology(), SwitchPolicy(n_classes=1))["leaf1"].entries[:3]
+    c = P4RuntimeClient(fake_server.address, 0, timeout=2)
+    for _ in range(2):
+        with c:
+            c.write_entries(helper, entries)
+    assert len(device.writes) == 2, device.writes
+
+
 def test_rpc_before_connect() -> None:
     protos()
     c = P4RuntimeClient("127.0.0.1:1", 0)

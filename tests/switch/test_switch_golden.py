@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,21 @@ def test_cli_errors_name_the_problem(capsys: pytest.CaptureFixture[str], tmp_pat
     assert "spines: at least one spine" in capsys.readouterr().err
     assert dlcp_main(["switch", "config", "--target", "sonic", "--ports", "Ethernet0,"]) == 2
     assert "ports: invalid port name ''" in capsys.readouterr().err
+
+
+def test_linux_config_of_a_link_with_its_own_rate_and_buffer() -> None:
+    """leaf_spine_8h.toml gives leaf4--spine3 500 Mbit/s and 50 packets: that
+    link's tc profile says so (the rest of leaf4 keeps 1000 and 100), as the
+    testbed installs it."""
+    topology = Path(__file__).resolve().parents[2] / "testbed/topologies/leaf_spine_8h.toml"
+    out = render(_args(target="linux", topology=str(topology), switch="leaf4"))
+    blocks = {b.split("\n", 1)[0]: b for b in out.split("# leaf4: egress ")[1:]}
+    assert set(blocks) == {"h7", "h8", "spine1", "spine2", "spine3"}, sorted(blocks)
+    assert "classid 1:1 htb rate 500000kbit ceil 500000kbit" in blocks["spine3"]
+    assert "classid 1:1 htb rate 1000000kbit ceil 1000000kbit" in blocks["spine2"]
+    limits = {b: re.findall(r"pfifo limit (\d+)", blocks[b]) for b in ("spine3", "spine2")}
+    assert set(limits["spine3"]) == {"50", "20"}, limits  # drop-eligible: 2/5 of the buffer
+    assert set(limits["spine2"]) == {"100", "40"}, limits
 
 
 def test_sonic_drop_eligible_threshold_below_queue() -> None:

@@ -89,6 +89,13 @@ def test_for_link_matches_the_testbed() -> None:
         ({"link_rate_mbit": -1}, r"link_rate_mbit must be a number from 0\.001 .* got -1"),
         ({"link_rate_mbit": float("inf")}, r"link_rate_mbit must be a number .* got inf"),
         ({"mtu_bytes": 0}, "mtu_bytes must be a positive integer"),
+        ({"queue_packets": 700_000, "drop_eligible_packets": 600_000},
+         r"queue_packets must be at most 524287 \(the deepest queue the P4 switch measures"),
+        ({"classes": {"3": {"queue_packets": 600_000}}},
+         r"classes.3.queue_packets must be at most 524287"),
+        ({"protected_weight": 3_000_000},
+         r"protected_weight must be at most 2863311 \(tc's quantum, weight x mtu_bytes, is 32"),
+        ({"mtu_bytes": 70_000}, r"mtu_bytes must be at most 65535"),
         ({"queue_packets": 10, "drop_eligible_packets": 10},
          r"drop_eligible_packets \(10\) must be smaller than queue_packets \(10\)"),
         ({"tos": {"dscp": [0, 8]}}, "tos: TosMap.dscp needs one DSCP per priority class"),
@@ -113,6 +120,16 @@ def test_validation_names_the_field(data: dict[str, Any], match: str) -> None:
         policy_from_dict(data)
 
 
+def test_tos_map_takes_integers_only() -> None:
+    # (a policy file's TOML is type-checked before; this is the Python API's check)
+    from dlcp.proto.wire import TosMap
+
+    with pytest.raises(ValueError, match=r"TosMap.dscp\[7\]=56\.0 is not a DSCP \(an integer"):
+        TosMap(dscp=(0, 8, 16, 24, 32, 40, 48, 56.0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"TosMap.ecn_protected=True is not an ECN codepoint"):
+        TosMap(ecn_protected=True)
+
+
 def test_duplicate_override() -> None:
     with pytest.raises(PolicyError, match=r"classes\.2: class given twice"):
         SwitchPolicy(classes=(ClassQueue(2, 50), ClassQueue(2, 60)))
@@ -124,6 +141,9 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("n_classes = = 3")
     with pytest.raises(PolicyError, match=r"bad\.toml: not valid TOML"):
+        load_policy(bad)
+    bad.write_bytes(b"\xff\xfe n_classes = 4\n")
+    with pytest.raises(PolicyError, match=r"bad\.toml: not valid TOML \(UTF-8\)"):
         load_policy(bad)
     wrong = tmp_path / "wrong.toml"
     wrong.write_text("n_classes = 0")

@@ -78,8 +78,12 @@ def test_load_from_file(tmp_path: Path) -> None:
         (_with(leaves=["lo"]), r"leaves\.lo: invalid name"),
         (_with(mtu=20), r"mtu: must be within"),
         (_with(mtu="big"), r"mtu: must be an integer"),
-        (_with(link_rate_mbit=0), r"link_rate_mbit: must be positive"),
-        (_with(buffer_packets=-1), r"buffer_packets: must be positive"),
+        (_with(link_rate_mbit=0), r"link_rate_mbit: must be a number from 0\.001 .* got 0"),
+        (_with(link_rate_mbit=float("nan")), r"link_rate_mbit: .* got nan"),
+        (_with(link_rate_mbit=float("inf")), r"link_rate_mbit: .* got inf"),
+        (_with(buffer_packets=-1), r"buffer_packets: must be at least 2 .* got -1"),
+        (_with(buffer_packets=1), r"buffer_packets: must be at least 2 .* got 1"),
+        (_with(buffer_packets=600_000), r"buffer_packets: queue_packets must be at most 524287"),
         (_with(hosts={}), r"hosts: must be a non-empty table"),
         (_with(hosts={"h1": {"leaf": "leaf1", "rate": 3}}), r"hosts\.h1\.rate: unknown field"),
         (_with(colour="red"), r"colour: unknown field"),
@@ -101,6 +105,9 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         Topology.load(p)
     with pytest.raises(TopologyError, match="cannot read"):
         Topology.load(tmp_path / "absent.toml")
+    p.write_bytes(b"\xff\xfe leaves = []\n")  # not UTF-8
+    with pytest.raises(TopologyError, match=r"bad\.toml: not valid TOML \(UTF-8\)"):
+        Topology.load(p)
 
 
 # --- building (root) ------------------------------------------------------------------
@@ -294,7 +301,12 @@ def test_links_override_rate_and_buffer(tmp_path: Path) -> None:
         ('[[links]]\nbetween = ["h1", "spine1"]\n', "h1 and spine1 share no link"),
         ('[[links]]\nbetween = ["h1", "leaf9"]\n', "unknown node 'leaf9'"),
         ('[[links]]\nbetween = ["h1"]\n', "two node names"),
-        ('[[links]]\nbetween = ["h1", "leaf1"]\nlink_rate_mbit = 0\n', "must be positive"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\nlink_rate_mbit = 0\n',
+         r"links\[0\]\.link_rate_mbit: must be a number from 0\.001"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\nlink_rate_mbit = nan\n',
+         r"links\[0\]\.link_rate_mbit: .* got nan"),
+        ('[[links]]\nbetween = ["h1", "leaf1"]\nbuffer_packets = 1\n',
+         r"links\[0\]\.buffer_packets: must be at least 2"),
         ('[[links]]\nbetween = ["h1", "leaf1"]\nspeed = 1\n', "speed: unknown field"),
         ('[[links]]\nbetween = ["h1", "leaf1"]\n[[links]]\nbetween = ["leaf1", "h1"]\n',
          "given twice"),

@@ -426,7 +426,8 @@ def test_tos_map_is_configurable() -> None:
         ({"dscp": (0, 8, 16)}, r"^TosMap\.dscp needs one DSCP per priority class \(8\), got 3$"),
         ({"dscp": (0, 8, 16, 24, 32, 40, 48, 64)}, r"^TosMap\.dscp\[7\]=64 is not a DSCP"),
         ({"dscp": (-1, 8, 16, 24, 32, 40, 48, 56)}, r"^TosMap\.dscp\[0\]=-1 is not a DSCP"),
-        ({"ecn_protected": 4}, r"^TosMap\.ecn_protected=4 is not an ECN codepoint \(0\.\.3\)$"),
+        ({"ecn_protected": 4},
+         r"^TosMap\.ecn_protected=4 is not an ECN codepoint \(an integer 0\.\.3\)$"),
         ({"ecn_droppable": -1}, r"^TosMap\.ecn_droppable=-1 is not an ECN codepoint"),
     ],
 )
