@@ -99,10 +99,11 @@ def _mininet_class() -> Any:
     return _Net
 
 
-def _check_shaped(net: MininetNetwork) -> None:
-    """TCLink's HTB (root handle 5:) is on every interface: Mininet only logs tc errors."""
-    for node, peers in net.ifaces.items():
-        for dev in peers.values():
+def _check_shaped(net: MininetNetwork, links: list[tuple[str, str]]) -> None:
+    """TCLink's HTB (root handle 5:) is on both ends of every shaped link: Mininet
+    only logs tc errors."""
+    for a, b in links:
+        for node, dev in ((a, net.ifaces[a][b]), (b, net.ifaces[b][a])):
             out = net.run(node, ["tc", "qdisc", "show", "dev", dev, "root"]).stdout
             if "htb 5:" not in out:
                 raise NetnsError(f"TCLink shaping missing on {node}:{dev}: {out.strip()!r}")
@@ -133,9 +134,7 @@ def build_mininet(
         topo=None, controller=None, host=Host, link=TCLink, build=False, cleanup=False
     )
     net = MininetNetwork(t, prefix, mininet=mn)
-    link_opts: dict[str, Any] = {}
-    if t.link_rate_mbit <= _MAX_TCLINK_MBIT:
-        link_opts["bw"] = t.link_rate_mbit
+    shaped: list[tuple[str, str]] = []  # links TCLink shapes (up to its maximum rate)
     with prefix_lock(prefix):  # (see netns.prefix_lock)
         try:
             _cleanup(names)  # names left behind by a crashed run (their namespaces with them)
@@ -149,10 +148,15 @@ def build_mininet(
             for lower, upper, addr_l, addr_u, _subnet in t.links():
                 # the veth pair is created inside lower's namespace with its peer in
                 # upper's (mininet.util.makeIntfPair), so names need only be unique per node
+                spec = t.link_spec(lower, upper)  # a link's own rate wins
+                rate = spec.link_rate_mbit if spec and spec.link_rate_mbit else t.link_rate_mbit
+                opts: dict[str, Any] = {"bw": rate} if rate <= _MAX_TCLINK_MBIT else {}
+                if opts:
+                    shaped.append((lower, upper))
                 setLogLevel("critical")  # tc's "quantum of class is big" warnings, as errors
                 try:
                     link = mn.addLink(
-                        mn[lower], mn[upper], intfName1=upper, intfName2=lower, **link_opts
+                        mn[lower], mn[upper], intfName1=upper, intfName2=lower, **opts
                     )
                 finally:
                     setLogLevel("warning")
@@ -164,8 +168,7 @@ def build_mininet(
                     _run(["ip", "-n", net.ns(node), "addr", "add", f"{addr}/24", "dev", dev])
                     _run(["ip", "-n", net.ns(node), "link", "set", "dev", dev, "up"])
                     intf.ip, intf.prefixLen = addr, 24  # so node.IP() and the CLI know it
-            if link_opts:
-                _check_shaped(net)
+            _check_shaped(net, shaped)
             for node, argv in route_commands(t):
                 net.run(node, argv)
             for h in t.hosts:

@@ -119,3 +119,21 @@ def test_cli_up_with_mininet_cli() -> None:
     assert "qdisc htb 1: " in qdiscs and qdiscs.count("qdisc pfifo") >= 8, qdiscs[-3000:]
     assert "testbed removed" in proc.stdout
     assert not {n for n in _netns() if n.startswith(prefix)}
+
+
+def test_a_link_with_its_own_rate_is_shaped_at_it(tmp_path: Path) -> None:
+    """TCLink shapes each link at its own rate: a ``[[links]]`` override wins."""
+    p = tmp_path / "t.toml"
+    p.write_text(
+        'leaves = ["leaf1"]\nspines = ["spine1"]\nlink_rate_mbit = 200\n[hosts]\nh1 = "leaf1"\n'
+        '[[links]]\nbetween = ["leaf1", "spine1"]\nlink_rate_mbit = 50\n'
+    )
+    t = Topology.load(p)
+    with build_mininet(t, prefix=f"dlcpml{os.getpid() % 100000}-") as net:
+        def rates(node: str, peer: str) -> str:
+            dev = net.ifaces[node][peer]
+            return net.run(node, ["tc", "class", "show", "dev", dev]).stdout
+
+        assert "rate 50Mbit" in rates("leaf1", "spine1"), rates("leaf1", "spine1")
+        assert "rate 50Mbit" in rates("spine1", "leaf1")
+        assert "rate 200Mbit" in rates("leaf1", "h1"), rates("leaf1", "h1")
