@@ -36,6 +36,9 @@ averaging the gradients adds to it, and ``floor_ratio_loss`` (``nocomm_iter_s``
 over Gloo's iteration under loss) is the lowest ``ratio_loss`` any transport
 could reach, one that cost nothing.
 
+The configurations run one after another, a job each (not interleaved), so
+every ratio also carries whatever the machine drifted between those jobs.
+
 The last stdout line (``--json``) is one JSON object with every figure.
 """
 

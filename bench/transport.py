@@ -49,11 +49,13 @@ Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
 With root, phases 4 and 5 also time the **UDP floor** (``udp_floor_*``): the
 same bytes in datagrams of DLCP's size, each sent once through DLCP's own UDP
 layer with no protocol above it (no packing, no loss recovery, nothing
-acknowledged per message), from the first send to the receiver's last read
-that got data. No transport that sends every byte at least once, DLCP
-included, can take less time than this on the path; ``udp_floor_ratio_loss_*``
-is the floor over TCP, the lowest ``ratio_loss_*`` such a transport could
-reach in the same run.
+acknowledged per message; ``--floor-senders`` threads, a socket each), from the
+first send to the receiver's last read that got data (DLCP's and TCP's times
+end a little later, at the sender's acknowledgement). DLCP sends the same way,
+so its transfers cannot take less time on this path; ``udp_floor_ratio_loss_*``
+is the floor over TCP, the lowest ``ratio_loss_*`` a transport that sends every
+byte this way could reach in the same run. A lossy floor transfer fails the run
+if it misses more datagrams than the router dropped or its socket overflowed.
 
 The last stdout line (with ``--json``) is one JSON object with every figure.
 ``DLCP_*`` environment variables tune the endpoints (e.g. ``DLCP_PACER``).
@@ -308,6 +310,22 @@ class Bench:
         return Rep(seconds, tx, rx, timers)
 
 
+def _check_floor_shortfall(rep: Rep, dropped: int) -> None:
+    """A lossy floor transfer may miss only what the network dropped (``dropped``
+    packets of either direction: at least every datagram it lost); a socket
+    overflow or a receiver that stopped early would pass for loss and make the
+    floor look faster than it is."""
+    rx = rep.receiver
+    overflow = rx["counters"]["udp_RcvbufErrors"]
+    missing = (rx["expected_bytes"] - rx["bytes"]) // rx["segment_bytes"]
+    if overflow or missing > dropped:
+        raise WorkerError(
+            f"UDP floor transfer: {missing} datagrams missing, the router dropped {dropped} "
+            f"packets and the receive socket overflowed {overflow} times: the floor's "
+            "receiver did not keep up, so its time would not be a floor"
+        )
+
+
 def _free_port_bases(requested: int | None) -> tuple[int, int]:
     """Two port bases with 8 free ports each on loopback (checked now; if another
     program takes one before the worker binds it, the worker's error says so)."""
@@ -371,6 +389,8 @@ def _worker_argv(
         str(args.dlcp_timeout),
         "--seed",
         str(args.seed),
+        "--floor-senders",
+        str(args.floor_senders),
     ]
     if args.instrument:
         argv.append("--instrument")
@@ -403,7 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if pair is None:
             extra = 2 * lossless
         else:
-            extra = (3 * lossless if args.loss_offloads == "off" else 0) + reps
+            extra = (3 * lossless if args.loss_offloads == "off" else 0) + reps + 1
         progress = Progress(3 + 3 * lossless + 2 * reps + extra, not args.no_progress)
         if pair is None:
             hosts, bases = ("127.0.0.1", "127.0.0.1"), _free_port_bases(args.port_base)
@@ -441,6 +461,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 res["emulated_dropped"] = stats["recv"]["stats"]["emulated_loss_dropped"]
             else:
                 pair.set_offloads(on=args.loss_offloads == "on")
+                bench.rep("floor", "plain", 0.0, "warm-up floor")
                 # the same without loss: what turning offloads off costs each transport
                 for _ in range(lossless if args.loss_offloads == "off" else 0):
                     for transport in ("dlcp", "tcp", "floor"):
@@ -458,10 +479,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(reps):
                     for transport in ("dlcp", "tcp", "floor"):
                         before = pair.dropped(counted)
-                        res[f"{transport}_loss"].append(
-                            bench.rep(transport, "plain", args.p, "loss")
-                        )
-                        res["nft"][transport] += pair.dropped(counted) - before
+                        rep = bench.rep(transport, "plain", args.p, "loss")
+                        dropped = pair.dropped(counted) - before
+                        if transport == "floor":
+                            _check_floor_shortfall(rep, dropped)
+                        res[f"{transport}_loss"].append(rep)
+                        res["nft"][transport] += dropped
         finally:
             progress.finish()
             for w in workers:
@@ -532,6 +555,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=1, help="seed of the loss emulator")
     ap.add_argument(
+        "--floor-senders",
+        type=int,
+        default=1,
+        help="threads (each with a socket of its own) that send the UDP floor's datagrams "
+        "(default 1, as DLCP sends)",
+    )
+    ap.add_argument(
         "--instrument", action="store_true", help="time the DLCP I/O threads by activity"
     )
     ap.add_argument(
@@ -557,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     args.size_bytes = int(args.size_mib * 2**20) // 4 * 4
+    if args.floor_senders < 1:
+        raise SystemExit(f"dlcp bench transport: --floor-senders={args.floor_senders} < 1")
     if args.repetitions < 1 or args.lossless_repetitions < 1 or args.size_bytes < 4:
         raise SystemExit("dlcp bench transport: repetitions and size must be positive")
     if not 0 < args.loss < 100:

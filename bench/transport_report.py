@@ -137,7 +137,7 @@ def summary(
             "tcp_gbps": _gbps(nbytes, nt),
             "ratio": round(nt / nd, 3),
         }
-    out.update(_floor(nbytes, res, tloss))
+    out.update(_floor(nbytes, args.floor_senders, res, tloss))
     if kernel_loss:
         fraction = res["nft"]["dlcp"] / max(1, packets)
         out["nft_dropped_dlcp_fraction"] = round(fraction, 5)
@@ -179,14 +179,16 @@ def summary(
 
 FLOOR_METHOD = (
     "the same bytes in datagrams of DLCP's size, each sent once through DLCP's UDP layer "
-    "(dlcp.io.udp.DataSockets: sendmmsg, GSO as configured) with no protocol above it, "
-    "built before timing; time from the first send to the receiver's last read that got "
-    "data (CLOCK_MONOTONIC, one kernel). Whatever DLCP's protocol does, a transfer "
-    "that sends every byte takes at least this long on this path"
+    "(dlcp.io.udp.DataSockets: sendmmsg, GSO as configured; udp_floor_senders threads, a "
+    "socket each) with no protocol above it, built before timing; time from the first send "
+    "to the receiver's last read that got data (CLOCK_MONOTONIC, one kernel; DLCP's and "
+    "TCP's times end a little later, when the sender has the receiver's acknowledgement). "
+    "DLCP sends this way, so whatever its protocol does, its transfer takes at least this "
+    "long on this path; so does any transport that sends every byte this way"
 )
 
 
-def _floor(nbytes: int, res: dict[str, Any], tloss: list[float]) -> dict[str, Any]:
+def _floor(nbytes: int, senders: int, res: dict[str, Any], tloss: list[float]) -> dict[str, Any]:
     """The UDP floor's figures (root only; null without it)."""
     floor = [r.seconds for r in res["floor_loss"]]
     if not floor:
@@ -201,6 +203,7 @@ def _floor(nbytes: int, res: dict[str, Any], tloss: list[float]) -> dict[str, An
         }
     out: dict[str, Any] = {
         "udp_floor_method": FLOOR_METHOD,
+        "udp_floor_senders": senders,
         "udp_floor_loss_median_s": round(_median(floor), 4),
         "udp_floor_loss_min_s": round(min(floor), 4),
         "udp_floor_loss_p99_s": round(_p99(floor), 4),
@@ -258,7 +261,7 @@ def table(r: dict[str, Any]) -> str:
         rows.append(
             f"{'  UDP floor, median s (see JSON)':<34}{r['udp_floor_loss_median_s']:>10.4f}"
             f"{r['tcp_loss_median_s']:>10.4f}{r['udp_floor_ratio_loss_median']:>10.3f}"
-            "  (no protocol: the least any transport sending every byte once takes)"
+            f"  (no protocol, {r['udp_floor_senders']} sender(s): every byte sent once)"
         )
         rows.append(
             f"{'  UDP floor, p99 s':<34}{r['udp_floor_loss_p99_s']:>10.4f}"

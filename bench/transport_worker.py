@@ -41,8 +41,10 @@ __all__ = ["ENDPOINT_PORTS", "FLOOR_PORT", "KEY_ENV", "TCP_PORT", "worker_main"]
 ENDPOINT_PORTS = {"plain": 0, "auth": 2, "emul": 4}
 TCP_PORT = 6
 FLOOR_PORT = 7
+#: seconds of silence after the sender's last send that end a floor transfer
+FLOOR_QUIET = 0.05
 #: environment variable with the authentication key (hex), set by the parent
-KEY_ENV = "DLCP_AUTH_KEY"  # a DLCP_* name that EndpointConfig.from_env leaves alone
+KEY_ENV = "DLCPBENCH_AUTH_KEY"  # not DLCP_*: EndpointConfig.from_env refuses unknown ones
 _SEED = 20240
 
 
@@ -407,54 +409,76 @@ class Worker:
         return self._floor_records
 
     def _send_floor(self, counters: dict[str, int]) -> None:
-        """Every datagram once through DLCP's UDP layer, then a byte on the TCP
-        connection that says so; timed until the receiver's acknowledgement."""
+        """Every datagram once through DLCP's UDP layer (``--floor-senders``
+        threads, each its share on a socket of its own: ``send`` releases the
+        GIL), then a byte on the TCP connection that says so; timed until the
+        receiver's acknowledgement."""
         assert self.tcp is not None, "connect first"
         records = memoryview(self._records())
+        seg, n = self.floor_segment, self.floor_datagrams
+        parts = len(self.floor.send_socks)
+        bounds = [n * i // parts for i in range(parts + 1)]
+        sent = [0] * parts
+        errors: list[BaseException] = []
+
+        def send_part(i: int) -> None:
+            a, b = bounds[i], bounds[i + 1]
+            try:
+                sent[i] = self.floor.send(
+                    records[a * seg : b * seg], seg, b - a, path=i, tos=0, addr=self.floor_addr
+                )
+            except BaseException as exc:  # raised below, in this thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=send_part, args=(i,)) for i in range(1, parts)]
         start = time.monotonic()
         t0 = time.perf_counter()
-        sent = self.floor.send(
-            records,
-            self.floor_segment,
-            self.floor_datagrams,
-            path=0,
-            tos=0,
-            addr=self.floor_addr,
-        )
+        for t in threads:
+            t.start()
+        send_part(0)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
         self.tcp.sendall(b"\x02")
         if self.tcp.recv(1) != b"\x01":
             raise ConnectionError("UDP floor receiver closed instead of acknowledging")
         seconds = time.perf_counter() - t0
         self.emit(
-            op="send", seconds=seconds, start=start, datagrams=sent, counters=_delta(counters)
+            op="send", seconds=seconds, start=start, datagrams=sum(sent), counters=_delta(counters)
         )
 
     def _expect_floor(self, bound: float) -> None:
         """Read datagrams (counting them, nothing else) until the sender's byte on
-        the TCP connection says it sent them all, then whatever is still queued;
-        the time of the last read that got data is when the last datagram came."""
+        the TCP connection says it sent them all, and then until the socket has
+        been quiet for ``FLOOR_QUIET`` s: that byte may overtake datagrams still
+        queued in the router or held by GRO. The time of the last read that got
+        data is when the last datagram came; the quiet wait is not in it."""
         assert self.tcp is not None, "accept first"
-        counters = _snmp()
         sock, floor = self.tcp, self.floor
+        while floor.receive(_look_at_nothing):  # a late datagram of an earlier transfer
+            pass
+        counters = _snmp()
         got, last = 0, None
         self.emit(op="expect", event="expecting")
         with selectors.DefaultSelector() as sel:
             sel.register(floor.recv_sock, selectors.EVENT_READ, "udp")
             sel.register(sock, selectors.EVENT_READ, "tcp")
             sent_all = False
-            while not sent_all:
-                ready = sel.select(self.timeout)
+            while True:
+                ready = sel.select(FLOOR_QUIET if sent_all else self.timeout)
                 if not ready:
+                    if sent_all:
+                        break  # quiet since the sender finished: nothing more is coming
                     raise TimeoutError(f"UDP floor: nothing for {self.timeout:g} s ({got} bytes)")
                 for key, _ in ready:
                     if key.data == "tcp":
                         if sock.recv(1) != b"\x02":
                             raise ConnectionError("UDP floor sender closed the TCP connection")
                         sent_all = True
+                        sel.unregister(sock)
                     elif n := floor.receive(_look_at_nothing):
                         got, last = got + n, time.monotonic()
-        while n := floor.receive(_look_at_nothing):  # what was queued behind the sender's byte
-            got, last = got + n, time.monotonic()
         sock.sendall(b"\x01")
         expected = self.floor_datagrams * self.floor_segment
         self.emit(
@@ -463,7 +487,9 @@ class Worker:
             last=last,
             bytes=got,
             expected_bytes=expected,
-            # lossless: every datagram; under loss the floor only counts
+            segment_bytes=self.floor_segment,
+            # lossless: every datagram; under loss the parent holds the shortfall
+            # to the datagrams the network dropped
             verified=got == expected if bound == 0 else last is not None,
             counters=_delta(counters),
         )
@@ -479,10 +505,12 @@ def _floor_sockets(args: argparse.Namespace, cfg: Any, role: str) -> Any:
     from dlcp.io.udp import DataSockets
 
     port = args.port_base + FLOOR_PORT if role == "recv" else 0
+    senders = args.floor_senders if role == "send" else 1
     try:
         return DataSockets(
-            args.host, port, 1, gso=cfg.gso, gro=cfg.gro, rcvbuf=cfg.rcvbuf, sndbuf=cfg.sndbuf
-        )
+            args.host, port, senders, gso=cfg.gso, gro=cfg.gro, rcvbuf=cfg.rcvbuf,
+            sndbuf=cfg.sndbuf,
+        )  # fmt: skip
     except OSError as exc:
         raise OSError(f"UDP floor socket on {args.host}:{port}: {exc}") from exc
 

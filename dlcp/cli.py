@@ -7,6 +7,33 @@ import importlib
 import sys
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _at_least_one(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1..65535)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < 86400:  # (also refuses nan and inf)
+        raise argparse.ArgumentTypeError(f"must be within 0..86400 seconds, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dlcp", description="DLCP gradient transport")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -16,29 +43,29 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--loss", type=float, default=0.05, help="drop probability on the lossy path (default 0.05)"
     )
-    demo.add_argument("--steps", type=int, default=5)
+    demo.add_argument("--steps", type=_at_least_one, default=5)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true")
 
     launch = sub.add_parser(
         "launch", help="run N local ranks with torchrun's env:// variables (dlcp.launch)"
     )
-    launch.add_argument("-n", "--nproc-per-node", dest="nproc", type=int, required=True)
+    launch.add_argument("-n", "--nproc-per-node", dest="nproc", type=_at_least_one, required=True)
     launch.add_argument("-m", "--module", action="store_true", help="run target as a module")
     launch.add_argument(
         "--no-python", action="store_true", help="run target as an executable, not with python"
     )
-    launch.add_argument("--master-port", type=int, default=None, help="default: a free port")
+    launch.add_argument("--master-port", type=_port, default=None, help="default: a free port")
     launch.add_argument("--no-prefix", action="store_true", help="do not prefix [rankN]:")
-    launch.add_argument("--grace", type=float, default=10.0, help="SIGTERM->SIGKILL seconds")
+    launch.add_argument("--grace", type=_seconds, default=10.0, help="SIGTERM->SIGKILL seconds")
     launch.add_argument("target", help="script (or module with -m)")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="passed to every rank")
 
     train = sub.add_parser(
         "train-demo", help="the main job: digits CNN on 4 ranks over DLCP and Gloo, plot"
     )
-    train.add_argument("-n", "--nproc", type=int, default=4)
-    train.add_argument("--epochs", type=int, default=8)
+    train.add_argument("-n", "--nproc", type=_at_least_one, default=4)
+    train.add_argument("--epochs", type=_at_least_one, default=8)
     train.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
     train.add_argument(
         "--loss", type=float, default=0.01, help="EMULATED loss on DLCP (default 0.01)"

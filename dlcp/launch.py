@@ -275,13 +275,14 @@ class _Watch:
             self.wake_w.send(b"x")
 
     def run(self) -> LaunchResult:
-        installed, previous = _install_term_handler()
+        previous = _install_term_handlers()
         try:
             return self._loop()
         except (KeyboardInterrupt, _Interrupted) as exc:
             signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
-            _stop(self.procs, self.grace)
-            self._drain()
+            with signals_ignored():  # a second Ctrl-C must not cut the stopping short
+                _stop(self.procs, self.grace)
+                self._drain()
             return self._result(
                 128 + signum,
                 None,
@@ -289,9 +290,10 @@ class _Watch:
                 interrupted=True,
             )
         finally:
-            _stop(self.procs, self.grace)
-            if installed:
-                signal.signal(signal.SIGTERM, previous)
+            with signals_ignored():
+                _stop(self.procs, self.grace)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             self.sel.close()
             self.wake_r.close()
             self.wake_w.close()
@@ -383,20 +385,49 @@ class _Watch:
         )
 
 
-def _install_term_handler() -> tuple[bool, Any]:
-    """SIGTERM raises in the main thread, so the children are stopped as on Ctrl-C.
-    Returns (installed, previous handler); elsewhere SIGTERM is left alone."""
+#: signals that stop the ranks as Ctrl-C does (a closed terminal: SIGHUP)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _install_term_handlers() -> dict[int, Any]:
+    """SIGTERM and SIGHUP raise in the main thread, so the children are stopped as
+    on Ctrl-C. Returns the handlers replaced (to restore); from another thread, or
+    where a handler was installed from C, that signal is left alone."""
 
     def on_term(signum: int, frame: object) -> None:
         raise _Interrupted(signum)
 
     if threading.current_thread() is not threading.main_thread():
-        return False, None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is None:  # installed from C: cannot be restored from Python
-        return False, None
-    signal.signal(signal.SIGTERM, on_term)
-    return True, previous
+        return {}
+    previous: dict[int, Any] = {}
+    for signum in _STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if handler is None:  # installed from C: cannot be restored from Python
+            continue
+        previous[signum] = handler
+        signal.signal(signum, on_term)
+    return previous
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP ignored while the block runs (in the main
+    thread; elsewhere nothing changes), then their handlers back: a second
+    Ctrl-C must not cut the stopping of the ranks short and leave some running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, *_STOP_SIGNALS)
+    previous = {s: signal.getsignal(s) for s in held}
+    for s in held:
+        if previous[s] is not None:
+            signal.signal(s, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
 
 
 def run_cli(
@@ -418,7 +449,11 @@ def run_cli(
         cmd = [target, *args]
     else:
         cmd = [sys.executable, "-u", *(["-m", target] if module else [target]), *args]
-    result = launch(cmd, nproc, master_port=master_port, prefix=prefix, grace=grace)
+    try:
+        result = launch(cmd, nproc, master_port=master_port, prefix=prefix, grace=grace)
+    except OSError as exc:  # the command cannot be started (no such file, not executable)
+        print(f"dlcp launch: cannot start {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if result.returncode != 0:
         print(f"dlcp launch: {result.message}", file=sys.stderr, flush=True)
     return result.returncode

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,22 +57,32 @@ def env_job(env: Mapping[str, str] | None = None) -> JobInfo:
     rank, world = int(values["RANK"]), int(values["WORLD_SIZE"])
     if not 0 <= rank < world:
         raise ConfigError(f"RANK={rank} outside 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
+    local_rank = env.get("LOCAL_RANK", "0")
+    if not local_rank.isdigit():
+        raise ConfigError(f"LOCAL_RANK={local_rank!r} is not a non-negative integer")
     return JobInfo(
         rank,
         world,
-        int(env.get("LOCAL_RANK", "0")),
+        int(local_rank),
         str(values["MASTER_ADDR"]),
         int(values["MASTER_PORT"]),
     )
 
 
-def local_address(master_addr: str) -> str:
-    """The address of this host on the route to the master (loopback stays loopback)."""
+def local_address(master_addr: str, *, hosts_beyond: bool = False) -> str:
+    """The address of this host on the route to the master (loopback stays
+    loopback, unless ``hosts_beyond``: ranks on other hosts could not reach it)."""
     try:
         target = socket.gethostbyname(master_addr)
     except OSError as exc:
         raise ConfigError(f"MASTER_ADDR={master_addr!r} does not resolve: {exc}") from None
     if target.startswith("127."):
+        if hosts_beyond:
+            raise ConfigError(
+                f"MASTER_ADDR={master_addr!r} resolves to the loopback address {target}, "
+                "but the job has ranks on other hosts (WORLD_SIZE > LOCAL_WORLD_SIZE): set "
+                "DLCP_HOST to this host's address on the network the ranks share"
+            )
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((target, 9))  # no packet is sent: this only picks the route
@@ -96,6 +107,18 @@ def _default_store(job: JobInfo, timeout: float) -> Any:
     return PrefixStore("dlcp", base)
 
 
+_calls: dict[tuple[str, int], int] = {}
+_calls_lock = threading.Lock()
+
+
+def _call_number(group: str, rank: int) -> int:
+    """How many endpoints of ``group`` this rank made on the default store before."""
+    with _calls_lock:
+        n = _calls.get((group, rank), 0)
+        _calls[(group, rank)] = n + 1
+    return n
+
+
 def connect(
     *,
     group: str = "default",
@@ -107,13 +130,21 @@ def connect(
     """An :class:`Endpoint` for this rank, its peers found through the store.
 
     ``group`` names the endpoint's namespace in the store, so several endpoints
-    (e.g. a DDP hook and a process group) can live in one job.
+    (e.g. a DDP hook and a process group) can live in one job. Without ``store``
+    (the job's default store), calling again with the same group makes a new
+    endpoint with keys of its own; every rank must make its endpoints of a group
+    in the same order. A ``store`` passed in is the caller's: one endpoint per
+    group in it.
     """
     env = os.environ if env is None else env
     job = env_job(env)
     config = config if config is not None else EndpointConfig.from_env(env)
     if config.host == "127.0.0.1" and "DLCP_HOST" not in env:
-        config = dataclasses.replace(config, host=local_address(job.master_addr))
+        local_world = env.get("LOCAL_WORLD_SIZE", "")  # (torchrun and dlcp launch set it)
+        beyond = local_world.isdigit() and int(local_world) < job.world_size
+        config = dataclasses.replace(
+            config, host=local_address(job.master_addr, hosts_beyond=beyond)
+        )
     auth = config.protocol.authenticate if authenticate is None else authenticate
     if auth and not config.protocol.authenticate:
         config = dataclasses.replace(
@@ -121,7 +152,12 @@ def connect(
         )
     if store is None:
         store = _default_store(job, config.timeout)
-    prefix = f"{group}/"
+        # the job's one store outlives an endpoint: each connect() of a group gets
+        # keys of its own (the ranks make theirs in the same order), or a rank
+        # could read the job id and key an earlier endpoint left there
+        prefix = f"{group}/{_call_number(group, job.rank)}/"
+    else:
+        prefix = f"{group}/"
     if job.rank == 0:
         store.set(prefix + "job", str(1 + secrets.randbelow(0xFFFE)))
         if auth:

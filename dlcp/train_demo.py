@@ -36,7 +36,7 @@ def _run(
         env["DLCP_EMULATED_LOSS"] = repr(loss)
         args += ["--p", repr(p), "--collective", collective]
     what = (
-        f"DLCP ({collective} all-reduce, p = {p:g}, {loss:.0%} EMULATED loss of received "
+        f"DLCP ({collective} all-reduce, p = {p:g}, {100 * loss:.3g}% EMULATED loss of received "
         "data datagrams)"
         if transport == "dlcp"
         else "Gloo (TCP, no loss)"
@@ -76,7 +76,8 @@ def plot(dlcp: dict[str, Any], gloo: dict[str, Any], path: Path) -> None:
     ep_d = [e["epoch"] for e in dlcp["epochs"]]
     ep_g = [e["epoch"] for e in gloo["epochs"]]
     label_d = (
-        f"DLCP ({dlcp['collective']}, p={dlcp['p']:g}, {dlcp['emulated_loss']:.0%} emul. loss)"
+        f"DLCP ({dlcp['collective']}, p={dlcp['p']:g}, "
+        f"{100 * dlcp['emulated_loss']:.3g}% emul. loss)"
     )
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), layout="constrained")
     ax = axes[0]
@@ -102,9 +103,9 @@ def plot(dlcp: dict[str, Any], gloo: dict[str, Any], path: Path) -> None:
         padding=2,
     )
     ax.set(
-        title=f"DLCP: gradient elements lost (bound p = {100 * dlcp['p']:g}%)",
+        title=f"DLCP: gradient elements lost (p = {100 * dlcp['p']:g}% bounds each message)",
         xlabel="epoch  (numbers: packets retransmitted)",
-        ylabel="% of elements, zero-filled",
+        ylabel="% of all ranks' elements, zero-filled",
     )
     ax.set_ylim(0, max(lost, default=0.0) * 1.3 or 1.0)
     ax.grid(alpha=0.3, axis="y")

@@ -143,7 +143,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rank = int(os.environ["RANK"])
     if args.transport == "dlcp":
         os.environ.setdefault("DLCP_EMULATED_LOSS_SEED", str(rank))
-    timeout = timedelta(seconds=float(os.environ.get("DLCP_TIMEOUT", "60")) + 30)
+    from dlcp.io.config import EndpointConfig
+
+    # the endpoints' timeout, read (and every DLCP_* variable checked) as they will
+    timeout = timedelta(seconds=EndpointConfig.from_env().timeout + 30)
     dist.init_process_group("gloo", timeout=timeout)
     world = dist.get_world_size()
     torch.manual_seed(args.seed)
@@ -250,7 +253,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"epoch {epoch + 1:2d}/{args.epochs}  test acc {row['test_accuracy']:5.1f}%  "
             f"train loss {row['train_loss']:.3f}  {1e3 * row['iter_s']:6.1f} ms/iter"
             + (
-                f"  DLCP lost {100 * row['loss_fraction']:.2f}% of gradient elements, "
+                f"  DLCP lost {100 * row['loss_fraction']:.2f}% of all ranks' gradient elements, "
                 f"{row['retransmitted_packets']} packets retransmitted"
                 if state
                 else ""

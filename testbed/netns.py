@@ -15,13 +15,14 @@ import fcntl
 import itertools
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from dlcp.launch import signals_ignored
 
 __all__ = [
     "SEGMENTATION_FEATURES",
@@ -217,20 +218,8 @@ def require_tools(what: str, **needs: bool) -> None:
         raise NetnsError(f"{what} needs {', '.join(missing)}")
 
 
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back until the block ends, then delivered: a
-    second Ctrl-C must not cut a cleanup short and leave namespaces behind."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _cleanup(names: Sequence[str]) -> None:
-    with signals_held():
+    with signals_ignored():  # a second Ctrl-C must not leave namespaces behind
         for ns in names:
             _run(["ip", "netns", "del", ns], check=False)
 

@@ -123,9 +123,10 @@ class EndpointConfig:
         return cls(protocol=protocol, **{**endpoint_kw, **overrides})
 
 
-#: DLCP_* variables that are read elsewhere (launcher, rendezvous, simulator,
-#: golden-file tests), not config
-_NOT_CONFIG = frozenset({"job", "key", "auth_key", "sim_trace_tcp", "regen_golden"})
+#: DLCP_* variables that are read elsewhere (simulator, golden-file tests), not
+#: config. (The job id and key are agreed through the store: a DLCP_JOB or
+#: DLCP_KEY would be ignored, so they are errors like any unknown name.)
+_NOT_CONFIG = frozenset({"sim_trace_tcp", "regen_golden"})
 
 #: setsockopt's int: the largest socket buffer size one can ask for
 _INT_MAX = (1 << 31) - 1

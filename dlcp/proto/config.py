@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .classify import available_classifiers
 from .wire import AUTH_TAG_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
 
 __all__ = ["IPV4_UDP_OVERHEAD", "FillPolicy", "ProtocolConfig"]
@@ -40,6 +41,10 @@ class FillPolicy(enum.Enum):
     ZERO = "zero"  # lost values become 0 (gradients)
     PREVIOUS = "previous"  # lost values keep what the output buffer held (parameters)
     RESCALE = "rescale"  # zeros, and received values scaled by total/received (unbiased sum)
+
+
+#: the longest a protocol timer may be set to (an hour): longer is a typo or ``inf``
+MAX_TIMER: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +139,11 @@ class ProtocolConfig:
             "rate_interval",
         ):
             value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"{name}={value} must be > 0 seconds")
+            if not 0 < value <= MAX_TIMER:
+                raise ValueError(f"{name}={value} must be within (0, {MAX_TIMER:g}] seconds")
+        if self.classifier not in available_classifiers():
+            known = ", ".join(available_classifiers())
+            raise ValueError(f"classifier={self.classifier!r}: known classifiers are {known}")
         if self.pacer not in ("receiver", "unpaced"):
             raise ValueError(f"pacer={self.pacer!r}: known pacers are 'receiver', 'unpaced'")
         if self.max_unexpected_bytes < 0 or self.completed_memory < 1:

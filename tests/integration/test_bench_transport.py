@@ -125,3 +125,4 @@ def test_transport_benchmark_in_namespaces_measures_the_udp_floor() -> None:
     delivered = report["udp_floor_loss_delivered_fraction"]
     assert 0.9 < delivered < 1.0, delivered
     assert report["udp_floor_loss_min_s"] <= report["udp_floor_loss_median_s"]
+    assert report["udp_floor_senders"] == 1, report["udp_floor_senders"]

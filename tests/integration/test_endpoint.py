@@ -363,8 +363,20 @@ def test_config_from_env() -> None:
         EndpointConfig()
     )
 
+    # timers: finite and at most an hour; the classifier one that exists
+    for var, value, match in (
+        ("DLCP_REORDER_GRACE", "inf", r"reorder_grace=inf must be within \(0, 3600\] seconds"),
+        ("DLCP_RATE_INTERVAL", "nan", r"rate_interval=nan must be within"),
+        ("DLCP_CLASSIFIER", "bogus", r"classifier='bogus': known classifiers are combined"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            EndpointConfig.from_env({var: value})
+    # the job id and key come from the store: setting them is an error, not ignored
+    for name in ("DLCP_JOB", "DLCP_KEY", "DLCP_AUTH_KEY"):
+        with pytest.raises(ConfigError, match=name):
+            EndpointConfig.from_env({name: "7"})
     cfg = EndpointConfig.from_env({"DLCP_N_PATHS": "4", "DLCP_TIMEOUT": "2.5",
-                                   "DLCP_EMULATED_LOSS": "0.01", "DLCP_JOB": "7",
+                                   "DLCP_EMULATED_LOSS": "0.01",
                                    "DLCP_DEFAULT_FILL": "previous", "PATH": "/x"})
     assert cfg.protocol.n_paths == 4
     assert cfg.timeout == 2.5 and cfg.emulated_loss == 0.01

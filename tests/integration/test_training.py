@@ -209,6 +209,15 @@ def scripts(tmp_path: Path) -> Iterator[Path]:
         "    sys.exit(7)\n"
         "signal.pause()\n"
     )
+    (tmp_path / "stubborn.py").write_text(  # takes its time over SIGTERM
+        "import os, pathlib, signal, sys, threading\n"
+        "stop = threading.Event()\n"
+        "signal.signal(signal.SIGTERM, lambda *a: stop.set())\n"
+        "print('ready', os.getpid(), flush=True)\n"
+        "stop.wait()\n"
+        "(pathlib.Path(sys.argv[1]) / str(os.getpid())).touch()  # got it\n"
+        "threading.Event().wait(1.0)  # cleaning up\n"
+    )
     yield tmp_path
 
 
@@ -285,6 +294,60 @@ def test_dlcp_launch_interrupt_terminates_the_ranks(scripts: Path) -> None:
         for pid in pids:  # reaped by the launcher: gone
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _launched(
+    scripts: Path, script: str, n: int, *args: str
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """``dlcp launch -n n script args``, once every rank said it is ready: (process,
+    rank pids)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlcp.cli", "launch", "-n", str(n), str(scripts / script), *args],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    pids = []
+    for line in proc.stdout:  # readiness: every rank said so
+        pids.append(int(line.split()[-1]))
+        if len(pids) == n:
+            break
+    return proc, pids
+
+
+def test_dlcp_launch_hangup_terminates_the_ranks(scripts: Path) -> None:
+    # a closed terminal (SIGHUP) stops the ranks as Ctrl-C does
+    proc, pids = _launched(scripts, "wait.py", 2)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=20) == 128 + signal.SIGHUP
+        err = proc.stderr.read() if proc.stderr else ""
+        assert "interrupted (SIGHUP): ranks terminated" in err, err
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_second_interrupt_does_not_cut_the_stopping_short(scripts: Path) -> None:
+    got = scripts / "got-sigterm"
+    got.mkdir()
+    proc, pids = _launched(scripts, "stubborn.py", 2, str(got))
+    try:
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while len(list(got.iterdir())) < len(pids):  # the ranks got SIGTERM, clean up ...
+            assert time.monotonic() < deadline, "the ranks never got their SIGTERM"
+            threading.Event().wait(0.01)
+        proc.send_signal(signal.SIGINT)  # ... when the user presses Ctrl-C again
+        assert proc.wait(timeout=20) == 130
+        err = proc.stderr.read() if proc.stderr else ""
+        assert "Traceback" not in err, err
+        assert not [pid for pid in pids if _alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()
