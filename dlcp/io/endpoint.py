@@ -233,7 +233,8 @@ class Endpoint:
             self._transfers.dispatch()  # a completion may still sit in the session's queue
             done = self._transfers.unclaimed.pop(key, None)
             if done is not None:
-                self._transfers.complete_recv(fut, done, out)
+                wanted = fill_policy or self.config.protocol.default_fill
+                self._transfers.claim(fut, done, out, p=p, fill=wanted)
                 return
             if src in self._gone:
                 fut.set_exception(

@@ -9,14 +9,17 @@ The endpoint calls it under its lock; nothing here touches a socket.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from ..errors import PeerTimeout, TransferFailed
+from ..proto.config import FillPolicy
 from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
 from .records import Pending, Received
 
@@ -79,6 +82,53 @@ class Transfers:
         self.unclaimed[key] = ev
         while len(self.unclaimed) > _MAX_UNCLAIMED:
             self.unclaimed.popitem(last=False)
+
+    def claim(
+        self,
+        fut: Future[Received],
+        ev: MessageReceived | MessageFailed,
+        out: npt.NDArray[Any] | None,
+        *,
+        p: float | None,
+        fill: FillPolicy,
+    ) -> None:
+        """Settle receive ``fut`` with a message that completed before it was
+        posted: by the sender's bound, lost elements filled as the session's
+        default fill says. Held to the receive's own ``p`` (a message that lost
+        more fails) and ``fill`` (applied now where it can be, else it fails):
+        a late receive must not get silently looser data than it asked for."""
+        if isinstance(ev, MessageReceived) and ev.report.lost_elems:
+            rep = ev.report
+            what = (
+                f"rank {self._rank}: message (step {ev.step}, msg {ev.msg}) from rank {ev.src} "
+                f"completed before this receive was posted, by the sender's bound"
+            )
+            if p is not None and rep.lost_elems > int(p * rep.msg_elems + 1e-9):
+                fut.set_exception(
+                    TransferFailed(
+                        f"{what}: {rep.lost_elems} of {rep.msg_elems} elements lost, more "
+                        f"than p={p:g} allows"
+                    )
+                )
+                return
+            if fill is not rep.fill:
+                if not _refill(ev, out, fill):
+                    fut.set_exception(
+                        TransferFailed(
+                            f"{what}, its lost elements filled with fill={rep.fill.value}: "
+                            f"fill={fill.value} cannot be applied afterwards to "
+                            f"{ev.data.dtype} data (post the receive before the data comes)"
+                        )
+                    )
+                    return
+                ev = dataclasses.replace(ev, report=dataclasses.replace(rep, fill=fill))
+                if fill is FillPolicy.PREVIOUS:  # out holds the message now
+                    assert out is not None
+                    fut.set_result(
+                        Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss)
+                    )
+                    return
+        self.complete_recv(fut, ev, out)
 
     def complete_recv(
         self,
@@ -157,3 +207,24 @@ class Transfers:
                 if not pending.future.done():
                     pending.future.set_exception(error)
             table.clear()
+
+
+def _refill(ev: MessageReceived, out: npt.NDArray[Any] | None, fill: FillPolicy) -> bool:
+    """Turn ``ev``'s zero-filled lost elements into ``fill``'s (PREVIOUS: into
+    ``out``, whose values stay there; RESCALE: received values scaled up, in
+    ``ev.data``). False where that cannot be done afterwards."""
+    data, rep = ev.data, ev.report
+    if rep.fill is not FillPolicy.ZERO:
+        return False  # (a non-default session fill: not undone after the fact)
+    if fill is FillPolicy.PREVIOUS:
+        if out is None or out.shape != data.shape or out.dtype != data.dtype:
+            return False
+        kept = [(off, out[off : off + n].copy()) for off, n in rep.lost_ranges]
+        out[...] = data
+        for off, values in kept:
+            out[off : off + len(values)] = values
+        return True
+    if fill is FillPolicy.RESCALE and data.dtype.kind == "f" and rep.received_elems:
+        np.multiply(data, data.dtype.type(rep.msg_elems / rep.received_elems), out=data)
+        return True
+    return False

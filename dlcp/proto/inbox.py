@@ -67,6 +67,12 @@ _DTYPES = tuple(DType)  # by wire code
 _MAX_ORPHAN_FINISH = 1024
 
 
+#: what an open message costs beyond its buffer (its reassembler and recovery
+#: state, a few hundred bytes of Python objects; counted against
+#: ``max_unexpected_bytes`` with the buffer)
+OPEN_MESSAGE_BYTES = 1024
+
+
 @dataclass(slots=True)
 class _Incoming:
     reassembler: Reassembler
@@ -123,6 +129,8 @@ class Inbox(SessionSide):
             self._expected[key] = _Expectation(out, p, fill)
             return
         r = state.reassembler
+        if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
+            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
         r.fill = fill
         if p is not None and p < r.bound:
             r.bound = p
@@ -398,7 +406,9 @@ class Inbox(SessionSide):
         p = sender_p if want is None or want.p is None else min(sender_p, want.p)
         charged = 0
         if want is None or want.out is None:
-            charged = msg_elems * dtype.itemsize
+            # its buffer, and what the state of an open message costs besides (a
+            # stream of tiny messages must not pass for free)
+            charged = msg_elems * dtype.itemsize + OPEN_MESSAGE_BYTES
             if self._unexpected_bytes + charged > self.config.max_unexpected_bytes:
                 self.stats.reject("unexpected_overflow", n_packets)
                 if want is not None:

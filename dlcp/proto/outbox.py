@@ -291,17 +291,24 @@ class Outbox(SessionSide):
                     still.append(dst)
             active = still
 
-    def _next_batch(self, dst: int, out: list[Transmit], *, now: float) -> bool:
-        peer = self.peers[dst]
+    @staticmethod
+    def _first_to_send(peer: _Peer) -> tuple[Key, _Outgoing] | None:
+        """The message whose batch goes next to ``peer``: the highest priority
+        class at its cursor (the first such message on a tie)."""
         best: tuple[int, Key, _Outgoing] | None = None
         for key, o in peer.outgoing.items():
             if o.pending:
                 prio = int(o.run.prio[o.cursor])
                 if best is None or prio > best[0]:
                     best = (prio, key, o)
-        if best is None:
+        return None if best is None else best[1:]
+
+    def _next_batch(self, dst: int, out: list[Transmit], *, now: float) -> bool:
+        peer = self.peers[dst]
+        first = self._first_to_send(peer)
+        if first is None:
             return False
-        _, key, o = best
+        key, o = first
         run, start = o.run, o.cursor
         stop = run.batch_end(start, self.config.batch_packets)
         nbytes = run.batch_nbytes(start, stop)
@@ -350,16 +357,17 @@ class Outbox(SessionSide):
         asks every turn of its loop: a running minimum, no lists."""
         best: float | None = None
         for peer in self.peers.values():
-            pending_bytes = 0
+            some_pending = False
             for o in peer.outgoing.values():
                 t = o.recovery.timer
                 if t is not None and (best is None or t < best):
                     best = t
-                if not pending_bytes and o.pending:
-                    stop = o.run.batch_end(o.cursor, self.config.batch_packets)
-                    pending_bytes = o.run.batch_nbytes(o.cursor, stop)
-            if pending_bytes:
-                t = peer.pacer.next_send_time(pending_bytes, now=now)
+                some_pending = some_pending or o.pending
+            first = self._first_to_send(peer) if some_pending else None
+            if first is not None:  # the batch _next_batch would send, not another one
+                o = first[1]
+                stop = o.run.batch_end(o.cursor, self.config.batch_packets)
+                t = peer.pacer.next_send_time(o.run.batch_nbytes(o.cursor, stop), now=now)
                 if best is None or t < best:
                     best = t
         return best
@@ -372,6 +380,11 @@ class Outbox(SessionSide):
                         dst, o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank)
                     )
                 elif o.recovery.phase is SendPhase.FAILED:
+                    # the receiver stopped answering: tell it (spec §8), so that it
+                    # does not NACK a sender that has given up until its idle timeout
+                    self._queue(
+                        dst, Abort(key[1], key[2], self.rank, reason=AbortReason.PEER_TIMEOUT)
+                    )
                     self._finish_outgoing(key, o, now=now)
 
     # ------------------------------------------------------------------ helpers

@@ -194,6 +194,8 @@ class ReceiverRecovery:
         self.config = config
         self.nack_at: float | None = None
         self.nack_round = -1  # FINISH round last NACKed
+        #: when the FINISH of a round not NACKed yet arrived
+        self.finish_at: float | None = None
         self.failure: Failure | None = None
         #: complete by the bound once no data arrived for the reorder grace
         self.complete_at: float | None = None
@@ -212,6 +214,8 @@ class ReceiverRecovery:
         (data travels by UDP, FINISH by the control channel and may overtake it)."""
         if finish_round > self.nack_round or self.nack_at is None:
             self.nack_at = now + self.config.reorder_grace
+            if self.finish_at is None:
+                self.finish_at = now
 
     def on_timer(
         self, *, now: float, step: int, msg: int, src: int, source_active: float = float("-inf")
@@ -228,17 +232,25 @@ class ReceiverRecovery:
             return []
         if self.nack_at is None or now < self.nack_at or r.finish is None:
             return []
-        quiet = max(r.last_activity, source_active) + self.config.reorder_grace
+        quiet = r.last_activity + self.config.reorder_grace
+        others = source_active + self.config.reorder_grace
+        if others > quiet:
+            # data of the sender's other messages (a receiver working through a
+            # backlog, this message's data maybe behind another's) holds the NACK
+            # back, but for at most nack_timeout after the FINISH: a sender that
+            # keeps streaming must not starve this message's repair
+            if self.finish_at is not None:
+                others = min(others, self.finish_at + self.config.nack_timeout)
+            quiet = max(quiet, others)
         if now < quiet:
-            # data from this sender is still arriving (a receiver working through a
-            # backlog, this message's data maybe behind another's): NACK only once
-            # the sender has been quiet for the grace period
             self.nack_at = quiet
             return []
         # repeated every nack_timeout until the sender answers with a new round
+        if r.finish.round > self.nack_round:
+            r.nack_rounds += 1  # (a repeat of the same round is not a new round)
         self.nack_round = r.finish.round
+        self.finish_at = None
         self.nack_at = now + self.config.nack_timeout
-        r.nack_rounds += 1
         ranges = r.missing_ranges(MAX_NACK_RANGES * MAX_NACK_PARTS)
         parts = [ranges[i : i + MAX_NACK_RANGES] for i in range(0, len(ranges), MAX_NACK_RANGES)]
         return [

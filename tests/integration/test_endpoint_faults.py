@@ -115,3 +115,44 @@ def test_close_from_a_callback_under_the_endpoints_lock_does_not_hang() -> None:
     assert done.is_set() and not worker.is_alive(), "close() waited for the I/O thread"
     ep.close()  # from outside: waits for the I/O thread, which now finishes
     assert dlcp_threads() == []
+
+
+def _lossy_pair(loss: float) -> list[Endpoint]:
+    """Rank 0 and rank 1 on loopback; rank 1 drops ``loss`` of its data datagrams
+    (the seeded emulator), so bounded messages to it complete with some loss."""
+    store = LocalStore()
+    configs = [
+        EndpointConfig(timeout=10.0, emulated_loss=loss if r else 0.0, emulated_loss_seed=3)
+        for r in range(2)
+    ]
+    return [Endpoint(r, store=store, world_size=2, job=JOB, config=configs[r]) for r in range(2)]
+
+
+def test_a_receive_posted_after_the_message_completed_gets_its_own_fill_and_bound() -> None:
+    """A message that completes before its receive is posted completes by the
+    sender's bound, zero-filled: the late receive's fill='previous' and a tighter
+    p used to be ignored (an all-gather with p_gather > 0 got zeros where its
+    estimate belonged)."""
+    eps = _lossy_pair(0.03)
+    data = np.arange(1, 200_001, dtype=np.float32)
+    try:
+        # sent and STOPped before any receive is posted: parked as completed
+        for msg in (1, 2):
+            eps[0].send(data, to=1, msg=msg, p=0.1).result(timeout=20)
+        out = np.full_like(data, -7.0)
+        got = eps[1].recv(src=0, msg=1, out=out, fill="previous").result(timeout=20)
+        lost = got.report.lost_ranges
+        assert got.report.lost_elems > 0, "nothing was lost: the test proves nothing"
+        assert got.report.fill.value == "previous"
+        mask = np.zeros(len(data), bool)
+        for off, n in lost:
+            mask[off : off + n] = True
+        assert (out[mask] == -7.0).all(), "lost elements must keep the buffer's values"
+        assert np.array_equal(out[~mask], data[~mask])
+        # a bound tighter than what was lost: a clear failure, not looser data
+        late = r"completed before this receive was posted.*more than p=1e-05 allows"
+        with pytest.raises(TransferFailed, match=late):
+            eps[1].recv(src=0, msg=2, out=np.empty_like(data), p=1e-5).result(timeout=20)
+    finally:
+        for ep in eps:
+            ep.close()

@@ -1,0 +1,102 @@
+"""Recovery timing between two sessions over the in-memory link: a NACK that
+other traffic of the same sender must not starve, a sender that gives up and
+says so, and a send timer that names the batch that goes next."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from dlcp.linkemu import LossyLink
+from dlcp.proto.control import Abort, AbortReason, decode_control
+from dlcp.proto.session import MessageFailed, MessageReceived
+from tests.unit.session_helpers import JOB, config, events, sessions
+
+
+def _drop_first_copy(msg: int, seq: int) -> Callable[[bytes], bool]:
+    """Drop the first transmission of chunk ``seq`` of message ``msg`` (not its
+    retransmission: the RETRANSMIT flag is bit 1 of the flags byte)."""
+
+    def drop(d: bytes) -> bool:
+        return (
+            d[0] == 0x11
+            and int.from_bytes(d[8:10], "big") == msg
+            and int.from_bytes(d[12:16], "big") == seq
+            and not d[1] & 2
+        )
+
+    return drop
+
+
+def test_a_stream_of_other_messages_does_not_starve_a_nack() -> None:
+    """A NACK waits for the sender's data to pause (it may be a backlog), but a
+    sender that keeps streaming another message must not hold it back for more
+    than nack_timeout after the FINISH: before, message A waited for the whole
+    12 MB of B at 4 MB/s, its sender gave up after 2 s and told nobody."""
+    cfg = config(
+        payload_bytes=1024,
+        batch_packets=4,
+        pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
+                       "burst_bytes": 4096},
+    )  # fmt: skip
+    a, b = sessions(2, cfg)
+    small = np.arange(1024, dtype=np.float32)  # 4 chunks, p = 0: chunk 1 must come again
+    bulk = np.ones(3_000_000, dtype=np.float32)
+    a.send_message(1, small, step=1, msg=0, now=0.0)
+    a.send_message(1, bulk, step=1, msg=1, now=0.0)
+    b.expect_message(0, step=1, msg=0)
+    b.expect_message(0, step=1, msg=1)
+    link = LossyLink([a, b], drop_filter=_drop_first_copy(0, 1))
+    link.run(until=40.0)
+    got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
+    assert set(got) == {0, 1}, link.events
+    assert not events(link, MessageFailed)
+    assert got[0].report.nack_rounds == 1  # (repeats of one round are not rounds)
+    assert got[0].report.duration < 0.5, got[0].report.duration  # not after B's 3 s
+    assert np.array_equal(got[0].data, small)
+
+
+def test_a_sender_that_gives_up_tells_the_receiver() -> None:
+    """A receiver that never answers FINISH: the sender fails the message after
+    its FINISH retries and sends ABORT(PEER_TIMEOUT) (spec §8), so the receiver
+    does not NACK a sender that has given up until its own idle timeout."""
+    a, _ = sessions(2)
+    a.send_message(1, np.ones(100, np.float32), step=0, msg=5, now=0.0)
+    now, sent = 0.0, []
+    while now < 10.0:
+        sent += a.datagrams_to_send(now=now, max_batches=64)
+        timer = a.get_timer()
+        if timer is None:
+            break
+        now = max(now, timer)
+        a.handle_timer(now=now)
+    assert [e for e in iter(a.next_event, None) if isinstance(e, MessageFailed)]
+    aborts = [decode_control(d.data, job=JOB) for d in sent if not hasattr(d, "segment_size")]
+    aborts = [c for c in aborts if isinstance(c, Abort)]
+    assert [(c.msg, c.reason, c.by_receiver) for c in aborts] == [
+        (5, AbortReason.PEER_TIMEOUT, False)
+    ], aborts
+
+
+def test_the_send_timer_is_the_batch_that_goes_next() -> None:
+    """The pacer is asked about the batch the outbox would send (the highest
+    class), not the first pending message's: a small low-class batch that fits
+    the tokens made the timer say "now" while the big high-class one could not
+    go, and the driver spun."""
+    cfg = config(pacer_options={"initial_rate": 1e7, "min_rate": 1e6, "burst_bytes": 200_000})
+    a, _ = sessions(2, cfg)
+    # one chunk of the last layer (class 0), first in the table; then a class-7 message
+    a.send_message(1, np.ones(64, np.float32), step=1, msg=0, now=0.0, segments=[(0, 64, 7)])
+    a.send_message(1, np.ones(128_000, np.float32), step=1, msg=1, now=0.0)
+    now, spins = 0.0, 0
+    for _ in range(100):
+        sent = a.datagrams_to_send(now=now)
+        timer = a.get_timer()
+        if timer is None:
+            break
+        if not sent and timer <= now:
+            spins += 1  # nothing could go, yet the timer says now
+        now = max(now, timer)
+        a.handle_timer(now=now)
+    assert spins == 0, f"{spins} turns of the driver found nothing to send at the timer's time"
