@@ -21,6 +21,7 @@ import numpy.typing as npt
 from ..errors import PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
 from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
+from ..proto.wire import allowed_loss
 from .records import Pending, Received
 
 __all__ = ["Key", "Transfers"]
@@ -103,7 +104,7 @@ class Transfers:
                 f"rank {self._rank}: message (step {ev.step}, msg {ev.msg}) from rank {ev.src} "
                 f"completed before this receive was posted, by the sender's bound"
             )
-            if p is not None and rep.lost_elems > int(p * rep.msg_elems + 1e-9):
+            if p is not None and rep.lost_elems > allowed_loss(p, rep.msg_elems):
                 fut.set_exception(
                     TransferFailed(
                         f"{what}: {rep.lost_elems} of {rep.msg_elems} elements lost, more "

@@ -41,6 +41,7 @@ from .wire import (
     RateFeedback,
     Reason,
     Stop,
+    allowed_loss,
     bound_from_wire,
     bound_to_wire,
     parse_batch,
@@ -134,7 +135,7 @@ class Inbox(SessionSide):
         r.fill = fill
         if p is not None and p < r.bound:
             r.bound = p
-            r.allowed_loss = int(p * r.msg_elems + 1e-9)
+            r.allowed_loss = allowed_loss(p, r.msg_elems)
             rec = state.recovery
             if rec.complete_at is not None and not r.is_complete():
                 # it was waiting out the grace to complete by the looser bound; now

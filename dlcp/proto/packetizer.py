@@ -35,6 +35,7 @@ from .wire import (
     DType,
     Flags,
     PacketType,
+    allowed_loss,
     auth_tag,
 )
 
@@ -187,7 +188,7 @@ def plan_message(
         magnitude = _magnitudes_of(data, dtype, chunk_elems, magnitude_sample)
         classes = classifier.classify(layers, magnitude, n_layers=n_layers)
     drop = classes.drop
-    if loss_bound is not None and int(loss_bound * len(data) + 1e-9) < chunk_elems:
+    if loss_bound is not None and allowed_loss(loss_bound, len(data)) < chunk_elems:
         drop = np.zeros_like(drop)
     return ChunkTable(
         dtype=dtype,

@@ -10,7 +10,7 @@ Completion rule (``docs/spec.md``, "Completion"):
 * every element arrived; or
 * the sender's FINISH was seen, at least ``msg_elems - allowed_loss`` elements
   arrived, and every protected chunk FINISH announced arrived, where
-  ``allowed_loss = floor(p * msg_elems)``.
+  ``allowed_loss = floor(bound * msg_elems / 1000)`` (``bound``: ``p`` in thousandths).
 
 At completion the missing elements are filled (zeros, previous values, or
 zeros plus an unbiased rescale of what arrived) and a :class:`LossReport`
@@ -27,7 +27,7 @@ import numpy.typing as npt
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .kernels import copy_rows, flat_rows, scatter_run, streams
-from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Finish, Flags
+from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Finish, Flags, allowed_loss
 
 __all__ = ["GeometryError", "LossReport", "Reassembler"]
 
@@ -127,7 +127,7 @@ class Reassembler:
         self.n_chunks = -(-msg_elems // chunk_elems)
         self.out = out
         self.bound = bound
-        self.allowed_loss = int(bound * msg_elems + 1e-9)
+        self.allowed_loss = allowed_loss(bound, msg_elems)
         self.fill = fill
         self.started = now
         self.last_activity = now

@@ -62,6 +62,7 @@ __all__ = [
     "Stop",
     "TosMap",
     "WireError",
+    "allowed_loss",
     "auth_tag",
     "bound_from_wire",
     "bound_to_wire",
@@ -212,8 +213,18 @@ def bound_from_wire(value: int) -> float:
     return value / 1000.0
 
 
+def allowed_loss(p: float, msg_elems: int) -> int:
+    """Elements a message of ``msg_elems`` may lose under bound ``p``: spec §2.5's
+    ``floor(bound * msg_elems / 1000)`` with ``bound = floor(1000 p)``, in integers
+    (a float product can land one element off for large messages)."""
+    return bound_to_wire(p) * msg_elems // 1000
+
+
 def auth_tag(key: bytes, data: bytes | memoryview) -> bytes:
-    """Keyed BLAKE2b-128 over ``data`` (header and payload)."""
+    """Keyed BLAKE2b-128 over ``data`` (header and payload); ``key`` 16-64 bytes
+    (spec §3: an empty key would make a tag anyone can compute)."""
+    if not 16 <= len(key) <= 64:
+        raise ValueError(f"authentication key must be 16..64 bytes, got {len(key)}")
     return hashlib.blake2b(data, key=key, digest_size=AUTH_TAG_LEN).digest()
 
 

@@ -434,3 +434,18 @@ def test_tos_map_is_configurable() -> None:
 def test_tos_map_validation(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TosMap(**kwargs)
+
+
+def test_allowed_loss_is_the_spec_integer_formula() -> None:
+    from dlcp.proto.wire import allowed_loss
+
+    # spec §2.5: floor(bound * M / 1000); a float product lands one short here
+    assert allowed_loss(0.172, 135_300_250) == 172 * 135_300_250 // 1000 == 23_271_643
+    assert allowed_loss(0.05, 1000) == 50 and allowed_loss(0.0, 10**9) == 0
+    assert allowed_loss(0.0509, 1000) == 50  # p is carried in thousandths, rounded down
+
+
+@pytest.mark.parametrize("key", [b"", b"k" * 15, b"k" * 65])
+def test_keys_outside_16_to_64_bytes_are_refused(key: bytes) -> None:
+    with pytest.raises(ValueError, match=r"authentication key must be 16\.\.64 bytes"):
+        wire.auth_tag(key, b"data")
