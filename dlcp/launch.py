@@ -417,17 +417,17 @@ def signals_ignored() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = (signal.SIGINT, *_STOP_SIGNALS)
-    previous = {s: signal.getsignal(s) for s in held}
-    for s in held:
-        if previous[s] is not None:
-            signal.signal(s, signal.SIG_IGN)
+    changed: dict[int, Any] = {}
     try:
+        for s in (signal.SIGINT, *_STOP_SIGNALS):
+            handler = signal.getsignal(s)
+            if handler is not None:  # (None: installed from C, left alone)
+                signal.signal(s, signal.SIG_IGN)
+                changed[s] = handler
         yield
-    finally:
-        for s, handler in previous.items():
-            if handler is not None:
-                signal.signal(s, handler)
+    finally:  # every handler changed comes back, also if a signal came in between
+        for signum, old in changed.items():
+            signal.signal(signum, old)
 
 
 def run_cli(
@@ -451,7 +451,10 @@ def run_cli(
         cmd = [sys.executable, "-u", *(["-m", target] if module else [target]), *args]
     try:
         result = launch(cmd, nproc, master_port=master_port, prefix=prefix, grace=grace)
-    except OSError as exc:  # the command cannot be started (no such file, not executable)
+    except OSError as exc:
+        if exc.filename != cmd[0]:  # (a broken pipe to our own stdout, say)
+            raise
+        # the command cannot be started (no such file, not executable)
         print(f"dlcp launch: cannot start {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if result.returncode != 0:

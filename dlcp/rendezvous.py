@@ -119,6 +119,16 @@ def _call_number(group: str, rank: int) -> int:
     return n
 
 
+def _release(group: str, rank: int) -> None:
+    """Give back the number of a connect() that failed."""
+    with _calls_lock:
+        _calls[(group, rank)] -= 1
+
+
+#: rank 0's job id and key per store namespace, as it first set them
+_chosen: dict[str, tuple[str, str]] = {}
+
+
 def connect(
     *,
     group: str = "default",
@@ -150,6 +160,7 @@ def connect(
         config = dataclasses.replace(
             config, protocol=dataclasses.replace(config.protocol, authenticate=True)
         )
+    numbered = store is None
     if store is None:
         store = _default_store(job, config.timeout)
         # the job's one store outlives an endpoint: each connect() of a group gets
@@ -158,20 +169,30 @@ def connect(
         prefix = f"{group}/{_call_number(group, job.rank)}/"
     else:
         prefix = f"{group}/"
-    if job.rank == 0:
-        store.set(prefix + "job", str(1 + secrets.randbelow(0xFFFE)))
-        if auth:
-            store.set(prefix + "key", secrets.token_hex(32))
-    job_id = int(store.get(prefix + "job"))
-    key = bytes.fromhex(store.get(prefix + "key").decode()) if auth else None
-    endpoint = Endpoint(
-        job.rank,
-        job=job_id,
-        config=config,
-        key=key,
-        store=_Prefixed(store, prefix),
-        world_size=job.world_size,
-    )
+    try:
+        if job.rank == 0:
+            # chosen once per namespace: a retry after a failure here sets the same
+            # values, which a peer may have read already
+            job_s, key_s = _chosen.setdefault(
+                prefix, (str(1 + secrets.randbelow(0xFFFE)), secrets.token_hex(32))
+            )
+            store.set(prefix + "job", job_s)
+            if auth:
+                store.set(prefix + "key", key_s)
+        job_id = int(store.get(prefix + "job"))
+        key = bytes.fromhex(store.get(prefix + "key").decode()) if auth else None
+        endpoint = Endpoint(
+            job.rank,
+            job=job_id,
+            config=config,
+            key=key,
+            store=_Prefixed(store, prefix),
+            world_size=job.world_size,
+        )
+    except BaseException:
+        if numbered:  # a retry takes the same namespace, where its peers are
+            _release(group, job.rank)
+        raise
     return endpoint, job
 
 

@@ -16,7 +16,6 @@ import itertools
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -225,7 +224,8 @@ def _cleanup(names: Sequence[str]) -> None:
 
 
 def _lock_dir() -> str:
-    return "/run/lock" if os.access("/run/lock", os.W_OK) else tempfile.gettempdir()
+    # one directory for every run, whatever its TMPDIR: runs must see each other's locks
+    return "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp"
 
 
 @contextmanager
@@ -235,7 +235,7 @@ def prefix_lock(prefix: str) -> Iterator[None]:
     running testbed's. The lock (``flock``) ends with the process that held it,
     so a crash leaves the prefix free for the next run."""
     path = os.path.join(_lock_dir(), f"dlcp-testbed-{prefix}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -51,7 +51,7 @@ from ..proto.session import (
     SendReport,
     Session,
 )
-from ..proto.wire import DType, PacketType
+from ..proto.wire import DType, PacketType, bound_to_wire
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
@@ -230,6 +230,12 @@ class Endpoint:
                     ValueError(f"already receiving (step {step}, msg {msg}) from rank {src}")
                 )
                 return
+            if p is not None:
+                try:  # before a completed message is taken out of the table
+                    bound_to_wire(p)
+                except ValueError as exc:
+                    fut.set_exception(exc)
+                    return
             self._transfers.dispatch()  # a completion may still sit in the session's queue
             done = self._transfers.unclaimed.pop(key, None)
             if done is not None:

@@ -20,8 +20,9 @@ import numpy.typing as npt
 
 from ..errors import PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
+from ..proto.reassembler import rescale
 from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
-from ..proto.wire import allowed_loss
+from ..proto.wire import DType, allowed_loss
 from .records import Pending, Received
 
 __all__ = ["Key", "Transfers"]
@@ -225,7 +226,9 @@ def _refill(ev: MessageReceived, out: npt.NDArray[Any] | None, fill: FillPolicy)
         for off, values in kept:
             out[off : off + len(values)] = values
         return True
-    if fill is FillPolicy.RESCALE and data.dtype.kind == "f" and rep.received_elems:
-        np.multiply(data, data.dtype.type(rep.msg_elems / rep.received_elems), out=data)
+    if fill is FillPolicy.RESCALE and data.dtype != np.uint8 and rep.received_elems:
+        # (the session's own rescale: float32, rounded once; uint16 words are bfloat16)
+        dtype = DType.of(data, bfloat16=data.dtype == np.uint16)
+        rescale(data, dtype, rep.msg_elems / rep.received_elems)
         return True
     return False

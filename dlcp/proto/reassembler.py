@@ -471,17 +471,22 @@ class Reassembler:
         for off, n in ranges:
             self.out[off : off + n] = 0
         if self.fill is FillPolicy.RESCALE and self.received_elems:
-            scale = self.msg_elems / self.received_elems
-            if self.dtype is DType.BFLOAT16:
-                as_f32 = _float_view(self.out, self.dtype) * np.float32(scale)
-                bits = as_f32.view(np.uint32)
-                # round to nearest even when dropping the low 16 bits
-                rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-                self.out[...] = (rounded >> 16).astype(np.uint16)
-            else:
-                # scale in float32 and round once, so float16 gets no biased factor
-                scaled = self.out.astype(np.float32) * np.float32(scale)
-                self.out[...] = scaled.astype(self.out.dtype)
+            rescale(self.out, self.dtype, self.msg_elems / self.received_elems)
+
+
+def rescale(out: npt.NDArray[np.generic], dtype: DType, scale: float) -> None:
+    """``out *= scale`` for a message of ``dtype`` (RESCALE's received values):
+    in float32, rounded once (float16 gets no biased factor; bfloat16 words are
+    rounded to nearest even)."""
+    if dtype is DType.BFLOAT16:
+        as_f32 = _float_view(out, dtype) * np.float32(scale)
+        bits = as_f32.view(np.uint32)
+        # round to nearest even when dropping the low 16 bits
+        rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+        out[...] = (rounded >> 16).astype(np.uint16)
+    else:
+        scaled = out.astype(np.float32) * np.float32(scale)
+        out[...] = scaled.astype(out.dtype)
 
 
 def _runs(mask: BoolArray) -> tuple[Int64Array, Int64Array]:

@@ -149,6 +149,9 @@ def test_a_receive_posted_after_the_message_completed_gets_its_own_fill_and_boun
             mask[off : off + n] = True
         assert (out[mask] == -7.0).all(), "lost elements must keep the buffer's values"
         assert np.array_equal(out[~mask], data[~mask])
+        # a bound out of range: an error on the future, and the message stays parked
+        with pytest.raises(ValueError, match=r"loss bound p=0\.3 outside"):
+            eps[1].recv(src=0, msg=2, out=np.empty_like(data), p=0.3).result(timeout=20)
         # a bound tighter than what was lost: a clear failure, not looser data
         late = r"completed before this receive was posted.*more than p=1e-05 allows"
         with pytest.raises(TransferFailed, match=late):

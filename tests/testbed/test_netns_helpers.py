@@ -68,3 +68,20 @@ def test_loss_tables_of_look_alike_devices_differ() -> None:
     assert _loss_table("s-1") != _loss_table("s_1")
     assert _loss_table("s_1") != _loss_table("s__1") != _loss_table("s-1")
     assert _loss_table("spine1") == "dlcp_loss_spine1"
+
+
+def test_ignored_signals_come_back_when_setting_one_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    real = signal.signal
+
+    def failing(signum: int, handler: object) -> object:
+        if signum == signal.SIGTERM and handler == signal.SIG_IGN:
+            raise RuntimeError("a signal arrived right here")
+        return real(signum, handler)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(signal, "signal", failing)
+    with pytest.raises(RuntimeError), signals_ignored():
+        pass  # pragma: no cover - not reached
+    assert signal.getsignal(signal.SIGINT) is before

@@ -87,3 +87,34 @@ def test_loopback_master_of_a_job_on_several_hosts_is_refused() -> None:
 def test_env_job_names_a_bad_local_rank() -> None:
     with pytest.raises(ConfigError, match="LOCAL_RANK='abc' is not a non-negative integer"):
         rendezvous.env_job({**_env(0), "LOCAL_RANK": "abc"})
+
+
+def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connect() that fails on one rank (its port taken, say) and is tried again
+    uses the same namespace as its peers', and rank 0's values do not change."""
+    store = BlockingStore()
+    monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout: store)
+    monkeypatch.setattr(rendezvous, "_calls", {})
+    monkeypatch.setattr(rendezvous, "_chosen", {})
+    real = rendezvous.Endpoint
+    failures = iter([OSError(98, "Address already in use")])
+
+    def flaky(rank: int, **kw: Any) -> Any:
+        if rank == 1 and (exc := next(failures, None)) is not None:
+            raise exc
+        return real(rank, **kw)
+
+    monkeypatch.setattr(rendezvous, "Endpoint", flaky)
+    endpoints: list[Any] = []
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            zero = pool.submit(rendezvous.connect, group="retry", env=_env(0))
+            with pytest.raises(OSError, match="Address already in use"):
+                rendezvous.connect(group="retry", env=_env(1))
+            one = pool.submit(rendezvous.connect, group="retry", env=_env(1))
+            endpoints = [zero.result(timeout=20)[0], one.result(timeout=20)[0]]
+        assert endpoints[0].job == endpoints[1].job
+        assert rendezvous._calls == {("retry", 0): 1, ("retry", 1): 1}
+    finally:
+        for e in endpoints:
+            e.close()
