@@ -12,14 +12,11 @@ business to test), so Gloo's loss fields are null.
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.bench_helpers import positive, run_json
+
 TIMEOUT = 300.0  # seconds: four jobs of four ranks, each importing torch
 
 ARGV = [
@@ -29,23 +26,7 @@ ARGV = [
 
 
 def _run() -> dict[str, Any]:
-    proc = subprocess.run(
-        ARGV, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
-    )
-    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{detail}"
-    lines = proc.stdout.strip().splitlines()
-    assert lines, f"nothing on stdout\n{detail}"
-    report = json.loads(lines[-1])
-    assert isinstance(report, dict), lines[-1]
-    return report
-
-
-def _positive(report: dict[str, Any], key: str) -> float:
-    value = report[key]
-    assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
-    assert math.isfinite(value) and value > 0, f"{key} = {value!r}, want a positive number"
-    return float(value)
+    return run_json(ARGV, TIMEOUT)
 
 
 HALF = 5e-5  # half the JSON's rounding step of a time
@@ -63,7 +44,7 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
     assert r["bench"] == "ddp" and r["world_size"] == 4, r
     # 32-64-64-10 MLP: (32*64 + 64) + (64*64 + 64) + (64*10 + 10)
     assert r["params"] == 6922, r["params"]
-    dlcp, gloo, floor = (_positive(r, k) for k in ("dlcp_iter_s", "gloo_iter_s", "nocomm_iter_s"))
+    dlcp, gloo, floor = (positive(r, k) for k in ("dlcp_iter_s", "gloo_iter_s", "nocomm_iter_s"))
     # (the JSON rounds every time to 4 decimals and every ratio to 3)
     assert abs(r["dlcp_comm_cost_s"] - (dlcp - floor)) <= 2e-4, r
     assert abs(r["gloo_comm_cost_s"] - (gloo - floor)) <= 2e-4, r
@@ -73,7 +54,7 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
         _is_quotient(r["ratio_comm_cost"], dc, gc)
     # emulated loss: DLCP alone, Gloo's loss figures and the floor's ratio null
     assert r["loss_method"] == "emulated", r["loss_method"]
-    _positive(r, "dlcp_iter_s_loss")
+    positive(r, "dlcp_iter_s_loss")
     for key in ("gloo_iter_s_loss", "ratio_loss", "floor_ratio_loss"):
         assert r[key] is None, f"{key} = {r[key]!r} under emulated loss, want null"
     assert r["emulated_loss_dropped"] > 0, "the emulator dropped nothing: no loss was measured"

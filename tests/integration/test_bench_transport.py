@@ -15,17 +15,14 @@ speed: this is not a performance check.
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from dlcp.testbed import netns
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.bench_helpers import positive, run_json
+
 SIZE_MIB = 4
 TIMEOUT = 120.0  # seconds; a run this small takes about one
 
@@ -62,26 +59,7 @@ TCP_LOSS_FIELDS = ("tcp_loss_median_s", "tcp_loss_p99_s", "ratio_loss_median", "
 
 
 def _run_benchmark(argv: list[str] = ARGV) -> dict[str, Any]:
-    """Run the benchmark; check it exits 0; the object on its last stdout line."""
-    proc = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
-    )
-    detail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{detail}"
-    lines = proc.stdout.strip().splitlines()
-    assert lines, f"nothing on stdout\n{detail}"
-    try:
-        report = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise AssertionError(f"last stdout line is not JSON ({exc}): {lines[-1]!r}") from None
-    assert isinstance(report, dict), f"last stdout line is not one JSON object: {lines[-1]!r}"
-    return report
-
-
-def _positive(report: dict[str, Any], key: str) -> None:
-    value = report[key]
-    assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
-    assert math.isfinite(value) and value > 0, f"{key} = {value!r}, want a positive number"
+    return run_json(argv, TIMEOUT)
 
 
 def test_transport_benchmark_json_on_loopback() -> None:
@@ -91,7 +69,7 @@ def test_transport_benchmark_json_on_loopback() -> None:
     assert report["path"] == "loopback", report["path"]
     assert report["size_bytes"] == SIZE_MIB << 20, report["size_bytes"]
     for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", "ratio_lossless"):
-        _positive(report, key)
+        positive(report, key)
 
     # --loopback: DLCP's in-process loss emulator, and (docstring) TCP cannot be
     # compared under emulated loss, so its loss fields are null; DLCP's are measured
@@ -99,7 +77,7 @@ def test_transport_benchmark_json_on_loopback() -> None:
     for key in TCP_LOSS_FIELDS:
         assert report[key] is None, f"{key} = {report[key]!r} under emulated loss, want null"
     for key in ("dlcp_loss_median_s", "dlcp_loss_p99_s"):
-        _positive(report, key)
+        positive(report, key)
     assert report["dlcp_loss_p99_s"] >= report["dlcp_loss_median_s"], report
     # the UDP floor needs kernel loss (root): null here
     assert report["udp_floor_loss_median_s"] is None, report["udp_floor_loss_median_s"]
@@ -116,7 +94,7 @@ def test_transport_benchmark_in_namespaces_measures_the_udp_floor() -> None:
     assert report["path"] == "netns-router-veth-mtu1500", report["path"]
     assert report["loss_method"] == "nftables", report["loss_method"]
     for key in (*TCP_LOSS_FIELDS, "udp_floor_loss_median_s", "udp_floor_offloads_off_gbps"):
-        _positive(report, key)
+        positive(report, key)
     # the floor's ratio is its median over TCP's, as the JSON says
     want = report["udp_floor_loss_median_s"] / report["tcp_loss_median_s"]
     assert abs(report["udp_floor_ratio_loss_median"] - want) <= 0.002 + 0.01 * want, report

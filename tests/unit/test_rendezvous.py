@@ -4,7 +4,6 @@ a hook made again) and a rank gets to the store before rank 0."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,25 +11,7 @@ import pytest
 
 from dlcp import rendezvous
 from dlcp.errors import ConfigError
-
-
-class BlockingStore:
-    """A dict whose get() waits for the key, like TCPStore's."""
-
-    def __init__(self) -> None:
-        self._data: dict[str, bytes] = {}
-        self._cond = threading.Condition()
-
-    def set(self, key: str, value: str | bytes) -> None:
-        with self._cond:
-            self._data[key] = value.encode() if isinstance(value, str) else value
-            self._cond.notify_all()
-
-    def get(self, key: str) -> bytes:
-        with self._cond:
-            if not self._cond.wait_for(lambda: key in self._data, timeout=10):
-                raise TimeoutError(key)
-            return self._data[key]
+from tests.integration.endpoint_helpers import LocalStore
 
 
 def _env(rank: int) -> dict[str, str]:
@@ -39,7 +20,7 @@ def _env(rank: int) -> dict[str, str]:
 
 
 def test_a_second_endpoint_of_a_group_agrees_on_new_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = BlockingStore()
+    store = LocalStore()
     monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout: store)
     monkeypatch.setattr(rendezvous, "_calls", {})
     group = "hook-test"
@@ -92,7 +73,7 @@ def test_env_job_names_a_bad_local_rank() -> None:
 def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connect() that fails on one rank (its port taken, say) and is tried again
     uses the same namespace as its peers', and rank 0's values do not change."""
-    store = BlockingStore()
+    store = LocalStore()
     monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout: store)
     monkeypatch.setattr(rendezvous, "_calls", {})
     monkeypatch.setattr(rendezvous, "_chosen", {})
