@@ -103,7 +103,7 @@ def plot(dlcp: dict[str, Any], gloo: dict[str, Any], path: Path) -> None:
         padding=2,
     )
     ax.set(
-        title=f"DLCP: gradient elements lost (p = {100 * dlcp['p']:g}% bounds each message)",
+        title=f"DLCP: elements lost (p = {100 * dlcp['p']:g}% per message)",
         xlabel="epoch  (numbers: packets retransmitted)",
         ylabel="% of all ranks' elements, zero-filled",
     )
