@@ -22,7 +22,7 @@ Where:
 
 The ranks share the machine's cores, and the routers forward in the same
 kernel, so the machine's CPU is part of the result: ``*_cpu_ms`` is the busy
-time of all cores (``/proc/stat``: user, system, interrupts, softirq) per call,
+time of all cores (``/proc/stat``: user, nice, system, interrupts, softirq) per call,
 over the calls of that kind. The last stdout line (``--json``) is one JSON
 object: ``gloo_ms``, ``ring_ms``, ``ps_ms``, their CPU, and
 ``ratio_ring = ring_ms / gloo_ms``, ``ratio_ps = ps_ms / gloo_ms``.
@@ -56,10 +56,12 @@ class BenchError(RuntimeError):
 
 
 def _busy_jiffies() -> int:
-    """Busy time of all cores so far (jiffies): everything but idle and iowait."""
+    """Busy time of all cores so far (jiffies): user, nice, system, irq and
+    softirq (not idle, iowait, or a hypervisor's steal; guest time is in user)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
-    return sum(fields) - fields[3] - fields[4]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return user + nice + system + irq + softirq
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -102,6 +104,7 @@ def worker(args: argparse.Namespace) -> int:
                     times[kind].append(time.perf_counter() - t0)
                     if kind != "gloo":
                         lost += report.lost_elems
+            dist.barrier()  # every rank's calls are done: all their CPU is in the window
             if round_no:
                 busy[kind] += _busy_jiffies() - b0
     dist.barrier()
