@@ -29,12 +29,13 @@ transfer against its report and bound (only reported-lost values may differ).
 Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
 
 1. warm-up, one of each (not counted);
-2. lossless, veth offloads on (TSO/GSO/GRO, as on a real NIC), DLCP p = 0;
-3. lossless DLCP with authentication: ``auth_cost`` = 1 - auth/plain throughput;
-4. (root) lossless with segmentation offloads off on both veth ends (receive
+2. lossless, veth offloads on (TSO/GSO/GRO, as on a real NIC), DLCP p = 0,
+   and in the same rounds DLCP with authentication: ``auth_cost`` = 1 -
+   auth/plain throughput;
+3. (root) lossless with segmentation offloads off on both veth ends (receive
    offloads too with ``--topology pair``; the line topology keeps GRO on):
    what the loss runs' setting costs each transport before any loss;
-5. under loss (default 1 %), DLCP p = 0.05. With root: nftables ``numgen
+4. under loss (default 1 %), DLCP p = 0.05. With root: nftables ``numgen
    random`` drops, by default in both namespaces (``--loss-direction both``:
    data, TCP acks and DLCP control alike, as on a lossy link; ``forward`` drops
    only what arrives at the receiver), offloads still off so that drops hit
@@ -46,7 +47,7 @@ Phases (DLCP and TCP repetitions alternate, so drift hits both alike):
    emulator drops received datagrams (``loss_method = "emulated"``) and TCP
    cannot be compared: its loss fields are null.
 
-With root, phases 4 and 5 also time the **UDP floor** (``udp_floor_*``): the
+With root, phases 3 and 4 also time the **UDP floor** (``udp_floor_*``): the
 same bytes in datagrams of DLCP's size, each sent once through DLCP's own UDP
 layer with no protocol above it (no packing, no loss recovery, nothing
 acknowledged per message; ``--floor-senders`` threads, a socket each), from the
@@ -446,12 +447,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pair.set_offloads(on=True)
             bench.rep("dlcp", "plain", 0.0, "warm-up")
             bench.rep("tcp", "plain", 0.0, "warm-up")
-            for _ in range(lossless):
+            bench.rep("dlcp", "auth", 0.0, "warm-up")
+            for _ in range(lossless):  # (auth_cost compares plain and auth side by side too)
                 res["dlcp"].append(bench.rep("dlcp", "plain", 0.0, "lossless"))
                 res["tcp"].append(bench.rep("tcp", "plain", 0.0, "lossless"))
-            bench.rep("dlcp", "auth", 0.0, "warm-up auth")
-            for _ in range(lossless):
-                res["auth"].append(bench.rep("dlcp", "auth", 0.0, "lossless auth"))
+                res["auth"].append(bench.rep("dlcp", "auth", 0.0, "lossless"))
             if pair is None:
                 for _ in range(reps):
                     res["dlcp_loss"].append(bench.rep("dlcp", "emul", args.p, "loss"))
