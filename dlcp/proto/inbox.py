@@ -27,7 +27,7 @@ from .context import ALL_ELEMS, Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
-from .recovery import ReceiverRecovery
+from .recovery import ReceiverRecovery, sender_quiet
 from .wire import (
     DATA_HEADER_LEN,
     VERSION,
@@ -99,7 +99,8 @@ class Inbox(SessionSide):
         self._expected: dict[Key, _Expectation] = {}
         #: key -> (received elems, or FAILED / CANCELLED; when it was completed)
         self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
-        self._orphan_finish: dict[Key, tuple[Finish, float]] = {}
+        #: FINISH, when to NACK it, when it first came
+        self._orphan_finish: dict[Key, tuple[Finish, float, float]] = {}
         self._unexpected_bytes = 0
         self._meter = RateMeter(self.config.rate_interval)
         self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
@@ -508,7 +509,8 @@ class Inbox(SessionSide):
         state = self._incoming.get(key)
         if state is None:
             # no data seen yet: FINISH may have overtaken it, or all of it was lost
-            self._orphan_finish[key] = (finish, now + self.config.reorder_grace)
+            first = self._orphan_finish.get(key, (finish, now, now))[2]
+            self._orphan_finish[key] = (finish, now + self.config.reorder_grace, first)
             if len(self._orphan_finish) > _MAX_ORPHAN_FINISH:  # a peer's flood of
                 del self._orphan_finish[next(iter(self._orphan_finish))]  # FINISHes
             return
@@ -544,7 +546,7 @@ class Inbox(SessionSide):
             t = state.recovery.timer
             if best is None or t < best:
                 best = t
-        for _, deadline in self._orphan_finish.values():
+        for _, deadline, _ in self._orphan_finish.values():
             if best is None or deadline < best:
                 best = deadline
         return best
@@ -578,10 +580,11 @@ class Inbox(SessionSide):
                 )
                 f = state.recovery.failure
                 self.fail(key, state, f.message, f.peer_timeout)
-        for key, (finish, deadline) in list(self._orphan_finish.items()):
-            quiet = self._last_data.get(key[0], float("-inf")) + self.config.reorder_grace
+        for key, (finish, deadline, first) in list(self._orphan_finish.items()):
+            sender = self._last_data.get(key[0], float("-inf"))
+            quiet = sender_quiet(self.config, sender, first)
             if now < quiet:  # this sender's data is still arriving: ours may be behind it
-                self._orphan_finish[key] = (finish, quiet)
+                self._orphan_finish[key] = (finish, quiet, first)
                 continue
             if now >= deadline:
                 del self._orphan_finish[key]

@@ -186,6 +186,16 @@ class SenderRecovery:
         self.failure = Failure(message, peer_timeout)
 
 
+def sender_quiet(config: ProtocolConfig, sender_active: float, finish_at: float | None) -> float:
+    """When a NACK stops waiting for the sender's other data: the sender quiet
+    for the reorder grace (a receiver working through a backlog, this message's
+    data maybe behind another's), but at most ``nack_timeout`` after the FINISH
+    (``finish_at``) that asks for the NACK: a sender that keeps streaming must not
+    starve a message's repair (docs/spec.md §8)."""
+    quiet = sender_active + config.reorder_grace
+    return quiet if finish_at is None else min(quiet, finish_at + config.nack_timeout)
+
+
 class ReceiverRecovery:
     """Receiver side of one message: when to NACK, when to give up."""
 
@@ -232,16 +242,10 @@ class ReceiverRecovery:
             return []
         if self.nack_at is None or now < self.nack_at or r.finish is None:
             return []
-        quiet = r.last_activity + self.config.reorder_grace
-        others = source_active + self.config.reorder_grace
-        if others > quiet:
-            # data of the sender's other messages (a receiver working through a
-            # backlog, this message's data maybe behind another's) holds the NACK
-            # back, but for at most nack_timeout after the FINISH: a sender that
-            # keeps streaming must not starve this message's repair
-            if self.finish_at is not None:
-                others = min(others, self.finish_at + self.config.nack_timeout)
-            quiet = max(quiet, others)
+        quiet = max(
+            r.last_activity + self.config.reorder_grace,
+            sender_quiet(self.config, source_active, self.finish_at),
+        )
         if now < quiet:
             self.nack_at = quiet
             return []

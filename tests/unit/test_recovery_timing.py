@@ -57,6 +57,33 @@ def test_a_stream_of_other_messages_does_not_starve_a_nack() -> None:
     assert np.array_equal(got[0].data, small)
 
 
+def test_a_stream_of_other_messages_does_not_starve_the_nack_of_an_orphan_finish() -> None:
+    """The same for a message none of whose data arrived (its FINISH is an
+    orphan): NACKed within nack_timeout, not after the other stream."""
+    cfg = config(
+        payload_bytes=1024,
+        batch_packets=4,
+        pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
+                       "burst_bytes": 4096},
+    )  # fmt: skip
+    a, b = sessions(2, cfg)
+    small = np.arange(1024, dtype=np.float32)
+    a.send_message(1, small, step=1, msg=0, now=0.0)
+    a.send_message(1, np.ones(3_000_000, dtype=np.float32), step=1, msg=1, now=0.0)
+    b.expect_message(0, step=1, msg=0)
+    b.expect_message(0, step=1, msg=1)
+
+    def first_copies_of_small(d: bytes) -> bool:
+        return d[0] == 0x11 and int.from_bytes(d[8:10], "big") == 0 and not d[1] & 2
+
+    link = LossyLink([a, b], drop_filter=first_copies_of_small)
+    link.run(until=40.0)
+    got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
+    assert set(got) == {0, 1}, link.events
+    assert not events(link, MessageFailed)
+    assert np.array_equal(got[0].data, small)
+
+
 def test_a_sender_that_gives_up_tells_the_receiver() -> None:
     """A receiver that never answers FINISH: the sender fails the message after
     its FINISH retries and sends ABORT(PEER_TIMEOUT) (spec §8), so the receiver
