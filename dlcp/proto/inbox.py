@@ -23,11 +23,12 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import FillPolicy
-from .context import ALL_ELEMS, Key, SessionContext, SessionSide
+from .context import Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
+from .orphans import OrphanFinishes
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
-from .recovery import ReceiverRecovery, sender_quiet
+from .recovery import ReceiverRecovery
 from .wire import (
     DATA_HEADER_LEN,
     VERSION,
@@ -36,7 +37,6 @@ from .wire import (
     DType,
     Finish,
     Flags,
-    Nack,
     PacketType,
     RateFeedback,
     Reason,
@@ -64,8 +64,6 @@ _DATA_VT = (VERSION << 4) | PacketType.DATA
 _LAST = int(Flags.LAST)
 _PER_PACKET_FLAGS = int(Flags.LAST | Flags.RETRANSMIT)
 _DTYPES = tuple(DType)  # by wire code
-#: FINISHes kept for messages none of whose data was seen (the oldest go first)
-_MAX_ORPHAN_FINISH = 1024
 
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
@@ -99,8 +97,7 @@ class Inbox(SessionSide):
         self._expected: dict[Key, _Expectation] = {}
         #: key -> (received elems, or FAILED / CANCELLED; when it was completed)
         self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
-        #: FINISH, when to NACK it, when it first came
-        self._orphan_finish: dict[Key, tuple[Finish, float, float]] = {}
+        self._orphan_finish = OrphanFinishes(self.config, self.rank)
         self._unexpected_bytes = 0
         self._meter = RateMeter(self.config.rate_interval)
         self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
@@ -153,7 +150,7 @@ class Inbox(SessionSide):
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
         state = self._incoming.pop(key, None)
         expected = self._expected.pop(key, None)
-        self._orphan_finish.pop(key, None)
+        self._orphan_finish.pop(key)
         if state is None and expected is None:
             return False
         if state is not None:
@@ -434,9 +431,9 @@ class Inbox(SessionSide):
         self._unexpected_bytes += charged
         state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
         self._incoming[key] = state
-        orphan = self._orphan_finish.pop(key, None)
+        orphan = self._orphan_finish.pop(key)
         if orphan is not None:
-            self._apply_finish(key, state, orphan[0], now=now)
+            self._apply_finish(key, state, orphan, now=now)
         return state
 
     def _check_complete(self, key: Key, state: _Incoming, *, now: float) -> None:
@@ -509,10 +506,7 @@ class Inbox(SessionSide):
         state = self._incoming.get(key)
         if state is None:
             # no data seen yet: FINISH may have overtaken it, or all of it was lost
-            first = self._orphan_finish.get(key, (finish, now, now))[2]
-            self._orphan_finish[key] = (finish, now + self.config.reorder_grace, first)
-            if len(self._orphan_finish) > _MAX_ORPHAN_FINISH:  # a peer's flood of
-                del self._orphan_finish[next(iter(self._orphan_finish))]  # FINISHes
+            self._orphan_finish.add(key, finish, now=now)
             return
         self._apply_finish(key, state, finish, now=now)
 
@@ -527,7 +521,7 @@ class Inbox(SessionSide):
         if key in self._expected:
             # aborted before any of its data arrived
             del self._expected[key]
-            self._orphan_finish.pop(key, None)
+            self._orphan_finish.pop(key)
             self.fail(key, None, why)
             return True
         return False
@@ -546,9 +540,9 @@ class Inbox(SessionSide):
             t = state.recovery.timer
             if best is None or t < best:
                 best = t
-        for _, deadline, _ in self._orphan_finish.values():
-            if best is None or deadline < best:
-                best = deadline
+        deadline = self._orphan_finish.next_deadline()
+        if deadline is not None and (best is None or deadline < best):
+            best = deadline
         return best
 
     def handle_timer(self, *, now: float) -> None:
@@ -580,25 +574,8 @@ class Inbox(SessionSide):
                 )
                 f = state.recovery.failure
                 self.fail(key, state, f.message, f.peer_timeout)
-        for key, (finish, deadline, first) in list(self._orphan_finish.items()):
-            sender = self._last_data.get(key[0], float("-inf"))
-            quiet = sender_quiet(self.config, sender, first)
-            if now < quiet:  # this sender's data is still arriving: ours may be behind it
-                self._orphan_finish[key] = (finish, quiet, first)
-                continue
-            if now >= deadline:
-                del self._orphan_finish[key]
-                self._queue(
-                    key[0],
-                    Nack(
-                        key[1],
-                        key[2],
-                        self.rank,
-                        round=finish.round,
-                        needed_elems=ALL_ELEMS,
-                        ranges=((0, finish.total_chunks),),
-                    ),
-                )
+        for src, nack in self._orphan_finish.due(now=now, last_data=self._last_data):
+            self._queue(src, nack)
         if self._meter.due(now=now):
             interval_us = int(self.config.rate_interval * 1e6)
             for src, rate in self._meter.sample(now=now).items():
