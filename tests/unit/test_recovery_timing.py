@@ -29,37 +29,9 @@ def _drop_first_copy(msg: int, seq: int) -> Callable[[bytes], bool]:
     return drop
 
 
-def test_a_stream_of_other_messages_does_not_starve_a_nack() -> None:
-    """A NACK waits for the sender's data to pause (it may be a backlog), but a
-    sender that keeps streaming another message must not hold it back for more
-    than nack_timeout after the FINISH: before, message A waited for the whole
-    12 MB of B at 4 MB/s, its sender gave up after 2 s and told nobody."""
-    cfg = config(
-        payload_bytes=1024,
-        batch_packets=4,
-        pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
-                       "burst_bytes": 4096},
-    )  # fmt: skip
-    a, b = sessions(2, cfg)
-    small = np.arange(1024, dtype=np.float32)  # 4 chunks, p = 0: chunk 1 must come again
-    bulk = np.ones(3_000_000, dtype=np.float32)
-    a.send_message(1, small, step=1, msg=0, now=0.0)
-    a.send_message(1, bulk, step=1, msg=1, now=0.0)
-    b.expect_message(0, step=1, msg=0)
-    b.expect_message(0, step=1, msg=1)
-    link = LossyLink([a, b], drop_filter=_drop_first_copy(0, 1))
-    link.run(until=40.0)
-    got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
-    assert set(got) == {0, 1}, link.events
-    assert not events(link, MessageFailed)
-    assert got[0].report.nack_rounds == 1  # (repeats of one round are not rounds)
-    assert got[0].report.duration < 0.5, got[0].report.duration  # not after B's 3 s
-    assert np.array_equal(got[0].data, small)
-
-
-def test_a_stream_of_other_messages_does_not_starve_the_nack_of_an_orphan_finish() -> None:
-    """The same for a message none of whose data arrived (its FINISH is an
-    orphan): NACKed within nack_timeout, not after the other stream."""
+def _small_behind_a_stream(drop: Callable[[bytes], bool]) -> tuple[np.ndarray, LossyLink]:
+    """Rank 0 sends a small message (msg 0, 4 chunks, p = 0) and then 12 MB
+    (msg 1) to rank 1 at 4 MB/s, over a link that drops what ``drop`` says."""
     cfg = config(
         payload_bytes=1024,
         batch_packets=4,
@@ -72,11 +44,33 @@ def test_a_stream_of_other_messages_does_not_starve_the_nack_of_an_orphan_finish
     a.send_message(1, np.ones(3_000_000, dtype=np.float32), step=1, msg=1, now=0.0)
     b.expect_message(0, step=1, msg=0)
     b.expect_message(0, step=1, msg=1)
+    return small, LossyLink([a, b], drop_filter=drop)
+
+
+def test_a_stream_of_other_messages_does_not_starve_a_nack() -> None:
+    """A NACK waits for the sender's data to pause (it may be a backlog), but a
+    sender that keeps streaming another message must not hold it back for more
+    than nack_timeout after the FINISH: before, message A waited for the whole
+    12 MB of B at 4 MB/s, its sender gave up after 2 s and told nobody."""
+    # 4 chunks, p = 0: chunk 1 must come again
+    small, link = _small_behind_a_stream(_drop_first_copy(0, 1))
+    link.run(until=40.0)
+    got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
+    assert set(got) == {0, 1}, link.events
+    assert not events(link, MessageFailed)
+    assert got[0].report.nack_rounds == 1  # (repeats of one round are not rounds)
+    assert got[0].report.duration < 0.5, got[0].report.duration  # not after B's 3 s
+    assert np.array_equal(got[0].data, small)
+
+
+def test_a_stream_of_other_messages_does_not_starve_the_nack_of_an_orphan_finish() -> None:
+    """The same for a message none of whose data arrived (its FINISH is an
+    orphan): NACKed within nack_timeout, not after the other stream."""
 
     def first_copies_of_small(d: bytes) -> bool:
         return d[0] == 0x11 and int.from_bytes(d[8:10], "big") == 0 and not d[1] & 2
 
-    link = LossyLink([a, b], drop_filter=first_copies_of_small)
+    small, link = _small_behind_a_stream(first_copies_of_small)
     link.run(until=40.0)
     got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
     assert set(got) == {0, 1}, link.events
