@@ -17,14 +17,31 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-__all__ = ["register", "register_when_torch_loads"]
+__all__ = ["BACKEND", "register", "register_when_torch_loads"]
+
+#: the torch.distributed backend name
+BACKEND = "dlcp"
 
 
 def register() -> None:
-    """Register the ``"dlcp"`` torch.distributed backend (imports torch; idempotent)."""
-    from .process_group import register as register_backend
+    """Register the ``"dlcp"`` torch.distributed backend (imports torch.distributed;
+    idempotent). The process-group module is imported when torch first creates a
+    group, not here: registering runs right after torch's import, which may come
+    from inside the import of a module of this package."""
+    import torch.distributed as dist
 
-    register_backend()
+    if getattr(dist.Backend, BACKEND.upper(), None) == BACKEND:
+        return
+    dist.Backend.register_backend(
+        BACKEND, _create_group, extended_api=True, devices=["cpu", "cuda"]
+    )
+
+
+def _create_group(backend_opts: Any, pg_options: Any) -> Any:
+    """The creator torch calls (extended API) for ``backend="dlcp"``."""
+    from .process_group import create_group
+
+    return create_group(backend_opts, pg_options)
 
 
 def register_when_torch_loads() -> None:

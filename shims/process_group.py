@@ -77,6 +77,7 @@ from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError
 from ..io.endpoint import Endpoint
 from ..rendezvous import connect
+from . import BACKEND, register
 from .pg_options import DLCPOptions, rendezvous_env
 from .pg_tensors import (
     ROLE_STRIDE,
@@ -89,11 +90,18 @@ from .pg_tensors import (
 )
 from .pg_transport import GroupTransport
 
-__all__ = ["BACKEND", "DLCPOptions", "DLCPProcessGroup", "DLCPWork", "dlcp_group", "register"]
+__all__ = [
+    "BACKEND",
+    "DLCPOptions",
+    "DLCPProcessGroup",
+    "DLCPWork",
+    "create_group",
+    "dlcp_group",
+    "register",
+]
 
 log = logging.getLogger("dlcp.shims")
 
-BACKEND = "dlcp"
 #: Communicator channel of process groups (the DDP hook uses 1); each group has
 #: its own endpoint, the channel only keeps traces readable
 CHANNEL = 2
@@ -254,7 +262,21 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[TensorList], input_list: TensorList, opts: Any = None
     ) -> DLCPWork:
-        return self.allgather(output_lists, input_list, opts)
+        """``all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's input j
+        (rank first, unlike ``allgather``'s ``output_tensors[j][r]``)."""
+        if len(output_lists) != self._size:
+            raise ValueError(
+                f"all_gather_coalesced: {len(output_lists)} output lists for "
+                f"{self._size} ranks (it takes one list per rank)"
+            )
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(
+                    f"all_gather_coalesced: the output list of rank {r} holds "
+                    f"{len(outs)} tensors for {len(input_list)} inputs"
+                )
+        by_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
+        return self.allgather(by_input, input_list, opts)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -565,7 +587,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             job.future.set_result(job.result)
 
 
-def _create(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:
+def create_group(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:
     """The creator torch calls (extended API): store, group rank/size, timeout, options."""
     return DLCPProcessGroup(
         backend_opts.store,
@@ -575,13 +597,6 @@ def _create(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:
         pg_options,
         name=str(backend_opts.group_id),
     )
-
-
-def register() -> None:
-    """Make ``backend="dlcp"`` known to torch.distributed (idempotent)."""
-    if getattr(dist.Backend, BACKEND.upper(), None) == BACKEND:
-        return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 def dlcp_group(group: Any = None) -> DLCPProcessGroup:

@@ -227,6 +227,27 @@ def all_gather_vs_gloo() -> None:
 
 
 @check
+def all_gather_coalesced_vs_gloo() -> None:
+    """Outputs are indexed rank first, then input (``outs[r][j]``: rank r's input j),
+    with more inputs than ranks, of different shapes (torch wants one dtype)."""
+    inputs = [data((2, 2), 40), data((1,), 41), data((3,), 42), data((5,), 43)]
+    mine = [[torch.empty_like(x) for x in inputs] for _ in range(C.world)]
+    ref = [[torch.empty_like(x) for x in inputs] for _ in range(C.world)]
+    dist.all_gather_coalesced(mine, inputs)
+    dist.all_gather_coalesced(ref, inputs, group=C.gloo)
+    for r in range(C.world):
+        for j in range(len(inputs)):
+            assert torch.equal(mine[r][j], ref[r][j]), (r, j)
+    assert all(torch.equal(a, b) for a, b in zip(mine[C.rank], inputs, strict=True))
+    try:
+        dist.all_gather_coalesced(mine[:-1], inputs)
+    except ValueError as exc:
+        assert "one list per rank" in str(exc), exc
+    else:
+        raise AssertionError("all_gather_coalesced took one output list too few")
+
+
+@check
 def reduce_scatter_gather_scatter_reduce() -> None:
     w, r = C.world, C.rank
     x = data((w * 6,), 40, integer=True)

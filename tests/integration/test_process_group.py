@@ -94,6 +94,7 @@ CHECKS = [
     "all_reduce_async_future",
     "broadcast_vs_gloo",
     "all_gather_vs_gloo",
+    "all_gather_coalesced_vs_gloo",
     "reduce_scatter_gather_scatter_reduce",
     "every_tensor_of_an_operation_is_reported",
     "a_refused_gather_keeps_the_ranks_paired",
@@ -205,4 +206,21 @@ def test_import_dlcp_registers_without_importing_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("first", ["dlcp.shims.pg_options", "dlcp.shims.ddp",
+                                   "dlcp.shims.process_group", "dlcp.shims.metrics"])
+def test_the_backend_is_registered_whichever_dlcp_module_comes_first(first: str) -> None:
+    """A module of the shims imported first (``from dlcp.shims.pg_options import
+    DLCPOptions``) loads torch, or has it loaded later; the backend must be
+    registered either way, with no warning."""
+    script = (
+        f"import {first}\n"
+        "import torch.distributed as dist\n"
+        "assert 'dlcp' in dist.Backend.backend_list, dist.Backend.backend_list\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
