@@ -46,12 +46,15 @@ from ..collectives.comm import CollectiveReport, check_reduce_fill
 from ..collectives.halving import is_power_of_two
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
+from ..proto.wire import MAX_LOSS_BOUND
 from .metrics import StepMetrics, Tracer
 
 __all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
 
 #: what ``DLCPState.collective`` may name
 COLLECTIVES = ("ring", "halving-doubling", "ps")
+#: gradient types the hook reduces (bfloat16 staged through float32)
+_BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 log = logging.getLogger("dlcp.shims")
 
@@ -110,8 +113,14 @@ class DLCPState:
             )
         if self.direct_max_bytes < 0:
             raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
+        if not 0.0 <= self.p <= MAX_LOSS_BOUND:
+            raise ValueError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
         if not 0.0 <= self.p_gather <= self.p:
-            raise ValueError(f"p_gather={self.p_gather} must be in [0, p={self.p}]")
+            raise ValueError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
+        if self.servers is not None and self.collective != "ps":
+            raise ValueError(
+                f"DLCPState: servers= is for collective='ps', not {self.collective!r}"
+            )
         self._fill = FillPolicy(self.fill)
         check_reduce_fill(self._fill, "DLCPState")
         created = self.endpoint is None
@@ -127,13 +136,12 @@ class DLCPState:
                 "DLCPState needs world_size= when given an endpoint outside "
                 "an initialised process group"
             )
-        if self.collective == "halving-doubling" and not is_power_of_two(self.world_size):
+        try:
+            self._check_ranks(self.world_size)
+        except ValueError:
             if created:
                 self.endpoint.close()
-            raise ValueError(
-                f"collective='halving-doubling' needs a power-of-two number of ranks, "
-                f"got {self.world_size}: use 'ring'"
-            )
+            raise
         self.comm = Communicator(self.endpoint, self.world_size, channel=1)
         self._layer_of: dict[int, int] = {}
         if self.model is not None:
@@ -148,9 +156,24 @@ class DLCPState:
         #: the endpoint was made here, so close() closes it
         self._owns_endpoint = created
         self._closed = False
+        self._closing_lock = threading.Lock()  # submit's check-and-put against close
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="dlcp-ddp-hook", daemon=True)
         self._thread.start()
+
+    def _check_ranks(self, world: int) -> None:
+        if self.collective == "halving-doubling" and not is_power_of_two(world):
+            raise ValueError(
+                f"collective='halving-doubling' needs a power-of-two number of ranks, "
+                f"got {world}: use 'ring'"
+            )
+        if self.servers is not None:
+            bad = [s for s in self.servers if not 0 <= s < world]
+            if not self.servers or bad or len(set(self.servers)) != len(self.servers):
+                raise ValueError(
+                    f"DLCPState: servers={self.servers} must be distinct ranks of "
+                    f"0..{world - 1}, at least one"
+                )
 
     # ------------------------------------------------------------------ hook side
 
@@ -172,27 +195,36 @@ class DLCPState:
             if tensor.is_cuda
             else torch.futures.Future()
         )
+        if tensor.dtype not in _BUCKET_DTYPES:
+            raise TypeError(
+                f"the DLCP DDP hook reduces float32, float16 and bfloat16 gradients, "
+                f"got a {tensor.dtype} bucket"
+            )
         ready = None
-        if self._closed:
-            raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
         if tensor.is_cuda:  # pragma: no cover - no GPU here
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tensor.device))
-        self._queue.put(_Job(tensor, segments, fut, last, ready))
+        with self._closing_lock:  # a job put after close()'s stop marker would never run
+            if self._closed:
+                raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
+            self._queue.put(_Job(tensor, segments, fut, last, ready))
         return fut
 
     def close(self) -> None:
         """Finish queued buckets, stop the transport thread, write the trace, and
         close the endpoint if this state made it (one passed in stays open)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        with self._closing_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._thread.join()
-        if self._tracer is not None:
-            self._tracer.write()
-        if self._owns_endpoint and self.endpoint is not None:
-            self.endpoint.close()
+        try:
+            if self._tracer is not None:
+                self._tracer.write()
+        finally:  # a trace that cannot be written still releases the endpoint
+            if self._owns_endpoint and self.endpoint is not None:
+                self.endpoint.close()
 
     # ------------------------------------------------------------------ transport thread
 
@@ -211,14 +243,21 @@ class DLCPState:
 
     def _reduce(self, job: _Job) -> CollectiveReport:
         t = job.tensor
+        # bfloat16 travels and is summed as float32 (numpy has no bfloat16)
+        wire = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
         if t.is_cuda:  # pragma: no cover - no GPU here
             job.ready.synchronize()
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host = torch.empty(t.shape, dtype=wire, pin_memory=True)
             host.copy_(t)
             report = self._collective(host.numpy(), job.segments)
             with torch.cuda.device(t.device):
                 t.copy_(host, non_blocking=True)
                 torch.cuda.current_stream(t.device).synchronize()
+            return report
+        if wire != t.dtype:
+            staged = t.detach().to(wire)
+            report = self._collective(staged.numpy(), job.segments)
+            t.copy_(staged)
             return report
         return self._collective(t.detach().numpy(), job.segments)
 

@@ -17,7 +17,7 @@ import torch
 from torch._C._distributed_c10d import ReduceOp
 
 from ..collectives import CollectiveReport, Communicator, allreduce
-from ..collectives.comm import ReportBuilder
+from ..collectives.comm import ReportBuilder, cancel_all
 from ..errors import ConfigError
 from ..proto.config import FillPolicy
 from .pg_options import DLCPOptions
@@ -94,26 +94,25 @@ class GroupTransport:
         sizes are known everywhere); big ones travel in parts."""
         incoming: list[Future[Any]] = []
         outgoing: list[Future[Any]] = []
-        for peer, index, buf in recvs:
-            for role, part in parts(buf, index):
-                incoming.append(
-                    self.comm.recv(
-                        part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
-                    )
-                )
-        for peer, index, buf in sends:
-            for role, part in parts(buf, index):
-                outgoing.append(
-                    self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
-                )
         try:
+            for peer, index, buf in recvs:
+                for role, part in parts(buf, index):
+                    incoming.append(
+                        self.comm.recv(
+                            part, src=peer, call=call, role=role, p=0.0, fill=FillPolicy.ZERO
+                        )
+                    )
+            for peer, index, buf in sends:
+                for role, part in parts(buf, index):
+                    outgoing.append(
+                        self.comm.send(part, to=peer, call=call, role=role, segments=None, p=0.0)
+                    )
             for fut in incoming:
                 report.received(self.comm.wait(fut), bounded=False)
             for fut in outgoing:
                 report.sent(self.comm.wait(fut), 1)
         except BaseException:
-            # the operation failed: nothing of it may write into the caller's
-            # tensors later, nor stay in the endpoint's tables
-            for fut in (*incoming, *outgoing):
-                fut.cancel()
+            # the operation failed (posting a later part, too): nothing of it may
+            # write into the caller's tensors later, nor stay in the endpoint's tables
+            cancel_all((*incoming, *outgoing))
             raise

@@ -6,12 +6,19 @@ number identifies the same call everywhere and becomes the messages' ``step``.
 The ``msg`` field carries the communicator's channel (high 4 bits) and the
 message's role inside the call (low 12 bits), so several communicators can
 share one endpoint without their messages meeting.
+
+The call numbers belong to the endpoint and channel, not to one communicator
+object: a communicator made later on the same endpoint and channel (a DDP hook
+state re-created after a restore, say) continues the numbering where the
+earlier one stopped, so its calls never reuse the message ids of calls the
+peers have already completed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -31,6 +38,7 @@ __all__ = [
     "Communicator",
     "ReportBuilder",
     "Segments",
+    "cancel_all",
     "check_reduce_fill",
     "copy_fill",
     "slice_segments",
@@ -157,6 +165,41 @@ def slice_segments(segments: Segments | None, start: int, stop: int) -> list[tup
     return out
 
 
+def cancel_all(futures: Sequence[Future[Any]]) -> None:
+    """Cancel the transfers of a call that failed: a receive posted into the
+    caller's memory must not write there after the call has raised (the
+    endpoint forgets a cancelled transfer and tells its peer)."""
+    for fut in futures:
+        fut.cancel()
+
+
+class _CallNumbers:
+    """The next call number of one endpoint and channel."""
+
+    __slots__ = ("_lock", "_next")
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            call = self._next
+            self._next = (call + 1) & 0xFFFFFFFF
+            return call
+
+
+_CALL_NUMBERS: weakref.WeakKeyDictionary[Endpoint, dict[int, _CallNumbers]] = (
+    weakref.WeakKeyDictionary()
+)
+_CALL_NUMBERS_LOCK = threading.Lock()
+
+
+def _call_numbers(endpoint: Endpoint, channel: int) -> _CallNumbers:
+    with _CALL_NUMBERS_LOCK:
+        return _CALL_NUMBERS.setdefault(endpoint, {}).setdefault(channel, _CallNumbers())
+
+
 class Communicator:
     """Ranks ``0..world_size-1`` over one :class:`Endpoint`."""
 
@@ -179,14 +222,10 @@ class Communicator:
         self.world_size = world_size
         self.channel = channel
         self.timeout = timeout if timeout is not None else endpoint.config.timeout
-        self._calls = 0
-        self._lock = threading.Lock()
+        self._calls = _call_numbers(endpoint, channel)
 
     def next_call(self) -> int:
-        with self._lock:
-            call = self._calls
-            self._calls = (self._calls + 1) & 0xFFFFFFFF
-            return call
+        return self._calls.take()
 
     def msg_id(self, role: int) -> int:
         if not 0 <= role <= MAX_ROLE:

@@ -30,6 +30,7 @@ from .comm import (
     Communicator,
     ReportBuilder,
     Segments,
+    cancel_all,
     check_reduce_fill,
     copy_fill,
 )
@@ -98,40 +99,47 @@ def ps_allreduce(
             if server != r:  # a lost pulled element keeps this worker's estimate of the sum
                 data[bounds[i] : bounds[i + 1]] *= data.dtype.type(len(wrk))
     pull_fill = copy_fill(p_pull)
-    incoming = [
-        comm.recv(
-            data[bounds[i] : bounds[i + 1]],
-            src=server,
-            call=call,
-            role=PULL,
-            p=p_pull,
-            fill=pull_fill,
-        )
-        for i, server in enumerate(srv)
-        if server != r and bounds[i] < bounds[i + 1]
-    ]
-    i = srv.index(r) if r in srv else -1
-    if i >= 0 and bounds[i] < bounds[i + 1]:  # co-located server: aggregate, serve back
-        a, b = bounds[i], bounds[i + 1]
-        _aggregate(
-            comm,
-            data[a:b],
-            [w for w in wrk if w != r],
-            call,
-            report,
-            p_push=p_push,
-            fill=fill,
-            divide=len(wrk) if average else 0,
-        )
-        pushes.extend(
-            comm.send_part(data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull)
-            for w in wrk
-            if w != r
-        )
-    for fut in incoming:
-        report.received(comm.wait(fut), bounded=p_pull > 0)
-    for fut in pushes:
-        report.sent(comm.wait(fut), data.itemsize)
+    incoming: list[Future[Received]] = []
+    try:
+        for i, server in enumerate(srv):
+            if server != r and bounds[i] < bounds[i + 1]:
+                incoming.append(
+                    comm.recv(
+                        data[bounds[i] : bounds[i + 1]],
+                        src=server,
+                        call=call,
+                        role=PULL,
+                        p=p_pull,
+                        fill=pull_fill,
+                    )
+                )
+        i = srv.index(r) if r in srv else -1
+        if i >= 0 and bounds[i] < bounds[i + 1]:  # co-located server: aggregate, serve back
+            a, b = bounds[i], bounds[i + 1]
+            _aggregate(
+                comm,
+                data[a:b],
+                [w for w in wrk if w != r],
+                call,
+                report,
+                p_push=p_push,
+                fill=fill,
+                divide=len(wrk) if average else 0,
+            )
+            pushes.extend(
+                comm.send_part(
+                    data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull
+                )
+                for w in wrk
+                if w != r
+            )
+        for fut in incoming:
+            report.received(comm.wait(fut), bounded=p_pull > 0)
+        for fut in pushes:
+            report.sent(comm.wait(fut), data.itemsize)
+    except BaseException:
+        cancel_all(incoming)  # the pulls write into ``data``: not after this raised
+        raise
     return report.build()
 
 
@@ -156,6 +164,7 @@ def ps_serve(
     if r in wrk or r not in srv:
         raise ValueError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
     call = comm.next_call()
+    report = ReportBuilder("ps_serve", call, 0)  # (its clock runs from here; size below)
     futs = [
         comm.endpoint.recv(src=w, step=call, msg=comm.msg_id(PUSH), p=p_push, fill=fill)
         for w in wrk
@@ -172,7 +181,7 @@ def ps_serve(
         total += g.data
     if average:
         total /= total.dtype.type(len(wrk))
-    report = ReportBuilder("ps_serve", call, len(total))
+    report.elems = len(total)
     for g in got:
         report.received(g, bounded=p_push > 0)
     sends = [

@@ -177,16 +177,13 @@ def exchange(
         else None
     )
     sa, sb = send
-    outgoing = (
-        comm.send_part(data, sa, sb, to=to, call=call, role=role, segments=segments, p=p)
-        if sa < sb
-        else None
-    )
-    if outgoing is not None:
-        sends.add(outgoing)
     try:
+        if sa < sb:
+            sends.add(
+                comm.send_part(data, sa, sb, to=to, call=call, role=role, segments=segments, p=p)
+            )
         sends.raise_first_failure()
-    except Exception:
+    except BaseException:
         if incoming is not None:
             incoming.cancel()  # the endpoint forgets it (and tells its sender)
         raise

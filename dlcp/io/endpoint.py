@@ -18,11 +18,11 @@ be scheduled (two context switches per message on a busy machine). The caller
 wakes the I/O thread only when the session now needs it earlier than it planned
 to wake: the rest of a paced message, or a timer.
 
-Buffers follow MPI's rules: an array passed to ``send`` must stay unchanged
-until its future is done (this implementation has copied it into packets when
-``send`` returns, but does not promise to), and ``recv(out=...)`` writes
-``out`` (from the I/O thread, or from a thread calling the endpoint) until its
-future is done.
+Buffers: ``send`` copies the array into packets before it returns (as
+:meth:`Session.send_message` does), so the caller may change or reuse it at
+once; the collectives rely on that (a ring scales, and later receives into,
+chunks it has sent). ``recv(out=...)`` writes ``out`` (from the I/O thread, or
+from a thread calling the endpoint) until its future is done, or is cancelled.
 """
 
 from __future__ import annotations
@@ -172,8 +172,9 @@ class Endpoint:
         p: float | None = None,
         bfloat16: bool = False,
     ) -> Future[SendReport]:
-        """Send ``array`` (flattened) to rank ``to``. The future gives the
-        :class:`SendReport` once the receiver has it within its bound."""
+        """Send ``array`` (flattened) to rank ``to``; its bytes are copied before
+        this returns. The future gives the :class:`SendReport` once the receiver
+        has it within its bound."""
         flat = np.asarray(array).reshape(-1)
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
         self._resolve(to, f"message (step {step}, msg {msg}) to rank {to}")

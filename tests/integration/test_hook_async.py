@@ -6,6 +6,8 @@ have finished when its hook returned. Fake buckets stand in for DDP's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +77,113 @@ def test_close_refuses_later_buckets_and_closes_only_its_own_endpoint() -> None:
     finally:
         ep.close()
     assert dlcp_threads() == []
+
+
+def _pair() -> tuple[list[Endpoint], list[torch.nn.Module]]:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=20.0)
+    eps = [Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2)]
+    return eps, [torch.nn.Linear(200, 100) for _ in range(2)]
+
+
+def _reduce_on_both(states: list[DLCPState], models: list[torch.nn.Module],
+                    grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    futs = [
+        dlcp_hook(s, _Bucket(g, list(m.parameters())))  # type: ignore[arg-type]
+        for s, m, g in zip(states, models, grads, strict=True)
+    ]
+    return [f.wait() for f in futs]
+
+
+def test_a_second_state_on_the_same_endpoints_continues_the_message_ids() -> None:
+    """Re-wrapping a model (after a restore, say) on endpoints passed in: the new
+    state's calls must not reuse the ids of calls the peer has completed."""
+    eps, models = _pair()
+    try:
+        for round_ in range(2):
+            states = [
+                DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0,
+                          direct_max_bytes=0)
+                for r in range(2)
+            ]  # fmt: skip
+            try:
+                grads = [torch.full((20_100,), float(r + 1 + round_)) for r in range(2)]
+                for out in _reduce_on_both(states, models, grads):
+                    assert torch.equal(out, torch.full((20_100,), 1.5 + round_))
+            finally:
+                for s in states:
+                    s.close()
+    finally:
+        for ep in eps:
+            ep.close()
+    assert dlcp_threads() == []
+
+
+def test_bfloat16_buckets_are_reduced_through_float32_and_float64_is_refused() -> None:
+    eps, models = _pair()
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    try:
+        grads = [torch.full((20_100,), 1.0 + 2.0 * r, dtype=torch.bfloat16) for r in range(2)]
+        for out, g in zip(_reduce_on_both(states, models, grads), grads, strict=True):
+            assert out is g and out.dtype == torch.bfloat16  # reduced in place, as DDP wants
+            assert torch.equal(out, torch.full((20_100,), 2.0, dtype=torch.bfloat16))
+        bucket = _Bucket(torch.zeros(20_100, dtype=torch.float64), list(models[0].parameters()))
+        with pytest.raises(TypeError, match=r"got a torch\.float64 bucket"):
+            dlcp_hook(states[0], bucket)  # type: ignore[arg-type]
+    finally:
+        for s in states:
+            s.close()
+        for ep in eps:
+            ep.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"p": 0.3}, r"DLCPState: p=0.3 outside \[0, 0.255\]"),
+        ({"p": -0.1}, r"DLCPState: p=-0.1 outside"),
+        ({"collective": "ps", "servers": [5]}, r"servers=\[5\] must be distinct ranks of 0..1"),
+        ({"collective": "ps", "servers": [1, 1]}, r"servers=\[1, 1\] must be distinct"),
+        ({"collective": "ps", "servers": []}, r"servers=\[\] must be distinct"),
+        ({"servers": [0]}, r"servers= is for collective='ps', not 'ring'"),
+    ],
+)
+def test_state_options_are_checked_at_construction(options: dict[str, object],
+                                                   message: str) -> None:
+    ep = Endpoint(0, store=LocalStore(), world_size=2, job=JOB, config=EndpointConfig(timeout=5))
+    try:
+        with pytest.raises(ValueError, match=message):
+            DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=2, **options)  # type: ignore[arg-type]
+    finally:
+        ep.close()
+
+
+def test_close_releases_its_endpoint_even_when_the_trace_cannot_be_written(
+    tmp_path: Path,
+) -> None:
+    ep = Endpoint(0, store=LocalStore(), world_size=1, job=JOB, config=EndpointConfig(timeout=5))
+    state = DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=1,
+                      trace_path=str(tmp_path / "missing-dir" / "trace.json"))  # fmt: skip
+    state._owns_endpoint = True  # as when the state made the endpoint from env://
+    with pytest.raises(FileNotFoundError):
+        state.close()
+    assert dlcp_threads() == []  # the endpoint's I/O thread is gone
+
+
+def test_an_array_changed_right_after_send_arrives_as_it_was_sent() -> None:
+    """``Endpoint.send`` copies the bytes before it returns (the collectives scale
+    and receive into chunks they have sent): 16 MB, more than one pacing decision
+    puts on the wire at once, overwritten as soon as ``send`` returns."""
+    eps, _ = _pair()
+    try:
+        data = np.arange(4 << 20, dtype=np.float32)
+        out = np.empty_like(data)
+        incoming = eps[1].recv(src=0, step=1, msg=9, out=out)
+        sent = eps[0].send(data, to=1, step=1, msg=9, p=0.0)
+        data[:] = -1.0
+        incoming.result(timeout=20)
+        sent.result(timeout=20)
+        assert np.array_equal(out, np.arange(4 << 20, dtype=np.float32))
+    finally:
+        for ep in eps:
+            ep.close()

@@ -1,0 +1,102 @@
+"""A collective that fails part-way cancels the receives it had posted: a receive
+posted into the caller's array must not write there after the call raised. The
+failures here are synchronous ones (a peer without an address, a wait that times
+out) at the moment other receives are already posted. A fake communicator stands
+in for the endpoint."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.collectives.comm import MAX_ROLE, ReportBuilder
+from dlcp.collectives.ps import PULL, ps_allreduce
+from dlcp.collectives.ring import ring_allreduce
+from dlcp.errors import PeerTimeout
+
+
+class _FailingComm:
+    """Posts receives as plain futures; ``send_part`` / ``wait`` raise on demand."""
+
+    def __init__(self, rank: int, world: int, *, fail_send_role: int | None = None,
+                 fail_wait: bool = False) -> None:
+        self.rank, self.world_size = rank, world
+        self.fail_send_role, self.fail_wait = fail_send_role, fail_wait
+        self.recvs: list[Future[Any]] = []
+        self.sends: list[Future[Any]] = []
+
+    def next_call(self) -> int:
+        return 7
+
+    def msg_id(self, role: int) -> int:
+        assert 0 <= role <= MAX_ROLE
+        return role
+
+    def recv(self, out: Any, **kw: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self.recvs.append(fut)
+        return fut
+
+    def send_part(self, data: Any, a: int, b: int, *, role: int, to: int, **kw: Any) -> Future[Any]:
+        if self.fail_send_role is None or role == self.fail_send_role:
+            raise PeerTimeout(f"rank {self.rank}: rank {to} published no address")
+        fut: Future[Any] = Future()
+        self.sends.append(fut)
+        return fut
+
+    def wait(self, fut: Future[Any]) -> Any:
+        if self.fail_wait:
+            raise PeerTimeout(f"rank {self.rank}: a message did not complete")
+        raise AssertionError("this fake settles nothing")
+
+
+def test_ring_cancels_its_posted_receive_when_a_send_cannot_start() -> None:
+    comm = _FailingComm(0, 2)
+    with pytest.raises(PeerTimeout, match="published no address"):
+        ring_allreduce(comm, np.ones(100, np.float32), p=0.05)  # type: ignore[arg-type]
+    assert len(comm.recvs) == 1
+    assert all(f.cancelled() for f in comm.recvs)
+
+
+def test_ps_cancels_its_posted_pulls_when_aggregating_fails() -> None:
+    # rank 0 serves shard 0 and pulls shard 1: the pull is posted before rank 0
+    # waits for the pushes into its own shard, and that wait fails
+    comm = _FailingComm(0, 2, fail_send_role=-1, fail_wait=True)
+    with pytest.raises(PeerTimeout, match="did not complete"):
+        ps_allreduce(comm, np.ones(100, np.float32))  # type: ignore[arg-type]
+    pulls = comm.recvs[:1]  # (the second receive is the push into scratch space)
+    assert len(comm.recvs) == 2 and all(f.cancelled() for f in pulls)
+
+
+def test_ps_cancels_its_posted_pulls_when_serving_back_cannot_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the push into rank 0's shard arrives (waits succeed, their reports are not
+    # looked at), then sending the sum back to rank 1 cannot start
+    monkeypatch.setattr(ReportBuilder, "received", lambda self, got, bounded: None)
+    comm = _FailingComm(0, 2, fail_send_role=PULL)
+    comm.wait = lambda fut: None  # type: ignore[method-assign]
+    with pytest.raises(PeerTimeout, match="published no address"):
+        ps_allreduce(comm, np.ones(100, np.float32))  # type: ignore[arg-type]
+    assert comm.recvs[0].cancelled()  # the pull into data[50:]
+
+
+def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start() -> None:
+    from dlcp.shims.pg_options import DLCPOptions
+    from dlcp.shims.pg_transport import GroupTransport
+
+    comm = _FailingComm(0, 3)
+    comm.send = lambda *a, **kw: comm.send_part(None, 0, 1, role=0, to=kw["to"])  # type: ignore[attr-defined]
+    transport = GroupTransport(comm, DLCPOptions(), p=0.0)  # type: ignore[arg-type]
+    outs = [np.zeros(16, np.uint8) for _ in range(2)]
+    with pytest.raises(PeerTimeout, match="rank 1 published no address"):
+        transport.transfer(
+            7,
+            [(1, 0, np.ones(16, np.uint8))],
+            [(1, 0, outs[0]), (2, 0, outs[1])],
+            ReportBuilder("allgather", 7, 16),
+        )
+    assert len(comm.recvs) == 2 and all(f.cancelled() for f in comm.recvs)
