@@ -92,6 +92,7 @@ every iteration's time (its slowest rank's), per epoch (``iteration_s``).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import re
 import statistics
@@ -124,6 +125,7 @@ from .results import (
     bmv2_class_totals,
     bmv2_link_packets,
     class_totals,
+    code_revision,
     default_profile,
     drops_summary,
     per_link_packets,
@@ -478,6 +480,8 @@ def run_experiment(
         "profile": queues,
         "link_rate_mbit": None if bmv2 else link_rate_mbit,
         "batch_size": batch_size,
+        "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "code_rev": code_revision(),
     }
     result = {
         **summary,

@@ -8,6 +8,7 @@ plot`` and the suite's table read them back.
 from __future__ import annotations
 
 import csv
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "bmv2_class_totals",
     "bmv2_link_packets",
     "class_totals",
+    "code_revision",
     "default_profile",
     "drops_summary",
     "per_link_packets",
@@ -49,6 +51,8 @@ CSV_FIELDS = (
     "profile",
     "link_rate_mbit",
     "batch_size",
+    "finished_utc",
+    "code_rev",
 )
 #: the runs' defaults: a row without the column (written before it) had these
 LINK_RATE_MBIT = 200.0
@@ -162,6 +166,21 @@ def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
             w.writeheader()
         w.writerow(row)
     return path
+
+
+def code_revision(root: Path | None = None) -> str:
+    """The git commit of the code a row was measured with (short hash, ``+dirty``
+    if tracked files differ from it); empty outside a git checkout."""
+    root = root or Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def default_profile(transport: str) -> str:

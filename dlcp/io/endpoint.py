@@ -280,6 +280,7 @@ class Endpoint:
                     "rejected": dict(s.rejected),
                     "late_packets": s.late_packets,
                     "stale_control": s.stale_control,
+                    "receive_calls": self._stats.receive_calls,
                     "data_batches_out": self._stats.data_batches_out,
                     "data_send_errors": self._stats.data_send_errors,
                     "control_in": self._stats.control_in,

@@ -272,3 +272,13 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
         assert sent.get("packets", 0) >= got["packets"], setup["background"]  # (reported)
     else:
         assert r["train"]["collective"] == "ps" and "--collective" in setup["flags"]
+
+
+def test_rows_name_the_code_they_were_measured_with(tmp_path: Path) -> None:
+    import re
+
+    from dlcp.testbed.results import code_revision
+
+    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", code_revision()), code_revision()
+    assert code_revision(tmp_path) == ""  # not a git checkout
+    assert {"finished_utc", "code_rev"} <= set(ex.CSV_FIELDS)
