@@ -203,6 +203,10 @@ def _call_numbers(endpoint: Endpoint, channel: int) -> _CallNumbers:
 class Communicator:
     """Ranks ``0..world_size-1`` over one :class:`Endpoint`."""
 
+    #: seconds :meth:`wait` allows beyond the timeout before it gives up on a
+    #: future nobody settled (the endpoint fails one that times out before that)
+    BACKSTOP_MARGIN = 5.0
+
     def __init__(
         self, endpoint: Endpoint, world_size: int, *, channel: int = 0, timeout: float | None = None
     ) -> None:
@@ -274,12 +278,13 @@ class Communicator:
         """The result of a send or receive. The endpoint fails one that exceeds its
         own timeout, naming the peer and message; this wait's longer limit only
         guards against a future nobody settles."""
-        limit = self.timeout + 5.0
+        limit = self.timeout + self.BACKSTOP_MARGIN
         try:
             return fut.result(timeout=limit)
         except FutureTimeout:
             fut.cancel()
+            what = getattr(fut, "what", "") or f"rank {self.rank}: a message of a collective call"
             raise PeerTimeout(
-                f"rank {self.rank}: a message of a collective call did not complete within "
-                f"{limit:g} s (Communicator timeout {self.timeout:g} s + 5)"
+                f"{what} did not complete within {limit:g} s "
+                f"(Communicator timeout {self.timeout:g} s + {self.BACKSTOP_MARGIN:g})"
             ) from None

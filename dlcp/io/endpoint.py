@@ -177,8 +177,9 @@ class Endpoint:
         has it within its bound."""
         flat = np.asarray(array).reshape(-1)
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
-        self._resolve(to, f"message (step {step}, msg {msg}) to rank {to}")
-        fut: TransferFuture[SendReport] = TransferFuture()
+        message = f"message (step {step}, msg {msg}) to rank {to}"
+        self._resolve(to, message)
+        fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}")
 
         def command() -> None:
             key = (to, step, msg)
@@ -221,8 +222,9 @@ class Endpoint:
         if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
             raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
-        self._resolve(src, f"message (step {step}, msg {msg}) from rank {src}")
-        fut: TransferFuture[Received] = TransferFuture()
+        message = f"message (step {step}, msg {msg}) from rank {src}"
+        self._resolve(src, message)
+        fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}")
 
         def command() -> None:
             key = (src, step, msg)

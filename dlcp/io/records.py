@@ -33,7 +33,12 @@ class Received:
 class TransferFuture(Future[_T]):
     """The future of a send or receive. Its caller may cancel it (the endpoint then
     forgets the transfer); the endpoint settling a cancelled one is a no-op, not
-    an error in the I/O thread, whichever of the two came first."""
+    an error in the I/O thread, whichever of the two came first. ``what`` names
+    the transfer (rank, message, peer) for errors raised about it elsewhere."""
+
+    def __init__(self, what: str = "") -> None:
+        super().__init__()
+        self.what = what
 
     def set_result(self, result: _T) -> None:
         try:

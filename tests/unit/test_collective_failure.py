@@ -100,3 +100,19 @@ def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start
             ReportBuilder("allgather", 7, 16),
         )
     assert len(comm.recvs) == 2 and all(f.cancelled() for f in comm.recvs)
+
+
+def test_the_wait_backstop_names_the_message_and_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A future nobody settles (it should not happen: the endpoint times its
+    transfers out first) ends the wait with an error naming the transfer."""
+    from dlcp.collectives.comm import Communicator
+    from dlcp.io.records import TransferFuture
+
+    comm = Communicator.__new__(Communicator)  # no endpoint needed for wait()
+    comm.rank, comm.timeout = 2, 0.01
+    monkeypatch.setattr(Communicator, "BACKSTOP_MARGIN", 0.01)
+    fut: TransferFuture[Any] = TransferFuture("rank 2: message (step 4, msg 4097) from rank 3")
+    with pytest.raises(PeerTimeout, match=r"rank 2: message \(step 4, msg 4097\) from rank 3 "
+                                          r"did not complete within 0\.02 s"):  # fmt: skip
+        comm.wait(fut)
+    assert fut.cancelled()
