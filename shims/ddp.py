@@ -223,6 +223,7 @@ class DLCPState:
             if self._tracer is not None:
                 self._tracer.write()
         finally:  # a trace that cannot be written still releases the endpoint
+            self.comm.close()  # (its channel: a later state continues its call numbers)
             if self._owns_endpoint and self.endpoint is not None:
                 self.endpoint.close()
 

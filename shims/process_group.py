@@ -269,12 +269,20 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 f"all_gather_coalesced: {len(output_lists)} output lists for "
                 f"{self._size} ranks (it takes one list per rank)"
             )
+        check_tensors(input_list, "all_gather_coalesced")
         for r, outs in enumerate(output_lists):
             if len(outs) != len(input_list):
                 raise ValueError(
                     f"all_gather_coalesced: the output list of rank {r} holds "
                     f"{len(outs)} tensors for {len(input_list)} inputs"
                 )
+            for j, (t, like) in enumerate(zip(outs, input_list, strict=True)):
+                if t.dtype != like.dtype or t.numel() != like.numel():
+                    raise ValueError(
+                        f"all_gather_coalesced: output_lists[{r}][{j}] is "
+                        f"{t.dtype}{list(t.shape)}, expected {like.numel()} elements of "
+                        f"{like.dtype} (input {j})"
+                    )
         by_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
         return self.allgather(by_input, input_list, opts)
 

@@ -170,13 +170,15 @@ def append_csv(results: str | Path, row: Mapping[str, Any]) -> Path:
 
 def code_revision(root: Path | None = None) -> str:
     """The git commit of the code a row was measured with (short hash, ``+dirty``
-    if tracked files differ from it); empty outside a git checkout."""
+    if tracked files other than ``results/`` differ from it); empty outside a
+    git checkout or without git."""
     root = root or Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=10, check=True)
+        # (the results file is tracked and changes with every run: not the code)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"],
+                                "--untracked-files=no", "--", ".", ":(exclude)results"],
                                capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return ""

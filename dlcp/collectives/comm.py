@@ -11,7 +11,9 @@ The call numbers belong to the endpoint and channel, not to one communicator
 object: a communicator made later on the same endpoint and channel (a DDP hook
 state re-created after a restore, say) continues the numbering where the
 earlier one stopped, so its calls never reuse the message ids of calls the
-peers have already completed.
+peers have already completed. One communicator at a time draws them: a second
+one on a channel whose first is still alive (not closed, not collected) is
+refused.
 """
 
 from __future__ import annotations
@@ -174,13 +176,17 @@ def cancel_all(futures: Sequence[Future[Any]]) -> None:
 
 
 class _CallNumbers:
-    """The next call number of one endpoint and channel."""
+    """The next call number of one endpoint and channel, and the communicator
+    that draws them now (one at a time: two live communicators on one channel
+    would take numbers in whatever order their threads come, which differs
+    from rank to rank)."""
 
-    __slots__ = ("_lock", "_next")
+    __slots__ = ("_lock", "_next", "holder")
 
     def __init__(self) -> None:
         self._next = 0
         self._lock = threading.Lock()
+        self.holder: weakref.ref[Communicator] | None = None
 
     def take(self) -> int:
         with self._lock:
@@ -195,9 +201,25 @@ _CALL_NUMBERS: weakref.WeakKeyDictionary[Endpoint, dict[int, _CallNumbers]] = (
 _CALL_NUMBERS_LOCK = threading.Lock()
 
 
-def _call_numbers(endpoint: Endpoint, channel: int) -> _CallNumbers:
+def _claim_call_numbers(comm: Communicator) -> _CallNumbers:
     with _CALL_NUMBERS_LOCK:
-        return _CALL_NUMBERS.setdefault(endpoint, {}).setdefault(channel, _CallNumbers())
+        channels = _CALL_NUMBERS.setdefault(comm.endpoint, {})
+        numbers = channels.setdefault(comm.channel, _CallNumbers())
+        if numbers.holder is not None and numbers.holder() is not None:
+            raise ConfigError(
+                f"rank {comm.rank}: channel {comm.channel} of this endpoint belongs to a "
+                "live Communicator (of a DLCPState, say): close() that one first, or give "
+                "this one another channel"
+            )
+        numbers.holder = weakref.ref(comm)
+        return numbers
+
+
+def _release_call_numbers(comm: Communicator) -> None:
+    with _CALL_NUMBERS_LOCK:
+        numbers = comm._calls
+        if numbers.holder is not None and numbers.holder() is comm:
+            numbers.holder = None
 
 
 class Communicator:
@@ -226,7 +248,12 @@ class Communicator:
         self.world_size = world_size
         self.channel = channel
         self.timeout = timeout if timeout is not None else endpoint.config.timeout
-        self._calls = _call_numbers(endpoint, channel)
+        self._calls = _claim_call_numbers(self)
+
+    def close(self) -> None:
+        """Give the channel back: a later communicator on this endpoint and channel
+        continues the call numbers (one that is garbage-collected gives it back too)."""
+        _release_call_numbers(self)
 
     def next_call(self) -> int:
         return self._calls.take()

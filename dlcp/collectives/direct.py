@@ -69,8 +69,8 @@ def direct_allreduce(
     report = ReportBuilder("direct_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
-    # the sends read this copy (an array given to a send stays untouched until the
-    # send completes), while ``data`` takes the sum as soon as the receives are in
+    # this rank's own term of the sum, kept apart: ``data`` is overwritten by the
+    # sum (in rank order) once the receives are in
     mine = data.copy()
     others = [q for q in range(n) if q != r]
     arrays = {q: np.empty_like(data) for q in others}

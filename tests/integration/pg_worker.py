@@ -245,6 +245,14 @@ def all_gather_coalesced_vs_gloo() -> None:
         assert "one list per rank" in str(exc), exc
     else:
         raise AssertionError("all_gather_coalesced took one output list too few")
+    wrong = [list(outs) for outs in mine]
+    wrong[C.world - 1][1] = torch.empty(7)
+    try:
+        dist.all_gather_coalesced(wrong, inputs)
+    except ValueError as exc:
+        assert f"output_lists[{C.world - 1}][1] is torch.float32[7]" in str(exc), exc
+    else:
+        raise AssertionError("all_gather_coalesced took an output of the wrong size")
 
 
 @check

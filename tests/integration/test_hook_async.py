@@ -187,3 +187,19 @@ def test_an_array_changed_right_after_send_arrives_as_it_was_sent() -> None:
     finally:
         for ep in eps:
             ep.close()
+
+
+def test_a_second_live_state_on_one_endpoint_is_refused_until_the_first_closes() -> None:
+    """Two live states on one endpoint would draw call numbers in thread order,
+    not the same on every rank (silently wrong sums): the second is refused."""
+    from dlcp.errors import ConfigError
+
+    ep = Endpoint(0, store=LocalStore(), world_size=2, job=JOB, config=EndpointConfig(timeout=5))
+    try:
+        first = DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=2)
+        with pytest.raises(ConfigError, match="channel 1 of this endpoint belongs to a live"):
+            DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=2)
+        first.close()
+        DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=2).close()
+    finally:
+        ep.close()

@@ -276,9 +276,30 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
 
 def test_rows_name_the_code_they_were_measured_with(tmp_path: Path) -> None:
     import re
+    import subprocess
 
     from dlcp.testbed.results import code_revision
 
-    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", code_revision()), code_revision()
+    root = Path(ex.__file__).resolve().parent.parent
+    git = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    if git.returncode == 0:  # a checkout git accepts: its commit, dirty or not
+        assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", code_revision()), code_revision()
+        assert git.stdout.startswith(code_revision()[:12])
+    else:  # an unpacked tarball, say
+        assert code_revision() == ""
     assert code_revision(tmp_path) == ""  # not a git checkout
+    # a changed results file is a new measurement, not changed code
+    work = tmp_path / "repo"
+    (work / "results").mkdir(parents=True)
+    (work / "code.py").write_text("x = 1\n")
+    (work / "results" / "testbed.csv").write_text("a\n")
+    for cmd in (["init", "-q"], ["add", "."],
+                ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c"]):
+        subprocess.run(["git", "-C", str(work), *cmd], check=True, capture_output=True)
+    clean = code_revision(work)
+    (work / "results" / "testbed.csv").write_text("a\nb\n")
+    assert code_revision(work) == clean and not clean.endswith("+dirty")
+    (work / "code.py").write_text("x = 2\n")
+    assert code_revision(work) == clean + "+dirty"
     assert {"finished_utc", "code_rev"} <= set(ex.CSV_FIELDS)
