@@ -99,6 +99,16 @@ class SimConfig:
             )
         if self.disable and self.transport != "dlcp":
             raise bad("disable", "ablations apply to the dlcp transport only")
+        if (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not 1 <= self.seed < 4294967087
+        ):
+            raise bad("seed", "must be an integer in 1..4294967086 (ns-3's random streams)")
+        if not isinstance(self.servers, int) or isinstance(self.servers, bool):
+            raise bad("servers", "must be an integer")
+        if self.buffer_packets < 2:
+            raise bad("buffer_packets", "a port needs at least 2 packets of buffer")
         if self.workload.startswith("ps-") and not 1 <= self.servers < self.hosts:
             raise bad("servers", f"a parameter server needs 1..{self.hosts - 1} servers")
         for name in ("link_gbps", "link_delay_us", "scale", "time_limit_s", "tcp_min_rto_us",

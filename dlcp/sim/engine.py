@@ -75,7 +75,7 @@ def _fabric_config(g: Any, cfg: SimConfig) -> Any:
     elif cfg.transport == "dctcp":
         c.queueKind = g.dlcpsim.QUEUE_RED
         k = max(20, round(_bdp_packets(cfg)))  # DCTCP marking threshold K ~ one BDP
-        c.redMinTh, c.redMaxTh = min(k, cfg.buffer_packets - 2), min(3 * k, cfg.buffer_packets - 1)
+        c.redMinTh = c.redMaxTh = min(k, cfg.buffer_packets - 1)  # mark at K and above
     else:
         c.queueKind = g.dlcpsim.QUEUE_FIFO
     return c

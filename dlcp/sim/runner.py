@@ -81,6 +81,8 @@ def _finish(job: _Job) -> dict[str, Any]:
     records = read_flows(flows, raw.pop("kinds"), raw.pop("iterations"))
     summary = summarize(records)
     cfg = job.cfg
+    if cfg.transport != "dlcp":  # ns-3's TCP resends inside its socket, uncounted here
+        summary["retransmitted_packets"] = None
     row: dict[str, Any] = {
         "name": job.name,
         "label": cfg.label,

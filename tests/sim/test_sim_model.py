@@ -36,6 +36,11 @@ def test_layer_tables_match_architectures(model: str) -> None:
         ({"p": 0.5}, "p=0.5"),
         ({"buffer_packets": 50, "drop_eligible_packets": 50}, "drop_eligible_packets"),
         ({"protocol": {"mtu": 10}}, "mtu"),
+        ({"seed": 0}, "seed=0"),  # ns-3 refuses it deep inside the run
+        ({"seed": -3}, "seed=-3"),
+        ({"seed": 2**32}, "seed=4294967296"),
+        ({"servers": 2.5}, "servers=2.5"),
+        ({"buffer_packets": 1}, "buffer_packets=1"),
     ],
 )
 def test_bad_config_names_the_parameter(kwargs: dict[str, object], names: str) -> None:

@@ -78,3 +78,18 @@ def test_deterministic_for_a_fixed_seed(runs: dict[str, Any]) -> None:
 
     assert rows(first) == rows(second)
     assert runs["again"]["fct_p99_us"] == runs["incast"]["dlcp"]["fct_p99_us"]
+
+
+def test_dctcp_marks_at_k_and_drops_less_than_tcp(runs: dict[str, Any]) -> None:
+    """DCTCP's switches mark every ECT packet that finds K or more queued (RFC
+    8257): under the incast marks outnumber drops and DCTCP drops less than TCP.
+    (With ns-3's RED defaults, as before session 9: 37 marks, 550 drops against
+    TCP's 494.)"""
+    dctcp, tcp = runs["incast"]["dctcp"], runs["incast"]["tcp"]
+    assert dctcp["ecn_marks"] > 2 * dctcp["switch_drops"] > 0
+    assert dctcp["switch_drops"] < tcp["switch_drops"]
+
+
+def test_tcp_retransmissions_are_not_claimed_as_zero(runs: dict[str, Any]) -> None:
+    assert runs["incast"]["tcp"]["retransmitted_packets"] is None  # not counted
+    assert runs["incast"]["dlcp"]["retransmitted_packets"] > 0

@@ -190,8 +190,13 @@ class Fabric
             Ptr<PointToPointNetDevice> p2p = DynamicCast<PointToPointNetDevice>(dev);
             DataRateValue rate;
             p2p->GetAttribute("DataRate", rate);
+            // DCTCP's marking (RFC 8257): every ECT packet that finds the instantaneous
+            // queue at K or more is marked (MinTh = MaxTh = K, QW = 1, not gentle);
+            // ns-3's RED defaults (LInterm 50, gentle) would mark ~1 % of them
             tch.SetRootQueueDisc("ns3::RedQueueDisc", "UseEcn", BooleanValue(true),
                                  "UseHardDrop", BooleanValue(false), "QW", DoubleValue(1.0),
+                                 "Gentle", BooleanValue(false), "Wait", BooleanValue(false),
+                                 "LInterm", DoubleValue(1.0),
                                  "MeanPktSize", UintegerValue(1500), "MinTh",
                                  DoubleValue(c.redMinTh), "MaxTh", DoubleValue(c.redMaxTh),
                                  "MaxSize", QueueSizeValue(size), "LinkBandwidth", rate,
