@@ -20,7 +20,9 @@ __all__ = ["add_parser", "main", "suite_configs"]
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=144, help="hosts (default 144)")
     p.add_argument("--topology", default=None,
-                   help="leaf-spine TOML, testbed format (default: a regular one)")  # fmt: skip
+                   help="leaf-spine TOML, testbed format: its hosts, leaves and spines "
+                        "(rates and buffers come from --link-gbps and --buffer-packets; "
+                        "default: a regular one)")  # fmt: skip
     p.add_argument("--hosts-per-leaf", type=int, default=16)
     p.add_argument("--spines", type=int, default=4)
     p.add_argument("--link-gbps", type=float, default=100.0)

@@ -146,6 +146,11 @@ class SimConfig:
             raise SimConfigError(
                 f"topology {self.topology} has {len(topo.spines)} spines but spines={self.spines}"
             )
+        if topo.link_specs:
+            raise SimConfigError(
+                f"topology {self.topology}: per-link [[links]] settings are not simulated "
+                "(every link runs at --link-gbps with --buffer-packets); remove them"
+            )
         per_leaf = {leaf: sum(h.leaf == leaf for h in topo.hosts) for leaf in topo.leaves}
         if set(per_leaf.values()) != {self.hosts_per_leaf}:
             raise SimConfigError(

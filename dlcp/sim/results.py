@@ -60,7 +60,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarize(flows: list[FlowRecord]) -> dict[str, Any]:
     """Headline metrics (times in microseconds) of the training messages."""
     train = [f for f in flows if f["kind"] != "background"]
-    done = [f for f in train if not math.isnan(f["fct"])]
+    # a message its sender gave up on has an end time but is not delivered
+    done = [f for f in train if not f["failed"] and not math.isnan(f["fct"])]
     fct = [f["fct"] * 1e6 for f in done]
     iters: dict[int, list[FlowRecord]] = {}
     for f in train:
@@ -69,7 +70,7 @@ def summarize(flows: list[FlowRecord]) -> dict[str, Any]:
     iter_us = [
         1e6 * (max(f["end"] for f in fs) - min(f["start"] for f in fs))
         for _, fs in sorted(iters.items())
-        if all(not math.isnan(f["fct"]) for f in fs)
+        if all(not f["failed"] and not math.isnan(f["fct"]) for f in fs)
     ]
     bounded = [f for f in train if f["p"] > 0]
     bounded_bytes = sum(f["bytes"] for f in bounded)

@@ -100,6 +100,10 @@ def test_testbed_topology_file(tmp_path: Path) -> None:
         SimConfig(hosts=4, hosts_per_leaf=1, spines=2, servers=1, topology=str(default))
     with pytest.raises(SimConfigError, match="has 4 hosts but hosts=8"):
         SimConfig(hosts=8, hosts_per_leaf=2, spines=2, servers=1, topology=str(default))
+    # per-link settings are not simulated: refused rather than silently dropped
+    eight = default.parent / "leaf_spine_8h.toml"
+    with pytest.raises(SimConfigError, match=r"per-link \[\[links\]\] settings are not"):
+        SimConfig(hosts=8, hosts_per_leaf=2, spines=3, servers=1, topology=str(eight))
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'name = "x"\nleaves = ["l1"]\nspines = ["s1"]\n[hosts]\nh1 = { leaf = "l9" }\nh2 = "l1"\n'
@@ -120,3 +124,24 @@ def test_cli_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "hosts=100" in capsys.readouterr().err
     assert main(["sim", "suite", "--workload", "ring-alexnet"]) == 2
     assert "ring-alexnet" in capsys.readouterr().err
+
+
+def test_a_failed_message_is_neither_completed_nor_timed(tmp_path: Path) -> None:
+    """A message its sender gave up on has an end time in the flows file, but it
+    was not delivered: it is counted as failed, not in the FCTs, and its iteration
+    has no time; a small loss bound survives the flows file's formatting."""
+    from dlcp.sim.results import read_flows, summarize
+
+    flows = tmp_path / "flows.csv"
+    flows.write_text(
+        "flow,src,dst,bytes,cls,p,group,start,end,lost_bytes,retx_pkts,failed\n"
+        "0,1,0,1000,7,1e-05,0,0.000001,0.000011,0,0,0\n"
+        "1,2,0,1000,7,1e-05,0,0.000001,0.000051,0,3,1\n"
+        "2,1,0,1000,7,1e-05,1,0.000100,0.000120,0,0,0\n"
+    )
+    recs = read_flows(flows, ["push", "push", "push"], [0, 0, 1])
+    s = summarize(recs)
+    assert (s["messages"], s["completed"], s["failed"]) == (3, 2, 1)
+    assert s["fct_max_us"] == pytest.approx(20.0)  # not the failed one's 50 us
+    assert s["iteration_us"] == [pytest.approx(20.0)] and s["iterations_incomplete"] == 1
+    assert recs[0]["p"] == 1e-05 and s["loss_fraction"] == 0.0

@@ -350,7 +350,7 @@ class Scenario
         for (uint32_t i = 0; i < flows.size(); i++)
         {
             const Flow& f = flows[i];
-            std::fprintf(out, "%u,%u,%u,%llu,%d,%.4f,%d,%.9f,%.9f,%llu,%u,%d\n", i, f.src, f.dst,
+            std::fprintf(out, "%u,%u,%u,%llu,%d,%.9g,%d,%.9f,%.9f,%llu,%u,%d\n", i, f.src, f.dst,
                          (unsigned long long)f.bytes, f.cls, f.p, f.group, f.start, f.end,
                          (unsigned long long)f.lostBytes, f.retransmitted, int(f.failed));
         }
