@@ -96,14 +96,15 @@ def _tcp_defaults(g: Any, cfg: SimConfig) -> None:
                           ns3.TypeIdValue(ns3.TypeId.LookupByName(cc)))  # fmt: skip
     pc = cfg.protocol_config()
     mss = pc.mtu - 52  # IPv4 20 + TCP 20 + timestamps 12
+    min_rto = ns3.TimeValue(ns3.NanoSeconds(round(cfg.tcp_min_rto_us * 1e3)))  # (not whole us)
     for name, value in (
         ("ns3::TcpSocket::SegmentSize", ns3.UintegerValue(mss)),
         ("ns3::TcpSocket::InitialCwnd", ns3.UintegerValue(10)),
         ("ns3::TcpSocket::DelAckCount", ns3.UintegerValue(1)),
         ("ns3::TcpSocket::SndBufSize", ns3.UintegerValue(1 << 20)),
         ("ns3::TcpSocket::RcvBufSize", ns3.UintegerValue(1 << 20)),
-        ("ns3::TcpSocket::ConnTimeout", ns3.TimeValue(ns3.MicroSeconds(int(cfg.tcp_min_rto_us)))),
-        ("ns3::TcpSocketBase::MinRto", ns3.TimeValue(ns3.MicroSeconds(int(cfg.tcp_min_rto_us)))),
+        ("ns3::TcpSocket::ConnTimeout", min_rto),
+        ("ns3::TcpSocketBase::MinRto", min_rto),
         ("ns3::TcpSocketBase::ClockGranularity", ns3.TimeValue(ns3.MicroSeconds(1))),
         (
             "ns3::TcpSocketBase::UseEcn",
