@@ -120,9 +120,11 @@ def _dlcp_params(g: Any, cfg: SimConfig, transport: Any) -> None:
     prm = transport.prm
     prm.payload = pc.chunk_bytes
     prm.hostGbps = cfg.link_gbps
-    prm.initialRate = float(pacer.get("initial_rate", 1.25e9))
-    prm.minRate = float(pacer.get("min_rate", 1e6))
     prm.pacing = pc.pacer == "receiver"
+    # unpaced, a pair's rate is never raised by feedback: the host's line rate
+    line_rate = cfg.link_gbps * 1e9 / 8
+    prm.initialRate = float(pacer.get("initial_rate", 1.25e9)) if prm.pacing else line_rate
+    prm.minRate = float(pacer.get("min_rate", 1e6))
     prm.rateIntervalUs = cfg.rate_interval_us
     prm.pacingTarget = cfg.pacing_target
     prm.finishTimeoutUs = cfg.finish_timeout_us

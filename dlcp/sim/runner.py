@@ -8,17 +8,18 @@ progress; results and per-flow CSVs land in ``out_dir``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import SimConfig
+from .config import SimConfig, SimConfigError
 from .engine import NS3_MISSING
 from .results import read_flows, summarize
 
@@ -50,8 +51,23 @@ class _Job:
     files: tuple[Path, Path, Path, Path]
 
 
+#: settings a run's name spells out; any other that differs from its default adds
+#: a hash of them all, so runs of different settings never share files
+_NAMED = frozenset({"workload", "hosts", "transport", "disable", "seed"})
+
+
 def run_name(cfg: SimConfig) -> str:
-    return f"{cfg.workload}_{cfg.hosts}h_{cfg.label}_s{cfg.seed}"
+    base = f"{cfg.workload}_{cfg.hosts}h_{cfg.label}_s{cfg.seed}"
+    rest = {k: v for k, v in cfg.to_dict().items() if k not in _NAMED}
+    defaults = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
+        for f in fields(SimConfig)
+        if f.name in rest
+    }
+    if rest == json.loads(json.dumps(defaults)):
+        return base
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{base}_{digest}"
 
 
 def _start(cfg: SimConfig, out_dir: Path) -> _Job:
@@ -110,6 +126,10 @@ def run_many(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every config (``jobs`` at a time); results in the order given."""
+    names = [run_name(c) for c in configs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise SimConfigError(f"the same run is given twice (it would overwrite its files): {twice}")
     require_ns3()
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)

@@ -145,3 +145,17 @@ def test_a_failed_message_is_neither_completed_nor_timed(tmp_path: Path) -> None
     assert s["fct_max_us"] == pytest.approx(20.0)  # not the failed one's 50 us
     assert s["iteration_us"] == [pytest.approx(20.0)] and s["iterations_incomplete"] == 1
     assert recs[0]["p"] == 1e-05 and s["loss_fraction"] == 0.0
+
+
+def test_runs_of_different_settings_get_different_names(tmp_path: Path) -> None:
+    from dlcp.sim.runner import run_many, run_name
+
+    assert run_name(SimConfig()) == "ps-resnet50_144h_dlcp_s1"  # the defaults: plain
+    assert run_name(SimConfig(transport="dctcp", seed=2)) == "ps-resnet50_144h_dctcp_s2"
+    others = [SimConfig(servers=72), SimConfig(scale=0.05), SimConfig(p=0.05),
+              SimConfig(protocol={"pacer": "unpaced"})]  # fmt: skip
+    names = {run_name(c) for c in others}
+    assert len(names) == len(others)
+    assert all(n.startswith("ps-resnet50_144h_dlcp_s1_") for n in names)
+    with pytest.raises(SimConfigError, match="given twice"):
+        run_many([SimConfig(servers=72), SimConfig(servers=72)], tmp_path)

@@ -32,11 +32,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sim")
     configs = [SimConfig(**INCAST, transport=t) for t in TRANSPORTS]
     configs += [SimConfig(**RING, transport=t) for t in TRANSPORTS]
+    configs.append(SimConfig(**RING, transport="dlcp", protocol={"pacer": "unpaced"}))
     rows = run_many(configs, out / "a", jobs=2)
     again = run_many([SimConfig(**INCAST, transport="dlcp")], out / "b", jobs=1)
     return {
         "incast": {r["transport"]: r for r in rows[:3]},
-        "ring": {r["transport"]: r for r in rows[3:]},
+        "ring": {r["transport"]: r for r in rows[3:6]},
+        "ring_unpaced": rows[6],
         "again": again[0],
         "dirs": (out / "a", out / "b"),
     }
@@ -93,3 +95,11 @@ def test_dctcp_marks_at_k_and_drops_less_than_tcp(runs: dict[str, Any]) -> None:
 def test_tcp_retransmissions_are_not_claimed_as_zero(runs: dict[str, Any]) -> None:
     assert runs["incast"]["tcp"]["retransmitted_packets"] is None  # not counted
     assert runs["incast"]["dlcp"]["retransmitted_packets"] > 0
+
+
+def test_an_unpaced_sender_sends_at_line_rate(runs: dict[str, Any]) -> None:
+    """Unpaced, nothing raises a pair's rate: it must start at the host's line
+    rate, not the paced start of 10 Gbit/s (it stayed there: 62 us mean FCT)."""
+    unpaced, paced = runs["ring_unpaced"], runs["ring"]["dlcp"]
+    assert unpaced["completed"] == unpaced["messages"] > 0
+    assert unpaced["fct_mean_us"] < paced["fct_mean_us"]
