@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
+import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,23 @@ def _finish(job: _Job) -> dict[str, Any]:
     return row
 
 
+def _wait_for_one(jobs: Iterable[_Job]) -> None:
+    """Block until one of ``jobs``' processes has exited: their pidfds become
+    readable (Linux); elsewhere, until the first one has."""
+    procs = [job.proc for job in jobs]
+    if not hasattr(os, "pidfd_open"):
+        procs[0].wait()
+        return
+    fds: list[int] = []
+    try:
+        for proc in procs:
+            fds.append(os.pidfd_open(proc.pid))  # (an exited child is a zombie until reaped)
+        select.select(fds, [], [])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def run_many(
     configs: Sequence[SimConfig],
     out_dir: Path,
@@ -143,7 +162,7 @@ def run_many(
                 i, cfg = pending.pop(0)
                 running[i] = _start(cfg, out_dir)
                 say(f"[{len(results) + len(running)}/{total}] started {running[i].name}")
-            time.sleep(0.2)
+            _wait_for_one(running.values())
             for i, job in list(running.items()):
                 if job.proc.poll() is None:
                     continue
