@@ -19,10 +19,11 @@ a Gloo process group (for what DDP does outside the gradient all-reduce: the
 initial broadcast of the parameters) and registers the DLCP comm hook, so the
 gradients travel over DLCP with loss bound ``--p``, by ring all-reduce,
 ``--collective halving-doubling`` (fewer steps; a power-of-two number of ranks)
-or ``--collective ps``. Emulated loss comes from
-``DLCP_EMULATED_LOSS`` (in-process drops of received datagrams; each rank draws
-its drops from a different seed, ``DLCP_EMULATED_LOSS_SEED`` = its rank unless
-set), other knobs from the other ``DLCP_*`` variables (e.g. ``DLCP_TIMEOUT``).
+or ``--collective ps`` (a parameter server on rank 0, or on ``--ps-servers``).
+Emulated loss comes from ``DLCP_EMULATED_LOSS`` (in-process drops of received
+datagrams; each rank draws its drops from a different seed,
+``DLCP_EMULATED_LOSS_SEED`` = its rank unless set), other knobs from the other
+``DLCP_*`` variables (e.g. ``DLCP_TIMEOUT``).
 
 Rank 0 prints, per epoch: test accuracy, training loss, time per iteration,
 and for DLCP the fraction of gradient elements lost (filled with zeros instead
@@ -165,6 +166,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             collective=args.collective,
             p=args.p,
             p_gather=args.p_gather,
+            # a parameter server on rank 0, as the TCP baseline has (the hook's own
+            # default, every rank serving a shard, is --ps-servers all)
+            servers=_ps_servers(args.ps_servers) if args.collective == "ps" else None,
             trace_path=_trace_path(args.trace, rank, world),
         )
         ddp.register_comm_hook(state, dlcp_hook)
@@ -283,10 +287,27 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _ps_servers(spec: str) -> list[int] | None:
+    """``--ps-servers``: ``all`` (None: every rank serves a shard) or a comma list."""
+    if spec == "all":
+        return None
+    return [int(x) for x in spec.split(",")]
+
+
+def _server_list(spec: str) -> str:
+    if spec != "all" and not all(x.strip().isdigit() for x in spec.split(",")):
+        raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1")
+    return spec
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", choices=["dlcp", "gloo"], default="dlcp")
     ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
+    ap.add_argument("--ps-servers", type=_server_list, default="0",
+                    help="DLCP's --collective ps: the server ranks (default 0, a parameter "
+                         "server on rank 0 like the TCP baseline's; 'all': every rank "
+                         "serves a shard)")  # fmt: skip
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound of the push phase")
     ap.add_argument("--p-gather", type=float, default=0.0, help="bound of the gather phase")
     ap.add_argument("--epochs", type=int, default=8)

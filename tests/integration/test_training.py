@@ -112,6 +112,7 @@ def test_lossy_training_keeps_replicas_identical_and_accuracy(
     lossy = _train(
         tmp_path, "dlcp", _env(DLCP_EMULATED_LOSS="0.02"),
         "--transport", "dlcp", "--collective", collective, "--p", "0.05", "--check-replicas",
+        *(["--ps-servers", "all"] if collective == "ps" else []),
     )
     epochs = lossy["epochs"]
     assert isinstance(epochs, list)
