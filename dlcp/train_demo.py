@@ -35,6 +35,8 @@ def _run(
     if transport == "dlcp":
         env["DLCP_EMULATED_LOSS"] = repr(loss)
         args += ["--p", repr(p), "--collective", collective]
+        if collective == "ps":  # a PS-style all-reduce, as Gloo's run is an all-reduce
+            args += ["--ps-servers", "all"]
     what = (
         f"DLCP ({collective} all-reduce, p = {p:g}, {100 * loss:.3g}% EMULATED loss of received "
         "data datagrams)"

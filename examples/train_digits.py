@@ -295,8 +295,11 @@ def _ps_servers(spec: str) -> list[int] | None:
 
 
 def _server_list(spec: str) -> str:
-    if spec != "all" and not all(x.strip().isdigit() for x in spec.split(",")):
-        raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1")
+    if spec != "all":
+        try:
+            [int(x) for x in spec.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1") from None
     return spec
 
 

@@ -109,8 +109,11 @@ def _relative(rows: list[dict[str, Any]]) -> None:
         print(f"{r['workload']:<14} {r['label']:<22} {r['fct_mean_us']:>12.1f} "
               f"{r['fct_p99_us']:>11.1f} {r['iteration_mean_us']:>9.1f} "
               f"{100 * r['loss_fraction']:>7.2f} {rel:>19}")  # fmt: skip
-        if r["completed"] < r["messages"]:
-            missing = r["messages"] - r["completed"]
+        if r["failed"]:
+            print(f"  WARNING: {r['failed']} of {r['messages']} messages of {r['label']} "
+                  "failed (the sender gave up); not in the figures")  # fmt: skip
+        if r["completed"] + r["failed"] < r["messages"]:
+            missing = r["messages"] - r["completed"] - r["failed"]
             limit = r["config"]["time_limit_s"]
             print(f"  WARNING: {missing} of {r['messages']} messages of {r['label']} never "
                   f"completed (time limit {limit:g} s simulated); not in the figures")  # fmt: skip
@@ -144,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         rows = run_many(configs, out, jobs=args.jobs, progress=lambda m: print(m, flush=True))
+    except SimConfigError as e:  # (the same run asked for twice)
+        print(f"dlcp sim: {e}", file=sys.stderr)
+        return 2
     except SimError as e:
         print(f"dlcp sim: {e}", file=sys.stderr)
         return 1

@@ -102,9 +102,9 @@ class SimConfig:
         if (
             not isinstance(self.seed, int)
             or isinstance(self.seed, bool)
-            or not 1 <= self.seed < 4294967087
+            or not 1 <= self.seed < 4294944443
         ):
-            raise bad("seed", "must be an integer in 1..4294967086 (ns-3's random streams)")
+            raise bad("seed", "must be an integer in 1..4294944442 (ns-3's random streams)")
         if not isinstance(self.servers, int) or isinstance(self.servers, bool):
             raise bad("servers", "must be an integer")
         if self.buffer_packets < 2:

@@ -115,7 +115,7 @@ def _finish(job: _Job) -> dict[str, Any]:
         "config": cfg.to_dict(),
     }
     # the CDF plot's data: the training messages, as the summary counts them
-    fct_us = [r["fct"] * 1e6 for r in records if r["kind"] != "background"]
+    fct_us = [r["fct"] * 1e6 for r in records if r["kind"] != "background" and not r["failed"]]
     res.write_text(json.dumps({**row, "fct_us": fct_us}) + "\n")
     return row
 
@@ -124,14 +124,20 @@ def _wait_for_one(jobs: Iterable[_Job]) -> None:
     """Block until one of ``jobs``' processes has exited: their pidfds become
     readable (Linux); elsewhere, until the first one has."""
     procs = [job.proc for job in jobs]
-    if not hasattr(os, "pidfd_open"):
-        procs[0].wait()
-        return
     fds: list[int] = []
     try:
         for proc in procs:
             fds.append(os.pidfd_open(proc.pid))  # (an exited child is a zombie until reaped)
-        select.select(fds, [], [])
+    except (AttributeError, OSError):  # no pidfds here (old kernel, sandbox, not Linux)
+        for fd in fds:
+            os.close(fd)
+        procs[0].wait()
+        return
+    poller = select.poll()
+    try:
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll()
     finally:
         for fd in fds:
             os.close(fd)

@@ -238,7 +238,7 @@ class DlcpSender : public Transport
         DlcpHdr fin{D_FINISH, 0, uint16_t(f.cls), id, 0, m.npkts, m.round, m.nProt, 0, 0};
         Send(f.src, f.dst, fin, sizeof fin, uint8_t(prm.dscp[f.cls] << 2) | prm.ecnProtected,
              nullptr, 0);
-        m.finishEv = Simulator::Schedule(NanoSeconds(int64_t(prm.finishTimeoutUs * 1e3)),
+        m.finishEv = Simulator::Schedule(NanoSeconds(int64_t(std::llround(prm.finishTimeoutUs * 1e3))),
                                          &DlcpSender::OnFinishTimeout, this, id);
     }
 

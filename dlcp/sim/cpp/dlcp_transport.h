@@ -150,7 +150,7 @@ class DlcpTransport : public DlcpSender
         }
         if (!r.nackEv.IsPending())
         {
-            r.nackEv = Simulator::Schedule(NanoSeconds(int64_t(prm.reorderGraceUs * 1e3)),
+            r.nackEv = Simulator::Schedule(NanoSeconds(int64_t(std::llround(prm.reorderGraceUs * 1e3))),
                                            &DlcpTransport::OnGrace, this, h, hd.flow);
         }
     }
@@ -261,7 +261,7 @@ class DlcpTransport : public DlcpSender
             return;
         }
         Time at = std::max(Simulator::Now(),
-                           host.lastRateUpdate + NanoSeconds(int64_t(prm.rateIntervalUs * 1e3)));
+                           host.lastRateUpdate + NanoSeconds(int64_t(std::llround(prm.rateIntervalUs * 1e3))));
         host.rateEv = Simulator::Schedule(at - Simulator::Now(), &DlcpTransport::RateUpdate,
                                           this, h);
     }
