@@ -44,6 +44,7 @@ from ..collectives import (
 )
 from ..collectives.comm import CollectiveReport, check_reduce_fill
 from ..collectives.halving import is_power_of_two
+from ..collectives.ps import check_roles
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
@@ -167,13 +168,8 @@ class DLCPState:
                 f"collective='halving-doubling' needs a power-of-two number of ranks, "
                 f"got {world}: use 'ring'"
             )
-        if self.servers is not None:
-            bad = [s for s in self.servers if not 0 <= s < world]
-            if not self.servers or bad or len(set(self.servers)) != len(self.servers):
-                raise ValueError(
-                    f"DLCPState: servers={self.servers} must be distinct ranks of "
-                    f"0..{world - 1}, at least one"
-                )
+        if self.collective == "ps":
+            check_roles(world, self.servers, None)  # (what ps_allreduce would refuse later)
 
     # ------------------------------------------------------------------ hook side
 

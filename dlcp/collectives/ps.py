@@ -36,20 +36,22 @@ from .comm import (
 )
 from .ring import check_array, chunk_bounds
 
-__all__ = ["ps_allreduce", "ps_serve"]
+__all__ = ["check_roles", "ps_allreduce", "ps_serve"]
 
 PUSH, PULL = 4000, 4001
 
 
-def _roles(
-    comm: Communicator, servers: Sequence[int] | None, workers: Sequence[int] | None
+def check_roles(
+    world_size: int, servers: Sequence[int] | None, workers: Sequence[int] | None
 ) -> tuple[list[int], list[int]]:
-    everyone = list(range(comm.world_size))
+    """The server and worker ranks (None: every rank), checked: distinct ranks of
+    the world, at least one of each, and every rank one or the other."""
+    everyone = list(range(world_size))
     s = list(servers) if servers is not None else everyone
     w = list(workers) if workers is not None else everyone
     for name, ranks in (("servers", s), ("workers", w)):
         if not ranks or len(set(ranks)) != len(ranks) or not set(ranks) <= set(everyone):
-            raise ValueError(f"{name}={ranks} must be distinct ranks of 0..{comm.world_size - 1}")
+            raise ValueError(f"{name}={ranks} must be distinct ranks of 0..{world_size - 1}")
     if not set(everyone) <= set(s) | set(w):
         raise ValueError(f"every rank must be a server or a worker (servers={s}, workers={w})")
     return s, w
@@ -71,7 +73,7 @@ def ps_allreduce(
     A rank that is both worker and server also aggregates its own shard."""
     check_array(data, "ps_allreduce")
     check_reduce_fill(fill, "ps_allreduce")
-    srv, wrk = _roles(comm, servers, workers)
+    srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r not in wrk:
         raise ValueError(f"rank {r} is not a worker; a dedicated server calls ps_serve")
@@ -159,7 +161,7 @@ def ps_serve(
     (offset, length, layer) of the shard's layers, offsets from the shard's start,
     give the pulls their classes (without them a pull is one class)."""
     check_reduce_fill(fill, "ps_serve")
-    srv, wrk = _roles(comm, servers, workers)
+    srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r in wrk or r not in srv:
         raise ValueError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
