@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from dlcp.launch import die_with_parent
+from dlcp.launch import die_with_parent, end_process
 
 __all__ = ["WorkerError", "WorkerProc", "collect"]
 
@@ -106,12 +106,7 @@ class WorkerProc:
             try:
                 self.proc.wait(timeout=3)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=3)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                end_process(self.proc, 3)
         for f in (self.proc.stdin, self.proc.stdout, self.stderr):
             if f is not None:
                 with contextlib.suppress(OSError):

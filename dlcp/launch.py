@@ -39,6 +39,7 @@ from typing import IO, Any
 __all__ = [
     "LaunchResult",
     "die_with_parent",
+    "end_process",
     "free_port",
     "launch",
     "rank_env",
@@ -231,6 +232,17 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
             proc.wait()
     for proc in procs:  # what a rank started and left behind
         _signal_group(proc, signal.SIGKILL)
+
+
+def end_process(proc: subprocess.Popen[Any], grace: float) -> None:
+    """Terminate ``proc`` (by its handle), and kill it if it outlives ``grace``
+    seconds; returns once it is reaped."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

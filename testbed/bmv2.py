@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
+from dlcp.launch import end_process
+
 __all__ = [
     "CLI",
     "P4_BUILD",
@@ -368,11 +370,6 @@ def bmv2_switch(
             _wait_ready(sw, timeout)
             yield sw
         finally:
-            sw.proc.terminate()
-            try:
-                sw.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                sw.proc.kill()
-                sw.proc.wait()
+            end_process(sw.proc, 10)
     finally:
         log.close()
