@@ -66,7 +66,7 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ReduceOp, Store
+from torch._C._distributed_c10d import PrefixStore, Store
 
 from ..collectives import (
     CollectiveReport,
@@ -78,6 +78,7 @@ from ..errors import DLCPError
 from ..io.endpoint import Endpoint
 from ..rendezvous import connect
 from . import BACKEND, register
+from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_options import DLCPOptions, rendezvous_env
 from .pg_tensors import (
     ROLE_STRIDE,
@@ -107,8 +108,6 @@ log = logging.getLogger("dlcp.shims")
 CHANNEL = 2
 #: seconds shutdown() lets queued operations finish before closing the endpoint
 SHUTDOWN_GRACE = 30.0
-
-_Red = ReduceOp  # its members are the RedOpType values that opts.reduceOp.op holds
 
 
 def _unsupported(op: str) -> Callable[..., Any]:
@@ -183,10 +182,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     def allreduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
-        red = self._reduce_op(opts, "allreduce")
+        red = reduce_op(opts, "allreduce")
         check_tensors(tensors, "allreduce")
         for t in tensors:
-            self._check_reducible(t, red, "allreduce")
+            check_reducible(t, red, "allreduce")
 
         def run() -> list[CollectiveReport]:  # one per tensor
             return [self._transport.allreduce(t, red) for t in tensors]
@@ -197,7 +196,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
-        root = self._root(opts, "broadcast")
+        root = root_rank(opts, "broadcast", self._size)
         check_tensors(tensors, "broadcast")
         if len(tensors) >= ROLE_STRIDE:
             raise ValueError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
@@ -235,7 +234,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if len(input_tensors) >= ROLE_STRIDE:
             raise ValueError(f"allgather takes at most {ROLE_STRIDE - 1} tensors per call")
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
-            self._check_gather_list(outs, inp, "allgather")
+            check_gather_list(outs, inp, "allgather", self._size)
 
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
@@ -276,14 +275,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     f"all_gather_coalesced: the output list of rank {r} holds "
                     f"{len(outs)} tensors for {len(input_list)} inputs"
                 )
-            for j, (t, like) in enumerate(zip(outs, input_list, strict=True)):
-                if t.dtype != like.dtype or t.numel() != like.numel():
-                    raise ValueError(
-                        f"all_gather_coalesced: output_lists[{r}][{j}] is "
-                        f"{t.dtype}{list(t.shape)}, expected {like.numel()} elements of "
-                        f"{like.dtype} (input {j})"
-                    )
         by_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
+        for j, (outs_j, like) in enumerate(zip(by_input, input_list, strict=True)):
+            check_gather_list(outs_j, like, "all_gather_coalesced", self._size,
+                              label=lambda r, j=j: f"output_lists[{r}][{j}]")  # fmt: skip
         return self.allgather(by_input, input_list, opts)
 
     def all_gather_single(
@@ -319,11 +314,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self.all_gather_single(output, input, opts)
 
     def reduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
-        red = self._reduce_op(opts, "reduce")
-        root = self._root(opts, "reduce")
+        red = reduce_op(opts, "reduce")
+        root = root_rank(opts, "reduce", self._size)
         check_tensors(tensors, "reduce")
         for t in tensors:
-            self._check_reducible(t, red, "reduce")
+            check_reducible(t, red, "reduce")
 
         def run() -> list[CollectiveReport]:  # one per tensor
             reports = []
@@ -338,7 +333,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def reduce_scatter(
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
-        red = self._reduce_op(opts, "reduce_scatter")
+        red = reduce_op(opts, "reduce_scatter")
         check_tensors(output_tensors, "reduce_scatter")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(
@@ -346,8 +341,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 f"{len(input_tensors)} input lists"
             )
         for out, ins in zip(output_tensors, input_tensors, strict=True):
-            self._check_gather_list(ins, out, "reduce_scatter")
-            self._check_reducible(out, red, "reduce_scatter")
+            check_gather_list(ins, out, "reduce_scatter", self._size)
+            check_reducible(out, red, "reduce_scatter")
 
         def run() -> list[CollectiveReport]:  # one per output
             reports = []
@@ -366,14 +361,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> DLCPWork:
         """``reduce_scatter_tensor``: slice r of the reduced input lands in rank r's output."""
-        red = self._reduce_op(opts, "reduce_scatter_tensor")
+        red = reduce_op(opts, "reduce_scatter_tensor")
         check_tensors([output, input], "reduce_scatter_tensor")
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(
                 f"reduce_scatter_tensor: input {input.dtype}{list(input.shape)} must hold "
                 f"{self._size} x output {output.dtype}{list(output.shape)}"
             )
-        self._check_reducible(output, red, "reduce_scatter_tensor")
+        check_reducible(output, red, "reduce_scatter_tensor")
 
         def run() -> CollectiveReport | None:
             whole = input.detach().reshape(-1).cpu().clone()
@@ -392,7 +387,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def gather(
         self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
-        root = self._root(opts, "gather")
+        root = root_rank(opts, "gather", self._size)
         with self._checks("gather"):
             check_tensors(input_tensors, "gather")
             if len(input_tensors) != 1:
@@ -400,7 +395,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if self._rank == root:
                 if len(output_tensors) != 1:
                     raise ValueError("gather: the root needs one output list")
-                self._check_gather_list(output_tensors[0], input_tensors[0], "gather")
+                check_gather_list(output_tensors[0], input_tensors[0], "gather", self._size)
             elif output_tensors and output_tensors[0]:
                 raise ValueError(f"gather: only the root (rank {root}) passes output tensors")
         inp = input_tensors[0]
@@ -426,7 +421,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def scatter(
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
-        root = self._root(opts, "scatter")
+        root = root_rank(opts, "scatter", self._size)
         with self._checks("scatter"):
             check_tensors(output_tensors, "scatter")
             if len(output_tensors) != 1:
@@ -434,7 +429,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if self._rank == root:
                 if len(input_tensors) != 1:
                     raise ValueError("scatter: the root needs one input list")
-                self._check_gather_list(input_tensors[0], output_tensors[0], "scatter")
+                check_gather_list(input_tensors[0], output_tensors[0], "scatter", self._size)
             elif input_tensors and input_tensors[0]:
                 raise ValueError(f"scatter: only the root (rank {root}) passes input tensors")
         out = output_tensors[0]
@@ -539,40 +534,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _take_call(self) -> CollectiveReport | None:
         self.comm.next_call()
         return None
-
-    def _reduce_op(self, opts: Any, op: str) -> Any:
-        red = getattr(getattr(opts, "reduceOp", None), "op", _Red.SUM)
-        if red == _Red.PREMUL_SUM:
-            raise NotImplementedError(f"dlcp process group does not implement {op} with PREMUL_SUM")
-        return red
-
-    def _root(self, opts: Any, op: str) -> int:
-        root = int(getattr(opts, "rootRank", 0))
-        if not 0 <= root < self._size:
-            raise ValueError(f"{op}: root rank {root} outside 0..{self._size - 1}")
-        return root
-
-    def _check_reducible(self, t: torch.Tensor, red: Any, op: str) -> None:
-        float_like = t.is_floating_point() or t.is_complex()
-        if red == _Red.AVG and not float_like:
-            raise NotImplementedError(
-                f"dlcp process group does not implement {op} with AVG of {t.dtype} tensors"
-            )
-        if red in (_Red.BAND, _Red.BOR, _Red.BXOR) and float_like:
-            raise ValueError(f"{op}: {red.name} needs integer or bool tensors, got {t.dtype}")
-        if red in (_Red.MAX, _Red.MIN) and t.is_complex():
-            raise ValueError(f"{op}: {red.name} is undefined for complex tensors")
-
-    def _check_gather_list(self, tensors: TensorList, like: torch.Tensor, op: str) -> None:
-        check_tensors(tensors, op)
-        if len(tensors) != self._size:
-            raise ValueError(f"{op}: {len(tensors)} tensors in the list, world size {self._size}")
-        for i, t in enumerate(tensors):
-            if t.dtype != like.dtype or t.numel() != like.numel():
-                raise ValueError(
-                    f"{op}: tensor {i} is {t.dtype}{list(t.shape)}, "
-                    f"expected {like.numel()} elements of {like.dtype}"
-                )
 
     # ------------------------------------------------------------------ transport thread
 
