@@ -168,7 +168,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             p_gather=args.p_gather,
             # a parameter server on rank 0, as the TCP baseline has (the hook's own
             # default, every rank serving a shard, is --ps-servers all)
-            servers=_ps_servers(args.ps_servers) if args.collective == "ps" else None,
+            servers=args.ps_servers if args.collective == "ps" else None,
             trace_path=_trace_path(args.trace, rank, world),
         )
         ddp.register_comm_hook(state, dlcp_hook)
@@ -288,26 +288,20 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ps_servers(spec: str) -> list[int] | None:
-    """``--ps-servers``: ``all`` (None: every rank serves a shard) or a comma list."""
+    """``--ps-servers``: ``all`` (None: every rank serves a shard) or ranks like 0,1."""
     if spec == "all":
         return None
-    return [int(x) for x in spec.split(",")]
-
-
-def _server_list(spec: str) -> str:
-    if spec != "all":
-        try:
-            [int(x) for x in spec.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1") from None
-    return spec
+    try:
+        return [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1") from None
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", choices=["dlcp", "gloo"], default="dlcp")
     ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
-    ap.add_argument("--ps-servers", type=_server_list, default="0",
+    ap.add_argument("--ps-servers", type=_ps_servers, default="0",
                     help="DLCP's --collective ps: the server ranks (default 0, a parameter "
                          "server on rank 0 like the TCP baseline's; 'all': every rank "
                          "serves a shard)")  # fmt: skip
