@@ -111,6 +111,13 @@ static int get_rows(PyObject *obj, const char *name, Py_ssize_t n, Buf *out) {
 static int check_rows(const char *name, const Buf *rows, Py_ssize_t n, Py_ssize_t start,
                       Py_ssize_t stride, Py_ssize_t nbytes, Py_ssize_t len) {
     const int64_t *r = rows->held ? (const int64_t *)rows->view.buf : NULL;
+    /* bounded first, so that start + row * stride + nbytes below cannot overflow */
+    if (n > 0 && (start < 0 || start > len || nbytes < 0 || nbytes > len)) {
+        PyErr_Format(PyExc_IndexError,
+                     "%s rows of %zd bytes from byte %zd are outside a buffer of %zd", name,
+                     nbytes, start, len);
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t row = r ? r[i] : (int64_t)i;
         /* row * stride in 128 bits would be exact; stride and rows are bounded by
@@ -483,13 +490,13 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
             goto done;
         }
         for (Py_ssize_t j = 0; j < n_starts; j++) {
-            if (st[j] < 0 || st[j] + block > chunk_elems) {
+            if (st[j] < 0 || st[j] > (int64_t)chunk_elems - (int64_t)block) {
                 PyErr_Format(PyExc_IndexError, "sample block at %lld leaves a chunk of %zd",
                              (long long)st[j], chunk_elems);
                 goto done;
             }
         }
-        if (n_starts == 0 || (n_chunks > 0 && (n_chunks - 1) * chunk_elems + chunk_elems > n_data)) {
+        if (n_starts == 0 || (n_chunks > 0 && n_chunks > n_data / chunk_elems)) {
             PyErr_Format(PyExc_IndexError, "%zd chunks of %zd values do not fit %zd values",
                          n_chunks, chunk_elems, n_data);
             goto done;

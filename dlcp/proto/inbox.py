@@ -25,6 +25,7 @@ import numpy.typing as npt
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
+from .expectation import Expectation
 from .orphans import OrphanFinishes
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
@@ -44,6 +45,7 @@ from .wire import (
     allowed_loss,
     bound_from_wire,
     bound_to_wire,
+    check_message_key,
     parse_batch,
 )
 
@@ -79,13 +81,6 @@ class _Incoming:
     unexpected_bytes: int  # buffer bytes charged against max_unexpected_bytes
 
 
-@dataclass(slots=True)
-class _Expectation:
-    out: npt.NDArray[np.generic] | None
-    p: float | None
-    fill: FillPolicy
-
-
 class Inbox(SessionSide):
     """Receive state of one rank: every message coming in, from any peer."""
 
@@ -94,7 +89,7 @@ class Inbox(SessionSide):
         #: the ranks data may come from (None: any)
         self.peers = peers
         self._incoming: dict[Key, _Incoming] = {}
-        self._expected: dict[Key, _Expectation] = {}
+        self._expected: dict[Key, Expectation] = {}
         #: key -> (received elems, or FAILED / CANCELLED; when it was completed)
         self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
         self._orphan_finish = OrphanFinishes(self.config, self.rank)
@@ -114,6 +109,11 @@ class Inbox(SessionSide):
     ) -> None:
         """Where message ``key`` goes and how strict to be (``Session.expect_message``)."""
         src, step, msg = key
+        check_message_key(step, msg)
+        if out is not None and not out.flags.writeable:
+            raise ValueError(
+                f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
+            )
         if key in self._completed:
             received = self._completed[key][0]
             how = {FAILED: "failed", CANCELLED: "cancelled"}.get(received, "completed")
@@ -125,7 +125,7 @@ class Inbox(SessionSide):
             raise ValueError("fill='previous' needs out= holding the previous values")
         state = self._incoming.get(key)
         if state is None:
-            self._expected[key] = _Expectation(out, p, fill)
+            self._expected[key] = Expectation(out, p, fill)
             return
         r = state.reassembler
         if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
@@ -426,7 +426,10 @@ class Inbox(SessionSide):
         except (GeometryError, ValueError) as exc:
             self.stats.reject("geometry", n_packets)
             if want is not None:
-                self.fail(key, None, f"packet does not fit the expected message: {exc}")
+                # a stray or forged datagram must not decide the message: wait for
+                # packets that fit; the sender's FINISH settles it (on_finish)
+                want.note_misfit(str(exc), n_packets)
+                self._expected[key] = want
             return None
         self._unexpected_bytes += charged
         state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
@@ -490,6 +493,16 @@ class Inbox(SessionSide):
         if finish.total_chunks == 0:  # no message has zero chunks (and NACK(0, 0) is invalid)
             self.stats.reject("geometry")
             return
+        want = self._expected.get(key)
+        why = None if want is None else want.disagreement(finish, self.config.chunk_bytes)
+        if why is not None:
+            # the sender is done with a round, none of its packets fitted out=, and
+            # its FINISH does not either: the two sides disagree on the message
+            # (answered below with an ABORT). (A FINISH that fits may have overtaken
+            # its data: the message waits for that, as an orphan FINISH does.)
+            del self._expected[key]
+            self._orphan_finish.pop(key)
+            self.fail(key, None, why)
         if key in self._completed:
             received, completed_at = self._completed[key]
             if received in (FAILED, CANCELLED):
@@ -519,10 +532,10 @@ class Inbox(SessionSide):
             self.fail(key, self._incoming.pop(key), why)
             return True
         if key in self._expected:
-            # aborted before any of its data arrived
-            del self._expected[key]
+            # aborted before any of its data arrived (or any that fitted out=)
+            want = self._expected.pop(key)
             self._orphan_finish.pop(key)
-            self.fail(key, None, why)
+            self.fail(key, None, why if want.misfit is None else f"{want.misfit}; {why}")
             return True
         return False
 

@@ -11,6 +11,7 @@ records), and reports each message delivered or failed.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,7 @@ from .wire import (
     Stop,
     bound_from_wire,
     bound_to_wire,
+    check_message_key,
 )
 
 __all__ = ["Outbox"]
@@ -96,6 +98,10 @@ class Outbox(SessionSide):
         self.peers: dict[int, _Peer] = {}
         self._next_peer = 0
         self._pool = BufferPool()
+        #: the messages that ended lately, oldest first: their keys are not reused
+        #: (a receiver remembers its last completed_memory messages, and would take
+        #: a reused key for the old message)
+        self._ended: OrderedDict[Key, None] = OrderedDict()
         #: False once a scan found no message with records left to hand out, until a
         #: send or a retransmission round adds some (a driver asks every turn)
         self._may_send = False
@@ -116,10 +122,17 @@ class Outbox(SessionSide):
     ) -> None:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
         so the caller may reuse ``data`` as soon as this returns."""
+        check_message_key(step, msg)
         key = (dst, step, msg)
         peer = self.peer(dst)
         if key in peer.outgoing:
             raise ValueError(f"message (step {step}, msg {msg}) to rank {dst} is already in flight")
+        if key in self._ended:
+            raise ValueError(
+                f"message (step {step}, msg {msg}) to rank {dst} was sent already: a key is "
+                f"not reused until {self.config.completed_memory} later messages of this rank "
+                "have ended (the receiver would answer for the old message; completed_memory)"
+            )
         dtype = DType.of(data, bfloat16=bfloat16)
         bound = bound_to_wire(self.config.default_p if p is None else p)
         data = np.ascontiguousarray(data)
@@ -164,8 +177,16 @@ class Outbox(SessionSide):
         o = peer.outgoing.pop(key, None) if peer is not None else None
         if o is None:
             return False
+        self._remember_ended(key)
         self._pool.give(o.first.records)
         return True
+
+    def _remember_ended(self, key: Key) -> None:
+        # (one memory for all peers, as big as a receiver's: bounded however many
+        # peers there are; with two ranks it covers what the receiver remembers)
+        self._ended[key] = None
+        while len(self._ended) > self.config.completed_memory:
+            self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ control
 
@@ -238,6 +259,7 @@ class Outbox(SessionSide):
     def _finish_outgoing(self, key: Key, out: _Outgoing, *, now: float) -> None:
         rec = out.recovery
         del self.peers[key[0]].outgoing[key]
+        self._remember_ended(key)
         self._pool.give(out.first.records)
         if rec.phase is SendPhase.DONE:
             report = SendReport(

@@ -114,6 +114,11 @@ class Reassembler:
     ) -> None:
         if out is None:
             out = np.empty(msg_elems, dtype=dtype.numpy())
+            if fill is FillPolicy.PREVIOUS:
+                # no previous values in a buffer of our own: lost elements are zeroed,
+                # and the report says so (a receive that brings its buffer later
+                # sets the fill again, see Inbox.expect)
+                fill = FillPolicy.ZERO
         elif out.dtype != dtype.numpy() or out.shape != (msg_elems,) or not out.flags.c_contiguous:
             raise GeometryError(
                 f"output buffer is {out.dtype}{list(out.shape)}, message is "

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import ProtocolConfig
+from .context import ALL_ELEMS
 from .packetizer import ChunkTable
 from .reassembler import Reassembler
 from .wire import MAX_NACK_RANGES, Finish, Nack
@@ -77,6 +78,16 @@ def chunks_in_ranges(ranges: Sequence[tuple[int, int]], n_chunks: int) -> Int64A
         if first < n_chunks:
             named[first : min(first + n, n_chunks)] = True
     return np.flatnonzero(named)
+
+
+def _received_elems_in(r: Reassembler, ranges: Sequence[tuple[int, int]]) -> int:
+    """Elements of chunks that arrived, among those ``ranges`` name."""
+    named = chunks_in_ranges(ranges, r.n_chunks)
+    got = named[r.received[named]]
+    if len(got) == 0:
+        return 0
+    last = r.msg_elems - (r.n_chunks - 1) * r.chunk_elems  # the last chunk may be short
+    return len(got) * r.chunk_elems - (r.chunk_elems - last if got[-1] == r.n_chunks - 1 else 0)
 
 
 def select_retransmissions(table: ChunkTable, nack: Nack) -> Int64Array:
@@ -255,7 +266,14 @@ class ReceiverRecovery:
         self.nack_round = r.finish.round
         self.finish_at = None
         self.nack_at = now + self.config.nack_timeout
-        ranges = r.missing_ranges(MAX_NACK_RANGES * MAX_NACK_PARTS)
+        limit = MAX_NACK_RANGES * MAX_NACK_PARTS
+        ranges = r.missing_ranges(limit)
+        needed = r.needed_elems()
+        if needed and len(ranges) == limit:
+            # merged ranges (too many gaps for one NACK) name chunks that arrived
+            # too; the sender counts what it resends of them towards ``needed``, so
+            # ask for that much more, or a round could resend only what is here
+            needed = min(needed + _received_elems_in(r, ranges), ALL_ELEMS - 1)
         parts = [ranges[i : i + MAX_NACK_RANGES] for i in range(0, len(ranges), MAX_NACK_RANGES)]
         return [
             Nack(
@@ -263,7 +281,7 @@ class ReceiverRecovery:
                 msg,
                 src,
                 round=r.finish.round,
-                needed_elems=r.needed_elems(),
+                needed_elems=needed,
                 ranges=part,
                 more=i < len(parts) - 1,
             )

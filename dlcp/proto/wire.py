@@ -66,6 +66,7 @@ __all__ = [
     "auth_tag",
     "bound_from_wire",
     "bound_to_wire",
+    "check_message_key",
     "decode_control",
     "decode_data",
     "encode_control",
@@ -293,6 +294,16 @@ class DataHeader:
 def _check_range(name: str, value: int, maximum: int) -> None:
     if not 0 <= value <= maximum:
         raise ValueError(f"{name}={value} does not fit its field (0..{maximum})")
+
+
+def check_message_key(step: int, msg: int) -> None:
+    """Refuse a message key the headers cannot carry (``step`` 32 bits, ``msg``
+    16), naming the field: before a transfer starts, not when its first packet
+    or control message is built."""
+    for name, value, maximum in (("step", step, 0xFFFFFFFF), ("msg", msg, 0xFFFF)):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be an integer")
+        _check_range(name, int(value), maximum)
 
 
 def pack_tclass(prio: int, drop: bool, mag: int) -> int:

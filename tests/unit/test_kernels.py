@@ -114,6 +114,18 @@ def test_copy_rows_refuses_rows_outside_the_buffer_and_writes_nothing(
     assert not dst.any()
 
 
+@pytest.mark.parametrize("accelerated", IMPLS)
+@pytest.mark.parametrize("start", [2**63 - 5, 2**62, -1])
+def test_copy_rows_refuses_a_start_far_outside_the_buffer(accelerated: bool, start: int) -> None:
+    """start + row * stride + nbytes overflowed int64 in the C check, which then
+    let the copy through (a segfault) where numpy refused it."""
+    dst = np.zeros(64, np.uint8)
+    with pytest.raises(IndexError, match="dst"):
+        copy_rows(dst, start, 1, None, np.ones(64, np.uint8), 0, 1, None, 1, 10,
+                  accelerated=accelerated)  # fmt: skip
+    assert not dst.any()
+
+
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 def test_c_copy_rows_names_a_wrong_row_type() -> None:
     # the wrapper converts rows to int64; the module itself refuses anything else

@@ -147,12 +147,14 @@ def test_refused_first_datagrams(monkeypatch: pytest.MonkeyPatch) -> None:
     pair.feed(grams[:1], seg)
     pair.feed(grams[1:2], seg)
     assert pair.fast.stats.rejected == {"unexpected_overflow": 2}
-    # into a buffer of the wrong size or type: the expected message fails
+    # into a buffer of the wrong size or type: refused, the message still expected
+    # (the sender's FINISH fails it if no packet fits: test_session_edges.py)
     for n, dtype in ((999, np.float32), (1000, np.float16)):
         pair = FirstPair(monkeypatch, n, expect=True, out_dtype=dtype)
         pair.feed(grams[:1], seg)
         assert pair.fast.stats.rejected == {"geometry": 1}
-        assert pair.fast.next_event() is not None
+        assert pair.fast.next_event() is None
+        assert not pair.fast._inbox._incoming and pair.fast._inbox._expected
     # a LAST packet whose seq and offset give a chunk size that contradicts it
     bad = bytearray(grams[1])
     bad[1] |= Flags.LAST

@@ -145,3 +145,168 @@ def test_finishes_for_unknown_messages_are_bounded() -> None:
         b.receive_datagram(encode_control(finish, job=JOB), now=0.0)
     assert len(b._inbox._orphan_finish) == 1024
     assert (0, 2999, 1) in b._inbox._orphan_finish  # the newest are kept
+
+
+def test_a_nack_with_merged_ranges_still_asks_for_enough() -> None:
+    """More gaps than one NACK round can name (170 ranges x 64 parts) are merged,
+    so the ranges name chunks that arrived too. The sender counts the protected
+    chunks it resends of them towards ``needed_elems``: with the receiver asking
+    for exactly what the bound lacked, a round could resend only chunks that were
+    there, and the message gave up after 8 rounds (200,000 chunks, 30 % of the
+    first transmissions lost). The receiver now asks for the named chunks that
+    arrived on top, and one round completes it."""
+    from dlcp.proto.wire import Flags
+
+    cfg = ProtocolConfig(payload_bytes=16, batch_packets=1024, pacer="unpaced")
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(200_000 * 4).astype(np.float32)
+    a.send_message(1, x, step=0, msg=0, now=0.0, p=0.1)
+    got: list[object] = []
+    now = 0.0
+    while not got and now < 1.0:
+        now += 0.001
+        for src, dst in ((a, b), (b, a)):
+            for item in src.datagrams_to_send(now=now):
+                if isinstance(item, ControlDatagram):
+                    dst.receive_datagram(item.data, now=now)
+                    continue
+                data, size = bytes(item.data), item.segment_size
+                for start in range(0, len(data), size):
+                    d = data[start : start + size]
+                    if d[1] & Flags.RETRANSMIT or rng.random() >= 0.3:
+                        dst.receive_datagram(d, now=now)
+        for s in (a, b):
+            s.handle_timer(now=now)
+            while (ev := s.next_event()) is not None:
+                got.append(ev)
+    assert [type(e) for e in got] == [MessageReceived], got
+    report = got[0].report  # type: ignore[attr-defined]
+    assert report.lost_elems <= 0.1 * len(x)
+    assert report.nack_rounds == 1
+
+
+def test_previous_fill_without_a_buffer_of_the_callers_fills_zeros_and_says_so() -> None:
+    """default_fill=PREVIOUS for a message that arrived before any receive named
+    its buffer: the session's own buffer holds no previous values, and its lost
+    elements used to come out as whatever the allocator left there."""
+    from dlcp.proto.config import FillPolicy
+
+    cfg = ProtocolConfig(
+        pacer="unpaced",
+        default_fill=FillPolicy.PREVIOUS,
+        payload_bytes=256,
+        classifier="magnitude",
+        classifier_options={"drop_fraction": 0.5},
+    )
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    junk = [np.full(4096, 7.0, np.float32) for _ in range(50)]  # memory np.empty may reuse
+    del junk
+    x = np.ones(4096, np.float32)
+    a.send_message(1, x, step=0, msg=0, now=0.0, p=0.2)
+    for item in a.datagrams_to_send(now=0.0):
+        if isinstance(item, DataBatch):
+            data = bytes(item.data)
+            for at in range(0, len(data), item.segment_size):
+                dgram = data[at : at + item.segment_size]
+                if int.from_bytes(dgram[12:16], "big") != 3:  # chunk 3 is lost
+                    b.receive_datagram(dgram, now=0.0)
+        else:
+            b.receive_datagram(item.data, now=0.0)
+    ev = _pump([a, b], until=0.5)
+    (got,) = [e for e in ev[1] if isinstance(e, MessageReceived)]
+    assert got.report.lost_ranges == ((192, 64),)
+    assert got.report.fill is FillPolicy.ZERO
+    assert not got.data[192:256].any()
+
+
+def test_a_message_key_is_not_reused_while_its_receiver_remembers_it() -> None:
+    """A second message under a key that completed a moment ago was taken by the
+    receiver for a late copy of the first: its data dropped as late, its FINISH
+    answered with the first one's STOP, and the sender told it was delivered."""
+    cfg = ProtocolConfig(pacer="unpaced", completed_memory=4)
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    a.send_message(1, np.ones(1000, np.float32), step=5, msg=1, now=0.0)
+    ev = _pump([a, b], until=0.1)
+    assert any(isinstance(e, MessageDelivered) for e in ev[0])
+    with pytest.raises(ValueError, match=r"\(step 5, msg 1\) to rank 1 was sent already"):
+        a.send_message(1, np.full(1000, 2.0, np.float32), step=5, msg=1, now=0.1)
+    for m in range(2, 6):  # four later messages: the receiver forgot (5, 1) by now
+        a.send_message(1, np.ones(10, np.float32), step=5, msg=m, now=0.1)
+    _pump([a, b], until=0.2)
+    a.send_message(1, np.full(1000, 2.0, np.float32), step=5, msg=1, now=0.2)
+    ev = _pump([a, b], until=0.3)
+    (got,) = [e for e in ev[1] if isinstance(e, MessageReceived)]
+    assert np.all(got.data == 2.0)
+
+
+def _expected_after_a_stray() -> tuple[Session, Session, np.ndarray]:
+    """Rank 1 expects float32[1000] (step 3, msg 1) from rank 0 into ``out``, and
+    a stray datagram for that key (of a float32[64] message) has come first."""
+    from dlcp.proto.wire import DataHeader, encode_data
+
+    cfg = ProtocolConfig(pacer="unpaced")
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    out = np.zeros(1000, np.float32)
+    b.expect_message(0, step=3, msg=1, out=out)
+    stray = DataHeader(job=JOB, step=3, msg=1, seq=0, offset=0, msg_elems=64, payload_len=256,
+                       src=0)  # fmt: skip
+    b.receive_datagram(encode_data(stray, bytes(256)), now=0.0)
+    return a, b, out
+
+
+def test_one_stray_datagram_does_not_decide_an_expected_message() -> None:
+    """A datagram that passes the wire checks but disagrees with the expected
+    buffer (a stray, or forged without authentication) failed the message at once,
+    and the sender's real packets were refused after it."""
+    a, b, out = _expected_after_a_stray()
+    assert b.stats.rejected == {"geometry": 1}
+    x = np.arange(1000, dtype=np.float32)
+    a.send_message(1, x, step=3, msg=1, now=0.0)
+    ev = _pump([a, b], until=0.3)
+    assert [type(e) for e in ev[1]] == [MessageReceived], ev[1]
+    assert [type(e) for e in ev[0]] == [MessageDelivered], ev[0]
+    assert np.array_equal(out, x)
+
+
+def test_a_sender_whose_message_does_not_fit_the_buffer_fails_at_its_finish() -> None:
+    """The two sides disagree (64 elements sent, 1000 expected): no packet fits,
+    and the sender's FINISH fails the receive with the geometry, and the send."""
+    cfg = ProtocolConfig(pacer="unpaced")
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    b.expect_message(0, step=3, msg=1, out=np.zeros(1000, np.float32))
+    a.send_message(1, np.ones(64, np.float32), step=3, msg=1, now=0.0)
+    ev = _pump([a, b], until=0.3)
+    (failed,) = ev[1]
+    assert isinstance(failed, MessageFailed)
+    assert "output buffer is float32[1000], message is float32[64]" in failed.reason
+    (sent,) = ev[0]
+    assert isinstance(sent, MessageFailed) and "receiver aborted" in sent.reason
+
+
+def test_a_read_only_buffer_is_refused_when_the_receive_is_posted() -> None:
+    (b,) = (Session(rank=1, job=JOB, config=ProtocolConfig()),)
+    out = np.zeros(10, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        b.expect_message(0, step=0, msg=0, out=out)
+
+
+def test_a_finish_that_overtakes_its_data_after_a_stray_datagram_waits_for_it() -> None:
+    """FINISH travels over TCP and can arrive before the data: after a stray
+    datagram that did not fit out=, a FINISH that fits it must not fail the
+    message (only one that disagrees with out= does)."""
+    a, b, out = _expected_after_a_stray()
+    x = np.arange(1000, dtype=np.float32)
+    a.send_message(1, x, step=3, msg=1, now=0.0)
+    items: list[object] = []
+    while more := a.datagrams_to_send(now=0.0, max_batches=64):
+        items += more
+    finishes = [i for i in items if isinstance(i, ControlDatagram)]
+    assert finishes
+    _deliver([a, b], finishes, 0.0)  # the FINISH first ...
+    assert b.next_event() is None
+    _deliver([a, b], [i for i in items if isinstance(i, DataBatch)], 0.0)  # ... then the data
+    ev = _pump([a, b], until=0.3)
+    assert [type(e) for e in ev[1]] == [MessageReceived], ev[1]
+    assert np.array_equal(out, x)

@@ -1,0 +1,52 @@
+"""What the application said about a message it will receive, before any of
+the message's data fitted: where it goes, how strict to be, and (once packets
+for it arrived that did not fit) why they did not.
+
+A datagram that passes the wire checks but does not fit the buffer the receive
+named may be a stray or, without authentication, a forgery: it must not decide
+the message. Such packets are refused and the receive keeps waiting; the
+sender's FINISH settles it (:meth:`Expectation.disagreement`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import FillPolicy
+from .wire import Finish
+
+__all__ = ["Expectation"]
+
+
+@dataclass(slots=True)
+class Expectation:
+    out: npt.NDArray[np.generic] | None
+    p: float | None
+    fill: FillPolicy
+    #: why data for it did not fit ``out``, and how many packets did not (they
+    #: were refused; the sender's FINISH, if none fitted by then, fails the
+    #: message with this)
+    misfit: str | None = None
+    misfits: int = 0
+
+    def note_misfit(self, why: str, packets: int) -> None:
+        self.misfit = f"packet does not fit the expected message: {why}"
+        self.misfits += packets
+
+    def disagreement(self, finish: Finish, chunk_bytes: int) -> str | None:
+        """Why the sender's ``finish``, after packets that did not fit, shows the
+        two sides disagree on the message; None if it does not. It does not if no
+        packet misfit, or if at most one did (a stray; the sender's are many) and
+        ``finish`` could end a message into ``out`` cut in chunks of
+        ``chunk_bytes`` (the chunk count is all a FINISH says of the geometry):
+        then the FINISH may have overtaken its data."""
+        if self.misfit is None:
+            return None
+        if self.out is not None and self.misfits <= 1:
+            chunk_elems = max(1, chunk_bytes // self.out.dtype.itemsize)
+            if finish.total_chunks == -(-len(self.out) // chunk_elems):
+                return None
+        return self.misfit
