@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -211,6 +212,7 @@ def launch(
                     preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
             )
+            _hold_group(procs[-1])
     except BaseException:
         _stop(procs, grace)
         raise
@@ -245,9 +247,61 @@ def end_process(proc: subprocess.Popen[Any], grace: float) -> None:
         proc.wait()
 
 
+#: pidfd_send_signal flag (Linux 6.9+): signal the pidfd's process group
+_PIDFD_SIGNAL_PROCESS_GROUP = 4
+#: a pidfd per rank, opened right after the start: it names that process (and
+#: through it its group) even after the rank is reaped and its pid reused
+_GROUP_FDS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], int] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _hold_group(proc: subprocess.Popen[bytes]) -> None:
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:
+        return  # (pidfds refused: _signal_group falls back to the pid)
+    _GROUP_FDS[proc] = fd
+    weakref.finalize(proc, os.close, fd)
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+    """Signal the rank's process group. Through the rank's pidfd where the
+    kernel can (6.9+), which reaches the group the rank led even after the rank
+    was reaped, and nothing else; else by pid, while the rank is not reaped or
+    its group still has members (a reaped rank's pid with an empty group may
+    name someone else's group by now)."""
+    fd = _GROUP_FDS.get(proc)
+    if fd is not None:
+        try:
+            signal.pidfd_send_signal(fd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+            return
+        except ProcessLookupError:
+            return  # the group is empty
+        except OSError:
+            pass  # (an older kernel: no group flag)
+    if proc.returncode is None or _group_has_members(proc.pid):
+        # (a pid that is some process's group id is not given to a new process, so
+        # while the group has members the pid still names the rank's group)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def _group_has_members(pgid: int) -> bool:
+    """Whether a process in process group ``pgid`` runs (from /proc)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 class _Watch:

@@ -208,3 +208,15 @@ class _Prefixed:
 
     def get(self, key: str) -> bytes:
         return self._store.get(self._prefix + key)
+
+    def __getattr__(self, name: str) -> Any:
+        # wait(keys, timeout), where the store has it: the endpoint then waits for a
+        # peer's address at most its own timeout (PeerBook.resolve), not the store's
+        if name != "wait":
+            raise AttributeError(name)
+        wait = self._store.wait  # type: ignore[attr-defined]  # (AttributeError: cannot wait)
+
+        def prefixed_wait(keys: list[str], *args: Any) -> Any:
+            return wait([self._prefix + k for k in keys], *args)
+
+        return prefixed_wait

@@ -57,11 +57,16 @@ class EndpointConfig:
             if kind == "str" and not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} is not a string")
         try:
-            ipaddress.IPv4Address(self.host)
+            host = ipaddress.IPv4Address(self.host)
         except ValueError:
             raise ConfigError(
                 f"host={self.host!r} is not an IPv4 address (DLCP's sockets are IPv4)"
             ) from None
+        if host.is_unspecified:
+            raise ConfigError(
+                f"host={self.host!r}: the address is published for the peers to reach this "
+                "rank at, so it must be one of this host's addresses, not the wildcard"
+            )
         for name in ("data_port", "control_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

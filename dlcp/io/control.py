@@ -3,9 +3,11 @@
 Control messages (STOP, FINISH, NACK, RATE, ABORT) are small and must not be
 lost, so they travel over TCP: each rank *sends* on a connection it opened to
 the peer and *receives* on the connections peers opened to it. A connection
-starts with a hello (``b"DLCP"``, job, rank) and then carries frames: a 4-byte
-big-endian length and one control datagram exactly as ``docs/spec.md``
-defines it (authenticated by its own tag when the job uses a key).
+starts with a hello (``b"DLCP"``, job, rank; when the job uses a key, then a
+fresh nonce and a tag proving the key, refused if it fails or repeats a nonce)
+and then carries frames: a 4-byte big-endian length and one control datagram
+exactly as ``docs/spec.md`` defines it (authenticated by its own tag when the
+job uses a key).
 
 A connection that closes, resets or sends garbage marks that peer as gone;
 the endpoint then fails what it was waiting for from that peer, and only that.
@@ -25,17 +27,27 @@ once in the log.
 from __future__ import annotations
 
 import errno
+import hmac
 import logging
+import os
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
+
+from ..proto.wire import AUTH_TAG_LEN, auth_tag
+from .udp import bind
 
 __all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone", "set_fast_timers"]
 
 log = logging.getLogger("dlcp.io")
 
 HELLO = struct.Struct(">4sHH")
+#: with a key the hello goes on with a fresh nonce and a tag over the hello, the
+#: rank it is for and the nonce: it proves the opener holds the key, and a
+#: nonce seen before (a replayed connection) is refused
+HELLO_NONCE_LEN = 16
+_HELLO_PROOF = HELLO_NONCE_LEN + AUTH_TAG_LEN
 _MAGIC = b"DLCP"
 _FRAME = struct.Struct(">I")
 _MAX_FRAME = 1 << 16
@@ -47,6 +59,12 @@ _TIMER_MAX_US = 200_000
 _TIMER_NAMES = {TCP_RTO_MIN_US: "TCP_RTO_MIN_US", TCP_DELACK_MAX_US: "TCP_DELACK_MAX_US"}
 #: options this process already said it cannot set (said once each)
 _timer_warned: set[int] = set()
+
+
+def _proof_input(hello: bytes, to_rank: int, nonce: bytes) -> bytes:
+    """What an authenticated hello's tag covers: the hello, the rank it opens a
+    connection to (a hello for one rank is no use at another) and the nonce."""
+    return b"dlcp-hello" + hello + struct.pack(">H", to_rank) + nonce
 
 
 def set_fast_timers(sock: socket.socket, rto_min: float) -> int | None:
@@ -122,9 +140,14 @@ class ControlChannel:
         connect_timeout: float,
         tos: int = 0,
         rto_min: float = 0.0,
+        key: bytes | None = None,
     ) -> None:
         self.rank = rank
         self.job = job
+        #: the job's key when it authenticates: hellos then carry a proof
+        self.key = key
+        #: nonces of the authenticated hellos accepted so far (one per connection)
+        self._nonces: set[bytes] = set()
         self.connect_timeout = connect_timeout
         #: seconds: minimum retransmission timeout of every control socket (module doc)
         self.rto_min = rto_min
@@ -136,7 +159,7 @@ class ControlChannel:
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
             set_fast_timers(self.listener, rto_min)  # accepted connections inherit them
-            self.listener.bind((host, port))
+            bind(self.listener, host, port, port_setting="control_port")
             self.listener.listen(64)
         except BaseException:
             self.listener.close()
@@ -165,7 +188,7 @@ class ControlChannel:
                 sock = self._connect(addr)
                 sock.setblocking(False)
                 self.outbound[peer] = sock
-                self._send_all(sock, HELLO.pack(_MAGIC, self.job, self.rank))
+                self._send_all(sock, self._hello(peer))
             self._send_all(sock, _FRAME.pack(len(data)) + data)
         except OSError as exc:
             self._drop_outbound(peer)
@@ -173,6 +196,13 @@ class ControlChannel:
                 peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
             )
         return None
+
+    def _hello(self, peer: int) -> bytes:
+        hello = HELLO.pack(_MAGIC, self.job, self.rank)
+        if self.key is None:
+            return hello
+        nonce = os.urandom(HELLO_NONCE_LEN)
+        return hello + nonce + auth_tag(self.key, _proof_input(hello, peer, nonce))
 
     def _connect(self, addr: tuple[str, int]) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -258,14 +288,19 @@ class ControlChannel:
         conn.buf += memoryview(self._read_buf)[:n]
         frames: list[tuple[int, bytes]] = []
         if conn.rank is None:
-            if len(conn.buf) < HELLO.size:
+            size = HELLO.size + (_HELLO_PROOF if self.key is not None else 0)
+            if len(conn.buf) < size:
                 return [], None
             magic, job, rank = HELLO.unpack_from(conn.buf)
             if magic != _MAGIC or job != self.job:
                 why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
                 return [], self._close_inbound(conn, why)
+            if self.key is not None:
+                refused = self._check_proof(bytes(conn.buf[:size]), rank)
+                if refused is not None:
+                    return [], self._close_inbound(conn, refused)
             conn.rank = rank
-            del conn.buf[: HELLO.size]
+            del conn.buf[:size]
         while len(conn.buf) >= _FRAME.size:
             (length,) = _FRAME.unpack_from(conn.buf)
             if length > _MAX_FRAME:
@@ -276,6 +311,19 @@ class ControlChannel:
             frames.append((conn.rank, bytes(conn.buf[_FRAME.size : _FRAME.size + length])))
             del conn.buf[: _FRAME.size + length]
         return frames, None
+
+    def _check_proof(self, hello: bytes, rank: int) -> str | None:
+        """Why an authenticated hello (as rank ``rank``) is refused, or None."""
+        assert self.key is not None
+        nonce = hello[HELLO.size : HELLO.size + HELLO_NONCE_LEN]
+        tag = hello[HELLO.size + HELLO_NONCE_LEN :]
+        want = auth_tag(self.key, _proof_input(hello[: HELLO.size], self.rank, nonce))
+        if not hmac.compare_digest(tag, want):
+            return f"sent a hello as rank {rank} without a valid proof of the job's key"
+        if nonce in self._nonces:
+            return f"replayed a hello of rank {rank} (its nonce was seen before)"
+        self._nonces.add(nonce)
+        return None
 
     def _close_inbound(self, conn: Inbound, why: str) -> str:
         self.inbound.pop(conn.sock, None)
@@ -292,6 +340,14 @@ class ControlChannel:
                 conn.rank,
                 why,
             )
+            return None
+        if any(
+            c.rank == conn.rank and c.trusted and c is not conn for c in self.inbound.values()
+        ):
+            # the rank still talks to us on another connection that carried a valid
+            # message (it reconnected, or this one was a stranger replaying its
+            # messages): not gone
+            log.warning("dlcp: a control connection from rank %s ended: %s", conn.rank, why)
             return None
         self._drop_outbound(conn.rank)
         return PeerGone(conn.rank, f"rank {conn.rank} {why}")

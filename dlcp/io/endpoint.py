@@ -125,6 +125,7 @@ class Endpoint:
                 # control messages decide when data moves: the highest priority class
                 tos=protocol.tos.tos(7, drop=False),
                 rto_min=cfg.control_rto_min,
+                key=key if protocol.authenticate else None,
             )
         except BaseException:
             self._data.close()
@@ -221,6 +222,10 @@ class Endpoint:
         sender's bound. The future gives a :class:`Received`."""
         if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
             raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
+        if out is not None and not out.flags.writeable:
+            raise ValueError(
+                f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
+            )
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         message = f"message (step {step}, msg {msg}) from rank {src}"
         self._resolve(src, message)
@@ -488,12 +493,14 @@ class Endpoint:
                 if len(datagram) >= 16 and int.from_bytes(datagram[10:12], "big") != peer:
                     self._stats.control_rejected += 1  # claims another rank than its hello
                     continue
-                rejected = self._session.stats.rejected_total()
+                stats = self._session.stats
+                rejected, stale = stats.rejected_total(), stats.stale_control
                 self._session.receive_datagram(datagram, now=now)
-                if self._session.stats.rejected_total() == rejected:
-                    inbound.trusted = True
-                else:
+                if stats.rejected_total() != rejected:
                     self._stats.control_rejected += 1
+                elif stats.stale_control == stale:
+                    # (a stale message proves nothing: a replay of an old one is stale)
+                    inbound.trusted = True
             if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
                 self._peer_gone(gone)
 
@@ -524,7 +531,7 @@ class Endpoint:
                             tos=item.tos,
                             addr=(addr.host, addr.data_port),
                         )
-                    except OSError as exc:  # fail this peer's transfers, not everyone's
+                    except (OSError, ValueError) as exc:  # fail this peer's transfers only
                         self._stats.data_send_errors += 1
                         self._transfers.fail_peer(
                             item.dst,

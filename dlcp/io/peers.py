@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +26,24 @@ class Store(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PeerAddress:
+    """Where a rank is reached: an IPv4 address (a literal: the data path sends
+    to it as is) and its two ports."""
+
     host: str
     data_port: int
     control_port: int
+
+    def __post_init__(self) -> None:
+        try:
+            ip = ipaddress.IPv4Address(self.host)
+        except ValueError:
+            raise ConfigError(f"peer address {self.host!r} is not an IPv4 address") from None
+        if ip.is_unspecified:
+            raise ConfigError(f"peer address {self.host!r} is the wildcard, not a peer")
+        for name in ("data_port", "control_port"):
+            port = getattr(self, name)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+                raise ConfigError(f"peer {name} {port!r} is not a port (1..65535)")
 
     def encode(self) -> str:
         return f"{self.host} {self.data_port} {self.control_port}"
@@ -37,8 +54,24 @@ class PeerAddress:
         try:
             host, data, ctrl = text.split()
             return cls(host, int(data), int(ctrl))
-        except ValueError:
+        except (ValueError, ConfigError):
             raise ConfigError(f"malformed peer address {text!r} in the store") from None
+
+
+def _given(rank: int, host: str, data_port: int, control_port: int) -> PeerAddress:
+    """A peer address given by the caller: a host name is resolved once, here
+    (to its first IPv4 address), so that a name cannot fail later, mid-transfer."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        try:
+            host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+        except (OSError, UnicodeError) as exc:
+            raise ConfigError(f"rank {rank}: cannot resolve host {host!r}: {exc}") from None
+    try:
+        return PeerAddress(host, data_port, control_port)
+    except ConfigError as exc:
+        raise ConfigError(f"rank {rank}: {exc}") from None
 
 
 def store_key(job: int, rank: int) -> str:
@@ -59,8 +92,7 @@ class PeerBook:
     ) -> None:
         self.rank, self.job, self.store = rank, job, store
         self.addresses: dict[int, PeerAddress] = {
-            r: a if isinstance(a, PeerAddress) else PeerAddress(*a)
-            for r, a in (peers or {}).items()
+            r: a if isinstance(a, PeerAddress) else _given(r, *a) for r, a in (peers or {}).items()
         }
 
     def publish(self, address: PeerAddress) -> None:

@@ -193,7 +193,10 @@ class Transfers:
         tables = ((self.sends, True), (self.recvs, False)) if receives else ((self.sends, True),)
         for table, outgoing in tables:
             for key in [k for k in table if k[0] == peer]:
-                pending = table.pop(key)
+                # (a future's callbacks run in this loop, and may cancel a sibling)
+                pending = table.pop(key, None)
+                if pending is None:
+                    continue
                 self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)
                 pending.future.set_exception(
                     TransferFailed(
@@ -205,10 +208,12 @@ class Transfers:
     def fail_all(self, error: Exception) -> None:
         """Fail everything pending with ``error`` (the endpoint is going away)."""
         for table in (self.sends, self.recvs):
-            for pending in table.values():
+            # emptied first: a future's callbacks may cancel (and so forget) another
+            pendings = list(table.values())
+            table.clear()
+            for pending in pendings:
                 if not pending.future.done():
                     pending.future.set_exception(error)
-            table.clear()
 
 
 def _refill(ev: MessageReceived, out: npt.NDArray[Any] | None, fill: FillPolicy) -> bool:

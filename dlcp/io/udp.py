@@ -38,7 +38,14 @@ try:
 except ImportError:  # not built: the same loop runs in Python
     _udpio = None
 
-__all__ = ["UDP_GRO", "UDP_SEGMENT", "DataSockets", "kernel_supports"]
+__all__ = [
+    "UDP_GRO",
+    "UDP_SEGMENT",
+    "DataSockets",
+    "bind",
+    "datagrams_per_gso_message",
+    "kernel_supports",
+]
 
 log = logging.getLogger("dlcp.io")
 
@@ -85,7 +92,7 @@ class DataSockets:
         self.send_socks: list[socket.socket] = []
         try:
             _set_buffer(self.recv_sock, socket.SO_RCVBUF, rcvbuf)
-            self.recv_sock.bind((host, port))
+            bind(self.recv_sock, host, port, port_setting="data_port")
             self.recv_sock.setblocking(False)
             if self.use_gro:
                 self.recv_sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
@@ -93,7 +100,7 @@ class DataSockets:
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 self.send_socks.append(s)
                 _set_buffer(s, socket.SO_SNDBUF, sndbuf)
-                s.bind((host, 0))  # its own source port: its own ECMP hash
+                bind(s, host, 0, port_setting="data_port")  # own source port: own ECMP hash
         except BaseException:
             self.close()
             raise
@@ -135,9 +142,7 @@ class DataSockets:
             tos_msg = (socket.IPPROTO_IP, socket.IP_TOS, struct.pack("=i", tos))
             self._tos_cache[tos] = tos_msg
         # datagrams per message: a 64 KB GSO message, or one datagram without GSO
-        per_message = (
-            max(1, min(_GSO_MAX_SEGMENTS, _GSO_MAX_BYTES // segment_size)) if self.use_gso else 1
-        )
+        per_message = datagrams_per_gso_message(segment_size) if self.use_gso else 1
         if _udpio is not None and count > 1:  # every message of the batch in few system calls
             host, port = addr
             fd = sock.fileno()
@@ -232,6 +237,25 @@ class DataSockets:
         if fill > start:
             deliver(buf[start:fill], seg_size)
         return total
+
+
+def datagrams_per_gso_message(segment_size: int) -> int:
+    """Datagrams of ``segment_size`` bytes that one GSO send carries (a 64 KB
+    message): what one drop of an unsegmented GSO packet takes with it."""
+    return max(1, min(_GSO_MAX_SEGMENTS, _GSO_MAX_BYTES // segment_size))
+
+
+def bind(sock: socket.socket, host: str, port: int, *, port_setting: str) -> None:
+    """``sock.bind((host, port))``, failing with a ConfigError that names the
+    address and the settings behind it (``host``/``DLCP_HOST``, ``port_setting``)."""
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        setting = port_setting.upper()
+        raise ConfigError(
+            f"cannot bind {host}:{port} (host / DLCP_HOST, {port_setting} / DLCP_{setting}): "
+            f"{exc.strerror or exc}"
+        ) from exc
 
 
 def _set_buffer(sock: socket.socket, option: int, size: int) -> None:

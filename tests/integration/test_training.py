@@ -231,10 +231,19 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_launch_stops_what_the_ranks_started(scripts: Path) -> None:
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+def test_launch_stops_what_the_ranks_started(
+    scripts: Path, monkeypatch: pytest.MonkeyPatch, pidfds: bool
+) -> None:
     """A rank's own children (a wrapper's python, a data loader's workers) are
     stopped with it: each rank runs in its own process group, which the launcher
-    terminates, whether the rank was stopped or exited on its own."""
+    terminates, whether the rank was stopped or exited on its own. Also where
+    the kernel cannot signal a group through a pidfd (before 6.9): by pid while
+    the group has members."""
+    import dlcp.launch as launcher
+
+    if not pidfds:
+        monkeypatch.setattr(launcher, "_hold_group", lambda proc: None)
     (scripts / "started").mkdir()
     cmd = [sys.executable, str(scripts / "wrapper.py"), str(scripts / "wait.py"),
            str(scripts / "started")]  # fmt: skip
@@ -246,6 +255,28 @@ def test_launch_stops_what_the_ranks_started(scripts: Path) -> None:
     while any(_alive(pid) for pid in children):
         assert time.monotonic() < deadline, [pid for pid in children if _alive(pid)]
         threading.Event().wait(0.01)
+
+
+def test_launch_never_signals_a_group_by_the_pid_of_a_reaped_rank(
+    scripts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reaped rank's pid may already lead someone else's process group: the
+    launcher reaches a rank's group through the pidfd it opened at the start,
+    or by pid only while the rank is not reaped. Before, it sent SIGTERM and
+    SIGKILL by pid to every rank's group after all of them had been reaped."""
+    import dlcp.launch as launcher
+
+    by_pid: list[tuple[int, int]] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        by_pid.append((pgid, int(sig)))
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(launcher.os, "killpg", killpg)
+    result, out, err = _launch([sys.executable, str(scripts / "ok.py")], _env(), timeout=30)
+    assert result.returncode == 0, _explain(result, out, err)
+    assert by_pid == []
 
 
 def test_launch_sets_torchrun_variables_and_prefixes_output(scripts: Path) -> None:

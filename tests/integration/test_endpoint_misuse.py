@@ -1,0 +1,219 @@
+"""Caller mistakes and hostile peers that must fail one call, or nothing, and
+never the endpoint's I/O thread (which every transfer with every peer needs).
+
+Each case was found by a review and crashed the I/O thread, hung a future or
+cut a live peer off before its fix (see each test)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.errors import ConfigError, PeerTimeout, TransferFailed
+from dlcp.io import Endpoint, EndpointConfig
+from dlcp.io.control import HELLO
+from dlcp.proto.config import ProtocolConfig
+from tests.integration.endpoint_helpers import JOB, KEY, LocalStore, dlcp_threads
+
+X = np.arange(1000, dtype=np.float32)
+
+
+def _pair(**config: Any) -> tuple[Endpoint, Endpoint]:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=config.pop("timeout", 10.0), **config)
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg, key=KEY) for r in range(2))
+    return a, b
+
+
+def _exchange(a: Endpoint, b: Endpoint, msg: int) -> None:
+    got = b.recv(src=0, msg=msg)
+    a.send(X, to=1, msg=msg).result(timeout=10)
+    assert np.array_equal(got.result(timeout=10).data, X)
+
+
+def test_a_callback_that_cancels_a_sibling_while_a_peer_fails() -> None:
+    """One receive failing (its peer went away) may cancel the others from its
+    callback; fail_peer popped the sibling's entry after that and raised
+    KeyError in the I/O thread."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0)
+    a, b, c = (Endpoint(r, store=store, world_size=3, job=JOB, config=cfg) for r in range(3))
+    try:
+        _exchange(a, b, 0)  # a's control connection to b now carried a message
+        first, second = b.recv(src=0, msg=1), b.recv(src=0, msg=2)
+        first.add_done_callback(lambda _f: second.cancel())
+        a.close()
+        with pytest.raises(TransferFailed, match="rank 0 closed its control connection"):
+            first.result(timeout=10)
+        assert second.cancelled()
+        # rank 1 still moves data with its other peer
+        got = b.recv(src=2, msg=1)
+        c.send(X, to=1, msg=1).result(timeout=10)
+        assert np.array_equal(got.result(timeout=10).data, X)
+        assert b.stats()["peers_gone"] == {0: "rank 0 closed its control connection"}
+    finally:
+        for ep in (a, b, c):
+            ep.close()
+    assert dlcp_threads() == []
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ({"msg": 70_000}, r"msg=70000 does not fit its field \(0..65535\)"),
+        ({"msg": -1}, r"msg=-1 does not fit"),
+        ({"msg": 1, "step": 2**32}, r"step=4294967296 does not fit"),
+        ({"msg": 1.5}, r"msg=1.5 must be an integer"),
+    ],
+)
+def test_a_message_key_the_headers_cannot_carry_fails_that_call(
+    key: dict[str, Any], message: str
+) -> None:
+    """recv() used to accept it and kill the I/O thread when its timeout had the
+    session build an ABORT for it (that receive's future never settled)."""
+    a, b = _pair(timeout=1.0)
+    try:
+        with pytest.raises(ValueError, match=message):
+            b.recv(src=0, **key).result(timeout=5)
+        with pytest.raises(ValueError, match=message):
+            a.send(X, to=1, **key).result(timeout=5)
+        _exchange(a, b, 3)  # both endpoints carry on
+        assert a._thread.is_alive() and b._thread.is_alive()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_read_only_out_is_refused_at_the_call() -> None:
+    """Before, the first datagram's copy raised in the I/O thread."""
+    a, b = _pair()
+    try:
+        out = np.empty_like(X)
+        out.flags.writeable = False
+        with pytest.raises(ValueError, match=r"out .* is read-only"):
+            b.recv(src=0, msg=1, out=out)
+        _exchange(a, b, 1)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_peer_addresses_are_checked_and_host_names_resolved_once() -> None:
+    """A host name reached the C send loop, which refused it with ValueError, and
+    that killed the I/O thread (every peer's transfers failed)."""
+    cfg = EndpointConfig(timeout=5.0)
+    b = Endpoint(1, peers={0: ("127.0.0.1", 1, 1)}, config=cfg)
+    try:
+        a = Endpoint(0, peers={1: ("localhost", b.address.data_port, b.address.control_port)},
+                     config=cfg)  # fmt: skip
+        try:
+            assert a._peers.addresses[1].host == "127.0.0.1"
+            b._peers.addresses[0] = a.address
+            _exchange(a, b, 1)
+        finally:
+            a.close()
+        with pytest.raises(ConfigError, match=r"rank 1: cannot resolve host 'no-such-host"):
+            Endpoint(0, peers={1: ("no-such-host.invalid", 9, 9)}, config=cfg)
+        with pytest.raises(ConfigError, match=r"rank 1: peer address '0.0.0.0' is the wildcard"):
+            Endpoint(0, peers={1: ("0.0.0.0", 9, 9)}, config=cfg)
+        with pytest.raises(ConfigError, match=r"rank 1: peer data_port 0 is not a port"):
+            Endpoint(0, peers={1: ("127.0.0.1", 0, 9)}, config=cfg)
+    finally:
+        b.close()
+    assert dlcp_threads() == []
+
+
+def test_this_ranks_own_address_and_ports_are_named_when_they_cannot_be_used() -> None:
+    with pytest.raises(ConfigError, match=r"host='0.0.0.0': the address is published"):
+        EndpointConfig(host="0.0.0.0")
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot bind 127.0.0.1:{port} .*DLCP_DATA_PORT"):
+            Endpoint(0, peers={1: ("127.0.0.1", 9, 9)}, config=EndpointConfig(data_port=port))
+    finally:
+        taken.close()
+    assert dlcp_threads() == []
+
+
+def test_the_rendezvous_store_view_waits_for_an_address_the_endpoints_timeout() -> None:
+    """Its store view had no wait(), so a missing peer blocked for the store's
+    own timeout (torch's default process group store: 30 minutes)."""
+    from torch.distributed import TCPStore
+
+    from dlcp.launch import free_port
+    from dlcp.rendezvous import _Prefixed
+
+    store = TCPStore("127.0.0.1", free_port(), 1, is_master=True,
+                     timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    ep = Endpoint(0, store=_Prefixed(store, "view/"), world_size=2, job=JOB,
+                  config=EndpointConfig(timeout=1.0))  # fmt: skip
+    try:
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                ep.recv(src=1, msg=0)
+            except BaseException as exc:  # (checked below)
+                errors.append(exc)
+            done.set()
+
+        threading.Thread(target=call, daemon=True).start()
+        assert done.wait(timeout=15), "waited for the store's timeout, not the endpoint's"
+        assert len(errors) == 1 and isinstance(errors[0], PeerTimeout), errors
+        assert "did not publish its address" in str(errors[0])
+        assert store.check([f"view/dlcp/{JOB}/addr/0"])  # published under the prefix
+    finally:
+        ep.close()
+
+
+def test_a_stranger_replaying_a_peers_connection_is_refused_at_its_hello() -> None:
+    """With authentication on, a hello proves the job's key with a tag over the
+    hello, the rank it is for and a fresh nonce. Before, the hello proved nothing:
+    a captured FINISH replayed behind a hello "as rank 0", then a hang-up, made
+    rank 1 record the live rank 0 as gone and fail everything with it. Now a
+    replay of rank 0's whole connection (hello and frames) is refused at its
+    hello (nonce seen), at another rank too (the proof names rank 1), and so is
+    a bare hello; nothing the stranger sends reaches the session."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0, protocol=ProtocolConfig(authenticate=True))
+    a, b, c = (Endpoint(r, store=store, world_size=3, job=JOB, config=cfg, key=KEY)
+               for r in range(3))  # fmt: skip
+    wire: list[bytes] = []  # every byte rank 0 wrote on its connection to rank 1
+    real_send_all = a._control._send_all
+
+    def spy(sock: socket.socket, data: bytes) -> None:
+        if sock is a._control.outbound.get(1):
+            wire.append(bytes(data))
+        real_send_all(sock, data)
+
+    a._control._send_all = spy  # type: ignore[method-assign]
+    try:
+        _exchange(a, b, 1)
+        stream = b"".join(wire)
+        assert stream[:4] == b"DLCP" and len(stream) > HELLO.size + 32
+        frame = stream[HELLO.size + 32 :]
+        for target, data in (
+            (b, stream),  # the whole connection again: the nonce was seen
+            (c, stream),  # at another rank: the proof is for rank 1
+            (b, HELLO.pack(b"DLCP", JOB, 0) + frame),  # no proof at all
+        ):
+            before = target.stats()["control_in"]
+            stranger = socket.create_connection(("127.0.0.1", target.address.control_port))
+            stranger.settimeout(10)
+            stranger.sendall(data)
+            assert stranger.recv(1) == b""  # refused: the endpoint closed it
+            stranger.close()
+            assert target.stats()["control_in"] == before  # not one frame taken
+        _exchange(a, b, 2)  # rank 0 is still a peer of rank 1
+        assert b.stats()["peers_gone"] == {} and c.stats()["peers_gone"] == {}
+    finally:
+        for ep in (a, b, c):
+            ep.close()
