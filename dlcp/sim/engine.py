@@ -188,6 +188,8 @@ def run_in_process(cfg: SimConfig, flows_csv: Path) -> dict[str, Any]:
             data_packets=int(transport.dataSent),
             control_packets=int(transport.controlSent),
             failed_messages=int(transport.failures),
+            multi_part_nacks=int(transport.multiPartNacks),
+            max_rounds=int(transport.maxRound),
         )
     else:
         out["tcp_close_errors"] = int(transport.closeErrors)

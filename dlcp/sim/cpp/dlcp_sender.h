@@ -19,6 +19,8 @@ class DlcpSender : public Transport
     DlcpParams prm;
     uint16_t port = 9400;
     uint64_t dataSent = 0, controlSent = 0, failures = 0;
+    uint64_t multiPartNacks = 0;  // NACKs acted on after gathering several parts
+    uint32_t maxRound = 0;        // the most retransmission rounds a message took
 
     void StartFlow(uint32_t id) override
     {
@@ -64,6 +66,10 @@ class DlcpSender : public Transport
         std::deque<uint32_t> retx;
         State state = IDLE;
         EventId finishEv;
+        // the parts of a NACK split over several packets (more = 1), gathered
+        // until its last part as dlcp.proto's outbox does
+        std::vector<uint32_t> nackRanges;
+        uint32_t nackRound = 0;
     };
 
     struct In
@@ -270,6 +276,7 @@ class DlcpSender : public Transport
         m.state = DONE;
         m.finishEv.Cancel();
         m.retx.clear();
+        std::vector<uint32_t>().swap(m.nackRanges);
         auto& act = m_hosts[m_sc->flows[id].src].active;
         act.erase(std::remove(act.begin(), act.end(), id), act.end());
     }
@@ -282,6 +289,30 @@ class DlcpSender : public Transport
         {
             return;
         }
+        uint32_t nRanges = hd.c;
+        if (hd.d || !m.nackRanges.empty())
+        {  // one part of several: act on the whole NACK once its last part is in
+            if (!m.nackRanges.empty() && m.nackRound != hd.a)
+            {
+                m.nackRanges.clear();  // parts of an older round
+            }
+            m.nackRound = hd.a;
+            m.nackRanges.insert(m.nackRanges.end(), ranges, ranges + 2 * size_t(hd.c));
+            if (hd.d)
+            {
+                return;
+            }
+            ranges = m.nackRanges.data();
+            nRanges = uint32_t(m.nackRanges.size() / 2);
+            multiPartNacks++;
+        }
+        ActOnNack(id, m, hd, ranges, nRanges);
+        m.nackRanges.clear();
+    }
+
+    void ActOnNack(uint32_t id, Out& m, const DlcpHdr& hd, const uint32_t* ranges,
+                   uint32_t nRanges)
+    {
         if (m.state == AWAITING && hd.a == m.round)
         {
             if (m.round + 1 > prm.maxRounds)
@@ -290,6 +321,7 @@ class DlcpSender : public Transport
                 return;
             }
             m.round++;
+            maxRound = std::max(maxRound, m.round);
             m.state = SENDING;
             m.finishEv.Cancel();
             m.neededLeft = hd.b;
@@ -299,7 +331,7 @@ class DlcpSender : public Transport
             return;  // stale
         }
         std::vector<uint32_t> droppable;
-        for (uint32_t r = 0; r < hd.c; r++)
+        for (uint32_t r = 0; r < nRanges; r++)
         {
             for (uint32_t s = ranges[2 * r]; s < ranges[2 * r] + ranges[2 * r + 1] && s < m.npkts;
                  s++)
@@ -331,7 +363,7 @@ class DlcpSender : public Transport
             m.neededLeft--;
         }
         if (m.retx.empty())
-        {  // nothing to resend (ranges of another part): just announce the round
+        {  // nothing to resend: just announce the round
             m.state = AWAITING;
             m.tries = 0;
             SendFinish(id);

@@ -87,8 +87,12 @@ class DlcpTransport : public DlcpSender
             {
                 Peer& peer = m_hosts[h].peers[m_sc->flows[hd.flow].dst];
                 peer.rate = std::max(prm.minRate, double(hd.a) * 1e3);
-                peer.nextTime = std::min(peer.nextTime,
-                                         Simulator::Now() + Seconds(1500.0 / peer.rate));
+                Time sooner = Simulator::Now() + Seconds(1500.0 / peer.rate);
+                if (sooner < peer.nextTime)
+                {  // a faster rate: the pump may have gone to sleep on the old one
+                    peer.nextTime = sooner;
+                    Kick(h, sooner);
+                }
             }
                 break;
             }
