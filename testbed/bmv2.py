@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
-from dlcp.launch import end_process
+from dlcp.launch import die_with_parent, end_process
 
 __all__ = [
     "CLI",
@@ -365,7 +365,12 @@ def bmv2_switch(
         _capture_offloads_off(sw, iface)
     log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 -- closed in finally
     try:
-        sw.proc = subprocess.Popen(sw._argv(argv), stdout=log, stderr=subprocess.STDOUT)
+        sw.proc = subprocess.Popen(
+            sw._argv(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,  # a crashed run must not leave its switches running
+        )
         try:
             _wait_ready(sw, timeout)
             yield sw

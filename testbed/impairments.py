@@ -249,13 +249,25 @@ def link_up(net: Network, a: str, b: str) -> None:
 
 def rate_limit(net: Network, a: str, b: str, mbit: float) -> None:
     """Cap the ``a`` -> ``b`` direction of a link at ``mbit``: with a profile
-    installed on that egress, its HTB root class (``1:1``) rate becomes ``mbit``;
-    otherwise a single HTB class (:class:`FifoPolicy`) at ``mbit`` is installed."""
+    installed on that egress, its HTB root class (``1:1``) rate becomes ``mbit``
+    (at most the profile's own rate: ValueError above it); otherwise a single
+    HTB class (:class:`FifoPolicy`) at ``mbit`` is installed."""
     dev = _iface(net, a, b)
     FifoPolicy(link_rate_mbit=mbit)  # the policy's check: 1 kbit/s to 1e9 Mbit/s, finite
     # (``tc -j class show`` prints plain text for HTB classes in this iproute2)
     classes = net.run(a, ["tc", "class", "show", "dev", dev]).stdout
-    if re.search(r"^class htb 1:1 ", classes, re.MULTILINE):
+    # the profile's own rate: the ceil of its classes under 1:1 (best-effort, 1:99,
+    # is in every profile), which a rate_limit before this one left as it was
+    leaf = re.search(r"^class htb 1:99 .*?\bceil (\d+(?:\.\d+)?)([KMG]?)bit", classes, re.MULTILINE)
+    if leaf and re.search(r"^class htb 1:1 ", classes, re.MULTILINE):
+        installed = float(leaf.group(1)) * {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}[leaf.group(2)]
+        if mbit > installed * (1 + 1e-6):
+            # every class under 1:1 has the installed rate as its ceil, and HTB keeps
+            # a class under its own ceil: only a new profile can raise the link
+            raise ValueError(
+                f"rate_limit {a}->{b}: {mbit:g} Mbit/s is above the {installed:g} Mbit/s "
+                "of the profile on that egress; install a profile at the higher rate instead"
+            )
         rate = f"{round(mbit * 1000)}kbit"
         net.run(a, ["tc", "class", "change", "dev", dev, "parent", "1:", "classid", "1:1",
                     "htb", "rate", rate, "ceil", rate])  # fmt: skip

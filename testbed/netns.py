@@ -11,10 +11,12 @@ with a reason.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -218,8 +220,15 @@ def require_tools(what: str, **needs: bool) -> None:
 
 
 def _cleanup(names: Sequence[str]) -> None:
+    """Delete the namespaces ``names``, and first stop the processes still in
+    them (found by namespace with ``ip netns pids``: a crashed run's switches or
+    senders would keep its namespace, veths and routes alive after the name)."""
     with signals_ignored():  # a second Ctrl-C must not leave namespaces behind
         for ns in names:
+            pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
             _run(["ip", "netns", "del", ns], check=False)
 
 
@@ -235,21 +244,32 @@ def prefix_lock(prefix: str) -> Iterator[None]:
     running testbed's. The lock (``flock``) ends with the process that held it,
     so a crash leaves the prefix free for the next run."""
     path = os.path.join(_lock_dir(), f"dlcp-testbed-{prefix}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
             raise NetnsError(
                 f"prefix {prefix!r} is in use by a running testbed (pid {holder}, lock {path}): "
                 "stop that run or choose another --prefix"
             ) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break  # the lock file at the path, not one its holder removed meanwhile
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        os.close(fd)  # (releases the lock)
+        # removed while held, so no run after this one finds it (or locks it)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
 
 
 @contextmanager

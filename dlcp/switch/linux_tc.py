@@ -40,16 +40,21 @@ early drop (kernel has no ``red``), tail drop per leaf instead.
 Classification: u32 filters on the full IPv4 TOS byte (``match ip tos V 0xff``):
 class ``c`` protected = DSCP ``tos.dscp[c]`` with every ECN codepoint except
 ``tos.ecn_droppable`` (so ECT(0), ECT(1) and CE by default); drop-eligible =
-that DSCP with ``tos.ecn_droppable`` (Not-ECT). Everything else (other DSCPs,
+that DSCP with ``tos.ecn_droppable`` (Not-ECT) *and* UDP (``match ip protocol
+17``): other packets with that TOS byte go to the class's protected leaf (a
+second filter, ``prio 2``), since drop eligibility is a mark of DLCP's data, and
+DLCP's TCP control channel, sent with the class-7 TOS byte, leaves Not-ECT (the
+kernel sets a TCP socket's ECN bits itself). Everything else (other DSCPs,
 ARP, IPv6) goes to best-effort. Note: with the default map class 0 is DSCP 0,
-so ordinary Not-ECT traffic with TOS 0 lands in class 0's drop-eligible queue.
+so ordinary Not-ECT UDP with TOS 0 lands in class 0's drop-eligible queue, and
+ordinary TCP in its protected one.
 IPv6 traffic-class matching is not done (u32 ``ip6 priority`` is unreliable in
 this iproute2).
 """
 
 from __future__ import annotations
 
-from .policy import FifoPolicy, SwitchPolicy
+from .policy import TC_FRAME_QUANTUM, FifoPolicy, SwitchPolicy
 
 __all__ = ["BEST_EFFORT", "TINY_RATE", "class_id", "tc_commands"]
 
@@ -59,7 +64,6 @@ TINY_RATE = "8kbit"
 _ROOT = "1:"
 _TOP = "1:1"
 BEST_EFFORT = "1:99"
-_MTU_QUANTUM = 1514
 
 
 def _rate(mbit: float) -> str:
@@ -100,7 +104,7 @@ def tc_commands(policy: SwitchPolicy | FifoPolicy, dev: str) -> list[list[str]]:
 
     if isinstance(policy, FifoPolicy):
         # a single leaf that everything defaults to: one FIFO at link rate
-        leaf(_TOP, BEST_EFFORT, 0, _MTU_QUANTUM, policy.queue_packets)
+        leaf(_TOP, BEST_EFFORT, 0, TC_FRAME_QUANTUM, policy.queue_packets)
         return cmds
 
     for c in reversed(range(policy.n_classes)):
@@ -110,17 +114,25 @@ def tc_commands(policy: SwitchPolicy | FifoPolicy, dev: str) -> list[list[str]]:
              "htb", "rate", TINY_RATE, "ceil", link, "prio", str(prio)]
         )  # fmt: skip
         leaf(class_id(c, 0), class_id(c, 1), prio,
-             policy.protected_weight * _MTU_QUANTUM, policy.queue_limit(c))  # fmt: skip
-        leaf(class_id(c, 0), class_id(c, 2), prio, _MTU_QUANTUM,
+             policy.protected_weight * TC_FRAME_QUANTUM, policy.queue_limit(c))  # fmt: skip
+        leaf(class_id(c, 0), class_id(c, 2), prio, TC_FRAME_QUANTUM,
              policy.drop_threshold(c))  # fmt: skip
-    leaf(_TOP, BEST_EFFORT, policy.best_effort_prio, _MTU_QUANTUM, policy.queue_packets)
+    leaf(_TOP, BEST_EFFORT, policy.best_effort_prio, TC_FRAME_QUANTUM, policy.queue_packets)
+
+    def tos_filter(prio: int, tos: int, flowid: str, *match: str) -> None:
+        cmds.append(
+            ["tc", "filter", "add", "dev", dev, "parent", _ROOT, "protocol", "ip",
+             "prio", str(prio), "u32", "match", "ip", "tos", f"0x{tos:02x}", "0xff", *match,
+             "flowid", flowid]
+        )  # fmt: skip
 
     for c in reversed(range(policy.n_classes)):
-        for drop, lf in ((False, 1), (True, 2)):
-            for tos in policy.tos_values(c, drop=drop):
-                cmds.append(
-                    ["tc", "filter", "add", "dev", dev, "parent", _ROOT, "protocol", "ip",
-                     "prio", "1", "u32", "match", "ip", "tos", f"0x{tos:02x}", "0xff",
-                     "flowid", class_id(c, lf)]
-                )  # fmt: skip
+        for tos in policy.tos_values(c, drop=False):
+            tos_filter(1, tos, class_id(c, 1))
+        for tos in policy.tos_values(c, drop=True):
+            # drop-eligible: DLCP's data (UDP) only; anything else with that TOS
+            # byte (DLCP's TCP control channel, whose ECN bits the kernel clears)
+            # is protected, as the P4 program treats what it does not parse as DLCP
+            tos_filter(1, tos, class_id(c, 2), "match", "ip", "protocol", "17", "0xff")
+            tos_filter(2, tos, class_id(c, 1))
     return cmds

@@ -71,6 +71,9 @@ class PolicyError(ValueError):
 MAX_QUEUE_PACKETS = (1 << 19) - 1
 #: tc's HTB quantum is 32 bits
 _MAX_QUANTUM = (1 << 32) - 1
+#: tc's quantum per unit of ``protected_weight``: one full Ethernet frame (the
+#: tc renderer's HTB quantum of the drop-eligible leaf)
+TC_FRAME_QUANTUM = 1514
 _DEPTH_LIMIT: dict[str, Any] = {
     "maximum": MAX_QUEUE_PACKETS,
     "why": "the deepest queue the P4 switch measures, 19 bits",
@@ -140,8 +143,8 @@ class SwitchPolicy:
         _check_pos_int(
             "protected_weight",
             self.protected_weight,
-            maximum=_MAX_QUANTUM // self.mtu_bytes,
-            why="tc's quantum, weight x mtu_bytes, is 32 bits",
+            maximum=_MAX_QUANTUM // TC_FRAME_QUANTUM,
+            why=f"tc's quantum, weight x {TC_FRAME_QUANTUM} bytes, is 32 bits",
         )
         if self.drop_eligible_packets >= self.queue_packets:
             raise PolicyError(

@@ -22,6 +22,13 @@ Tables (names and fields as SONiC's orchagent reads them):
 
 Byte values are packets times ``policy.mtu_bytes``. All values are strings, as in
 ``config_db.json``.
+
+Known gap: WRED sees the ECN codepoint, not the protocol. DLCP's TCP control
+channel carries class 7's DSCP, and a TCP socket's packets leave Not-ECT (the
+kernel sets their ECN bits), so on such a switch they count as class 7's
+drop-eligible packets and are dropped first under a standing queue (TCP then
+resends them). The Linux tc profile and the P4 program exempt them (tc: only
+UDP is drop-eligible; P4: only packets it parses as DLCP data are).
 """
 
 from __future__ import annotations

@@ -93,8 +93,10 @@ def test_for_link_matches_the_testbed() -> None:
          r"queue_packets must be at most 524287 \(the deepest queue the P4 switch measures"),
         ({"classes": {"3": {"queue_packets": 600_000}}},
          r"classes.3.queue_packets must be at most 524287"),
-        ({"protected_weight": 3_000_000},
-         r"protected_weight must be at most 2863311 \(tc's quantum, weight x mtu_bytes, is 32"),
+        # (the limit is tc's: quantum = weight x 1514, a full frame; it was checked
+        # against mtu_bytes, 1500, and passed quanta over 32 bits that tc refuses)
+        ({"protected_weight": 2_863_311},
+         r"protected_weight must be at most 2836834 \(tc's quantum, weight x 1514 bytes, is 32"),
         ({"mtu_bytes": 70_000}, r"mtu_bytes must be at most 65535"),
         ({"queue_packets": 10, "drop_eligible_packets": 10},
          r"drop_eligible_packets \(10\) must be smaller than queue_packets \(10\)"),

@@ -88,11 +88,15 @@ def _policy(t: Topology) -> SwitchPolicy:
     return policy
 
 
+# Paced at ~1,000 datagrams/s: BMv2 queues 64 packets per port, and an unpaced burst
+# of 300 over one spine lost 55 of them in CI (a loaded machine slows the switches).
 _SEND = """
-import socket, sys
+import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for i in range(int(sys.argv[2])):
     s.sendto(b"x" * 200, (sys.argv[1], 40000 + i % 64))  # 64 flows: ECMP uses both spines
+    if i % 8 == 7:
+        time.sleep(0.008)  # pacing, not waiting for anything
 """
 
 
@@ -114,7 +118,7 @@ def test_failed_link_is_routed_around() -> None:
             before = spine_packets()
             net.run("h1", [sys.executable, "-c", _SEND, net.host_addr("h3"), str(n)])
             # until the spines have forwarded every datagram, or their counters
-            # stood still for 2 s (a datagram of the burst lost in a full queue)
+            # stood still for 2 s (a datagram lost in a full queue)
             got, still_since = {}, time.monotonic()
             while True:
                 after = spine_packets()
@@ -129,7 +133,7 @@ def test_failed_link_is_routed_around() -> None:
         bmv2_link_down(net, "leaf1", "spine1")  # returns once hosts reach each other again
         assert "spine1" not in net.switches["leaf1"].cli("show_ports")[0]
         got = send()
-        # everything over spine2 (a datagram of the burst may be lost in a full queue)
+        # everything over spine2 (a datagram may still be lost in a full queue)
         assert got["spine1"] == 0 and got["spine2"] >= 0.9 * n, got
 
 

@@ -107,6 +107,12 @@ def test_rate_limit_caps_throughput(net: Network) -> None:
     h = _flow(net, "h1", "h3", "spine2", 1.5, 80)
     rate = h.received["bytes"] * 8 / h.received["seconds"] / 1e6
     assert 22.5 <= rate <= 37.5, rate
+    # above the profile's own rate HTB's class ceilings would keep the old rate:
+    # refused (before, it changed 1:1 and the link stayed where it was)
+    with pytest.raises(ValueError, match=r"above the .* Mbit/s of the profile"):
+        im.rate_limit(net, "leaf2", "h3", 1_000_000)
+    installed = SwitchPolicy().link_rate_mbit  # back up to the profile's rate: allowed
+    im.rate_limit(net, "leaf2", "h3", installed)
 
 
 def test_cross_traffic_pinned_to_spine(net: Network) -> None:

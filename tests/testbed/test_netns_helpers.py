@@ -4,7 +4,10 @@ cleanup, the per-prefix lock, interface and nftables table names."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -37,10 +40,12 @@ def test_a_signal_during_a_cleanup_is_ignored() -> None:
 def test_cleanup_deletes_every_name_despite_a_signal(monkeypatch: pytest.MonkeyPatch) -> None:
     deleted: list[str] = []
 
-    def fake_run(argv: list[str], *, check: bool = True) -> None:
-        deleted.append(argv[-1])
-        if len(deleted) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+    def fake_run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        if argv[:3] == ["ip", "netns", "del"]:
+            deleted.append(argv[-1])
+            if len(deleted) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        return subprocess.CompletedProcess(argv, 0, "", "")  # (no processes in it)
 
     monkeypatch.setattr(netns, "_run", fake_run)
     netns._cleanup(["n1", "n2", "n3", "n4"])
@@ -53,7 +58,34 @@ def test_prefix_lock_refuses_a_second_live_testbed() -> None:
     with prefix_lock(prefix), pytest.raises(NetnsError, match=refused), prefix_lock(prefix):
         pass  # pragma: no cover - refused
     with prefix_lock(prefix):  # free again once the first one ended
-        pass
+        path = os.path.join(netns._lock_dir(), f"dlcp-testbed-{prefix}.lock")
+        assert os.path.exists(path)
+    assert not os.path.exists(path)  # removed with the lock (they piled up, one per run)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and ip")
+def test_cleanup_stops_what_still_runs_in_a_namespace() -> None:
+    """A process left in a crashed run's namespace (a BMv2 switch) kept the
+    namespace, its veths and routes alive after ``ip netns del`` took the name."""
+    name = f"dlcptest{os.getpid()}-"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    left = None
+    try:
+        left = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c",
+             "import signal; print('ready', flush=True); signal.pause()"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert left.stdout is not None and left.stdout.readline().strip() == "ready"
+        netns._cleanup([name])
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert name not in listed.split()
+    finally:
+        if left is not None and left.poll() is None:  # (the cleanup failed to stop it)
+            left.kill()
+            left.wait()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def test_interface_names_of_one_run_stay_distinct_when_cut_to_15() -> None:

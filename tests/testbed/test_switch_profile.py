@@ -155,8 +155,10 @@ def _by_verb(cmds: list[list[str]], obj: str) -> list[list[str]]:
     return [c for c in cmds if c[1] == obj]
 
 
-def _opt(cmd: list[str], key: str) -> str:
-    return cmd[cmd.index(key) + 1]
+def _opt(cmd: list[str], key: str, nth: int = 1) -> Any:
+    """The word after the ``nth`` ``key`` in ``cmd`` (None if there are fewer)."""
+    at = [i for i, word in enumerate(cmd) if word == key]
+    return cmd[at[nth - 1] + 1] if len(at) >= nth else None
 
 
 def test_tc_commands_structure() -> None:
@@ -186,22 +188,26 @@ def test_tc_commands_structure() -> None:
     limits = {_opt(q, "parent"): _opt(q, "limit") for q in _by_verb(cmds, "qdisc")[1:]}
     assert limits == {"1:11": "100", "1:12": "10", "1:21": "100", "1:22": "10",
                       "1:31": "100", "1:32": "10", "1:99": "100"}  # fmt: skip
-    # filters: 4 ECN codepoints per class, full-byte TOS match
-    flt = {(_opt(f, "tos"), _opt(f, "flowid")) for f in _by_verb(cmds, "filter")}
-    assert len(_by_verb(cmds, "filter")) == 3 * 4
+    # filters: 4 ECN codepoints per class, full-byte TOS match; Not-ECT is
+    # drop-eligible for UDP (DLCP's data) only, protected for anything else
+    filters = _by_verb(cmds, "filter")
+    flt = {(_opt(f, "prio"), _opt(f, "tos"), _opt(f, "protocol", 2), _opt(f, "flowid"))
+           for f in filters}  # fmt: skip
+    assert len(filters) == 3 * 5
     for c in range(3):
         d = 8 * c << 2
-        assert (f"0x{d:02x}", f"1:{c + 1}2") in flt  # Not-ECT -> drop-eligible
+        assert ("1", f"0x{d:02x}", "17", f"1:{c + 1}2") in flt  # Not-ECT UDP -> drop-eligible
+        assert ("2", f"0x{d:02x}", None, f"1:{c + 1}1") in flt  # Not-ECT other -> protected
         for ecn in (1, 2, 3):
-            assert (f"0x{d | ecn:02x}", f"1:{c + 1}1") in flt
-    assert all(f[f.index("tos") + 2] == "0xff" for f in _by_verb(cmds, "filter"))
+            assert ("1", f"0x{d | ecn:02x}", None, f"1:{c + 1}1") in flt
+    assert all(f[f.index("tos") + 2] == "0xff" for f in filters)
 
 
 def test_tc_commands_eight_classes_and_fifo() -> None:
     cmds = tc_commands(SwitchPolicy(link_rate_mbit=1000), "x")
     prios = {_opt(c, "classid"): _opt(c, "prio") for c in _by_verb(cmds, "class") if "prio" in c}
     assert prios["1:81"] == "0" and prios["1:11"] == "7" and prios["1:99"] == "7"
-    assert len(_by_verb(cmds, "filter")) == 32
+    assert len(_by_verb(cmds, "filter")) == 40
     fifo = tc_commands(FifoPolicy(link_rate_mbit=50, queue_packets=64), "x")
     assert not _by_verb(fifo, "filter")
     assert [_opt(q, "limit") for q in _by_verb(fifo, "qdisc")[1:]] == ["64"]
@@ -272,6 +278,54 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
     assert frac("c5-drop") > 3 * frac("c5-protected")
     rx_loss = {t: 1 - res["recv"].get(t, 0) / res["sent"][t] for t in res["sent"]}
     assert rx_loss[str(drop)] > 3 * max(0.01, rx_loss[str(prot)])
+
+
+TCP_SERVER = r"""
+import socket, sys
+listener = socket.socket()
+listener.bind((sys.argv[1], int(sys.argv[2])))
+listener.listen(1)
+print("ready", flush=True)
+conn, _ = listener.accept()
+while conn.recv(65536):
+    pass
+"""
+TCP_CLIENT = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, int(sys.argv[3]))
+s.connect((sys.argv[1], int(sys.argv[2])))
+for _ in range(50):
+    s.sendall(bytes(1000))
+s.close()
+"""
+
+
+@pytest.mark.root
+@needs_root
+def test_tcp_with_a_class_tos_is_never_drop_eligible(line: NetnsLine) -> None:
+    """DLCP's control channel is TCP sent with class 7's protected TOS byte, and
+    the kernel leaves a TCP socket's packets Not-ECT: by TOS alone they were
+    class 7's drop-eligible traffic (16-19k control packets per testbed run)."""
+    run = _router(line)
+    apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
+    server = subprocess.Popen(
+        line.exec_argv(line.ns_b, [sys.executable, "-c", TCP_SERVER, line.addr_b, str(PORT)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        tos = str(TOS.tos(7, drop=False))
+        line.run(line.ns_a, [sys.executable, "-c", TCP_CLIENT, line.addr_b, str(PORT), tos])
+        server.wait(timeout=20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    ctr = class_counters(run, line.if_rb)
+    assert ctr["c7-protected"]["packets"] >= 10, ctr
+    assert ctr["c7-drop"]["packets"] == 0, ctr
 
 
 @pytest.mark.root
