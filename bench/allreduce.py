@@ -77,8 +77,9 @@ def worker(args: argparse.Namespace) -> int:
     endpoint, job = connect(group="bench-allreduce")
     comm = Communicator(endpoint, job.world_size, channel=1)
     n = args.elems
-    data = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
-    tensor = torch.from_numpy(data.copy())
+    original = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
+    data = original.copy()
+    tensor = torch.from_numpy(original.copy())
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
     def gloo() -> None:  # the same averaging as DLCP's (average=True): values stay put
@@ -108,6 +109,7 @@ def worker(args: argparse.Namespace) -> int:
             if round_no:
                 busy[kind] += _busy_jiffies() - b0
     dist.barrier()
+    _verify(comm, data, original, segments, job.world_size)
     endpoint.close()
     if job.rank == 0:
         hz = os.sysconf("SC_CLK_TCK")
@@ -119,6 +121,38 @@ def worker(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
     return 0
+
+
+def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int) -> None:
+    """What was timed must be right (untimed, after the rounds): the replicas of
+    the lossy calls (``data``) hold the same bytes on every rank, and the same
+    calls with no loss allowed give, from each rank's ``original``, the mean Gloo
+    gives (up to float rounding: another order of summation)."""
+    import hashlib
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from dlcp.collectives import ps_allreduce
+    from dlcp.collectives.ring import ring_allreduce
+
+    digests: list[Any] = [None] * world
+    dist.all_gather_object(digests, hashlib.sha256(data.tobytes()).hexdigest())
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"the DLCP replicas differ after the timed calls: {digests}")
+    want = torch.from_numpy(original.copy())
+    dist.all_reduce(want)
+    want.div_(world)
+    for name, call in (
+        ("ring", lambda x: ring_allreduce(comm, x, segments=segments, p=0.0, average=True)),
+        ("ps", lambda x: ps_allreduce(comm, x, segments=segments, p_push=0.0, average=True)),
+    ):
+        got = original.copy()
+        call(got)
+        if not np.allclose(got, want.numpy(), rtol=1e-5, atol=1e-6):
+            worst = float(np.max(np.abs(got - want.numpy())))
+            raise RuntimeError(f"DLCP {name} all-reduce differs from Gloo's by up to {worst:g}")
 
 
 # ---------------------------------------------------------------------- driver

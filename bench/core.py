@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from dlcp.io.udp import RECEIVE_BUFFER_BYTES
+from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import ControlDatagram, DataBatch, MessageReceived, Session, Transmit
 
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         "spray_packets": args.spray_packets,
         "payload_bytes": cfg.chunk_bytes,
         "authenticate": args.authenticate,
+        # the C kernels (dlcp.proto._kernels) or their numpy fallbacks
+        "accelerated": kernels.ACCELERATED,
         "core_s": round(core_s, 4),
         "memcpy_s": round(copy_s, 4),
         "core_gbps": round(nbytes / core_s / 1e9, 3),

@@ -115,6 +115,12 @@ def summary(
             phase: sum(r.receiver["counters"]["udp_RcvbufErrors"] for r in res[key])
             for phase, key in (("lossless", "dlcp"), ("auth", "auth"), ("loss", "dlcp_loss"))
         },
+        # the TCP baseline's sockets get DLCP's control-channel timers (None: the
+        # kernel lacks the option, and both keep its 200 ms floor)
+        "tcp_rto_min_us": res.get("tcp_rto_min_us"),
+        # runs that slow DLCP's I/O threads down, so their ratios are not clean ones
+        "instrumented": bool(args.instrument),
+        "profiled": bool(getattr(args, "profile", None)),
         "tcp_loss_retrans_segs": sum(
             r.sender["counters"]["tcp_RetransSegs"] for r in res["tcp_loss"]
         )

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from dlcp.io.control import set_fast_timers
 from dlcp.proto.wire import DATA_HEADER_LEN
 
 __all__ = ["ENDPOINT_PORTS", "FLOOR_PORT", "KEY_ENV", "TCP_PORT", "worker_main"]
@@ -203,6 +204,10 @@ class Worker:
         self.out = np.empty_like(self.data) if self.role == "recv" else None
         key = bytes.fromhex(os.environ[KEY_ENV])
         base = EndpointConfig.from_env(timeout=args.dlcp_timeout)
+        #: the TCP baseline gets the same per-socket timers as DLCP's control
+        #: channel (minimum RTO and delayed-ACK maximum), so a loss costs both
+        #: transports the same kernel timers, not 200 ms for one of them
+        self.tcp_rto_min = base.control_rto_min
         names = ["plain", "auth"] + (["emul"] if args.emulated_loss else [])
         self.endpoints: dict[str, Any] = {}
         self.floor: Any = None
@@ -300,7 +305,8 @@ class Worker:
     def op_connect(self) -> None:
         self.tcp = socket.create_connection(self.tcp_addr, timeout=self.timeout)
         self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.emit(op="connect")
+        rto = set_fast_timers(self.tcp, self.tcp_rto_min)
+        self.emit(op="connect", tcp_rto_min_us=rto)
 
     def op_accept(self) -> None:
         assert self.listener is not None
@@ -308,7 +314,8 @@ class Worker:
         self.tcp, _ = self.listener.accept()
         self.tcp.settimeout(self.timeout)
         self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.emit(op="accept")
+        rto = set_fast_timers(self.tcp, self.tcp_rto_min)
+        self.emit(op="accept", tcp_rto_min_us=rto)
 
     def op_stats(self, endpoint: str) -> None:
         self.emit(op="stats", stats=self.endpoints[endpoint].stats())

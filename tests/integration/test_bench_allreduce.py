@@ -1,0 +1,35 @@
+"""``python -m bench.allreduce`` and ``python -m bench.messages``, run as a user
+would, with few calls.
+
+Checks their contract (exit 0, one JSON object on the last stdout line with the
+figures the README quotes, positive times) and that they verify what they time:
+the all-reduce benchmark ends by checking that the DLCP replicas agree and that
+DLCP's lossless all-reduce gives Gloo's mean (a wrong result exits non-zero), the
+messages benchmark that each message arrived whole. Not a performance check.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.integration.bench_helpers import positive, run_json
+
+
+def test_allreduce_benchmark_json_on_the_loopback() -> None:
+    argv = [sys.executable, "-m", "bench.allreduce", "--json", "--loopback",
+            "--iters", "2", "--rounds", "1"]  # fmt: skip
+    r = run_json(argv, 180.0)
+    assert r["bench"] == "allreduce" and r["path"] == "loopback"
+    assert r["world_size"] == 4 and r["bytes"] == 4 * r["elems"]
+    for kind in ("gloo", "ring", "ps"):
+        positive(r, f"{kind}_ms")
+    assert abs(r["ratio_ring"] - r["ring_ms"] / r["gloo_ms"]) < 0.01
+    assert 0 <= r["dlcp_lost_fraction"] <= r["p"]
+
+
+def test_messages_benchmark_json() -> None:
+    r = run_json([sys.executable, "-m", "bench.messages", "--json"], 120.0)
+    assert r["bench"] == "messages" and r["sizes"]
+    for phases in r["sizes"].values():
+        for key in phases:
+            positive(phases, key)
