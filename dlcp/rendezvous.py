@@ -24,7 +24,7 @@ from .io.config import EndpointConfig
 from .io.endpoint import Endpoint
 from .io.peers import Store
 
-__all__ = ["JobInfo", "connect", "env_job", "local_address"]
+__all__ = ["JobInfo", "attempt", "connect", "env_job", "local_address"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ def local_address(master_addr: str, *, hosts_beyond: bool = False) -> str:
         return str(s.getsockname()[0])
 
 
-def _default_store(job: JobInfo, timeout: float) -> Any:
+def _default_store(job: JobInfo, timeout: float, env: Mapping[str, str]) -> Any:
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
@@ -101,10 +101,22 @@ def _default_store(job: JobInfo, timeout: float) -> Any:
             job.master_addr,
             job.master_port,
             job.world_size,
-            is_master=job.rank == 0,
+            # under torchrun's agent the agent serves the store: every rank is a client
+            is_master=job.rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
             timeout=timedelta(seconds=timeout),
         )
-    return PrefixStore("dlcp", base)
+    return PrefixStore(f"dlcp/{attempt(env)}", base)
+
+
+def attempt(env: Mapping[str, str]) -> str:
+    """This run of the ranks: torchrun's restart count (0 without torchrun). The
+    agent's store outlives a restart, so each attempt keeps its keys apart from
+    the last one's (a restarted rank read the old job id and never heard its
+    peers)."""
+    count = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if not count.isdigit():
+        raise ConfigError(f"TORCHELASTIC_RESTART_COUNT={count!r} is not a non-negative integer")
+    return count
 
 
 _calls: dict[tuple[str, int], int] = {}
@@ -162,7 +174,7 @@ def connect(
         )
     numbered = store is None
     if store is None:
-        store = _default_store(job, config.timeout)
+        store = _default_store(job, config.timeout, env)
         # the job's one store outlives an endpoint: each connect() of a group gets
         # keys of its own (the ranks make theirs in the same order), or a rank
         # could read the job id and key an earlier endpoint left there

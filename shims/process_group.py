@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -76,7 +77,7 @@ from ..collectives import (
 from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError
 from ..io.endpoint import Endpoint
-from ..rendezvous import connect
+from ..rendezvous import attempt, connect
 from . import BACKEND, register
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_options import DLCPOptions, rendezvous_env
@@ -145,7 +146,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self.endpoint: Endpoint
         self.endpoint, _ = connect(
             group="pg",
-            store=cast(Any, PrefixStore("dlcp", store)),  # accepts str and bytes values
+            # (accepts str and bytes values; one namespace per torchrun attempt)
+            store=cast(Any, PrefixStore(f"dlcp/{attempt(os.environ)}", store)),
             env=rendezvous_env(store, rank, world_size, timeout),
         )
         try:

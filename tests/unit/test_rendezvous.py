@@ -21,7 +21,7 @@ def _env(rank: int) -> dict[str, str]:
 
 def test_a_second_endpoint_of_a_group_agrees_on_new_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalStore()
-    monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout: store)
+    monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout, env: store)
     monkeypatch.setattr(rendezvous, "_calls", {})
     group = "hook-test"
     endpoints: list[Any] = []
@@ -74,7 +74,7 @@ def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyP
     """A connect() that fails on one rank (its port taken, say) and is tried again
     uses the same namespace as its peers', and rank 0's values do not change."""
     store = LocalStore()
-    monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout: store)
+    monkeypatch.setattr(rendezvous, "_default_store", lambda job, timeout, env: store)
     monkeypatch.setattr(rendezvous, "_calls", {})
     monkeypatch.setattr(rendezvous, "_chosen", {})
     real = rendezvous.Endpoint
@@ -99,3 +99,51 @@ def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyP
     finally:
         for e in endpoints:
             e.close()
+
+
+def test_a_torchrun_restart_does_not_read_the_last_attempts_keys() -> None:
+    """Under torchrun's agent the store outlives a restart (``--max-restarts``): a
+    restarted rank 1 that got there before rank 0 took the previous attempt's job
+    id, and every transfer of the new attempt timed out. Each attempt now has
+    keys of its own, and every rank is the agent store's client (rank 0 tried to
+    serve on the agent's port)."""
+    from datetime import timedelta
+
+    import numpy as np
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    agent = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10))
+
+    def env(rank: int, restart: int) -> dict[str, str]:
+        return {**_env(rank), "MASTER_PORT": str(agent.port), "DLCP_TIMEOUT": "10",
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": str(restart)}  # fmt: skip
+
+    endpoints: list[Any] = []
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = [pool.submit(rendezvous.connect, group="restart", env=env(r, 0))
+                     for r in (0, 1)]  # fmt: skip
+            endpoints += [f.result(timeout=30)[0] for f in first]
+            for e in endpoints:  # (the first attempt's ranks are gone)
+                e.close()
+            rendezvous._calls.clear()  # new processes: the call numbers start again
+            one = pool.submit(rendezvous.connect, group="restart", env=env(1, 1))
+            # waits for the new attempt's rank 0 (it returned at once with the old id)
+            with pytest.raises(TimeoutError):
+                one.result(timeout=1.0)
+            zero = pool.submit(rendezvous.connect, group="restart", env=env(0, 1))
+            second = [zero.result(timeout=30)[0], one.result(timeout=30)[0]]
+            endpoints += second
+        assert second[0].job == second[1].job
+        got = second[1].recv(src=0, msg=1, out=np.empty(100, np.float32))
+        second[0].send(np.arange(100, dtype=np.float32), to=1, msg=1).result(timeout=10)
+        assert np.array_equal(got.result(timeout=10).data, np.arange(100, dtype=np.float32))
+    finally:
+        for e in endpoints:
+            e.close()
+
+
+def test_a_bad_restart_count_is_named() -> None:
+    with pytest.raises(ConfigError, match="TORCHELASTIC_RESTART_COUNT='x'"):
+        rendezvous.attempt({"TORCHELASTIC_RESTART_COUNT": "x"})
