@@ -132,13 +132,6 @@ def _env_defaults() -> None:
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
-def _trace_path(path: str | None, rank: int, world: int) -> str | None:
-    if path is None or world == 1:
-        return path
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
     _env_defaults()
     rank = int(os.environ["RANK"])
@@ -169,7 +162,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             # a parameter server on rank 0, as the TCP baseline has (the hook's own
             # default, every rank serving a shard, is --ps-servers all)
             servers=args.ps_servers if args.collective == "ps" else None,
-            trace_path=_trace_path(args.trace, rank, world),
+            trace_path=args.trace,  # (one file per rank: DLCPState names them)
         )
         ddp.register_comm_hook(state, dlcp_hook)
     elif args.collective == "ps":

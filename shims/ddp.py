@@ -48,7 +48,7 @@ from ..collectives.ps import check_roles
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
-from .metrics import StepMetrics, Tracer
+from .metrics import StepMetrics, Tracer, rank_path
 
 __all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
 
@@ -93,6 +93,8 @@ class DLCPState:
     small buckets, and a ring pays it ``2 (n - 1)`` times); 0 turns this off.
     With ``p > 0`` buckets always take the ring, whose owner per chunk keeps
     replicas identical whatever was lost.
+    ``trace_path``: a Chrome trace of the buckets' collectives, written at
+    ``close()``; with several ranks each writes its own, ``name.rank<r>.json``.
     """
 
     model: nn.Module | None = None
@@ -153,7 +155,11 @@ class DLCPState:
                 "so packets carry no layer priority",
                 stacklevel=2,
             )
-        self._tracer = Tracer(self.trace_path) if self.trace_path else None
+        self._tracer = (
+            Tracer(rank_path(self.trace_path, self.endpoint.rank, self.world_size))
+            if self.trace_path
+            else None
+        )
         #: the endpoint was made here, so close() closes it
         self._owns_endpoint = created
         self._closed = False
@@ -228,13 +234,19 @@ class DLCPState:
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                report = self._reduce(job)
+                # a bucket that fails here before its collective took a call number
+                # (staging it, say) still uses one up: later buckets stay paired
+                with self.comm.reserve(1):
+                    report = self._reduce(job)
                 self.metrics.add(report, last_bucket=job.last)
                 if self._tracer is not None:
                     self._tracer.add(report)
             except BaseException as exc:  # surfaces in the training loop via the future
                 log.error("dlcp hook: %s", exc)
-                job.future.set_exception(exc)
+                self.metrics.add_failure(last_bucket=job.last)
+                # (a torch future takes an Exception only: anything else killed this thread)
+                error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+                job.future.set_exception(error)
                 continue
             job.future.set_result(job.tensor)
 

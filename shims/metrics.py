@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..collectives.comm import CollectiveReport
 
-__all__ = ["StepMetrics", "StepSummary", "Tracer"]
+__all__ = ["StepMetrics", "StepSummary", "Tracer", "rank_path"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,8 @@ class StepSummary:
     comm_seconds: float
     #: the collective each bucket went through, in order (e.g. "ring_allreduce")
     ops: tuple[str, ...] = ()
+    #: buckets whose collective failed (their figures are not in the others)
+    failed_buckets: int = 0
 
 
 @dataclass
@@ -40,6 +42,7 @@ class StepMetrics:
 
     history: list[StepSummary] = field(default_factory=list)
     _open: list[CollectiveReport] = field(default_factory=list)
+    _failed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, report: CollectiveReport, *, last_bucket: bool) -> None:
@@ -48,8 +51,17 @@ class StepMetrics:
             if last_bucket:
                 self._close_step()
 
+    def add_failure(self, *, last_bucket: bool) -> None:
+        """A bucket whose collective failed: counted, and the step still ends with
+        the last bucket (else the next step's buckets would join this one's)."""
+        with self._lock:
+            self._failed += 1
+            if last_bucket:
+                self._close_step()
+
     def _close_step(self) -> None:
         reps, self._open = self._open, []
+        failed, self._failed = self._failed, 0
         elems = sum(r.elems for r in reps)
         lost = sum(r.lost_elems for r in reps)
         self.history.append(
@@ -62,6 +74,7 @@ class StepMetrics:
                 retransmitted_packets=sum(r.retransmitted_packets for r in reps),
                 comm_seconds=sum(r.seconds for r in reps),
                 ops=tuple(r.op for r in reps),
+                failed_buckets=failed,
             )
         )
 
@@ -70,11 +83,24 @@ class StepMetrics:
             return self.history[-1] if self.history else None
 
 
-class Tracer:
-    """Complete events ("ph": "X") per collective, written as one JSON file."""
+def rank_path(path: str, rank: int, world_size: int) -> str:
+    """One file per rank of a job (``trace.json`` -> ``trace.rank1.json``): ranks
+    given the same path would write over each other's."""
+    if world_size == 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
 
-    def __init__(self, path: str) -> None:
+
+class Tracer:
+    """Complete events ("ph": "X") per collective, written as one JSON file.
+    It keeps at most ``max_events`` (the first ones); the file says how many it
+    left out (``otherData.dropped_events``)."""
+
+    def __init__(self, path: str, *, max_events: int = 200_000) -> None:
         self.path = Path(path)
+        self.max_events = max_events
+        self.dropped = 0
         self._events: list[dict[str, object]] = []
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
@@ -82,6 +108,9 @@ class Tracer:
     def add(self, report: CollectiveReport) -> None:
         end = time.perf_counter()
         with self._lock:
+            if len(self._events) >= self.max_events:
+                self.dropped += 1
+                return
             self._events.append(
                 {
                     "name": f"{report.op} #{report.call}",
@@ -102,4 +131,12 @@ class Tracer:
 
     def write(self) -> None:
         with self._lock:
-            self.path.write_text(json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))
+            self.path.write_text(
+                json.dumps(
+                    {
+                        "traceEvents": self._events,
+                        "displayTimeUnit": "ms",
+                        "otherData": {"dropped_events": self.dropped},
+                    }
+                )
+            )

@@ -88,6 +88,8 @@ class Job:
     result: TensorList
     future: torch.futures.Future[Any]
     ready: Any = None  # CUDA event recorded on the caller's stream
+    #: call numbers the operation takes (one per collective it runs)
+    calls: int = 1
 
 
 class HostTensor:

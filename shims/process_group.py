@@ -32,6 +32,11 @@ What travels how:
 * ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``: on top of all-reduce.
 * ``barrier``: a one-element all-reduce with ``p = 0``, queued behind every
   operation issued before it.
+* the coalesced forms (``all_reduce_coalesced``, ``all_gather_coalesced``,
+  ``all_gather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``,
+  ``dist._coalescing_manager``): one operation per tensor, one work for all;
+  also the functional collectives (``torch.distributed._functional_collectives``,
+  DTensor's) of the operations above.
 
 Bounded loss is off by default (``p = 0``): generic code gets exact results.
 Turn it on for large float all-reduces (DDP's gradient buckets) with
@@ -80,6 +85,7 @@ from ..io.endpoint import Endpoint
 from ..rendezvous import attempt, connect
 from . import BACKEND, register
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
+from .pg_coalesced import CoalescingAndNames
 from .pg_options import DLCPOptions, rendezvous_env
 from .pg_tensors import (
     ROLE_STRIDE,
@@ -120,7 +126,7 @@ def _unsupported(op: str) -> Callable[..., Any]:
     return method
 
 
-class DLCPProcessGroup(dist.ProcessGroup):
+class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
     """A process group over one DLCP endpoint. Created by torch through the
     registered backend; see the module docstring."""
 
@@ -192,7 +198,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> list[CollectiveReport]:  # one per tensor
             return [self._transport.allreduce(t, red) for t in tensors]
 
-        return self._submit("allreduce", run, tensors, tensors)
+        return self._submit("allreduce", run, tensors, tensors, calls=len(tensors))
 
     def allreduce_coalesced(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         return self.allreduce(tensors, opts)
@@ -330,7 +336,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 reports.append(self._transport.allreduce(mine, red))
             return reports
 
-        return self._submit("reduce", run, tensors, tensors)
+        return self._submit("reduce", run, tensors, tensors, calls=len(tensors))
 
     def reduce_scatter(
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
@@ -356,8 +362,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return reports
 
         return self._submit(
-            "reduce_scatter", run, output_tensors, [*output_tensors, *flatten(input_tensors)]
-        )
+            "reduce_scatter", run, output_tensors, [*output_tensors, *flatten(input_tensors)],
+            calls=len(output_tensors),
+        )  # fmt: skip
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -490,10 +497,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
     recv = _unsupported("recv")
     recv_anysource = _unsupported("recv_anysource")
     monitored_barrier = _unsupported("monitored_barrier")
-    all_gather_single_coalesced = _unsupported("all_gather_single_coalesced")
-    allgather_into_tensor_coalesced = _unsupported("allgather_into_tensor_coalesced")
-    reduce_scatter_single_coalesced = _unsupported("reduce_scatter_single_coalesced")
-    reduce_scatter_tensor_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
 
     # ------------------------------------------------------------------ caller side
 
@@ -503,7 +506,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         run: Callable[[], CollectiveReport | list[CollectiveReport] | None],
         result: TensorList,
         touched: TensorList,
+        *,
+        calls: int = 1,
     ) -> DLCPWork:
+        """Queue an operation that takes ``calls`` call numbers (see _serve)."""
         cuda: list[int | str | torch.device] = sorted(
             {t.device for t in touched if t.is_cuda}, key=str
         )
@@ -517,7 +523,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         with self._lock:  # queue order is call order: the same on every rank
             if self._closed:
                 raise DLCPError(f"dlcp process group (rank {self._rank}) is shut down: {name}")
-            self._jobs.put(Job(name, run, result, future, ready))
+            self._jobs.put(Job(name, run, result, future, ready, calls))
         log.debug("dlcp process group rank %d: queued %s", self._rank, name)
         return DLCPWork(name, future)
 
@@ -542,9 +548,12 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                if job.ready is not None:  # pragma: no cover - no GPU here
-                    job.ready.synchronize()
-                report = job.run()
+                # an operation that fails here before it took its call numbers (in
+                # staging, say) still uses them up: later ones stay paired
+                with self.comm.reserve(job.calls):
+                    if job.ready is not None:  # pragma: no cover - no GPU here
+                        job.ready.synchronize()
+                    report = job.run()
             except BaseException as exc:  # surfaces in the caller through the future
                 log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
                 error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))

@@ -18,10 +18,11 @@ refused.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -194,6 +195,14 @@ class _CallNumbers:
             self._next = (call + 1) & 0xFFFFFFFF
             return call
 
+    def peek(self) -> int:
+        with self._lock:
+            return self._next
+
+    def skip_to(self, call: int) -> None:
+        with self._lock:
+            self._next = call & 0xFFFFFFFF
+
 
 _CALL_NUMBERS: weakref.WeakKeyDictionary[Endpoint, dict[int, _CallNumbers]] = (
     weakref.WeakKeyDictionary()
@@ -257,6 +266,23 @@ class Communicator:
 
     def next_call(self) -> int:
         return self._calls.take()
+
+    @contextlib.contextmanager
+    def reserve(self, n: int) -> Iterator[None]:
+        """The code inside takes the next ``n`` call numbers. If it fails on this
+        rank before taking them all (staging a tensor, a CUDA event), the rest are
+        skipped: the other ranks took them, and this rank's later calls must meet
+        their later calls, not data meant for these (a later call of the same
+        size then completed with the wrong peers' values, and said nothing)."""
+        first = self._calls.peek()
+        try:
+            yield
+        finally:
+            taken = (self._calls.peek() - first) & 0xFFFFFFFF
+            if taken < n:
+                self._calls.skip_to(first + n)
+            elif taken > n:  # (a caller that counts wrong desynchronises every rank)
+                raise RuntimeError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
 
     def msg_id(self, role: int) -> int:
         if not 0 <= role <= MAX_ROLE:

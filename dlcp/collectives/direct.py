@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments
+from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, cancel_all
 from .ring import SendTracker, check_array, ring_allreduce
 
 __all__ = ["DIRECT_MAX_BYTES", "allreduce", "direct_allreduce"]
@@ -80,14 +80,18 @@ def direct_allreduce(
         for q in others
     ]
     sends = SendTracker()
-    for q in others:
-        sends.add(comm.send(mine, to=q, call=call, role=0, segments=segments, p=0.0))
-    for _, incoming in recvs:
-        try:
-            report.received(comm.wait(incoming), bounded=False)
-        except Exception:
-            sends.raise_first_failure()  # a send's failure names the peer that went first
-            raise
+    try:
+        for q in others:
+            sends.add(comm.send(mine, to=q, call=call, role=0, segments=segments, p=0.0))
+        for _, incoming in recvs:
+            try:
+                report.received(comm.wait(incoming), bounded=False)
+            except Exception:
+                sends.raise_first_failure()  # a send's failure names the peer that went first
+                raise
+    except BaseException:  # nothing of the call stays behind in the endpoint
+        cancel_all([f for _, f in recvs] + sends.futures)
+        raise
     np.copyto(data, arrays[0])
     for q in range(1, n):  # the same order on every rank: identical bytes everywhere
         data += arrays[q]

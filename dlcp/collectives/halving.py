@@ -86,30 +86,30 @@ def halving_doubling_allreduce(
         return report.build()
     steps = _splits(len(data), n, r)
     scratch = np.empty(len(data) - len(data) // 2, data.dtype)
-    sends = SendTracker()  # waited for at the end (see ring.exchange)
-    for k, (partner, lo, mid, hi, upper) in enumerate(steps):  # reduce-scatter
-        (ta, tb), give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
-        if exchange(
-            comm, data, give, scratch[: tb - ta], to=partner, src=partner, call=call,
-            role=k, p=p, fill=fill, segments=segments, report=report, sends=sends,
-        ):  # fmt: skip
-            data[ta:tb] += scratch[: tb - ta]
-    _, lo, mid, hi, upper = steps[-1]
-    lo, hi = (mid, hi) if upper else (lo, mid)  # the range this rank reduced
-    if average:
-        data[lo:hi] /= data.dtype.type(n)
-    if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
-        for k, (_, slo, smid, shi, upper) in enumerate(steps):
-            ga, gb = (slo, smid) if upper else (smid, shi)  # given away at step k,
-            data[ga:gb] *= data.dtype.type((1 if average else n) / 2**k)  # 2**k ranks' sum
-    gather_fill = copy_fill(p_gather)
-    for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):  # all-gather
-        ta, tb = (slo, smid) if upper else (smid, shi)
-        exchange(
-            comm, data, (lo, hi), data[ta:tb], to=partner, src=partner, call=call,
-            role=_GATHER_ROLE + k, p=p_gather, fill=gather_fill, segments=segments,
-            report=report, sends=sends,
-        )  # fmt: skip
-        lo, hi = slo, shi
-    sends.wait(comm, report, data.itemsize)
+    with SendTracker() as sends:  # (see ring_allreduce)
+        for k, (partner, lo, mid, hi, upper) in enumerate(steps):  # reduce-scatter
+            (ta, tb), give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
+            if exchange(
+                comm, data, give, scratch[: tb - ta], to=partner, src=partner, call=call,
+                role=k, p=p, fill=fill, segments=segments, report=report, sends=sends,
+            ):  # fmt: skip
+                data[ta:tb] += scratch[: tb - ta]
+        _, lo, mid, hi, upper = steps[-1]
+        lo, hi = (mid, hi) if upper else (lo, mid)  # the range this rank reduced
+        if average:
+            data[lo:hi] /= data.dtype.type(n)
+        if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
+            for k, (_, slo, smid, shi, upper) in enumerate(steps):
+                ga, gb = (slo, smid) if upper else (smid, shi)  # given away at step k,
+                data[ga:gb] *= data.dtype.type((1 if average else n) / 2**k)  # 2**k ranks' sum
+        gather_fill = copy_fill(p_gather)
+        for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):  # all-gather
+            ta, tb = (slo, smid) if upper else (smid, shi)
+            exchange(
+                comm, data, (lo, hi), data[ta:tb], to=partner, src=partner, call=call,
+                role=_GATHER_ROLE + k, p=p_gather, fill=gather_fill, segments=segments,
+                report=report, sends=sends,
+            )  # fmt: skip
+            lo, hi = slo, shi
+        sends.wait(comm, report, data.itemsize)
     return report.build()

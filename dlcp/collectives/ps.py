@@ -171,6 +171,27 @@ def ps_serve(
         comm.endpoint.recv(src=w, step=call, msg=comm.msg_id(PUSH), p=p_push, fill=fill)
         for w in wrk
     ]
+    try:
+        return _serve_shards(comm, futs, wrk, call, report, p_push=p_push, p_pull=p_pull,
+                             segments=segments, average=average)  # fmt: skip
+    except BaseException:  # nothing of the call stays behind in the endpoint
+        cancel_all(futs)
+        raise
+
+
+def _serve_shards(
+    comm: Communicator,
+    futs: list[Future[Any]],
+    wrk: Sequence[int],
+    call: int,
+    report: ReportBuilder,
+    *,
+    p_push: float,
+    p_pull: float,
+    segments: Segments | None,
+    average: bool,
+) -> CollectiveReport:
+    r = comm.rank
     got: list[Received] = [comm.wait(f) for f in futs]
     shapes = {g.data.shape for g in got} | {g.data.dtype.str for g in got}
     if len(shapes) != 2:
@@ -186,11 +207,17 @@ def ps_serve(
     report.elems = len(total)
     for g in got:
         report.received(g, bounded=p_push > 0)
-    sends = [
-        comm.send(total, to=w, call=call, role=PULL, segments=segments, p=p_pull) for w in wrk
-    ]
-    for fut in sends:
-        report.sent(comm.wait(fut), total.itemsize)
+    sends: list[Future[Any]] = []
+    try:
+        for w in wrk:
+            sends.append(
+                comm.send(total, to=w, call=call, role=PULL, segments=segments, p=p_pull)
+            )
+        for fut in sends:
+            report.sent(comm.wait(fut), total.itemsize)
+    except BaseException:
+        cancel_all(sends)
+        raise
     return report.build()
 
 
@@ -210,8 +237,12 @@ def _aggregate(
         comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill)
         for buf, w in zip(buffers, others, strict=True)
     ]
-    for fut, buf in zip(futs, buffers, strict=True):
-        report.received(comm.wait(fut), bounded=p_push > 0)
-        shard += buf
+    try:
+        for fut, buf in zip(futs, buffers, strict=True):
+            report.received(comm.wait(fut), bounded=p_push > 0)
+            shard += buf
+    except BaseException:  # nothing of the call stays behind in the endpoint
+        cancel_all(futs)
+        raise
     if divide:
         shard /= shard.dtype.type(divide)

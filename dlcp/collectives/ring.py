@@ -35,6 +35,7 @@ from .comm import (
     Communicator,
     ReportBuilder,
     Segments,
+    cancel_all,
     check_reduce_fill,
     copy_fill,
 )
@@ -88,58 +89,58 @@ def ring_allreduce(
     bounds = chunk_bounds(len(data), n)
     scratch = np.empty(max(b - a for a, b in itertools.pairwise(bounds)), data.dtype)
 
-    sends = SendTracker()  # send futures: waited for at the end, not step by step
-
     def chunk(i: int) -> tuple[int, int]:
         return bounds[i], bounds[i + 1]
 
     right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):  # reduce-scatter: add what the left neighbour sends
-        (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
-        if exchange(
-            comm,
-            data,
-            (sa, sb),
-            scratch[: rb - ra],
-            to=right,
-            src=left,
-            call=call,
-            role=s,
-            p=p,
-            fill=fill,
-            segments=segments,
-            report=report,
-            sends=sends,
-        ):
-            data[ra:rb] += scratch[: rb - ra]
+    # send futures: waited for at the end, not step by step; cancelled if the call fails
+    with SendTracker() as sends:
+        for s in range(n - 1):  # reduce-scatter: add what the left neighbour sends
+            (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
+            if exchange(
+                comm,
+                data,
+                (sa, sb),
+                scratch[: rb - ra],
+                to=right,
+                src=left,
+                call=call,
+                role=s,
+                p=p,
+                fill=fill,
+                segments=segments,
+                report=report,
+                sends=sends,
+            ):
+                data[ra:rb] += scratch[: rb - ra]
 
-    oa, ob = chunk((r + 1) % n)
-    if average:
-        data[oa:ob] /= data.dtype.type(n)
-    if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
-        for j in range(n):
-            held = (r - j) % n + 1  # ranks whose values chunk j sums here
-            if held < n:
-                a, b = chunk(j)
-                data[a:b] *= data.dtype.type((1 if average else n) / held)
-    for s in range(n - 1):  # all-gather: pass every reduced chunk around
-        (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
-        exchange(
-            comm,
-            data,
-            (sa, sb),
-            data[ra:rb],
-            to=right,
-            src=left,
-            call=call,
-            role=_GATHER_ROLE + s,
-            p=p_gather,
-            fill=copy_fill(p_gather),
-            segments=segments,
-            report=report,
-            sends=sends,
-        )
-    sends.wait(comm, report, data.itemsize)
+        oa, ob = chunk((r + 1) % n)
+        if average:
+            data[oa:ob] /= data.dtype.type(n)
+        if p_gather > 0:  # what a lost all-gather element keeps: this rank's estimate
+            for j in range(n):
+                held = (r - j) % n + 1  # ranks whose values chunk j sums here
+                if held < n:
+                    a, b = chunk(j)
+                    data[a:b] *= data.dtype.type((1 if average else n) / held)
+        for s in range(n - 1):  # all-gather: pass every reduced chunk around
+            (sa, sb), (ra, rb) = chunk((r + 1 - s) % n), chunk((r - s) % n)
+            exchange(
+                comm,
+                data,
+                (sa, sb),
+                data[ra:rb],
+                to=right,
+                src=left,
+                call=call,
+                role=_GATHER_ROLE + s,
+                p=p_gather,
+                fill=copy_fill(p_gather),
+                segments=segments,
+                report=report,
+                sends=sends,
+            )
+        sends.wait(comm, report, data.itemsize)
     return report.build()
 
 
@@ -201,13 +202,22 @@ def exchange(
 class SendTracker:
     """The send futures of one collective call, waited for at its end. A send
     that fails is recorded by its done-callback when it fails, so checking for
-    one between steps takes no lock (a ``done()`` per future per step did)."""
+    one between steps takes no lock (a ``done()`` per future per step did). As a
+    context manager it cancels them all if the call fails (else they would
+    retransmit until the endpoint's timeout)."""
 
     __slots__ = ("_failed", "futures")
 
     def __init__(self) -> None:
         self.futures: list[Future[Any]] = []
         self._failed: list[BaseException] = []
+
+    def __enter__(self) -> SendTracker:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:  # the call failed: its sends stop (their receivers are told)
+            cancel_all(self.futures)
 
     def add(self, fut: Future[Any]) -> None:
         self.futures.append(fut)

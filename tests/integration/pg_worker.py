@@ -327,6 +327,67 @@ def a_refused_gather_keeps_the_ranks_paired() -> None:
 
 
 @check
+def a_failure_before_its_call_keeps_the_ranks_paired() -> None:
+    """Staging fails on rank 0 alone (an injected MemoryError, as a failed host
+    allocation would raise), before its all-reduce took a call number; the other
+    ranks' all-reduce times out. The next all-reduce must pair up on every rank:
+    rank 0's took the failed one's number and summed the others' old values."""
+    import dlcp.shims.pg_transport as pgt
+
+    short = dist.new_group(backend="dlcp", timeout=datetime.timedelta(seconds=2))
+    real = pgt.HostTensor
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError("injected: host staging failed")
+
+    if C.rank == 0:
+        pgt.HostTensor = failing  # type: ignore[misc]
+    try:
+        first = torch.full((1000,), 10.0 + C.rank)
+        try:
+            dist.all_reduce(first, group=short)
+        except Exception as exc:
+            want = "MemoryError" if C.rank == 0 else "rank 0"
+            assert want in f"{type(exc).__name__}: {exc}", exc
+        else:
+            raise AssertionError("the all-reduce of a failed rank went through")
+    finally:
+        pgt.HostTensor = real  # type: ignore[misc]
+    # (rank 0 failed at once: it waits for the others' timeout, or its next receive
+    # would time out before they send)
+    dist.barrier(group=C.gloo)
+    second = torch.full((1000,), 20.0 + C.rank)
+    dist.all_reduce(second, group=short)
+    want = sum(20.0 + q for q in range(C.world))
+    assert second.eq(want).all(), f"{second[:4].tolist()} != {want}"
+    dist.destroy_process_group(short)
+
+
+@check
+def coalescing_manager_and_functional_collectives() -> None:
+    """``dist._coalescing_manager`` (its all_reduces go as one coalesced call) and
+    the functional collectives (DTensor's, torch.compile's), which find a group by
+    its name: torch's setter kept no name for a pure-Python group."""
+    import torch.distributed._functional_collectives as fc
+
+    w = C.world
+    a, b = torch.full((5,), 1.0 + C.rank), torch.full((300_000,), 2.0)
+    with dist._coalescing_manager(device=torch.device("cpu")):
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    assert a.eq(sum(1.0 + q for q in range(w))).all() and b.eq(2.0 * w).all(), (a, b[:4])
+    c = torch.ones(3)
+    dist.all_reduce(c)  # (torch left the group coalescing: this did nothing)
+    assert c.eq(w).all(), c
+    group = dist.group.WORLD
+    assert isinstance(group.group_name, str) and group.group_name
+    got = fc.wait_tensor(fc.all_reduce(torch.full((4,), float(C.rank)), "sum", group))
+    assert got.eq(sum(range(w))).all(), got
+    gathered = fc.wait_tensor(fc.all_gather_tensor(torch.full((2,), float(C.rank)), 0, group))
+    assert gathered.tolist() == [float(q) for q in range(w) for _ in range(2)], gathered
+
+
+@check
 def barrier_waits_for_every_rank() -> None:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"pg-test/arrived/{C.rank}", "1")

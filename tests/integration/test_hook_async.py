@@ -203,3 +203,44 @@ def test_a_second_live_state_on_one_endpoint_is_refused_until_the_first_closes()
         DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=2).close()
     finally:
         ep.close()
+
+
+def test_a_bucket_that_fails_before_its_collective_keeps_later_buckets_paired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Staging a bucket fails on rank 0 alone, with a BaseException (which a torch
+    future refuses: it killed the transport thread, and every later bucket hung).
+    The failed bucket still uses up its call number and still ends its step in
+    the metrics; the next bucket pairs with rank 1's next one (it took the failed
+    bucket's number: the two never met)."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=5.0)
+    eps = [Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2)]
+    models = [torch.nn.Linear(200, 100) for _ in range(2)]
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    try:
+        real = states[0]._collective
+        failures = iter([SystemExit("injected: staging failed")])
+
+        def flaky(data: np.ndarray, segments: list[tuple[int, int, int]]) -> object:
+            if (exc := next(failures, None)) is not None:
+                raise exc
+            return real(data, segments)
+
+        monkeypatch.setattr(states[0], "_collective", flaky)
+        bucket = _Bucket(torch.ones(20_100), list(models[0].parameters()))
+        with pytest.raises(RuntimeError, match="SystemExit"):
+            dlcp_hook(states[0], bucket).wait()  # type: ignore[arg-type]
+        states[1].comm.next_call()  # rank 1's own first bucket (its failure is not the point)
+        grads = [torch.full((20_100,), 1.0 + r) for r in range(2)]
+        _reduce_on_both(states, models, grads)
+        for got in _reduce_on_both(states, models, grads):
+            assert torch.equal(got, torch.full((20_100,), 1.5))
+        first, *later = states[0].metrics.history
+        assert first.failed_buckets == 1 and first.buckets == 0
+        assert [s.failed_buckets for s in later] == [0, 0]
+    finally:
+        for s in states:
+            s.close()
+        for e in eps:
+            e.close()

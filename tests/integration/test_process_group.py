@@ -98,6 +98,8 @@ CHECKS = [
     "reduce_scatter_gather_scatter_reduce",
     "every_tensor_of_an_operation_is_reported",
     "a_refused_gather_keeps_the_ranks_paired",
+    "a_failure_before_its_call_keeps_the_ranks_paired",
+    "coalescing_manager_and_functional_collectives",
     "barrier_waits_for_every_rank",
     "object_collectives",
 ]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dlcp.shims.metrics import StepMetrics, Tracer
+from dlcp.shims.metrics import StepMetrics, Tracer, rank_path
 
 from dlcp.collectives import CollectiveReport, Communicator, ring_allreduce
 from dlcp.collectives.comm import ReportBuilder
@@ -187,6 +187,34 @@ def test_step_metrics_history() -> None:
     assert s0.ops == ("ring_allreduce", "direct_allreduce")
     assert (s1.step, s1.buckets, s1.elems, s1.lost_elems, s1.lost_fraction) == (1, 1, 500, 0, 0)
     assert s1.retransmitted_packets == 0 and s1.comm_seconds == pytest.approx(0.125)
+
+
+def test_a_failed_last_bucket_still_ends_its_step() -> None:
+    """Else the next step's buckets joined the open one: the history was a step
+    short and that step's figures summed two steps."""
+    m = StepMetrics()
+    m.add(report("ring_allreduce", 0, elems=1000), last_bucket=False)
+    m.add_failure(last_bucket=True)
+    m.add(report("ring_allreduce", 2, elems=700), last_bucket=True)
+    s0, s1 = m.history
+    assert (s0.buckets, s0.elems, s0.failed_buckets) == (1, 1000, 1)
+    assert (s1.step, s1.buckets, s1.elems, s1.failed_buckets) == (1, 1, 700, 0)
+
+
+def test_trace_keeps_a_bounded_number_of_events(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    tracer = Tracer(str(path), max_events=3)
+    for call in range(5):
+        tracer.add(report("ring_allreduce", call))
+    tracer.write()
+    written = json.loads(path.read_text())
+    assert [e["name"] for e in written["traceEvents"]] == [f"ring_allreduce #{c}" for c in range(3)]
+    assert written["otherData"] == {"dropped_events": 2}
+
+
+def test_each_rank_gets_its_own_trace_file() -> None:
+    assert rank_path("out/trace.json", 2, 4) == "out/trace.rank2.json"
+    assert rank_path("trace.json", 0, 1) == "trace.json"  # one rank: the name as given
 
 
 def test_step_metrics_from_real_lossy_reports() -> None:

@@ -84,6 +84,42 @@ def test_ps_cancels_its_posted_pulls_when_serving_back_cannot_start(
     assert comm.recvs[0].cancelled()  # the pull into data[50:]
 
 
+@pytest.mark.parametrize("collective", ["ring", "direct"])
+def test_a_failed_call_cancels_its_sends_and_receives(collective: str) -> None:
+    """A wait that fails leaves nothing of the call behind: its sends stopped
+    (they retransmitted until the endpoint's timeout, 30 minutes under a process
+    group) and its receives too."""
+    from dlcp.collectives.direct import direct_allreduce
+
+    comm = _FailingComm(0, 3, fail_send_role=-1, fail_wait=True)
+    comm.send = lambda data, **kw: comm.send_part(data, 0, 1, **kw)  # type: ignore[attr-defined]
+    with pytest.raises(PeerTimeout, match="did not complete"):
+        if collective == "ring":
+            ring_allreduce(comm, np.ones(100, np.float32), p=0.05)  # type: ignore[arg-type]
+        else:
+            direct_allreduce(comm, np.ones(100, np.float32))  # type: ignore[arg-type]
+    assert comm.sends and all(f.cancelled() for f in comm.sends)
+    if collective == "direct":  # (the ring's one receive is the wait that failed)
+        assert len(comm.recvs) == 2 and all(f.cancelled() for f in comm.recvs)
+
+
+def test_a_dedicated_server_cancels_its_receives_when_a_push_fails() -> None:
+    from dlcp.collectives.ps import ps_serve
+
+    comm = _FailingComm(2, 3, fail_wait=True)
+    posted: list[Future[Any]] = []
+
+    class _Endpoint:
+        def recv(self, **kw: Any) -> Future[Any]:
+            posted.append(Future())
+            return posted[-1]
+
+    comm.endpoint = _Endpoint()  # type: ignore[attr-defined]
+    with pytest.raises(PeerTimeout, match="did not complete"):
+        ps_serve(comm, servers=[2], workers=[0, 1])  # type: ignore[arg-type]
+    assert len(posted) == 2 and all(f.cancelled() for f in posted)
+
+
 def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start() -> None:
     from dlcp.shims.pg_options import DLCPOptions
     from dlcp.shims.pg_transport import GroupTransport
@@ -116,3 +152,27 @@ def test_the_wait_backstop_names_the_message_and_peer(monkeypatch: pytest.Monkey
                                           r"did not complete within 0\.02 s"):  # fmt: skip
         comm.wait(fut)
     assert fut.cancelled()
+
+
+def test_a_call_that_fails_before_taking_its_numbers_still_uses_them_up() -> None:
+    """Staging that fails on one rank before its collective took a call number:
+    the number is skipped, so this rank's next call pairs with the other ranks'
+    next call (it took the failed one's number and met their old messages)."""
+    from dlcp.collectives import Communicator
+    from tests.integration.endpoint_helpers import local_endpoint
+
+    with local_endpoint() as (ep, _):
+        comm = Communicator(ep, 2)
+        first = comm.next_call()
+        with pytest.raises(MemoryError), comm.reserve(1):
+            raise MemoryError("staging failed")
+        with pytest.raises(MemoryError), comm.reserve(3):
+            comm.next_call()  # the first of three collectives ran, the second failed
+            raise MemoryError("staging failed")
+        assert comm.next_call() == first + 5
+        with comm.reserve(1):
+            assert comm.next_call() == first + 6
+        with pytest.raises(RuntimeError, match="2 call numbers taken, 1 reserved"), comm.reserve(1):
+            comm.next_call()
+            comm.next_call()
+        comm.close()

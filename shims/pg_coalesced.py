@@ -1,0 +1,97 @@
+"""The process group's coalesced operations and torch's group bookkeeping.
+
+A mixin of :class:`~dlcp.shims.process_group.DLCPProcessGroup`: the coalesced
+forms of its operations queue one operation per tensor and return one work for
+all of them; ``dist._coalescing_manager`` and the functional collectives (which
+find a group by its name) work on top of that.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .pg_tensors import DLCPWork, TensorList
+
+__all__ = ["CoalescingAndNames"]
+
+
+class CoalescingAndNames:
+    """Mixed into DLCPProcessGroup, before torch's ProcessGroup (see the module)."""
+
+    if TYPE_CHECKING:
+
+        def all_gather_single(
+            self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+        ) -> DLCPWork: ...
+
+        def reduce_scatter_single(
+            self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+        ) -> DLCPWork: ...
+
+        def _submit(
+            self, name: str, run: Any, result: TensorList, touched: TensorList, *,
+            calls: int = 1,
+        ) -> DLCPWork: ...  # fmt: skip
+
+    def _set_group_name(self, name: str) -> None:
+        """torch names each group it makes. A pure-Python group has no device
+        backend to keep the name in, so torch's setter kept nothing, and
+        ``group_name`` (read by destroy_process_group(group) and the functional
+        collectives) raised "ProcessGroup name not set"."""
+        self._group_name = name
+        super()._set_group_name(name)  # type: ignore[misc]
+
+    @property
+    def group_name(self) -> str:
+        name: str | None = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("dlcp process group: torch has not named this group yet")
+        return name
+
+    def _start_coalescing(self, device: torch.device) -> None:
+        """``dist._coalescing_manager``: nothing to begin. Operations run one after
+        another in call order anyway; torch hands the fast-path ones (all_reduce)
+        over at the end as one allreduce_coalesced. (torch's own method raised,
+        and left the group in coalescing state: later all_reduces did nothing.)"""
+
+    def _end_coalescing(self, device: torch.device) -> DLCPWork:
+        """Done when every operation queued before it is."""
+        return self._submit("coalesced operations", lambda: None, [], [], calls=0)
+
+    def all_gather_single_coalesced(
+        self, outputs: TensorList, inputs: TensorList, opts: Any = None
+    ) -> DLCPWork:
+        """all_gather_into_tensor of each (output, input) pair, as one work."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs, "
+                             f"{len(inputs)} inputs")  # fmt: skip
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._coalesced("all_gather_into_tensor_coalesced", works, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: TensorList, inputs: TensorList, opts: Any = None
+    ) -> DLCPWork:
+        """reduce_scatter_tensor of each (output, input) pair, as one work."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs, "
+                             f"{len(inputs)} inputs")  # fmt: skip
+        works = [
+            self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._coalesced("reduce_scatter_tensor_coalesced", works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _coalesced(self, name: str, works: list[DLCPWork], result: TensorList) -> DLCPWork:
+        """One work for operations queued one by one: done after the last of them
+        (queue order), failed with the first one's error."""
+
+        def run() -> None:
+            for work in works:
+                work.wait()  # (settled: they ran before this)
+
+        return self._submit(name, run, result, [], calls=0)
