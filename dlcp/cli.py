@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+
+from .proto.wire import MAX_LOSS_BOUND
 
 
 def _at_least_one(text: str) -> int:
@@ -34,17 +37,50 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fraction(low: float, high: float, *, high_open: bool = False) -> Callable[[str], float]:
+    """A number in [low, high] ([low, high) with ``high_open``), or an argparse error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        inside = low <= value < high if high_open else low <= value <= high  # (nan: neither)
+        if not inside:
+            bracket = ")" if high_open else "]"
+            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}{bracket}, got {text}")
+        return value
+
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in 0..2**32-1, got {value}")
+    return value
+
+
+#: the loss bound's range (the header's 8-bit field: p = value / 1000)
+_P = _fraction(0.0, MAX_LOSS_BOUND)
+#: a drop probability
+_LOSS = _fraction(0.0, 1.0, high_open=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dlcp", description="DLCP gradient transport")
     sub = ap.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="bounded-loss transport demo over an emulated link")
-    demo.add_argument("--p", type=float, default=0.05, help="loss bound (default 0.05)")
+    demo.add_argument("--p", type=_P, default=0.05, help="loss bound (default 0.05)")
     demo.add_argument(
-        "--loss", type=float, default=0.05, help="drop probability on the lossy path (default 0.05)"
+        "--loss", type=_LOSS, default=0.05, help="drop probability on the lossy path (default 0.05)"
     )
     demo.add_argument("--steps", type=_at_least_one, default=5)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_seed, default=0)
     demo.add_argument("--json", action="store_true")
 
     launch = sub.add_parser(
@@ -66,9 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("-n", "--nproc", type=_at_least_one, default=4)
     train.add_argument("--epochs", type=_at_least_one, default=8)
-    train.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
+    train.add_argument("--p", type=_P, default=0.05, help="DLCP loss bound (default 0.05)")
     train.add_argument(
-        "--loss", type=float, default=0.01, help="EMULATED loss on DLCP (default 0.01)"
+        "--loss", type=_LOSS, default=0.01, help="EMULATED loss on DLCP (default 0.01)"
     )
     train.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
     train.add_argument("--results", default="results", help="directory for JSON and PNG")
@@ -89,7 +125,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    halving = args.command == "train-demo" and args.collective == "halving-doubling"
+    if halving and args.nproc & (args.nproc - 1):
+        ap.error(f"--collective halving-doubling needs a power-of-two -n, got {args.nproc}")
     if args.command == "demo":
         from .demo import main as demo_main
 

@@ -52,7 +52,8 @@ __all__ = [
 class LaunchResult:
     """How a launch ended. ``returncode`` is 0 when every rank exited 0; else the
     exit code of the first rank that failed (128 + signal number if a signal
-    killed it), 124 on ``timeout`` and 130 on interruption."""
+    killed it), 124 on ``timeout`` and 128 + the signal's number on interruption
+    (130 for Ctrl-C, 143 for SIGTERM)."""
 
     returncode: int
     #: the rank that failed first (None: all succeeded, or timeout/interrupt)
@@ -131,7 +132,9 @@ def _describe(code: int) -> str:
 def die_with_parent() -> None:  # pragma: no cover - runs in the child
     """A ``preexec_fn``: the child gets SIGKILL when its parent dies, even by
     SIGKILL (``PR_SET_PDEATHSIG``; it survives the ``execve`` of ``ip netns
-    exec``, which runs the command in the same process)."""
+    exec``, which runs the command in the same process). Only the child itself:
+    what it starts in turn is left behind if the launcher is SIGKILLed (as
+    under torchrun); the launcher's own exit stops whole rank groups."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -164,8 +167,14 @@ class _Output:
 
     def _write(self, lines: list[bytes]) -> None:
         text = "".join((self.prefix + line).decode(errors="replace") + "\n" for line in lines)
-        self.sink.write(text)
-        self.sink.flush()
+        try:
+            self.sink.write(text)
+            self.sink.flush()
+        except BrokenPipeError:
+            # the reader went away (``| head``): the ranks run on, unheard
+            self.sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as this
+            with contextlib.suppress(OSError, ValueError):  # (and no error at exit)
+                os.dup2(self.sink.fileno(), sys.stdout.fileno())
 
 
 def launch(
@@ -382,12 +391,7 @@ class _Watch:
                     others = [r for r in range(len(self.procs)) if self.procs[r].poll() is None]
                     _stop(self.procs, self.grace)
                     self._drain()
-                    msg = f"rank {rank} {_describe(code)}"
-                    if others:
-                        msg += f"; terminated rank{'s' if len(others) > 1 else ''} " + ", ".join(
-                            map(str, others)
-                        )
-                    return self._result(_exit_status(code), rank, msg)
+                    return self._result(_exit_status(code), rank, self._ended(rank, others))
             if seen == len(self.procs):
                 self._drain()
                 return self._result(0, None, f"all {len(self.procs)} ranks exited with code 0")
@@ -402,6 +406,22 @@ class _Watch:
                         124, None, f"timed out; terminated ranks {', '.join(map(str, running))}"
                     )
             self._pump(wait)
+
+    def _ended(self, rank: int, others: list[int]) -> str:
+        """How a failed launch ended: the first failure, then each rank that was
+        still running then (a rank the reaper had not marked yet may have ended on
+        its own, and is not called terminated)."""
+        parts = [f"rank {rank} {_describe(self.procs[rank].returncode)}"]
+        stopped = []
+        for r in others:
+            code = self.procs[r].returncode
+            if code in (-signal.SIGTERM, -signal.SIGKILL):
+                stopped.append(str(r))
+            elif code is not None:
+                parts.append(f"rank {r} {_describe(code)}")
+        if stopped:
+            parts.append(f"terminated rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)}")
+        return "; ".join(parts)
 
     def _pump(self, wait: float | None) -> None:
         for key, _ in self.sel.select(wait):

@@ -54,6 +54,8 @@ def env_job(env: Mapping[str, str] | None = None) -> JobInfo:
             values[name] = int(raw)
         except ValueError:
             raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if not 1 <= int(values["MASTER_PORT"]) <= 65535:
+        raise ConfigError(f"MASTER_PORT={values['MASTER_PORT']} is not a port (1..65535)")
     rank, world = int(values["RANK"]), int(values["WORLD_SIZE"])
     if not 0 <= rank < world:
         raise ConfigError(f"RANK={rank} outside 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
@@ -72,6 +74,11 @@ def env_job(env: Mapping[str, str] | None = None) -> JobInfo:
 def local_address(master_addr: str, *, hosts_beyond: bool = False) -> str:
     """The address of this host on the route to the master (loopback stays
     loopback, unless ``hosts_beyond``: ranks on other hosts could not reach it)."""
+    if ":" in master_addr:
+        raise ConfigError(
+            f"MASTER_ADDR={master_addr!r} is an IPv6 address: DLCP runs over IPv4; "
+            "give an IPv4 address or a name that resolves to one"
+        )
     try:
         target = socket.gethostbyname(master_addr)
     except OSError as exc:

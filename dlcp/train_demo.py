@@ -126,7 +126,11 @@ def main(
     results: str = "results",
 ) -> int:
     out = Path(results)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"dlcp train-demo: cannot use --results {results}: {exc}", file=sys.stderr)
+        return 2
     runs: dict[str, dict[str, Any]] = {}
     for transport in ("dlcp", "gloo"):
         got = _run(transport, nproc, epochs, p, loss, collective, out)

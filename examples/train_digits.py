@@ -290,6 +290,22 @@ def _ps_servers(spec: str) -> list[int] | None:
         raise argparse.ArgumentTypeError(f"{spec!r}: 'all' or ranks like 0,1") from None
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _bound(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 0.255:  # (a data header carries thousandths up to 255)
+        raise argparse.ArgumentTypeError(f"a loss bound is in [0, 0.255], got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", choices=["dlcp", "gloo"], default="dlcp")
@@ -298,10 +314,12 @@ def parser() -> argparse.ArgumentParser:
                     help="DLCP's --collective ps: the server ranks (default 0, a parameter "
                          "server on rank 0 like the TCP baseline's; 'all': every rank "
                          "serves a shard)")  # fmt: skip
-    ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound of the push phase")
-    ap.add_argument("--p-gather", type=float, default=0.0, help="bound of the gather phase")
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=16, help="per rank")
+    ap.add_argument("--p", type=_bound, default=0.05,
+                    help="DLCP loss bound of the push phase, 0..0.255")  # fmt: skip
+    ap.add_argument("--p-gather", type=_bound, default=0.0,
+                    help="bound of the gather phase, 0..p")  # fmt: skip
+    ap.add_argument("--epochs", type=_positive, default=8)
+    ap.add_argument("--batch-size", type=_positive, default=16, help="per rank")
     ap.add_argument("--lr", type=float, default=0.1, help="peak of the cosine schedule")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trace", help="Chrome trace of the collectives (one file per rank)")
@@ -314,7 +332,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    train(parser().parse_args(argv))
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.p_gather > args.p:
+        ap.error(f"--p-gather {args.p_gather} must not exceed --p {args.p}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        ap.error(f"--json {args.json}: no directory {Path(args.json).resolve().parent}")
+    train(args)
     return 0
 
 

@@ -309,6 +309,34 @@ def test_dlcp_launch_cli_exit_code_and_message(scripts: Path) -> None:
     assert "dlcp launch: rank 2 exited with code 7; terminated ranks 0, 1, 3" in proc.stderr
 
 
+def test_ranks_that_fail_on_their_own_are_not_called_terminated(tmp_path: Path) -> None:
+    """Every rank fails at once (a script that is not there): a rank the reaper
+    had not marked yet when the first failure came was reported as terminated,
+    though it had exited by itself."""
+    result, _, err = _launch([sys.executable, str(tmp_path / "missing.py")], _env(), timeout=30)
+    assert result.returncode == 2, _explain(result, "", err)
+    said = result.message.split("; terminated ", 1)
+    terminated = [int(r) for r in said[1].split(" ", 1)[1].split(", ")] if len(said) > 1 else []
+    for r, code in enumerate(result.exit_codes):
+        assert (r in terminated) == (code in (-signal.SIGTERM, -signal.SIGKILL)), result
+        if code == 2:
+            assert f"rank {r} exited with code 2" in result.message, result.message
+
+
+def test_dlcp_launch_output_into_a_closed_pipe(scripts: Path) -> None:
+    """``dlcp launch ... | head -1``: the reader goes away; the launch still ends
+    as the ranks do, without a BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlcp.cli", "launch", "-n", "2", str(scripts / "ok.py")],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the ranks print
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_dlcp_launch_interrupt_terminates_the_ranks(scripts: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlcp.cli", "launch", "-n", "3", str(scripts / "wait.py")],

@@ -147,3 +147,10 @@ def test_a_torchrun_restart_does_not_read_the_last_attempts_keys() -> None:
 def test_a_bad_restart_count_is_named() -> None:
     with pytest.raises(ConfigError, match="TORCHELASTIC_RESTART_COUNT='x'"):
         rendezvous.attempt({"TORCHELASTIC_RESTART_COUNT": "x"})
+
+
+def test_an_ipv6_master_and_a_port_out_of_range_are_named() -> None:
+    with pytest.raises(ConfigError, match="MASTER_ADDR='::1' is an IPv6 address: DLCP runs over"):
+        rendezvous.local_address("::1")
+    with pytest.raises(ConfigError, match=r"MASTER_PORT=99999 is not a port \(1\.\.65535\)"):
+        rendezvous.env_job({**_env(0), "MASTER_PORT": "99999"})
