@@ -443,9 +443,11 @@ class Inbox(SessionSide):
         r = state.reassembler
         if not r.is_complete():
             return
-        if r.received_elems < r.msg_elems:
+        if r.received_elems < r.msg_elems and state.recovery.nack_round < 0:
             # complete by the bound: first let data still in flight behind the
-            # FINISH land, so that nothing that was not lost is reported lost
+            # FINISH land, so that nothing that was not lost is reported lost.
+            # (Once: a message that was NACKed waited the grace before the NACK;
+            # a retransmission round's stragglers are not worth a second wait.)
             quiet = r.last_activity + self.config.reorder_grace
             if now < quiet:
                 state.recovery.complete_at = quiet

@@ -180,8 +180,11 @@ def test_a_nack_with_merged_ranges_still_asks_for_enough() -> None:
             s.handle_timer(now=now)
             while (ev := s.next_event()) is not None:
                 got.append(ev)
-    assert [type(e) for e in got] == [MessageReceived], got
-    report = got[0].report  # type: ignore[attr-defined]
+    # (the sender may learn of it in the same tick: nothing failed)
+    received = [e for e in got if isinstance(e, MessageReceived)]
+    assert len(received) == 1 and all(type(e) in (MessageReceived, MessageDelivered)
+                                      for e in got), got  # fmt: skip
+    report = received[0].report
     assert report.lost_elems <= 0.1 * len(x)
     assert report.nack_rounds == 1
 
