@@ -83,7 +83,8 @@ CONTROL_HEADER_LEN: Final = 16
 AUTH_TAG_LEN: Final = 16
 #: largest loss bound a data header can carry (the field counts thousandths)
 MAX_LOSS_BOUND: Final = 0.255
-#: NACK ranges that fit one control datagram at MTU 1500 with an auth tag
+#: NACK ranges per control datagram: a chosen cap (1400 bytes with an auth tag,
+#: below any MTU-1500 path)
 MAX_NACK_RANGES: Final = 170
 
 
