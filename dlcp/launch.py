@@ -35,6 +35,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
@@ -127,6 +128,15 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited but is not reaped yet (a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # (reaped meanwhile)
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -389,9 +399,13 @@ class _Watch:
                     # let the failing rank's last words (its traceback) through first
                     self._drain(only=rank)
                     others = [r for r in range(len(self.procs)) if self.procs[r].poll() is None]
+                    # (one the reaper has not marked yet may have exited by itself)
+                    running = [r for r in others if not _exited(self.procs[r].pid)]
                     _stop(self.procs, self.grace)
                     self._drain()
-                    return self._result(_exit_status(code), rank, self._ended(rank, others))
+                    return self._result(
+                        _exit_status(code), rank, self._ended(rank, others, running)
+                    )
             if seen == len(self.procs):
                 self._drain()
                 return self._result(0, None, f"all {len(self.procs)} ranks exited with code 0")
@@ -407,15 +421,15 @@ class _Watch:
                     )
             self._pump(wait)
 
-    def _ended(self, rank: int, others: list[int]) -> str:
-        """How a failed launch ended: the first failure, then each rank that was
-        still running then (a rank the reaper had not marked yet may have ended on
-        its own, and is not called terminated)."""
+    def _ended(self, rank: int, others: list[int], running: list[int]) -> str:
+        """How a failed launch ended: the first failure, then the ``others`` not
+        reaped then: those that had exited on their own with their codes, the
+        ``running`` ones (which the launcher stopped) as terminated."""
         parts = [f"rank {rank} {_describe(self.procs[rank].returncode)}"]
         stopped = []
         for r in others:
             code = self.procs[r].returncode
-            if code in (-signal.SIGTERM, -signal.SIGKILL):
+            if r in running:
                 stopped.append(str(r))
             elif code is not None:
                 parts.append(f"rank {r} {_describe(code)}")

@@ -50,15 +50,22 @@ class CoalescingAndNames:
             raise RuntimeError("dlcp process group: torch has not named this group yet")
         return name
 
+    #: the works queued since ``_start_coalescing`` (None: not coalescing)
+    _coalescing: list[DLCPWork] | None = None
+
     def _start_coalescing(self, device: torch.device) -> None:
-        """``dist._coalescing_manager``: nothing to begin. Operations run one after
-        another in call order anyway; torch hands the fast-path ones (all_reduce)
-        over at the end as one allreduce_coalesced. (torch's own method raised,
-        and left the group in coalescing state: later all_reduces did nothing.)"""
+        """``dist._coalescing_manager``: operations run one after another in call
+        order anyway; torch hands the fast-path ones (all_reduce) over at the end
+        as one allreduce_coalesced. What is queued from here on is collected for
+        :meth:`_end_coalescing`. (torch's own method raised, and left the group in
+        coalescing state: later all_reduces did nothing.)"""
+        self._coalescing = []
 
     def _end_coalescing(self, device: torch.device) -> DLCPWork:
-        """Done when every operation queued before it is."""
-        return self._submit("coalesced operations", lambda: None, [], [], calls=0)
+        """Done when every operation queued since the start is, failed with the
+        first one's error: torch waits on this work alone."""
+        works, self._coalescing = self._coalescing or [], None
+        return self._coalesced("coalesced operations", works, [])
 
     def all_gather_single_coalesced(
         self, outputs: TensorList, inputs: TensorList, opts: Any = None

@@ -525,7 +525,10 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
                 raise DLCPError(f"dlcp process group (rank {self._rank}) is shut down: {name}")
             self._jobs.put(Job(name, run, result, future, ready, calls))
         log.debug("dlcp process group rank %d: queued %s", self._rank, name)
-        return DLCPWork(name, future)
+        work = DLCPWork(name, future)
+        if self._coalescing is not None:  # (see CoalescingAndNames)
+            self._coalescing.append(work)
+        return work
 
     @contextlib.contextmanager
     def _checks(self, name: str) -> Iterator[None]:

@@ -275,14 +275,23 @@ class Communicator:
         their later calls, not data meant for these (a later call of the same
         size then completed with the wrong peers' values, and said nothing)."""
         first = self._calls.peek()
-        try:
-            yield
-        finally:
+
+        def settle() -> None:
             taken = (self._calls.peek() - first) & 0xFFFFFFFF
             if taken < n:
                 self._calls.skip_to(first + n)
             elif taken > n:  # (a caller that counts wrong desynchronises every rank)
                 raise RuntimeError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
+
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                settle()
+            except RuntimeError as miscount:  # the body's error stays the one raised
+                exc.add_note(str(miscount))
+            raise
+        settle()
 
     def msg_id(self, role: int) -> int:
         if not 0 <= role <= MAX_ROLE:

@@ -89,13 +89,13 @@ def direct_allreduce(
             except Exception:
                 sends.raise_first_failure()  # a send's failure names the peer that went first
                 raise
+        np.copyto(data, arrays[0])
+        for q in range(1, n):  # the same order on every rank: identical bytes everywhere
+            data += arrays[q]
+        if average:
+            data /= data.dtype.type(n)
+        sends.wait(comm, report, data.itemsize)
     except BaseException:  # nothing of the call stays behind in the endpoint
         cancel_all([f for _, f in recvs] + sends.futures)
         raise
-    np.copyto(data, arrays[0])
-    for q in range(1, n):  # the same order on every rank: identical bytes everywhere
-        data += arrays[q]
-    if average:
-        data /= data.dtype.type(n)
-    sends.wait(comm, report, data.itemsize)
     return report.build()

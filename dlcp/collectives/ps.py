@@ -140,7 +140,8 @@ def ps_allreduce(
         for fut in pushes:
             report.sent(comm.wait(fut), data.itemsize)
     except BaseException:
-        cancel_all(incoming)  # the pulls write into ``data``: not after this raised
+        # the pulls write into ``data``: not after this raised; the pushes stop
+        cancel_all([*incoming, *pushes])
         raise
     return report.build()
 

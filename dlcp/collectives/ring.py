@@ -196,6 +196,9 @@ def exchange(
             # failure this rank saw (a send's) rather than the later one
             sends.raise_first_failure()
             raise
+        except BaseException:  # (an interrupt) the receive must not write later
+            incoming.cancel()
+            raise
     return incoming is not None
 
 

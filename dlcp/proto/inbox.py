@@ -434,6 +434,8 @@ class Inbox(SessionSide):
         self._unexpected_bytes += charged
         state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
         self._incoming[key] = state
+        # (a message NACKed whole as an orphan FINISH: it waited its grace then)
+        state.recovery.nack_round = self._orphan_finish.nacked.pop(key, -1)
         orphan = self._orphan_finish.pop(key)
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)

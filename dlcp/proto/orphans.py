@@ -31,6 +31,9 @@ class OrphanFinishes:
         self.config = config
         self.rank = rank  # the receiver's: the NACKs' src
         self._by_key: dict[Key, tuple[Finish, float, float]] = {}
+        #: the round NACKed of each message whose orphan FINISH was NACKed (the
+        #: newest MAX_ORPHAN_FINISH): its retransmissions open it as NACKed once
+        self.nacked: dict[Key, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -68,6 +71,9 @@ class OrphanFinishes:
                 continue
             if now >= deadline:
                 del self._by_key[key]
+                self.nacked[key] = finish.round
+                if len(self.nacked) > MAX_ORPHAN_FINISH:
+                    del self.nacked[next(iter(self.nacked))]
                 nack = Nack(
                     key[1],
                     key[2],

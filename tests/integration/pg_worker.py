@@ -379,6 +379,26 @@ def coalescing_manager_and_functional_collectives() -> None:
     c = torch.ones(3)
     dist.all_reduce(c)  # (torch left the group coalescing: this did nothing)
     assert c.eq(w).all(), c
+    # a failure inside the manager is raised (torch waits on _end_coalescing's work
+    # alone, which succeeded whatever the operations did)
+    from dlcp.shims.process_group import dlcp_group
+
+    pg = dlcp_group()
+    real = pg._transport.allreduce
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected: this all-reduce fails on every rank")
+
+    pg._transport.allreduce = failing  # type: ignore[method-assign]
+    try:
+        with dist._coalescing_manager(device=torch.device("cpu")):
+            dist.all_reduce(torch.ones(4))
+    except RuntimeError as exc:
+        assert "injected" in str(exc), exc
+    else:
+        raise AssertionError("a failed coalesced all_reduce was reported as done")
+    finally:
+        pg._transport.allreduce = real  # type: ignore[method-assign]
     group = dist.group.WORLD
     assert isinstance(group.group_name, str) and group.group_name
     got = fc.wait_tensor(fc.all_reduce(torch.full((4,), float(C.rank)), "sum", group))

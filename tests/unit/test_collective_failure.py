@@ -175,4 +175,32 @@ def test_a_call_that_fails_before_taking_its_numbers_still_uses_them_up() -> Non
         with pytest.raises(RuntimeError, match="2 call numbers taken, 1 reserved"), comm.reserve(1):
             comm.next_call()
             comm.next_call()
+        # a miscount does not hide the error the body raised: it becomes a note of it
+        with pytest.raises(MemoryError) as raised, comm.reserve(1):
+            comm.next_call()
+            comm.next_call()
+            raise MemoryError("staging failed")
+        assert any("call numbers taken" in note for note in raised.value.__notes__)
         comm.close()
+
+
+def test_a_failed_ps_worker_stops_its_pushes() -> None:
+    comm = _FailingComm(0, 2, fail_send_role=-1, fail_wait=True)
+    with pytest.raises(PeerTimeout, match="did not complete"):
+        ps_allreduce(comm, np.ones(100, np.float32))  # type: ignore[arg-type]
+    assert comm.sends and all(f.cancelled() for f in comm.sends)
+
+
+def test_an_interrupt_in_a_ring_step_cancels_its_receive() -> None:
+    """KeyboardInterrupt while the main thread waits in a collective: the receive
+    it posted into the caller's buffer must not write there afterwards."""
+    comm = _FailingComm(0, 2, fail_send_role=-1)
+
+    def interrupted(fut: Future[Any]) -> Any:
+        raise KeyboardInterrupt
+
+    comm.wait = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        ring_allreduce(comm, np.ones(100, np.float32), p=0.05)  # type: ignore[arg-type]
+    assert comm.recvs and all(f.cancelled() for f in comm.recvs)
+    assert comm.sends and all(f.cancelled() for f in comm.sends)

@@ -121,3 +121,38 @@ def test_the_send_timer_is_the_batch_that_goes_next() -> None:
         now = max(now, timer)
         a.handle_timer(now=now)
     assert spins == 0, f"{spins} turns of the driver found nothing to send at the timer's time"
+
+
+def _orphan_then_retransmitted(lose_one_retransmission: bool) -> float:
+    """Every first copy of a message (p = 0.05) is lost: its FINISH is an orphan,
+    NACKed whole; the retransmissions come, one drop-eligible one lost too if
+    asked. Returns when the receiver had the message (virtual seconds)."""
+    a, b = sessions(2, config(payload_bytes=1024))
+    a.send_message(1, np.random.default_rng(0).standard_normal(64 * 256).astype(np.float32),
+                   step=1, msg=0, now=0.0, p=0.05)  # fmt: skip
+    lost_again: list[int] = []
+
+    def drop(d: bytes) -> bool:
+        if d[0] != 0x11:
+            return False
+        if not d[1] & 2:  # (RETRANSMIT flag) every first copy
+            return True
+        if lose_one_retransmission and not lost_again and d[28] & 0x10:  # drop-eligible
+            lost_again.append(int.from_bytes(d[12:16], "big"))
+            return True
+        return False
+
+    link = LossyLink([a, b], drop_filter=drop)
+    at = link.run(until=10.0, stop_when=lambda lk: bool(events(lk, MessageReceived, rank=1)))
+    assert events(link, MessageReceived, rank=1)
+    assert bool(lost_again) == lose_one_retransmission
+    return at
+
+
+def test_a_message_nacked_as_an_orphan_completes_by_the_bound_without_a_second_grace() -> None:
+    """Its whole-message NACK came after the reorder grace; the retransmission
+    round's one missing drop-eligible chunk is not worth a second wait (it
+    completed a grace after the last retransmission instead of with it)."""
+    lossless_retransmission = _orphan_then_retransmitted(False)
+    one_lost = _orphan_then_retransmitted(True)
+    assert one_lost <= lossless_retransmission + config().reorder_grace / 4
