@@ -403,9 +403,7 @@ class _Watch:
                     running = [r for r in others if not _exited(self.procs[r].pid)]
                     _stop(self.procs, self.grace)
                     self._drain()
-                    return self._result(
-                        _exit_status(code), rank, self._ended(rank, others, running)
-                    )
+                    return self._result(_exit_status(code), rank, self._ended(rank, running))
             if seen == len(self.procs):
                 self._drain()
                 return self._result(0, None, f"all {len(self.procs)} ranks exited with code 0")
@@ -421,18 +419,18 @@ class _Watch:
                     )
             self._pump(wait)
 
-    def _ended(self, rank: int, others: list[int], running: list[int]) -> str:
-        """How a failed launch ended: the first failure, then the ``others`` not
-        reaped then: those that had exited on their own with their codes, the
-        ``running`` ones (which the launcher stopped) as terminated."""
+    def _ended(self, rank: int, running: list[int]) -> str:
+        """How a failed launch ended: the first failure, every other rank that
+        did not exit 0 with its code, except the ``running`` ones that the
+        launcher's signal ended: those are "terminated". (One that exited with a
+        code of its own meanwhile, or from a SIGTERM handler, is given its code.)"""
         parts = [f"rank {rank} {_describe(self.procs[rank].returncode)}"]
         stopped = []
-        for r in others:
-            code = self.procs[r].returncode
-            if r in running:
+        for r, proc in enumerate(self.procs):
+            if r in running and proc.returncode in (-signal.SIGTERM, -signal.SIGKILL):
                 stopped.append(str(r))
-            elif code is not None:
-                parts.append(f"rank {r} {_describe(code)}")
+            elif r != rank and proc.returncode not in (0, None):
+                parts.append(f"rank {r} {_describe(proc.returncode)}")
         if stopped:
             parts.append(f"terminated rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)}")
         return "; ".join(parts)
