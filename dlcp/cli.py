@@ -10,14 +10,19 @@ from collections.abc import Callable
 from .proto.wire import MAX_LOSS_BOUND
 
 
-def _at_least_one(text: str) -> int:
+def _integer(text: str, low: int, high: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low or (high is not None and value > high):
+        within = f"at least {low}" if high is None else f"in {low}..{high}"
+        raise argparse.ArgumentTypeError(f"must be {within}, got {value}")
     return value
+
+
+def _at_least_one(text: str) -> int:
+    return _integer(text, 1)
 
 
 def _port(text: str) -> int:
@@ -55,13 +60,7 @@ def _fraction(low: float, high: float, *, high_open: bool = False) -> Callable[[
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"must be in 0..2**32-1, got {value}")
-    return value
+    return _integer(text, 0, 2**32 - 1)
 
 
 #: the loss bound's range (the header's 8-bit field: p = value / 1000)

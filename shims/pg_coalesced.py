@@ -8,6 +8,7 @@ find a group by its name) work on top of that.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,11 +72,9 @@ class CoalescingAndNames:
         self, outputs: TensorList, inputs: TensorList, opts: Any = None
     ) -> DLCPWork:
         """all_gather_into_tensor of each (output, input) pair, as one work."""
-        if len(outputs) != len(inputs):
-            raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs, "
-                             f"{len(inputs)} inputs")  # fmt: skip
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._coalesced("all_gather_into_tensor_coalesced", works, outputs)
+        return self._each_pair(
+            "all_gather_into_tensor_coalesced", self.all_gather_single, outputs, inputs, opts
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -83,15 +82,24 @@ class CoalescingAndNames:
         self, outputs: TensorList, inputs: TensorList, opts: Any = None
     ) -> DLCPWork:
         """reduce_scatter_tensor of each (output, input) pair, as one work."""
-        if len(outputs) != len(inputs):
-            raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs, "
-                             f"{len(inputs)} inputs")  # fmt: skip
-        works = [
-            self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
-        ]
-        return self._coalesced("reduce_scatter_tensor_coalesced", works, outputs)
+        return self._each_pair(
+            "reduce_scatter_tensor_coalesced", self.reduce_scatter_single, outputs, inputs, opts
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _each_pair(
+        self,
+        name: str,
+        op: Callable[[torch.Tensor, torch.Tensor, Any], DLCPWork],
+        outputs: TensorList,
+        inputs: TensorList,
+        opts: Any,
+    ) -> DLCPWork:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{name}: {len(outputs)} outputs, {len(inputs)} inputs")
+        works = [op(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._coalesced(name, works, outputs)
 
     def _coalesced(self, name: str, works: list[DLCPWork], result: TensorList) -> DLCPWork:
         """One work for operations queued one by one: done after the last of them

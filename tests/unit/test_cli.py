@@ -18,7 +18,7 @@ from dlcp.cli import main
         (["demo", "--p", "-0.1"], "argument --p: must be in [0, 0.255]"),
         (["demo", "--loss", "2"], "argument --loss: must be in [0, 1), got 2"),
         (["demo", "--loss", "nan"], "argument --loss: must be in [0, 1), got nan"),
-        (["demo", "--seed", "-1"], "argument --seed: must be in 0..2**32-1"),
+        (["demo", "--seed", "-1"], "argument --seed: must be in 0..4294967295, got -1"),
         (["train-demo", "--p", "0.3"], "argument --p: must be in [0, 0.255]"),
         (["train-demo", "--loss", "1"], "argument --loss: must be in [0, 1)"),
         (["train-demo", "-n", "3", "--collective", "halving-doubling"],
