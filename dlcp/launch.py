@@ -182,9 +182,10 @@ class _Output:
             self.sink.flush()
         except BrokenPipeError:
             # the reader went away (``| head``): the ranks run on, unheard
-            self.sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as this
-            with contextlib.suppress(OSError, ValueError):  # (and no error at exit)
-                os.dup2(self.sink.fileno(), sys.stdout.fileno())
+            broken, self.sink = self.sink, open(os.devnull, "w")  # noqa: SIM115 - as long as this
+            # (and the interpreter's flush of that stream at exit finds no broken pipe)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(self.sink.fileno(), broken.fileno())
 
 
 def launch(
