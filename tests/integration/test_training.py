@@ -337,11 +337,19 @@ def test_dlcp_launch_output_into_a_closed_pipe(scripts: Path) -> None:
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
+def _as_from_a_terminal() -> None:  # pragma: no cover - runs in the child
+    """Ctrl-C as a terminal delivers it: a test run started in the background
+    of a shell without job control inherits SIGINT ignored, and Python then
+    keeps ignoring it (as it should: such a launcher must not die of Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_dlcp_launch_interrupt_terminates_the_ranks(scripts: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlcp.cli", "launch", "-n", "3", str(scripts / "wait.py")],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+        preexec_fn=_as_from_a_terminal,
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         pids = []
@@ -368,6 +376,7 @@ def _launched(
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlcp.cli", "launch", "-n", str(n), str(scripts / script), *args],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     assert proc.stdout is not None
     pids = []
