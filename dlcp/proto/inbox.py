@@ -434,9 +434,8 @@ class Inbox(SessionSide):
         self._unexpected_bytes += charged
         state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
         self._incoming[key] = state
-        # (a message NACKed whole as an orphan FINISH: it waited its grace then)
-        state.recovery.nack_round = self._orphan_finish.nacked.pop(key, -1)
-        orphan = self._orphan_finish.pop(key)
+        # (a message NACKed whole as an orphan FINISH waited its grace then)
+        orphan, state.recovery.nack_round = self._orphan_finish.claim(key)
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)
         return state
@@ -447,9 +446,8 @@ class Inbox(SessionSide):
             return
         if r.received_elems < r.msg_elems and state.recovery.nack_round < 0:
             # complete by the bound: first let data still in flight behind the
-            # FINISH land, so that nothing that was not lost is reported lost.
-            # (Once: a message that was NACKed waited the grace before the NACK;
-            # a retransmission round's stragglers are not worth a second wait.)
+            # FINISH land, so that nothing that was not lost is reported lost (once:
+            # a NACKed message waited the grace before its NACK)
             quiet = r.last_activity + self.config.reorder_grace
             if now < quiet:
                 state.recovery.complete_at = quiet

@@ -33,7 +33,7 @@ class OrphanFinishes:
         self._by_key: dict[Key, tuple[Finish, float, float]] = {}
         #: the round NACKed of each message whose orphan FINISH was NACKed (the
         #: newest MAX_ORPHAN_FINISH): its retransmissions open it as NACKed once
-        self.nacked: dict[Key, int] = {}
+        self._nacked: dict[Key, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -54,8 +54,13 @@ class OrphanFinishes:
 
     def pop(self, key: Key) -> Finish | None:
         """The FINISH of ``key``, forgotten here (its data came, or it ended)."""
+        return self.claim(key)[0]
+
+    def claim(self, key: Key) -> tuple[Finish | None, int]:
+        """What is known of message ``key`` whose data came, forgotten here: its
+        FINISH (None: none came) and the round NACKed whole (-1: none)."""
         entry = self._by_key.pop(key, None)
-        return None if entry is None else entry[0]
+        return (None if entry is None else entry[0]), self._nacked.pop(key, -1)
 
     def next_deadline(self) -> float | None:
         return min((deadline for _, deadline, _ in self._by_key.values()), default=None)
@@ -71,9 +76,9 @@ class OrphanFinishes:
                 continue
             if now >= deadline:
                 del self._by_key[key]
-                self.nacked[key] = finish.round
-                if len(self.nacked) > MAX_ORPHAN_FINISH:
-                    del self.nacked[next(iter(self.nacked))]
+                self._nacked[key] = finish.round
+                if len(self._nacked) > MAX_ORPHAN_FINISH:
+                    del self._nacked[next(iter(self._nacked))]
                 nack = Nack(
                     key[1],
                     key[2],

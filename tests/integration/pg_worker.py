@@ -10,20 +10,19 @@ second group over Gloo gives reference results. Every check runs on every rank
 in the same order; the last stdout line is ``results <json>``: per check,
 ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``. Then the last rank
 exits without a word and the others report how their next all-reduce failed.
+The registry and helpers live in ``pg_worker_common``, the DDP and bounded-loss
+checks in ``pg_worker_ddp``.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
-import hashlib
 import json
 import os
 import sys
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -33,56 +32,17 @@ assert "torch" not in sys.modules, "import dlcp must not import torch"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-TIMEOUT = datetime.timedelta(seconds=30)
-CHECKS: list[tuple[str, Callable[[], Any]]] = []
-
-
-def check(fn: Callable[[], Any]) -> Callable[[], Any]:
-    CHECKS.append((fn.__name__, fn))
-    return fn
-
-
-class Ctx:
-    rank: int
-    world: int
-    gloo: Any
-
-
-C = Ctx()
-
-
-def data(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32,
-         integer: bool = False) -> torch.Tensor:
-    """Rank-dependent data; integer-valued when sums must be exact in any order."""
-    g = torch.Generator().manual_seed(seed * 101 + C.rank)
-    if integer or not dtype.is_floating_point:
-        return torch.randint(-50, 50, shape, generator=g).to(dtype)
-    return torch.randn(shape, generator=g).to(dtype)
-
-
-def digest(t: torch.Tensor) -> str:
-    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-
-
-def same_on_every_rank(t: torch.Tensor) -> None:
-    got: list[Any] = [None] * C.world
-    dist.all_gather_object(got, digest(t), group=C.gloo)
-    assert len(set(got)) == 1, f"ranks hold different bytes: {got}"
-
-
-def both(op: Callable[[torch.Tensor, Any], Any],
-         t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``op`` on a copy of ``t`` over DLCP (default group) and over Gloo."""
-    a, b = t.clone(), t.clone()
-    op(a, None)
-    op(b, C.gloo)
-    return a, b
-
+from tests.integration.pg_worker_common import (  # noqa: E402
+    CHECKS,
+    TIMEOUT,
+    C,
+    both,
+    check,
+    data,
+    same_on_every_rank,
+)
 
 # ----------------------------------------------------------------------------- all_reduce
 
@@ -467,124 +427,9 @@ def mismatched_shapes_fail_loudly() -> dict[str, str]:
     return {"raised": ""}
 
 
-# ----------------------------------------------------------------------------- DDP
+# ----------------------------------------------------------------------------- DDP, bounded loss
 
-
-def train(model: nn.Module, group: Any, steps: int, **ddp_kw: Any) -> DDP:
-    ddp = DDP(model, process_group=group, **ddp_kw)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    for step in range(steps):
-        g = torch.Generator().manual_seed(1000 + 10 * step + C.rank)
-        x = torch.randn(32, 12, generator=g)
-        y = torch.randn(32, 3, generator=g)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return ddp
-
-
-def net() -> nn.Module:
-    return nn.Sequential(nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(),
-                         nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
-
-
-@check
-def ddp_matches_gloo() -> dict[str, Any]:
-    from dlcp.shims.process_group import dlcp_group
-
-    before = len(dlcp_group().reports)
-    torch.manual_seed(C.rank)  # different on every rank: DDP must broadcast rank 0's
-    model = net()
-    over_dlcp = train(copy.deepcopy(model), None, steps=5)
-    over_gloo = train(copy.deepcopy(model), C.gloo, steps=5)
-    a, b = over_dlcp.module.state_dict(), over_gloo.module.state_dict()
-    for name in a:  # parameters and buffers (BatchNorm's running statistics)
-        assert_close(a[name], b[name], msg=lambda m, name=name: f"{name}: {m}")
-    for _, prm in over_dlcp.module.named_parameters():
-        same_on_every_rank(prm)  # buffers differ: each rank updated them in the last forward
-    ops = Counter(r.op for r in list(dlcp_group().reports)[before:])
-    return {"params": sum(p.numel() for p in model.parameters()), "ops": dict(ops)}
-
-
-class Branchy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.trunk = nn.Linear(12, 16)
-        self.used = nn.Linear(16, 3)
-        self.unused = nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.used(torch.relu(self.trunk(x)))
-
-
-@check
-def ddp_find_unused_parameters_matches_gloo() -> None:
-    torch.manual_seed(C.rank)
-    model = Branchy()
-    a = train(copy.deepcopy(model), None, steps=2, find_unused_parameters=True)
-    b = train(copy.deepcopy(model), C.gloo, steps=2, find_unused_parameters=True)
-    for (name, p), q in zip(a.module.named_parameters(), b.module.parameters(), strict=True):
-        assert_close(p, q, msg=lambda m, name=name: f"{name}: {m}")
-
-
-# ----------------------------------------------------------------------------- bounded loss
-
-
-@check
-def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
-    from dlcp.shims.process_group import DLCPOptions, dlcp_group
-
-    # this group's endpoint drops 2 % of its received data datagrams (EMULATION,
-    # read from the environment when the group is created): loss really happens
-    os.environ["DLCP_EMULATED_LOSS"] = "0.02"
-    os.environ["DLCP_EMULATED_LOSS_SEED"] = str(C.rank)
-    try:
-        lossy = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05))
-    finally:
-        del os.environ["DLCP_EMULATED_LOSS"], os.environ["DLCP_EMULATED_LOSS_SEED"]
-    pg = dlcp_group(lossy)
-    assert pg.p == 0.05 and pg.endpoint.config.emulated_loss == 0.02
-    x = data((200_000,), 50)
-    a = x.clone()
-    dist.all_reduce(a, group=lossy)
-    rep = pg.reports[-1]
-    assert 0 < rep.lost_fraction <= 0.05, rep  # some loss, within the bound
-    same_on_every_rank(a)  # the exact all-gather keeps replicas identical
-    b = x.clone()
-    dist.all_reduce(b, group=C.gloo)
-    # only lost elements differ from the exact sum: at most p of them
-    differ = (a != b) & ~torch.isclose(a, b)
-    assert int(differ.sum()) <= 0.05 * a.numel() * C.world, int(differ.sum())
-    small = torch.ones(100)  # below lossy_min_elems: always exact, loss or not
-    dist.all_reduce(small, group=lossy)
-    assert small.eq(C.world).all()
-    assert pg.reports[-1].lost_elems == 0
-    os.environ["DLCP_DEFAULT_P"] = "0.02"
-    try:
-        from_env = dist.new_group(backend="dlcp")
-    finally:
-        del os.environ["DLCP_DEFAULT_P"]
-    assert dlcp_group(from_env).p == 0.02
-    # a gather bound with a small tensor: exact throughout (its p drops to 0, so must
-    # the gather's), not refused for a gather bound above the push bound
-    loose_gather = dist.new_group(backend="dlcp", pg_options=DLCPOptions(p=0.05, p_gather=0.01))
-    small = torch.ones(100)
-    dist.all_reduce(small, group=loose_gather)
-    assert small.eq(C.world).all()
-    # a gather bound above the group's p (0: DLCP_DEFAULT_P is unset) is refused when
-    # the group is made, and the endpoint made for it is closed, not leaked
-    io_threads = sum(t.name.startswith("dlcp-io") for t in threading.enumerate())
-    try:
-        dist.new_group(backend="dlcp", pg_options=DLCPOptions(p_gather=0.01))
-    except Exception as exc:  # torch may wrap it
-        assert "p_gather=0.01 exceeds the group's p=0" in str(exc), exc
-    else:
-        raise AssertionError("p_gather above p was accepted")
-    assert sum(t.name.startswith("dlcp-io") for t in threading.enumerate()) == io_threads
-    assert dlcp_group().p == 0.0
-    return {"lost_fraction": rep.lost_fraction, "nack_rounds": rep.nack_rounds}
-
+from tests.integration import pg_worker_ddp  # noqa: E402, F401 - registers its checks here
 
 # ----------------------------------------------------------------------------- main
 
