@@ -46,6 +46,7 @@ from ..collectives.comm import CollectiveReport, check_reduce_fill
 from ..collectives.halving import is_power_of_two
 from ..collectives.ps import check_roles
 from ..io.endpoint import Endpoint
+from ..io.threads import name_os_thread
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
 from .metrics import StepMetrics, Tracer, rank_path
@@ -232,6 +233,7 @@ class DLCPState:
     # ------------------------------------------------------------------ transport thread
 
     def _serve(self) -> None:
+        name_os_thread("dlcp-ddp-hook")
         while (job := self._queue.get()) is not None:
             try:
                 # a bucket that fails here before its collective took a call number

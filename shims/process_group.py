@@ -82,6 +82,7 @@ from ..collectives import (
 from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError
 from ..io.endpoint import Endpoint
+from ..io.threads import name_os_thread
 from ..rendezvous import attempt, connect
 from . import BACKEND, register
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
@@ -549,6 +550,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
     # ------------------------------------------------------------------ transport thread
 
     def _serve(self) -> None:
+        name_os_thread(f"dlcp-pg-{self._rank}")
         while (job := self._jobs.get()) is not None:
             try:
                 # an operation that fails here before it took its call numbers (in

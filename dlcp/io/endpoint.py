@@ -57,6 +57,7 @@ from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
+from .threads import name_os_thread
 from .transfers import Key, Transfers
 from .udp import DataSockets
 
@@ -374,6 +375,7 @@ class Endpoint:
     # ------------------------------------------------------------------ I/O thread
 
     def _run(self) -> None:
+        name_os_thread(f"dlcp-io-{self.rank}")
         sel = selectors.DefaultSelector()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
