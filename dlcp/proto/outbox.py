@@ -338,7 +338,11 @@ class Outbox(SessionSide):
             return False
         seqs = run.seq[start:stop]
         o.round_of_seq[seqs] = o.recovery.round
-        tos = self.config.tos.tos(int(run.prio[start]), bool(run.drop[start]))
+        # a resent chunk is one the bound needs: it travels protected whatever its
+        # class (its header keeps the class, which the receiver counts by)
+        tos = self.config.tos.tos(
+            int(run.prio[start]), bool(run.drop[start]) and o.recovery.round == 0
+        )
         spray = self.config.spray_packets
         # one path per spray batch: stamped and recorded for the whole run at once
         paths = [peer.next_path() for _ in range(start, stop, spray)]

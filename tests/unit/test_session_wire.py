@@ -395,3 +395,35 @@ def test_late_packets_of_an_aborted_message_do_not_restart_it() -> None:
     assert "aborted" in failed.reason
     assert b.stats.late_packets >= in_flight > 0
     assert not events(link, MessageReceived)
+
+
+def test_retransmitted_drop_eligible_chunks_travel_protected() -> None:
+    """A drop-eligible chunk resent in answer to a NACK is one the bound needs:
+    its batch carries the protected TOS (a WRED-by-colour switch would shed it
+    first again, round after round), while its header keeps the chunk's class
+    (the receiver counts protected chunks by it) and gets RETRANSMIT."""
+    cfg = config(pacer="unpaced", classifier="combined", classifier_options={"drop_fraction": 0.5})
+    a, b = sessions(cfg=cfg)
+    n = 20000
+    out = np.empty(n, np.float32)
+    b.expect_message(0, step=0, msg=0, out=out, p=0.05)
+    a.send_message(1, gradient(n, 31), step=0, msg=0, now=0.0, p=0.05)
+    first = a.datagrams_to_send(now=0.0, max_batches=1000)
+    first += a.datagrams_to_send(now=0.0, max_batches=1000)  # (the FINISH, after the data)
+    assert any(is_droppable(d) for bt in data_batches(first) for d in datagrams(bt))
+    for bt in data_batches(first):
+        assert bt.tos & 0b11 == (0b00 if is_droppable(datagrams(bt)[0]) else 0b10)
+        for d in datagrams(bt):
+            if not is_droppable(d):  # the network sheds every drop-eligible packet
+                b.receive_batch(np.frombuffer(d, np.uint8), len(d), now=0.0)
+    for item in first:
+        if isinstance(item, ControlDatagram):
+            b.receive_datagram(item.data, now=0.0)
+    b.handle_timer(now=1.0)  # the reorder grace is over: NACK
+    for item in b.datagrams_to_send(now=1.0):
+        a.receive_datagram(item.data, now=1.0)
+    resent = data_batches(a.datagrams_to_send(now=1.0, max_batches=1000))
+    grams = [(bt, d) for bt in resent for d in datagrams(bt)]
+    assert grams and all(is_retransmit(d) for _, d in grams)
+    assert any(is_droppable(d) for _, d in grams)  # the bound needs some of them back
+    assert all(bt.tos == 0b10 | (cfg.tos.dscp[d[28] >> 5] << 2) for bt, d in grams)
