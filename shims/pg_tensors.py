@@ -51,6 +51,10 @@ class DLCPWork(Work):
         super().__init__()
         self.name = name
         self._future = future
+        # what get_future() hands out: an exception set on a Python future is only
+        # a value to C++ callers (DDP's reducer took it for the result and crashed
+        # the process); raised again in a callback, it fails the chained future
+        self._chained = future.then(_unwrap)
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
@@ -62,7 +66,7 @@ class DLCPWork(Work):
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
-        return self._future
+        return self._chained
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -78,6 +82,10 @@ class DLCPWork(Work):
 
     def result(self) -> Any:
         return self._future.wait()
+
+
+def _unwrap(fut: torch.futures.Future[Any]) -> Any:
+    return fut.wait()
 
 
 @dataclass(slots=True)

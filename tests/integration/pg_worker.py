@@ -452,6 +452,8 @@ def main() -> int:
             results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                              "traceback": traceback.format_exc()[-3000:]}
     report: dict[str, Any] = {"rank": C.rank, "checks": results}
+    # (DDP broadcasts its parameters when built: every rank builds it now)
+    after_failure = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     if C.rank == C.world - 1:
         # the last rank dies without a word; the others must fail fast, not hang
         print("results " + json.dumps(report, default=str), flush=True)
@@ -463,6 +465,11 @@ def main() -> int:
     except Exception as exc:
         report["rank_failure"] = {"raised": type(exc).__name__, "message": str(exc)}
     report["rank_failure"]["seconds"] = time.monotonic() - started
+    try:  # unmodified DDP over the group: its reducer must raise, not crash the process
+        after_failure(torch.ones(2, 4)).sum().backward()
+        report["ddp_after_failure"] = {"raised": ""}
+    except Exception as exc:
+        report["ddp_after_failure"] = {"raised": type(exc).__name__, "message": str(exc)}
     dist.destroy_process_group()
     report["threads_after_destroy"] = [
         t.name for t in threading.enumerate() if t.name.startswith("dlcp")

@@ -167,6 +167,15 @@ def test_rank_failure_raises_clear_error_without_hang(ranks: list[dict[str, Any]
     ), survivors
 
 
+def test_ddp_raises_after_a_rank_failure(ranks: list[dict[str, Any]]) -> None:
+    """A failed bucket reaches unmodified DDP as an error: its reducer used to
+    take the failed future's exception for the result and crash the process."""
+    for got in (r["ddp_after_failure"] for r in ranks[:-1]):
+        assert got["raised"] == "RuntimeError", got
+        lost = r"closed its control connection|control connection to rank"
+        assert re.search(lost, got["message"]), got
+
+
 def test_destroy_stops_every_dlcp_thread(ranks: list[dict[str, Any]]) -> None:
     for r in ranks[:-1]:
         assert r["threads_after_destroy"] == [], r
