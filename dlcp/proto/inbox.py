@@ -533,13 +533,13 @@ class Inbox(SessionSide):
         if key in self._incoming:
             self.fail(key, self._incoming.pop(key), why)
             return True
-        if key in self._expected:
-            # aborted before any of its data arrived (or any that fitted out=)
-            want = self._expected.pop(key)
-            self._orphan_finish.pop(key)
+        finish = self._orphan_finish.pop(key)  # (only its FINISH came, ahead of its data?)
+        want = self._expected.pop(key, None)
+        if want is not None:  # aborted before any of its data arrived (or fitted out=)
             self.fail(key, None, why if want.misfit is None else f"{want.misfit}; {why}")
-            return True
-        return False
+        elif finish is not None:  # the data still on the way must not start it
+            self._remember(key, FAILED)
+        return want is not None or finish is not None
 
     def expects(self, key: Key) -> bool:
         """Whether message ``key`` is expected and none of its data arrived yet."""

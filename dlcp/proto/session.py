@@ -205,11 +205,17 @@ class Session:
 
     def datagrams_to_send(self, *, now: float, max_batches: int = 64) -> list[Transmit]:
         """Control messages first, then up to ``max_batches`` data batches the
-        pacers allow, highest priority class first for each destination."""
+        pacers allow, highest priority class first for each destination, then
+        the control messages those batches queued (the FINISH of a round whose
+        last batch went: after its data, in this call, not the next one, which
+        may not come until a timer or an input wakes the driver)."""
         self._now = max(self._now, now)
         out: list[Transmit] = list(self._ctx.control)
         self._ctx.control.clear()
         self._outbox.batches(out, now=now, max_batches=max_batches)
+        if self._ctx.control:
+            out.extend(self._ctx.control)
+            self._ctx.control.clear()
         return out
 
     # ------------------------------------------------------------------ timers

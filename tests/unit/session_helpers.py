@@ -100,7 +100,10 @@ def layer_segments(n: int, layers: int) -> list[tuple[int, int, int]]:
 
 
 def partial_then(link: LossyLink, b: Session, at_least: int = 1) -> float:
-    """Run until ``b`` holds part of the message (nothing complete yet)."""
-    now = link.run(stop_when=lambda _: b.stats.datagrams_in >= at_least)
+    """Run until ``b`` holds part of the message (nothing complete yet): data
+    of it, not only its FINISH (which may overtake the data)."""
+    now = link.run(
+        stop_when=lambda _: b.stats.datagrams_in >= at_least and bool(b._inbox._incoming)
+    )
     assert not events(link, MessageReceived)
     return now

@@ -427,3 +427,41 @@ def test_retransmitted_drop_eligible_chunks_travel_protected() -> None:
     assert grams and all(is_retransmit(d) for _, d in grams)
     assert any(is_droppable(d) for _, d in grams)  # the bound needs some of them back
     assert all(bt.tos == 0b10 | (cfg.tos.dscp[d[28] >> 5] << 2) for bt, d in grams)
+
+
+def test_a_rounds_finish_leaves_in_the_call_that_hands_out_its_last_batch() -> None:
+    """The FINISH goes after its round's data in the same call: a driver that
+    stops after a few calls (the endpoint's does, after 8) held it until a timer
+    or an input woke it (the FINISH timer: 200 ms when the data was lost)."""
+    a, _ = sessions(cfg=config(pacer="unpaced", batch_packets=1))
+    a.send_message(1, np.ones(512 * CHUNK // 4, np.float32), step=1, msg=1, now=0.0)
+    calls = []
+    while items := a.datagrams_to_send(now=0.0, max_batches=64):
+        calls.append(items)
+    assert len(calls) == 8  # 512 one-packet batches, 64 per call
+    last = calls[-1]
+    assert all(isinstance(i, DataBatch) for i in last[:-1])
+    assert isinstance(last[-1], ControlDatagram)
+    assert isinstance(decode_control(last[-1].data, job=JOB), Finish)
+
+
+def test_an_abort_after_only_the_finish_keeps_late_data_from_starting_the_message() -> None:
+    """The FINISH can overtake its data; an ABORT then finds only that FINISH.
+    It used to be ignored (no such message), and the data still on the way
+    started the message again (delivered here, though its sender gave up)."""
+    a, b = sessions(cfg=config(pacer="unpaced"))
+    a.send_message(1, gradient(3000, 35), step=1, msg=1, now=0.0)
+    items = a.datagrams_to_send(now=0.0, max_batches=1000)
+    finish = [i for i in items if isinstance(i, ControlDatagram)]
+    assert len(finish) == 1
+    b.receive_datagram(finish[0].data, now=0.0)
+    abort = Abort(1, 1, 0, reason=AbortReason.CANCELLED)
+    b.receive_datagram(encode_control(abort, job=JOB), now=0.0)
+    grams = [d for bt in data_batches(items) for d in datagrams(bt)]
+    for d in grams:
+        b.receive_batch(np.frombuffer(d, np.uint8), len(d), now=0.001)
+    assert b.stats.late_packets == len(grams) > 0
+    kinds = []
+    while (ev := b.next_event()) is not None:
+        kinds.append(type(ev).__name__)
+    assert "MessageReceived" not in kinds, kinds
