@@ -28,6 +28,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError, PeerTimeout
@@ -142,6 +143,23 @@ def copy_fill(p: float) -> FillPolicy:
     """Fill for phases that hand out finished values (all-gather, pull): with a loss
     bound, keep what the buffer held; exact (p = 0) phases never fill."""
     return FillPolicy.PREVIOUS if p > 0 else FillPolicy.ZERO
+
+
+def divides_first(dtype: Any) -> bool:
+    """Whether an average of ``dtype`` divides each rank's values before the sum
+    (float16, as torch's default DDP hook does: summed first, the values of a
+    few ranks overflow float16's 65504 where their mean does not)."""
+    return bool(np.dtype(dtype) == np.float16)
+
+
+def divide_first(data: npt.NDArray[Any], parts: int, average: bool) -> bool:
+    """Divide ``data`` by ``parts`` (the ranks averaged over) now, if its type
+    averages that way (:func:`divides_first`). Returns the ``average`` the
+    collective goes on with: False once divided here (the sum is then the mean)."""
+    if average and parts > 1 and divides_first(data.dtype):
+        data /= data.dtype.type(parts)
+        return False
+    return average
 
 
 def check_reduce_fill(fill: FillPolicy, op: str) -> None:

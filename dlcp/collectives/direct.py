@@ -23,7 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, cancel_all
+from .comm import (
+    CollectiveReport,
+    Communicator,
+    ReportBuilder,
+    Segments,
+    cancel_all,
+    divide_first,
+)
 from .ring import SendTracker, check_array, ring_allreduce
 
 __all__ = ["DIRECT_MAX_BYTES", "allreduce", "direct_allreduce"]
@@ -65,6 +72,7 @@ def direct_allreduce(
     """Sum (or average) ``data`` across the ranks, in place, in one round."""
     check_array(data, "direct_allreduce")
     n, r = comm.world_size, comm.rank
+    average = divide_first(data, n, average)
     call = comm.next_call()
     report = ReportBuilder("direct_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)

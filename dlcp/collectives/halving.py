@@ -36,7 +36,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
-from .comm import CollectiveReport, Communicator, ReportBuilder, Segments, copy_fill
+from .comm import (
+    CollectiveReport,
+    Communicator,
+    ReportBuilder,
+    Segments,
+    copy_fill,
+    divide_first,
+)
 from .ring import SendTracker, check_allreduce, exchange
 
 __all__ = ["halving_doubling_allreduce", "is_power_of_two"]
@@ -80,6 +87,7 @@ def halving_doubling_allreduce(
     n, r = comm.world_size, comm.rank
     if not is_power_of_two(n):
         raise ValueError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
+    average = divide_first(data, n, average)
     call = comm.next_call()
     report = ReportBuilder("halving_doubling_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)

@@ -33,6 +33,8 @@ from .comm import (
     cancel_all,
     check_reduce_fill,
     copy_fill,
+    divide_first,
+    divides_first,
 )
 from .ring import check_array, chunk_bounds
 
@@ -85,6 +87,7 @@ def ps_allreduce(
             f"{len(data)} elements for {len(srv)} servers leave dedicated server(s) "
             f"{empty} an empty shard"
         )
+    average = divide_first(data, len(wrk), average)  # (a dedicated server knows by the type)
     call = comm.next_call()
     report = ReportBuilder("ps_allreduce", call, len(data))
     pushes: list[Future[Any]] = []
@@ -129,9 +132,7 @@ def ps_allreduce(
                 divide=len(wrk) if average else 0,
             )
             pushes.extend(
-                comm.send_part(
-                    data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull
-                )
+                comm.send_part(data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull)
                 for w in wrk
                 if w != r
             )
@@ -203,7 +204,7 @@ def _serve_shards(
     total = got[0].data.copy()
     for g in got[1:]:
         total += g.data
-    if average:
+    if average and not divides_first(total.dtype):  # (else the workers divided already)
         total /= total.dtype.type(len(wrk))
     report.elems = len(total)
     for g in got:
@@ -211,9 +212,7 @@ def _serve_shards(
     sends: list[Future[Any]] = []
     try:
         for w in wrk:
-            sends.append(
-                comm.send(total, to=w, call=call, role=PULL, segments=segments, p=p_pull)
-            )
+            sends.append(comm.send(total, to=w, call=call, role=PULL, segments=segments, p=p_pull))
         for fut in sends:
             report.sent(comm.wait(fut), total.itemsize)
     except BaseException:

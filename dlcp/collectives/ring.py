@@ -4,7 +4,9 @@ The array is cut into ``world_size`` contiguous chunks. In ``world_size - 1``
 reduce-scatter steps each rank sends one chunk to its right neighbour and adds
 the chunk it gets from its left neighbour; these messages carry the push bound
 ``p`` (lost elements are filled and reported). Rank ``r`` then owns the fully
-reduced chunk ``r + 1``; it divides it by the world size if asked, and the
+reduced chunk ``r + 1``; it divides it by the world size if asked (float16
+divides every rank's values first instead, so that the sum cannot overflow:
+:func:`~dlcp.collectives.comm.divide_first`), and the
 all-gather passes every owned chunk around the ring with the gather bound
 (default 0: retransmit until everything arrived). Because each reduced chunk is
 computed once and copied bit for bit, every replica ends with identical bytes,
@@ -38,6 +40,7 @@ from .comm import (
     cancel_all,
     check_reduce_fill,
     copy_fill,
+    divide_first,
 )
 
 __all__ = ["SendTracker", "check_allreduce", "chunk_bounds", "exchange", "ring_allreduce"]
@@ -82,6 +85,7 @@ def ring_allreduce(
     """Sum (or average) ``data`` across the ring, in place."""
     check_allreduce(data, "ring_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
+    average = divide_first(data, n, average)
     call = comm.next_call()
     report = ReportBuilder("ring_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
