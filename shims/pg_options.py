@@ -67,15 +67,19 @@ class DLCPOptions:
             raise ConfigError(f"DLCPOptions.direct_max_bytes={self.direct_max_bytes} must be >= 0")
 
 
+def _base_store(store: Any) -> Any:
+    """The store under (possibly several) PrefixStores."""
+    for _ in range(16):
+        if not isinstance(store, PrefixStore):
+            return store
+        store = store.underlying_store
+    return None
+
+
 def store_host(store: Any) -> str | None:
     """The host of the TCPStore under (possibly several) PrefixStores, if any."""
-    for _ in range(16):
-        if isinstance(store, PrefixStore):
-            store = store.underlying_store
-            continue
-        host = getattr(store, "host", None)
-        return str(host) if host else None
-    return None
+    host = getattr(_base_store(store), "host", None)
+    return str(host) if host else None
 
 
 def rendezvous_env(
@@ -87,7 +91,11 @@ def rendezvous_env(
     env = dict(os.environ)
     env["RANK"], env["WORLD_SIZE"] = str(rank), str(world_size)
     env["MASTER_ADDR"] = store_host(store) or env.get("MASTER_ADDR") or "127.0.0.1"
-    env.setdefault("MASTER_PORT", "0")  # not used: the store is given
+    # connect() checks it as it does every env:// variable, but with the store
+    # given it is not used: init_method "tcp://" or "file://", or store=, may leave
+    # it unset (the store's own port, else torch's default port, stands in)
+    port = getattr(_base_store(store), "port", None)
+    env["MASTER_PORT"] = str(port) if port else "29500"
     if timeout is not None and "DLCP_TIMEOUT" not in env:
         env["DLCP_TIMEOUT"] = repr(max(timeout.total_seconds(), 1.0))
     return env

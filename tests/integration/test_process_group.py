@@ -235,3 +235,31 @@ def test_the_backend_is_registered_whichever_dlcp_module_comes_first(first: str)
     done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("method", ["tcp", "file"])
+def test_the_group_starts_from_an_init_method_without_env_variables(
+    method: str, tmp_path: Path
+) -> None:
+    """``init_method="tcp://…"`` or ``"file://…"`` with rank and world size given,
+    and none of the env:// variables: the group used to refuse with "MASTER_PORT=0
+    is not a port" (the store is given, so the port is not needed)."""
+    from dlcp.launch import free_port
+
+    url = (f"tcp://127.0.0.1:{free_port()}" if method == "tcp"
+           else f"file://{tmp_path / 'store'}")  # fmt: skip
+    script = (
+        "import torch, torch.distributed as dist\n"
+        "import dlcp\n"
+        f"dist.init_process_group('dlcp', init_method={url!r}, rank=0, world_size=1)\n"
+        "t = torch.ones(4)\n"
+        "dist.all_reduce(t)\n"
+        "assert t.tolist() == [1.0] * 4\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    unset = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
