@@ -96,6 +96,10 @@ class DLCPState:
     replicas identical whatever was lost.
     ``trace_path``: a Chrome trace of the buckets' collectives, written at
     ``close()``; with several ranks each writes its own, ``name.rank<r>.json``.
+    ``process_group``: the group DDP reduces over (taken from ``model`` when that
+    is the DDP module itself). The hook averages over every rank of the job's
+    endpoint; a DDP over a smaller group (hybrid or 2-D parallelism) is refused
+    here, instead of having its gradients averaged with other groups' ranks.
     """
 
     model: nn.Module | None = None
@@ -109,6 +113,7 @@ class DLCPState:
     world_size: int | None = None
     trace_path: str | None = None
     metrics: StepMetrics = field(default_factory=StepMetrics)
+    process_group: Any = None
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -142,6 +147,7 @@ class DLCPState:
             )
         try:
             self._check_ranks(self.world_size)
+            self._check_group(self.world_size)
         except ValueError:
             if created:
                 self.endpoint.close()
@@ -168,6 +174,17 @@ class DLCPState:
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="dlcp-ddp-hook", daemon=True)
         self._thread.start()
+
+    def _check_group(self, world: int) -> None:
+        group = self.process_group
+        if group is None and isinstance(self.model, nn.parallel.DistributedDataParallel):
+            group = self.model.process_group
+        if group is not None and group.size() != world:
+            raise ValueError(
+                f"DLCPState averages over all {world} ranks of the job, but DDP's "
+                f"process group has {group.size()}: the DLCP hook does not serve "
+                "a DDP over a subgroup"
+            )
 
     def _check_ranks(self, world: int) -> None:
         if self.collective == "halving-doubling" and not is_power_of_two(world):

@@ -244,3 +244,30 @@ def test_a_bucket_that_fails_before_its_collective_keeps_later_buckets_paired(
             s.close()
         for e in eps:
             e.close()
+
+
+class _Group:
+    """What DLCPState reads of a process group: its size."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def size(self) -> int:
+        return self.n
+
+
+def test_a_ddp_over_a_subgroup_is_refused() -> None:
+    """The hook averages over the whole job; a DDP over 2 of 4 ranks (hybrid
+    parallelism) would have had its gradients averaged with the other half's."""
+    store = LocalStore()
+    ep = Endpoint(0, store=store, world_size=4, job=JOB, config=EndpointConfig(timeout=5.0))
+    try:
+        with pytest.raises(ValueError, match=r"process group has 2: .* does not serve"):
+            DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=4,
+                      process_group=_Group(2))  # fmt: skip
+        state = DLCPState(model=torch.nn.Linear(4, 2), endpoint=ep, world_size=4,
+                          process_group=_Group(4))  # fmt: skip
+        state.close()
+    finally:
+        ep.close()
+    assert dlcp_threads() == []
