@@ -65,7 +65,6 @@ import logging
 import os
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -169,9 +168,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         except BaseException:  # (a bad option: the endpoint would outlive the error)
             self.endpoint.close()
             raise
-        #: reports of the latest collectives, oldest first (an operation on several
-        #: tensors adds one per tensor)
-        self.reports: deque[CollectiveReport] = deque(maxlen=1024)
+        self._reports: tuple[CollectiveReport, ...] = ()
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -181,6 +178,14 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         self._thread.start()
         if self.p > 0:
             log.info("dlcp process group %r: float all-reduces with loss bound p=%g", name, self.p)
+
+    @property
+    def reports(self) -> tuple[CollectiveReport, ...]:
+        """The reports of the latest 1024 collectives, oldest first (an operation on
+        several tensors adds one per tensor): a snapshot, safe to read while
+        operations run (a deque, read while the transport thread added to it,
+        raised "deque mutated during iteration")."""
+        return self._reports
 
     def __repr__(self) -> str:
         return f"DLCPProcessGroup(rank={self._rank}, size={self._size}, p={self.p:g})"
@@ -565,10 +570,8 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
                 error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
                 job.future.set_exception(error)
                 continue
-            if isinstance(report, list):  # (a collective per tensor: each is reported)
-                self.reports.extend(report)
-            elif report is not None:
-                self.reports.append(report)
+            new = report if isinstance(report, list) else [] if report is None else [report]
+            self._reports = (*self._reports, *new)[-1024:]  # (one writer: this thread)
             job.future.set_result(job.result)
 
 
