@@ -35,6 +35,7 @@ from .packetizer import (
 from .paths import PathScheduler, path_loss_from_nack
 from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
 from .wire import (
+    MAX_NACK_RANGES,
     Abort,
     AbortReason,
     ControlMessage,
@@ -221,7 +222,10 @@ class Outbox(SessionSide):
             ranges = tuple(r for part in out.nack_parts for r in part.ranges)
             out.nack_parts.clear()
             nack = dataclasses.replace(nack, ranges=ranges, more=False)
-        if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
+        # (a NACK that used every range it may carry merged gaps: its ranges name
+        # chunks that arrived too, which say nothing of the paths' loss)
+        merged = len(nack.ranges) >= MAX_NACK_RANGES * MAX_NACK_PARTS
+        if rec.phase is SendPhase.AWAITING and nack.round == rec.round and not merged:
             missing = chunks_in_ranges(nack.ranges, out.table.n_chunks)
             this_round = np.flatnonzero(out.round_of_seq == rec.round)
             missing = missing[out.round_of_seq[missing] == rec.round]
