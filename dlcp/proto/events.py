@@ -33,6 +33,11 @@ class DataBatch:
     sends. With several paths a session hands out one per ``spray_packets``
     records (the spraying unit); with one path, one per pacing decision.
 
+    ``data`` is a view into the message's record buffer, valid until the next
+    call into the session: a STOP, ABORT or cancel hands that buffer back to a
+    pool that the next send of the same shape writes over. Send it (or copy it)
+    first; a driver that holds batches back must copy them.
+
     Not frozen, unlike the others (treat it as read-only all the same): a session
     hands out many, and a frozen dataclass costs about three times as much to
     build."""
