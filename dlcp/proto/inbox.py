@@ -537,8 +537,8 @@ class Inbox(SessionSide):
         want = self._expected.pop(key, None)
         if want is not None:  # aborted before any of its data arrived (or fitted out=)
             self.fail(key, None, why if want.misfit is None else f"{want.misfit}; {why}")
-        elif finish is not None:  # the data still on the way must not start it
-            self._remember(key, FAILED)
+        elif finish is not None:  # the data still on the way must not start it; a
+            self.fail(key, None, why)  # receive posted later hears why, as above
         return want is not None or finish is not None
 
     def expects(self, key: Key) -> bool:
