@@ -222,11 +222,13 @@ class Outbox(SessionSide):
             ranges = tuple(r for part in out.nack_parts for r in part.ranges)
             out.nack_parts.clear()
             nack = dataclasses.replace(nack, ranges=ranges, more=False)
-        # (a NACK that used every range it may carry merged gaps: its ranges name
-        # chunks that arrived too, which say nothing of the paths' loss)
-        merged = len(nack.ranges) >= MAX_NACK_RANGES * MAX_NACK_PARTS
-        if rec.phase is SendPhase.AWAITING and nack.round == rec.round and not merged:
-            missing = chunks_in_ranges(nack.ranges, out.table.n_chunks)
+        if rec.phase is SendPhase.AWAITING and nack.round == rec.round:
+            ranges = nack.ranges
+            if len(ranges) >= MAX_NACK_RANGES * MAX_NACK_PARTS:
+                # the receiver merged its gaps: the ranges name chunks that arrived
+                # too; only each range's first and last chunk surely did not
+                ranges = tuple((f, 1) for first, n in ranges for f in (first, first + n - 1))
+            missing = chunks_in_ranges(ranges, out.table.n_chunks)
             this_round = np.flatnonzero(out.round_of_seq == rec.round)
             missing = missing[out.round_of_seq[missing] == rec.round]
             sent, lost = path_loss_from_nack(

@@ -466,7 +466,7 @@ def test_an_abort_after_only_the_finish_keeps_late_data_from_starting_the_messag
     kinds = []
     while (ev := b.next_event()) is not None:
         kinds.append(type(ev).__name__)
-    assert "MessageReceived" not in kinds, kinds
+    assert kinds == ["MessageFailed"], kinds  # (a receive posted later hears why)
 
 
 MERGED = MAX_NACK_RANGES * MAX_NACK_PARTS  # the ranges a NACK of every part carries
@@ -476,19 +476,21 @@ MERGED = MAX_NACK_RANGES * MAX_NACK_PARTS  # the ranges a NACK of every part car
 def test_a_nack_with_merged_ranges_is_not_taken_for_path_loss(ranges: int) -> None:
     """A receiver with more gaps than a NACK carries merges them: the merged
     ranges name chunks that arrived too. The sender took them all for lost and
-    marked its paths lossy."""
+    marked its paths lossy; now it counts each range's first and last chunk (a
+    lower bound), here: one range per missing chunk, so the same estimate."""
     a, _ = sessions(cfg=config(pacer="unpaced", n_paths=2, payload_bytes=16))
     chunks = 2 * ranges + 2
     a.send_message(1, np.ones(4 * chunks, np.float32), step=1, msg=1, now=0.0)
     while a.datagrams_to_send(now=0.0, max_batches=1000):
         pass
     gaps = [(2 * i, 1) for i in range(ranges)]  # (first seq, count): every other chunk
+    if ranges == MERGED:  # merged: each range spans three chunks, one of them here
+        gaps = [(2 * i, 3) for i in range(ranges)]
     for k in range(0, ranges, MAX_NACK_RANGES):
         part = Nack(1, 1, 1, round=0, needed_elems=4, ranges=tuple(gaps[k : k + MAX_NACK_RANGES]),
                     more=k + MAX_NACK_RANGES < ranges)  # fmt: skip
         a.receive_datagram(encode_control(part, job=JOB), now=0.01)
+    # (half of what each path sent is lost: one chunk in two, the paths alternate
+    # by batch; the estimate moves a loss_alpha step towards that)
     loss = a._outbox.peers[1].paths.loss
-    if ranges < MERGED:  # not merged: half of what each path sent was lost
-        assert (loss > 0).all(), loss
-    else:
-        assert (loss == 0).all(), loss
+    assert np.allclose(loss, 0.15, rtol=0.01), loss  # (0.3 when merged ranges counted whole)
