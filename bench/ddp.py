@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> int:
     if args.transport == "dlcp":
         from dlcp.shims.ddp import DLCPState, dlcp_hook
 
-        state = DLCPState(model=ddp.module, collective=args.collective, p=args.p)
+        state = DLCPState(model=ddp, collective=args.collective, p=args.p)
         ddp.register_comm_hook(state, dlcp_hook)
     elif args.transport == "nocomm":
         ddp.register_comm_hook(None, _no_communication)

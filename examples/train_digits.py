@@ -155,7 +155,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         from dlcp.shims.ddp import DLCPState, dlcp_hook
 
         state = DLCPState(
-            model=ddp.module,
+            model=ddp,
             collective=args.collective,
             p=args.p,
             p_gather=args.p_gather,

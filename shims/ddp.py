@@ -2,7 +2,7 @@
 
     from dlcp.shims.ddp import DLCPState, dlcp_hook
 
-    state = DLCPState(model=ddp_model.module, p=0.05, collective="ring")
+    state = DLCPState(model=ddp_model, p=0.05, collective="ring")  # or its .module
     ddp_model.register_comm_hook(state, dlcp_hook)
 
 The hook hands the bucket to the state's transport thread and returns a future

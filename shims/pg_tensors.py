@@ -69,7 +69,7 @@ class DLCPWork(Work):
         return self._chained
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._chained.done()
 
     def is_success(self) -> bool:
         if not self._future.done():

@@ -65,7 +65,7 @@ def main() -> int:
         elif name != "gloo":
             endpoint, _ = connect(group=f"test-{name}")
             states[name] = DLCPState(
-                model=ddp.module,
+                model=ddp,
                 collective={"ps": "ps", "halving": "halving-doubling"}.get(name, "ring"),
                 p=0.0,
                 endpoint=endpoint,
