@@ -106,7 +106,7 @@ def _ping_all(net: Network) -> None:
         for b in t.host_names:
             if a != b:
                 proc = net.run(
-                    a, ["ping", "-c", "1", "-W", "5", "-q", net.host_addr(b)], check=False
+                    a, ["ping", "-c", "1", "-w", "5", "-q", net.host_addr(b)], check=False
                 )
                 if proc.returncode != 0:
                     raise NetnsError(

@@ -22,7 +22,7 @@ from dlcp.switch.policy import PolicyError
 
 from .bmv2 import Bmv2Error
 from .impairments import apply_profile
-from .netns import NetnsError, _cleanup, _run
+from .netns import NetnsError, _cleanup, _run, prefix_lock
 from .switch_profile import FifoPolicy, SwitchPolicy
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, build
 
@@ -210,11 +210,21 @@ def up(
 
 
 def down(topology: str, prefix: str) -> int:
+    """Remove what a crashed run left under ``prefix``; refused while a live
+    testbed holds the prefix (its processes would be killed under it)."""
     t = Topology.load(topology)
     names = [f"{prefix}{n}" for n in t.nodes]
-    present = set(_run(["ip", "netns", "list"]).stdout.split())
-    gone = [n for n in names if n in present]
-    _cleanup(gone)
+
+    def present() -> list[str]:
+        listed = set(_run(["ip", "netns", "list"]).stdout.split())
+        return [n for n in names if n in listed]
+
+    with prefix_lock(prefix):
+        gone = present()
+        _cleanup(gone)
+        left = present()
+    if left:
+        raise NetnsError(f"could not remove namespaces {' '.join(left)}")
     print(f"removed {len(gone)} namespaces" + (f": {' '.join(gone)}" if gone else ""))
     return 0
 

@@ -27,7 +27,11 @@ Scenarios:
 ``clean``       nothing injected.
 ``loss``        1 % random loss on leaf1--spine1, both directions.
 ``background``  a paced UDP flow h2 -> h3 pinned to spine1 at
-                :data:`BACKGROUND_SHARE` of the link rate, for the whole run.
+                :data:`BACKGROUND_SHARE` of the link rate, for the whole run
+                (a sender held up catches up on at most 32 missed packets and
+                skips the rest, rather than bursting them all into a 100-packet
+                queue; the CSV's ``background_mbit`` is the rate it reached; a
+                run whose flow stopped early fails).
                 It is not DLCP traffic: the DLCP profile puts it (TOS 0,
                 Not-ECT) in class 0's drop-eligible queue, below every class
                 DLCP's data uses; on Gloo's FIFO it shares the queue with Gloo.
@@ -460,11 +464,16 @@ def run_experiment(
         finally:
             if traffic is not None:
                 traffic.stop()
+    if traffic is not None and traffic.failure:
+        raise ExperimentError(f"{name}: the background flow stopped early ({traffic.failure})")
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()
     totals = bmv2_class_totals(before, after) if bmv2 else class_totals(before, after)
+    if not bmv2 and injected:  # (BMv2's program counts its own, as loss-injected)
+        totals["loss-rule"] = {"packets": 0, "drops": sum(injected.values())}
     ep = train["epochs"]
+    dlcp = transport == "dlcp"  # (only DLCP reports lost elements and retransmissions)
     summary = {
         "scenario": scenario,
         "transport": transport,
@@ -472,9 +481,11 @@ def run_experiment(
         "epochs": epochs,
         "final_accuracy": train["final_test_accuracy"],
         "median_ms_per_iter": 1e3 * statistics.median(e["iter_s"] for e in ep),
-        "lost_fraction": statistics.fmean(e["loss_fraction"] for e in ep),
-        "retransmissions": sum(e["retransmitted_packets"] for e in ep),
+        "lost_fraction": statistics.fmean(e["loss_fraction"] for e in ep) if dlcp else None,
+        "retransmissions": sum(e["retransmitted_packets"] for e in ep) if dlcp else None,
         "router_drops": drops_summary(totals),
+        # what the cross traffic really sent, in Mbit/s as HTB counts it
+        "background_mbit": round(traffic.sent["mbit"], 1) if traffic and traffic.sent else None,
         "wall_s": round(wall, 1),
         "switch": switch,
         "profile": queues,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import selectors
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -147,12 +148,15 @@ def link_loss(net: Network, a: str, b: str, percent: float) -> None:
 
 def link_dropped(net: Network, a: str, b: str) -> dict[str, int]:
     """Packets the loss rules of :func:`link_loss` dropped so far, per direction
-    (``{"a->b": n, "b->a": m}``)."""
+    (``{"a->b": n, "b->a": m}``; 0 where no rule is in place, e.g. after
+    ``link_loss(..., 0)`` removed it; an error if a rule's counter cannot be read)."""
     _iface(net, a, b)
-    return {
-        f"{src}->{dst}": nft_dropped(net.ns(src), _loss_table(net.ifaces[src][dst]))
-        for src, dst in ((a, b), (b, a))
-    }
+    out = {}
+    for src, dst in ((a, b), (b, a)):
+        table = _loss_table(net.ifaces[src][dst])
+        tables = net.run(src, ["nft", "list", "tables"]).stdout.split()
+        out[f"{src}->{dst}"] = nft_dropped(net.ns(src), table) if table in tables else 0
+    return out
 
 
 # ---- link down / up and routing -------------------------------------------------------
@@ -329,22 +333,28 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", sport))
 payload = bytes([fill]) * size
 gap = (size + 42) * 8 / (mbit * 1e6)  # as HTB counts it: + UDP, IPv4, Ethernet headers
-n = 0
-start = time.monotonic()
+n = skipped = 0
+start = began = time.monotonic()
 while not stop:
     now = time.monotonic()
-    if (count and n >= count) or (not count and now - start >= seconds):
+    if (count and n >= count) or (not count and now - began >= seconds):
         break
     due = start + n * gap
     if due > now:
         time.sleep(min(due - now, 0.01))
         continue
+    behind = int((now - due) / gap)  # slots missed while descheduled
+    if behind > 32:  # catch up on at most 32 (a burst a queue takes), skip the rest
+        skipped += behind - 32
+        start += (behind - 32) * gap
     try:
         s.sendto(payload, (dst, dport))
         n += 1
     except OSError:  # ENOBUFS under a full queue: the packet is not sent
         time.sleep(0.0005)
-print(json.dumps({"packets": n, "bytes": n * size, "seconds": time.monotonic() - start}),
+elapsed = time.monotonic() - began
+print(json.dumps({"packets": n, "bytes": n * size, "seconds": elapsed, "skipped": skipped,
+                  "mbit": n * (size + 42) * 8 / elapsed / 1e6 if elapsed > 0 else 0.0}),
       flush=True)
 """
 
@@ -364,6 +374,8 @@ class CrossTraffic:
     sink: subprocess.Popen[str]
     sent: dict[str, Any] = field(default_factory=dict)
     received: dict[str, Any] = field(default_factory=dict)
+    #: why the sender ended before it was stopped (None: it ran until then)
+    failure: str | None = None
 
     def wait(self, timeout: float | None = None) -> int:
         try:
@@ -379,10 +391,15 @@ class CrossTraffic:
         """End the flow early: the sender stops and reports what it sent (killed
         if it does not within 5 s), then the sink reports what arrived."""
         if self.sender.returncode is None:  # (not reaped by wait() already)
-            self.sender.terminate()
+            ended = self.sender.poll()
+            if ended is None:
+                self.sender.terminate()
             try:
-                out, _ = self.sender.communicate(timeout=5)
+                out, err = self.sender.communicate(timeout=5)
                 self.sent = _last_json(out)
+                if ended is not None:  # it stopped sending on its own, before the run ended
+                    why = (err or "").strip().splitlines()[-3:]
+                    self.failure = f"exit code {ended}" + (f": {' / '.join(why)}" if why else "")
             except subprocess.TimeoutExpired:
                 self.sender.kill()
                 self.sender.wait()
@@ -413,10 +430,24 @@ def _python(net: Network, host: str, script: str, *args: object) -> subprocess.P
     return subprocess.Popen(
         net.exec_argv(host, [sys.executable, "-c", script, *map(str, args)]),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # (a few lines at most: read when it ends)
         text=True,
         preexec_fn=die_with_parent,  # a day-long sender must not outlive a crashed run
     )
+
+
+def _ready(proc: subprocess.Popen[str], what: str, *, timeout: float = 10.0) -> None:
+    """Wait for ``proc``'s "ready" line, at most ``timeout`` seconds; else stop it
+    and raise with what it said on stderr."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        line = proc.stdout.readline() if sel.select(timeout) else ""
+    if line.strip() != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        why = (err or "").strip().splitlines()[-3:] or [f"no answer within {timeout:g} s"]
+        raise NetnsError(f"{what} did not start: {' / '.join(why)}")
 
 
 def _spine_tx(net: Network, dst_leaf: str) -> dict[str, int]:
@@ -471,16 +502,14 @@ def cross_traffic(
     ``dst_host`` pinned to ``spine``; returns a handle (``wait``/``stop``)."""
     sink = _python(net, dst_host, _SINK, dport)
     try:
-        assert sink.stdout is not None
-        line = sink.stdout.readline()  # readiness: the sink has bound its port
-        if line.strip() != "ready":
-            raise NetnsError(f"UDP sink in {dst_host} did not start")
+        _ready(sink, f"UDP sink in {dst_host}")  # readiness: the sink has bound its port
         sport = pin_port(net, src_host, dst_host, spine, dport)
         sender = _python(
             net, src_host, _SENDER, net.host_addr(dst_host), sport, dport, seconds, mbit, size
         )
     except BaseException:
-        sink.kill()
-        sink.wait()
+        if sink.poll() is None:
+            sink.kill()
+        sink.communicate()
         raise
     return CrossTraffic(spine, sport, dport, sender, sink)

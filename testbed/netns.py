@@ -144,15 +144,14 @@ def nft_random_drop(ns: str, table: str, hook: str, percent: float, match: str =
 
 
 def nft_dropped(ns: str, table: str) -> int:
-    """Packets the rule of :func:`nft_random_drop` in ``ns`` dropped so far."""
-    out = _run(
-        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", table], check=False
-    ).stdout
+    """Packets the rule of :func:`nft_random_drop` in ``ns`` dropped so far (an
+    error if the table or its counter cannot be read: not a count of 0)."""
+    out = _run(["ip", "netns", "exec", ns, "nft", "list", "table", "inet", table]).stdout
     for line in out.splitlines():
         if "counter packets" in line:
             words = line.split()
             return int(words[words.index("packets") + 1])
-    return 0
+    raise NetnsError(f"nftables table inet {table} in {ns} has no drop counter")
 
 
 @dataclass

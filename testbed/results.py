@@ -46,6 +46,7 @@ CSV_FIELDS = (
     "lost_fraction",
     "retransmissions",
     "router_drops",
+    "background_mbit",
     "wall_s",
     "switch",
     "profile",
@@ -288,6 +289,15 @@ def plot(results: str | Path) -> Path | None:
     return path
 
 
+def _blank(value: Any) -> str:
+    """'-' where a row has no value (an empty CSV cell, e.g. Gloo's retransmissions)."""
+    return "-" if value in (None, "") else str(value)
+
+
+def _percent(fraction: Any) -> str:
+    return "-" if fraction in (None, "") else f"{100 * float(fraction):.2f}"
+
+
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A Markdown table of CSV-like rows (a note under it when a row is BMv2's)."""
     head = (
@@ -299,7 +309,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
             f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
-            f"{100 * float(r['lost_fraction']):.2f} | {r['retransmissions']} | "
+            f"{_percent(r['lost_fraction'])} | {_blank(r['retransmissions'])} | "
             f"{r['router_drops'] or '-'} | {_switch_of(r)} | {_profile_of(r)} |"
         )
     if any(_switch_of(r) == "bmv2" for r in rows):

@@ -466,8 +466,13 @@ def _check_ready(net: Network) -> None:
                 raise NetnsError(f"readiness: leaf {leaf} has no route to {want} ({h.name})")
     for a in t.host_names:
         for b in t.host_names:
-            if a != b:
-                net.run(a, ["ping", "-c", "1", "-W", "5", "-q", net.host_addr(b)])
+            if a == b:
+                continue
+            # -w: one probe a second until a reply or the deadline (one lost probe,
+            # e.g. while neighbours are resolved, must not fail the build)
+            ping = ["ping", "-c", "1", "-w", "5", "-q", net.host_addr(b)]
+            if net.run(a, ping, check=False).returncode != 0:
+                raise NetnsError(f"readiness: {a} cannot reach {b} ({net.host_addr(b)})")
 
 
 def route_commands(t: Topology) -> list[tuple[str, list[str]]]:

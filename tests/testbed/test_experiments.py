@@ -191,7 +191,12 @@ def test_short_training_run_completes(
         assert r["profile"] == "dlcp"
         assert any(k != "c0-drop" and k != "best-effort" and v["packets"] > 100
                    for k, v in r["router_classes"].items())  # fmt: skip
+        assert r["retransmissions"] is not None and r["lost_fraction"] is not None
     else:  # the baseline's routers had one FIFO, which carried all of its traffic
+        # (its TCP reports neither lost elements nor retransmissions: blank, not 0)
+        assert r["retransmissions"] is None and r["lost_fraction"] is None
+        row = next(row for row in rows if row["transport"] == "gloo")
+        assert row["retransmissions"] == "" and row["lost_fraction"] == ""
         assert r["profile"] == "fifo" and saved["setup"]["profile"] == "fifo"
         assert set(r["router_classes"]) == {"best-effort"}
         assert r["router_classes"]["best-effort"]["packets"] > 1000
@@ -264,12 +269,17 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
     assert r["lost_fraction"] <= 0.05
     setup = r["setup"]
     if scenario == "loss":
-        assert sum(setup["loss_rule_drops"].values()) > 0, setup["loss_rule_drops"]
+        dropped = sum(setup["loss_rule_drops"].values())
+        assert dropped > 0, setup["loss_rule_drops"]
+        assert f"loss-rule:{dropped}/0" in r["router_drops"]  # (the routers' drops, all)
     elif scenario == "background":
         # the flow runs until training ends, then its sender is stopped: the sink counts
         got, sent = setup["background"]["received"], setup["background"]["sent"]
         assert got.get("packets", 0) > 1000, setup["background"]
         assert sent.get("packets", 0) >= got["packets"], setup["background"]  # (reported)
+        # the rate it reached, in the CSV: near the target, never above it
+        target = ex.BACKGROUND_SHARE * ex.LINK_RATE_MBIT
+        assert 0.5 * target < r["background_mbit"] <= 1.01 * target, (r["background_mbit"], sent)
     else:
         assert r["train"]["collective"] == "ps" and "--collective" in setup["flags"]
 

@@ -148,6 +148,13 @@ def test_cli_up_ready_then_sigterm_removes() -> None:
         assert lines and lines[-1].strip() == "ready", "".join(lines) + proc.stderr.read()
         assert names <= _netns()
         assert any(f"{prefix}h1" in line and "10.215.0.2" in line for line in lines)
+        # the live testbed holds its prefix: down refuses and kills nothing of it
+        refused = subprocess.run(
+            [sys.executable, "-m", "dlcp.cli", "testbed", "down", "--prefix", prefix],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "in use by a running testbed" in refused.stderr
+        assert names <= _netns() and proc.poll() is None
         proc.terminate()
         assert proc.wait(timeout=20) == 0
         assert not names & _netns()
