@@ -317,7 +317,7 @@ print(json.dumps({"packets": n, "bytes": nbytes, "seconds": last - first}), flus
 """
 
 _SENDER = r"""
-import json, signal, socket, sys, time
+import json, os, signal, socket, sys, time
 stop = False
 def _stop(*_):
     global stop
@@ -332,6 +332,10 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", sport))
 payload = bytes([fill]) * size
+try:  # a flow from another machine keeps its pace: here it must not wait behind the ranks
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+except (AttributeError, OSError):
+    pass  # (not root, or no real-time scheduling: best effort)
 gap = (size + 42) * 8 / (mbit * 1e6)  # as HTB counts it: + UDP, IPv4, Ethernet headers
 n = skipped = 0
 start = began = time.monotonic()
