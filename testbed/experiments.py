@@ -465,7 +465,7 @@ def run_experiment(
             if traffic is not None:
                 traffic.stop()
     if traffic is not None and traffic.failure:
-        raise ExperimentError(f"{name}: the background flow stopped early ({traffic.failure})")
+        raise ExperimentError(f"{name}: the background flow failed ({traffic.failure})")
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()

@@ -378,7 +378,7 @@ class CrossTraffic:
     sink: subprocess.Popen[str]
     sent: dict[str, Any] = field(default_factory=dict)
     received: dict[str, Any] = field(default_factory=dict)
-    #: why the sender ended before it was stopped (None: it ran until then)
+    #: why the sender failed before it was stopped (None: it did not)
     failure: str | None = None
 
     def wait(self, timeout: float | None = None) -> int:
@@ -401,7 +401,7 @@ class CrossTraffic:
             try:
                 out, err = self.sender.communicate(timeout=5)
                 self.sent = _last_json(out)
-                if ended is not None:  # it stopped sending on its own, before the run ended
+                if ended:  # it failed on its own, before it was stopped
                     why = (err or "").strip().splitlines()[-3:]
                     self.failure = f"exit code {ended}" + (f": {' / '.join(why)}" if why else "")
             except subprocess.TimeoutExpired:
