@@ -31,7 +31,7 @@ Scenarios:
                 (a sender held up catches up on at most 32 missed packets and
                 skips the rest, rather than bursting them all into a 100-packet
                 queue; the CSV's ``background_mbit`` is the rate it reached; a
-                run whose flow stopped early fails).
+                run whose flow failed fails).
                 It is not DLCP traffic: the DLCP profile puts it (TOS 0,
                 Not-ECT) in class 0's drop-eligible queue, below every class
                 DLCP's data uses; on Gloo's FIFO it shares the queue with Gloo.
