@@ -126,13 +126,14 @@ def tc_commands(policy: SwitchPolicy | FifoPolicy, dev: str) -> list[list[str]]:
              "flowid", flowid]
         )  # fmt: skip
 
-    for c in reversed(range(policy.n_classes)):
+    for c in reversed(policy.marked_classes()):  # (those above the policy's: its top queue)
+        q = policy.queue_of(c)
         for tos in policy.tos_values(c, drop=False):
-            tos_filter(1, tos, class_id(c, 1))
+            tos_filter(1, tos, class_id(q, 1))
         for tos in policy.tos_values(c, drop=True):
             # drop-eligible: DLCP's data (UDP) only; anything else with that TOS
             # byte (DLCP's TCP control channel, whose ECN bits the kernel clears)
             # is protected, as the P4 program treats what it does not parse as DLCP
-            tos_filter(1, tos, class_id(c, 2), "match", "ip", "protocol", "17", "0xff")
-            tos_filter(2, tos, class_id(c, 1))
+            tos_filter(1, tos, class_id(q, 2), "match", "ip", "protocol", "17", "0xff")
+            tos_filter(2, tos, class_id(q, 1))
     return cmds

@@ -125,12 +125,14 @@ def entries_to_json(entries: Iterable[TableEntry]) -> list[dict[str, Any]]:
 
 def policy_entries(policy: SwitchPolicy) -> list[TableEntry]:
     """The priority map and drop thresholds of ``policy``: DLCP class ``c`` and its
-    DSCP go to queue ``policy.queue_of(c)``, and that queue drops drop-eligible DLCP
-    packets above ``policy.drop_threshold(c)`` packets. Classes outside the policy
-    and other DSCPs take the tables' default (queue 0, no threshold)."""
+    DSCP go to queue ``policy.queue_of(c)`` (for the
+    :meth:`~.SwitchPolicy.marked_classes`: those above the policy's share its
+    top queue, as tc and SONiC map them), and that queue drops drop-eligible DLCP
+    packets above ``policy.drop_threshold(c)`` packets. Other DSCPs take the
+    tables' default (queue 0, no threshold)."""
     n = P4Names
     out: list[TableEntry] = []
-    for c in range(policy.n_classes):
+    for c in policy.marked_classes():  # (those above the policy's: its top queue)
         out.append(
             TableEntry(
                 n.CLASS_TO_QUEUE,
@@ -140,7 +142,7 @@ def policy_entries(policy: SwitchPolicy) -> list[TableEntry]:
                 note=f"DLCP class {c}",
             )
         )
-    for c in range(policy.n_classes):
+    for c in policy.marked_classes():
         out.append(
             TableEntry(
                 n.DSCP_TO_QUEUE,

@@ -13,8 +13,14 @@ same object into one target's configuration:
 
 Classes and queues: DLCP class ``c`` (0..n_classes-1; 7 is the most urgent, as in
 the spec's ``tclass``) is served from queue ``c``; strict priority serves the higher
-queue first. Protected packets of class ``c`` may fill ``queue_limit(c)`` packets;
-drop-eligible ones (ECN Not-ECT on the wire, the ``drop`` bit in the DLCP header) are
+queue first. Senders use all eight classes whatever a switch has, and the control
+channel travels with class 7's DSCP: with fewer than eight queues, classes
+``n_classes``..7 share the top queue (and its thresholds), the most urgent one,
+unless the TOS map sends them unmarked (DSCP 0) or with a lower class's DSCP
+(:meth:`SwitchPolicy.marked_classes`).
+Protected packets of class ``c`` may fill ``queue_limit(c)`` packets;
+drop-eligible ones (ECN Not-ECT on the wire, the ``drop`` bit in the DLCP header; a
+retransmission keeps the bit but travels protected, spec §2.3) are
 dropped once the queue holds more than ``drop_threshold(c)`` packets. Traffic outside
 the classes is best effort (queue 0 on switches with 8 queues).
 
@@ -50,6 +56,7 @@ from typing import Any, TypeVar
 from dlcp.proto.wire import TosMap
 
 __all__ = [
+    "ALL_CLASSES",
     "ClassQueue",
     "FifoPolicy",
     "PolicyError",
@@ -105,11 +112,16 @@ class ClassQueue:
     drop_eligible_packets: int | None = None
 
 
+#: the priority classes DLCP senders use (the spec's tclass prio: 3 bits)
+ALL_CLASSES = range(8)
+
+
 @dataclass(frozen=True, slots=True)
 class SwitchPolicy:
     """What a DLCP-aware switch port does; see the module docstring.
 
-    ``n_classes``: DLCP priority classes 0..n_classes-1 get a queue each.
+    ``n_classes``: DLCP priority classes 0..n_classes-1 get a queue each (the
+    classes above share the top one, :meth:`queue_of`).
     ``queue_packets``: limit of a protected queue (and of best-effort).
     ``drop_eligible_packets``: queue depth above which drop-eligible packets are
     dropped (the tc profile's drop-eligible queue limit; must be smaller).
@@ -218,10 +230,26 @@ class SwitchPolicy:
         return self.drop_eligible_packets
 
     def queue_of(self, c: int) -> int:
-        """Switch queue (0 lowest .. 7 most urgent) that serves DLCP class ``c``."""
-        if not 0 <= c < self.n_classes:
-            raise PolicyError(f"class {c} outside 0..{self.n_classes - 1}")
-        return c
+        """Switch queue (0 lowest .. n_classes-1 most urgent) that serves DLCP
+        class ``c`` (0..7): its own, or the top one for a class above the
+        policy's (its packets, and the control channel's with class 7's DSCP,
+        are the most urgent: they must not fall to best effort)."""
+        if c not in ALL_CLASSES:
+            raise PolicyError(f"class {c} outside 0..7")
+        return min(c, self.n_classes - 1)
+
+    def marked_classes(self) -> list[int]:
+        """The classes whose DSCP this policy maps to a queue: its own, then each
+        class above them with a DSCP of its own (not 0, the best-effort codepoint,
+        nor a lower class's), which shares the top queue. A map that gives the
+        upper classes DSCP 0 sends them, and the control channel, best effort."""
+        out = list(range(self.n_classes))
+        seen = {self.tos.dscp[c] for c in out} | {0}
+        for c in range(self.n_classes, len(ALL_CLASSES)):
+            if self.tos.dscp[c] not in seen:
+                seen.add(self.tos.dscp[c])
+                out.append(c)
+        return out
 
     def htb_prio(self, c: int) -> int:
         """HTB prio (0 = served first) of DLCP class ``c``: higher class, lower number."""

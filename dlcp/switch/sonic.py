@@ -72,7 +72,7 @@ def sonic_config(policy: SwitchPolicy, ports: Sequence[str] = ("Ethernet0",)) ->
     classes = range(policy.n_classes)
     queue_class = {policy.queue_of(c): c for c in classes}
     dscp_tc = {str(d): "0" for d in range(64)}
-    for c in classes:
+    for c in policy.marked_classes():  # (those above the policy's: its top queue)
         dscp_tc[str(policy.tos.dscp[c])] = str(policy.queue_of(c))
     queues = sorted(queue_class)
 

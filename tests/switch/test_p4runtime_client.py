@@ -135,7 +135,9 @@ def test_spine_routes_each_host_to_its_leaf(
         ((bytes([10, 215, i, 0]), 24), port)
         for i, port in enumerate([b"\x01", b"\x01", b"\x02", b"\x02"])
     ]
-    assert len(got) == 4 + 3 * 2  # no ECMP on a spine; two classes
+    # no ECMP on a spine; two queues: every class (8) and every class's DSCP (8)
+    # mapped to one of them (classes 2..7 share the top one), two thresholds
+    assert len(got) == 4 + 8 + 8 + 2
 
 
 def test_write_errors_name_each_failed_update(

@@ -160,5 +160,30 @@ def test_policy_error_is_a_value_error() -> None:
 
 
 def test_queue_of_outside_classes() -> None:
-    with pytest.raises(PolicyError, match=r"class 3 outside 0\.\.2"):
-        SwitchPolicy(n_classes=3).queue_of(3)
+    """Classes above a policy's share its top queue (senders use all eight, and
+    the control channel has class 7's DSCP): they used to have no mapping and
+    fell to queue 0, below every DLCP class."""
+    p = SwitchPolicy(n_classes=3)
+    assert [p.queue_of(c) for c in range(8)] == [0, 1, 2, 2, 2, 2, 2, 2]
+    assert p.marked_classes() == list(range(8))  # the default map: 8 DSCPs of their own
+    with pytest.raises(PolicyError, match=r"class 8 outside 0\.\.7"):
+        p.queue_of(8)
+    # a map that sends the upper classes unmarked (DSCP 0) leaves them best effort
+    unmarked = SwitchPolicy(n_classes=3, tos=TosMap(dscp=(10, 18, 46, 0, 0, 0, 0, 0)))
+    assert unmarked.marked_classes() == [0, 1, 2]
+
+
+def test_a_policy_of_four_queues_serves_the_upper_classes_and_control_first() -> None:
+    """With 4 queues, class 7's DSCP (56: DLCP's most urgent data and its control
+    channel) went to best effort in tc, to queue 0 on BMv2, and to queue 0 with
+    class 0's WRED profile on SONiC (a review's finding): now to the top queue,
+    in every rendering."""
+    p = SwitchPolicy(n_classes=4)
+    top = "1:41"  # tc: class 3's protected leaf
+    filters = [c for c in tc_commands(p, "eth0") if c[:3] == ["tc", "filter", "add"]]
+    for tos in (56 << 2 | 0b10, 56 << 2):  # protected, and drop-eligible non-UDP
+        assert any(f"0x{tos:02x}" in c and c[-1] == top for c in filters), tos
+    dscp = {e.match[0][1].value: dict(e.params)["queue"] for e in policy_entries(p)
+            if e.table == P4Names.DSCP_TO_QUEUE}  # fmt: skip
+    assert dscp == {0: 0, 8: 1, 16: 2, 24: 3, 32: 3, 40: 3, 48: 3, 56: 3}
+    assert sonic_config(p)["DSCP_TO_TC_MAP"]["DLCP"]["56"] == "3"
