@@ -135,6 +135,9 @@ class Endpoint:
         self._peers.publish(self.address)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        # a full buffer already wakes the I/O thread: a wake must not block (a
+        # writer under the lock would wait for a reader that needs the lock)
+        self._wake_w.setblocking(False)
         #: guards the session, the sockets and the tables below (module docstring);
         #: re-entrant: a future's callback may send or receive
         self._lock = threading.RLock()

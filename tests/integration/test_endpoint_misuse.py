@@ -229,3 +229,36 @@ def test_a_stranger_replaying_a_peers_connection_is_refused_at_its_hello() -> No
     finally:
         for ep in (a, b, c):
             ep.close()
+
+
+def test_cancelling_many_receives_while_sending_does_not_deadlock() -> None:
+    """Every cancel wakes the I/O thread with a byte on a socket pair; a burst of
+    cancels filled it, and the next wake, written under the endpoint's lock,
+    blocked while the I/O thread waited for that lock to read it (a review's
+    reproducer: 3 hangs in 3 runs). The wake is non-blocking now."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=60.0)
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2))
+    futs = [b.recv(src=0, msg=i % 60000, step=i // 60000 + 1) for i in range(10_000)]
+    done = threading.Event()
+
+    def cancel() -> None:
+        for f in futs:
+            f.cancel()
+        done.set()
+
+    def send() -> None:
+        i = 0
+        while not done.is_set():
+            b.send(X, to=0, msg=i % 60000, step=1000 + i // 60000)
+            i += 1
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (send, cancel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    stuck = [t for t in threads if t.is_alive()]
+    assert not stuck, "deadlocked: a wake blocked under the endpoint's lock"
+    for ep in (a, b):
+        ep.close()
