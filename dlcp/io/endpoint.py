@@ -342,7 +342,13 @@ class Endpoint:
 
     def _resolve(self, peer: int, what: str) -> None:
         """Fail now, in the caller, on a rank without an address (waiting at most
-        the endpoint's timeout for one that has yet to publish it)."""
+        the endpoint's timeout for one that has yet to publish it); at once on a
+        rank outside the job, which never will."""
+        peers = self._session.peers  # (set when the endpoint was made: no lock)
+        if peers is not None and peer not in peers:
+            ranks = sorted(peers)
+            known = f"0..{ranks[-1]}" if ranks == list(range(len(ranks))) else str(ranks)
+            raise ValueError(f"rank {self.rank}: {what}: no rank {peer} in this job ({known})")
         try:
             self._peers.resolve(peer, timeout=self.config.timeout)
         except PeerTimeout as exc:

@@ -262,3 +262,19 @@ def test_cancelling_many_receives_while_sending_does_not_deadlock() -> None:
     assert not stuck, "deadlocked: a wake blocked under the endpoint's lock"
     for ep in (a, b):
         ep.close()
+
+
+def test_a_rank_outside_the_job_is_refused_at_once() -> None:
+    """send(to=5) in a job of 2 waited the endpoint's whole timeout for rank 5 to
+    publish an address, then blamed it for not doing so."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=20.0)
+    a = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg)
+    try:
+        started = time.monotonic()
+        for call in (lambda: a.send(X, to=5, msg=1), lambda: a.recv(src=-1, msg=1)):
+            with pytest.raises(ValueError, match=r"no rank -?\d in this job \(0\.\.1\)"):
+                call()
+        assert time.monotonic() - started < 5
+    finally:
+        a.close()
