@@ -229,13 +229,14 @@ class _Prefixed:
         return self._store.get(self._prefix + key)
 
     def __getattr__(self, name: str) -> Any:
-        # wait(keys, timeout), where the store has it: the endpoint then waits for a
-        # peer's address at most its own timeout (PeerBook.resolve), not the store's
-        if name != "wait":
+        # wait(keys, timeout) and check(keys), where the store has them: the endpoint
+        # then waits for a peer's address at most its own timeout, not the store's
+        # (PeerBook.resolve), and its I/O thread not at all (PeerBook.known)
+        if name not in ("wait", "check"):
             raise AttributeError(name)
-        wait = self._store.wait  # type: ignore[attr-defined]  # (AttributeError: cannot wait)
+        method = getattr(self._store, name)  # (AttributeError: the store has none)
 
-        def prefixed_wait(keys: list[str], *args: Any) -> Any:
-            return wait([self._prefix + k for k in keys], *args)
+        def prefixed(keys: list[str], *args: Any) -> Any:
+            return method([self._prefix + k for k in keys], *args)
 
-        return prefixed_wait
+        return prefixed

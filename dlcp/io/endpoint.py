@@ -297,6 +297,7 @@ class Endpoint:
                     "control_in": self._stats.control_in,
                     "control_rejected": self._stats.control_rejected,
                     "control_out": self._stats.control_out,
+                    "unroutable": self._stats.unroutable,
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
@@ -567,13 +568,19 @@ class Endpoint:
             self._peer_gone(gone)
 
     def _address_of(self, peer: int) -> PeerAddress | None:
-        """A peer's address, under the lock. A peer that sent us something has
-        published its address already, so a store lookup returns at once."""
+        """A peer's address, under the lock, without waiting: a peer that sent
+        us something has published its address already. A rank that has not
+        (a stray or forged datagram named it) gets nothing sent, and the I/O
+        thread does not wait on the store for it (it did, for the store's own
+        timeout, with the lock held)."""
         try:
-            return self._peers.resolve(peer)
+            addr = self._peers.known(peer)
         except Exception as exc:
             self._peer_gone(PeerGone(peer, f"rank {peer} has no known address: {exc}"))
             return None
+        if addr is None:
+            self._stats.unroutable += 1
+        return addr
 
     def _peer_gone(self, gone: PeerGone) -> None:
         if gone.rank not in self._gone:

@@ -101,6 +101,20 @@ class PeerBook:
         if self.store is not None:
             self.store.set(store_key(self.job, self.rank), address.encode())
 
+    def known(self, peer: int) -> PeerAddress | None:
+        """``peer``'s address if it can be had without waiting: known here, or
+        published in the store already (None if not: a rank that sent something
+        but never published an address is not one of the job's). For the I/O
+        thread, which must not wait on the store."""
+        addr = self.addresses.get(peer)
+        if addr is not None or self.store is None or peer == self.rank:
+            return addr
+        key = store_key(self.job, peer)
+        check = getattr(self.store, "check", None)
+        if callable(check) and not check([key]):
+            return None
+        return self.resolve(peer)
+
     def resolve(self, peer: int, *, timeout: float | None = None) -> PeerAddress:
         """``peer``'s address; ValueError if it is this rank or has none.
 

@@ -75,3 +75,5 @@ class DriverStats:
     control_in: int = 0
     control_rejected: int = 0
     receive_calls: int = 0
+    #: sends to a rank with no published address (a stray or forged datagram's)
+    unroutable: int = 0

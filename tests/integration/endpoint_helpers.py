@@ -111,6 +111,11 @@ class LocalStore:
                 raise KeyError(key)
             return self._known[key]
 
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key is set (torch's ``Store.check``), without waiting."""
+        with self._cond:
+            return all(k in self._known for k in keys)
+
     def add(self, rank: int, address: str) -> None:
         self.set(f"dlcp/{JOB}/addr/{rank}", address)
 

@@ -278,3 +278,41 @@ def test_a_rank_outside_the_job_is_refused_at_once() -> None:
         assert time.monotonic() - started < 5
     finally:
         a.close()
+
+
+def test_a_datagram_from_a_rank_that_never_published_does_not_stall_the_endpoint() -> None:
+    """With store= and no world_size any rank may send. A forged data packet that
+    claims rank 7 made the I/O thread answer rank 7 and wait on the store, with
+    the endpoint's lock held, for an address rank 7 never published: every
+    transfer stalled for the store's timeout (a review's reproducer: 10 s)."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=20.0)
+    a, b = (Endpoint(r, store=store, job=JOB, config=cfg) for r in range(2))
+    sent: list[bytes] = []
+    real_send = b._data.send
+
+    def spy(data: Any, segment_size: int, count: int, **kw: Any) -> int:
+        sent.append(bytes(data[:segment_size]))
+        return int(real_send(data, segment_size, count, **kw))
+
+    b._data.send = spy  # type: ignore[method-assign]
+    try:
+        got = a.recv(src=1, msg=1)
+        b.send(X, to=0, msg=1).result(10)
+        got.result(10)
+        forged = bytearray(sent[0])
+        forged[26:28] = (7).to_bytes(2, "big")  # src: rank 7
+        forged[8:10] = (55).to_bytes(2, "big")  # msg 55
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.sendto(bytes(forged), ("127.0.0.1", a.address.data_port))
+        started = time.monotonic()
+        for m in range(2, 5):
+            got = a.recv(src=1, msg=m)
+            b.send(X, to=0, msg=m).result(10)
+            assert np.array_equal(got.result(10).data, X)
+        assert time.monotonic() - started < 5, "the endpoint stalled"
+        stats = a.stats()
+        assert stats["unroutable"] >= 1 and stats["peers_gone"] == {}
+    finally:
+        for ep in (a, b):
+            ep.close()

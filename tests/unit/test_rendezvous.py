@@ -154,3 +154,20 @@ def test_an_ipv6_master_and_a_port_out_of_range_are_named() -> None:
         rendezvous.local_address("::1")
     with pytest.raises(ConfigError, match=r"MASTER_PORT=99999 is not a port \(1\.\.65535\)"):
         rendezvous.env_job({**_env(0), "MASTER_PORT": "99999"})
+
+
+def test_a_prefixed_store_view_checks_and_waits_under_its_prefix() -> None:
+    """The endpoint's I/O thread asks check() (never waits) and its callers
+    wait() for a peer's address: a view under a prefix must pass both on."""
+    import datetime
+
+    from torch.distributed import HashStore  # type: ignore[attr-defined]
+
+    from dlcp.rendezvous import _Prefixed
+
+    base = HashStore()
+    view = _Prefixed(base, "view/")
+    assert not view.check(["k"])
+    base.set("view/k", b"v")
+    assert view.check(["k"]) and view.get("k") == b"v"
+    view.wait(["k"], datetime.timedelta(seconds=1))
