@@ -128,12 +128,12 @@ class Endpoint:
                 rto_min=cfg.control_rto_min,
                 key=key if protocol.authenticate else None,
             )
+            self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
+            self._peers.publish(self.address)  # (the store may fail)
+            self._wake_r, self._wake_w = socket.socketpair()
         except BaseException:
-            self._data.close()
+            self._close_sockets()
             raise
-        self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
-        self._peers.publish(self.address)
-        self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         # a full buffer already wakes the I/O thread: a wake must not block (a
         # writer under the lock would wait for a reader that needs the lock)
@@ -162,7 +162,17 @@ class Endpoint:
         self._closing = False
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # (no thread to be had)
+            self._close_sockets()
+            raise
+
+    def _close_sockets(self) -> None:
+        """Every socket this endpoint opened, of those it got to open."""
+        for name in ("_data", "_control", "_wake_r", "_wake_w"):
+            if (sock := getattr(self, name, None)) is not None:
+                sock.close()
 
     # ------------------------------------------------------------------ API
 
@@ -291,13 +301,7 @@ class Endpoint:
                     "rejected": dict(s.rejected),
                     "late_packets": s.late_packets,
                     "stale_control": s.stale_control,
-                    "receive_calls": self._stats.receive_calls,
-                    "data_batches_out": self._stats.data_batches_out,
-                    "data_send_errors": self._stats.data_send_errors,
-                    "control_in": self._stats.control_in,
-                    "control_rejected": self._stats.control_rejected,
-                    "control_out": self._stats.control_out,
-                    "unroutable": self._stats.unroutable,
+                    **dataclasses.asdict(self._stats),  # the driver's own counters
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
@@ -411,17 +415,15 @@ class Endpoint:
         except BaseException as exc:  # keep the endpoint's users from hanging
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
             failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
-            self._transfers.fail_all(failed)
+            with self._lock:  # (callers change the tables under it)
+                self._transfers.fail_all(failed)
             raise
         finally:
             with self._lock:
                 self._closing = True  # after a crash too: later calls fail instead of hanging
                 self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
                 sel.close()
-                self._data.close()
-                self._control.close()
-                self._wake_r.close()
-                self._wake_w.close()
+                self._close_sockets()
             self._closed.set()
 
     def _take_input(

@@ -316,3 +316,26 @@ def test_a_datagram_from_a_rank_that_never_published_does_not_stall_the_endpoint
     finally:
         for ep in (a, b):
             ep.close()
+
+
+class _FailingStore(LocalStore):
+    def set(self, key: str, value: str | bytes) -> None:
+        raise RuntimeError("store down")
+
+
+def test_an_endpoint_that_fails_to_start_closes_its_sockets() -> None:
+    """A store that fails when the endpoint publishes its address: the sockets it
+    had bound stayed open (the same ports could not be bound again while the
+    error was held, and ResourceWarnings followed)."""
+    from dlcp.launch import free_port
+
+    cfg = EndpointConfig(timeout=5.0, data_port=free_port(), control_port=free_port())
+    errors = []
+    for _ in range(2):  # the second attempt binds the same ports
+        try:
+            Endpoint(0, store=_FailingStore(), world_size=2, job=JOB, config=cfg)
+        except RuntimeError as exc:
+            errors.append(exc)  # (held: its frames keep the endpoint alive)
+    assert [str(e) for e in errors] == ["store down"] * 2
+    ep = Endpoint(0, store=LocalStore(), world_size=2, job=JOB, config=cfg)
+    ep.close()
