@@ -168,6 +168,10 @@ class Endpoint:
             self._close_sockets()
             raise
 
+    def _runs_io(self) -> bool:
+        """Whether this thread is the I/O thread or holds the lock for a command."""
+        return threading.get_ident() in (self._thread.ident, self._holder)
+
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open."""
         for name in ("_data", "_control", "_wake_r", "_wake_w"):
@@ -194,7 +198,8 @@ class Endpoint:
         DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
         message = f"message (step {step}, msg {msg}) to rank {to}"
         self._resolve(to, message)
-        fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}")
+        fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}",
+                                                         blocked=self._runs_io)
 
         def command() -> None:
             key = (to, step, msg)
@@ -243,7 +248,8 @@ class Endpoint:
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         message = f"message (step {step}, msg {msg}) from rank {src}"
         self._resolve(src, message)
-        fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}")
+        fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}",
+                                                       blocked=self._runs_io)
 
         def command() -> None:
             key = (src, step, msg)
@@ -265,12 +271,7 @@ class Endpoint:
                 self._transfers.claim(fut, done, out, p=p, fill=wanted)
                 return
             if src in self._gone:
-                fut.set_exception(
-                    TransferFailed(
-                        f"rank {self.rank}: message (step {step}, msg {msg}) from rank {src}: "
-                        f"{self._gone[src]}"
-                    )
-                )
+                fut.set_exception(TransferFailed(f"rank {self.rank}: {message}: {self._gone[src]}"))
                 return
             try:
                 self._session.expect_message(
@@ -319,13 +320,12 @@ class Endpoint:
         if not self._closing:
             self._closing = True
             self._wake()
-        # also after the thread stopped on its own (a crash); never from itself or
-        # from a future's callback that runs while this thread holds the lock (the
-        # I/O thread needs it to finish): then the I/O thread finishes afterwards
-        if threading.current_thread() is not self._thread and (
-            self._holder != threading.get_ident()
-        ):
-            self._thread.join()
+        # (also after a crash); not from a callback on the I/O thread or under the
+        # lock, which the I/O thread needs to finish: it finishes afterwards then
+        if not self._runs_io():
+            self._thread.join(self.config.timeout)
+            if self._thread.is_alive():  # (a callback that blocks it: say so, not hang)
+                log.error("rank %d: close(): the I/O thread did not stop", self.rank)
 
     def __enter__(self) -> Endpoint:
         return self

@@ -3,6 +3,7 @@ receive, a pending operation's future and deadline, the driver's counters."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,11 +35,34 @@ class TransferFuture(Future[_T]):
     """The future of a send or receive. Its caller may cancel it (the endpoint then
     forgets the transfer); the endpoint settling a cancelled one is a no-op, not
     an error in the I/O thread, whichever of the two came first. ``what`` names
-    the transfer (rank, message, peer) for errors raised about it elsewhere."""
+    the transfer (rank, message, peer) for errors raised about it elsewhere.
 
-    def __init__(self, what: str = "") -> None:
+    Callbacks run in the thread that settles the future, with the endpoint's lock
+    held: its I/O thread, or a caller's. Waiting there for a transfer that is not
+    done would stop the thread that must move it: ``result()`` and
+    ``exception()`` raise RuntimeError instead (``blocked`` tells when: the
+    endpoint's test for "this thread runs its I/O or holds its lock")."""
+
+    def __init__(self, what: str = "", *, blocked: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.what = what
+        self._blocked = blocked
+
+    def result(self, timeout: float | None = None) -> _T:
+        self._check_wait()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._check_wait()
+        return super().exception(timeout)
+
+    def _check_wait(self) -> None:
+        if not self.done() and self._blocked is not None and self._blocked():
+            raise RuntimeError(
+                f"{self.what}: waiting for it here would deadlock the endpoint (this "
+                "thread runs its I/O or holds its lock: a future's callback?); chain "
+                "with add_done_callback, or wait in another thread"
+            )
 
     def set_result(self, result: _T) -> None:
         try:

@@ -339,3 +339,35 @@ def test_an_endpoint_that_fails_to_start_closes_its_sockets() -> None:
     assert [str(e) for e in errors] == ["store down"] * 2
     ep = Endpoint(0, store=LocalStore(), world_size=2, job=JOB, config=cfg)
     ep.close()
+
+
+def test_waiting_inside_a_callback_raises_instead_of_freezing_the_endpoint() -> None:
+    """A receive's callback that sends a reply and waits for it ran on the I/O
+    thread, with the endpoint's lock held: the reply could never move, no
+    timeout fired (expiry runs on that thread) and close() hung (a review's
+    reproducer). Waiting there raises now; the endpoint goes on."""
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0)
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2))
+    raised: list[BaseException] = []
+    replies: list[Any] = []
+
+    def echo(f: Any) -> None:
+        reply = b.send(f.result().data, to=0, msg=2)
+        replies.append(reply)
+        try:
+            reply.result()  # (this thread must move it)
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    try:
+        got = b.recv(src=0, msg=1)
+        got.add_done_callback(echo)
+        back = a.recv(src=1, msg=2)
+        a.send(X, to=1, msg=1).result(10)
+        assert np.array_equal(back.result(10).data, X)  # the reply went all the same
+        assert len(raised) == 1 and "would deadlock the endpoint" in str(raised[0])
+        assert replies[0].result(10).msg_elems == len(X)  # waited for outside: fine
+    finally:
+        for ep in (a, b):
+            ep.close()
