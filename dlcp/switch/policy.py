@@ -293,18 +293,34 @@ _Policy = TypeVar("_Policy", SwitchPolicy, FifoPolicy)
 
 def on_link(policy: _Policy, link_rate_mbit: float | None, queue_packets: int | None) -> _Policy:
     """``policy`` for one link that has a rate or buffer of its own (None: the
-    policy's); a DLCP policy's drop-eligible threshold keeps its share of the
-    buffer. The testbed installs this on every link a topology file names in
-    ``[[links]]``, and ``dlcp switch config`` prints it."""
+    policy's); a DLCP policy's queues and drop-eligible thresholds, per-class
+    overrides included, keep their share of the buffer. The testbed installs
+    this on every link a topology file names in ``[[links]]``, and ``dlcp switch
+    config`` prints it."""
     rate = policy.link_rate_mbit if link_rate_mbit is None else link_rate_mbit
     queue = policy.queue_packets if queue_packets is None else queue_packets
     if isinstance(policy, SwitchPolicy):
-        share = policy.drop_eligible_packets / policy.queue_packets
+        scale = queue / policy.queue_packets
+
+        def scaled(packets: int | None, limit: int) -> int | None:
+            return None if packets is None else max(1, min(limit, round(packets * scale)))
+
+        classes = tuple(
+            dataclasses.replace(
+                o,
+                queue_packets=scaled(o.queue_packets, 1 << 30),
+                drop_eligible_packets=scaled(
+                    o.drop_eligible_packets, (scaled(o.queue_packets, 1 << 30) or queue) - 1
+                ),
+            )
+            for o in policy.classes
+        )
         return dataclasses.replace(
             policy,
             link_rate_mbit=rate,
             queue_packets=queue,
-            drop_eligible_packets=max(1, min(queue - 1, round(share * queue))),
+            drop_eligible_packets=scaled(policy.drop_eligible_packets, queue - 1) or 1,
+            classes=classes,
         )
     return dataclasses.replace(policy, link_rate_mbit=rate, queue_packets=queue)
 

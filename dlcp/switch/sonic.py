@@ -54,6 +54,9 @@ def _check_ports(ports: Sequence[str]) -> None:
         raise PolicyError(f"ports: duplicate port names in {list(ports)}")
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def sonic_config(policy: SwitchPolicy, ports: Sequence[str] = ("Ethernet0",)) -> dict[str, Any]:
     """The QoS tables of ``policy`` applied to ``ports``.
 
@@ -76,6 +79,12 @@ def sonic_config(policy: SwitchPolicy, ports: Sequence[str] = ("Ethernet0",)) ->
         dscp_tc[str(policy.tos.dscp[c])] = str(policy.queue_of(c))
     queues = sorted(queue_class)
 
+    for c in classes:  # (orchagent reads byte counts as 32-bit integers)
+        if (policy.queue_limit(c) + 1) * policy.mtu_bytes > _INT32_MAX:
+            raise PolicyError(
+                f"class {c}: {policy.queue_limit(c)} packets of {policy.mtu_bytes} bytes "
+                f"exceed the {_INT32_MAX} bytes a SONiC threshold holds"
+            )
     wred: dict[str, dict[str, str]] = {}
     for c in classes:
         lo = policy.drop_threshold(c) * policy.mtu_bytes

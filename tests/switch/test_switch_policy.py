@@ -16,6 +16,7 @@ from dlcp.switch.policy import (
     PolicyError,
     SwitchPolicy,
     load_policy,
+    on_link,
     policy_from_dict,
 )
 from dlcp.switch.sonic import sonic_config
@@ -187,3 +188,29 @@ def test_a_policy_of_four_queues_serves_the_upper_classes_and_control_first() ->
             if e.table == P4Names.DSCP_TO_QUEUE}  # fmt: skip
     assert dscp == {0: 0, 8: 1, 16: 2, 24: 3, 32: 3, 40: 3, 48: 3, 56: 3}
     assert sonic_config(p)["DSCP_TO_TC_MAP"]["DLCP"]["56"] == "3"
+
+
+def test_a_links_buffer_scales_the_per_class_overrides_too() -> None:
+    """on_link rescaled only the policy-wide limit and threshold: a class 7 of
+    200 / 80 packets kept them on a 50-packet link (a drop threshold above the
+    whole buffer), and a class 7 of 50 on a 200-packet link was refused with a
+    threshold (80) the user never wrote (a review's finding)."""
+    deep7 = SwitchPolicy(queue_packets=100, drop_eligible_packets=40,
+                         classes=(ClassQueue(7, 200, 80),))  # fmt: skip
+    small = on_link(deep7, None, 50)
+    assert (small.queue_limit(7), small.drop_threshold(7)) == (100, 40)
+    assert (small.queue_limit(0), small.drop_threshold(0)) == (50, 20)
+    short7 = SwitchPolicy(queue_packets=100, drop_eligible_packets=40,
+                          classes=(ClassQueue(7, queue_packets=50),))  # fmt: skip
+    big = on_link(short7, None, 200)
+    assert (big.queue_limit(7), big.drop_threshold(7)) == (100, 80)
+    assert (big.queue_limit(0), big.drop_threshold(0)) == (200, 80)
+
+
+def test_sonic_refuses_thresholds_past_32_bits() -> None:
+    """orchagent parses WRED thresholds and buffer sizes as 32-bit integers: a
+    deep queue of jumbo frames rendered into a value it would reject (or wrap)."""
+    deep = SwitchPolicy(queue_packets=300_000, drop_eligible_packets=100_000, mtu_bytes=9000)
+    with pytest.raises(PolicyError, match=r"class 0: 300000 packets of 9000 bytes exceed"):
+        sonic_config(deep)
+    sonic_config(SwitchPolicy(queue_packets=200_000, drop_eligible_packets=100_000))  # 1500 B
