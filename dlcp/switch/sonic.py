@@ -7,7 +7,10 @@ Tables (names and fields as SONiC's orchagent reads them):
   other DSCP to TC 0 (best effort), listed explicitly so no platform default applies;
 * ``TC_TO_QUEUE_MAP|DLCP``: TC ``q`` to queue ``q``;
 * ``SCHEDULER|DLCP_SP_Q<q>``: ``type`` ``STRICT`` with ``priority`` ``q`` -- strict
-  priority, the higher queue (the more urgent DLCP class) served first;
+  priority, meant to serve the higher queue (the more urgent DLCP class) first.
+  The order among strict queues is the ASIC's own (orchagent is reported to
+  ignore ``priority``; not checked here): check that the platform serves the
+  higher queue first;
 * ``WRED_PROFILE|DLCP_C<c>``: ECN marking on (``ecn_all``). ECT packets -- DLCP's
   protected ones (ECT(0)) -- are *marked* above the thresholds and keep queueing up
   to the queue's buffer limit; Not-ECT packets -- the drop-eligible ones -- are
