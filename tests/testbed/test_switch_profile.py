@@ -193,13 +193,15 @@ def test_tc_commands_structure() -> None:
     filters = _by_verb(cmds, "filter")
     flt = {(_opt(f, "prio"), _opt(f, "tos"), _opt(f, "protocol", 2), _opt(f, "flowid"))
            for f in filters}  # fmt: skip
-    assert len(filters) == 3 * 5
-    for c in range(3):
-        d = 8 * c << 2
-        assert ("1", f"0x{d:02x}", "17", f"1:{c + 1}2") in flt  # Not-ECT UDP -> drop-eligible
-        assert ("2", f"0x{d:02x}", None, f"1:{c + 1}1") in flt  # Not-ECT other -> protected
+    # (all 8 classes' TOS bytes: classes 3..7, with DSCPs of their own in the
+    # default map, share the top class, 2: senders use 8, control has class 7's)
+    assert len(filters) == 8 * 5
+    for c in range(8):
+        d, q = 8 * c << 2, min(c, 2)
+        assert ("1", f"0x{d:02x}", "17", f"1:{q + 1}2") in flt  # Not-ECT UDP -> drop-eligible
+        assert ("2", f"0x{d:02x}", None, f"1:{q + 1}1") in flt  # Not-ECT other -> protected
         for ecn in (1, 2, 3):
-            assert ("1", f"0x{d | ecn:02x}", None, f"1:{c + 1}1") in flt
+            assert ("1", f"0x{d | ecn:02x}", None, f"1:{q + 1}1") in flt
     assert all(f[f.index("tos") + 2] == "0xff" for f in filters)
 
 
