@@ -276,13 +276,18 @@ class Communicator:
         self.channel = channel
         self.timeout = timeout if timeout is not None else endpoint.config.timeout
         self._calls = _claim_call_numbers(self)
+        self._closed = False
 
     def close(self) -> None:
         """Give the channel back: a later communicator on this endpoint and channel
-        continues the call numbers (one that is garbage-collected gives it back too)."""
+        continues the call numbers (one that is garbage-collected gives it back too).
+        This one takes no more."""
+        self._closed = True
         _release_call_numbers(self)
 
     def next_call(self) -> int:
+        if self._closed:  # (its numbers may belong to a later communicator now)
+            raise RuntimeError(f"rank {self.rank}: channel {self.channel}'s communicator is closed")
         return self._calls.take()
 
     @contextlib.contextmanager
@@ -362,6 +367,8 @@ class Communicator:
         try:
             return fut.result(timeout=limit)
         except FutureTimeout:
+            if fut.done():  # the endpoint's own PeerTimeout (a TimeoutError too): keep it
+                raise
             fut.cancel()
             what = getattr(fut, "what", "") or f"rank {self.rank}: a message of a collective call"
             raise PeerTimeout(

@@ -17,6 +17,7 @@ loss is for arrays large enough that bandwidth matters: the ring.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -70,10 +71,10 @@ def direct_allreduce(
     average: bool = False,
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across the ranks, in place, in one round."""
+    call = comm.next_call()  # first: a call this rank refuses still takes its number
     check_array(data, "direct_allreduce")
     n, r = comm.world_size, comm.rank
     average = divide_first(data, n, average)
-    call = comm.next_call()
     report = ReportBuilder("direct_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
@@ -83,12 +84,13 @@ def direct_allreduce(
     others = [q for q in range(n) if q != r]
     arrays = {q: np.empty_like(data) for q in others}
     arrays[r] = mine
-    recvs = [
-        (q, comm.recv(arrays[q], src=q, call=call, role=0, p=0.0, fill=FillPolicy.ZERO))
-        for q in others
-    ]
+    recvs: list[tuple[int, Future[Any]]] = []
     sends = SendTracker()
     try:
+        for q in others:
+            recvs.append(
+                (q, comm.recv(arrays[q], src=q, call=call, role=0, p=0.0, fill=FillPolicy.ZERO))
+            )
         for q in others:
             sends.add(comm.send(mine, to=q, call=call, role=0, segments=segments, p=0.0))
         for _, incoming in recvs:

@@ -83,12 +83,12 @@ def halving_doubling_allreduce(
     average: bool = False,
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across a power-of-two number of ranks, in place."""
+    call = comm.next_call()  # first: a call this rank refuses still takes its number
     check_allreduce(data, "halving_doubling_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
     if not is_power_of_two(n):
         raise ValueError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
     average = divide_first(data, n, average)
-    call = comm.next_call()
     report = ReportBuilder("halving_doubling_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()

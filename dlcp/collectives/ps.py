@@ -73,6 +73,9 @@ def ps_allreduce(
 ) -> CollectiveReport:
     """A worker's step: push ``data``'s shards, pull the aggregate back into ``data``.
     A rank that is both worker and server also aggregates its own shard."""
+    # first: a call this rank refuses still takes its number (a dedicated server,
+    # which cannot see why, took its own: later calls stay paired)
+    call = comm.next_call()
     check_array(data, "ps_allreduce")
     check_reduce_fill(fill, "ps_allreduce")
     srv, wrk = check_roles(comm.world_size, servers, workers)
@@ -88,24 +91,20 @@ def ps_allreduce(
             f"{empty} an empty shard"
         )
     average = divide_first(data, len(wrk), average)  # (a dedicated server knows by the type)
-    call = comm.next_call()
     report = ReportBuilder("ps_allreduce", call, len(data))
     pushes: list[Future[Any]] = []
-    for i, server in enumerate(srv):
-        a, b = bounds[i], bounds[i + 1]
-        if server != r and a < b:  # fewer elements than servers: empty shards move nothing
-            pushes.append(
-                comm.send_part(
-                    data, a, b, to=server, call=call, role=PUSH, segments=segments, p=p_push
-                )
-            )
-    if p_pull > 0 and not average:  # (the pushes have copied their bytes already)
-        for i, server in enumerate(srv):
-            if server != r:  # a lost pulled element keeps this worker's estimate of the sum
-                data[bounds[i] : bounds[i + 1]] *= data.dtype.type(len(wrk))
     pull_fill = copy_fill(p_pull)
     incoming: list[Future[Received]] = []
     try:
+        for i, server in enumerate(srv):
+            a, b = bounds[i], bounds[i + 1]
+            if server != r and a < b:  # fewer elements than servers: empty shards move nothing
+                pushes.append(comm.send_part(data, a, b, to=server, call=call, role=PUSH,
+                                             segments=segments, p=p_push))  # fmt: skip
+        if p_pull > 0 and not average:  # (the pushes have copied their bytes already)
+            for i, server in enumerate(srv):
+                if server != r:  # a lost pulled element keeps this worker's estimate of the sum
+                    data[bounds[i] : bounds[i + 1]] *= data.dtype.type(len(wrk))
         for i, server in enumerate(srv):
             if server != r and bounds[i] < bounds[i + 1]:
                 incoming.append(
@@ -162,18 +161,19 @@ def ps_serve(
     Shapes come from the packets; the first worker's message sets them. ``segments``
     (offset, length, layer) of the shard's layers, offsets from the shard's start,
     give the pulls their classes (without them a pull is one class)."""
+    call = comm.next_call()  # first: a call this rank refuses still takes its number
     check_reduce_fill(fill, "ps_serve")
     srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r in wrk or r not in srv:
         raise ValueError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
-    call = comm.next_call()
     report = ReportBuilder("ps_serve", call, 0)  # (its clock runs from here; size below)
-    futs = [
-        comm.endpoint.recv(src=w, step=call, msg=comm.msg_id(PUSH), p=p_push, fill=fill)
-        for w in wrk
-    ]
+    futs: list[Future[Any]] = []
     try:
+        for w in wrk:
+            futs.append(
+                comm.endpoint.recv(src=w, step=call, msg=comm.msg_id(PUSH), p=p_push, fill=fill)
+            )
         return _serve_shards(comm, futs, wrk, call, report, p_push=p_push, p_pull=p_pull,
                              segments=segments, average=average)  # fmt: skip
     except BaseException:  # nothing of the call stays behind in the endpoint

@@ -83,10 +83,10 @@ def ring_allreduce(
     average: bool = False,
 ) -> CollectiveReport:
     """Sum (or average) ``data`` across the ring, in place."""
+    call = comm.next_call()  # first: a call this rank refuses still takes its number
     check_allreduce(data, "ring_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
     average = divide_first(data, n, average)
-    call = comm.next_call()
     report = ReportBuilder("ring_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()

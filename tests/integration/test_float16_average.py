@@ -71,3 +71,4 @@ def test_float16_average_does_not_overflow(name: str) -> None:
     assert all(g.tobytes() == got[0].tobytes() for g in got)  # identical replicas
     # within float16's rounding of each term (one ulp at 40,000 is 32)
     np.testing.assert_allclose(got[0].astype(np.float64), expected.astype(np.float64), atol=64)
+

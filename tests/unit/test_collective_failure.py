@@ -182,6 +182,12 @@ def test_a_call_that_fails_before_taking_its_numbers_still_uses_them_up() -> Non
             raise MemoryError("staging failed")
         assert any("call numbers taken" in note for note in raised.value.__notes__)
         comm.close()
+        # closed, it takes no more: a later communicator on the channel has them now
+        with pytest.raises(RuntimeError, match="communicator is closed"):
+            comm.next_call()
+        later = Communicator(ep, 2)
+        assert later.next_call() == first + 11
+        later.close()
 
 
 def test_a_failed_ps_worker_stops_its_pushes() -> None:
