@@ -65,6 +65,7 @@ import logging
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -168,7 +169,8 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         except BaseException:  # (a bad option: the endpoint would outlive the error)
             self.endpoint.close()
             raise
-        self._reports: tuple[CollectiveReport, ...] = ()
+        self._reports: deque[CollectiveReport] = deque(maxlen=1024)
+        self._reports_lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -181,11 +183,10 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
 
     @property
     def reports(self) -> tuple[CollectiveReport, ...]:
-        """The reports of the latest 1024 collectives, oldest first (an operation on
-        several tensors adds one per tensor): a snapshot, safe to read while
-        operations run (a deque, read while the transport thread added to it,
-        raised "deque mutated during iteration")."""
-        return self._reports
+        """The latest 1024 collectives' reports, oldest first (one per tensor of an
+        operation): a snapshot, safe to read while operations run."""
+        with self._reports_lock:
+            return tuple(self._reports)
 
     def __repr__(self) -> str:
         return f"DLCPProcessGroup(rank={self._rank}, size={self._size}, p={self.p:g})"
@@ -570,8 +571,9 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
                 error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
                 job.future.set_exception(error)
                 continue
-            new = report if isinstance(report, list) else [] if report is None else [report]
-            self._reports = (*self._reports, *new)[-1024:]  # (one writer: this thread)
+            if report is not None:  # (a list: a collective per tensor, each reported)
+                with self._reports_lock:
+                    self._reports.extend(report if isinstance(report, list) else [report])
             job.future.set_result(job.result)
 
 

@@ -302,25 +302,26 @@ def on_link(policy: _Policy, link_rate_mbit: float | None, queue_packets: int | 
     if isinstance(policy, SwitchPolicy):
         scale = queue / policy.queue_packets
 
-        def scaled(packets: int | None, limit: int) -> int | None:
-            return None if packets is None else max(1, min(limit, round(packets * scale)))
+        def scaled(packets: int, limit: int | None = None) -> int:
+            """``packets`` scaled to the link's buffer, at least 1, at most ``limit``."""
+            value = round(packets * scale)
+            return max(1, value if limit is None else min(limit, value))
 
-        classes = tuple(
-            dataclasses.replace(
+        def scaled_class(o: ClassQueue) -> ClassQueue:
+            limit = None if o.queue_packets is None else scaled(o.queue_packets)
+            drop = o.drop_eligible_packets
+            return dataclasses.replace(
                 o,
-                queue_packets=scaled(o.queue_packets, 1 << 30),
-                drop_eligible_packets=scaled(
-                    o.drop_eligible_packets, (scaled(o.queue_packets, 1 << 30) or queue) - 1
-                ),
+                queue_packets=limit,
+                drop_eligible_packets=None if drop is None else scaled(drop, (limit or queue) - 1),
             )
-            for o in policy.classes
-        )
+
         return dataclasses.replace(
             policy,
             link_rate_mbit=rate,
             queue_packets=queue,
-            drop_eligible_packets=scaled(policy.drop_eligible_packets, queue - 1) or 1,
-            classes=classes,
+            drop_eligible_packets=scaled(policy.drop_eligible_packets, queue - 1),
+            classes=tuple(scaled_class(o) for o in policy.classes),
         )
     return dataclasses.replace(policy, link_rate_mbit=rate, queue_packets=queue)
 
