@@ -145,7 +145,7 @@ def copy_fill(p: float) -> FillPolicy:
     return FillPolicy.PREVIOUS if p > 0 else FillPolicy.ZERO
 
 
-def divides_first(dtype: Any) -> bool:
+def averages_by_dividing_first(dtype: Any) -> bool:
     """Whether an average of ``dtype`` divides each rank's values before the sum
     (float16, as torch's default DDP hook does: summed first, the values of a
     few ranks overflow float16's 65504 where their mean does not)."""
@@ -154,9 +154,9 @@ def divides_first(dtype: Any) -> bool:
 
 def divide_first(data: npt.NDArray[Any], parts: int, average: bool) -> bool:
     """Divide ``data`` by ``parts`` (the ranks averaged over) now, if its type
-    averages that way (:func:`divides_first`). Returns the ``average`` the
+    averages that way (:func:`averages_by_dividing_first`). Returns the ``average`` the
     collective goes on with: False once divided here (the sum is then the mean)."""
-    if average and parts > 1 and divides_first(data.dtype):
+    if average and parts > 1 and averages_by_dividing_first(data.dtype):
         data /= data.dtype.type(parts)
         return False
     return average

@@ -30,11 +30,11 @@ from .comm import (
     Communicator,
     ReportBuilder,
     Segments,
+    averages_by_dividing_first,
     cancel_all,
     check_reduce_fill,
     copy_fill,
     divide_first,
-    divides_first,
 )
 from .ring import check_array, chunk_bounds
 
@@ -204,7 +204,7 @@ def _serve_shards(
     total = got[0].data.copy()
     for g in got[1:]:
         total += g.data
-    if average and not divides_first(total.dtype):  # (else the workers divided already)
+    if average and not averages_by_dividing_first(total.dtype):  # (else the workers did)
         total /= total.dtype.type(len(wrk))
     report.elems = len(total)
     for g in got:
