@@ -311,6 +311,10 @@ def test_a_datagram_from_a_rank_that_never_published_does_not_stall_the_endpoint
             b.send(X, to=0, msg=m).result(10)
             assert np.array_equal(got.result(10).data, X)
         assert time.monotonic() - started < 5, "the endpoint stalled"
+        # (its answer to rank 7, feedback or a NACK, goes out on a timer)
+        deadline = time.monotonic() + 10
+        while a.stats()["unroutable"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls a counter; not a readiness wait
         stats = a.stats()
         assert stats["unroutable"] >= 1 and stats["peers_gone"] == {}
     finally:
