@@ -11,6 +11,7 @@ records), and reports each message delivered or failed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -48,7 +49,12 @@ from .wire import (
     check_message_key,
 )
 
-__all__ = ["Outbox"]
+__all__ = ["LOSS_SIGNAL_CHUNKS", "Outbox"]
+
+#: a round of fewer chunks says too little about the path to slow the pacer
+#: (one lost chunk of 8 is 12 %); a longer one's loss is congestion above the
+#: pacer's ``loss_tolerance``
+LOSS_SIGNAL_CHUNKS = 32
 
 
 @dataclass(slots=True)
@@ -63,6 +69,11 @@ class _Outgoing:
     path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
     round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     nack_parts: list[Nack] = field(default_factory=list)
+    #: (time, bytes sent to the peer) when this round's first batch went, and the
+    #: rate the peer was sent at from then to the round's FINISH (the pacer's rate
+    #: if the round went at once; 0: unknown)
+    round_began: tuple[float, int] | None = None
+    round_rate: float = 0.0
 
     @property
     def pending(self) -> bool:
@@ -75,6 +86,7 @@ class _Peer:
     paths: PathScheduler
     outgoing: dict[Key, _Outgoing] = field(default_factory=dict)
     planned: list[int] = field(default_factory=list)  # paths of the next batches
+    sent_bytes: int = 0  # data bytes sent to this peer in all
 
     def next_path(self) -> int:
         if self.paths.n_paths == 1:
@@ -202,6 +214,9 @@ class Outbox(SessionSide):
         if out is None:
             self.stats.stale_control += 1
         elif isinstance(ctrl, Stop):
+            if out.recovery.phase is SendPhase.AWAITING and out.recovery.round == 0:
+                lost = 1.0 - min(ctrl.received_elems, out.table.msg_elems) / out.table.msg_elems
+                self._round_lost(key[0], out, lost, out.table.n_chunks, now=now)
             out.recovery.on_stop(ctrl.received_elems)
             self._finish_outgoing(key, out, now=now)
         elif isinstance(ctrl, Nack):
@@ -238,6 +253,8 @@ class Outbox(SessionSide):
             )
             self.peers[key[0]].paths.on_loss_report(sent, lost)
             self.peers[key[0]].replan()
+            self._round_lost(key[0], out, len(missing) / max(1, len(this_round)),
+                             len(this_round), now=now)  # fmt: skip
         seqs = rec.on_nack(nack, now=now)
         if rec.phase is SendPhase.FAILED:
             self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.GAVE_UP))
@@ -261,6 +278,14 @@ class Outbox(SessionSide):
         rec.retransmitted_packets += len(seqs)
         if len(seqs) == 0:
             self._round_sent(key, out, now=now)
+
+    def _round_lost(
+        self, dst: int, out: _Outgoing, lost: float, chunks: int, *, now: float
+    ) -> None:
+        """A round of ``chunks`` chunks to ``dst`` lost this fraction of them on the
+        way: congestion, for the pacer, if the round was long enough to say."""
+        if chunks >= LOSS_SIGNAL_CHUNKS and out.round_rate > 0:
+            self.peers[dst].pacer.on_loss(lost, out.round_rate, now=now)
 
     def _finish_outgoing(self, key: Key, out: _Outgoing, *, now: float) -> None:
         rec = out.recovery
@@ -331,6 +356,12 @@ class Outbox(SessionSide):
                     best = (prio, key, o)
         return None if best is None else best[1:]
 
+    def _batch_end(self, peer: _Peer, o: _Outgoing) -> int:
+        """Where the next batch of ``o`` ends: ``batch_packets`` records, fewer if
+        the pacer allows a shorter burst (never none)."""
+        most = min(self.config.batch_packets, max(1, peer.pacer.burst // o.run.stride))
+        return o.run.batch_end(o.cursor, most)
+
     def _next_batch(self, dst: int, out: list[Transmit], *, now: float) -> bool:
         peer = self.peers[dst]
         first = self._first_to_send(peer)
@@ -338,10 +369,12 @@ class Outbox(SessionSide):
             return False
         key, o = first
         run, start = o.run, o.cursor
-        stop = run.batch_end(start, self.config.batch_packets)
+        stop = self._batch_end(peer, o)
         nbytes = run.batch_nbytes(start, stop)
         if peer.pacer.next_send_time(nbytes, now=now) > now:
             return False
+        if start == 0:
+            o.round_began = (now, peer.sent_bytes)
         seqs = run.seq[start:stop]
         o.round_of_seq[seqs] = o.recovery.round
         # a resent chunk is one the bound needs: it travels protected whatever its
@@ -369,6 +402,7 @@ class Outbox(SessionSide):
             ):
                 out.append(DataBatch(dst, path, tos, stride, count, data))
         peer.pacer.on_sent(nbytes, now=now)
+        peer.sent_bytes += nbytes
         self.stats.packets_out += stop - start
         self.stats.bytes_out += nbytes
         o.recovery.sent_packets += stop - start
@@ -379,6 +413,12 @@ class Outbox(SessionSide):
 
     def _round_sent(self, key: Key, o: _Outgoing, *, now: float) -> None:
         o.recovery.round_sent(now=now)
+        peer = self.peers[key[0]]
+        began, o.round_began = o.round_began, None
+        if began is not None and now > began[0]:
+            o.round_rate = (peer.sent_bytes - began[1]) / (now - began[0])
+        else:  # the whole round went at once: as fast as the pacer let it
+            o.round_rate = peer.pacer.rate if math.isfinite(peer.pacer.rate) else 0.0
         self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
 
     # ------------------------------------------------------------------ timers
@@ -398,7 +438,7 @@ class Outbox(SessionSide):
             first = self._first_to_send(peer) if some_pending else None
             if first is not None:  # the batch _next_batch would send, not another one
                 o = first[1]
-                stop = o.run.batch_end(o.cursor, self.config.batch_packets)
+                stop = self._batch_end(peer, o)
                 t = peer.pacer.next_send_time(o.run.batch_nbytes(o.cursor, stop), now=now)
                 if best is None or t < best:
                     best = t

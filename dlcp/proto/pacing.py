@@ -16,6 +16,18 @@ how many of them it threw away because the bucket was full: a lower rate is
 accepted only if the sender said it was backlogged and used at least
 ``used_fraction`` of what it was allowed. Higher rates are always accepted.
 
+The reported rate measures the receiver, not the network: a receiver that
+waits for datagrams says it could take more (:meth:`RateMeter.on_idle`), which
+lets a sender fill a fast path whose receiver is the bottleneck but cannot see
+a slower link between the two. Loss can: when a transmission round of a
+message ends (FINISH answered by a NACK, or by a STOP after it), the sender
+knows what fraction of the round's chunks never arrived, and tells its pacer
+(:meth:`Pacer.on_loss`). More than ``loss_tolerance`` of them lost is
+congestion: the pacer falls to what got through, a little less (``backoff``;
+at most halving the rate the round was sent at), and from then on, until the
+sender falls idle, raises its rate by at most ``probe`` per ``probe_interval``.
+Random loss of a percent or two is not congestion and changes nothing.
+
 Rules of this module (it is part of the sans-I/O core):
 
 * no I/O, no threads, and **no clock**: every method that depends on time
@@ -35,6 +47,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "MIN_BURST",
     "UNLIMITED",
     "Pacer",
     "RateMeter",
@@ -46,6 +59,8 @@ __all__ = [
 
 #: what an unpaced sender is allowed to send at once (bytes)
 UNLIMITED: Final = 2**62
+#: the least burst (bytes) a congested pacer allows: eleven 1500-byte packets
+MIN_BURST: Final = 16 * 1024
 #: least slack for floating-point rounding when comparing tokens with a size (bytes)
 _EPS: Final = 1e-6
 
@@ -56,6 +71,11 @@ class Pacer(Protocol):
     @property
     def rate(self) -> float:
         """Bytes per second currently allowed (``math.inf`` = unpaced)."""
+        ...
+
+    @property
+    def burst(self) -> int:
+        """Bytes that may go back to back (a sender cuts its batches to this)."""
         ...
 
     def allowance(self, *, now: float) -> int:
@@ -81,6 +101,11 @@ class Pacer(Protocol):
         """The receiver reported this receive rate."""
         ...
 
+    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+        """A transmission round sent at ``send_rate`` bytes/s lost this fraction
+        of its chunks on the way."""
+        ...
+
 
 def _check_now(now: float) -> float:
     if not math.isfinite(now):
@@ -100,6 +125,14 @@ def _check_reported(bytes_per_s: float) -> float:
     return float(bytes_per_s)
 
 
+def _check_loss(lost_fraction: float, send_rate: float) -> tuple[float, float]:
+    if not 0.0 <= lost_fraction <= 1.0:
+        raise ValueError(f"lost_fraction={lost_fraction} outside [0, 1]")
+    if not (math.isfinite(send_rate) and send_rate > 0):
+        raise ValueError(f"send_rate={send_rate} must be a finite rate > 0")
+    return float(lost_fraction), float(send_rate)
+
+
 class Unpaced:
     """No pacing: everything may go now."""
 
@@ -108,6 +141,10 @@ class Unpaced:
     @property
     def rate(self) -> float:
         return math.inf
+
+    @property
+    def burst(self) -> int:
+        return UNLIMITED
 
     def allowance(self, *, now: float) -> int:
         _check_now(now)
@@ -126,6 +163,10 @@ class Unpaced:
 
     def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
         _check_reported(bytes_per_s)
+        _check_now(now)
+
+    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+        _check_loss(lost_fraction, send_rate)
         _check_now(now)
 
 
@@ -153,24 +194,42 @@ class ReceiverDrivenPacer:
     rate whose burst lasts less than the timer's resolution would be capped at
     one burst per wake-up (512 KB per millisecond is 0.5 GB/s), whatever the
     receiver reported.
+
+    :meth:`on_loss` (module doc): a round that lost more than ``loss_tolerance``
+    of its chunks sets ``rate = send_rate * max(max_cut, backoff * (1 - lost))``
+    if that is lower; from then on, until the sender falls idle
+    (``idle_reset``), a raise is at most ``1 + probe`` times the rate, once per
+    ``probe_interval`` seconds, a burst (:attr:`burst`) holds only
+    ``cautious_burst`` seconds at the rate, and feedback no longer lowers the
+    rate (loss does: a window of the receiver's that caught the start or the end
+    of a message reports less than the path carries, and the rate would then
+    take long to climb back).
     """
 
     __slots__ = (
         "_backlogged",
         "_budget",
+        "_cautious",
         "_due",
         "_last",
         "_last_active",
+        "_raised_at",
         "_rate",
         "_tokens",
         "_wasted",
+        "backoff",
         "burst_bytes",
+        "cautious_burst",
         "gain",
         "idle_reset",
         "initial_rate",
+        "loss_tolerance",
+        "max_cut",
         "max_lateness",
         "max_rate",
         "min_rate",
+        "probe",
+        "probe_interval",
         "used_fraction",
     )
 
@@ -185,6 +244,12 @@ class ReceiverDrivenPacer:
         idle_reset: float = 1.0,
         used_fraction: float = 0.9,
         max_lateness: float = 0.005,
+        loss_tolerance: float = 0.05,
+        backoff: float = 0.9,
+        max_cut: float = 0.5,
+        probe: float = 0.02,
+        probe_interval: float = 0.005,
+        cautious_burst: float = 0.002,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise ValueError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -205,6 +270,16 @@ class ReceiverDrivenPacer:
             raise ValueError(f"used_fraction={used_fraction} outside [0, 1]")
         if not (math.isfinite(max_lateness) and max_lateness >= 0):
             raise ValueError(f"max_lateness={max_lateness} must be a finite duration >= 0")
+        for name, value in (("loss_tolerance", loss_tolerance), ("backoff", backoff),
+                            ("max_cut", max_cut)):  # fmt: skip
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"{name}={value} outside (0, 1)")
+        if not (math.isfinite(probe) and probe > 0):
+            raise ValueError(f"probe={probe} must be a finite fraction > 0")
+        for name, value in (("probe_interval", probe_interval),
+                            ("cautious_burst", cautious_burst)):  # fmt: skip
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value} must be a finite duration >= 0")
         self.initial_rate = float(initial_rate)
         self.min_rate = float(min_rate)
         self.max_rate = float(max_rate)
@@ -213,7 +288,15 @@ class ReceiverDrivenPacer:
         self.idle_reset = float(idle_reset)
         self.used_fraction = float(used_fraction)
         self.max_lateness = float(max_lateness)
+        self.loss_tolerance = float(loss_tolerance)
+        self.backoff = float(backoff)
+        self.max_cut = float(max_cut)
+        self.probe = float(probe)
+        self.probe_interval = float(probe_interval)
+        self.cautious_burst = float(cautious_burst)
         self._rate = self.initial_rate
+        self._cautious = False  # congestion seen since the sender was last idle
+        self._raised_at = 0.0  # when a cautious raise was last taken
         self._tokens = float(burst_bytes)
         self._last: float | None = None  # time the bucket was last brought up to date
         self._last_active: float | None = None  # last send or wait
@@ -233,6 +316,15 @@ class ReceiverDrivenPacer:
         return self._rate
 
     @property
+    def burst(self) -> int:
+        """``burst_bytes``; after congestion, ``cautious_burst`` seconds at the
+        rate (at least ``MIN_BURST``, at most ``burst_bytes``): a burst longer
+        than a switch's queue is lost in part however slow the average."""
+        if not self._cautious:
+            return self.burst_bytes
+        return int(min(self.burst_bytes, max(MIN_BURST, self._rate * self.cautious_burst)))
+
+    @property
     def tokens(self) -> float:
         """Bytes in the bucket as of the last call (negative while in debt)."""
         return self._tokens
@@ -246,7 +338,7 @@ class ReceiverDrivenPacer:
         if dt <= 0:
             return
         earned = self._rate * dt
-        cap = float(self.burst_bytes)
+        cap = float(self.burst)
         if self._due is not None and now > self._due:
             if now - self._due <= self.max_lateness:  # a late wake-up keeps its tokens
                 cap += self._rate * (now - self._due)
@@ -264,6 +356,7 @@ class ReceiverDrivenPacer:
             self._rate = self.initial_rate
             self._last_active = None
             self._backlogged = False
+            self._cautious = False
 
     def _slack(self) -> float:
         """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
@@ -279,14 +372,14 @@ class ReceiverDrivenPacer:
         self._tokens -= nbytes
         self._due = None
         self._last_active = self._last
-        if self._tokens + self._slack() < min(max(nbytes, 1), self.burst_bytes):
+        if self._tokens + self._slack() < min(max(nbytes, 1), self.burst):
             self._backlogged = True
 
     def next_send_time(self, nbytes: int, *, now: float) -> float:
         nbytes = _check_nbytes(nbytes)
         now = _check_now(now)
         self._advance(now)
-        need = min(nbytes, self.burst_bytes)
+        need = min(nbytes, self.burst)
         if self._tokens + self._slack() >= need:
             return now
         self._backlogged = True
@@ -308,11 +401,26 @@ class ReceiverDrivenPacer:
             and self._budget > 0
             and self._wasted <= (1.0 - self.used_fraction) * self._budget
         )
-        if target >= self._rate or pacer_limited:
+        if self._cautious:  # after congestion: loss lowers the rate, raises are small steps
+            late = self._last is not None and self._last - self._raised_at >= self.probe_interval
+            if target > self._rate and late:
+                self._rate = min(target, self._rate * (1.0 + self.probe))
+                self._raised_at = self._last if self._last is not None else 0.0
+        elif target >= self._rate or pacer_limited:
             self._rate = target
         self._backlogged = False
         self._budget = 0.0
         self._wasted = 0.0
+
+    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+        lost, sent_at = _check_loss(lost_fraction, send_rate)
+        self._advance(now)
+        if lost <= self.loss_tolerance:
+            return
+        fallback = sent_at * max(self.max_cut, self.backoff * (1.0 - lost))
+        self._rate = min(self._rate, max(fallback, self.min_rate))
+        self._cautious = True
+        self._raised_at = self._last if self._last is not None else 0.0
 
 
 # --------------------------------------------------------------------------- receiver

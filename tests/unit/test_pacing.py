@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlcp.proto.pacing import (
+    MIN_BURST,
     UNLIMITED,
     RateMeter,
     ReceiverDrivenPacer,
@@ -24,7 +25,10 @@ PKT = 1452
 
 def pacer(**kw: float) -> ReceiverDrivenPacer:
     opts: dict[str, float] = {
-        "initial_rate": 1e6, "min_rate": 1e4, "max_rate": 1e8, "burst_bytes": 10_000,
+        "initial_rate": 1e6,
+        "min_rate": 1e4,
+        "max_rate": 1e8,
+        "burst_bytes": 10_000,
     }
     opts.update(kw)
     return ReceiverDrivenPacer(**opts)  # type: ignore[arg-type]
@@ -280,9 +284,125 @@ def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
     assert meter.sample(now=1.1)[1] == pytest.approx(500 / 0.08)
 
 
+# --------------------------------------------------------------------------- congestion
+
+
+def test_loss_within_tolerance_changes_nothing() -> None:
+    p = pacer(burst_bytes=100_000)
+    p.on_loss(0.05, 800_000.0, now=0.0)  # a percent or two of random loss is not congestion
+    assert p.rate == 1e6 and p.burst == 100_000
+
+
+def test_loss_above_tolerance_falls_below_what_got_through() -> None:
+    p = pacer(burst_bytes=100_000)
+    p.on_loss(0.3, 800_000.0, now=0.0)
+    assert p.rate == pytest.approx(800_000 * 0.9 * 0.7)  # backoff * (1 - lost) * round rate
+    # a burst now holds 2 ms at the rate, but never less than MIN_BURST
+    assert p.burst == MIN_BURST
+    q = pacer(burst_bytes=1 << 20, initial_rate=1e8)
+    q.on_loss(0.1, 5e7, now=0.0)
+    assert q.burst == int(5e7 * 0.9 * 0.9 * 0.002)
+
+
+def test_one_loss_at_most_halves_the_round_rate_and_never_raises() -> None:
+    p = pacer()
+    p.on_loss(0.9, 800_000.0, now=0.0)
+    assert p.rate == pytest.approx(400_000)
+    p.on_loss(0.2, 5e6, now=0.01)  # sent faster than the pacer allows (a burst): no raise
+    assert p.rate == pytest.approx(400_000)
+    p.on_loss(1.0, 1e3, now=0.02)
+    assert p.rate == 1e4  # min_rate
+
+
+def test_after_congestion_raises_are_small_spaced_steps_and_feedback_does_not_lower() -> None:
+    p = pacer(probe=0.02, probe_interval=0.005)
+    drain_backlogged(p, 0.0, 0.01)
+    p.on_loss(0.5, 1e6, now=0.01)
+    assert p.rate == pytest.approx(5e5)
+    p.on_feedback(1e8, now=0.0101)  # too soon after the cut
+    assert p.rate == pytest.approx(5e5)
+    p.on_feedback(1e8, now=0.016)
+    assert p.rate == pytest.approx(5e5 * 1.02)
+    p.on_feedback(1e8, now=0.017)  # feedbacks handled together make one step
+    assert p.rate == pytest.approx(5e5 * 1.02)
+    drain_backlogged(p, 0.017, 0.03)
+    p.on_feedback(1e3, now=0.03)  # backlogged, a low report: ignored while cautious
+    assert p.rate == pytest.approx(5e5 * 1.02)
+
+
+def test_idle_ends_the_caution() -> None:
+    p = pacer(idle_reset=0.5, burst_bytes=100_000)
+    p.on_sent(PKT, now=0.0)
+    p.on_loss(0.5, 1e6, now=0.0)
+    assert p.burst == MIN_BURST
+    assert p.allowance(now=1.0) > 0  # idle for longer than idle_reset
+    assert p.rate == 1e6 and p.burst == 100_000
+    p.on_feedback(5e6, now=1.0)
+    assert p.rate == pytest.approx(6.25e6)  # raises are whole again
+
+
+def _lossy_bottleneck_run(report_loss: bool) -> tuple[float, float]:
+    """A sender with endless data through a 25 MB/s bottleneck with a 150 KB queue,
+    sending in rounds of 500 KB, in batches no longer than the pacer's burst; the
+    receiver, idle half the time, claims twice what it gets. Returns (fraction of
+    bytes dropped at the queue, delivered rate / capacity) over the last 3 s."""
+    capacity, queue_cap, step, round_bytes = 25e6, 150_000.0, 1e-4, 500_000
+    p = pacer(initial_rate=1.25e9, min_rate=1e6, max_rate=1e12, burst_bytes=1 << 19)
+    meter = RateMeter(interval=0.005)
+    queue = 0.0
+    sent = dropped = delivered = 0.0
+    r_sent = r_dropped = 0.0
+    r_start = 0.0
+    for i in range(40_000):
+        t = i * step
+        n = min(p.allowance(now=t), p.burst)
+        n -= n % PKT
+        if n:
+            p.on_sent(n, now=t)
+            taken = min(float(n), queue_cap - queue)
+            queue += taken
+            r_sent += n
+            r_dropped += n - taken
+            if t >= 1.0:
+                sent += n
+                dropped += n - taken
+        else:
+            p.next_send_time(PKT, now=t)
+        out = min(queue, capacity * step)
+        queue -= out
+        if t >= 1.0:
+            delivered += out
+        meter.on_bytes(1, int(out), now=t)
+        meter.on_idle(step / 2, now=t)
+        if meter.due(now=t):
+            for _src, r in meter.sample(now=t).items():
+                p.on_feedback(r, now=t)
+        if r_sent >= round_bytes:
+            if report_loss:
+                p.on_loss(r_dropped / r_sent, r_sent / max(t - r_start, step), now=t)
+            r_sent = r_dropped = 0.0
+            r_start = t
+    return dropped / sent, delivered / (capacity * 3.0)
+
+
+def test_loss_keeps_a_sender_from_flooding_a_slower_link() -> None:
+    # the receiver's claims alone keep the sender far above the link: most is lost
+    lost, used = _lossy_bottleneck_run(report_loss=False)
+    assert lost > 0.4
+    # told of its rounds' loss, it settles near the link's rate and loses little
+    lost, used = _lossy_bottleneck_run(report_loss=True)
+    assert lost < 0.05 and used > 0.8
+
+
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
+        ({"loss_tolerance": 0.0}, "loss_tolerance=0.0"),
+        ({"backoff": 1.5}, "backoff=1.5"),
+        ({"max_cut": 0.0}, "max_cut=0.0"),
+        ({"probe": 0.0}, "probe=0.0"),
+        ({"probe_interval": -1.0}, "probe_interval=-1.0"),
+        ({"cautious_burst": math.nan}, "cautious_burst=nan"),
         ({"min_rate": 0.0}, "min_rate=0.0"),
         ({"max_rate": 1.0}, "max_rate=1.0"),
         ({"initial_rate": 1e9}, "initial_rate=1000000000.0"),
@@ -306,6 +426,11 @@ def test_pacer_bad_calls() -> None:
         p.allowance(now=float("nan"))
     with pytest.raises(ValueError, match="bytes_per_s=-5"):
         p.on_feedback(-5.0, now=0.0)
+    for pacer_ in (p, Unpaced()):
+        with pytest.raises(ValueError, match=r"lost_fraction=1\.5"):
+            pacer_.on_loss(1.5, 1e6, now=0.0)
+        with pytest.raises(ValueError, match=r"send_rate=0\.0"):
+            pacer_.on_loss(0.5, 0.0, now=0.0)
 
 
 def test_make_pacer() -> None:
