@@ -89,6 +89,13 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     run.add_argument("--epochs", type=int, default=2)
     run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
+    run.add_argument(
+        "--hidden",
+        type=int,
+        default=64,
+        help="units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
+        "a gradient that outweighs the computation)",
+    )
     run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
@@ -278,6 +285,7 @@ def _experiments(args: argparse.Namespace) -> int:
             ablate=_split(args.ablate),
             epochs=args.epochs,
             batch_size=args.batch_size,
+            hidden=args.hidden,
             results=args.results,
             prefix=args.prefix,
             switch=args.switch,

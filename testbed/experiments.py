@@ -123,6 +123,7 @@ from .results import (
     CSV_FIELDS,
     CSV_NAME,
     FUNCTIONAL_NOTE,
+    HIDDEN,
     LINK_RATE_MBIT,
     PNG_NAME,
     append_csv,
@@ -187,10 +188,12 @@ def run_name(
     *,
     link_rate_mbit: float = LINK_RATE_MBIT,
     batch_size: int = BATCH_SIZE,
+    hidden: int = HIDDEN,
 ) -> str:
     """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>][-<rate>mbit]
-    [-batch<n>]``: the profile only if not the transport's default, the link rate
-    (Linux routers only) and batch size only if not the defaults."""
+    [-batch<n>][-hidden<n>]``: the profile only if not the transport's default, the
+    link rate (Linux routers only), batch size and model width only if not the
+    defaults."""
     label = ablation_label(ablate)
     odd = profile is not None and switch == "linux" and profile != default_profile(transport)
     rate = link_rate_mbit if switch == "linux" else LINK_RATE_MBIT  # BMv2 links: unshaped
@@ -199,7 +202,7 @@ def run_name(
         + (f"-{label}" if label else "")
         + ("-bmv2" if switch == "bmv2" else "")
         + (f"-on-{profile}" if odd else "")
-        + settings_label(rate, batch_size)
+        + settings_label(rate, batch_size, hidden)
     )
 
 
@@ -301,6 +304,7 @@ def run_experiment(
     ablate: Sequence[str] = (),
     epochs: int = 2,
     batch_size: int = BATCH_SIZE,
+    hidden: int = HIDDEN,
     results: str | Path = "results",
     link_rate_mbit: float | None = None,
     prefix: str | None = None,
@@ -346,23 +350,24 @@ def run_experiment(
         )
     if link_rate_mbit is None:
         link_rate_mbit = LINK_RATE_MBIT
-    if epochs < 1 or batch_size < 1 or not 0 < link_rate_mbit < float("inf"):
+    if epochs < 1 or batch_size < 1 or hidden < 1 or not 0 < link_rate_mbit < float("inf"):
         raise ValueError(
-            f"epochs={epochs} and batch_size={batch_size} must be >= 1, and "
-            f"link_rate_mbit={link_rate_mbit} a positive number"
+            f"epochs={epochs}, batch_size={batch_size} and hidden={hidden} must be >= 1, "
+            f"and link_rate_mbit={link_rate_mbit} a positive number"
         )
     sink = out if out is not None else sys.stdout
     res_dir = Path(results)
     res_dir.mkdir(parents=True, exist_ok=True)
     name = run_name(
         scenario, transport, ablate, switch, profile, link_rate_mbit=link_rate_mbit,
-        batch_size=batch_size,
+        batch_size=batch_size, hidden=hidden,
     )  # fmt: skip
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
     t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
     env: dict[str, str] = {}
-    flags = ["--transport", transport, "--epochs", str(epochs), "--batch-size", str(batch_size)]
+    flags = ["--transport", transport, "--epochs", str(epochs), "--batch-size", str(batch_size),
+             "--hidden", str(hidden)]  # fmt: skip
     if transport == "dlcp":
         denv, dflags = dlcp_settings(scenario, ablate)
         env.update(denv)
@@ -491,6 +496,7 @@ def run_experiment(
         "profile": queues,
         "link_rate_mbit": None if bmv2 else link_rate_mbit,
         "batch_size": batch_size,
+        "hidden": hidden,
         "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "code_rev": code_revision(),
     }
@@ -502,6 +508,8 @@ def run_experiment(
             "profile": queues,
             "link_rate_mbit": None if bmv2 else link_rate_mbit,
             "batch_size": batch_size,
+            "hidden": hidden,
+            "parameters": train.get("parameters"),
             "env": env,
             "flags": flags,
             "loss_rule_drops": injected,

@@ -18,6 +18,7 @@ __all__ = [
     "CSV_FIELDS",
     "CSV_NAME",
     "FUNCTIONAL_NOTE",
+    "HIDDEN",
     "LINK_RATE_MBIT",
     "PNG_NAME",
     "append_csv",
@@ -52,12 +53,14 @@ CSV_FIELDS = (
     "profile",
     "link_rate_mbit",
     "batch_size",
+    "hidden",
     "finished_utc",
     "code_rev",
 )
 #: the runs' defaults: a row without the column (written before it) had these
 LINK_RATE_MBIT = 200.0
 BATCH_SIZE = 16
+HIDDEN = 64  # units of the digits model's hidden layer (~38k parameters)
 
 
 def bmv2_class_totals(
@@ -203,28 +206,33 @@ def _profile_of(row: Mapping[str, Any]) -> str:
     return str(row.get("profile") or ("p4" if _switch_of(row) == "bmv2" else "dlcp"))
 
 
-def _settings_of(row: Mapping[str, Any]) -> tuple[float, int]:
-    """(link rate in Mbit/s, batch size) of a row; rows from before the columns
-    used the defaults. BMv2 rows have no link rate (its links are not shaped)."""
+def _settings_of(row: Mapping[str, Any]) -> tuple[float, int, int]:
+    """(link rate in Mbit/s, batch size, hidden units) of a row; rows from before
+    the columns used the defaults. BMv2 rows have no link rate (its links are not
+    shaped)."""
     rate = row.get("link_rate_mbit")
     batch = row.get("batch_size")
+    hidden = row.get("hidden")
     return (
         float(rate) if rate not in (None, "") else LINK_RATE_MBIT,
         int(batch) if batch not in (None, "") else BATCH_SIZE,
+        int(hidden) if hidden not in (None, "") else HIDDEN,
     )
 
 
-def settings_label(link_rate_mbit: float, batch_size: int) -> str:
+def settings_label(link_rate_mbit: float, batch_size: int, hidden: int = HIDDEN) -> str:
     """What a run's name and plot label add for settings other than the defaults:
-    ``-<rate>mbit``, ``-batch<n>`` (empty for the defaults)."""
-    return (f"-{link_rate_mbit:g}mbit" if link_rate_mbit != LINK_RATE_MBIT else "") + (
-        f"-batch{batch_size}" if batch_size != BATCH_SIZE else ""
+    ``-<rate>mbit``, ``-batch<n>``, ``-hidden<n>`` (empty for the defaults)."""
+    return (
+        (f"-{link_rate_mbit:g}mbit" if link_rate_mbit != LINK_RATE_MBIT else "")
+        + (f"-batch{batch_size}" if batch_size != BATCH_SIZE else "")
+        + (f"-hidden{hidden}" if hidden != HIDDEN else "")
     )
 
 
 def read_csv(results: str | Path) -> list[dict[str, str]]:
     """The newest row of every (scenario, transport, ablation, switch, profile,
-    link rate, batch size), in first-seen order."""
+    link rate, batch size, hidden units), in first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []

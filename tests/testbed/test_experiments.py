@@ -48,14 +48,17 @@ def test_runs_of_other_settings_keep_their_own_results(tmp_path: Path) -> None:
     # a run at another link rate or batch size has its own name (its JSON file) ...
     assert ex.run_name("clean", "dlcp", link_rate_mbit=100) == "clean-dlcp-100mbit"
     assert ex.run_name("clean", "dlcp", batch_size=32) == "clean-dlcp-batch32"
-    assert ex.run_name("clean", "dlcp", link_rate_mbit=200, batch_size=16) == "clean-dlcp"
+    assert ex.run_name("clean", "dlcp", hidden=1024) == "clean-dlcp-hidden1024"
+    assert ex.run_name("clean", "dlcp", link_rate_mbit=200, batch_size=16, hidden=64) == (
+        "clean-dlcp"
+    )
     # (BMv2's links are not shaped: no rate in its names)
     assert ex.run_name("clean", "dlcp", (), "bmv2", link_rate_mbit=100) == "clean-dlcp-bmv2"
     # ... and its own CSV row; a row from before the columns had the defaults
     row = dict.fromkeys(ex.CSV_FIELDS, "0")
     base = {**row, "scenario": "clean", "transport": "dlcp", "ablation": "", "switch": "linux",
-            "profile": "dlcp"}  # fmt: skip
-    old_fields = [f for f in ex.CSV_FIELDS if f not in ("link_rate_mbit", "batch_size")]
+            "profile": "dlcp", "hidden": "64"}  # fmt: skip
+    old_fields = [f for f in ex.CSV_FIELDS if f not in ("link_rate_mbit", "batch_size", "hidden")]
     with (tmp_path / ex.CSV_NAME).open("w", newline="") as f:  # an old file
         w = csv.DictWriter(f, fieldnames=old_fields, extrasaction="ignore")
         w.writeheader()
@@ -63,12 +66,14 @@ def test_runs_of_other_settings_keep_their_own_results(tmp_path: Path) -> None:
     ex.append_csv(tmp_path, {**base, "final_accuracy": "20", "link_rate_mbit": "100",
                              "batch_size": "16"})  # fmt: skip
     ex.append_csv(tmp_path, {**base, "final_accuracy": "30", "link_rate_mbit": "200.0",
-                             "batch_size": "16"})  # fmt: skip (the default: newer than 10)
-    assert [r["final_accuracy"] for r in ex.read_csv(tmp_path)] == ["30", "20"]
+                             "batch_size": "16"})  # fmt: skip (the defaults: newer than 10)
+    ex.append_csv(tmp_path, {**base, "final_accuracy": "40", "link_rate_mbit": "200.0",
+                             "batch_size": "16", "hidden": "1024"})  # fmt: skip
+    assert [r["final_accuracy"] for r in ex.read_csv(tmp_path)] == ["30", "20", "40"]
 
 
 def test_run_settings_are_validated() -> None:
-    for kw in ({"epochs": 0}, {"batch_size": 0}, {"link_rate_mbit": -5.0}):
+    for kw in ({"epochs": 0}, {"batch_size": 0}, {"hidden": 0}, {"link_rate_mbit": -5.0}):
         with pytest.raises(ValueError, match="must be >= 1"):
             ex.run_experiment("clean", "dlcp", **kw)  # type: ignore[arg-type]
 
