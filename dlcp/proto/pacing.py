@@ -247,7 +247,7 @@ class ReceiverDrivenPacer:
         loss_tolerance: float = 0.05,
         backoff: float = 0.9,
         max_cut: float = 0.5,
-        probe: float = 0.02,
+        probe: float = 0.05,
         probe_interval: float = 0.005,
         cautious_burst: float = 0.002,
     ) -> None:
