@@ -490,8 +490,9 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def _install_term_handlers() -> dict[int, Any]:
     """SIGTERM and SIGHUP raise in the main thread, so the children are stopped as
-    on Ctrl-C. Returns the handlers replaced (to restore); from another thread, or
-    where a handler was installed from C, that signal is left alone."""
+    on Ctrl-C. Returns the handlers replaced (to restore); from another thread,
+    where a handler was installed from C, or where the signal is ignored (``nohup``
+    ignores SIGHUP so that the job outlives the terminal), it is left alone."""
 
     def on_term(signum: int, frame: object) -> None:
         raise _Interrupted(signum)
@@ -501,7 +502,7 @@ def _install_term_handlers() -> dict[int, Any]:
     previous: dict[int, Any] = {}
     for signum in _STOP_SIGNALS:
         handler = signal.getsignal(signum)
-        if handler is None:  # installed from C: cannot be restored from Python
+        if handler is None or handler is signal.SIG_IGN:  # from C (not restorable), or nohup
             continue
         previous[signum] = handler
         signal.signal(signum, on_term)

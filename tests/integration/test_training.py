@@ -387,6 +387,33 @@ def _launched(
     return proc, pids
 
 
+def _as_under_nohup() -> None:  # pragma: no cover - runs in the child
+    _as_from_a_terminal()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def test_dlcp_launch_under_nohup_outlives_a_hangup(scripts: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlcp.cli", "launch", "-n", "2", str(scripts / "wait.py")],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_under_nohup,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        pids = [int(next(proc.stdout).split()[-1]) for _ in range(2)]  # both ready
+        proc.send_signal(signal.SIGHUP)  # the terminal closes: nohup ignores it
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)  # (a bounded wait for something that must not happen)
+        assert all(_alive(pid) for pid in pids)
+        proc.send_signal(signal.SIGINT)  # still stoppable
+        assert proc.wait(timeout=20) == 130
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_dlcp_launch_hangup_terminates_the_ranks(scripts: Path) -> None:
     # a closed terminal (SIGHUP) stops the ranks as Ctrl-C does
     proc, pids = _launched(scripts, "wait.py", 2)
