@@ -144,7 +144,8 @@ def _release(group: str, rank: int) -> None:
         _calls[(group, rank)] -= 1
 
 
-#: rank 0's job id and key per store namespace, as it first set them
+#: rank 0's job id and key per store namespace, as it set them for a connect()
+#: that has not succeeded yet (a retry sets the same; the next endpoint, new ones)
 _chosen: dict[str, tuple[str, str]] = {}
 
 
@@ -212,6 +213,8 @@ def connect(
         if numbered:  # a retry takes the same namespace, where its peers are
             _release(group, job.rank)
         raise
+    if job.rank == 0:  # another group in another store (or this one again) gets its own
+        _chosen.pop(prefix, None)
     return endpoint, job
 
 

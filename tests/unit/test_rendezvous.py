@@ -101,6 +101,22 @@ def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyP
             e.close()
 
 
+def test_each_group_in_a_store_of_its_own_gets_its_own_job_id_and_key() -> None:
+    # the process-group backend connects every group (a new_group, a group made
+    # again) under the same prefix of a store of the group's own
+    single = {**_env(0), "WORLD_SIZE": "1"}
+    stores = [LocalStore(), LocalStore()]
+    made = [rendezvous.connect(group="pg", store=s, authenticate=True, env=single)
+            for s in stores]  # fmt: skip
+    try:
+        (a, _), (b, _) = made
+        assert a.job != b.job
+        assert stores[0].get("pg/key") != stores[1].get("pg/key")
+    finally:
+        for endpoint, _ in made:
+            endpoint.close()
+
+
 def test_a_torchrun_restart_does_not_read_the_last_attempts_keys() -> None:
     """Under torchrun's agent the store outlives a restart (``--max-restarts``): a
     restarted rank 1 that got there before rank 0 took the previous attempt's job
