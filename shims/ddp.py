@@ -136,7 +136,13 @@ class DLCPState:
         if self.endpoint is None:
             from ..rendezvous import connect
 
-            self.endpoint, job = connect(group="ddp-hook")
+            env = None
+            if dist.is_initialized():  # (its init_method may have set no env:// variable)
+                from .pg_options import rendezvous_env
+
+                store = dist.distributed_c10d._get_default_store()
+                env = rendezvous_env(store, dist.get_rank(), dist.get_world_size(), None)
+            self.endpoint, job = connect(group="ddp-hook", env=env)
             self.world_size = job.world_size
         elif self.world_size is None:
             self.world_size = dist.get_world_size() if dist.is_initialized() else None

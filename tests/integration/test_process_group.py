@@ -263,3 +263,32 @@ def test_the_group_starts_from_an_init_method_without_env_variables(
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env=env)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_ddp_hook_starts_from_an_init_method_without_env_variables() -> None:
+    """The hook's endpoint takes the rank and size from the initialised group (and
+    its store), not from env:// variables an init_method "tcp://…" never set: it
+    used to refuse with "RANK is not set"."""
+    from dlcp.launch import free_port
+
+    script = (
+        "import torch, torch.distributed as dist\n"
+        "from torch import nn\n"
+        "from dlcp.shims.ddp import DLCPState, dlcp_hook\n"
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}',\n"
+        "                        rank=0, world_size=1)\n"
+        "torch.manual_seed(0)\n"
+        "ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))\n"
+        "state = DLCPState(model=ddp)\n"
+        "ddp.register_comm_hook(state, dlcp_hook)\n"
+        "ddp(torch.ones(3, 4)).sum().backward()\n"
+        "assert ddp.module.weight.grad.tolist() == [[3.0] * 4] * 2\n"
+        "state.close()\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    unset = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
