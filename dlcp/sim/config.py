@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Final
 
 from dlcp.proto.config import ProtocolConfig
 
@@ -25,6 +25,15 @@ ABLATIONS = ("spray", "priority", "selective_drop", "bound")
 WORKLOADS = tuple(
     f"{kind}-{model}" for kind in ("ps", "ring") for model in ("resnet50", "vgg16", "bert")
 )
+
+
+#: the ProtocolConfig fields the simulated endpoints read (dlcp/sim/engine.py); the
+#: fabric's timers have fields of their own (rate_interval_us, ...)
+_SIMULATED_PROTOCOL: Final = frozenset(
+    {"mtu", "payload_bytes", "tos", "pacer", "pacer_options", "finish_retries", "max_rounds",
+     "classifier", "classifier_options"}
+)  # fmt: skip
+_SIMULATED_PACER_OPTIONS: Final = frozenset({"initial_rate", "min_rate"})
 
 
 class SimConfigError(ValueError):
@@ -184,6 +193,22 @@ class SimConfig:
         return "dlcp-no-" + "-".join(sorted(self.disable))
 
     def protocol_config(self) -> ProtocolConfig:
+        """The protocol settings the simulated endpoints take; an override the
+        simulation does not model is refused by name (it would run as if unset)."""
+        ignored = sorted(set(self.protocol) - _SIMULATED_PROTOCOL)
+        for name, allowed in (("pacer_options", _SIMULATED_PACER_OPTIONS),
+                              ("classifier_options", {"drop_fraction"})):  # fmt: skip
+            extra = sorted(set(self.protocol.get(name, {})) - allowed)
+            ignored += [f"{name}[{k!r}]" for k in extra]
+        if self.protocol.get("classifier", "combined") != "combined":
+            ignored.append(f"classifier={self.protocol['classifier']!r} (only 'combined')")
+        if ignored:
+            raise SimConfigError(
+                f"protocol: {', '.join(ignored)} not simulated (the simulated endpoints take "
+                f"{', '.join(sorted(_SIMULATED_PROTOCOL))}; pacer_options "
+                f"{', '.join(sorted(_SIMULATED_PACER_OPTIONS))}; classifier_options "
+                "drop_fraction)"
+            )
         try:
             return ProtocolConfig(**self.protocol)
         except (TypeError, ValueError) as e:

@@ -36,6 +36,11 @@ def test_layer_tables_match_architectures(model: str) -> None:
         ({"p": 0.5}, "p=0.5"),
         ({"buffer_packets": 50, "drop_eligible_packets": 50}, "drop_eligible_packets"),
         ({"protocol": {"mtu": 10}}, "mtu"),
+        # protocol settings the simulated endpoints do not model: refused, not ignored
+        ({"protocol": {"reorder_grace": 0.01}}, "reorder_grace not simulated"),
+        ({"protocol": {"classifier": "none"}}, "classifier='none' .only 'combined'."),
+        ({"protocol": {"classifier_options": {"threshold": 3}}}, r"\['threshold'\]"),
+        ({"protocol": {"pacer_options": {"burst_bytes": 1}}}, r"\['burst_bytes'\]"),
         ({"seed": 0}, "seed=0"),  # ns-3 refuses it deep inside the run
         ({"seed": -3}, "seed=-3"),
         ({"seed": 2**32}, "seed=4294967296"),
