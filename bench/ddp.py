@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import io
 import json
 import logging
@@ -119,7 +120,12 @@ def worker(args: argparse.Namespace) -> int:
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    mine: dict[str, Any] = {"times": times[args.warmup :]}
+    # every replica must end with the same parameters (the no-communication job's
+    # do not: each rank steps on its own gradient)
+    digest = hashlib.sha256()
+    for prm in model.parameters():
+        digest.update(prm.detach().contiguous().numpy().tobytes())
+    mine: dict[str, Any] = {"times": times[args.warmup :], "params_sha256": digest.hexdigest()}
     if state is not None:
         steps = state.metrics.history[args.warmup :]
         mine.update(
@@ -180,6 +186,11 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
             raise BenchError(f"{transport} job: {result.message}\n{log.getvalue()[-5000:]}")
         raw = json.loads(out_path.read_text())
     ranks = raw["ranks"]
+    if transport != "nocomm" and len({r["params_sha256"] for r in ranks}) != 1:
+        raise BenchError(
+            f"{transport} job: the ranks' parameters differ after training (replicas "
+            "diverged: the all-reduce did not give every rank the same gradient)"
+        )
     per_iter = [max(col) for col in zip(*(r["times"] for r in ranks), strict=True)]
     fig: dict[str, Any] = {
         "params": raw["params"],
