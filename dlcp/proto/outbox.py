@@ -69,10 +69,11 @@ class _Outgoing:
     path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
     round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     nack_parts: list[Nack] = field(default_factory=list)
-    #: (time, bytes sent to the peer) when this round's first batch went, and the
-    #: rate the peer was sent at from then to the round's FINISH (the pacer's rate
-    #: if the round went at once; 0: unknown)
+    #: (time, bytes sent to the peer before it) of this round's first batch and of
+    #: its latest batch, and the rate the peer was sent at between the two (at
+    #: most the pacer's; the pacer's if the round went at once; 0: unknown)
     round_began: tuple[float, int] | None = None
+    round_last: tuple[float, int] | None = None
     round_rate: float = 0.0
 
     @property
@@ -375,6 +376,7 @@ class Outbox(SessionSide):
             return False
         if start == 0:
             o.round_began = (now, peer.sent_bytes)
+        o.round_last = (now, peer.sent_bytes)
         seqs = run.seq[start:stop]
         o.round_of_seq[seqs] = o.recovery.round
         # a resent chunk is one the bound needs: it travels protected whatever its
@@ -413,12 +415,17 @@ class Outbox(SessionSide):
 
     def _round_sent(self, key: Key, o: _Outgoing, *, now: float) -> None:
         o.recovery.round_sent(now=now)
-        peer = self.peers[key[0]]
-        began, o.round_began = o.round_began, None
-        if began is not None and now > began[0]:
-            o.round_rate = (peer.sent_bytes - began[1]) / (now - began[0])
+        pacer = self.peers[key[0]].pacer
+        allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
+        (began, o.round_began), (last, o.round_last) = (o.round_began, None), (o.round_last, None)
+        if began is not None and last is not None and last[0] > began[0]:
+            # the bytes sent before the last batch over the time until it went (the
+            # last batch's own bytes would need the time after it); the first batch
+            # may have spent tokens saved up, so this may exceed the pacer's rate
+            sent = (last[1] - began[1]) / (last[0] - began[0])
+            o.round_rate = min(sent, allowed) if allowed else sent
         else:  # the whole round went at once: as fast as the pacer let it
-            o.round_rate = peer.pacer.rate if math.isfinite(peer.pacer.rate) else 0.0
+            o.round_rate = allowed
         self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
 
     # ------------------------------------------------------------------ timers

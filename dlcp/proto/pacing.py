@@ -200,7 +200,8 @@ class ReceiverDrivenPacer:
     if that is lower; from then on, until the sender falls idle
     (``idle_reset``), a raise is at most ``1 + probe`` times the rate, once per
     ``probe_interval`` seconds, a burst (:attr:`burst`) holds only
-    ``cautious_burst`` seconds at the rate, and feedback no longer lowers the
+    ``cautious_burst`` seconds at the rate (and a late wake-up adds at most half
+    of that), and feedback no longer lowers the
     rate (loss does: a window of the receiver's that caught the start or the end
     of a message reports less than the path carries, and the rate would then
     take long to climb back).
@@ -341,7 +342,10 @@ class ReceiverDrivenPacer:
         cap = float(self.burst)
         if self._due is not None and now > self._due:
             if now - self._due <= self.max_lateness:  # a late wake-up keeps its tokens
-                cap += self._rate * (now - self._due)
+                # (after congestion, half a burst's worth at most: a late turn must
+                # not send the queue-sized burst the caution is there to avoid)
+                late = now - self._due
+                cap += self._rate * (min(late, self.cautious_burst / 2) if self._cautious else late)
             else:  # not late but idle: back to one burst
                 self._due = None
         room = max(0.0, cap - self._tokens)
@@ -402,8 +406,12 @@ class ReceiverDrivenPacer:
             and self._wasted <= (1.0 - self.used_fraction) * self._budget
         )
         if self._cautious:  # after congestion: loss lowers the rate, raises are small steps
-            late = self._last is not None and self._last - self._raised_at >= self.probe_interval
-            if target > self._rate and late:
+            # (feedback comes about every probe_interval, a little early or late:
+            # a step may come a fifth of an interval early)
+            due = self._last is not None and (
+                self._last - self._raised_at >= 0.8 * self.probe_interval
+            )
+            if target > self._rate and due:
                 self._rate = min(target, self._rate * (1.0 + self.probe))
                 self._raised_at = self._last if self._last is not None else 0.0
         elif target >= self._rate or pacer_limited:
@@ -417,10 +425,14 @@ class ReceiverDrivenPacer:
         self._advance(now)
         if lost <= self.loss_tolerance:
             return
-        fallback = sent_at * max(self.max_cut, self.backoff * (1.0 - lost))
-        self._rate = min(self._rate, max(fallback, self.min_rate))
+        fallback = max(sent_at * max(self.max_cut, self.backoff * (1.0 - lost)), self.min_rate)
         self._cautious = True
-        self._raised_at = self._last if self._last is not None else 0.0
+        if fallback < self._rate:  # (a round sent before an earlier cut may say more)
+            self._rate = fallback
+            self._raised_at = self._last if self._last is not None else 0.0
+        # what the bucket saved at the old rate goes too: it would leave in one burst
+        self._tokens = min(self._tokens, float(self.burst))
+        self._due = None
 
 
 # --------------------------------------------------------------------------- receiver
