@@ -156,8 +156,14 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
+#: a rank's line longer than this (bytes) is written in pieces of this size
+MAX_LINE = 64 * 1024
+
+
 class _Output:
-    """Splits one child pipe into lines and writes them, prefixed, to ``sink``."""
+    """Splits one child pipe into lines and writes them, prefixed, to ``sink``. A
+    carriage return ends a line too (a progress bar redrawing its line shows each
+    redraw), and a line that never ends is written every ``MAX_LINE`` bytes."""
 
     def __init__(self, prefix: bytes, sink: IO[str]) -> None:
         self.prefix = prefix
@@ -166,7 +172,14 @@ class _Output:
 
     def feed(self, chunk: bytes) -> None:
         self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
+        # (a '\r' that ends the chunk waits: the next chunk may start with its '\n')
+        end = len(self.buf) - self.buf.endswith(b"\r")
+        whole = self.buf[:end].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, rest = whole.split(b"\n")
+        self.buf = rest + self.buf[end:]
+        while len(self.buf) >= MAX_LINE:
+            lines.append(self.buf[:MAX_LINE])
+            self.buf = self.buf[MAX_LINE:]
         if lines:
             self._write(lines)
 
