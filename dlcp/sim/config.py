@@ -166,6 +166,16 @@ class SimConfig:
                 f"topology {self.topology}: hosts per leaf {per_leaf} differ from "
                 f"hosts_per_leaf={self.hosts_per_leaf}"
             )
+        # the workloads place servers and ring neighbours by host index (host h on
+        # leaf h // hosts_per_leaf): the file must list its hosts leaf by leaf
+        for i, h in enumerate(topo.hosts):
+            want = topo.leaves[i // self.hosts_per_leaf]
+            if h.leaf != want:
+                raise SimConfigError(
+                    f"topology {self.topology}: host {h.name} (the {i + 1}th listed) is on "
+                    f"{h.leaf}, but the simulation takes hosts leaf by leaf in the leaves' "
+                    f"order: list {want}'s hosts there"
+                )
 
     # ---- derived values ---------------------------------------------------------
 

@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..launch import die_with_parent
 from .config import SimConfig, SimConfigError
 from .engine import NS3_MISSING
 from .results import read_flows, summarize
@@ -82,6 +83,9 @@ def _start(cfg: SimConfig, out_dir: Path) -> _Job:
             [sys.executable, "-m", "dlcp.sim.engine", str(conf), str(res), str(flows)],
             stdout=logf,
             stderr=subprocess.STDOUT,
+            # a runner stopped by a signal (SIGTERM, SIGKILL: no finally runs) takes
+            # its simulations with it: minutes of CPU each on a shared machine
+            preexec_fn=die_with_parent,
         )
     return _Job(name, cfg, proc, time.monotonic(), (conf, res, flows, log))
 

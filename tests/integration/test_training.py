@@ -22,12 +22,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from dlcp.launch import LaunchResult, free_port, launch, rank_env
+from tests.process_helpers import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
@@ -222,15 +223,6 @@ def scripts(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
 def test_launch_stops_what_the_ranks_started(
     scripts: Path, monkeypatch: pytest.MonkeyPatch, pidfds: bool
@@ -252,8 +244,8 @@ def test_launch_stops_what_the_ranks_started(
     children = [int(line.split()[-1]) for line in out.splitlines() if " child " in line]
     assert len(children) == WORLD, out
     deadline = time.monotonic() + 10  # (killed; their reaper may take a moment)
-    while any(_alive(pid) for pid in children):
-        assert time.monotonic() < deadline, [pid for pid in children if _alive(pid)]
+    while any(alive(pid) for pid in children):
+        assert time.monotonic() < deadline, [pid for pid in children if alive(pid)]
         threading.Event().wait(0.01)
 
 
@@ -369,14 +361,14 @@ def test_dlcp_launch_interrupt_terminates_the_ranks(scripts: Path) -> None:
 
 
 def _launched(
-    scripts: Path, script: str, n: int, *args: str
+    scripts: Path, script: str, n: int, *args: str, preexec: Callable[[], None] | None = None
 ) -> tuple[subprocess.Popen[str], list[int]]:
-    """``dlcp launch -n n script args``, once every rank said it is ready: (process,
-    rank pids)."""
+    """``dlcp launch -n n script args`` (started as from a terminal, or with
+    ``preexec``), once every rank said it is ready: (process, rank pids)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlcp.cli", "launch", "-n", str(n), str(scripts / script), *args],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_as_from_a_terminal,
+        preexec_fn=preexec or _as_from_a_terminal,
     )  # fmt: skip
     assert proc.stdout is not None
     pids = []
@@ -393,21 +385,15 @@ def _as_under_nohup() -> None:  # pragma: no cover - runs in the child
 
 
 def test_dlcp_launch_under_nohup_outlives_a_hangup(scripts: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dlcp.cli", "launch", "-n", "2", str(scripts / "wait.py")],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_as_under_nohup,
-    )  # fmt: skip
+    proc, pids = _launched(scripts, "wait.py", 2, preexec=_as_under_nohup)
     try:
-        assert proc.stdout is not None
-        pids = [int(next(proc.stdout).split()[-1]) for _ in range(2)]  # both ready
         proc.send_signal(signal.SIGHUP)  # the terminal closes: nohup ignores it
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=2)  # (a bounded wait for something that must not happen)
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         proc.send_signal(signal.SIGINT)  # still stoppable
         assert proc.wait(timeout=20) == 130
-        assert not [pid for pid in pids if _alive(pid)]
+        assert not [pid for pid in pids if alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -422,7 +408,7 @@ def test_dlcp_launch_hangup_terminates_the_ranks(scripts: Path) -> None:
         assert proc.wait(timeout=20) == 128 + signal.SIGHUP
         err = proc.stderr.read() if proc.stderr else ""
         assert "interrupted (SIGHUP): ranks terminated" in err, err
-        assert not [pid for pid in pids if _alive(pid)]
+        assert not [pid for pid in pids if alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -443,7 +429,7 @@ def test_a_second_interrupt_does_not_cut_the_stopping_short(scripts: Path) -> No
         assert proc.wait(timeout=20) == 130
         err = proc.stderr.read() if proc.stderr else ""
         assert "Traceback" not in err, err
-        assert not [pid for pid in pids if _alive(pid)]
+        assert not [pid for pid in pids if alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()

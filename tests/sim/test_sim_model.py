@@ -116,6 +116,14 @@ def test_testbed_topology_file(tmp_path: Path) -> None:
     )
     with pytest.raises(SimConfigError, match="topology"):
         SimConfig(hosts=2, hosts_per_leaf=1, spines=1, servers=1, topology=str(bad))
+    # hosts listed across the leaves: servers and ring neighbours would land elsewhere
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(
+        'name = "m"\nleaves = ["l1", "l2"]\nspines = ["s1", "s2"]\n[hosts]\n'
+        'h1 = { leaf = "l1" }\nh2 = { leaf = "l2" }\nh3 = { leaf = "l1" }\nh4 = { leaf = "l2" }\n'
+    )
+    with pytest.raises(SimConfigError, match=r"host h2 .* is on l2.* list l1's hosts there"):
+        SimConfig(hosts=4, hosts_per_leaf=2, spines=2, servers=2, topology=str(mixed))
 
 
 def test_missing_ns3_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

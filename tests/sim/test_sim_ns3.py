@@ -7,6 +7,9 @@ ns-3 takes ~12 s to import and keeps global state) and the tests read them.
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ pytest.importorskip("ns3", reason="ns-3 not installed: pip install 'dlcp[sim]'")
 pytest.importorskip("cppyy", reason="ns-3 not installed: pip install 'dlcp[sim]'")
 
 from dlcp.sim import SimConfig, run_many
+from tests.process_helpers import alive
 
 # 16 hosts on 2 leaves, 2 servers: an incast of 14 workers (1 MB each) per iteration
 INCAST = {"hosts": 16, "hosts_per_leaf": 8, "spines": 2, "servers": 2, "iterations": 1,
@@ -120,3 +124,34 @@ def test_a_nack_in_several_parts_is_gathered_before_acting(runs: dict[str, Any])
     assert r["multi_part_nacks"] > 0  # the overload really produced split NACKs
     assert r["max_rounds"] >= 2
     assert r["completed"] + r["failed"] == r["messages"] > 0
+
+
+def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path) -> None:
+    """SIGKILL runs no ``finally``: the engine process must die with its runner
+    (it used to simulate on, for minutes of CPU)."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dlcp.sim.config import SimConfig\n"
+        "from dlcp.sim.runner import _start\n"
+        "job = _start(SimConfig(), Path(sys.argv[1]))\n"
+        "print(job.proc.pid, flush=True)\n"
+        "job.proc.wait()\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert runner.stdout is not None
+        engine = int(runner.stdout.readline())
+        assert alive(engine)  # (the default run simulates for many seconds)
+        runner.kill()
+        runner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(engine) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (polling the kernel's process table for its exit)
+        assert not alive(engine)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+
