@@ -36,8 +36,11 @@ averaging the gradients adds to it, and ``floor_ratio_loss`` (``nocomm_iter_s``
 over Gloo's iteration under loss) is the lowest ``ratio_loss`` any transport
 could reach, one that cost nothing.
 
-The configurations run one after another, a job each (not interleaved), so
-every ratio also carries whatever the machine drifted between those jobs.
+Gloo and DLCP take turns: each phase runs ``--rounds`` (default 3) pairs of
+jobs, Gloo first in odd rounds and DLCP first in even ones, so that a drift of
+the machine during the phase falls on both. A configuration's figure is the
+median of its jobs' medians; ``ratio*_rounds`` lists each pair's ratio. The
+no-communication floor is one job.
 
 The last stdout line (``--json``) is one JSON object with every figure.
 """
@@ -56,7 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,34 +262,79 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def _combined(figs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's figures over its jobs: times are medians of the jobs'
+    medians, losses and retransmissions means, counts sums."""
+    out: dict[str, Any] = {
+        "params": figs[0]["params"],
+        "iter_s": statistics.median(f["iter_s"] for f in figs),
+        "iter_s_jobs": [f["iter_s"] for f in figs],
+    }
+    if "lost_fraction" in figs[0]:
+        out["lost_fraction"] = statistics.fmean(f["lost_fraction"] for f in figs)
+        out["retransmitted_per_iter"] = statistics.fmean(f["retransmitted_per_iter"] for f in figs)
+        out["comm_s"] = statistics.median(f["comm_s"] for f in figs)
+        out["emulated_loss_dropped"] = sum(f["emulated_loss_dropped"] for f in figs)
+    if "nft_dropped" in figs[0]:
+        out["nft_dropped"] = sum(f["nft_dropped"] for f in figs)
+    return out
+
+
+def _turns(
+    args: argparse.Namespace, what: str, transports: tuple[str, ...],
+    job: Callable[[str], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """``args.rounds`` jobs of each transport, taking turns (the first of a round
+    alternates), combined per transport."""
+    figs: dict[str, list[dict[str, Any]]] = {t: [] for t in transports}
+    for n in range(args.rounds):
+        for transport in transports if n % 2 == 0 else transports[::-1]:
+            figs[transport].append(job(transport))
+            _progress(args, f"{transport}, {what}, round {n + 1}/{args.rounds}",
+                      figs[transport][-1])  # fmt: skip
+    return {t: _combined(f) for t, f in figs.items()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {}
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
-    for transport in ("nocomm", "gloo", "dlcp"):
-        res[transport] = run_job(args, transport, p=args.p)
-        _progress(args, transport, res[transport])
+    res["nocomm"] = _combined([run_job(args, "nocomm", p=args.p)])
+    _progress(args, "nocomm", res["nocomm"])
+    res.update(_turns(args, "lossless", ("gloo", "dlcp"), lambda t: run_job(args, t, p=args.p)))
     with _lossy_place(args) as box:
         if box is not None:
             res["netns_tcp_rto_min_us"] = _fast_tcp_timers(box)
             prefix = box.exec_argv([])
             print(f"namespace {box.ns}: loopback MTU 1500, offloads off", file=sys.stderr)
-            for transport in ("gloo", "dlcp"):
-                res[f"{transport}_netns"] = run_job(args, transport, prefix=prefix)
-                _progress(args, f"{transport}, lossless", res[f"{transport}_netns"])
+            netns = _turns(args, "lossless netns", ("gloo", "dlcp"),
+                           lambda t: run_job(args, t, prefix=prefix))  # fmt: skip
+            res.update({f"{t}_netns": f for t, f in netns.items()})
             box.set_loss(args.loss)
             print(f"  nftables drops {args.loss:g}% of packets on loopback", file=sys.stderr)
-            for transport in ("gloo", "dlcp"):
+
+            def lossy(transport: str) -> dict[str, Any]:
                 before = box.dropped()
-                res[f"{transport}_loss"] = run_job(args, transport, prefix=prefix)
-                res[f"{transport}_loss"]["nft_dropped"] = box.dropped() - before
-                _progress(args, f"{transport}, {args.loss:g}% loss", res[f"{transport}_loss"])
+                fig = run_job(args, transport, prefix=prefix)
+                fig["nft_dropped"] = box.dropped() - before
+                return fig
+
+            lost = _turns(args, f"{args.loss:g}% loss", ("gloo", "dlcp"), lossy)
+            res.update({f"{t}_loss": f for t, f in lost.items()})
         else:
             print(f"EMULATED loss {args.loss:g}% (DLCP only):", file=sys.stderr)
-            res["dlcp_loss"] = run_job(
-                args, "dlcp", env_extra={"DLCP_EMULATED_LOSS": repr(args.loss / 100)}
-            )
-            _progress(args, "dlcp", res["dlcp_loss"])
+            env = {"DLCP_EMULATED_LOSS": repr(args.loss / 100)}
+            emulated = _turns(args, "emulated loss", ("dlcp",),
+                              lambda t: run_job(args, t, env_extra=env))  # fmt: skip
+            res["dlcp_loss"] = emulated["dlcp"]
     return summary(args, res, kernel=box is not None)
+
+
+def _round_ratios(d: dict[str, Any] | None, g: dict[str, Any] | None) -> list[float] | None:
+    """Each round's DLCP / Gloo ratio (the jobs of a round in turn)."""
+    if not d or not g:
+        return None
+    pairs = zip(d["iter_s_jobs"], g["iter_s_jobs"], strict=True)
+    return [r for a, b in pairs if (r := _ratio(a, b)) is not None]
 
 
 def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> dict[str, Any]:
@@ -307,6 +355,8 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "dlcp_iter_s": _r(d["iter_s"]),
         "gloo_iter_s": _r(g["iter_s"]),
         "ratio": _ratio(d["iter_s"], g["iter_s"]),
+        "rounds": args.rounds,
+        "ratio_rounds": _round_ratios(d, g),
         "dlcp_comm_s": _r(d["comm_s"]),
         "nocomm_iter_s": _r(floor),
         "dlcp_comm_cost_s": _r(d["iter_s"] - floor),
@@ -321,9 +371,11 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "dlcp_iter_s_netns_lossless": _r(dn["iter_s"]) if dn else None,
         "gloo_iter_s_netns_lossless": _r(gn["iter_s"]) if gn else None,
         "ratio_netns_lossless": _ratio(dn["iter_s"], gn["iter_s"]) if dn and gn else None,
+        "ratio_netns_lossless_rounds": _round_ratios(dn, gn),
         "dlcp_iter_s_loss": _r(dl.get("iter_s")),
         "gloo_iter_s_loss": _r(gl["iter_s"]) if gl else None,
         "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
+        "ratio_loss_rounds": _round_ratios(dl, gl),
         "floor_ratio_loss": _ratio(floor, gl["iter_s"]) if gl else None,
         "dlcp_lost_fraction_loss": _r(dl.get("lost_fraction"), 6),
         "dlcp_retransmitted_per_iter_loss": _r(dl.get("retransmitted_per_iter"), 1),
@@ -375,6 +427,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="jobs per transport and phase, Gloo and DLCP in turn (default 3)")
     ap.add_argument("--width", type=int, default=1664)
     ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
     ap.add_argument("--inputs", type=int, default=1024)
@@ -394,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.rounds < 1:
+        print(f"dlcp bench ddp: --rounds={args.rounds} must be >= 1", file=sys.stderr)
+        return 2
     if not 0 < args.loss < 100:
         print(f"dlcp bench ddp: --loss={args.loss} is not a percentage in (0, 100)",
               file=sys.stderr)

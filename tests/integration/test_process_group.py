@@ -237,6 +237,15 @@ def test_the_backend_is_registered_whichever_dlcp_module_comes_first(first: str)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
+def _prints_ok_without_env_variables(script: str) -> None:
+    """Run ``script`` with none of the env:// variables set; it must print ok."""
+    unset = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 @pytest.mark.parametrize("method", ["tcp", "file"])
 def test_the_group_starts_from_an_init_method_without_env_variables(
     method: str, tmp_path: Path
@@ -258,11 +267,7 @@ def test_the_group_starts_from_an_init_method_without_env_variables(
         "dist.destroy_process_group()\n"
         "print('ok')\n"
     )
-    unset = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    _prints_ok_without_env_variables(script)
 
 
 def test_the_ddp_hook_starts_from_an_init_method_without_env_variables() -> None:
@@ -287,8 +292,4 @@ def test_the_ddp_hook_starts_from_an_init_method_without_env_variables() -> None
         "dist.destroy_process_group()\n"
         "print('ok')\n"
     )
-    unset = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    _prints_ok_without_env_variables(script)
