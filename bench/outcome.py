@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from dlcp.testbed.netns import NetnsError
+
 from dlcp.launch import sigterm_interrupts
 
 __all__ = ["finish"]
@@ -23,15 +25,18 @@ def finish(
     cleaned_up: str,
 ) -> int:
     """``run(args)``, then print ``table`` of its result and, with ``--json``, the
-    result as the last line; exit status 0. A failed job (one of ``errors``) or
-    Ctrl-C ends with one line naming the benchmark (``dlcp bench <name>: ...``;
-    ``cleaned_up`` says what was stopped and removed) and status 1 or 130.
+    result as the last line; exit status 0. A failed job (one of ``errors``), a
+    namespace step that failed (:class:`NetnsError`: a loss rule, offloads, a
+    counter) or Ctrl-C ends with one line naming the benchmark (``dlcp bench
+    <name>: ...``; ``cleaned_up`` says what was stopped and removed) and status
+    1 or 130.
     SIGTERM counts as Ctrl-C here: it unwinds the same way, so that what the run
     built (namespaces, workers) is removed by its ``finally`` blocks."""
+    caught = (*(errors if isinstance(errors, tuple) else (errors,)), NetnsError)
     try:
         with sigterm_interrupts():
             result = run(args)
-    except errors as exc:
+    except caught as exc:
         print(f"dlcp bench {name}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
