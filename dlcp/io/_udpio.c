@@ -252,7 +252,8 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    if (seg <= 0 || seg > 65535 || per_message <= 0 || per_message * seg > 65535) {
+    /* (divided, not multiplied: a huge per_message must not overflow the check) */
+    if (seg <= 0 || seg > 65535 || per_message <= 0 || per_message > 65535 / seg) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError,
                      "segment size %zd x %zd per message does not fit one UDP GSO message",

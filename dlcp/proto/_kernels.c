@@ -301,7 +301,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
         n_held = k + 1;
         Py_ssize_t item_size = fbuf[k].view.itemsize;
         if ((size != 1 && size != 2 && size != 4 && size != 8) || offset < 0 ||
-            offset + size > head_bytes ||
+            (Py_ssize_t)offset > head_bytes - size || /* (offset + size may overflow) */
             (item_size != 1 && item_size != 2 && item_size != 4 && item_size != 8)) {
             PyErr_Format(PyExc_ValueError, "field %zd: %d bytes at %d do not fit a %zd-byte header "
                          "(or its array has %zd-byte items)", k, size, offset, head_bytes, item_size);

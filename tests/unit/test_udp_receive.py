@@ -170,3 +170,12 @@ def test_gso_and_gro_detection_is_logged(
     assert f"GRO {'on' if rx.use_gro else 'off'}" in line
     if gso == "off":
         assert "GSO off, GRO off" in line
+
+
+def test_c_send_batch_refuses_a_message_count_that_overflows_the_size_check() -> None:
+    # per_message * seg overflowed, passed the 64 KB check and left a zero step to
+    # divide by (SIGFPE); udp.py never passes more than 64, only a direct call can
+    if udp._udpio is None:
+        pytest.skip("dlcp.io._udpio not built")
+    with pytest.raises(ValueError, match="does not fit one UDP GSO message"):
+        udp._udpio.send_batch(-1, b"x" * 100, 4, 1 << 62, "127.0.0.1", 9, 0)
