@@ -104,15 +104,24 @@ def _default_store(job: JobInfo, timeout: float, env: Mapping[str, str]) -> Any:
         # share the default process group's store (it already listens on MASTER_PORT)
         base = dist.distributed_c10d._get_default_store()
     else:
-        base = TCPStore(
-            job.master_addr,
-            job.master_port,
-            job.world_size,
-            # under torchrun's agent the agent serves the store: every rank is a client
-            is_master=job.rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
-            timeout=timedelta(seconds=timeout),
-        )
+        # under torchrun's agent the agent serves the store: every rank is a client
+        serves = job.rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        where = (job.master_addr, job.master_port, job.world_size, job.rank, serves)
+        with _stores_lock:
+            made = _stores.get(where)
+            if made is None:  # one per job and rank: a second would find the port taken
+                made = _stores[where] = TCPStore(
+                    job.master_addr, job.master_port, job.world_size, is_master=serves,
+                    timeout=timedelta(seconds=timeout),
+                )  # fmt: skip
+        base = made
     return PrefixStore(f"dlcp/{attempt(env)}", base)
+
+
+#: the TCPStore this process made for a job without a process group, kept for the
+#: next connect() (every call made a new one, and rank 0's second could not serve)
+_stores: dict[tuple[str, int, int, int, bool], Any] = {}
+_stores_lock = threading.Lock()
 
 
 def attempt(env: Mapping[str, str]) -> str:

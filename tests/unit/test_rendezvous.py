@@ -187,3 +187,18 @@ def test_a_prefixed_store_view_checks_and_waits_under_its_prefix() -> None:
     base.set("view/k", b"v")
     assert view.check(["k"]) and view.get("k") == b"v"
     view.wait(["k"], datetime.timedelta(seconds=1))
+
+
+def test_connect_twice_without_a_process_group_shares_the_jobs_store() -> None:
+    """Without torch.distributed initialised each connect() made a TCPStore of
+    its own, and rank 0's second could not serve on MASTER_PORT (address in use)."""
+    from dlcp.launch import free_port
+
+    env = {**_env(0), "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
+    first, _ = rendezvous.connect(group="twice", env=env)
+    try:
+        second, _ = rendezvous.connect(group="twice", env=env)
+        second.close()
+    finally:
+        first.close()
+    assert first.job != second.job  # a namespace of its own (the call number)
