@@ -329,12 +329,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary(args, res, kernel=box is not None)
 
 
-def _round_ratios(d: dict[str, Any] | None, g: dict[str, Any] | None) -> list[float] | None:
+def _round_ratios(
+    d: dict[str, Any] | None, g: dict[str, Any] | None
+) -> list[float | None] | None:
     """Each round's DLCP / Gloo ratio (the jobs of a round in turn)."""
     if not d or not g:
         return None
-    pairs = zip(d["iter_s_jobs"], g["iter_s_jobs"], strict=True)
-    return [r for a, b in pairs if (r := _ratio(a, b)) is not None]
+    return [_ratio(a, b) for a, b in zip(d["iter_s_jobs"], g["iter_s_jobs"], strict=True)]
 
 
 def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> dict[str, Any]:

@@ -405,15 +405,14 @@ class ReceiverDrivenPacer:
             and self._budget > 0
             and self._wasted <= (1.0 - self.used_fraction) * self._budget
         )
+        at = self._last  # (now, as _advance took it)
+        assert at is not None
         if self._cautious:  # after congestion: loss lowers the rate, raises are small steps
             # (feedback comes about every probe_interval, a little early or late:
             # a step may come a fifth of an interval early)
-            due = self._last is not None and (
-                self._last - self._raised_at >= 0.8 * self.probe_interval
-            )
-            if target > self._rate and due:
+            if target > self._rate and at - self._raised_at >= 0.8 * self.probe_interval:
                 self._rate = min(target, self._rate * (1.0 + self.probe))
-                self._raised_at = self._last if self._last is not None else 0.0
+                self._raised_at = at
         elif target >= self._rate or pacer_limited:
             self._rate = target
         self._backlogged = False
@@ -428,8 +427,9 @@ class ReceiverDrivenPacer:
         fallback = max(sent_at * max(self.max_cut, self.backoff * (1.0 - lost)), self.min_rate)
         self._cautious = True
         if fallback < self._rate:  # (a round sent before an earlier cut may say more)
+            assert self._last is not None  # (set by _advance)
             self._rate = fallback
-            self._raised_at = self._last if self._last is not None else 0.0
+            self._raised_at = self._last
         # what the bucket saved at the old rate goes too: it would leave in one burst
         self._tokens = min(self._tokens, float(self.burst))
         self._due = None
