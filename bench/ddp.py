@@ -145,9 +145,7 @@ def worker(args: argparse.Namespace) -> int:
     dist.barrier()
     if state is not None:
         state.close()  # (and the endpoint it made)
-    # DDP's reducer and its pending work go before the group they use, not at the
-    # interpreter's exit (a nocomm rank once died there: "terminate called without
-    # an active exception", SIGABRT; not reproduced since)
+    # DDP's reducer and its pending work go before the group they use (see main)
     del ddp, opt, state
     gc.collect()
     dist.destroy_process_group()
@@ -448,7 +446,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
-        return worker(args)
+        code = worker(args)
+        # the job's work is done (figures written, group destroyed): leave without the
+        # interpreter's finalization, where a torch/Gloo thread torn down late aborted
+        # a rank twice in CI ("terminate called without an active exception", SIGABRT)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.rounds < 1:
         print(f"dlcp bench ddp: --rounds={args.rounds} must be >= 1", file=sys.stderr)
         return 2
