@@ -5,8 +5,9 @@
 Each configuration is one job of ``--nproc`` ranks started by
 :func:`dlcp.launch.launch` (this module with ``--worker``): DDP over a Gloo
 process group, gradients averaged either by Gloo's all-reduce (``gloo``) or by
-the DLCP comm hook (``dlcp``: ring all-reduce, reduce-scatter with loss bound
-``--p``, reliable all-gather). Synthetic data (a fixed random batch per rank),
+the DLCP comm hook (``dlcp``: by default ring all-reduce, reduce-scatter with
+loss bound ``--p``, reliable all-gather; ``--collective`` also takes
+``halving-doubling`` and ``ps``). Synthetic data (a fixed random batch per rank),
 SGD. Every rank times every iteration (zero_grad, forward, backward, which waits
 for the gradient all-reduce, optimizer step); an iteration's time is the
 slowest rank's, and a configuration's figure is the median over the iterations
@@ -432,7 +433,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
     ap.add_argument("--inputs", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32, help="per rank")
-    ap.add_argument("--collective", choices=["ring", "ps"], default="ring")
+    ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
     ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")

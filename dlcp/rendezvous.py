@@ -109,10 +109,13 @@ def _default_store(job: JobInfo, timeout: float, env: Mapping[str, str]) -> Any:
         where = (job.master_addr, job.master_port, job.world_size, job.rank, serves)
         with _stores_lock:
             made = _stores.get(where)
-            if made is None:  # one per job and rank: a second would find the port taken
+            if made is None:  # one per job and rank, kept for the next connect()
                 made = _stores[where] = TCPStore(
                     job.master_addr, job.master_port, job.world_size, is_master=serves,
                     timeout=timedelta(seconds=timeout),
+                    # as torch's env:// store is: a later init_process_group on
+                    # MASTER_PORT shares this server instead of finding the port taken
+                    multi_tenant=True,
                 )  # fmt: skip
         base = made
     return PrefixStore(f"dlcp/{attempt(env)}", base)

@@ -202,3 +202,38 @@ def test_connect_twice_without_a_process_group_shares_the_jobs_store() -> None:
     finally:
         first.close()
     assert first.job != second.job  # a namespace of its own (the call number)
+
+
+_CONNECT_THEN_INIT = """
+import os, sys
+import torch, torch.distributed as dist
+from dlcp.rendezvous import connect
+endpoint, job = connect()
+dist.init_process_group("gloo")  # env:// on the same MASTER_PORT
+t = torch.ones(3)
+dist.all_reduce(t)
+# one server behind both: what DLCP's rendezvous wrote, torch's store reads
+assert dist.distributed_c10d._get_default_store().num_keys() > 0
+endpoint.close()
+dist.destroy_process_group()
+print("trained on", t.tolist())
+"""
+
+
+def test_init_process_group_after_connect_shares_master_port() -> None:
+    """connect() without a process group serves the job's store on MASTER_PORT;
+    rank 0's later ``init_process_group`` (env://) failed there with
+    EADDRINUSE. DLCP's store is now multi-tenant, as torch's own is, so both
+    share one server."""
+    import os
+    import subprocess
+    import sys
+
+    from dlcp.launch import free_port
+
+    env = {**os.environ, **_env(0), "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", _CONNECT_THEN_INIT], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trained on [1.0, 1.0, 1.0]" in run.stdout
