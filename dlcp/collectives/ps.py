@@ -36,7 +36,7 @@ from .comm import (
     copy_fill,
     divide_first,
 )
-from .ring import check_array, chunk_bounds
+from .ring import SendTracker, check_array, chunk_bounds
 
 __all__ = ["check_roles", "ps_allreduce", "ps_serve"]
 
@@ -92,15 +92,15 @@ def ps_allreduce(
         )
     average = divide_first(data, len(wrk), average)  # (a dedicated server knows by the type)
     report = ReportBuilder("ps_allreduce", call, len(data))
-    pushes: list[Future[Any]] = []
+    sends = SendTracker()  # pushes, and a co-located server's pulls
     pull_fill = copy_fill(p_pull)
     incoming: list[Future[Received]] = []
     try:
         for i, server in enumerate(srv):
             a, b = bounds[i], bounds[i + 1]
             if server != r and a < b:  # fewer elements than servers: empty shards move nothing
-                pushes.append(comm.send_part(data, a, b, to=server, call=call, role=PUSH,
-                                             segments=segments, p=p_push))  # fmt: skip
+                sends.add(comm.send_part(data, a, b, to=server, call=call, role=PUSH,
+                                         segments=segments, p=p_push))  # fmt: skip
         if p_pull > 0 and not average:  # (the pushes have copied their bytes already)
             for i, server in enumerate(srv):
                 if server != r:  # a lost pulled element keeps this worker's estimate of the sum
@@ -130,18 +130,16 @@ def ps_allreduce(
                 fill=fill,
                 divide=len(wrk) if average else 0,
             )
-            pushes.extend(
-                comm.send_part(data, a, b, to=w, call=call, role=PULL, segments=segments, p=p_pull)
-                for w in wrk
-                if w != r
-            )
-        for fut in incoming:
-            report.received(comm.wait(fut), bounded=p_pull > 0)
-        for fut in pushes:
-            report.sent(comm.wait(fut), data.itemsize)
+            for w in wrk:
+                if w != r:
+                    sends.add(comm.send_part(data, a, b, to=w, call=call, role=PULL,
+                                             segments=segments, p=p_pull))  # fmt: skip
+        for fut in incoming:  # (a failed push ends the wait: the call has failed)
+            report.received(sends.await_receive(comm, fut), bounded=p_pull > 0)
+        sends.wait(comm, report, data.itemsize)
     except BaseException:
         # the pulls write into ``data``: not after this raised; the pushes stop
-        cancel_all([*incoming, *pushes])
+        cancel_all([*incoming, *sends.futures])
         raise
     return report.build()
 
@@ -233,11 +231,12 @@ def _aggregate(
     divide: int,
 ) -> None:
     buffers = [np.empty_like(shard) for _ in others]
-    futs = [
-        comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill)
-        for buf, w in zip(buffers, others, strict=True)
-    ]
+    futs: list[Future[Any]] = []
     try:
+        # posted in the try: a later recv that raises (a worker without an
+        # address) must not leave the earlier ones posted, taking pushes
+        for buf, w in zip(buffers, others, strict=True):
+            futs.append(comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill))
         for fut, buf in zip(futs, buffers, strict=True):
             report.received(comm.wait(fut), bounded=p_push > 0)
             shard += buf

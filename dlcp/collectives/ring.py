@@ -194,11 +194,8 @@ def exchange(
         raise
     if incoming is not None:
         try:
-            report.received(comm.wait(incoming), bounded=p > 0)
-        except Exception:
-            # a peer that went away often takes another with it: name the first
-            # failure this rank saw (a send's) rather than the later one
-            sends.raise_first_failure()
+            report.received(sends.await_receive(comm, incoming), bounded=p > 0)
+        except Exception:  # (settled, or cancelled by the failed send it names)
             raise
         except BaseException:  # (an interrupt) the receive must not write later
             incoming.cancel()
@@ -213,11 +210,12 @@ class SendTracker:
     context manager it cancels them all if the call fails (else they would
     retransmit until the endpoint's timeout)."""
 
-    __slots__ = ("_failed", "futures")
+    __slots__ = ("_failed", "_watched", "futures")
 
     def __init__(self) -> None:
         self.futures: list[Future[Any]] = []
         self._failed: list[BaseException] = []
+        self._watched: Future[Any] | None = None
 
     def __enter__(self) -> SendTracker:
         return self
@@ -233,11 +231,32 @@ class SendTracker:
     def _settled(self, fut: Future[Any]) -> None:
         if not fut.cancelled() and (exc := fut.exception()) is not None:
             self._failed.append(exc)  # list.append: atomic, from any thread
+            watched = self._watched
+            if watched is not None:  # the call has failed: its step stops waiting
+                watched.cancel()
 
     def raise_first_failure(self) -> None:
         """Raise the error of the first send that failed, if one did."""
         if self._failed:
             raise self._failed[0]
+
+    def await_receive(self, comm: Communicator, incoming: Future[Any]) -> Any:
+        """``comm.wait(incoming)``, ended as soon as a send of this call fails:
+        that cancels the receive, and the send's error is raised. Else the wait
+        would last the receive's whole timeout, for the rank it comes from may
+        be alive and never send (it waits for this one further round the ring).
+        A peer that went away often takes another with it: a failed send is
+        named before the receive's own failure, as the first this rank saw."""
+        self._watched = incoming
+        try:
+            if self._failed:  # (checked after watching: none can slip between)
+                incoming.cancel()
+            return comm.wait(incoming)
+        except Exception:
+            self.raise_first_failure()
+            raise
+        finally:
+            self._watched = None
 
     def wait(self, comm: Communicator, report: ReportBuilder, itemsize: int) -> None:
         """Wait for every send, in order, into ``report``."""

@@ -6,7 +6,10 @@ in for the endpoint."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -15,7 +18,7 @@ import pytest
 from dlcp.collectives.comm import MAX_ROLE, ReportBuilder
 from dlcp.collectives.ps import PULL, ps_allreduce
 from dlcp.collectives.ring import ring_allreduce
-from dlcp.errors import PeerTimeout
+from dlcp.errors import PeerTimeout, TransferFailed
 
 
 class _FailingComm:
@@ -210,3 +213,69 @@ def test_an_interrupt_in_a_ring_step_cancels_its_receive() -> None:
         ring_allreduce(comm, np.ones(100, np.float32), p=0.05)  # type: ignore[arg-type]
     assert comm.recvs and all(f.cancelled() for f in comm.recvs)
     assert comm.sends and all(f.cancelled() for f in comm.sends)
+
+
+class _LateFailingComm(_FailingComm):
+    """Sends start; those to rank ``gone`` fail ``after`` seconds later (it went
+    away), the others and the receives never settle: ``wait`` blocks up to ``limit``."""
+
+    def __init__(self, rank: int, world: int, *, gone: int, after: float, limit: float) -> None:
+        super().__init__(rank, world, fail_send_role=-1)
+        self.gone, self.after, self.limit = gone, after, limit
+
+    def send_part(self, data: Any, a: int, b: int, *, role: int, to: int, **kw: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self.sends.append(fut)
+        if to == self.gone:
+            error = TransferFailed(f"rank {self.rank}: message to rank {to}: rank {to} closed")
+
+            def fail() -> None:
+                if fut.set_running_or_notify_cancel():  # (not if the call cancelled it)
+                    fut.set_exception(error)
+
+            timer = threading.Timer(self.after, fail)
+            timer.daemon = True
+            timer.start()
+        return fut
+
+    def wait(self, fut: Future[Any]) -> Any:
+        try:
+            return fut.result(timeout=self.limit)
+        except FutureTimeout:
+            raise PeerTimeout(f"rank {self.rank}: a message did not complete") from None
+
+
+@pytest.mark.parametrize("collective", ["ring", "ps"])
+def test_a_send_that_fails_ends_the_wait_for_a_receive(collective: str) -> None:
+    """Rank 1 of 3 sends to rank 2, which goes away, while it waits for rank 0,
+    which is alive but has not reached the call (it waits for rank 2 too). The
+    wait lasted the receive's whole timeout although rank 1 knew of the failure
+    at once; now the failed send cancels the receive and is raised."""
+    comm = _LateFailingComm(1, 3, gone=2, after=0.05, limit=10.0)
+    started = time.monotonic()
+    with pytest.raises(TransferFailed, match="rank 2 closed"):
+        if collective == "ring":
+            ring_allreduce(comm, np.ones(300, np.float32), p=0.05)  # type: ignore[arg-type]
+        else:  # rank 1 a worker only: it pushes to the servers and waits for their pulls
+            ps_allreduce(comm, np.ones(300, np.float32),  # type: ignore[arg-type]
+                         servers=[0, 2], workers=[0, 1, 2])  # fmt: skip
+    assert time.monotonic() - started < 5.0
+    assert comm.recvs and all(f.cancelled() for f in comm.recvs)
+
+
+def test_ps_aggregation_cancels_the_pushes_it_posted_when_a_later_one_cannot_be() -> None:
+    """A co-located server posts one receive per worker's push; when posting one
+    raised (a worker without an address), those posted before stayed in the
+    endpoint, taking that worker's push, so it was never told the call failed."""
+
+    class _Comm(_FailingComm):
+        def recv(self, out: Any, **kw: Any) -> Future[Any]:
+            if kw["src"] == 2:
+                raise PeerTimeout(f"rank {self.rank}: rank 2 published no address")
+            return super().recv(out, **kw)
+
+    comm = _Comm(0, 3, fail_send_role=-1)
+    with pytest.raises(PeerTimeout, match="rank 2 published no address"):
+        ps_allreduce(comm, np.ones(300, np.float32), servers=[0],  # type: ignore[arg-type]
+                     workers=[0, 1, 2])  # fmt: skip
+    assert len(comm.recvs) == 1 and comm.recvs[0].cancelled()  # rank 1's push
