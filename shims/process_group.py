@@ -8,8 +8,10 @@ The group is a pure-Python subclass of ``torch.distributed.ProcessGroup``
 (torch calls its methods from Python and, for DDP's reducer, from C++ through
 its trampoline). Each method checks its arguments in the caller's thread,
 queues the operation and returns a ``Work`` wrapping a ``torch.futures.Future``
-at once; one transport thread per group runs the queued operations in call
-order, which is the same on every rank, and completes the futures. So
+at once; the group's transport threads run the queued operations one at a
+time in call order, which is the same on every rank, and complete the futures
+(a future's callback may wait for another operation of the group: see
+:mod:`.pg_serve`). So
 ``async_op=True``, ``work.get_future()`` and DDP's overlap of backward with
 communication behave as with Gloo.
 
@@ -61,9 +63,9 @@ are written but untested here (no GPU on these machines).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -82,12 +84,12 @@ from ..collectives import (
 from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError
 from ..io.endpoint import Endpoint
-from ..io.threads import name_os_thread
 from ..rendezvous import attempt, connect
 from . import BACKEND, register
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_coalesced import CoalescingAndNames
 from .pg_options import DLCPOptions, rendezvous_env
+from .pg_serve import OrderedServers
 from .pg_tensors import (
     ROLE_STRIDE,
     DLCPWork,
@@ -171,13 +173,11 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
             raise
         self._reports: deque[CollectiveReport] = deque(maxlen=1024)
         self._reports_lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._serve, name=f"dlcp-pg-{name or 'default'}-{rank}", daemon=True
+        self._servers: OrderedServers[Job] = OrderedServers(
+            self._run, name=f"dlcp-pg-{name or 'default'}-{rank}", os_name=f"dlcp-pg-{rank}"
         )
-        self._thread.start()
         if self.p > 0:
             log.info("dlcp process group %r: float all-reduces with loss bound p=%g", name, self.p)
 
@@ -476,17 +476,17 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         return self._submit("barrier", run, [token], [])
 
     def shutdown(self) -> None:
-        """Finish queued operations, stop the transport thread, close the endpoint."""
+        """Finish queued operations, stop the transport threads, close the endpoint."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._jobs.put(None)
+        self._servers.stop()
         # queued work normally finishes at once; what still waits on a peer after
         # the grace period fails with EndpointClosed when the endpoint closes
-        self._thread.join(timeout=min(self.comm.timeout, SHUTDOWN_GRACE))
+        self._servers.join(timeout=min(self.comm.timeout, SHUTDOWN_GRACE))
         self.endpoint.close()
-        self._thread.join(timeout=SHUTDOWN_GRACE)
+        self._servers.join(timeout=SHUTDOWN_GRACE)
 
     def abort(self) -> None:
         """Close the endpoint now: pending operations fail with EndpointClosed."""
@@ -495,7 +495,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
             self._closed = True
         self.endpoint.close()
         if not already:
-            self._jobs.put(None)
+            self._servers.stop()
 
     alltoall = _unsupported("alltoall")
     alltoall_base = _unsupported("alltoall_base")
@@ -530,7 +530,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         with self._lock:  # queue order is call order: the same on every rank
             if self._closed:
                 raise DLCPError(f"dlcp process group (rank {self._rank}) is shut down: {name}")
-            self._jobs.put(Job(name, run, result, future, ready, calls))
+            self._servers.put(Job(name, run, result, future, ready, calls))
         log.debug("dlcp process group rank %d: queued %s", self._rank, name)
         work = DLCPWork(name, future)
         if self._coalescing is not None:  # (see CoalescingAndNames)
@@ -553,28 +553,26 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         self.comm.next_call()
         return None
 
-    # ------------------------------------------------------------------ transport thread
+    # ------------------------------------------------------------------ transport threads
 
-    def _serve(self) -> None:
-        name_os_thread(f"dlcp-pg-{self._rank}")
-        while (job := self._jobs.get()) is not None:
-            try:
-                # an operation that fails here before it took its call numbers (in
-                # staging, say) still uses them up: later ones stay paired
-                with self.comm.reserve(job.calls):
-                    if job.ready is not None:  # pragma: no cover - no GPU here
-                        job.ready.synchronize()
-                    report = job.run()
-            except BaseException as exc:  # surfaces in the caller through the future
-                log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
-                error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-                error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
-                job.future.set_exception(error)
-                continue
-            if report is not None:  # (a list: a collective per tensor, each reported)
-                with self._reports_lock:
-                    self._reports.extend(report if isinstance(report, list) else [report])
-            job.future.set_result(job.result)
+    def _run(self, job: Job) -> Callable[[], None]:
+        """Run ``job`` (in its turn: see :mod:`.pg_serve`); what completes its future."""
+        try:
+            # an operation that fails here before it took its call numbers (in
+            # staging, say) still uses them up: later ones stay paired
+            with self.comm.reserve(job.calls):
+                if job.ready is not None:  # pragma: no cover - no GPU here
+                    job.ready.synchronize()
+                report = job.run()
+        except BaseException as exc:  # surfaces in the caller through the future
+            log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
+            error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+            error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
+            return functools.partial(job.future.set_exception, error)
+        if report is not None:  # (a list: a collective per tensor, each reported)
+            with self._reports_lock:
+                self._reports.extend(report if isinstance(report, list) else [report])
+        return functools.partial(job.future.set_result, job.result)
 
 
 def create_group(backend_opts: Any, pg_options: Any) -> DLCPProcessGroup:

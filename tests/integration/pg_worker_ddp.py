@@ -57,6 +57,51 @@ def ddp_matches_gloo() -> dict[str, Any]:
     return {"params": sum(p.numel() for p in model.parameters()), "ops": dict(ops)}
 
 
+@check
+def a_callback_may_wait_for_another_operation() -> None:
+    """A future's callback runs in a transport thread; one that starts a second
+    operation of the group and waits for it hung forever with one such thread
+    (the second was queued behind the callback). Gloo runs it."""
+    a, b = torch.ones(4), torch.ones(4)
+    chained = dist.all_reduce(a, async_op=True).get_future().then(
+        lambda _: dist.all_reduce(b)  # a blocking collective inside the callback
+    )
+    waiter = threading.Thread(target=chained.wait, daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), "a collective waited for inside a callback hung"
+    assert a.eq(C.world).all() and b.eq(C.world).all(), (a, b)
+
+
+@check
+def ddp_powersgd_hook_matches_gloo() -> None:
+    """torch's PowerSGD hook waits for all-reduces inside its future callbacks."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    torch.manual_seed(C.rank)
+    model = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 3))  # fmt: skip
+    trained = []
+    for group in (None, C.gloo):
+        ddp = DDP(copy.deepcopy(model), process_group=group)
+        state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=2, min_compression_rate=0.5,
+                                       random_seed=0)  # fmt: skip
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(4):  # two plain steps, then two compressed ones
+            g = torch.Generator().manual_seed(1000 + 10 * step + C.rank)
+            loss = nn.functional.mse_loss(ddp(torch.randn(32, 12, generator=g)),
+                                          torch.randn(32, 3, generator=g))  # fmt: skip
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        trained.append(ddp.module)
+    for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters(), strict=True):
+        assert_close(p, q, msg=lambda m, name=name: f"{name}: {m}")
+        same_on_every_rank(p)
+
+
 class Branchy(nn.Module):
     def __init__(self) -> None:
         super().__init__()

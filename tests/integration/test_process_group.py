@@ -128,6 +128,14 @@ def test_ddp_find_unused_parameters_matches_gloo(ranks: list[dict[str, Any]]) ->
     outcome(ranks, "ddp_find_unused_parameters_matches_gloo")
 
 
+def test_a_callback_may_wait_for_another_operation(ranks: list[dict[str, Any]]) -> None:
+    outcome(ranks, "a_callback_may_wait_for_another_operation")
+
+
+def test_ddp_powersgd_hook_matches_gloo(ranks: list[dict[str, Any]]) -> None:
+    outcome(ranks, "ddp_powersgd_hook_matches_gloo")
+
+
 def test_unsupported_ops_name_themselves(ranks: list[dict[str, Any]]) -> None:
     for seen in outcome(ranks, "unsupported_ops_raise_clear_errors"):
         assert set(seen) == {"all_to_all_single", "send", "recv"}

@@ -1,0 +1,104 @@
+"""The process group's transport threads (``shims/pg_serve.py``): items run one
+at a time in queue order, and a completion may wait for a later item's."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from dlcp.shims.pg_serve import KEPT, OrderedServers
+
+
+def test_items_run_one_at_a_time_in_queue_order() -> None:
+    ran: list[int] = []
+    running = threading.Lock()
+
+    def execute(item: int) -> Callable[[], None]:
+        assert running.acquire(blocking=False), "two items ran at once"
+        ran.append(item)
+        running.release()
+        return lambda: None
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="t", os_name="t")
+    for i in range(200):
+        servers.put(i)
+    servers.stop()
+    assert servers.join(10)
+    assert ran == list(range(200))
+    assert servers.threads == 0
+
+
+def test_a_completion_may_wait_for_later_items_to_complete() -> None:
+    """Item 0's completion waits for item 1's, whose completion waits for item
+    2's: with one thread (or a fixed two) the chain waited for itself forever."""
+    done = [threading.Event() for _ in range(3)]
+    counts: list[int] = []
+
+    def execute(item: int) -> Callable[[], None]:
+        def complete() -> None:
+            if item < 2:
+                servers.put(item + 1)  # a callback that starts the next operation...
+                assert done[item + 1].wait(10), f"item {item + 1} never completed"  # ...waits
+            counts.append(servers.threads)
+            done[item].set()
+
+        return complete
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="t", os_name="t")
+    servers.put(0)
+    assert done[0].wait(10)
+    assert max(counts) >= 3  # a thread was added for the nested wait
+    servers.put(99)  # (threads beyond KEPT leave once their completions return)
+    servers.stop()
+    assert servers.join(10)
+
+
+def test_a_failing_completion_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    completed: list[int] = []
+
+    def execute(item: int) -> Callable[[], None]:
+        def complete() -> None:
+            if item == 1:
+                raise ValueError("a callback failed")
+            completed.append(item)
+
+        return complete
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="srv", os_name="srv")
+    for i in range(4):
+        servers.put(i)
+    servers.stop()
+    assert servers.join(10)
+    assert sorted(completed) == [0, 2, 3]
+    assert "srv: completing an operation failed" in caplog.text
+
+
+def test_threads_beyond_the_kept_ones_leave() -> None:
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def execute(item: int) -> Callable[[], None]:
+        def complete() -> None:
+            entered.release()
+            release.wait(10)
+
+        return complete
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="t", os_name="t")
+    for i in range(3):  # three completions held at once: four threads
+        servers.put(i)
+    for _ in range(3):
+        assert entered.acquire(timeout=10)
+    assert servers.threads == 4
+    release.set()
+    servers.put(3)  # passes through the kept threads
+    entered.acquire(timeout=10)
+    pause = threading.Event()  # (never set: a bounded poll of the thread count)
+    for _ in range(100):
+        if servers.threads == KEPT:
+            break
+        pause.wait(0.05)
+    assert servers.threads == KEPT
+    servers.stop()
+    assert servers.join(10)
