@@ -168,8 +168,14 @@ def connect(
     config: EndpointConfig | None = None,
     authenticate: bool | None = None,
     env: Mapping[str, str] | None = None,
+    job_world_size: int | None = None,
 ) -> tuple[Endpoint, JobInfo]:
     """An :class:`Endpoint` for this rank, its peers found through the store.
+
+    ``job_world_size``: the whole job's number of ranks when ``WORLD_SIZE`` in
+    ``env`` is a group's (a subgroup's ranks may sit on several hosts however
+    few they are): a loopback address is refused if the job has more ranks
+    than ``LOCAL_WORLD_SIZE``.
 
     ``group`` names the endpoint's namespace in the store, so several endpoints
     (e.g. a DDP hook and a process group) can live in one job. Without ``store``
@@ -183,7 +189,8 @@ def connect(
     config = config if config is not None else EndpointConfig.from_env(env)
     if config.host == "127.0.0.1" and "DLCP_HOST" not in env:
         local_world = env.get("LOCAL_WORLD_SIZE", "")  # (torchrun and dlcp launch set it)
-        beyond = local_world.isdigit() and int(local_world) < job.world_size
+        world = job.world_size if job_world_size is None else max(job_world_size, job.world_size)
+        beyond = local_world.isdigit() and int(local_world) < world
         config = dataclasses.replace(
             config, host=local_address(job.master_addr, hosts_beyond=beyond)
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore
 
 from ..collectives import DIRECT_MAX_BYTES
@@ -99,3 +100,14 @@ def rendezvous_env(
     if timeout is not None and "DLCP_TIMEOUT" not in env:
         env["DLCP_TIMEOUT"] = repr(max(timeout.total_seconds(), 1.0))
     return env
+
+
+def job_world_size() -> int | None:
+    """The whole job's number of ranks, which a subgroup's creation is not told:
+    ``WORLD_SIZE`` if set, else the default group's size once it exists."""
+    raw = os.environ.get("WORLD_SIZE", "")
+    if raw.isdigit():
+        return int(raw)
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return None

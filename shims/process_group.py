@@ -88,7 +88,7 @@ from ..rendezvous import attempt, connect
 from . import BACKEND, register
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_coalesced import CoalescingAndNames
-from .pg_options import DLCPOptions, rendezvous_env
+from .pg_options import DLCPOptions, job_world_size, rendezvous_env
 from .pg_serve import OrderedServers
 from .pg_tensors import (
     ROLE_STRIDE,
@@ -158,6 +158,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
             # (accepts str and bytes values; one namespace per torchrun attempt)
             store=cast(Any, PrefixStore(f"dlcp/{attempt(os.environ)}", store)),
             env=rendezvous_env(store, rank, world_size, timeout),
+            job_world_size=job_world_size(),
         )
         try:
             self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)

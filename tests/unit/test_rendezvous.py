@@ -65,6 +65,18 @@ def test_loopback_master_of_a_job_on_several_hosts_is_refused() -> None:
         rendezvous.local_address("127.0.1.1", hosts_beyond=True)
 
 
+def test_a_small_group_of_a_job_on_several_hosts_refuses_loopback_too() -> None:
+    """A process subgroup passes its own size as WORLD_SIZE: two ranks of a job
+    of two hosts with two ranks each passed the check (2 is not more than
+    LOCAL_WORLD_SIZE) and published 127.0.0.1 to a peer on the other host."""
+    group_env = {**_env(0), "LOCAL_WORLD_SIZE": "2"}  # WORLD_SIZE 2: the group's
+    with pytest.raises(ConfigError, match="other hosts"):
+        rendezvous.connect(group="sub", store=LocalStore(), env=group_env, job_world_size=4)
+    endpoint, _ = rendezvous.connect(group="sub", store=LocalStore(), env=group_env,
+                                     job_world_size=2)  # one host: loopback is fine
+    endpoint.close()
+
+
 def test_env_job_names_a_bad_local_rank() -> None:
     with pytest.raises(ConfigError, match="LOCAL_RANK='abc' is not a non-negative integer"):
         rendezvous.env_job({**_env(0), "LOCAL_RANK": "abc"})
