@@ -45,7 +45,7 @@ MAX_PARTS = 16
 class DLCPWork(Work):
     """The handle of one queued operation: ``wait()`` raises what the operation
     raised (a failed collective is never silent), ``get_future()`` is completed
-    by the transport thread with the operation's output tensors."""
+    by a transport thread with the operation's output tensors."""
 
     def __init__(self, name: str, future: torch.futures.Future[Any]) -> None:
         super().__init__()

@@ -2,7 +2,7 @@
 over the ring (or in one round when small and exact), every other all-reduce
 as an exact all-gather of the raw bytes folded in rank order, and the byte
 messages of broadcast, gather, scatter and all-gather. :mod:`.process_group`
-runs these on its transport thread."""
+runs these on its transport threads, one at a time."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ Operations not listed above raise ``NotImplementedError("dlcp process group
 does not implement <op>")``.
 
 CUDA tensors are staged through (pinned) host memory: the caller records an
-event on the current stream, the transport thread waits on it, copies to the
+event on the current stream, a transport thread waits on it, copies to the
 host, runs the collective and copies back; futures are created with the
 tensors' devices so that consumers synchronise with the copy. Those code paths
 are written but untested here (no GPU on these machines).
