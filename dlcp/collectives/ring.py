@@ -195,10 +195,8 @@ def exchange(
     if incoming is not None:
         try:
             report.received(sends.await_receive(comm, incoming), bounded=p > 0)
-        except Exception:  # (settled, or cancelled by the failed send it names)
-            raise
-        except BaseException:  # (an interrupt) the receive must not write later
-            incoming.cancel()
+        except BaseException:  # (an interrupt, say) the receive must not write later
+            incoming.cancel()  # (a no-op if it failed, or a failed send cancelled it)
             raise
     return incoming is not None
 
