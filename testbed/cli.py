@@ -74,6 +74,12 @@ _SWITCH_HELP = (
 )
 
 
+_HIDDEN_HELP = (
+    "units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
+    "a gradient that outweighs the computation)"
+)
+
+
 def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .experiments import ABLATIONS, SCENARIOS
 
@@ -89,13 +95,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     run.add_argument("--epochs", type=int, default=2)
     run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
-    run.add_argument(
-        "--hidden",
-        type=int,
-        default=64,
-        help="units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
-        "a gradient that outweighs the computation)",
-    )
+    run.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
@@ -118,6 +118,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="SCENARIOS",
         help="also run each DLCP ablation on these scenarios (comma-separated, or 'all')",
     )
+    suite.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     suite.add_argument(
@@ -272,6 +273,7 @@ def _experiments(args: argparse.Namespace) -> int:
                 ablation_scenarios=ablated,
                 switch=args.switch,
                 gloo_profile=args.gloo_profile,
+                hidden=args.hidden,
             )
         except ValueError as e:  # refused before any run
             print(f"dlcp testbed suite: {e}", file=sys.stderr)

@@ -550,11 +550,14 @@ def suite(
     out: IO[str] | None = None,
     switch: str = "linux",
     gloo_profile: str | None = None,
+    hidden: int = HIDDEN,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
-    over Linux on ``gloo_profile`` (default: a FIFO). Failed runs are reported
-    and skipped. Returns (number of failures, summaries)."""
+    over Linux on ``gloo_profile`` (default: a FIFO). ``hidden`` sizes the
+    model's hidden layer for every run (1024: a gradient the fabric's links
+    feel). Failed runs are reported and skipped. Returns (number of failures,
+    summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
         raise ValueError(
             f"gloo_profile={gloo_profile!r} chooses the Linux routers' queueing; "
@@ -570,11 +573,12 @@ def suite(
     failures = 0
     for i, (s, tr, ab) in enumerate(plan, 1):
         prof = gloo_profile if tr == "gloo" else None
-        name = run_name(s, tr, ab, switch, prof)
+        name = run_name(s, tr, ab, switch, prof, hidden=hidden)
         sink.write(f"[testbed] suite {i}/{len(plan)}: {name}\n")
         try:
             r = run_experiment(s, tr, ablate=ab, epochs=epochs, results=results, out=sink,
-                               plot_after=False, switch=switch, profile=prof)  # fmt: skip
+                               plot_after=False, switch=switch, profile=prof,
+                               hidden=hidden)  # fmt: skip
         except Exception as e:  # one failed run must not end the suite
             failures += 1
             sink.write(f"[testbed] suite: {name} FAILED: {e}\n")
