@@ -5,15 +5,19 @@
     state = DLCPState(model=ddp_model, p=0.05, collective="ring")  # or its .module
     ddp_model.register_comm_hook(state, dlcp_hook)
 
-The hook hands the bucket to the state's transport thread and returns a future
-at once, so backward never waits on the network. The transport thread runs the
-collectives one bucket at a time, in the order DDP hands them over (the same on
-every rank), averages over the world size, and completes the future with the
-bucket tensor. Each parameter's layer index comes from the model's module order
+The hook hands the bucket to the state's transport threads and returns a future
+at once, so backward never waits on the network. They run the collectives one
+bucket at a time, in the order DDP hands them over (the same on every rank),
+average over the world size, and complete the future with the bucket tensor.
+The thread that reduced a bucket passes the turn on before it completes the
+future (:class:`~dlcp.shims.pg_serve.OrderedServers`, as the process group
+does), so a callback chained to the future may submit another bucket and wait
+for it, as torch's PowerSGD hook does with its all-reduces; with one thread
+that waited for itself for ever. Each parameter's layer index comes from the model's module order
 (front layers first), looked up by parameter identity, so it holds when DDP
 rebuilds its buckets after the first iteration.
 
-CUDA buckets are staged through pinned host memory: the transport thread waits
+CUDA buckets are staged through pinned host memory: a transport thread waits
 on an event recorded on the producing stream, reduces on the host, and copies
 back with a non-blocking copy on the bucket's device. These code paths are
 written and reviewed but untested here (no GPU on these machines).
@@ -24,9 +28,9 @@ written and reviewed but untested here (no GPU on these machines).
 
 import functools
 import logging
-import queue
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +50,10 @@ from ..collectives.comm import CollectiveReport, check_reduce_fill
 from ..collectives.halving import is_power_of_two
 from ..collectives.ps import check_roles
 from ..io.endpoint import Endpoint
-from ..io.threads import name_os_thread
 from ..proto.config import FillPolicy
 from ..proto.wire import MAX_LOSS_BOUND
 from .metrics import StepMetrics, Tracer, rank_path
+from .pg_serve import OrderedServers
 
 __all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
 
@@ -59,6 +63,9 @@ COLLECTIVES = ("ring", "halving-doubling", "ps")
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 log = logging.getLogger("dlcp.shims")
+
+#: how often close() looks up from waiting for the queued buckets (it waits for all)
+_JOIN_POLL_S = 60.0
 
 
 @dataclass(slots=True)
@@ -177,9 +184,9 @@ class DLCPState:
         self._owns_endpoint = created
         self._closed = False
         self._closing_lock = threading.Lock()  # submit's check-and-put against close
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="dlcp-ddp-hook", daemon=True)
-        self._thread.start()
+        self._servers: OrderedServers[_Job] = OrderedServers(
+            self._run, name="dlcp-ddp-hook", os_name="dlcp-ddp-hook"
+        )
 
     def _check_group(self, world: int) -> None:
         group = self.process_group
@@ -233,18 +240,20 @@ class DLCPState:
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
                 raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
-            self._queue.put(_Job(tensor, segments, fut, last, ready))
+            self._servers.put(_Job(tensor, segments, fut, last, ready))
         return fut
 
     def close(self) -> None:
-        """Finish queued buckets, stop the transport thread, write the trace, and
+        """Finish queued buckets, stop the transport threads, write the trace, and
         close the endpoint if this state made it (one passed in stays open)."""
         with self._closing_lock:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(None)
-        self._thread.join()
+            self._servers.stop()
+        # every queued bucket ends, reduced or failed within the endpoint's timeout
+        while not self._servers.join(timeout=_JOIN_POLL_S):
+            pass
         try:
             if self._tracer is not None:
                 self._tracer.write()
@@ -253,27 +262,26 @@ class DLCPState:
             if self._owns_endpoint and self.endpoint is not None:
                 self.endpoint.close()
 
-    # ------------------------------------------------------------------ transport thread
+    # ------------------------------------------------------------------ transport threads
 
-    def _serve(self) -> None:
-        name_os_thread("dlcp-ddp-hook")
-        while (job := self._queue.get()) is not None:
-            try:
-                # a bucket that fails here before its collective took a call number
-                # (staging it, say) still uses one up: later buckets stay paired
-                with self.comm.reserve(1):
-                    report = self._reduce(job)
-                self.metrics.add(report, last_bucket=job.last)
-                if self._tracer is not None:
-                    self._tracer.add(report)
-            except BaseException as exc:  # surfaces in the training loop via the future
-                log.error("dlcp hook: %s", exc)
-                self.metrics.add_failure(last_bucket=job.last)
-                # (a torch future takes an Exception only: anything else killed this thread)
-                error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-                job.future.set_exception(error)
-                continue
-            job.future.set_result(job.tensor)
+    def _run(self, job: _Job) -> Callable[[], None]:
+        """Reduce ``job``'s bucket (in its turn: see :mod:`.pg_serve`); returns
+        what completes its future, run after the turn has passed on."""
+        try:
+            # a bucket that fails here before its collective took a call number
+            # (staging it, say) still uses one up: later buckets stay paired
+            with self.comm.reserve(1):
+                report = self._reduce(job)
+            self.metrics.add(report, last_bucket=job.last)
+            if self._tracer is not None:
+                self._tracer.add(report)
+        except BaseException as exc:  # surfaces in the training loop via the future
+            log.error("dlcp hook: %s", exc)
+            self.metrics.add_failure(last_bucket=job.last)
+            # (a torch future takes an Exception only: anything else killed this thread)
+            error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+            return functools.partial(job.future.set_exception, error)
+        return functools.partial(job.future.set_result, job.tensor)
 
     def _reduce(self, job: _Job) -> CollectiveReport:
         t = job.tensor

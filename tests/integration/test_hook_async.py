@@ -6,6 +6,8 @@ have finished when its hook returned. Fake buckets stand in for DDP's."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -271,3 +273,45 @@ def test_a_ddp_over_a_subgroup_is_refused() -> None:
     finally:
         ep.close()
     assert dlcp_threads() == []
+
+
+def test_a_callback_on_the_hook_future_may_reduce_another_bucket_and_wait_for_it() -> None:
+    """torch's PowerSGD hook waits, inside a ``.then`` callback, for another
+    collective of the same transport. The hook's future used to be completed by
+    its one transport thread, which then ran that callback and waited for a
+    bucket queued behind itself: for ever (torch's ``wait`` has no timeout).
+    Each rank chains its callback before the other rank's bucket is submitted,
+    so on rank 0 the callback runs on a transport thread, not inline."""
+    eps, models = _pair()
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    outcome: list[object] = []
+
+    def second_reduce(r: int) -> Callable[[torch.futures.Future[torch.Tensor]], torch.Tensor]:
+        def callback(first: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            bucket = _Bucket(torch.full((20_100,), 10.0 * (r + 1)), list(models[r].parameters()))
+            return first.wait() + dlcp_hook(states[r], bucket).wait()  # type: ignore[arg-type]
+
+        return callback
+
+    def run() -> None:
+        chained = []
+        for r in range(2):
+            first = dlcp_hook(states[r], _Bucket(torch.full((20_100,), float(r + 1)),  # type: ignore[arg-type]
+                                                 list(models[r].parameters())))
+            chained.append(first.then(second_reduce(r)))
+        outcome.extend(f.wait() for f in chained)
+
+    worker = threading.Thread(target=run, daemon=True)
+    try:
+        worker.start()
+        worker.join(timeout=30)
+        assert not worker.is_alive(), "a callback that waits for another bucket hung"
+        for out in outcome:  # mean of 1, 2 plus mean of 10, 20
+            assert isinstance(out, torch.Tensor)
+            assert torch.equal(out, torch.full((20_100,), 1.5 + 15.0))
+    finally:
+        if not worker.is_alive():  # (a hung state cannot close: its thread waits for ever)
+            for s in states:
+                s.close()
+        for ep in eps:
+            ep.close()
