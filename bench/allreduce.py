@@ -5,8 +5,9 @@
 The testbed's training iterations are short (the digits CNN has 38,282
 parameters), so what decides them is what one all-reduce of ~150 KB costs, in
 time and in CPU. This benchmark times exactly that, side by side in one job of
-4 ranks: Gloo's ``all_reduce`` and DLCP's ring and parameter-server-style
-all-reduce (every rank serves a shard) of the same float32 array, averaging,
+4 ranks: Gloo's ``all_reduce`` and DLCP's ring, halving-doubling and
+parameter-server-style all-reduce (every rank serves a shard) of the same
+float32 array (``--elems``; the digits CNN's 38,282 by default), averaging,
 loss bound ``--p`` for DLCP's push phase. The kinds take turns, ``--rounds``
 times ``--iters`` calls each after one warm-up round; a kind's figure is the
 median over all its calls of rank 0's time per call.
@@ -24,8 +25,8 @@ The ranks share the machine's cores, and the routers forward in the same
 kernel, so the machine's CPU is part of the result: ``*_cpu_ms`` is the busy
 time of all cores (``/proc/stat``: user, nice, system, interrupts, softirq) per call,
 over the calls of that kind. The last stdout line (``--json``) is one JSON
-object: ``gloo_ms``, ``ring_ms``, ``ps_ms``, their CPU, and
-``ratio_ring = ring_ms / gloo_ms``, ``ratio_ps = ps_ms / gloo_ms``.
+object: ``gloo_ms``, ``ring_ms``, ``hd_ms``, ``ps_ms``, their CPU, and
+``ratio_ring = ring_ms / gloo_ms``, ``ratio_hd``, ``ratio_ps`` likewise.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 
 from .outcome import finish
 
-KINDS = ("gloo", "ring", "ps")
+KINDS = ("gloo", "ring", "hd", "ps")
 #: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
 DIGITS_PARAMS = 38282
 
@@ -69,7 +70,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from dlcp.collectives import Communicator, ps_allreduce
+    from dlcp.collectives import Communicator, halving_doubling_allreduce, ps_allreduce
     from dlcp.collectives.ring import ring_allreduce
     from dlcp.rendezvous import connect
 
@@ -89,6 +90,9 @@ def worker(args: argparse.Namespace) -> int:
     calls = {
         "gloo": gloo,
         "ring": lambda: ring_allreduce(comm, data, segments=segments, p=args.p, average=True),
+        "hd": lambda: halving_doubling_allreduce(
+            comm, data, segments=segments, p=args.p, average=True
+        ),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
     }
     times: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -134,7 +138,7 @@ def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int) -> N
     import torch
     import torch.distributed as dist
 
-    from dlcp.collectives import ps_allreduce
+    from dlcp.collectives import halving_doubling_allreduce, ps_allreduce
     from dlcp.collectives.ring import ring_allreduce
 
     digests: list[Any] = [None] * world
@@ -146,6 +150,8 @@ def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int) -> N
     want.div_(world)
     for name, call in (
         ("ring", lambda x: ring_allreduce(comm, x, segments=segments, p=0.0, average=True)),
+        ("halving-doubling", lambda x: halving_doubling_allreduce(
+            comm, x, segments=segments, p=0.0, average=True)),
         ("ps", lambda x: ps_allreduce(comm, x, segments=segments, p_push=0.0, average=True)),
     ):
         got = original.copy()
@@ -238,13 +244,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "p": args.p,
         "calls_per_kind": calls,
         "gloo_ms": round(med["gloo"], 3),
-        "ring_ms": round(med["ring"], 3),
-        "ps_ms": round(med["ps"], 3),
-        "ratio_ring": round(med["ring"] / med["gloo"], 3),
-        "ratio_ps": round(med["ps"] / med["gloo"], 3),
-        "gloo_cpu_ms": round(raw["cpu_ms"]["gloo"], 2),
-        "ring_cpu_ms": round(raw["cpu_ms"]["ring"], 2),
-        "ps_cpu_ms": round(raw["cpu_ms"]["ps"], 2),
+        **{f"{k}_ms": round(med[k], 3) for k in KINDS},
+        **{f"ratio_{k}": round(med[k] / med["gloo"], 3) for k in KINDS if k != "gloo"},
+        **{f"{k}_cpu_ms": round(raw["cpu_ms"][k], 2) for k in KINDS},
         # rank 0's share of the elements it received under the loss bound that were
         # lost, over its DLCP calls (comparable with p; not over all 2 * elems)
         "dlcp_lost_fraction": round(statistics.fmean(raw["lost_fractions"]), 6),
@@ -263,8 +265,11 @@ def table(r: dict[str, Any]) -> str:
         f"DLCP p={r['p']:g}, median of {r['calls_per_kind']} calls:",
         f"  {'':14}{'ms/call':>9}{'CPU ms/call':>13}{'/ Gloo':>8}",
         f"  {'Gloo':14}{r['gloo_ms']:9.2f}{r['gloo_cpu_ms']:13.1f}",
-        f"  {'DLCP ring':14}{r['ring_ms']:9.2f}{r['ring_cpu_ms']:13.1f}{r['ratio_ring']:8.2f}",
-        f"  {'DLCP PS-style':14}{r['ps_ms']:9.2f}{r['ps_cpu_ms']:13.1f}{r['ratio_ps']:8.2f}",
+        *(
+            f"  {label:14}{r[k + '_ms']:9.2f}{r[k + '_cpu_ms']:13.1f}{r['ratio_' + k]:8.2f}"
+            for k, label in (("ring", "DLCP ring"), ("hd", "DLCP halv.-dbl."),
+                             ("ps", "DLCP PS-style"))
+        ),
         "  (CPU: busy time of all the machine's cores per call: ranks and routers)",
     ]
     return "\n".join(lines)
