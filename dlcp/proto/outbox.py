@@ -347,11 +347,21 @@ class Outbox(SessionSide):
 
     @staticmethod
     def _first_to_send(peer: _Peer) -> tuple[Key, _Outgoing] | None:
-        """The message whose batch goes next to ``peer``: the highest priority
-        class at its cursor (the first such message on a tie)."""
+        """The message whose batch goes next to ``peer``: of each step, the
+        earliest sent message with data to send; of those, the one with the
+        highest priority class at its cursor (the earliest sent on a tie).
+
+        Messages of one step go in the order they were sent: a collective call
+        is one step, and its later messages depend on its earlier ones (a
+        ring's all-gather needs its reduce-scatter done), so a later message of
+        the call that overtook an earlier one, for a higher class of its chunks,
+        would stall every rank waiting on the earlier one. Priority orders
+        different steps: another call's bucket of front layers overtakes."""
         best: tuple[int, Key, _Outgoing] | None = None
+        steps: set[int] = set()  # steps whose earliest pending message was seen
         for key, o in peer.outgoing.items():
-            if o.pending:
+            if o.pending and key[1] not in steps:
+                steps.add(key[1])
                 prio = int(o.run.prio[o.cursor])
                 if best is None or prio > best[0]:
                     best = (prio, key, o)

@@ -61,25 +61,42 @@ def datagrams(batch: DataBatch) -> list[bytes]:
     return [raw[i : i + batch.segment_size] for i in range(0, len(raw), batch.segment_size)]
 
 
-def test_higher_priority_message_leaves_first_with_its_tos() -> None:
+def _message_order(same_step: bool) -> list[tuple[int, int]]:
+    """(step, msg) of each data batch: a low-class message sent before a
+    high-class one, in one step or in two."""
     cfg = config(pacer="unpaced", batch_packets=8, classifier="layer")
     a, _ = sessions(cfg=cfg)
     n = 3000
-    low = gradient(n, 21)
-    high = gradient(n, 22)
     # layer 7 of 8 is priority class 0 (front layers are the most urgent)
-    a.send_message(1, low, step=0, msg=1, now=0.0, segments=[(0, n, 7)])
-    a.send_message(1, high, step=0, msg=2, now=0.0)  # one layer: class 7
+    a.send_message(1, gradient(n, 21), step=0, msg=1, now=0.0, segments=[(0, n, 7)])
+    a.send_message(1, gradient(n, 22), step=0 if same_step else 1, msg=2, now=0.0)  # class 7
     batches = data_batches(a.datagrams_to_send(now=0.0, max_batches=1000))
-    msgs = [int.from_bytes(datagrams(bt)[0][8:10], "big") for bt in batches]
-    n_high = msgs.count(2)
-    assert n_high > 1 and msgs.count(1) > 1
-    assert msgs == [2] * n_high + [1] * (len(msgs) - n_high)
-    for bt, m in zip(batches, msgs, strict=True):
-        prio = 7 if m == 2 else 0
+    for bt in batches:
+        prio = 7 if int.from_bytes(datagrams(bt)[0][8:10], "big") == 2 else 0
         assert bt.tos == (8 * prio) << 2 | 0b10  # DSCP CSx, ECT(0): protected
         assert bt.dst == 1
         assert all(d[28] >> 5 == prio and not is_droppable(d) for d in datagrams(bt))
+    return [
+        (int.from_bytes(d[4:8], "big"), int.from_bytes(d[8:10], "big"))
+        for d in (datagrams(bt)[0] for bt in batches)
+    ]
+
+
+def test_a_higher_priority_message_of_another_step_leaves_first_with_its_tos() -> None:
+    order = _message_order(same_step=False)
+    n_high = order.count((1, 2))
+    assert n_high > 1 and order.count((0, 1)) > 1
+    assert order == [(1, 2)] * n_high + [(0, 1)] * (len(order) - n_high)
+
+
+def test_messages_of_one_step_leave_in_the_order_they_were_sent() -> None:
+    """A collective call is one step whose later messages depend on its earlier
+    ones: a ring's all-gather message overtaking its last reduce-scatter one
+    (a higher class for its chunks' layers) stalled every rank behind it."""
+    order = _message_order(same_step=True)
+    n_low = order.count((0, 1))
+    assert n_low > 1 and order.count((0, 2)) > 1
+    assert order == [(0, 1)] * n_low + [(0, 2)] * (len(order) - n_low)
 
 
 @pytest.mark.parametrize("tos_map", [TosMap(), TosMap((1, 3, 5, 7, 9, 11, 13, 63), 0b01, 0b11)])
