@@ -251,9 +251,12 @@ class DLCPState:
                 return
             self._closed = True
             self._servers.stop()
-        # every queued bucket ends, reduced or failed within the endpoint's timeout
+        # every queued bucket ends, reduced or failed within the endpoint's
+        # timeout; a callback chained to a bucket's future may take longer
         while not self._servers.join(timeout=_JOIN_POLL_S):
-            pass
+            log.warning("DLCPState.close(): still waiting for %d transport thread(s) "
+                        "(a queued bucket, or a callback on a bucket's future)",
+                        self._servers.threads)  # fmt: skip
         try:
             if self._tracer is not None:
                 self._tracer.write()

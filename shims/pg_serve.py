@@ -64,11 +64,14 @@ class OrderedServers(Generic[_Item]):
         self._items.put(None)
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for every thread to leave; True if they all did."""
+        """Wait up to ``timeout`` s for every thread to leave; True if they all did.
+        Called from one of these threads (a completion's callback that shuts its
+        group down), it waits for the others: that one leaves once it returns."""
         deadline = time.monotonic() + timeout
+        me = threading.current_thread()
         while True:
             with self._state:
-                left = next(iter(self._threads), None)
+                left = next((t for t in self._threads if t is not me), None)
             if left is None:
                 return True
             left.join(max(0.0, deadline - time.monotonic()))

@@ -2,10 +2,11 @@
 
 :class:`Outbox` holds, per destination, the pacer, the path scheduler and every
 message being sent: its chunk table, its records (built once, in send order),
-and its recovery state. It hands out data batches as the pacers allow, highest
-priority class first, sprayed over the paths; it acts on the receiver's STOP,
-NACK and ABORT (retransmitting what a NACK names, from the first round's
-records), and reports each message delivered or failed.
+and its recovery state. It hands out data batches as the pacers allow (the
+earliest message of a step with data to send first, of those the highest
+priority class: :meth:`Outbox._first_to_send`), sprayed over the paths; it
+acts on the receiver's STOP, NACK and ABORT (retransmitting what a NACK names,
+from the first round's records), and reports each message delivered or failed.
 """
 
 from __future__ import annotations
@@ -322,7 +323,7 @@ class Outbox(SessionSide):
 
     def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
         """Append up to ``max_batches`` data batches the pacers allow to ``out``,
-        one destination after another, highest priority class first for each."""
+        one destination after another (for each, see :meth:`_first_to_send`)."""
         if not self._may_send:
             return
         dsts = [
@@ -347,16 +348,19 @@ class Outbox(SessionSide):
 
     @staticmethod
     def _first_to_send(peer: _Peer) -> tuple[Key, _Outgoing] | None:
-        """The message whose batch goes next to ``peer``: of each step, the
-        earliest sent message with data to send; of those, the one with the
+        """The message whose batch goes next to ``peer``: of each step, only the
+        earliest sent message that has data to send; of those, the one with the
         highest priority class at its cursor (the earliest sent on a tie).
 
-        Messages of one step go in the order they were sent: a collective call
-        is one step, and its later messages depend on its earlier ones (a
-        ring's all-gather needs its reduce-scatter done), so a later message of
-        the call that overtook an earlier one, for a higher class of its chunks,
-        would stall every rank waiting on the earlier one. Priority orders
-        different steps: another call's bucket of front layers overtakes."""
+        A collective call is one step, and its later messages depend on its
+        earlier ones (a ring's all-gather needs its reduce-scatter done): a
+        later message of the call that overtook an earlier one, for a higher
+        class of its chunks, stalled every rank waiting on the earlier one. A
+        later message still goes while an earlier one waits for its STOP, and
+        the earlier one's retransmissions then go first. Priority orders
+        messages of different steps (an application's own messages, or the
+        calls of two communicators sharing one endpoint: two such calls with
+        the same number count as one step, and go in send order)."""
         best: tuple[int, Key, _Outgoing] | None = None
         steps: set[int] = set()  # steps whose earliest pending message was seen
         for key, o in peer.outgoing.items():

@@ -294,20 +294,24 @@ def test_a_callback_on_the_hook_future_may_reduce_another_bucket_and_wait_for_it
         return callback
 
     def run() -> None:
-        chained = []
-        for r in range(2):
-            first = dlcp_hook(states[r], _Bucket(torch.full((20_100,), float(r + 1)),  # type: ignore[arg-type]
-                                                 list(models[r].parameters())))
-            chained.append(first.then(second_reduce(r)))
-        outcome.extend(f.wait() for f in chained)
+        try:
+            chained = []
+            for r in range(2):
+                first = dlcp_hook(states[r], _Bucket(torch.full((20_100,), float(r + 1)),  # type: ignore[arg-type]
+                                                     list(models[r].parameters())))
+                chained.append(first.then(second_reduce(r)))
+            outcome.extend(f.wait() for f in chained)
+        except BaseException as exc:  # (the test thread asserts on it)
+            outcome.append(exc)
 
     worker = threading.Thread(target=run, daemon=True)
     try:
         worker.start()
         worker.join(timeout=30)
         assert not worker.is_alive(), "a callback that waits for another bucket hung"
+        assert len(outcome) == 2, outcome
         for out in outcome:  # mean of 1, 2 plus mean of 10, 20
-            assert isinstance(out, torch.Tensor)
+            assert isinstance(out, torch.Tensor), out
             assert torch.equal(out, torch.full((20_100,), 1.5 + 15.0))
     finally:
         if not worker.is_alive():  # (a hung state cannot close: its thread waits for ever)
@@ -315,3 +319,4 @@ def test_a_callback_on_the_hook_future_may_reduce_another_bucket_and_wait_for_it
                 s.close()
         for ep in eps:
             ep.close()
+    assert dlcp_threads() == []

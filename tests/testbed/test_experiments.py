@@ -93,6 +93,32 @@ def test_bad_arguments_are_rejected_before_building() -> None:
         ex.run_experiment("clean", "gloo", ablate=("spray",))
 
 
+def test_a_suite_runs_every_run_with_its_model_width(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dlcp testbed suite --hidden 1024``: every run of the suite, ablations
+    included, trains the wide model (a fake stands in for the runs here)."""
+    seen: list[tuple[str, str, tuple[str, ...], int]] = []
+
+    def fake_run(scenario: str, transport: str, *, ablate: tuple[str, ...] = (),
+                 hidden: int = ex.HIDDEN, **_: Any) -> dict[str, Any]:  # fmt: skip
+        seen.append((scenario, transport, tuple(ablate), hidden))
+        return dict.fromkeys(ex.CSV_FIELDS, 0) | {
+            "scenario": scenario, "transport": transport, "ablation": ",".join(ablate),
+            "router_drops": "", "switch": "linux", "profile": "dlcp",
+        }  # fmt: skip
+
+    monkeypatch.setattr(ex, "run_experiment", fake_run)
+    monkeypatch.setattr(ex, "plot", lambda results: None)
+    failures, rows = ex.suite(["clean", "loss"], ablation_scenarios=["loss"], hidden=1024,
+                              results=tmp_path, out=io.StringIO())  # fmt: skip
+    assert failures == 0 and len(rows) == 4 + len(ex.ABLATIONS)
+    assert {h for *_, h in seen} == {1024}
+    assert [(s, t) for s, t, ab, _ in seen if not ab] == [
+        ("clean", "gloo"), ("clean", "dlcp"), ("loss", "gloo"), ("loss", "dlcp")
+    ]
+
+
 def test_class_totals_sum_over_routers() -> None:
     def c(p: int, d: int) -> dict[str, int]:
         return {"packets": p, "bytes": 0, "drops": d, "backlog": 0}

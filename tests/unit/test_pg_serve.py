@@ -102,3 +102,38 @@ def test_threads_beyond_the_kept_ones_leave() -> None:
     assert servers.threads == KEPT
     servers.stop()
     assert servers.join(10)
+
+
+def test_a_completion_may_stop_and_join_its_own_servers() -> None:
+    """A callback that shuts the group (or DDP hook state) down joins the threads
+    from one of them: it waits for the others, not for itself (joining the
+    calling thread raised RuntimeError, and the shutdown was left half done)."""
+    joined: list[bool] = []
+    ran: list[int] = []
+
+    def execute(item: int) -> Callable[[], None]:
+        ran.append(item)
+
+        def complete() -> None:
+            if item == 0:
+                servers.stop()
+                joined.append(servers.join(10))
+
+        return complete
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="t", os_name="t")
+    servers.put(0)
+    servers.put(1)  # queued before the stop: it still runs
+    assert _wait_for(lambda: bool(joined))
+    assert joined == [True] and ran == [0, 1]
+    assert servers.join(10) and servers.threads == 0
+
+
+def _wait_for(cond: Callable[[], bool], limit: float = 10.0) -> bool:
+    """Poll ``cond`` (a state the test has no event for) for up to ``limit`` s."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
