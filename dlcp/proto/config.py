@@ -75,8 +75,11 @@ class ProtocolConfig:
     #: default loss bound for messages that do not set one
     default_p: float = 0.0
     default_fill: FillPolicy = FillPolicy.ZERO
-    #: retransmission rounds before the sender gives up
-    max_rounds: int = 8
+    #: retransmission rounds in a row that bring the receiver no closer to its
+    #: bound (its NACK needs as many elements) before the sender gives up; under
+    #: incast a round's resent chunks can all be dropped several times running
+    #: while the pacers slow down (8 failed a testbed job's parameter server)
+    max_rounds: int = 64
     #: sender: wait this long after FINISH for STOP/NACK before sending FINISH again
     finish_timeout: float = 0.2
     #: sender: FINISH repeats without an answer before the peer is declared dead

@@ -3,7 +3,8 @@
 Sender, per message (``docs/spec.md``, "Exchange")::
 
     SENDING --all records of the round handed out--> AWAITING  (send FINISH r)
-    AWAITING --NACK r--> SENDING round r+1 (retransmissions), or FAILED past max_rounds
+    AWAITING --NACK r--> SENDING round r+1 (retransmissions), or FAILED after
+             max_rounds rounds in a row that left the receiver needing as much
     AWAITING --finish_timeout--> AWAITING (FINISH r again), or FAILED after finish_retries
     SENDING | AWAITING --STOP--> DONE
     any --ABORT--> FAILED
@@ -40,9 +41,12 @@ from .wire import MAX_NACK_RANGES, Finish, Nack
 
 #: most parts one NACK round is split into (64 x 170 ranges)
 MAX_NACK_PARTS = 64
+#: the last round FINISH and NACK can name (a 16-bit field)
+MAX_ROUND = 0xFFFF
 
 __all__ = [
     "MAX_NACK_PARTS",
+    "MAX_ROUND",
     "Failure",
     "ReceiverRecovery",
     "SendPhase",
@@ -125,6 +129,9 @@ class SenderRecovery:
         self.sent_packets = 0
         self.retransmitted_packets = 0
         self.received_elems = 0
+        #: retransmission rounds in a row that left the receiver needing as much
+        self.stalled_rounds = 0
+        self._needed = 0  # what the receiver's last NACK said it still needed
         n = table.n_chunks
         # per-(priority, drop) chunk counts, announced in every FINISH
         cls = table.prio.astype(np.int64) * 2 + table.drop
@@ -153,9 +160,18 @@ class SenderRecovery:
         or arrives while this round is still being sent."""
         if self.phase is not SendPhase.AWAITING or nack.round != self.round:
             return None
-        if self.round >= self.config.max_rounds:
+        # a retransmission round that got the receiver closer to its bound is
+        # progress (under incast most of a round may be lost, round after round,
+        # while the pacer slows down); only rounds in a row without it count
+        if self.round > 0 and nack.needed_elems >= self._needed:
+            self.stalled_rounds += 1
+        else:
+            self.stalled_rounds = 0
+        self._needed = nack.needed_elems
+        if self.stalled_rounds >= self.config.max_rounds or self.round >= MAX_ROUND:
             self._fail(
-                f"gave up after {self.round} retransmission rounds; receiver still "
+                f"gave up after {self.round} retransmission rounds ({self.stalled_rounds} "
+                "in a row without progress); receiver still "
                 + (
                     "has nothing of the message"
                     if nack.needed_elems == 0xFFFFFFFF

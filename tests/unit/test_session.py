@@ -5,6 +5,7 @@ clock with seeded randomness, and checks what a user of the transport sees: the
 bytes that arrive, the loss report, the sender's report and the failures.
 """
 
+import itertools
 
 import numpy as np
 import numpy.typing as npt
@@ -502,6 +503,29 @@ def test_sender_gives_up_after_max_rounds_and_receiver_is_told() -> None:
     assert not told.outgoing and (told.peer, told.step, told.msg) == (0, 8, 1)
     assert "abort" in told.reason
     assert not events(link, MessageReceived) and not events(link, MessageDelivered)
+
+
+def test_rounds_that_make_progress_do_not_count_towards_giving_up() -> None:
+    """Under incast most of every round may be lost while the pacer slows down:
+    each round still gets the receiver closer, and the message must not fail
+    for that. Here four of every five data datagrams are lost, p = 0, so a
+    round that resends one chunk may lose it up to four times in a row: with
+    max_rounds=5 the sender gave up after 5 rounds ("receiver still needs ...")
+    while every round had brought the receiver closer."""
+    cfg = config(max_rounds=5, classifier="layer")
+    a, b = sessions(cfg=cfg)
+    x = gradient(20000, 36)
+    out = np.zeros_like(x)
+    b.expect_message(0, step=3, msg=4, out=out)
+    a.send_message(1, x, step=3, msg=4, now=0.0)
+    seen = itertools.count()
+    link = LossyLink([a, b], drop_filter=lambda d: is_data(d) and next(seen) % 5 != 0)
+    link.run()
+    assert not events(link, MessageFailed, 0) and not events(link, MessageFailed, 1)
+    (delivered,) = events(link, MessageDelivered, 0)
+    assert delivered.report.rounds > 2 * cfg.max_rounds  # (more rounds than the old limit)
+    (got,) = events(link, MessageReceived, 1)
+    assert got.report.lost_elems == 0 and np.array_equal(out, x)
 
 
 def test_expected_message_the_sender_abandons_before_any_data_fails() -> None:
