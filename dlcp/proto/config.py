@@ -75,8 +75,9 @@ class ProtocolConfig:
     #: default loss bound for messages that do not set one
     default_p: float = 0.0
     default_fill: FillPolicy = FillPolicy.ZERO
-    #: retransmission rounds in a row that bring the receiver no closer to its
-    #: bound (its NACK needs as many elements) before the sender gives up; under
+    #: retransmission rounds in a row that bring the receiver no closer (its
+    #: NACK needs as many elements and names as many chunks) before the sender
+    #: gives up; under
     #: incast a round's resent chunks can all be dropped several times running
     #: while the pacers slow down (8 failed a testbed job's parameter server)
     max_rounds: int = 64

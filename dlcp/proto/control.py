@@ -56,7 +56,7 @@ _ABORT_BY_RECEIVER: Final = 0x0001  # ABORT flags: the message's receiver abando
 
 
 class AbortReason(enum.IntEnum):
-    GAVE_UP = 1  # sender exhausted its retransmission rounds
+    GAVE_UP = 1  # the sender's retransmission rounds stopped getting anywhere
     CANCELLED = 2  # the application cancelled the message
     PEER_TIMEOUT = 3  # the other side stopped answering
 

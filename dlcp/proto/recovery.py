@@ -132,6 +132,7 @@ class SenderRecovery:
         #: retransmission rounds in a row that left the receiver needing as much
         self.stalled_rounds = 0
         self._needed = 0  # what the receiver's last NACK said it still needed
+        self._named = 0  # and how many chunks it named
         n = table.n_chunks
         # per-(priority, drop) chunk counts, announced in every FINISH
         cls = table.prio.astype(np.int64) * 2 + table.drop
@@ -160,14 +161,19 @@ class SenderRecovery:
         or arrives while this round is still being sent."""
         if self.phase is not SendPhase.AWAITING or nack.round != self.round:
             return None
-        # a retransmission round that got the receiver closer to its bound is
-        # progress (under incast most of a round may be lost, round after round,
-        # while the pacer slows down); only rounds in a row without it count
-        if self.round > 0 and nack.needed_elems >= self._needed:
+        # a retransmission round that got the receiver closer to completing is
+        # progress: fewer elements needed for the bound, or fewer chunks missing
+        # (a receiver whose elements meet the bound still needs every protected
+        # chunk, and says needed 0). Under incast most of a round may be lost,
+        # round after round, while the pacer slows down; only rounds in a row
+        # without progress count. (A transfer that never completes also ends at
+        # its driver's deadline: the endpoint's timeout.)
+        named = int(chunks_in_ranges(nack.ranges, self.table.n_chunks).size)
+        if self.round > 0 and nack.needed_elems >= self._needed and named >= self._named:
             self.stalled_rounds += 1
         else:
             self.stalled_rounds = 0
-        self._needed = nack.needed_elems
+        self._needed, self._named = nack.needed_elems, named
         if self.stalled_rounds >= self.config.max_rounds or self.round >= MAX_ROUND:
             self._fail(
                 f"gave up after {self.round} retransmission rounds ({self.stalled_rounds} "

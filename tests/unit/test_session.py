@@ -528,6 +528,32 @@ def test_rounds_that_make_progress_do_not_count_towards_giving_up() -> None:
     assert got.report.lost_elems == 0 and np.array_equal(out, x)
 
 
+def test_protected_chunks_arriving_count_as_progress_with_the_bound_met() -> None:
+    """The receiver holds enough elements for its bound but misses protected
+    chunks: its NACKs say it needs 0 elements, round after round, while the
+    chunks it names get fewer. Every protected datagram of the first round is
+    lost, and three of every four resent ones: that is progress, not a stall
+    (the sender counted it as none and gave up after max_rounds rounds)."""
+    cfg = config(max_rounds=4, classifier="combined", classifier_options={"drop_fraction": 0.9})
+    a, b = sessions(cfg=cfg)
+    x = gradient(200_000, 37)
+    a.send_message(1, x, step=5, msg=6, now=0.0, p=0.2)
+    resent = itertools.count()
+
+    def drop(d: bytes) -> bool:
+        if not is_data(d) or is_droppable(d):
+            return False
+        return not is_retransmit(d) or next(resent) % 4 != 0
+
+    link = LossyLink([a, b], drop_filter=drop)
+    link.run()
+    assert not events(link, MessageFailed, 0) and not events(link, MessageFailed, 1)
+    (delivered,) = events(link, MessageDelivered, 0)
+    assert delivered.report.rounds > 2 * cfg.max_rounds
+    (got,) = events(link, MessageReceived, 1)
+    assert got.report.lost_elems == 0  # (the bound was met by elements from round 0 on)
+
+
 def test_expected_message_the_sender_abandons_before_any_data_fails() -> None:
     """The application that asked for a message hears that it will not come, even
     when not one data packet of it ever arrived."""

@@ -62,9 +62,10 @@ class DlcpSender : public Transport
     {
         uint32_t npkts = 0, nProt = 0, next = 0, round = 0, tries = 0;
         int64_t neededLeft = 0;
-        // as dlcp.proto.recovery: what the last NACK still needed, and the
-        // retransmission rounds in a row that did not lower it
-        uint32_t lastNeeded = 0, stalled = 0;
+        // as dlcp.proto.recovery: what the last NACK still needed and how many
+        // chunks it named, and the retransmission rounds in a row that lowered
+        // neither
+        uint32_t lastNeeded = 0, lastNamed = 0, stalled = 0;
         std::vector<uint8_t> prot, queued;
         std::deque<uint32_t> retx;
         State state = IDLE;
@@ -319,8 +320,15 @@ class DlcpSender : public Transport
         if (m.state == AWAITING && hd.a == m.round)
         {
             // only rounds in a row that got the receiver no closer count
-            m.stalled = (m.round > 0 && hd.b >= m.lastNeeded) ? m.stalled + 1 : 0;
+            uint32_t named = 0;
+            for (uint32_t r = 0; r < nRanges; r++)
+            {
+                named += ranges[2 * r + 1];
+            }
+            bool stalled = m.round > 0 && hd.b >= m.lastNeeded && named >= m.lastNamed;
+            m.stalled = stalled ? m.stalled + 1 : 0;
             m.lastNeeded = hd.b;
+            m.lastNamed = named;
             if (m.stalled >= prm.maxRounds || m.round >= 0xFFFF)
             {
                 Fail(id);

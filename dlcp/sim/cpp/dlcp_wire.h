@@ -19,7 +19,7 @@ struct DlcpParams
     double finishTimeoutUs = 500;
     uint32_t finishRetries = 10;
     double reorderGraceUs = 20;
-    uint32_t maxRounds = 8;
+    uint32_t maxRounds = 64;
     double dropFraction = 0.8;     // share of chunks classified drop-eligible
     bool senderPriority = true;    // the pump serves higher classes first
     std::vector<int> dscp;         // 8 entries
