@@ -13,9 +13,9 @@ The thread that reduced a bucket passes the turn on before it completes the
 future (:class:`~dlcp.shims.pg_serve.OrderedServers`, as the process group
 does), so a callback chained to the future may submit another bucket and wait
 for it, as torch's PowerSGD hook does with its all-reduces; with one thread
-that waited for itself for ever. Each parameter's layer index comes from the model's module order
-(front layers first), looked up by parameter identity, so it holds when DDP
-rebuilds its buckets after the first iteration.
+that waited for itself for ever. Each parameter's layer index comes from the
+model's module order (front layers first), looked up by parameter identity, so
+it holds when DDP rebuilds its buckets after the first iteration.
 
 CUDA buckets are staged through pinned host memory: a transport thread waits
 on an event recorded on the producing stream, reduces on the host, and copies

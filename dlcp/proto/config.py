@@ -77,9 +77,9 @@ class ProtocolConfig:
     default_fill: FillPolicy = FillPolicy.ZERO
     #: retransmission rounds in a row that bring the receiver no closer (its
     #: NACK needs as many elements and names as many chunks) before the sender
-    #: gives up; under
-    #: incast a round's resent chunks can all be dropped several times running
-    #: while the pacers slow down (8 failed a testbed job's parameter server)
+    #: gives up; under incast a round's resent chunks can all be dropped several
+    #: times running while the pacers slow down (8 failed a testbed job's
+    #: parameter server)
     max_rounds: int = 64
     #: sender: wait this long after FINISH for STOP/NACK before sending FINISH again
     finish_timeout: float = 0.2

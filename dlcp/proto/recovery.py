@@ -96,9 +96,13 @@ def _received_elems_in(r: Reassembler, ranges: Sequence[tuple[int, int]]) -> int
 
 def select_retransmissions(table: ChunkTable, nack: Nack) -> Int64Array:
     """Chunks to resend for ``nack``, in send order (see the module rules)."""
-    if not nack.ranges:
+    return _select(table, chunks_in_ranges(nack.ranges, table.n_chunks), nack)
+
+
+def _select(table: ChunkTable, named: Int64Array, nack: Nack) -> Int64Array:
+    """:func:`select_retransmissions` of the chunks ``named`` (the NACK's ranges)."""
+    if len(named) == 0:
         return np.zeros(0, dtype=np.int64)
-    named = chunks_in_ranges(nack.ranges, table.n_chunks)
     ordered = table.send_order(named)
     protected = ~table.drop[ordered]
     elems = table.chunk_len(ordered)
@@ -168,12 +172,12 @@ class SenderRecovery:
         # round after round, while the pacer slows down; only rounds in a row
         # without progress count. (A transfer that never completes also ends at
         # its driver's deadline: the endpoint's timeout.)
-        named = int(chunks_in_ranges(nack.ranges, self.table.n_chunks).size)
-        if self.round > 0 and nack.needed_elems >= self._needed and named >= self._named:
+        named = chunks_in_ranges(nack.ranges, self.table.n_chunks)
+        if self.round > 0 and nack.needed_elems >= self._needed and len(named) >= self._named:
             self.stalled_rounds += 1
         else:
             self.stalled_rounds = 0
-        self._needed, self._named = nack.needed_elems, named
+        self._needed, self._named = nack.needed_elems, len(named)
         if self.stalled_rounds >= self.config.max_rounds or self.round >= MAX_ROUND:
             self._fail(
                 f"gave up after {self.round} retransmission rounds ({self.stalled_rounds} "
@@ -185,7 +189,7 @@ class SenderRecovery:
                 )
             )
             return None
-        seqs = select_retransmissions(self.table, nack)
+        seqs = _select(self.table, named, nack)
         self.round += 1
         self.phase = SendPhase.SENDING
         self.timer = None
