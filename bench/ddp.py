@@ -37,11 +37,21 @@ averaging the gradients adds to it, and ``floor_ratio_loss`` (``nocomm_iter_s``
 over Gloo's iteration under loss) is the lowest ``ratio_loss`` any transport
 could reach, one that cost nothing.
 
-Gloo and DLCP take turns: each phase runs ``--rounds`` (default 3) pairs of
-jobs, Gloo first in odd rounds and DLCP first in even ones, so that a drift of
-the machine during the phase falls on both. A configuration's figure is the
-median of its jobs' medians; ``ratio*_rounds`` lists each pair's ratio. The
-no-communication floor is one job.
+As root, the two lossless phases also run the **UDP floor** (``udpfloor``,
+:mod:`bench.ddp_floor`; ``--no-udp-floor`` skips it): the same ring all-reduce
+in bare datagrams of DLCP's size through DLCP's own UDP layer, each sent once,
+with no protocol above it. ``udp_floor_ratio`` (over Gloo, lossless) and
+``udp_floor_ratio_loss`` (its lossless time in the namespace over Gloo's under
+loss) are the least ratios a UDP transport that sends every byte once in such
+datagrams could reach on this machine; it cannot run under loss itself (nothing
+is retransmitted), and a bounded-loss transport skips only the lost datagrams'
+share of the receiving work.
+
+The transports take turns: each phase runs ``--rounds`` (default 3) rounds of
+one job each, in the order Gloo, DLCP (, floor) in odd rounds and reversed in
+even ones, so that a drift of the machine during the phase falls on all. A
+configuration's figure is the median of its jobs' medians; ``ratio*_rounds``
+lists each round's DLCP / Gloo ratio. The no-communication floor is one job.
 
 The last stdout line (``--json``) is one JSON object with every figure.
 """
@@ -90,6 +100,11 @@ def _no_communication(state, bucket):  # type: ignore[no-untyped-def]
     return fut
 
 
+def _floor_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """The UDP floor's comm hook (:mod:`.ddp_floor`); unannotated as above."""
+    return state.submit(bucket.buffer())
+
+
 def worker(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
@@ -113,6 +128,14 @@ def worker(args: argparse.Namespace) -> int:
         ddp.register_comm_hook(state, dlcp_hook)
     elif args.transport == "nocomm":
         ddp.register_comm_hook(None, _no_communication)
+    elif args.transport == "udpfloor":
+        from .ddp_floor import UdpRingFloor
+
+        floor = UdpRingFloor(rank, world)
+        addresses: list[Any] = [None] * world
+        dist.all_gather_object(addresses, floor.addresses)
+        floor.connect(addresses)
+        ddp.register_comm_hook(floor, _floor_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(args.batch, args.inputs, generator=g)
@@ -146,6 +169,8 @@ def worker(args: argparse.Namespace) -> int:
     dist.barrier()
     if state is not None:
         state.close()  # (and the endpoint it made)
+    if args.transport == "udpfloor":
+        floor.close()
     # DDP's reducer and its pending work go before the group they use (see main)
     del ddp, opt, state
     gc.collect()
@@ -299,13 +324,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
     res["nocomm"] = _combined([run_job(args, "nocomm", p=args.p)])
     _progress(args, "nocomm", res["nocomm"])
-    res.update(_turns(args, "lossless", ("gloo", "dlcp"), lambda t: run_job(args, t, p=args.p)))
+    # the UDP floor needs a receive buffer beyond net.core.rmem_max (SO_RCVBUFFORCE)
+    floor = ("udpfloor",) if args.udp_floor and os.geteuid() == 0 else ()
+    res.update(_turns(args, "lossless", ("gloo", "dlcp", *floor),
+                      lambda t: run_job(args, t, p=args.p)))  # fmt: skip
     with _lossy_place(args) as box:
         if box is not None:
             res["netns_tcp_rto_min_us"] = _fast_tcp_timers(box)
             prefix = box.exec_argv([])
             print(f"namespace {box.ns}: loopback MTU 1500, offloads off", file=sys.stderr)
-            netns = _turns(args, "lossless netns", ("gloo", "dlcp"),
+            netns = _turns(args, "lossless netns", ("gloo", "dlcp", *floor),
                            lambda t: run_job(args, t, prefix=prefix))  # fmt: skip
             res.update({f"{t}_netns": f for t, f in netns.items()})
             box.set_loss(args.loss)
@@ -341,6 +369,7 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
     d, g, floor = res["dlcp"], res["gloo"], res["nocomm"]["iter_s"]
     dl, gl = res.get("dlcp_loss", {}), res.get("gloo_loss")
     dn, gn = res.get("dlcp_netns"), res.get("gloo_netns")
+    uf, ufn = res.get("udpfloor"), res.get("udpfloor_netns")
     return {
         "bench": "ddp",
         "world_size": args.nproc,
@@ -377,6 +406,14 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
         "ratio_loss_rounds": _round_ratios(dl, gl),
         "floor_ratio_loss": _ratio(floor, gl["iter_s"]) if gl else None,
+        # the UDP floor (bench/ddp_floor.py): the same ring in bare DLCP-sized datagrams
+        "udp_floor_iter_s": _r(uf["iter_s"]) if uf else None,
+        "udp_floor_ratio": _ratio(uf["iter_s"], g["iter_s"]) if uf else None,
+        "udp_floor_iter_s_netns_lossless": _r(ufn["iter_s"]) if ufn else None,
+        "udp_floor_ratio_netns_lossless": (
+            _ratio(ufn["iter_s"], gn["iter_s"]) if ufn and gn else None
+        ),
+        "udp_floor_ratio_loss": _ratio(ufn["iter_s"], gl["iter_s"]) if ufn and gl else None,
         "dlcp_lost_fraction_loss": _r(dl.get("lost_fraction"), 6),
         "dlcp_retransmitted_per_iter_loss": _r(dl.get("retransmitted_per_iter"), 1),
         "dlcp_comm_s_loss": _r(dl.get("comm_s")),
@@ -412,6 +449,18 @@ def table(r: dict[str, Any]) -> str:
         f"ratio {r['ratio_loss']}  (DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% "
         "of gradient elements)"
     )
+    if r["udp_floor_ratio"] is not None:
+        lines.append(
+            f"  UDP floor (the same ring in bare DLCP-sized datagrams, no protocol): "
+            f"{ms(r['udp_floor_iter_s'])}, over Gloo {r['udp_floor_ratio']}"
+        )
+    if r["udp_floor_ratio_loss"] is not None:
+        lines.append(
+            f"  UDP floor, {r['loss_path']}, lossless: "
+            f"{ms(r['udp_floor_iter_s_netns_lossless'])}, over Gloo's lossless "
+            f"{r['udp_floor_ratio_netns_lossless']}, over Gloo's under loss "
+            f"{r['udp_floor_ratio_loss']}"
+        )
     if r["floor_ratio_loss"] is not None:
         lines.append(
             f"  the least ratio under loss any transport could reach (no communication over "
@@ -437,9 +486,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
     ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
+    ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
+                    help="skip the UDP floor's jobs (root only; see bench/ddp_floor.py)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm"], help=argparse.SUPPRESS)
+    ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm", "udpfloor"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap
 

@@ -12,12 +12,13 @@ business to test), so Gloo's loss fields are null.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from tests.integration.bench_helpers import positive, run_json
 
-TIMEOUT = 300.0  # seconds: seven jobs of four ranks, each importing torch
+TIMEOUT = 300.0  # seconds: up to nine jobs of four ranks, each importing torch
 
 ARGV = [
     sys.executable, "-m", "bench.ddp", "--json", "--emulated",
@@ -62,3 +63,9 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
     for key in ("gloo_iter_s_loss", "ratio_loss", "floor_ratio_loss"):
         assert r[key] is None, f"{key} = {r[key]!r} under emulated loss, want null"
     assert r["emulated_loss_dropped"] > 0, "the emulator dropped nothing: no loss was measured"
+    # the UDP floor: as root on the loopback, in turns with the others; never under loss
+    assert r["udp_floor_iter_s_netns_lossless"] is None and r["udp_floor_ratio_loss"] is None, r
+    if os.geteuid() == 0:
+        _is_quotient(r["udp_floor_ratio"], positive(r, "udp_floor_iter_s"), gloo)
+    else:
+        assert r["udp_floor_iter_s"] is None and r["udp_floor_ratio"] is None, r

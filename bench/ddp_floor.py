@@ -1,0 +1,242 @@
+"""The UDP floor of the DDP benchmark: a ring all-reduce over bare UDP datagrams.
+
+What the cheapest UDP transport of DLCP's shape would cost in the same DDP job:
+the gradient of every bucket goes around the ring exactly as DLCP's ring moves
+it (``n - 1`` reduce-scatter steps, each a chunk to the right neighbour while
+the left neighbour's chunk is added in; ``n - 1`` all-gather steps), in
+datagrams of DLCP's size (its MTU, 32-byte header, its payload per datagram)
+sent and read through DLCP's own UDP layer
+(:class:`~dlcp.io.udp.DataSockets`: ``sendmmsg`` with GSO, ``recvmmsg`` with
+GRO, in C), from a transport thread that overlaps backward as DLCP's hook does.
+
+Everything above that is left out: no classification, pacing, control
+channel, acknowledgement, loss recovery or validation beyond a header of
+(bucket step, byte offset). Each datagram is sent once; a receiver waits until
+every byte of its step is there. It therefore runs without loss only (a lost
+datagram fails the job after ``FLOOR_TIMEOUT_S``) and is a yardstick, not a
+transport: no transport that sends each byte once in such datagrams, through
+the same kernel path, can average the gradients for less in this job.
+
+A rank's two receive sockets alternate by bucket (the left neighbour may start
+the next bucket while this rank finishes the current one; the kernel holds
+those datagrams on the other socket until this rank gets to them), so nothing
+is copied aside. Datagrams of the current bucket that belong to a later step
+(a left neighbour one step ahead) are placed at once: every step's destination
+is known when the bucket starts.
+"""
+
+from __future__ import annotations
+
+import queue
+import select
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+#: seconds a step may wait for its datagrams before the job fails (nothing is
+#: retransmitted: a missing datagram never comes)
+FLOOR_TIMEOUT_S = 30.0
+#: bytes sent between two looks at the receive socket
+_SEND_SLICE = 256 << 10
+#: the header's fields (the rest of DLCP's 32 header bytes is zeros)
+_HEADER = np.dtype([("tag", "<u4"), ("offset", "<u4")])
+_RCVBUF = 64 << 20
+
+
+class FloorError(RuntimeError):
+    """The floor ring could not finish a step (a datagram was lost or misrouted)."""
+
+
+class UdpRingFloor:
+    """The floor's comm-hook state for one rank: its sockets and transport thread.
+
+    ``addresses`` come from every rank (``all_gather_object`` of
+    :attr:`addresses` in the worker); ``connect`` takes them before training."""
+
+    def __init__(self, rank: int, world: int, *, host: str = "127.0.0.1") -> None:
+        from dlcp.io import EndpointConfig
+        from dlcp.io.udp import DataSockets
+        from dlcp.proto.wire import DATA_HEADER_LEN
+
+        cfg = EndpointConfig.from_env()
+        self.rank, self.world = rank, world
+        self.header = DATA_HEADER_LEN
+        self.payload = cfg.protocol.chunk_bytes
+        self.segment = self.header + self.payload
+        # one per bucket parity: see the module docstring
+        self._socks = [
+            DataSockets(host, 0, 1, gso=cfg.gso, gro=cfg.gro, rcvbuf=_RCVBUF, sndbuf=cfg.sndbuf)
+            for _ in range(2)
+        ]
+        self.addresses = [s.address for s in self._socks]
+        self._right: list[tuple[str, int]] = []
+        self._bucket = 0
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="floor-ring", daemon=True)
+        # reused send buffer, DLCP-sized datagrams back to back
+        self._out = np.zeros(0, np.uint8)
+
+    def connect(self, every: list[list[tuple[str, int]]]) -> None:
+        self._right = every[(self.rank + 1) % self.world]
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(FLOOR_TIMEOUT_S)
+        for s in self._socks:
+            s.close()
+
+    # ------------------------------------------------------------------ the hook
+
+    def submit(self, tensor: Any) -> Any:
+        import torch
+
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._jobs.put((tensor, fut))
+        return fut
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            tensor, fut = job
+            try:
+                self.allreduce(tensor.detach().numpy())
+            except Exception as exc:  # the training loop sees it through the future
+                fut.set_exception(exc)
+                continue
+            fut.set_result(tensor)
+
+    # ------------------------------------------------------------------ the ring
+
+    def allreduce(self, data: npt.NDArray[np.float32]) -> None:
+        """Average ``data`` (1-D float32) over the ring, in place."""
+        n, r = self.world, self.rank
+        parity = self._bucket % 2
+        base_tag = (self._bucket & 0xFFFFFF) << 8  # step in the low byte
+        self._bucket += 1
+        bounds = [len(data) * i // n for i in range(n + 1)]
+        byte_view = data.view(np.uint8)
+
+        def chunk_bytes(i: int) -> npt.NDArray[np.uint8]:
+            return byte_view[bounds[i] * 4 : bounds[i + 1] * 4]
+
+        # every step's destination, known now: reduce-scatter steps land in their
+        # own scratch chunks (added in at their turn), all-gather steps in place
+        dest: dict[int, npt.NDArray[np.uint8]] = {}
+        scratch: list[npt.NDArray[np.float32]] = []
+        for s in range(n - 1):
+            i = (r - s - 1) % n
+            scratch.append(np.empty(bounds[i + 1] - bounds[i], np.float32))
+            dest[base_tag | s] = scratch[-1].view(np.uint8)
+        for s in range(n - 1):
+            dest[base_tag | (n - 1 + s)] = chunk_bytes((r - s) % n)
+        inbox = _Inbox(dest, self.header, self._socks[parity])
+        to = self._right[parity]
+        for s in range(n - 1):  # reduce-scatter
+            self._send(chunk_bytes((r - s) % n), base_tag | s, to, inbox)
+            inbox.wait_for(base_tag | s)
+            i = (r - s - 1) % n
+            data[bounds[i] : bounds[i + 1]] += scratch[s]
+        own = (r + 1) % n
+        data[bounds[own] : bounds[own + 1]] /= np.float32(n)
+        for s in range(n - 1):  # all-gather
+            self._send(chunk_bytes((r + 1 - s) % n), base_tag | (n - 1 + s), to, inbox)
+            inbox.wait_for(base_tag | (n - 1 + s))
+        inbox.check_done()
+
+    def _send(
+        self, payload: npt.NDArray[np.uint8], tag: int, to: tuple[str, int], inbox: _Inbox
+    ) -> None:
+        """``payload`` in DLCP-sized datagrams to ``to``, reading between slices."""
+        size, step = len(payload), self.payload
+        count = -(-size // step)
+        if count == 0:
+            return
+        need = count * self.segment
+        if len(self._out) < need:
+            self._out = np.zeros(need, np.uint8)
+        rows = self._out[: count * self.segment].reshape(count, self.segment)
+        heads = rows[:, : _HEADER.itemsize].view(_HEADER).reshape(count)
+        heads["tag"] = tag
+        heads["offset"] = np.arange(count, dtype=np.uint32) * step
+        full = size // step
+        rows[:full, self.header :] = payload[: full * step].reshape(full, step)
+        tail = size - full * step
+        if tail:
+            rows[full, self.header : self.header + tail] = payload[full * step :]
+        wire = memoryview(self._out)  # type: ignore[arg-type]
+        end = (count - 1) * self.segment + self.header + (tail or step)
+        per_slice = max(1, _SEND_SLICE // self.segment)
+        sock = inbox.sockets
+        for first in range(0, count, per_slice):
+            last = min(count, first + per_slice)
+            start, stop = first * self.segment, min(end, last * self.segment)
+            sock.send(wire[start:stop], self.segment, last - first, path=0, tos=0, addr=to)
+            inbox.poll()
+
+
+class _Inbox:
+    """One bucket's receiving side: places each datagram at its step's offset
+    and counts the bytes each step still misses."""
+
+    def __init__(self, dest: dict[int, npt.NDArray[np.uint8]], header: int, sockets: Any) -> None:
+        self.dest = dest
+        self.header = header
+        self.sockets = sockets
+        self.missing = {tag: len(buf) for tag, buf in dest.items()}
+
+    def poll(self) -> None:
+        self.sockets.receive(self._deliver)
+
+    def wait_for(self, tag: int) -> None:
+        fd = self.sockets.recv_sock.fileno()
+        while self.missing[tag] > 0:
+            self.poll()
+            if self.missing[tag] > 0:
+                ready, _, _ = select.select([fd], [], [], FLOOR_TIMEOUT_S)
+                if not ready:
+                    raise FloorError(
+                        f"floor ring: step {tag & 0xFF} still misses {self.missing[tag]} bytes "
+                        f"after {FLOOR_TIMEOUT_S:g} s (a datagram was lost: the floor "
+                        "runs without loss only)"
+                    )
+
+    def check_done(self) -> None:
+        left = {tag & 0xFF: n for tag, n in self.missing.items() if n}
+        if left:
+            raise FloorError(f"floor ring: steps end with bytes missing: {left}")
+
+    def _deliver(self, buf: npt.NDArray[np.uint8], segment: int) -> None:
+        full = len(buf) // segment
+        if full:
+            self._place(buf[: full * segment].reshape(full, segment))
+        if len(buf) > full * segment:  # a short last datagram
+            self._place(buf[full * segment :].reshape(1, -1))
+
+    def _place(self, rows: npt.NDArray[np.uint8]) -> None:
+        hdr = self.header
+        heads = np.ascontiguousarray(rows[:, : _HEADER.itemsize]).view(_HEADER).reshape(-1)
+        tags, offsets = heads["tag"], heads["offset"]
+        step = rows.shape[1] - hdr
+        first = 0
+        while first < len(rows):
+            tag = int(tags[first])
+            # a run of one step's datagrams at consecutive offsets: one copy
+            last = first + 1
+            expect = int(offsets[first])
+            if tags[-1] == tag and np.all(
+                offsets[first:] == expect + step * np.arange(len(rows) - first, dtype=np.int64)
+            ):
+                last = len(rows)
+            buf = self.dest.get(tag)
+            if buf is None:
+                raise FloorError(f"floor ring: a datagram of unknown step {tag:#x}")
+            lo = expect
+            hi = lo + (last - first) * step
+            if hi > len(buf):
+                raise FloorError(f"floor ring: a datagram past step {tag & 0xFF}'s end")
+            buf[lo:hi].reshape(last - first, step)[...] = rows[first:last, hdr:]
+            self.missing[tag] -= hi - lo
+            first = last
