@@ -8,8 +8,12 @@ threads call :meth:`Endpoint.send` and :meth:`Endpoint.recv`, which return a
 One lock guards the session, the sockets and the pending futures. The I/O
 thread holds it except while it waits: it waits on the sockets until the
 session's timer or the next deadline; feeds what arrived to the session; runs
-its timer; sends what it produced; completes futures from its events; fails what
-ran past ``config.timeout``. It never spins while idle.
+its timer; matches its events to the pending transfers; sends what it produced;
+completes those transfers' futures; fails what ran past ``config.timeout``. It
+never spins while idle. A calling thread's command ends the same way (match,
+send, complete). So a future completes only after the control messages queued
+with its event have gone to the kernel: a receive's STOP is sent before the
+receive's future is done, and a receiver may exit as soon as it has its message.
 
 ``send`` and ``recv`` do their work in the calling thread, under the lock: a
 send is planned, packed and put on the wire (as far as the pacer allows) before
@@ -264,7 +268,9 @@ class Endpoint:
                 except ValueError as exc:
                     fut.set_exception(exc)
                     return
-            self._transfers.dispatch()  # a completion may still sit in the session's queue
+            # a completion may still sit in the session's queue (settled, as a
+            # claim below is, once _post has sent what is queued: a STOP first)
+            self._transfers.dispatch(defer=True)
             done = self._transfers.unclaimed.pop(key, None)
             if done is not None:
                 wanted = fill_policy or self.config.protocol.default_fill
@@ -370,7 +376,7 @@ class Endpoint:
             try:
                 command()
                 now = time.monotonic()
-                self._transfers.dispatch()
+                self._transfers.dispatch(defer=True)  # as in the I/O thread's turn
                 self._flush(now)
                 self._transfers.dispatch()
                 # (while the I/O thread is awake it plans its next wait after this)
@@ -407,7 +413,11 @@ class Endpoint:
                     self._session.note_idle(now - before, now=now)  # receive capacity
                     self._take_input(sel, ready, timer)
                     now = time.monotonic()
-                    self._transfers.dispatch()  # before sending: a send may find a peer gone
+                    # events are matched to their transfers before sending (a send may
+                    # find a peer gone, failing what is still pending with it) and
+                    # settled after it (a receive's STOP is on the wire before its
+                    # future's callbacks run: one may end the process)
+                    self._transfers.dispatch(defer=True)
                     self._flush(now)
                     self._transfers.dispatch()
                     self._transfers.expire(now)

@@ -5,13 +5,24 @@ is waiting on, by (peer, step, msg), with their futures and deadlines, and the
 received (or failed) messages nobody has asked for yet. It settles the futures
 from the session's events, from deadlines that pass, and from a peer's failure.
 The endpoint calls it under its lock; nothing here touches a socket.
+
+Events can be matched to their transfers at once and settled later
+(``dispatch(defer=True)``, then :meth:`Transfers.settle`): the endpoint matches
+them before it sends, so that a peer found gone while sending does not fail a
+transfer whose event had come, and settles them after it sent, so that what the
+session queued with an event (a completed receive's STOP) is on the wire before
+the future's callbacks run (one that ends the process would otherwise leave the
+sender without its STOP).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -45,6 +56,9 @@ class Transfers:
         self.sends: dict[Key, Pending] = {}
         self.recvs: dict[Key, Pending] = {}
         self.unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
+        #: transfers matched to their events (and out of the tables) whose futures
+        #: are not settled yet: (future, what settles it), in event order
+        self._settlements: deque[tuple[Future[Any], Callable[[], None]]] = deque()
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a pending transfer (None: nothing pending)."""
@@ -55,18 +69,23 @@ class Transfers:
         """Whether anything pending is with ``peer``."""
         return any(k[0] == peer for k in itertools.chain(self.sends, self.recvs))
 
-    def dispatch(self) -> None:
-        """Settle futures from the session's events; park what nobody waits for."""
+    def dispatch(self, *, defer: bool = False) -> None:
+        """Match the session's events to their transfers (taken out of the tables)
+        and park what nobody waits for; then settle their futures (:meth:`settle`),
+        unless ``defer``: then the next ``settle()``, or ``dispatch()`` without
+        ``defer``, settles them (before what that dispatch matches)."""
         while (ev := self._session.next_event()) is not None:
             if isinstance(ev, MessageDelivered):
                 pending = self.sends.pop((ev.dst, ev.step, ev.msg), None)
                 if pending is not None:
-                    pending.future.set_result(ev.report)
+                    fut = pending.future
+                    self._queue_settlement(fut, fut.set_result, ev.report)
             elif isinstance(ev, MessageReceived):
                 key = (ev.src, ev.step, ev.msg)
                 rpending = self.recvs.pop(key, None)
                 if rpending is not None:
-                    self.complete_recv(rpending.future, ev, rpending.out)
+                    fut = rpending.future
+                    self._queue_settlement(fut, self.complete_recv, fut, ev, rpending.out)
                 else:
                     self._park(key, ev)
             elif isinstance(ev, MessageFailed):
@@ -76,9 +95,31 @@ class Transfers:
                 error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
                 reason = f"rank {self._rank}: {ev.reason} (step {ev.step}, msg {ev.msg})"
                 if failed is not None:
-                    failed.future.set_exception(error_cls(reason))
+                    fut = failed.future
+                    self._queue_settlement(fut, fut.set_exception, error_cls(reason))
                 elif not ev.outgoing:
                     self._park(key, ev)
+        if not defer:
+            self.settle()
+
+    def _queue_settlement(
+        self, future: Future[Any], settle: Callable[..., None], *args: Any, **kwargs: Any
+    ) -> None:
+        """Have :meth:`settle` call ``settle(*args, **kwargs)``, which settles ``future``."""
+        self._settlements.append((future, functools.partial(settle, *args, **kwargs)))
+
+    def settle(self) -> None:
+        """Settle the futures that :meth:`dispatch` matched, in event order. A
+        future's callback may come back here (through the endpoint): each
+        settlement is taken off the queue before it runs."""
+        while self._settlements:
+            future, settlement = self._settlements.popleft()
+            try:
+                settlement()
+            except Exception as exc:  # (complete_recv's copy into out, say)
+                if not future.done():  # its caller learns why, instead of waiting
+                    future.set_exception(exc)
+                raise
 
     def _park(self, key: Key, ev: MessageReceived | MessageFailed) -> None:
         self.unclaimed[key] = ev
@@ -86,6 +127,19 @@ class Transfers:
             self.unclaimed.popitem(last=False)
 
     def claim(
+        self,
+        fut: Future[Received],
+        ev: MessageReceived | MessageFailed,
+        out: npt.NDArray[Any] | None,
+        *,
+        p: float | None,
+        fill: FillPolicy,
+    ) -> None:
+        """Have the next :meth:`settle` settle receive ``fut`` with a message that
+        completed before it was posted (as :meth:`dispatch` defers)."""
+        self._queue_settlement(fut, self._settle_claim, fut, ev, out, p=p, fill=fill)
+
+    def _settle_claim(
         self,
         fut: Future[Received],
         ev: MessageReceived | MessageFailed,
@@ -206,7 +260,12 @@ class Transfers:
                 )
 
     def fail_all(self, error: Exception) -> None:
-        """Fail everything pending with ``error`` (the endpoint is going away)."""
+        """Fail everything pending with ``error`` (the endpoint is going away).
+        Transfers already matched to their events settle first, as those say (a
+        receive whose message came gets it)."""
+        while self._settlements:
+            with contextlib.suppress(Exception):  # (settle() gave its future the error)
+                self.settle()
         for table in (self.sends, self.recvs):
             # emptied first: a future's callbacks may cancel (and so forget) another
             pendings = list(table.values())

@@ -295,10 +295,11 @@ class PeerError(AssertionError):
 
 
 class Peer:
-    """One worker process, driven over its stdin/stdout."""
+    """One worker process, driven over its stdin/stdout: this module's, or
+    another ``module`` that takes the plan the same way and prints such lines."""
 
     def __init__(self, plan: dict[str, Any], log: Path,
-                 prefix: Sequence[str] = ()) -> None:
+                 prefix: Sequence[str] = (), module: str = "tests.integration.peers") -> None:
         self.plan = plan
         self.rank: int = plan["rank"]
         self.log = log
@@ -306,7 +307,7 @@ class Peer:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("DLCP_")}
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tests.integration.peers", json.dumps(plan)],
+            [*prefix, sys.executable, "-m", module, json.dumps(plan)],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, text=True, bufsize=1,
         )

@@ -7,13 +7,17 @@ in this process on loopback.
   would): a fault injected into the real endpoint, not a stand-in for it.
 * A caller that cancels a send's or a receive's future ends that transfer (the
   peer is told) and nothing else; before, the I/O thread died settling the
-  cancelled future, taking every transfer of the endpoint with it."""
+  cancelled future, taking every transfer of the endpoint with it.
+* A receiver that exits the moment its receive completes (from the future's
+  callback) has sent its STOP first: the sender's message completes. Before,
+  the future completed before the STOP went out, and the sender failed."""
 
 from __future__ import annotations
 
 import errno
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +26,8 @@ import pytest
 from dlcp.errors import PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.integration.exit_on_receive_worker import EXIT_RECEIVED
+from tests.integration.peers import Peer
 
 
 def test_a_refused_data_send_fails_that_peer_only() -> None:
@@ -159,3 +165,37 @@ def test_a_receive_posted_after_the_message_completed_gets_its_own_fill_and_boun
     finally:
         for ep in eps:
             ep.close()
+
+
+def test_a_receiver_that_exits_in_its_receives_callback_has_stopped_the_sender(
+    tmp_path: Path,
+) -> None:
+    """The receiving rank, another process, ends itself (``os._exit``) in its
+    receive's done-callback, as an application that leaves once it has its data
+    may: the STOP for the sender must be on its way by then. It was not: the
+    endpoint completed the future from the session's event before sending what
+    the session had queued with it, so the callback ran first every time and the
+    sender failed ("rank 1 closed its control connection") though the data had
+    arrived."""
+    n = 1 << 20  # 4 MB of float32: hundreds of datagrams
+    timeout = 10.0
+    receiver = Peer({"rank": 1, "job": JOB, "n": n, "timeout": timeout},
+                    tmp_path / "receiver.stderr", module="tests.integration.exit_on_receive_worker")
+    store = LocalStore()
+    sender = Endpoint(0, store=store, world_size=2, job=JOB, config=EndpointConfig(timeout=timeout))
+    try:
+        store.add(1, receiver.ready())
+        receiver.say(f"peer 0 {sender.address.encode()}")
+        receiver.expect("posted", timeout=20)
+        sent = sender.send(np.arange(n, dtype=np.float32), to=1, msg=1)
+        try:
+            report = sent.result(timeout=timeout + 5)
+        except TransferFailed as exc:
+            pytest.fail(f"the receiver left without stopping the sender: {exc}")
+        assert report.acknowledged_elems == n
+        code = receiver.proc.wait(timeout=10)
+        assert code == EXIT_RECEIVED, f"receiver exited {code}; stderr:\n{receiver.stderr()}"
+    finally:
+        sender.close()
+        receiver.cleanup()
+    assert dlcp_threads() == []

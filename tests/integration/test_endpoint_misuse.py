@@ -355,14 +355,17 @@ def test_waiting_inside_a_callback_raises_instead_of_freezing_the_endpoint() -> 
     a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2))
     raised: list[BaseException] = []
     replies: list[Any] = []
+    echoed = threading.Event()
 
     def echo(f: Any) -> None:
-        reply = b.send(f.result().data, to=0, msg=2)
-        replies.append(reply)
         try:
+            reply = b.send(f.result().data, to=0, msg=2)
+            replies.append(reply)
             reply.result()  # (this thread must move it)
         except RuntimeError as exc:
             raised.append(exc)
+        finally:
+            echoed.set()
 
     try:
         got = b.recv(src=0, msg=1)
@@ -370,6 +373,9 @@ def test_waiting_inside_a_callback_raises_instead_of_freezing_the_endpoint() -> 
         back = a.recv(src=1, msg=2)
         a.send(X, to=1, msg=1).result(10)
         assert np.array_equal(back.result(10).data, X)  # the reply went all the same
+        # (msg 1's STOP leaves before its receive's callback runs, the reply from
+        # inside it: the callback may not have returned yet)
+        assert echoed.wait(10)
         assert len(raised) == 1 and "would deadlock the endpoint" in str(raised[0])
         assert replies[0].result(10).msg_elems == len(X)  # waited for outside: fine
     finally:
