@@ -454,9 +454,10 @@ def main() -> int:
     report: dict[str, Any] = {"rank": C.rank, "checks": results}
     # (DDP broadcasts its parameters when built: every rank builds it now)
     after_failure = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-    # the last rank leaves only once every rank's DDP broadcast is done: its
-    # receive completes before its STOP is on the wire, and an exit in between
-    # failed rank 0's broadcast send (1 run in 6 before this session too)
+    # the last rank leaves only once every rank's DDP broadcast is done, so that
+    # the failure the check below sees is the all_reduce's (the endpoint now sends
+    # a receive's STOP before its future completes, 8fd1e86: an exit right after
+    # the broadcast no longer fails rank 0's send, which it did 1 run in 6)
     dist.barrier(group=C.gloo)
     if C.rank == C.world - 1:
         # the last rank dies without a word; the others must fail fast, not hang
