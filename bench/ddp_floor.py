@@ -27,6 +27,7 @@ is known when the bucket starts.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import select
 import threading
@@ -96,7 +97,9 @@ class UdpRingFloor:
 
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         self._jobs.put((tensor, fut))
-        return fut
+        # re-raised in a callback, an error reaches the training loop with its own
+        # message (set on the hook's future, DDP's reducer only says "Unable to cast")
+        return fut.then(_unwrap)
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -112,7 +115,11 @@ class UdpRingFloor:
 
     def allreduce(self, data: npt.NDArray[np.float32]) -> None:
         """Average ``data`` (1-D float32) over the ring, in place."""
+        if data.dtype != np.float32:
+            raise TypeError(f"the UDP floor averages float32 buckets, got {data.dtype}")
         n, r = self.world, self.rank
+        if 2 * (n - 1) > 0xFF:  # a step must fit the tag's low byte
+            raise ValueError(f"the UDP floor's ring takes at most 128 ranks, got {n}")
         parity = self._bucket % 2
         base_tag = (self._bucket & 0xFFFFFF) << 8  # step in the low byte
         self._bucket += 1
@@ -177,6 +184,10 @@ class UdpRingFloor:
             inbox.poll()
 
 
+def _unwrap(fut: Any) -> Any:
+    return fut.wait()
+
+
 class _Inbox:
     """One bucket's receiving side: places each datagram at its step's offset
     and counts the bytes each step still misses."""
@@ -216,27 +227,33 @@ class _Inbox:
             self._place(buf[full * segment :].reshape(1, -1))
 
     def _place(self, rows: npt.NDArray[np.uint8]) -> None:
-        hdr = self.header
+        """Copy each datagram's payload to its step's offset: one copy per run of
+        one step's datagrams at consecutive offsets (a sender's datagrams arrive
+        in order on these paths), one per datagram otherwise. Nothing is ever
+        sent twice here, so each datagram's bytes count once toward its step."""
         heads = np.ascontiguousarray(rows[:, : _HEADER.itemsize]).view(_HEADER).reshape(-1)
-        tags, offsets = heads["tag"], heads["offset"]
-        step = rows.shape[1] - hdr
-        first = 0
-        while first < len(rows):
+        tags, offsets = heads["tag"], heads["offset"].astype(np.int64)
+        step = rows.shape[1] - self.header
+        # where the step changes (a chunk that ends in a full datagram runs on
+        # into the next step's datagrams in the same read)
+        cuts = [0, *(np.flatnonzero(tags[1:] != tags[:-1]) + 1).tolist(), len(rows)]
+        for first, last in itertools.pairwise(cuts):
             tag = int(tags[first])
-            # a run of one step's datagrams at consecutive offsets: one copy
-            last = first + 1
-            expect = int(offsets[first])
-            if tags[-1] == tag and np.all(
-                offsets[first:] == expect + step * np.arange(len(rows) - first, dtype=np.int64)
-            ):
-                last = len(rows)
-            buf = self.dest.get(tag)
-            if buf is None:
-                raise FloorError(f"floor ring: a datagram of unknown step {tag:#x}")
-            lo = expect
-            hi = lo + (last - first) * step
-            if hi > len(buf):
-                raise FloorError(f"floor ring: a datagram past step {tag & 0xFF}'s end")
-            buf[lo:hi].reshape(last - first, step)[...] = rows[first:last, hdr:]
-            self.missing[tag] -= hi - lo
-            first = last
+            expect = offsets[first] + step * np.arange(last - first, dtype=np.int64)
+            if np.array_equal(offsets[first:last], expect):
+                self._copy(tag, int(offsets[first]), rows[first:last])
+            else:
+                for k in range(first, last):
+                    self._copy(tag, int(offsets[k]), rows[k : k + 1])
+
+    def _copy(self, tag: int, offset: int, rows: npt.NDArray[np.uint8]) -> None:
+        """Payloads of ``rows`` (consecutive datagrams of step ``tag``) to ``offset``."""
+        buf = self.dest.get(tag)
+        if buf is None:
+            raise FloorError(f"floor ring: a datagram of unknown step {tag:#x}")
+        step = rows.shape[1] - self.header
+        hi = offset + len(rows) * step
+        if hi > len(buf):
+            raise FloorError(f"floor ring: a datagram past step {tag & 0xFF}'s end")
+        buf[offset:hi].reshape(len(rows), step)[...] = rows[:, self.header :]
+        self.missing[tag] -= hi - offset

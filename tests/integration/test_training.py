@@ -330,10 +330,12 @@ def test_dlcp_launch_output_into_a_closed_pipe(scripts: Path) -> None:
 
 
 def _as_from_a_terminal() -> None:  # pragma: no cover - runs in the child
-    """Ctrl-C as a terminal delivers it: a test run started in the background
-    of a shell without job control inherits SIGINT ignored, and Python then
-    keeps ignoring it (as it should: such a launcher must not die of Ctrl-C)."""
+    """Ctrl-C and a hangup as a terminal delivers them: a test run started in
+    the background of a shell without job control inherits SIGINT ignored, and
+    one under ``nohup`` SIGHUP, and the launcher then keeps ignoring them (as it
+    should: such a launcher must not die of either)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def test_dlcp_launch_interrupt_terminates_the_ranks(scripts: Path) -> None:
