@@ -152,6 +152,7 @@ _PROTO_ENV: dict[str, str] = {
     "reorder_grace": "float",
     "nack_timeout": "float",
     "recv_idle_timeout": "float",
+    "silent_path_timeout": "float",
     "pacer": "str",
     "rate_interval": "float",
     "authenticate": "bool",

@@ -91,6 +91,12 @@ class ProtocolConfig:
     nack_timeout: float = 0.1
     #: receiver: a started message with no packet for this long fails
     recv_idle_timeout: float = 30.0
+    #: receiver: a message whose sender's FINISHes come over the control channel
+    #: while none of that sender's data datagrams has arrived for this long fails
+    #: as a silent data path (UDP blocked or misaddressed), and its sender is told
+    #: so, instead of both waiting for their timeouts (long enough to ride out a
+    #: route change; a path that is merely lossy delivers something)
+    silent_path_timeout: float = 5.0
     #: pacer: "receiver" (receiver-driven feedback) or "unpaced"
     pacer: str = "receiver"
     pacer_options: Mapping[str, Any] = field(default_factory=dict)
@@ -140,6 +146,7 @@ class ProtocolConfig:
             "reorder_grace",
             "nack_timeout",
             "recv_idle_timeout",
+            "silent_path_timeout",
             "rate_interval",
         ):
             value = getattr(self, name)

@@ -59,6 +59,7 @@ class AbortReason(enum.IntEnum):
     GAVE_UP = 1  # the sender's retransmission rounds stopped getting anywhere
     CANCELLED = 2  # the application cancelled the message
     PEER_TIMEOUT = 3  # the other side stopped answering
+    DATA_SILENT = 4  # the receiver gets the sender's control messages but none of its data
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,14 @@ until the data comes (the inbox then applies the FINISH to the message) or it is
 time to NACK every chunk: once the reorder grace has passed since the last
 FINISH and the sender's other data has paused, for at most ``nack_timeout``
 after the first FINISH (:func:`~dlcp.proto.recovery.sender_quiet`).
+
+It also tells a silent data path from a lossy one. A message whose FINISHes
+keep coming (the control channel works) while none of its sender's data
+datagrams has arrived since its first FINISH, for ``silent_path_timeout``, has
+lost its data to a path that drops everything (UDP blocked by a firewall, a
+wrong address): :meth:`OrphanFinishes.due` names it silent, once, instead of
+NACKing it round after round until both sides time out. Any data datagram from
+that sender, of any message, shows the path works.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ class OrphanFinishes:
         #: the round NACKed of each message whose orphan FINISH was NACKed (the
         #: newest MAX_ORPHAN_FINISH): its retransmissions open it as NACKed once
         self._nacked: dict[Key, int] = {}
+        #: when each message's first FINISH came, while none of its data has (kept
+        #: across its rounds, the newest MAX_ORPHAN_FINISH): a silent path's clock
+        self._silent_since: dict[Key, float] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -51,6 +62,9 @@ class OrphanFinishes:
         self._by_key[key] = (finish, now + self.config.reorder_grace, first)
         if len(self._by_key) > MAX_ORPHAN_FINISH:
             del self._by_key[next(iter(self._by_key))]
+        self._silent_since.setdefault(key, now)
+        if len(self._silent_since) > MAX_ORPHAN_FINISH:
+            del self._silent_since[next(iter(self._silent_since))]
 
     def pop(self, key: Key) -> Finish | None:
         """The FINISH of ``key``, forgotten here (its data came, or it ended)."""
@@ -60,10 +74,35 @@ class OrphanFinishes:
         """What is known of message ``key`` whose data came, forgotten here: its
         FINISH (None: none came) and the round NACKed whole (-1: none)."""
         entry = self._by_key.pop(key, None)
+        self._silent_since.pop(key, None)
         return (None if entry is None else entry[0]), self._nacked.pop(key, -1)
 
     def next_deadline(self) -> float | None:
-        return min((deadline for _, deadline, _ in self._by_key.values()), default=None)
+        nack = min((deadline for _, deadline, _ in self._by_key.values()), default=None)
+        if not self._silent_since:
+            return nack
+        # (insertion order: the first entry's clock runs out first)
+        silent = next(iter(self._silent_since.values())) + self.config.silent_path_timeout
+        return silent if nack is None else min(nack, silent)
+
+    def silent(self, *, now: float, last_data: Mapping[int, float]) -> list[Key]:
+        """Messages whose data path turned out silent by ``now`` (see the module
+        docstring); they are forgotten here. ``last_data``: when each sender's
+        data last came. A message whose sender's data came after its first
+        FINISH waits no longer for a verdict."""
+        out = []
+        timeout = self.config.silent_path_timeout
+        for key, since in list(self._silent_since.items()):
+            if last_data.get(key[0], float("-inf")) >= since:
+                del self._silent_since[key]  # the path works: its data is lost, or late
+            elif now >= since + timeout:
+                del self._silent_since[key]
+                self._by_key.pop(key, None)
+                self._nacked.pop(key, None)
+                out.append(key)
+            else:
+                break  # (insertion order: the later ones started later)
+        return out
 
     def due(self, *, now: float, last_data: Mapping[int, float]) -> list[tuple[int, Nack]]:
         """The NACKs of every chunk due now, as (sender, NACK); those are forgotten.

@@ -224,7 +224,15 @@ class Outbox(SessionSide):
         elif isinstance(ctrl, Nack):
             self._on_nack(key, out, ctrl, now=now)
         elif isinstance(ctrl, Abort):
-            out.recovery.on_abort(f"receiver aborted the message ({ctrl.reason.name.lower()})")
+            if ctrl.reason is AbortReason.DATA_SILENT:
+                why = (
+                    f"rank {key[0]} gets this rank's control messages but none of its data "
+                    "datagrams: the UDP data path to it drops everything (a firewall, or a "
+                    "wrong data address or port?)"
+                )
+            else:
+                why = f"receiver aborted the message ({ctrl.reason.name.lower()})"
+            out.recovery.on_abort(why)
             self._finish_outgoing(key, out, now=now)
 
     def _on_nack(self, key: Key, out: _Outgoing, nack: Nack, *, now: float) -> None:

@@ -10,12 +10,17 @@ in this process on loopback.
   cancelled future, taking every transfer of the endpoint with it.
 * A receiver that exits the moment its receive completes (from the future's
   callback) has sent its STOP first: the sender's message completes. Before,
-  the future completed before the STOP went out, and the sender failed."""
+  the future completed before the STOP went out, and the sender failed.
+* A data path that drops everything while the control channel works (UDP
+  blocked by a firewall) fails that peer's transfer on both sides after the
+  silent-path timeout, naming the data path, not after the endpoint's timeout
+  with a bare "did not complete"; the other peer's transfer is untouched."""
 
 from __future__ import annotations
 
 import errno
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -25,9 +30,48 @@ import pytest
 
 from dlcp.errors import PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
+from dlcp.proto.config import ProtocolConfig
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 from tests.integration.exit_on_receive_worker import EXIT_RECEIVED
 from tests.integration.peers import Peer
+
+
+def test_a_blackholed_data_path_fails_that_peer_fast_and_names_it() -> None:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=30.0, protocol=ProtocolConfig(silent_path_timeout=1.0))
+    eps = [Endpoint(r, store=store, world_size=3, job=JOB, config=cfg) for r in range(3)]
+    try:
+        sender = eps[0]
+        real_send = sender._data.send
+        dropped_port = eps[2]._data.recv_sock.getsockname()[1]
+        dropped = []
+
+        def send(data: Any, segment_size: int, count: int, *, addr: tuple[str, int],
+                 **kw: Any) -> Any:  # fmt: skip
+            if addr[1] == dropped_port:  # the network drops it, the kernel says nothing
+                dropped.append(count)
+                return count
+            return real_send(data, segment_size, count, addr=addr, **kw)
+
+        sender._data.send = send  # type: ignore[method-assign]
+        x = np.arange(200_000, dtype=np.float32)
+        started = time.monotonic()
+        got1 = eps[1].recv(src=0, msg=1)
+        got2 = eps[2].recv(src=0, msg=1)
+        to1 = sender.send(x, to=1, msg=1, p=0.05)
+        to2 = sender.send(x, to=2, msg=1, p=0.05)
+        with pytest.raises(TransferFailed, match=r"to rank 2: .*UDP data path to it drops"):
+            to2.result(timeout=10)
+        with pytest.raises(TransferFailed, match=r"from rank 0: .*UDP data path from it"):
+            got2.result(timeout=10)
+        assert time.monotonic() - started < 1.0 + 3.0  # the verdict, not the 30 s timeout
+        assert dropped, "nothing was dropped: the test did not blackhole the path"
+        assert to1.result(timeout=10).acknowledged_elems == len(x)
+        assert np.array_equal(got1.result(timeout=10).data, x)
+    finally:
+        for ep in eps:
+            ep.close()
+    assert dlcp_threads() == []
 
 
 def test_a_refused_data_send_fails_that_peer_only() -> None:

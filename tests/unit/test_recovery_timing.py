@@ -156,3 +156,55 @@ def test_a_message_nacked_as_an_orphan_completes_by_the_bound_without_a_second_g
     lossless_retransmission = _orphan_then_retransmitted(False)
     one_lost = _orphan_then_retransmitted(True)
     assert one_lost <= lossless_retransmission + config().reorder_grace / 4
+
+
+def _is_data(d: bytes) -> bool:
+    return d[0] == 0x11
+
+
+def test_a_silent_data_path_fails_both_sides_naming_it() -> None:
+    """Every data datagram is dropped while control messages pass (UDP blocked,
+    the control channel working): once the silent-path timeout has run from the
+    first FINISH, the receiver fails the message naming the data path and sends
+    ABORT(DATA_SILENT), which fails it at the sender with the same diagnosis
+    (spec §8, receiver rule 6). Before, both resent and NACKed until a timeout
+    that said nothing of the data path."""
+    a, b = sessions(2, config(silent_path_timeout=1.0))
+    a.send_message(1, np.ones(20_000, np.float32), step=3, msg=4, now=0.0, p=0.05)
+    b.expect_message(0, step=3, msg=4)
+    link = LossyLink([a, b], drop_filter=_is_data)
+    end = link.run(until=60.0, stop_when=lambda ln: len(events(ln, MessageFailed)) == 2)
+    assert 1.0 <= end < 1.5, end  # the verdict, not a later timeout
+    failed = {r: e for r, e in link.events if isinstance(e, MessageFailed)}
+    assert set(failed) == {0, 1}, link.events
+    assert "UDP data path" in failed[1].reason and "1 s" in failed[1].reason, failed[1].reason
+    assert "data path to it drops everything" in failed[0].reason, failed[0].reason
+    assert (failed[0].msg, failed[1].msg) == (4, 4)
+
+
+def test_a_message_whose_data_is_lost_while_other_data_comes_is_not_silent() -> None:
+    """A message none of whose first copies arrived, while the same sender's
+    other message streams in: the path works, so however short the silent-path
+    timeout, the message is NACKed and completes (rule 6 leaves it alone)."""
+
+    def first_copies_of_small(d: bytes) -> bool:
+        return d[0] == 0x11 and int.from_bytes(d[8:10], "big") == 0 and not d[1] & 2
+
+    cfg = config(
+        payload_bytes=1024,
+        batch_packets=4,
+        silent_path_timeout=0.001,
+        pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
+                       "burst_bytes": 4096},
+    )  # fmt: skip
+    a, b = sessions(2, cfg)
+    small = np.arange(1024, dtype=np.float32)
+    a.send_message(1, small, step=1, msg=0, now=0.0)
+    a.send_message(1, np.ones(300_000, dtype=np.float32), step=1, msg=1, now=0.0)
+    b.expect_message(0, step=1, msg=0)
+    b.expect_message(0, step=1, msg=1)
+    link = LossyLink([a, b], drop_filter=first_copies_of_small)
+    link.run(until=40.0)
+    assert not events(link, MessageFailed), link.events
+    got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
+    assert set(got) == {0, 1} and np.array_equal(got[0].data, small)
