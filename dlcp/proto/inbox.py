@@ -530,6 +530,8 @@ class Inbox(SessionSide):
         it is only expected (the application waiting for it must hear of it too).
         False if this side knows no such message."""
         why = f"sender aborted the message ({abort.reason.name.lower()})"
+        if abort.reason is AbortReason.GAVE_UP and self._orphan_finish.unheard(key):
+            why += "; none of its data had arrived here (is the UDP data path blocked?)"
         if key in self._incoming:
             self.fail(key, self._incoming.pop(key), why)
             return True

@@ -11,7 +11,7 @@ It also tells a silent data path from a lossy one. A message whose FINISHes
 keep coming (the control channel works) while none of its sender's data
 datagrams has arrived since its first FINISH, for ``silent_path_timeout``, has
 lost its data to a path that drops everything (UDP blocked by a firewall, a
-wrong address): :meth:`OrphanFinishes.due` names it silent, once, instead of
+wrong address): :meth:`OrphanFinishes.silent` names it, once, instead of
 NACKing it round after round until both sides time out. Any data datagram from
 that sender, of any message, shows the path works.
 """
@@ -51,6 +51,11 @@ class OrphanFinishes:
 
     def __contains__(self, key: object) -> bool:
         return key in self._by_key
+
+    def unheard(self, key: Key) -> bool:
+        """Whether message ``key``'s FINISHes came while none of its sender's data
+        has since the first (the silent-path clock runs for it)."""
+        return key in self._silent_since
 
     def keys(self) -> KeysView[Key]:
         return self._by_key.keys()

@@ -183,8 +183,11 @@ class SenderRecovery:
                 f"gave up after {self.round} retransmission rounds ({self.stalled_rounds} "
                 "in a row without progress); receiver still "
                 + (
-                    "has nothing of the message"
-                    if nack.needed_elems == 0xFFFFFFFF
+                    # (a message too small for the receiver's silent-path verdict
+                    # ends here first: say what that verdict would have said)
+                    "has nothing of the message: none of its data arrived (is the "
+                    "UDP data path to it blocked, or its data address wrong?)"
+                    if nack.needed_elems == ALL_ELEMS
                     else f"needs {nack.needed_elems} elements"
                 )
             )

@@ -64,7 +64,8 @@ def test_a_blackholed_data_path_fails_that_peer_fast_and_names_it() -> None:
             to2.result(timeout=10)
         with pytest.raises(TransferFailed, match=r"from rank 0: .*UDP data path from it"):
             got2.result(timeout=10)
-        assert time.monotonic() - started < 1.0 + 3.0  # the verdict, not the 30 s timeout
+        waited = time.monotonic() - started
+        assert 0.9 <= waited < 1.0 + 3.0, waited  # the verdict after its 1 s, not the 30 s timeout
         assert dropped, "nothing was dropped: the test did not blackhole the path"
         assert to1.result(timeout=10).acknowledged_elems == len(x)
         assert np.array_equal(got1.result(timeout=10).data, x)

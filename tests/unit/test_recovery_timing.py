@@ -208,3 +208,22 @@ def test_a_message_whose_data_is_lost_while_other_data_comes_is_not_silent() -> 
     assert not events(link, MessageFailed), link.events
     got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
     assert set(got) == {0, 1} and np.array_equal(got[0].data, small)
+
+
+def test_a_small_message_on_a_silent_data_path_ends_by_the_senders_rounds_naming_it() -> None:
+    """A message of a few chunks whose data is all dropped: its sender's rounds
+    run out (max_rounds) before the receiver's silent-path verdict. Both errors
+    still say that none of its data arrived and ask about the UDP path."""
+    a, b = sessions(2, config(max_rounds=4))
+    a.send_message(1, np.ones(1000, np.float32), step=3, msg=4, now=0.0, p=0.05)
+    b.expect_message(0, step=3, msg=4)
+    link = LossyLink([a, b], drop_filter=_is_data)
+    end = link.run(until=60.0, stop_when=lambda ln: len(events(ln, MessageFailed)) == 2)
+    assert end < b.config.silent_path_timeout, end  # (the rounds, not the verdict)
+    failed = {r: e for r, e in link.events if isinstance(e, MessageFailed)}
+    assert set(failed) == {0, 1}, link.events
+    assert "none of its data arrived" in failed[0].reason, failed[0].reason
+    assert "UDP data path" in failed[0].reason, failed[0].reason
+    assert "gave_up" in failed[1].reason and "UDP data path blocked" in failed[1].reason, (
+        failed[1].reason
+    )
