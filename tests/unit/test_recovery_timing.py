@@ -29,19 +29,23 @@ def _drop_first_copy(msg: int, seq: int) -> Callable[[bytes], bool]:
     return drop
 
 
-def _small_behind_a_stream(drop: Callable[[bytes], bool]) -> tuple[np.ndarray, LossyLink]:
-    """Rank 0 sends a small message (msg 0, 4 chunks, p = 0) and then 12 MB
-    (msg 1) to rank 1 at 4 MB/s, over a link that drops what ``drop`` says."""
+def _small_behind_a_stream(
+    drop: Callable[[bytes], bool], *, big: int = 3_000_000, **protocol: object
+) -> tuple[np.ndarray, LossyLink]:
+    """Rank 0 sends a small message (msg 0, 4 chunks, p = 0) and then ``big``
+    float32 (msg 1; 12 MB) to rank 1 at 4 MB/s, over a link that drops what
+    ``drop`` says; ``protocol``: more settings."""
     cfg = config(
         payload_bytes=1024,
         batch_packets=4,
         pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
                        "burst_bytes": 4096},
+        **protocol,
     )  # fmt: skip
     a, b = sessions(2, cfg)
     small = np.arange(1024, dtype=np.float32)
     a.send_message(1, small, step=1, msg=0, now=0.0)
-    a.send_message(1, np.ones(3_000_000, dtype=np.float32), step=1, msg=1, now=0.0)
+    a.send_message(1, np.ones(big, dtype=np.float32), step=1, msg=1, now=0.0)
     b.expect_message(0, step=1, msg=0)
     b.expect_message(0, step=1, msg=1)
     return small, LossyLink([a, b], drop_filter=drop)
@@ -190,20 +194,9 @@ def test_a_message_whose_data_is_lost_while_other_data_comes_is_not_silent() -> 
     def first_copies_of_small(d: bytes) -> bool:
         return d[0] == 0x11 and int.from_bytes(d[8:10], "big") == 0 and not d[1] & 2
 
-    cfg = config(
-        payload_bytes=1024,
-        batch_packets=4,
-        silent_path_timeout=0.001,
-        pacer_options={"initial_rate": 4e6, "min_rate": 4e6, "max_rate": 4e6,
-                       "burst_bytes": 4096},
-    )  # fmt: skip
-    a, b = sessions(2, cfg)
-    small = np.arange(1024, dtype=np.float32)
-    a.send_message(1, small, step=1, msg=0, now=0.0)
-    a.send_message(1, np.ones(300_000, dtype=np.float32), step=1, msg=1, now=0.0)
-    b.expect_message(0, step=1, msg=0)
-    b.expect_message(0, step=1, msg=1)
-    link = LossyLink([a, b], drop_filter=first_copies_of_small)
+    small, link = _small_behind_a_stream(
+        first_copies_of_small, big=300_000, silent_path_timeout=0.001
+    )
     link.run(until=40.0)
     assert not events(link, MessageFailed), link.events
     got = {e.msg: e for e in events(link, MessageReceived, rank=1)}
