@@ -297,17 +297,9 @@ class Endpoint:
         fut: Future[dict[str, Any]] = Future()
 
         def command() -> None:
-            s = self._session.stats
             fut.set_result(
                 {
-                    "datagrams_in": s.datagrams_in,
-                    "datagrams_fast": s.datagrams_fast,
-                    "bytes_in": s.bytes_in,
-                    "packets_out": s.packets_out,
-                    "bytes_out": s.bytes_out,
-                    "rejected": dict(s.rejected),
-                    "late_packets": s.late_packets,
-                    "stale_control": s.stale_control,
+                    **dataclasses.asdict(self._session.stats),  # the protocol's counters
                     **dataclasses.asdict(self._stats),  # the driver's own counters
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,

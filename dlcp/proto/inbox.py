@@ -26,7 +26,7 @@ from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
-from .orphans import OrphanFinishes
+from .orphans import SILENT_WHY, OrphanFinishes
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
 from .recovery import ReceiverRecovery
@@ -591,20 +591,10 @@ class Inbox(SessionSide):
                 )
                 f = state.recovery.failure
                 self.fail(key, state, f.message, f.peer_timeout)
-        for key in self._orphan_finish.silent(now=now, last_data=self._last_data):
-            self._queue(
-                key[0],
-                Abort(key[1], key[2], self.rank, reason=AbortReason.DATA_SILENT, by_receiver=True),
-            )
+        for key, abort in self._orphan_finish.silent(now=now, last_data=self._last_data):
+            self._queue(key[0], abort)
             self._expected.pop(key, None)
-            self.fail(
-                key,
-                None,
-                "its FINISHes arrive over the control channel but none of its data "
-                f"datagrams has for {self.config.silent_path_timeout:g} s: the UDP data "
-                "path from it to this rank drops everything (a firewall, or a wrong "
-                "data address or port?)",
-            )
+            self.fail(key, None, SILENT_WHY.format(timeout=self.config.silent_path_timeout))
         for src, nack in self._orphan_finish.due(now=now, last_data=self._last_data):
             self._queue(src, nack)
         if self._meter.due(now=now):

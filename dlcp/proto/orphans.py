@@ -23,9 +23,16 @@ from collections.abc import KeysView, Mapping
 from .config import ProtocolConfig
 from .context import ALL_ELEMS, Key
 from .recovery import sender_quiet
-from .wire import Finish, Nack
+from .wire import Abort, AbortReason, Finish, Nack
 
-__all__ = ["OrphanFinishes"]
+__all__ = ["SILENT_WHY", "OrphanFinishes"]
+
+#: why a message judged silent failed at its receiver ({timeout}: the setting)
+SILENT_WHY = (
+    "its FINISHes arrive over the control channel but none of its data datagrams "
+    "has for {timeout:g} s: the UDP data path from it to this rank drops everything "
+    "(a firewall, or a wrong data address or port?)"
+)
 
 #: FINISHes kept at most (the oldest go first: a peer's flood of FINISHes)
 MAX_ORPHAN_FINISH = 1024
@@ -90,21 +97,24 @@ class OrphanFinishes:
         silent = next(iter(self._silent_since.values())) + self.config.silent_path_timeout
         return silent if nack is None else min(nack, silent)
 
-    def silent(self, *, now: float, last_data: Mapping[int, float]) -> list[Key]:
-        """Messages whose data path turned out silent by ``now`` (see the module
-        docstring); they are forgotten here. ``last_data``: when each sender's
-        data last came. A message whose sender's data came after its first
-        FINISH waits no longer for a verdict."""
+    def silent(self, *, now: float, last_data: Mapping[int, float]) -> list[tuple[Key, Abort]]:
+        """The messages whose data path turned out silent by ``now`` (see the
+        module docstring), each with the ABORT its sender is told; they are
+        forgotten here. ``last_data``: when each sender's data last came. A
+        message whose sender's data came after its first FINISH waits no longer
+        for a verdict. :data:`SILENT_WHY` says why such a message failed."""
         out = []
-        timeout = self.config.silent_path_timeout
-        for key, since in list(self._silent_since.items()):
+        while self._silent_since:
+            key, since = next(iter(self._silent_since.items()))
             if last_data.get(key[0], float("-inf")) >= since:
                 del self._silent_since[key]  # the path works: its data is lost, or late
-            elif now >= since + timeout:
+            elif now >= since + self.config.silent_path_timeout:
                 del self._silent_since[key]
                 self._by_key.pop(key, None)
                 self._nacked.pop(key, None)
-                out.append(key)
+                abort = Abort(key[1], key[2], self.rank, reason=AbortReason.DATA_SILENT,
+                              by_receiver=True)  # fmt: skip
+                out.append((key, abort))
             else:
                 break  # (insertion order: the later ones started later)
         return out
