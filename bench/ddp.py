@@ -337,7 +337,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
     res["nocomm"] = _combined([run_job(args, "nocomm", p=args.p)])
     _progress(args, "nocomm", res["nocomm"])
-    # the UDP floor needs a receive buffer beyond net.core.rmem_max (SO_RCVBUFFORCE)
     # the UDP floor models the ring with a loss bound (p = 0 sends small buckets in one
     # round), and needs a receive buffer beyond net.core.rmem_max (SO_RCVBUFFORCE)
     runs_floor = args.udp_floor and args.collective == "ring" and args.p > 0
