@@ -21,12 +21,24 @@ Where:
   host; DLCP sprays over ``--paths`` source ports;
 * otherwise (``path = "loopback"``): 4 local ranks on the loopback.
 
+On the loopback as root (``--loopback``), a fifth kind takes its turn too: the
+**UDP floor** (``floor``, :class:`bench.ddp_floor.UdpRingFloor`), the ring's
+all-reduce in bare datagrams of DLCP's size through DLCP's own UDP layer, each
+sent once, with no protocol above it (no classes, pacing, control messages or
+recovery) and the same copies: what DLCP's ring would cost if its protocol cost
+nothing. ``ring_over_floor_cpu`` (the ring's CPU per call over the floor's) is
+what the protocol costs in CPU; the floor needs root for its 64 MB receive
+buffers (it resends nothing, so a datagram dropped at a full buffer would fail
+it) and a lossless path, so neither without root nor on the testbed.
+
 The ranks share the machine's cores, and the routers forward in the same
 kernel, so the machine's CPU is part of the result: ``*_cpu_ms`` is the busy
 time of all cores (``/proc/stat``: user, nice, system, interrupts, softirq) per call,
 over the calls of that kind. The last stdout line (``--json``) is one JSON
-object: ``gloo_ms``, ``ring_ms``, ``hd_ms``, ``ps_ms``, their CPU, and
-``ratio_ring = ring_ms / gloo_ms``, ``ratio_hd``, ``ratio_ps`` likewise.
+object: ``gloo_ms``, ``ring_ms``, ``hd_ms``, ``ps_ms``, ``floor_ms`` (null
+where the floor did not run), their CPU, ``ratio_ring = ring_ms / gloo_ms``,
+``ratio_hd``, ``ratio_ps``, ``ratio_floor`` likewise, and ``ring_over_floor`` /
+``ring_over_floor_cpu`` (the ring's time / CPU per call over the floor's).
 """
 
 from __future__ import annotations
@@ -45,6 +57,8 @@ from typing import Any
 from .outcome import finish
 
 KINDS = ("gloo", "ring", "hd", "ps")
+#: the UDP floor's kind (loopback, root): see the module docstring
+FLOOR = "floor"
 #: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
 DIGITS_PARAMS = 38282
 
@@ -81,6 +95,9 @@ def worker(args: argparse.Namespace) -> int:
     original = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
     data = original.copy()
     tensor = torch.from_numpy(original.copy())
+    kinds = (*KINDS, FLOOR) if args.floor else KINDS
+    floor = _floor(job.rank, job.world_size) if args.floor else None
+    floor_data = original.copy()
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
     def gloo() -> None:  # the same averaging as DLCP's (average=True): values stay put
@@ -94,12 +111,13 @@ def worker(args: argparse.Namespace) -> int:
             comm, data, segments=segments, p=args.p, average=True
         ),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
+        FLOOR: lambda: floor.allreduce(floor_data) if floor is not None else None,
     }
-    times: dict[str, list[float]] = {k: [] for k in KINDS}
-    busy: dict[str, int] = dict.fromkeys(KINDS, 0)
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    busy: dict[str, int] = dict.fromkeys(kinds, 0)
     lost: list[float] = []  # each DLCP call's CollectiveReport.lost_fraction
     for round_no in range(args.rounds + 1):  # round 0 warms up
-        for kind in KINDS:
+        for kind in kinds:
             dist.barrier()  # every rank starts the kind together
             b0 = _busy_jiffies()
             for _ in range(args.iters):
@@ -107,19 +125,21 @@ def worker(args: argparse.Namespace) -> int:
                 report = calls[kind]()
                 if round_no:
                     times[kind].append(time.perf_counter() - t0)
-                    if kind != "gloo":
+                    if kind not in ("gloo", FLOOR):
                         lost.append(report.lost_fraction)
             dist.barrier()  # every rank's calls are done: all their CPU is in the window
             if round_no:
                 busy[kind] += _busy_jiffies() - b0
     dist.barrier()
-    _verify(comm, data, original, segments, job.world_size)
+    _verify(comm, data, original, segments, job.world_size, floor)
     endpoint.close()
+    if floor is not None:
+        floor.close()
     if job.rank == 0:
         hz = os.sysconf("SC_CLK_TCK")
         result = {
             "times": times,
-            "cpu_ms": {k: 1e3 * busy[k] / hz / len(times[k]) for k in KINDS},
+            "cpu_ms": {k: 1e3 * busy[k] / hz / len(times[k]) for k in kinds},
             "lost_fractions": lost,
         }
         Path(args.out).write_text(json.dumps(result))
@@ -127,11 +147,27 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int) -> None:
+def _floor(rank: int, world: int) -> Any:
+    """This rank's UDP floor ring, connected to the others' (a collective call)."""
+    import torch.distributed as dist
+
+    from .ddp_floor import UdpRingFloor
+
+    floor = UdpRingFloor(rank, world)
+    addresses: list[Any] = [None] * world
+    dist.all_gather_object(addresses, floor.addresses)
+    floor.connect(addresses)
+    return floor
+
+
+def _verify(
+    comm: Any, data: Any, original: Any, segments: Any, world: int, floor: Any
+) -> None:
     """What was timed must be right (untimed, after the rounds): the replicas of
     the lossy calls (``data``) hold the same bytes on every rank, and the same
     calls with no loss allowed give, from each rank's ``original``, the mean Gloo
-    gives (up to float rounding: another order of summation)."""
+    gives (up to float rounding: another order of summation); so does the UDP
+    floor's ring, if it ran."""
     import hashlib
 
     import numpy as np
@@ -149,16 +185,17 @@ def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int) -> N
     dist.all_reduce(want)
     want.div_(world)
     for name, call in (
-        ("ring", lambda x: ring_allreduce(comm, x, segments=segments, p=0.0, average=True)),
-        ("halving-doubling", lambda x: halving_doubling_allreduce(
+        ("DLCP ring", lambda x: ring_allreduce(comm, x, segments=segments, p=0.0, average=True)),
+        ("DLCP halving-doubling", lambda x: halving_doubling_allreduce(
             comm, x, segments=segments, p=0.0, average=True)),
-        ("ps", lambda x: ps_allreduce(comm, x, segments=segments, p_push=0.0, average=True)),
+        ("DLCP ps", lambda x: ps_allreduce(comm, x, segments=segments, p_push=0.0, average=True)),
+        *([("UDP floor", floor.allreduce)] if floor is not None else []),
     ):
         got = original.copy()
         call(got)
         if not np.allclose(got, want.numpy(), rtol=1e-5, atol=1e-6):
             worst = float(np.max(np.abs(got - want.numpy())))
-            raise RuntimeError(f"DLCP {name} all-reduce differs from Gloo's by up to {worst:g}")
+            raise RuntimeError(f"{name} all-reduce differs from Gloo's by up to {worst:g}")
 
 
 # ---------------------------------------------------------------------- driver
@@ -168,7 +205,7 @@ def _worker_argv(args: argparse.Namespace, out: Path) -> list[str]:
     return [
         sys.executable, "-u", "-m", "dlcp.bench.allreduce", "--worker", "--out", str(out),
         "--elems", str(args.elems), "--iters", str(args.iters), "--rounds", str(args.rounds),
-        "--p", repr(args.p),
+        "--p", repr(args.p), *(["--floor"] if args.floor else []),
     ]  # fmt: skip
 
 
@@ -221,6 +258,8 @@ def _run_testbed(args: argparse.Namespace, out: Path) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     testbed = os.geteuid() == 0 and not args.loopback
+    # (the worker's flag: the floor runs on the loopback as root, unless told not to)
+    args.floor = args.udp_floor and not testbed and os.geteuid() == 0
     if testbed:
         from dlcp.testbed.netns import require_tools
 
@@ -231,8 +270,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"{'testbed' if testbed else 'loopback'}: 4 ranks ...", file=sys.stderr, flush=True)
         (_run_testbed if testbed else _run_loopback)(args, out)
         raw = json.loads(out.read_text())
-    med = {k: 1e3 * statistics.median(raw["times"][k]) for k in KINDS}
+    med = {k: 1e3 * statistics.median(t) for k, t in raw["times"].items()}
+    cpu = raw["cpu_ms"]
     calls = len(raw["times"]["ring"])
+    floor = FLOOR in med
     return {
         "bench": "allreduce",
         "path": "testbed" if testbed else "loopback",
@@ -246,7 +287,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gloo_ms": round(med["gloo"], 3),
         **{f"{k}_ms": round(med[k], 3) for k in KINDS},
         **{f"ratio_{k}": round(med[k] / med["gloo"], 3) for k in KINDS if k != "gloo"},
-        **{f"{k}_cpu_ms": round(raw["cpu_ms"][k], 2) for k in KINDS},
+        **{f"{k}_cpu_ms": round(cpu[k], 2) for k in KINDS},
+        # the UDP floor (loopback, root): the ring with no protocol above the datagrams
+        "floor_ms": round(med[FLOOR], 3) if floor else None,
+        "floor_cpu_ms": round(cpu[FLOOR], 2) if floor else None,
+        "ratio_floor": round(med[FLOOR] / med["gloo"], 3) if floor else None,
+        "ring_over_floor": round(med["ring"] / med[FLOOR], 3) if floor else None,
+        # (None too if the floor's calls took less than a clock tick of CPU)
+        "ring_over_floor_cpu": round(cpu["ring"] / cpu[FLOOR], 3) if floor and cpu[FLOOR] else None,
         # rank 0's share of the elements it received under the loss bound that were
         # lost, over its DLCP calls (comparable with p; not over all 2 * elems)
         "dlcp_lost_fraction": round(statistics.fmean(raw["lost_fractions"]), 6),
@@ -270,8 +318,15 @@ def table(r: dict[str, Any]) -> str:
             for k, label in (("ring", "DLCP ring"), ("hd", "DLCP halv.-dbl."),
                              ("ps", "DLCP PS-style"))
         ),
-        "  (CPU: busy time of all the machine's cores per call: ranks and routers)",
     ]
+    if r["floor_ms"] is not None:
+        lines += [
+            f"  {'UDP floor':14}{r['floor_ms']:9.2f}{r['floor_cpu_ms']:13.1f}"
+            f"{r['ratio_floor']:8.2f}",
+            f"  DLCP ring over the UDP floor: {r['ring_over_floor']:.2f} in time, "
+            f"{r['ring_over_floor_cpu'] or float('nan'):.2f} in CPU",
+        ]
+    lines.append("  (CPU: busy time of all the machine's cores per call: ranks and routers)")
     return "\n".join(lines)
 
 
@@ -291,6 +346,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--link-rate", type=float, default=200.0, help="testbed links, Mbit/s")
     ap.add_argument("--paths", type=int, default=8, help="DLCP source ports (testbed)")
     ap.add_argument("--loopback", action="store_true", help="loopback even as root")
+    ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
+                    help="skip the UDP floor's calls (loopback as root only)")
+    ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -4,12 +4,14 @@ would, with few calls.
 Checks their contract (exit 0, one JSON object on the last stdout line with the
 figures the README quotes, positive times) and that they verify what they time:
 the all-reduce benchmark ends by checking that the DLCP replicas agree and that
-DLCP's lossless all-reduce gives Gloo's mean (a wrong result exits non-zero), the
+DLCP's lossless all-reduce (and the UDP floor's, as root) gives Gloo's mean (a
+wrong result exits non-zero), the
 messages benchmark that each message arrived whole. Not a performance check.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from tests.integration.bench_helpers import positive, run_json
@@ -25,6 +27,24 @@ def test_allreduce_benchmark_json_on_the_loopback() -> None:
         positive(r, f"{kind}_ms")
     assert abs(r["ratio_ring"] - r["ring_ms"] / r["gloo_ms"]) < 0.01
     assert 0 <= r["dlcp_lost_fraction"] <= r["p"]
+    if os.geteuid() == 0:  # the UDP floor ran too (and gave Gloo's mean, or the run failed)
+        positive(r, "floor_ms")
+        assert abs(r["ring_over_floor"] - r["ring_ms"] / r["floor_ms"]) < 0.01
+        # (CPU is counted in clock ticks: two short calls may take none)
+        if r["floor_cpu_ms"] > 0:
+            assert abs(r["ring_over_floor_cpu"] - r["ring_cpu_ms"] / r["floor_cpu_ms"]) < 0.01
+        else:
+            assert r["floor_cpu_ms"] == 0 and r["ring_over_floor_cpu"] is None
+    else:  # (its receive buffers need root)
+        assert r["floor_ms"] is None and r["ring_over_floor_cpu"] is None
+
+
+def test_allreduce_benchmark_without_the_floor() -> None:
+    argv = [sys.executable, "-m", "bench.allreduce", "--json", "--loopback", "--no-udp-floor",
+            "--iters", "1", "--rounds", "1"]  # fmt: skip
+    r = run_json(argv, 180.0)
+    assert r["floor_ms"] is None and r["ratio_floor"] is None
+    positive(r, "ring_ms")
 
 
 def test_messages_benchmark_json() -> None:
