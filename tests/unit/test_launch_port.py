@@ -1,0 +1,48 @@
+"""The port `dlcp launch` gives a job's store: free, and outside the kernel's
+ephemeral range, where any connection opened meanwhile could take it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from dlcp import launch
+from dlcp.launch import free_port
+
+
+def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
+    start = launch._ephemeral_start()
+    for _ in range(20):
+        port = free_port()
+        assert max(1024, start - launch._BELOW_EPHEMERAL) <= port < start
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))  # free: it binds
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            other = probe.getsockname()[1]
+        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
+        assert free_port() == other
+
+
+def test_with_no_candidate_free_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken] * 3)
+        port = free_port()
+        assert port != taken and port > 0
+
+
+def test_candidates_stay_above_the_privileged_ports() -> None:
+    assert all(1024 <= p < 2000 for p in launch._port_candidates(2000))
+    assert launch._port_candidates(1024) == []
+    assert len(set(launch._port_candidates(40000))) == launch._TRIES
