@@ -6,13 +6,18 @@ it as fixed-stride records, unpacks the headers in one pass, and gives every
 record a :class:`~dlcp.proto.wire.Reason`; it never raises for bad content. The
 header layout and the rules are those of :mod:`dlcp.proto.wire`, which also
 re-exports these names.
+
+The receive fast paths read only a batch's first header, with plain integers:
+:func:`run_head` (which message a run belongs to) and :func:`open_head` (the
+first datagram of a new message, if :func:`parse_batch` would take it as it is).
 """
 
 from __future__ import annotations
 
 import hmac
+import struct
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -25,19 +30,96 @@ from .wire import (
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     VERSION,
+    DType,
     Flags,
     PacketType,
     Reason,
     auth_tag,
 )
 
-__all__ = ["SHARED_HEADER_MASK", "ParsedBatch", "parse_batch"]
+__all__ = [
+    "PER_PACKET_FLAGS", "SHARED_HEADER_MASK", "OpenHead", "ParsedBatch", "RunHead", "open_head",
+    "parse_batch", "run_head",
+]
 
 _DATA_VT: Final = (VERSION << 4) | PacketType.DATA
 _AUTH: Final = int(Flags.AUTH)
 _ITEMSIZE_OF_CODE: Final = tuple(_ITEMSIZE_BY_CODE.tolist())  # by wire code
+#: the flags a data datagram may carry without a tag (AUTH takes the general path)
+PER_PACKET_FLAGS: Final = int(Flags.LAST | Flags.RETRANSMIT)
+#: the fields of a data header a run is checked against: ver_type, flags, job, step,
+#: msg, msg_elems, src, dtype
+_RUN_HEAD: Final = struct.Struct(">BBHIH2x4x4xI2xHxB")
+#: every field of a data header but layer and path (the first datagram of a message)
+_OPEN_HEAD: Final = struct.Struct(">BBHIH2xIIIHHBBBx")
+_DTYPES: Final = tuple(DType)  # by wire code
 
 UInt8Array: TypeAlias = npt.NDArray[np.uint8]
+
+
+class RunHead(NamedTuple):
+    """The first header of a batch, as far as a run of one message needs it."""
+
+    key: tuple[int, int, int]  # (src, step, msg)
+    flags: int
+    msg_elems: int
+    dtype_byte: int
+
+
+def run_head(buf: UInt8Array, job: int) -> RunHead | None:
+    """The first datagram's message and run fields, if it is a data datagram of
+    ``job`` (None: shorter than a header, another packet type or another job)."""
+    if len(buf) < DATA_HEADER_LEN:
+        return None
+    vt, flags, their_job, step, msg, elems, src, dtype = _RUN_HEAD.unpack_from(buf.data)
+    if vt != _DATA_VT or their_job != job:
+        return None
+    return RunHead((src, step, msg), flags, elems, dtype)
+
+
+class OpenHead(NamedTuple):
+    """The first datagram of a message, accepted as :func:`parse_batch` would."""
+
+    key: tuple[int, int, int]  # (src, step, msg)
+    flags: int
+    seq: int
+    offset: int
+    msg_elems: int
+    payload_len: int
+    tclass: int
+    code: int  # the dtype byte
+    bound: int  # in thousandths, as on the wire
+    dtype: DType
+
+
+def open_head(buf: UInt8Array, segment_size: int, job: int) -> OpenHead | None:
+    """The first datagram's fields, if :func:`parse_batch` would accept it as it
+    is: a data datagram of ``job`` with no flag but LAST and RETRANSMIT (a tag
+    needs the general path), a known dtype, a payload of whole elements that is
+    the datagram's (``segment_size`` at most) and lies inside the message. None
+    otherwise: the general path then gives it its exact reason."""
+    if len(buf) < DATA_HEADER_LEN:
+        return None
+    vt, flags, their_job, step, msg, seq, offset, elems, payload_len, src, tclass, code, bound = (
+        _OPEN_HEAD.unpack_from(buf.data)
+    )
+    if (
+        vt != _DATA_VT
+        or their_job != job
+        or flags & ~PER_PACKET_FLAGS
+        or code & 0x0F
+        or code >= len(_DTYPES) << 4
+        or payload_len == 0
+        or min(len(buf), segment_size) != DATA_HEADER_LEN + payload_len
+        or elems == 0
+    ):
+        return None
+    dtype = _DTYPES[code >> 4]
+    if payload_len % dtype.itemsize or offset + payload_len // dtype.itemsize > elems:
+        return None
+    return OpenHead(
+        (src, step, msg), flags, seq, offset, elems, payload_len, tclass, code, bound, dtype
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ grace, orphan FINISHes, rate feedback).
 from __future__ import annotations
 
 import math
-import struct
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .batch import PER_PACKET_FLAGS, open_head, run_head
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
 from .events import MessageFailed, MessageReceived
@@ -32,13 +32,11 @@ from .reassembler import GeometryError, Reassembler
 from .recovery import ReceiverRecovery
 from .wire import (
     DATA_HEADER_LEN,
-    VERSION,
     Abort,
     AbortReason,
     DType,
     Finish,
     Flags,
-    PacketType,
     RateFeedback,
     Reason,
     Stop,
@@ -57,15 +55,7 @@ __all__ = ["Inbox"]
 FAILED = -2
 CANCELLED = -1
 
-#: the fields of a data header the receive fast path reads from the first
-#: datagram of a run: ver_type, flags, job, step, msg, msg_elems, src, dtype
-_RUN_HEAD = struct.Struct(">BBHIH2x4x4xI2xHxB")
-#: every field of a data header but layer and path (the first datagram of a message)
-_OPEN_HEAD = struct.Struct(">BBHIH2xIIIHHBBBx")
-_DATA_VT = (VERSION << 4) | PacketType.DATA
 _LAST = int(Flags.LAST)
-_PER_PACKET_FLAGS = int(Flags.LAST | Flags.RETRANSMIT)
-_DTYPES = tuple(DType)  # by wire code
 
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
@@ -223,15 +213,9 @@ class Inbox(SessionSide):
     def _opens_message(self, buf: npt.NDArray[np.uint8]) -> bool:
         """Whether ``buf`` starts with a datagram of a message not under way and not
         finished, one that a longer run may follow."""
-        if len(buf) < DATA_HEADER_LEN:
-            return False
-        vt, _, job, step, msg, _, src, _ = _RUN_HEAD.unpack_from(buf.data)
-        key = (src, step, msg)
-        return (
-            vt == _DATA_VT
-            and job == self.job
-            and key not in self._incoming
-            and key not in self._completed
+        head = run_head(buf, self.job)
+        return head is not None and head.key not in self._incoming and (
+            head.key not in self._completed
         )
 
     def _receive_first(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> bool:
@@ -242,26 +226,13 @@ class Inbox(SessionSide):
         then gives it its exact reason. Otherwise it does what
         :meth:`_receive_parsed` and :meth:`_receive_group` do for a batch of that
         one datagram, with the same counters, rejects and events."""
-        length = min(len(buf), segment_size)
-        head = _OPEN_HEAD.unpack_from(buf.data)
-        vt, flags, job, step, msg, seq, offset, elems, payload_len, src, tclass, code, bound = head
-        if (
-            vt != _DATA_VT
-            or job != self.job
-            or flags & ~_PER_PACKET_FLAGS  # (AUTH too: the general path checks tags)
-            or code & 0x0F
-            or code >= len(_DTYPES) << 4
-            or payload_len == 0
-            or length != DATA_HEADER_LEN + payload_len
-            or elems == 0
-        ):
-            return False
-        dtype = _DTYPES[code >> 4]
-        itemsize = dtype.itemsize
-        if payload_len % itemsize or offset + payload_len // itemsize > elems:
+        head = open_head(buf, segment_size, self.job)
+        if head is None:
             return False
         # accepted on the wire: from here on, _receive_parsed and _receive_group
-        key = (src, step, msg)
+        key, flags, seq, offset, elems, payload_len, tclass, code, bound, dtype = head
+        src = key[0]
+        length = DATA_HEADER_LEN + payload_len
         self.stats.datagrams_in += 1
         self.stats.bytes_in += length
         if self.peers is not None and src not in self.peers:
@@ -274,7 +245,7 @@ class Inbox(SessionSide):
                 chunk_elems = Reassembler.chunk_elems_of(
                     seq=seq,
                     offset=offset,
-                    payload_elems=payload_len // itemsize,
+                    payload_elems=payload_len // dtype.itemsize,
                     last=bool(flags & _LAST),
                     msg_elems=elems,
                 )
@@ -288,9 +259,8 @@ class Inbox(SessionSide):
         if not r.fits(seq, offset, elems, payload_len, code, flags):
             self.stats.reject("geometry")
             return True
-        end = DATA_HEADER_LEN + payload_len
-        fresh = r.scatter_one(seq, buf[DATA_HEADER_LEN:end], tclass, flags, now=now)
-        self._meter.on_bytes(src, end, now=now)
+        fresh = r.scatter_one(seq, buf[DATA_HEADER_LEN:length], tclass, flags, now=now)
+        self._meter.on_bytes(src, length, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
         return True
@@ -301,17 +271,16 @@ class Inbox(SessionSide):
         kernel's ``scatter_run``). Returns how many it took; the rest, and anything
         unusual (a new message, a bad or foreign datagram, authentication), takes
         the general path, which gives every record its exact reason."""
-        if len(buf) < DATA_HEADER_LEN:
+        head = run_head(buf, self.job)
+        if head is None or head.flags & ~PER_PACKET_FLAGS:
             return 0
-        vt, flags, job, step, msg, elems, src, dtype = _RUN_HEAD.unpack_from(buf.data)
-        if vt != _DATA_VT or job != self.job or flags & ~_PER_PACKET_FLAGS:
-            return 0
-        key = (src, step, msg)
+        key = head.key
+        src = key[0]
         state = self._incoming.get(key)
         if state is None or (self.peers is not None and src not in self.peers):
             return 0
         taken, fresh, payload_bytes = state.reassembler.scatter_run(
-            buf, segment_size, dtype_byte=dtype, msg_elems=elems, now=now
+            buf, segment_size, dtype_byte=head.dtype_byte, msg_elems=head.msg_elems, now=now
         )
         if not taken:
             return 0
@@ -363,28 +332,11 @@ class Inbox(SessionSide):
     def _start_incoming(
         self, key: Key, headers: npt.NDArray[np.void], *, now: float
     ) -> _Incoming | None:
-        # the first packet with a consistent geometry of its own decides the
-        # message's; inconsistent ones before it are counted when they misfit
-        for h in headers:
-            (_, flags, _, _, _, _, seq, offset, msg_elems, payload_len, _, _, code, bound, _) = (
-                h.item()
-            )
-            try:
-                dtype = DType(code >> 4)
-                chunk_elems = Reassembler.chunk_elems_of(
-                    seq=seq,
-                    offset=offset,
-                    payload_elems=payload_len // dtype.itemsize,
-                    last=bool(flags & _LAST),
-                    msg_elems=msg_elems,
-                )
-                break
-            except GeometryError:
-                continue
-        else:
+        geometry = Reassembler.geometry_of(headers)
+        if geometry is None:
             self.stats.reject("geometry", len(headers))
             return None
-        return self._open(key, dtype, msg_elems, chunk_elems, bound, len(headers), now=now)
+        return self._open(key, *geometry, len(headers), now=now)
 
     def _open(
         self,

@@ -165,6 +165,30 @@ class Reassembler:
             raise GeometryError(f"offset {offset} is not a positive multiple of seq {seq}")
         return offset // seq
 
+    @classmethod
+    def geometry_of(cls, headers: npt.NDArray[np.void]) -> tuple[DType, int, int, int] | None:
+        """(dtype, msg_elems, chunk_elems, wire bound) as the first of ``headers``
+        (parsed data headers) whose geometry is consistent on its own gives them
+        (the inconsistent ones before it are counted when they misfit); None if
+        none of them is."""
+        for h in headers:
+            (_, flags, _, _, _, _, seq, offset, msg_elems, payload_len, _, _, code, bound, _) = (
+                h.item()
+            )
+            try:
+                dtype = DType(code >> 4)
+                chunk_elems = cls.chunk_elems_of(
+                    seq=seq,
+                    offset=offset,
+                    payload_elems=payload_len // dtype.itemsize,
+                    last=bool(flags & _LAST),
+                    msg_elems=msg_elems,
+                )
+            except GeometryError:
+                continue
+            return dtype, msg_elems, chunk_elems, bound
+        return None
+
     def replace_output(self, out: npt.NDArray[np.generic]) -> None:
         """Move to a caller's buffer (the message arrived before it was asked for)."""
         if out.dtype != self.out.dtype or out.shape != self.out.shape or not out.flags.c_contiguous:
