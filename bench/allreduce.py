@@ -29,7 +29,10 @@ recovery) and the same copies: what DLCP's ring would cost if its protocol cost
 nothing. ``ring_over_floor_cpu`` (the ring's CPU per call over the floor's) is
 what the protocol costs in CPU; the floor needs root for its 64 MB receive
 buffers (it resends nothing, so a datagram dropped at a full buffer would fail
-it) and a lossless path, so neither without root nor on the testbed.
+it) and a lossless path, so neither without root nor on the testbed; a rank
+whose kernel refuses those buffers (root without CAP_NET_ADMIN) leaves it out,
+saying why in ``floor_error``. While the floor runs, the DLCP endpoints' I/O
+threads wait idle beside it; what little CPU they take counts as the floor's.
 
 The ranks share the machine's cores, and the routers forward in the same
 kernel, so the machine's CPU is part of the result: ``*_cpu_ms`` is the busy
@@ -38,7 +41,8 @@ over the calls of that kind. The last stdout line (``--json``) is one JSON
 object: ``gloo_ms``, ``ring_ms``, ``hd_ms``, ``ps_ms``, ``floor_ms`` (null
 where the floor did not run), their CPU, ``ratio_ring = ring_ms / gloo_ms``,
 ``ratio_hd``, ``ratio_ps``, ``ratio_floor`` likewise, and ``ring_over_floor`` /
-``ring_over_floor_cpu`` (the ring's time / CPU per call over the floor's).
+``ring_over_floor_cpu`` (the ring's time / CPU per call over the floor's), and
+``floor_error`` (why the floor was left out, if it was).
 """
 
 from __future__ import annotations
@@ -95,8 +99,8 @@ def worker(args: argparse.Namespace) -> int:
     original = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
     data = original.copy()
     tensor = torch.from_numpy(original.copy())
-    kinds = (*KINDS, FLOOR) if args.floor else KINDS
-    floor = _floor(job.rank, job.world_size) if args.floor else None
+    floor, floor_skipped = _floor(job.rank, job.world_size) if args.floor else (None, None)
+    kinds = (*KINDS, FLOOR) if floor is not None else KINDS
     floor_data = original.copy()
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
@@ -140,6 +144,7 @@ def worker(args: argparse.Namespace) -> int:
         result = {
             "times": times,
             "cpu_ms": {k: 1e3 * busy[k] / hz / len(times[k]) for k in kinds},
+            "floor_skipped": floor_skipped,
             "lost_fractions": lost,
         }
         Path(args.out).write_text(json.dumps(result))
@@ -147,17 +152,27 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floor(rank: int, world: int) -> Any:
-    """This rank's UDP floor ring, connected to the others' (a collective call)."""
+def _floor(rank: int, world: int) -> tuple[Any, str | None]:
+    """This rank's UDP floor ring, connected to the others' (a collective call);
+    (None, why) on every rank if any rank's kernel refused its receive buffers
+    (the floor would then fail on the first burst it drops, and take the other
+    kinds' figures with it)."""
     import torch.distributed as dist
 
     from .ddp_floor import UdpRingFloor
 
     floor = UdpRingFloor(rank, world)
+    granted: list[Any] = [None] * world
+    dist.all_gather_object(granted, floor.buffers_granted())
+    if not all(granted):
+        floor.close()
+        refused = [r for r, ok in enumerate(granted) if not ok]
+        return None, (f"the kernel refused ranks {refused} the floor's receive buffers "
+                      "(SO_RCVBUFFORCE needs CAP_NET_ADMIN)")  # fmt: skip
     addresses: list[Any] = [None] * world
     dist.all_gather_object(addresses, floor.addresses)
     floor.connect(addresses)
-    return floor
+    return floor, None
 
 
 def _verify(
@@ -295,6 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ring_over_floor": round(med["ring"] / med[FLOOR], 3) if floor else None,
         # (None too if the floor's calls took less than a clock tick of CPU)
         "ring_over_floor_cpu": round(cpu["ring"] / cpu[FLOOR], 3) if floor and cpu[FLOOR] else None,
+        "floor_error": raw.get("floor_skipped"),
         # rank 0's share of the elements it received under the loss bound that were
         # lost, over its DLCP calls (comparable with p; not over all 2 * elems)
         "dlcp_lost_fraction": round(statistics.fmean(raw["lost_fractions"]), 6),
@@ -324,8 +340,11 @@ def table(r: dict[str, Any]) -> str:
             f"  {'UDP floor':14}{r['floor_ms']:9.2f}{r['floor_cpu_ms']:13.1f}"
             f"{r['ratio_floor']:8.2f}",
             f"  DLCP ring over the UDP floor: {r['ring_over_floor']:.2f} in time, "
-            f"{r['ring_over_floor_cpu'] or float('nan'):.2f} in CPU",
+            + (f"{r['ring_over_floor_cpu']:.2f}" if r["ring_over_floor_cpu"] is not None
+               else "-") + " in CPU",
         ]
+    elif r["floor_error"]:
+        lines.append(f"  UDP floor: left out ({r['floor_error']})")
     lines.append("  (CPU: busy time of all the machine's cores per call: ranks and routers)")
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import queue
 import select
+import socket
 import threading
 from typing import Any
 
@@ -78,6 +79,15 @@ class UdpRingFloor:
         self._thread = threading.Thread(target=self._serve, name="floor-ring", daemon=True)
         # reused send buffer, DLCP-sized datagrams back to back
         self._out = np.zeros(0, np.uint8)
+
+    def buffers_granted(self) -> bool:
+        """Whether the kernel gave every receive socket the buffer asked for: a
+        smaller one (no CAP_NET_ADMIN, as root in many containers) drops datagrams
+        in a burst, and the floor resends nothing."""
+        return all(
+            s.recv_sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= _RCVBUF
+            for s in self._socks
+        )
 
     def connect(self, every: list[list[tuple[str, int]]]) -> None:
         self._right = every[(self.rank + 1) % self.world]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import random
 import selectors
@@ -108,15 +109,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     that very port can take), checked by binding it; the kernel's pick only if
     none of ``_TRIES`` of them is free."""
     for port in _port_candidates(_ephemeral_start()):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:  # in use (or not ours to bind): the next one
-                continue
+        if _bindable(host, port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether TCP ``port`` can be bound on ``host`` and on every address (a store
+    listens on all of them: a service on another address, or on IPv6, holding
+    the port would make its bind fail)."""
+    for family, address in ((socket.AF_INET, host), (socket.AF_INET, "0.0.0.0"),
+                            (socket.AF_INET6, "::")):  # fmt: skip
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 here: nothing can listen on it either
+            continue
+        with s:
+            try:
+                s.bind((address, port))
+            except OSError as exc:  # in use (or not ours to bind)
+                if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:
+                    continue  # IPv6 disabled on this host's interfaces
+                return False
+    return True
 
 
 def _ephemeral_start() -> int:
@@ -130,7 +147,9 @@ def _ephemeral_start() -> int:
 def _port_candidates(ephemeral_start: int) -> list[int]:
     """Up to ``_TRIES`` random ports from those below ``ephemeral_start`` (above 1023)."""
     span = range(max(1024, ephemeral_start - _BELOW_EPHEMERAL), ephemeral_start)
-    return random.sample(span, min(_TRIES, len(span)))
+    # (not the module's generator: a launcher that seeded it would give two
+    # concurrent launches the same candidates in the same order)
+    return random.SystemRandom().sample(span, min(_TRIES, len(span)))
 
 
 def rank_env(

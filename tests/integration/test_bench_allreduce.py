@@ -12,7 +12,10 @@ messages benchmark that each message arrived whole. Not a performance check.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+
+import pytest
 
 from tests.integration.bench_helpers import positive, run_json
 
@@ -29,6 +32,7 @@ def test_allreduce_benchmark_json_on_the_loopback() -> None:
     assert 0 <= r["dlcp_lost_fraction"] <= r["p"]
     if os.geteuid() == 0:  # the UDP floor ran too (and gave Gloo's mean, or the run failed)
         positive(r, "floor_ms")
+        assert r["floor_error"] is None
         assert abs(r["ring_over_floor"] - r["ring_ms"] / r["floor_ms"]) < 0.01
         # (CPU is counted in clock ticks: two short calls may take none)
         if r["floor_cpu_ms"] > 0:
@@ -39,11 +43,26 @@ def test_allreduce_benchmark_json_on_the_loopback() -> None:
         assert r["floor_ms"] is None and r["ring_over_floor_cpu"] is None
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the floor runs as root only: nothing to leave out")
 def test_allreduce_benchmark_without_the_floor() -> None:
     argv = [sys.executable, "-m", "bench.allreduce", "--json", "--loopback", "--no-udp-floor",
             "--iters", "1", "--rounds", "1"]  # fmt: skip
     r = run_json(argv, 180.0)
     assert r["floor_ms"] is None and r["ratio_floor"] is None
+    positive(r, "ring_ms")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv (to drop CAP_NET_ADMIN)")
+def test_a_floor_refused_its_buffers_is_left_out_and_the_rest_stands() -> None:
+    # root without CAP_NET_ADMIN (as in many containers): SO_RCVBUFFORCE fails, the
+    # floor's buffers stay small, and it would drop a burst it never resends
+    argv = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin",
+            sys.executable, "-m", "bench.allreduce", "--json", "--loopback",
+            "--iters", "1", "--rounds", "1"]  # fmt: skip
+    r = run_json(argv, 180.0)
+    assert r["floor_ms"] is None and r["ring_over_floor_cpu"] is None
+    assert "CAP_NET_ADMIN" in r["floor_error"]
     positive(r, "ring_ms")
 
 

@@ -13,11 +13,13 @@ from dlcp.launch import free_port
 
 def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
     start = launch._ephemeral_start()
+    if not launch._port_candidates(start):
+        pytest.skip(f"the ephemeral range starts at {start}: no unprivileged port below it")
     for _ in range(20):
         port = free_port()
         assert max(1024, start - launch._BELOW_EPHEMERAL) <= port < start
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", port))  # free: it binds
+            s.bind(("0.0.0.0", port))  # free on every address: it binds
 
 
 def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,6 +29,21 @@ def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         taken = busy.getsockname()[1]
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind(("127.0.0.1", 0))
+            other = probe.getsockname()[1]
+        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
+        assert free_port() == other
+
+
+def test_a_port_held_on_another_address_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a store binds every address: a port some service holds on the wildcard
+    # address is taken for it, though 127.0.0.1 alone would seem free
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert not launch._bindable("127.0.0.1", taken)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("0.0.0.0", 0))
             other = probe.getsockname()[1]
         monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
         assert free_port() == other
