@@ -36,7 +36,6 @@ from .wire import (
     AbortReason,
     DType,
     Finish,
-    Flags,
     RateFeedback,
     Reason,
     Stop,
@@ -54,9 +53,6 @@ __all__ = ["Inbox"]
 #: message) and a repeated FINISH is answered with ABORT
 FAILED = -2
 CANCELLED = -1
-
-_LAST = int(Flags.LAST)
-
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
 #: state, a few hundred bytes of Python objects; counted against
@@ -242,12 +238,8 @@ class Inbox(SessionSide):
         state = self._incoming.get(key)
         if state is None:
             try:
-                chunk_elems = Reassembler.chunk_elems_of(
-                    seq=seq,
-                    offset=offset,
-                    payload_elems=payload_len // dtype.itemsize,
-                    last=bool(flags & _LAST),
-                    msg_elems=elems,
+                chunk_elems = Reassembler.chunk_elems_of_header(
+                    seq, offset, payload_len, flags, elems, dtype
                 )
             except GeometryError:
                 self.stats.reject("geometry")

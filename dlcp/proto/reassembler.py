@@ -177,17 +177,25 @@ class Reassembler:
             )
             try:
                 dtype = DType(code >> 4)
-                chunk_elems = cls.chunk_elems_of(
-                    seq=seq,
-                    offset=offset,
-                    payload_elems=payload_len // dtype.itemsize,
-                    last=bool(flags & _LAST),
-                    msg_elems=msg_elems,
-                )
+                chunk_elems = cls.chunk_elems_of_header(seq, offset, payload_len, flags,
+                                                        msg_elems, dtype)  # fmt: skip
             except GeometryError:
                 continue
             return dtype, msg_elems, chunk_elems, bound
         return None
+
+    @classmethod
+    def chunk_elems_of_header(
+        cls, seq: int, offset: int, payload_len: int, flags: int, msg_elems: int, dtype: DType
+    ) -> int:
+        """:meth:`chunk_elems_of` from a data header's fields as they are on the wire."""
+        return cls.chunk_elems_of(
+            seq=seq,
+            offset=offset,
+            payload_elems=payload_len // dtype.itemsize,
+            last=bool(flags & _LAST),
+            msg_elems=msg_elems,
+        )
 
     def replace_output(self, out: npt.NDArray[np.generic]) -> None:
         """Move to a caller's buffer (the message arrived before it was asked for)."""

@@ -3,7 +3,9 @@ ephemeral range, where any connection opened meanwhile could take it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,29 +24,24 @@ def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
             s.bind(("0.0.0.0", port))  # free on every address: it binds
 
 
-def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def _taken_and_free(address: str) -> Iterator[tuple[int, int]]:
+    """A port held (listening) on ``address``, and one that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
-        busy.bind(("127.0.0.1", 0))
+        busy.bind((address, 0))
         busy.listen()
-        taken = busy.getsockname()[1]
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            other = probe.getsockname()[1]
-        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
-        assert free_port() == other
+            probe.bind((address, 0))
+            free = probe.getsockname()[1]
+        yield busy.getsockname()[1], free
 
 
-def test_a_port_held_on_another_address_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
     # a store binds every address: a port some service holds on the wildcard
-    # address is taken for it, though 127.0.0.1 alone would seem free
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
-        busy.bind(("0.0.0.0", 0))
-        busy.listen()
-        taken = busy.getsockname()[1]
+    # address is taken for it too, though 127.0.0.1 alone would seem free
+    with _taken_and_free(address) as (taken, other):
         assert not launch._bindable("127.0.0.1", taken)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("0.0.0.0", 0))
-            other = probe.getsockname()[1]
         monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
         assert free_port() == other
 
