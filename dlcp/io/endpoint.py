@@ -274,7 +274,9 @@ class Endpoint:
             done = self._transfers.unclaimed.pop(key, None)
             if done is not None:
                 wanted = fill_policy or self.config.protocol.default_fill
-                self._transfers.claim(fut, done, out, p=p, fill=wanted)
+                self._transfers.queue_settlement(
+                    fut, self._transfers.claim, fut, done, out, p=p, fill=wanted
+                )
                 return
             if src in self._gone:
                 fut.set_exception(TransferFailed(f"rank {self.rank}: {message}: {self._gone[src]}"))

@@ -79,13 +79,13 @@ class Transfers:
                 pending = self.sends.pop((ev.dst, ev.step, ev.msg), None)
                 if pending is not None:
                     fut = pending.future
-                    self._queue_settlement(fut, fut.set_result, ev.report)
+                    self.queue_settlement(fut, fut.set_result, ev.report)
             elif isinstance(ev, MessageReceived):
                 key = (ev.src, ev.step, ev.msg)
                 rpending = self.recvs.pop(key, None)
                 if rpending is not None:
                     fut = rpending.future
-                    self._queue_settlement(fut, self.complete_recv, fut, ev, rpending.out)
+                    self.queue_settlement(fut, self.complete_recv, fut, ev, rpending.out)
                 else:
                     self._park(key, ev)
             elif isinstance(ev, MessageFailed):
@@ -96,13 +96,13 @@ class Transfers:
                 reason = f"rank {self._rank}: {ev.reason} (step {ev.step}, msg {ev.msg})"
                 if failed is not None:
                     fut = failed.future
-                    self._queue_settlement(fut, fut.set_exception, error_cls(reason))
+                    self.queue_settlement(fut, fut.set_exception, error_cls(reason))
                 elif not ev.outgoing:
                     self._park(key, ev)
         if not defer:
             self.settle()
 
-    def _queue_settlement(
+    def queue_settlement(
         self, future: Future[Any], settle: Callable[..., None], *args: Any, **kwargs: Any
     ) -> None:
         """Have :meth:`settle` call ``settle(*args, **kwargs)``, which settles ``future``."""
@@ -127,19 +127,6 @@ class Transfers:
             self.unclaimed.popitem(last=False)
 
     def claim(
-        self,
-        fut: Future[Received],
-        ev: MessageReceived | MessageFailed,
-        out: npt.NDArray[Any] | None,
-        *,
-        p: float | None,
-        fill: FillPolicy,
-    ) -> None:
-        """Have the next :meth:`settle` settle receive ``fut`` with a message that
-        completed before it was posted (as :meth:`dispatch` defers)."""
-        self._queue_settlement(fut, self._settle_claim, fut, ev, out, p=p, fill=fill)
-
-    def _settle_claim(
         self,
         fut: Future[Received],
         ev: MessageReceived | MessageFailed,
