@@ -9,17 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlcp import launch
-from dlcp.launch import free_port
+from dlcp import ports
+from dlcp.ports import free_port
 
 
 def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
-    start = launch._ephemeral_start()
-    if not launch._port_candidates(start):
+    start = ports._ephemeral_start()
+    if not ports._port_candidates(start):
         pytest.skip(f"the ephemeral range starts at {start}: no unprivileged port below it")
     for _ in range(20):
         port = free_port()
-        assert max(1024, start - launch._BELOW_EPHEMERAL) <= port < start
+        assert max(1024, start - ports._BELOW_EPHEMERAL) <= port < start
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("0.0.0.0", port))  # free on every address: it binds
 
@@ -41,8 +41,8 @@ def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch, address: 
     # a store binds every address: a port some service holds on the wildcard
     # address is taken for it too, though 127.0.0.1 alone would seem free
     with _taken_and_free(address) as (taken, other):
-        assert not launch._bindable("127.0.0.1", taken)
-        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken, other])
+        assert not ports._bindable("127.0.0.1", taken)
+        monkeypatch.setattr(ports, "_port_candidates", lambda start: [taken, other])
         assert free_port() == other
 
 
@@ -51,12 +51,12 @@ def test_with_no_candidate_free_the_kernel_picks(monkeypatch: pytest.MonkeyPatch
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        monkeypatch.setattr(launch, "_port_candidates", lambda start: [taken] * 3)
+        monkeypatch.setattr(ports, "_port_candidates", lambda start: [taken] * 3)
         port = free_port()
         assert port != taken and port > 0
 
 
 def test_candidates_stay_above_the_privileged_ports() -> None:
-    assert all(1024 <= p < 2000 for p in launch._port_candidates(2000))
-    assert launch._port_candidates(1024) == []
-    assert len(set(launch._port_candidates(40000))) == launch._TRIES
+    assert all(1024 <= p < 2000 for p in ports._port_candidates(2000))
+    assert ports._port_candidates(1024) == []
+    assert len(set(ports._port_candidates(40000))) == ports._TRIES
