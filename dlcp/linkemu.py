@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .proto.session import ControlDatagram, DataBatch, Event, Session
+from .proto.session import (
+    ControlDatagram,
+    Event,
+    RoundPost,
+    RoundRelease,
+    Session,
+    Transmit,
+)
 
 __all__ = ["LinkStats", "LossyLink"]
 
@@ -77,8 +84,14 @@ class LossyLink:
         self._order += 1
         heapq.heappush(self._queue, (when, self._order, dst, data))
 
-    def transmit(self, src: int, item: DataBatch | ControlDatagram, *, now: float) -> None:
-        """Put one output of session ``src`` on the link."""
+    def transmit(self, src: int, item: Transmit, *, now: float) -> None:
+        """Put one output of session ``src`` on the link (a session that paces
+        itself: the link has no engine for whole rounds)."""
+        if isinstance(item, RoundPost | RoundRelease):
+            raise TypeError(
+                f"rank {src}: the emulated link takes sessions that pace themselves, "
+                "not whole rounds (whole_rounds=False)"
+            )
         if isinstance(item, ControlDatagram):
             self.stats.control_sent += 1
             if self.control_loss and self.rng.random() < self.control_loss:

@@ -39,6 +39,9 @@ class EndpointConfig:
     #: socket buffer sizes (root may exceed net.core.{r,w}mem_max)
     rcvbuf: int = 32 << 20
     sndbuf: int = 4 << 20
+    #: what sends the data: "native" (the compiled engine, dlcp.io.engine),
+    #: "python", or "auto" (native where it was built)
+    engine: str = "auto"
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
@@ -81,6 +84,10 @@ class EndpointConfig:
         for name in ("gso", "gro"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
+        if self.engine not in ("auto", "native", "python"):
+            raise ConfigError(
+                f"engine={self.engine!r} (DLCP_ENGINE): use 'auto', 'native' or 'python'"
+            )
         for name in ("rcvbuf", "sndbuf"):
             if not 65536 <= getattr(self, name) <= _INT_MAX:
                 raise ConfigError(

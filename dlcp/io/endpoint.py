@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import selectors
 import socket
 import threading
@@ -49,9 +50,12 @@ import numpy.typing as npt
 
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
+from ..proto.pacing import Pacer
 from ..proto.session import (
     ControlDatagram,
     DataBatch,
+    RoundPost,
+    RoundRelease,
     SendReport,
     Session,
 )
@@ -59,6 +63,7 @@ from ..proto.wire import DType, PacketType, bound_to_wire
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
+from .engine import NativeSender, choose_engine
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
 from .threads import name_os_thread
@@ -108,7 +113,18 @@ class Endpoint:
         # a sender gives up on a silent receiver after the endpoint's timeout, not before
         retries = max(protocol.finish_retries, math.ceil(cfg.timeout / protocol.finish_timeout))
         protocol = dataclasses.replace(protocol, finish_retries=retries)
-        self._session = Session(rank=rank, job=job, config=protocol, key=key, peers=known)
+        #: "native" or "python": what sends the data (dlcp.io.engine)
+        self.engine = choose_engine(cfg.engine)
+        self._sender: NativeSender | None = None
+        self._session = Session(
+            rank=rank,
+            job=job,
+            config=protocol,
+            key=key,
+            peers=known,
+            pacer_factory=self._pacer_for if self.engine == "native" else None,
+            whole_rounds=self.engine == "native",
+        )
         self._data = DataSockets(
             cfg.host,
             cfg.data_port,
@@ -119,6 +135,8 @@ class Endpoint:
             sndbuf=cfg.sndbuf,
         )
         try:
+            if self.engine == "native":
+                self._sender = NativeSender(self._data, protocol, rank=rank)
             self._control = ControlChannel(
                 cfg.host,
                 cfg.control_port,
@@ -177,7 +195,10 @@ class Endpoint:
         return threading.get_ident() in (self._thread.ident, self._holder)
 
     def _close_sockets(self) -> None:
-        """Every socket this endpoint opened, of those it got to open."""
+        """Every socket this endpoint opened, of those it got to open (the native
+        engine's thread first: it sends on the data sockets)."""
+        if self._sender is not None:
+            self._sender.close()
         for name in ("_data", "_control", "_wake_r", "_wake_w"):
             if (sock := getattr(self, name, None)) is not None:
                 sock.close()
@@ -309,6 +330,8 @@ class Endpoint:
                     "peers_gone": dict(self._gone),
                     "gso": self._data.use_gso,
                     "gro": self._data.use_gro,
+                    "engine": self.engine,
+                    **(self._sender.stats() if self._sender is not None else {}),
                 }
             )
 
@@ -394,6 +417,8 @@ class Endpoint:
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self._sender is not None:
+            sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
         try:
             while not self._closing:
                 with self._lock:
@@ -482,6 +507,8 @@ class Endpoint:
         if what == "data":
             self._stats.receive_calls += 1
             self._data.receive(self._deliver)
+        elif what == "engine":
+            self._rounds_sent()
         elif what == "wake":
             try:
                 while self._wake_r.recv(4096):
@@ -522,6 +549,28 @@ class Endpoint:
             if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
                 self._peer_gone(gone)
 
+    def _pacer_for(self, dst: int) -> Pacer:
+        assert self._sender is not None
+        return self._sender.pacer_for(dst)
+
+    def _rounds_sent(self) -> None:
+        """The native engine's reports: rounds sent (their FINISH is due) or
+        failed (the peer's sends fail, as a failed send fails them here)."""
+        assert self._sender is not None
+        now = time.monotonic()
+        for dst, step, msg, failed, err, began_t, began_b, last_t, last_b in self._sender.reap():
+            if failed:
+                self._stats.data_send_errors += 1
+                addr = self._peers.known(dst)
+                where = f"{addr.host}:{addr.data_port}" if addr is not None else f"rank {dst}"
+                self._transfers.fail_peer(
+                    dst, f"sending data to {where} failed: {os.strerror(err)}", receives=False
+                )
+                continue
+            self._session.round_sent(
+                dst, step=step, msg=msg, began=(began_t, began_b), last=(last_t, last_b), now=now
+            )
+
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
         if self._emulator is not None:
             buf = self._emulator.filter(buf, segment_size)
@@ -560,7 +609,30 @@ class Endpoint:
                     self._stats.data_batches_out += 1
                 elif isinstance(item, ControlDatagram):
                     self._send_control(item)
+                elif isinstance(item, RoundPost):
+                    self._post_round(item)
+                elif isinstance(item, RoundRelease):
+                    assert self._sender is not None
+                    self._sender.cancel(item.dst, item.step, item.msg)
+                    self._session.release_round(item.dst, step=item.step, msg=item.msg)
             now = time.monotonic()
+
+    def _post_round(self, item: RoundPost) -> None:
+        assert self._sender is not None
+        addr = self._address_of(item.dst)
+        if addr is None:
+            return
+        try:
+            self._sender.post(item, (addr.host, addr.data_port))
+        except ValueError as exc:  # (an address the engine cannot send to)
+            self._stats.data_send_errors += 1
+            self._transfers.fail_peer(
+                item.dst,
+                f"sending data to {addr.host}:{addr.data_port} failed: {exc}",
+                receives=False,
+            )
+            return
+        self._stats.data_batches_out += 1
 
     def _send_control(self, item: ControlDatagram) -> None:
         if item.dst in self._gone:

@@ -20,6 +20,8 @@ __all__ = [
     "MessageDelivered",
     "MessageFailed",
     "MessageReceived",
+    "RoundPost",
+    "RoundRelease",
     "SendReport",
     "SessionStats",
     "Transmit",
@@ -50,6 +52,48 @@ class DataBatch:
     data: memoryview
 
 
+@dataclass(slots=True)
+class RoundPost:
+    """A whole transmission round of one message for a driver that paces and
+    sends by itself (a session made with ``whole_rounds=True``: the native
+    engine). ``records`` holds ``count`` datagrams ``stride`` bytes apart, in
+    send order (record ``short`` is ``short_len`` bytes, the rest ``stride``;
+    ``short`` is -1 when none is shorter); per record its IP TOS byte, path and
+    priority class; ``breaks``, the sorted record indexes where a batch must end
+    (a class change, just after the short record, the end). The driver sends
+    them as the message's pacer allows, in the order the session's own pacing
+    would (see ``dlcp.io._engine``), and reports the round with
+    :meth:`Session.round_sent`. ``records`` stays valid until the driver has
+    acted on the message's :class:`RoundRelease`."""
+
+    dst: int
+    step: int
+    msg: int
+    round: int
+    #: the message's place in its sender's send order (earlier messages first)
+    order: int
+    records: npt.NDArray[np.uint8]
+    stride: int
+    count: int
+    short: int
+    short_len: int
+    tos: npt.NDArray[np.uint8]
+    path: npt.NDArray[np.uint8]
+    prio: npt.NDArray[np.uint8]
+    breaks: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRelease:
+    """Message (``dst``, ``step``, ``msg``) ended or was cancelled: the driver
+    stops sending what it holds of it, then calls
+    :meth:`Session.release_round`, which gives its memory back for reuse."""
+
+    dst: int
+    step: int
+    msg: int
+
+
 @dataclass(frozen=True, slots=True)
 class ControlDatagram:
     """A control message for the reliable control channel to ``dst``."""
@@ -58,7 +102,7 @@ class ControlDatagram:
     data: bytes
 
 
-Transmit = DataBatch | ControlDatagram
+Transmit = DataBatch | ControlDatagram | RoundPost | RoundRelease
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,14 @@ earliest message of a step with data to send first, of those the highest
 priority class: :meth:`Outbox._first_to_send`), sprayed over the paths; it
 acts on the receiver's STOP, NACK and ABORT (retransmitting what a NACK names,
 from the first round's records), and reports each message delivered or failed.
+
+With ``whole_rounds`` the outbox neither paces nor cuts batches: it hands each
+transmission round to the driver whole (:class:`~dlcp.proto.events.RoundPost`,
+with a TOS byte, a path and a class per record), and the driver paces and
+sends it by the same rules (the native engine, ``dlcp.io._engine``, whose
+pacers the driver supplies through ``pacer_factory``) and reports the round
+sent (:meth:`Outbox.round_sent`). A message's record memory then goes back to
+the pool only once the driver has let go of it (:meth:`Outbox.release`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +30,15 @@ import numpy.typing as npt
 
 from .classify import Classifier, make_classifier
 from .context import Key, SessionContext, SessionSide
-from .events import DataBatch, MessageDelivered, MessageFailed, SendReport, Transmit
+from .events import (
+    DataBatch,
+    MessageDelivered,
+    MessageFailed,
+    RoundPost,
+    RoundRelease,
+    SendReport,
+    Transmit,
+)
 from .pacing import Pacer, make_pacer
 from .packetizer import (
     BufferPool,
@@ -66,6 +83,8 @@ class _Outgoing:
     first: RecordRun  # round 0, in send order; source of every retransmission
     row_of_seq: npt.NDArray[np.int64]
     run: RecordRun
+    #: the message's place in the send order (the native engine's rule 1)
+    order: int = 0
     cursor: int = 0
     path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
     round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -104,8 +123,26 @@ class _Peer:
 class Outbox(SessionSide):
     """Send state of one rank: every message going out, to any peer."""
 
-    def __init__(self, ctx: SessionContext) -> None:
+    def __init__(
+        self,
+        ctx: SessionContext,
+        *,
+        pacer_factory: Callable[[int], Pacer] | None = None,
+        whole_rounds: bool = False,
+    ) -> None:
         super().__init__(ctx)
+        self._pacer_factory = pacer_factory
+        self.whole_rounds = whole_rounds
+        #: whole_rounds: record buffers of ended messages the driver may still be
+        #: sending from, and the releases that tell it to stop
+        self._lent: dict[Key, npt.NDArray[np.uint8]] = {}
+        self._releases: list[RoundRelease] = []
+        self._sent_messages = 0
+        tos = self.config.tos
+        #: the TOS byte of each class, at prio * 2 + drop
+        self._tos_table = np.array(
+            [tos.tos(prio, drop) for prio in range(8) for drop in (False, True)], np.uint8
+        )
         self._classifier: Classifier = make_classifier(
             self.config.classifier, **self.config.classifier_kwargs()
         )
@@ -175,6 +212,7 @@ class Outbox(SessionSide):
             row_of_seq=row_of_seq,
         )
         self._may_send = True
+        self._sent_messages += 1
         peer.outgoing[key] = _Outgoing(
             ident=ident,
             table=table,
@@ -182,6 +220,7 @@ class Outbox(SessionSide):
             first=first,
             row_of_seq=row_of_seq,
             run=first,
+            order=self._sent_messages,
             path_of_seq=np.zeros(table.n_chunks, np.uint8),
             round_of_seq=np.zeros(table.n_chunks, np.int32),
         )
@@ -193,8 +232,23 @@ class Outbox(SessionSide):
         if o is None:
             return False
         self._remember_ended(key)
-        self._pool.give(o.first.records)
+        self._give_back(key, o.first.records)
         return True
+
+    def _give_back(self, key: Key, records: npt.NDArray[np.uint8]) -> None:
+        """Message ``key`` ended: its record memory goes back to the pool, at once
+        or (whole rounds) once the driver has let go of it (:meth:`release`)."""
+        if not self.whole_rounds:
+            self._pool.give(records)
+            return
+        self._lent[key] = records
+        self._releases.append(RoundRelease(*key))
+
+    def release(self, key: Key) -> None:
+        """The driver holds nothing more of message ``key`` (whole rounds)."""
+        records = self._lent.pop(key, None)
+        if records is not None:
+            self._pool.give(records)
 
     def _remember_ended(self, key: Key) -> None:
         # (one memory for all peers, as big as a receiver's: bounded however many
@@ -301,7 +355,7 @@ class Outbox(SessionSide):
         rec = out.recovery
         del self.peers[key[0]].outgoing[key]
         self._remember_ended(key)
-        self._pool.give(out.first.records)
+        self._give_back(key, out.first.records)
         if rec.phase is SendPhase.DONE:
             report = SendReport(
                 msg_elems=out.table.msg_elems,
@@ -331,8 +385,20 @@ class Outbox(SessionSide):
 
     def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
         """Append up to ``max_batches`` data batches the pacers allow to ``out``,
-        one destination after another (for each, see :meth:`_first_to_send`)."""
+        one destination after another (for each, see :meth:`_first_to_send`);
+        with whole rounds, every round that has records to send, whole, after
+        the releases of messages that ended."""
+        if self._releases:
+            out.extend(self._releases)
+            self._releases.clear()
         if not self._may_send:
+            return
+        if self.whole_rounds:
+            self._may_send = False
+            for dst, peer in self.peers.items():
+                for key, o in peer.outgoing.items():
+                    if o.pending:
+                        out.append(self._post_round(dst, peer, key, o))
             return
         dsts = [
             d
@@ -435,6 +501,50 @@ class Outbox(SessionSide):
             self._round_sent(key, o, now=now)
         return True
 
+    def _post_round(self, dst: int, peer: _Peer, key: Key, o: _Outgoing) -> RoundPost:
+        """The whole round of ``o`` for the driver to pace and send (see the
+        module docstring): what :meth:`_next_batch` does per batch, for all of
+        its records at once."""
+        run, rec = o.run, o.recovery
+        n = len(run)
+        o.round_of_seq[run.seq] = rec.round
+        # a resent chunk travels protected whatever its class (as in _next_batch)
+        drop = run.drop if rec.round == 0 else np.zeros(n, bool)
+        tos = self._tos_table[run.prio.astype(np.intp) * 2 + drop]
+        if peer.paths.n_paths == 1:
+            path = np.zeros(n, np.uint8)
+        else:  # one path per spray_packets records, as in _next_batch
+            spray = self.config.spray_packets
+            paths = np.asarray([peer.next_path() for _ in range(0, n, spray)], np.uint8)
+            path = np.repeat(paths, spray)[:n]
+            o.path_of_seq[run.seq] = path
+        if peer.paths.n_paths > 1 or self.key is not None:
+            seal(run, 0, n, path=path, key=self.key)
+        nbytes = run.batch_nbytes(0, n)
+        self.stats.packets_out += n
+        self.stats.bytes_out += nbytes
+        rec.sent_packets += n
+        o.cursor = n
+        short = run.short
+        return RoundPost(
+            dst, key[1], key[2], rec.round, o.order, run.records, run.stride, n, short,
+            int(run.lengths[short]) if short >= 0 else 0, tos, path, run.prio, run.breaks,
+        )  # fmt: skip
+
+    def round_sent(
+        self, key: Key, *, began: tuple[float, int], last: tuple[float, int], now: float
+    ) -> None:
+        """The driver sent the last record of message ``key``'s round (whole
+        rounds): ``began`` and ``last`` are (time, bytes sent to the peer before
+        it) of its first and last batch. A message that ended meanwhile is
+        ignored."""
+        peer = self.peers.get(key[0])
+        o = peer.outgoing.get(key) if peer is not None else None
+        if o is None or o.recovery.phase is not SendPhase.SENDING or o.cursor < len(o.run):
+            return
+        o.round_began, o.round_last = began, last
+        self._round_sent(key, o, now=now)
+
     def _round_sent(self, key: Key, o: _Outgoing, *, now: float) -> None:
         o.recovery.round_sent(now=now)
         pacer = self.peers[key[0]].pacer
@@ -464,6 +574,8 @@ class Outbox(SessionSide):
                 if t is not None and (best is None or t < best):
                     best = t
                 some_pending = some_pending or o.pending
+            if some_pending and self.whole_rounds:  # (the driver paces: post it now)
+                return now
             first = self._first_to_send(peer) if some_pending else None
             if first is not None:  # the batch _next_batch would send, not another one
                 o = first[1]
@@ -498,8 +610,13 @@ class Outbox(SessionSide):
         peer = self.peers.get(dst)
         if peer is None:
             cfg = self.config
+            pacer = (
+                self._pacer_factory(dst)
+                if self._pacer_factory is not None
+                else make_pacer(cfg.pacer, **cfg.pacer_kwargs())
+            )
             peer = _Peer(
-                make_pacer(cfg.pacer, **cfg.pacer_kwargs()),
+                pacer,
                 PathScheduler(cfg.n_paths, cfg.path_weights),
             )
             self.peers[dst] = peer

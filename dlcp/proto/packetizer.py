@@ -282,6 +282,16 @@ class RecordRun:
     def __len__(self) -> int:
         return len(self.seq)
 
+    @property
+    def short(self) -> int:
+        """The record shorter than ``stride`` (the message's last chunk), or -1."""
+        return self._short
+
+    @property
+    def breaks(self) -> Int64Array:
+        """Where batches must end (see :meth:`batch_end`), ascending."""
+        return np.asarray(self._breaks, np.int64)
+
     def batch_end(self, start: int, limit: int) -> int:
         """End of the batch that starts at ``start``: at most ``limit`` records of one
         class, and a short record only as the last one (what UDP GSO allows)."""

@@ -27,7 +27,7 @@ counters, events, outgoing control messages).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -41,12 +41,15 @@ from .events import (
     MessageDelivered,
     MessageFailed,
     MessageReceived,
+    RoundPost,
+    RoundRelease,
     SendReport,
     SessionStats,
     Transmit,
 )
 from .inbox import Inbox
 from .outbox import Outbox
+from .pacing import Pacer
 from .packetizer import Segments
 from .wire import (
     Abort,
@@ -67,6 +70,8 @@ __all__ = [
     "MessageDelivered",
     "MessageFailed",
     "MessageReceived",
+    "RoundPost",
+    "RoundRelease",
     "SendReport",
     "Session",
     "SessionStats",
@@ -85,7 +90,13 @@ class Session:
         config: ProtocolConfig | None = None,
         key: bytes | None = None,
         peers: Collection[int] | None = None,
+        pacer_factory: Callable[[int], Pacer] | None = None,
+        whole_rounds: bool = False,
     ) -> None:
+        """``pacer_factory(dst)`` makes the pacer of each destination (default: the
+        one ``config`` names); ``whole_rounds`` hands each transmission round out
+        whole for the driver to pace and send (:class:`RoundPost`, reported back
+        with :meth:`round_sent`; see :mod:`dlcp.proto.outbox`)."""
         config = config or ProtocolConfig()
         if not 0 <= rank <= 0xFFFF:
             raise ValueError(f"rank={rank} outside 0..65535")
@@ -103,7 +114,9 @@ class Session:
         self._ctx = SessionContext(config, rank, job, self.key)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)
-        self._outbox = Outbox(self._ctx)
+        self._outbox = Outbox(
+            self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds
+        )
         self._now = 0.0  # latest time a caller passed in (for get_timer)
 
     # ------------------------------------------------------------------ application
@@ -217,6 +230,28 @@ class Session:
             out.extend(self._ctx.control)
             self._ctx.control.clear()
         return out
+
+    def round_sent(
+        self,
+        dst: int,
+        *,
+        step: int,
+        msg: int,
+        began: tuple[float, int],
+        last: tuple[float, int],
+        now: float,
+    ) -> None:
+        """Whole rounds: the driver sent the last record of the round of message
+        (``dst``, ``step``, ``msg``) it was given; ``began`` and ``last`` are
+        (time, bytes sent to ``dst`` before it) of the round's first and last
+        batch. The round's FINISH is queued."""
+        self._now = max(self._now, now)
+        self._outbox.round_sent((dst, step, msg), began=began, last=last, now=now)
+
+    def release_round(self, dst: int, *, step: int, msg: int) -> None:
+        """Whole rounds: the driver acted on a :class:`RoundRelease` and holds
+        nothing of the message any more."""
+        self._outbox.release((dst, step, msg))
 
     # ------------------------------------------------------------------ timers
 

@@ -1,0 +1,1178 @@
+/*
+ * dlcp.io._engine: the native send engine of the DLCP endpoint.
+ *
+ * The protocol decides what goes (dlcp.proto: chunking, classes, records,
+ * recovery); this module decides *when*, and puts it on the wire, in a thread of
+ * its own that never takes the GIL. Python posts one transmission round of a
+ * message at a time (its records, built by the packetizer, with a TOS byte, a
+ * path and a priority class per record) and hears back once, when the round's
+ * last record has gone: one Python call per round instead of one per pacing
+ * decision (a 25 MB message at MTU 1500 was ~50 decisions, each ~100 Python
+ * calls on the sending thread).
+ *
+ * Rules the engine follows, the same as dlcp.proto.outbox.Outbox (the
+ * executable reference) follows when it paces in Python:
+ *
+ *  1. Per destination, of the rounds with records left, only the earliest
+ *     posted message of each step may send; of those, the one whose next record
+ *     has the highest priority class goes (the earliest message on a tie).
+ *  2. A batch is at most batch_packets records, at most one burst of the pacer
+ *     (never none), of one class, and the message's short last record only as
+ *     its last (what UDP GSO allows).
+ *  3. A batch goes when the destination's pacer allows it (Pacer below: the
+ *     receiver-driven token bucket of dlcp.proto.pacing.ReceiverDrivenPacer,
+ *     ported line for line; tests/unit/test_engine_pacer.py drives both with
+ *     the same calls and compares every answer).
+ *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
+ *     per_message datagrams (the round's) per (GSO) message, with the batch's
+ *     TOS byte, from the round's own memory (no copy).
+ *  5. A round whose last batch went, or whose send failed, is complete: it is
+ *     queued for reap() and the eventfd (fileno()) is written once.
+ *  6. cancel() waits while a batch of the round is being sent (the lock is not
+ *     held during the system calls), so that the round's memory can be reused
+ *     as soon as cancel() returns.
+ *
+ * Pacer objects may be used alone (tests) or attached to an engine
+ * (Engine.add_peer); attached, their methods take the engine's lock and wake
+ * the engine's thread (a new rate may let a batch go sooner).
+ */
+#define _GNU_SOURCE /* pthread_setname_np */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+#define MIN_BURST (16.0 * 1024.0)
+#define EPS 1e-6
+#define UNLIMITED ((double)(1LL << 62))
+#define SEND_BATCH 256
+
+struct Engine;
+
+/* ------------------------------------------------------------------ pacer */
+
+typedef struct {
+    PyObject_HEAD
+    int unpaced;
+    double initial_rate, min_rate, max_rate;
+    long long burst_bytes;
+    double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
+        probe, probe_interval, cautious_burst;
+    double rate, raised_at, tokens, last, last_active, budget, wasted, due;
+    int cautious, has_last, has_last_active, backlogged, has_due;
+    struct Engine *engine; /* attached: its lock guards this pacer */
+} Pacer;
+
+static double ulp(double x) {
+    x = fabs(x);
+    return nextafter(x, INFINITY) - x;
+}
+
+static double pacer_burst(const Pacer *p) {
+    if (p->unpaced)
+        return UNLIMITED;
+    if (!p->cautious)
+        return (double)p->burst_bytes;
+    double b = p->rate * p->cautious_burst;
+    if (b < MIN_BURST)
+        b = MIN_BURST;
+    if (b > (double)p->burst_bytes)
+        b = (double)p->burst_bytes;
+    return (double)(long long)b;
+}
+
+static void pacer_advance(Pacer *p, double now) {
+    if (!p->has_last) {
+        p->last = now;
+        p->has_last = 1;
+        return;
+    }
+    double dt = now - p->last;
+    if (dt <= 0)
+        return;
+    double earned = p->rate * dt;
+    double cap = pacer_burst(p);
+    if (p->has_due && now > p->due) {
+        if (now - p->due <= p->max_lateness) {
+            double late = now - p->due;
+            if (p->cautious && late > p->cautious_burst / 2)
+                late = p->cautious_burst / 2;
+            cap += p->rate * late;
+        } else {
+            p->has_due = 0;
+        }
+    }
+    double room = cap - p->tokens;
+    if (room < 0)
+        room = 0;
+    p->budget += earned;
+    if (earned > room) {
+        p->wasted += earned - room;
+        if (cap > p->tokens)
+            p->tokens = cap;
+    } else {
+        p->tokens += earned;
+    }
+    p->last = now;
+    if (p->has_last_active && now - p->last_active > p->idle_reset) {
+        p->rate = p->initial_rate;
+        p->has_last_active = 0;
+        p->backlogged = 0;
+        p->cautious = 0;
+    }
+}
+
+static double pacer_slack(const Pacer *p) {
+    return EPS + 4.0 * p->rate * ulp(p->has_last ? p->last : 0.0);
+}
+
+static void pacer_on_sent(Pacer *p, double nbytes, double now) {
+    if (p->unpaced)
+        return;
+    pacer_advance(p, now);
+    p->tokens -= nbytes;
+    p->has_due = 0;
+    p->has_last_active = 1;
+    p->last_active = p->last;
+    double need = nbytes < 1 ? 1 : nbytes;
+    double burst = pacer_burst(p);
+    if (p->tokens + pacer_slack(p) < (need < burst ? need : burst))
+        p->backlogged = 1;
+}
+
+static double pacer_next_send_time(Pacer *p, double nbytes, double now) {
+    if (p->unpaced)
+        return now;
+    pacer_advance(p, now);
+    double burst = pacer_burst(p);
+    double need = nbytes < burst ? nbytes : burst;
+    if (p->tokens + pacer_slack(p) >= need)
+        return now;
+    p->backlogged = 1;
+    p->has_last_active = 1;
+    p->last_active = p->last;
+    p->has_due = 1;
+    p->due = now + (need - p->tokens) / p->rate;
+    return p->due;
+}
+
+static double pacer_allowance(Pacer *p, double now) {
+    if (p->unpaced)
+        return UNLIMITED;
+    pacer_advance(p, now);
+    double a = floor(p->tokens + pacer_slack(p));
+    return a > 0 ? a : 0;
+}
+
+static void pacer_note_backlogged(Pacer *p, double now) {
+    if (p->unpaced)
+        return;
+    pacer_advance(p, now);
+    p->backlogged = 1;
+    p->has_last_active = 1;
+    p->last_active = p->last;
+}
+
+static void pacer_on_feedback(Pacer *p, double reported, double now) {
+    if (p->unpaced)
+        return;
+    pacer_advance(p, now);
+    double target = p->gain * reported;
+    if (target < p->min_rate)
+        target = p->min_rate;
+    if (target > p->max_rate)
+        target = p->max_rate;
+    int pacer_limited = p->backlogged && p->budget > 0 &&
+                        p->wasted <= (1.0 - p->used_fraction) * p->budget;
+    double at = p->last;
+    if (p->cautious) {
+        if (target > p->rate && at - p->raised_at >= 0.8 * p->probe_interval) {
+            double up = p->rate * (1.0 + p->probe);
+            p->rate = target < up ? target : up;
+            p->raised_at = at;
+        }
+    } else if (target >= p->rate || pacer_limited) {
+        p->rate = target;
+    }
+    p->backlogged = 0;
+    p->budget = 0;
+    p->wasted = 0;
+}
+
+static void pacer_on_loss(Pacer *p, double lost, double sent_at, double now) {
+    if (p->unpaced)
+        return;
+    pacer_advance(p, now);
+    if (lost <= p->loss_tolerance)
+        return;
+    double factor = p->backoff * (1.0 - lost);
+    if (factor < p->max_cut)
+        factor = p->max_cut;
+    double fallback = sent_at * factor;
+    if (fallback < p->min_rate)
+        fallback = p->min_rate;
+    p->cautious = 1;
+    if (fallback < p->rate) {
+        p->rate = fallback;
+        p->raised_at = p->last;
+    }
+    double burst = pacer_burst(p);
+    if (p->tokens > burst)
+        p->tokens = burst;
+    p->has_due = 0;
+}
+
+/* ------------------------------------------------------------------ engine types */
+
+typedef struct Round {
+    struct Round *next;
+    int dst;
+    uint32_t step;
+    uint32_t msg;
+    unsigned long long order;
+    Py_buffer records, tos, path, prio, breaks;
+    Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
+    int busy, cancelled, started, status, err;
+    double began_t, last_t;
+    unsigned long long began_b, last_b;
+} Round;
+
+typedef struct {
+    int dst;
+    struct sockaddr_in addr;
+    Pacer *pacer;
+    Round *rounds; /* sorted by order */
+    unsigned long long sent_bytes;
+} Peer;
+
+typedef struct Engine {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    pthread_cond_t cond;    /* wakes the send thread */
+    pthread_cond_t settled; /* a batch's send ended (cancel waits on it) */
+    pthread_t thread;
+    int started, stop, efd;
+    int *fds;
+    int n_fds;
+    Py_ssize_t batch_packets;
+    Peer **peers; /* by rank */
+    int n_peers;
+    Round *done_head, *done_tail; /* completed, for reap() */
+    unsigned long long batches, datagrams, send_calls;
+} Engine;
+
+enum { ROUND_SENT = 0, ROUND_FAILED = 1 };
+
+static double monotonic_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void release_round(Round *r) {
+    PyBuffer_Release(&r->records);
+    PyBuffer_Release(&r->tos);
+    PyBuffer_Release(&r->path);
+    PyBuffer_Release(&r->prio);
+    PyBuffer_Release(&r->breaks);
+    PyMem_RawFree(r);
+}
+
+/* ------------------------------------------------------------------ sending */
+
+/* Datagrams [start, stop) of r, with one path, to peer: sendmmsg calls of up to
+ * SEND_BATCH messages of per_message datagrams each. 0 or an errno. */
+static int send_run(Engine *e, Peer *peer, Round *r, Py_ssize_t start, Py_ssize_t stop, int tos,
+                    int path) {
+    int fd = e->fds[path % e->n_fds];
+    Py_ssize_t seg = r->stride;
+    union {
+        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } both, tos_only;
+    memset(&both, 0, sizeof both);
+    memset(&tos_only, 0, sizeof tos_only);
+    struct msghdr proto;
+    memset(&proto, 0, sizeof proto);
+    proto.msg_control = both.space;
+    proto.msg_controllen = sizeof both.space;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+    c = CMSG_NXTHDR(&proto, c);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t seg16 = (uint16_t)seg;
+    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
+    c = (struct cmsghdr *)tos_only.space;
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+
+    const char *base = (const char *)r->records.buf;
+    Py_ssize_t at = start * seg;
+    Py_ssize_t end = stop * seg;
+    if (r->short_index >= start && r->short_index < stop)
+        end -= seg - r->short_len; /* (the short record is the run's last) */
+    Py_ssize_t step = seg * r->per_message;
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH];
+    while (at < end) {
+        int k = 0;
+        Py_ssize_t pos = at;
+        for (; k < SEND_BATCH && pos < end; k++) {
+            Py_ssize_t n = end - pos < step ? end - pos : step;
+            iov[k].iov_base = (char *)base + pos;
+            iov[k].iov_len = (size_t)n;
+            memset(&msgs[k], 0, sizeof msgs[k]);
+            msgs[k].msg_hdr.msg_name = &peer->addr;
+            msgs[k].msg_hdr.msg_namelen = sizeof peer->addr;
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+            if (n > seg) {
+                msgs[k].msg_hdr.msg_control = both.space;
+                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
+            } else {
+                msgs[k].msg_hdr.msg_control = tos_only.space;
+                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+            }
+            pos += n;
+        }
+        int sent = sendmmsg(fd, msgs, (unsigned)k, 0);
+        e->send_calls++;
+        if (sent < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        for (int i = 0; i < sent; i++) {
+            at += (Py_ssize_t)iov[i].iov_len;
+            e->datagrams += (iov[i].iov_len + (size_t)seg - 1) / (size_t)seg;
+        }
+    }
+    return 0;
+}
+
+/* Rule 2: where the batch starting at `start` ends. */
+static Py_ssize_t batch_end(const Round *r, Py_ssize_t start, Py_ssize_t limit) {
+    const int64_t *b = (const int64_t *)r->breaks.buf;
+    Py_ssize_t lo = 0, hi = r->n_breaks; /* first break > start */
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (b[mid] <= start)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    Py_ssize_t brk = lo < r->n_breaks ? (Py_ssize_t)b[lo] : r->count;
+    return start + limit < brk ? start + limit : brk;
+}
+
+static Py_ssize_t batch_nbytes(const Round *r, Py_ssize_t start, Py_ssize_t stop) {
+    Py_ssize_t size = (stop - start) * r->stride;
+    if (r->short_index >= start && r->short_index < stop)
+        size -= r->stride - r->short_len;
+    return size;
+}
+
+/* Rule 1. */
+static Round *first_to_send(Peer *peer) {
+    Round *best = NULL;
+    int best_prio = -1;
+    uint32_t seen[64];
+    int n_seen = 0, overflow = 0;
+    for (Round *r = peer->rounds; r; r = r->next) {
+        if (r->cursor >= r->count)
+            continue;
+        int dup = 0;
+        for (int i = 0; i < n_seen; i++)
+            if (seen[i] == r->step)
+                dup = 1;
+        if (!dup && overflow) /* (more than 64 steps in flight: scan the earlier ones) */
+            for (Round *q = peer->rounds; q != r; q = q->next)
+                if (q->cursor < q->count && q->step == r->step)
+                    dup = 1;
+        if (dup)
+            continue;
+        if (n_seen < 64)
+            seen[n_seen++] = r->step;
+        else
+            overflow = 1;
+        int prio = ((const uint8_t *)r->prio.buf)[r->cursor];
+        if (prio > best_prio) {
+            best_prio = prio;
+            best = r;
+        }
+    }
+    return best;
+}
+
+static void unlink_round(Peer *peer, Round *r) {
+    for (Round **p = &peer->rounds; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            r->next = NULL;
+            return;
+        }
+}
+
+/* Rule 5. Called with the lock held. */
+static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err) {
+    unlink_round(peer, r);
+    r->status = status;
+    r->err = err;
+    if (e->done_tail)
+        e->done_tail->next = r;
+    else
+        e->done_head = r;
+    e->done_tail = r;
+    uint64_t one = 1;
+    ssize_t w = write(e->efd, &one, sizeof one); /* (a full counter still wakes) */
+    (void)w;
+}
+
+/* One batch of r to peer (rule 2-4). Called with the lock held; returns with it. */
+static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
+                          double now) {
+    Py_ssize_t start = r->cursor;
+    if (!r->started) {
+        r->started = 1;
+        r->began_t = now;
+        r->began_b = peer->sent_bytes;
+    }
+    r->last_t = now;
+    r->last_b = peer->sent_bytes;
+    const uint8_t *paths = (const uint8_t *)r->path.buf;
+    int tos = ((const uint8_t *)r->tos.buf)[start];
+    r->busy = 1;
+    pthread_mutex_unlock(&e->lock);
+    int err = 0;
+    for (Py_ssize_t s = start; s < stop && !err;) {
+        Py_ssize_t t = s + 1;
+        while (t < stop && paths[t] == paths[s])
+            t++;
+        err = send_run(e, peer, r, s, t, tos, paths[s]);
+        s = t;
+    }
+    pthread_mutex_lock(&e->lock);
+    r->busy = 0;
+    pthread_cond_broadcast(&e->settled);
+    e->batches++;
+    pacer_on_sent(peer->pacer, nbytes, now);
+    peer->sent_bytes += (unsigned long long)nbytes;
+    r->cursor = stop;
+    if (r->cancelled) /* cancel() unlinked it and frees it */
+        return;
+    if (err)
+        complete_round(e, peer, r, ROUND_FAILED, err);
+    else if (r->cursor >= r->count)
+        complete_round(e, peer, r, ROUND_SENT, 0);
+}
+
+static void *send_thread(void *arg) {
+    Engine *e = (Engine *)arg;
+    pthread_mutex_lock(&e->lock);
+    int turn = 0;
+    while (!e->stop) {
+        double now = monotonic_now();
+        double wake = INFINITY;
+        int sent = 0;
+        turn++;
+        for (int k = 0; k < e->n_peers && !e->stop; k++) {
+            Peer *peer = e->peers[(k + turn) % e->n_peers];
+            if (peer == NULL || peer->rounds == NULL)
+                continue;
+            Round *r = first_to_send(peer);
+            if (r == NULL)
+                continue;
+            double burst = pacer_burst(peer->pacer);
+            Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
+            if (most < 1)
+                most = 1;
+            if (most > e->batch_packets)
+                most = e->batch_packets;
+            Py_ssize_t stop = batch_end(r, r->cursor, most);
+            double nbytes = (double)batch_nbytes(r, r->cursor, stop);
+            double t = pacer_next_send_time(peer->pacer, nbytes, now);
+            if (t > now) {
+                if (t < wake)
+                    wake = t;
+                continue;
+            }
+            send_batch_of(e, peer, r, stop, nbytes, now);
+            sent = 1;
+            now = monotonic_now();
+        }
+        if (sent || e->stop)
+            continue;
+        if (isinf(wake)) {
+            pthread_cond_wait(&e->cond, &e->lock);
+        } else {
+            struct timespec ts;
+            double whole = floor(wake);
+            ts.tv_sec = (time_t)whole;
+            ts.tv_nsec = (long)((wake - whole) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ Pacer type */
+
+static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *names[] = {"unpaced",        "initial_rate", "min_rate",      "max_rate",
+                            "burst_bytes",    "gain",         "idle_reset",    "used_fraction",
+                            "max_lateness",   "loss_tolerance", "backoff",     "max_cut",
+                            "probe",          "probe_interval", "cautious_burst", NULL};
+    int unpaced = 0;
+    double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
+           used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
+           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002;
+    long long burst = 65536;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddd:Pacer", names, &unpaced,
+                                     &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,
+                                     &used, &lateness, &tolerance, &backoff, &max_cut, &probe,
+                                     &probe_interval, &cautious_burst))
+        return NULL;
+    if (!unpaced && !(min_rate > 0 && isfinite(initial) && initial >= min_rate &&
+                      initial <= max_rate && burst >= 1)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Pacer: needs 0 < min_rate <= initial_rate <= max_rate and burst_bytes >= 1"
+                        " (dlcp.proto.pacing.ReceiverDrivenPacer checks each option)");
+        return NULL;
+    }
+    Pacer *p = (Pacer *)type->tp_alloc(type, 0);
+    if (p == NULL)
+        return NULL;
+    p->unpaced = unpaced;
+    p->initial_rate = initial;
+    p->min_rate = min_rate;
+    p->max_rate = max_rate;
+    p->burst_bytes = burst;
+    p->gain = gain;
+    p->idle_reset = idle_reset;
+    p->used_fraction = used;
+    p->max_lateness = lateness;
+    p->loss_tolerance = tolerance;
+    p->backoff = backoff;
+    p->max_cut = max_cut;
+    p->probe = probe;
+    p->probe_interval = probe_interval;
+    p->cautious_burst = cautious_burst;
+    p->rate = unpaced ? INFINITY : initial;
+    p->tokens = (double)burst;
+    return (PyObject *)p;
+}
+
+static void Pacer_dealloc(Pacer *p) { Py_TYPE(p)->tp_free((PyObject *)p); }
+
+static int check_time(double now) {
+    if (!isfinite(now)) {
+        PyErr_SetString(PyExc_ValueError, "now must be a finite time in seconds");
+        return -1;
+    }
+    return 0;
+}
+
+static void pacer_lock(Pacer *p) {
+    if (p->engine) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&p->engine->lock);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void pacer_unlock(Pacer *p, int wake) {
+    if (p->engine) {
+        if (wake)
+            pthread_cond_signal(&p->engine->cond);
+        pthread_mutex_unlock(&p->engine->lock);
+    }
+}
+
+static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"nbytes", "now", NULL};
+    long long nbytes;
+    double now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L$d:on_sent", names, &nbytes, &now))
+        return NULL;
+    if (nbytes < 0) {
+        PyErr_Format(PyExc_ValueError, "nbytes=%lld must be a non-negative integer", nbytes);
+        return NULL;
+    }
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    pacer_on_sent(p, (double)nbytes, now);
+    pacer_unlock(p, 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pacer_next_send_time(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"nbytes", "now", NULL};
+    long long nbytes;
+    double now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L$d:next_send_time", names, &nbytes, &now))
+        return NULL;
+    if (nbytes < 0) {
+        PyErr_Format(PyExc_ValueError, "nbytes=%lld must be a non-negative integer", nbytes);
+        return NULL;
+    }
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    double t = pacer_next_send_time(p, (double)nbytes, now);
+    pacer_unlock(p, 0);
+    return PyFloat_FromDouble(t);
+}
+
+static PyObject *Pacer_allowance(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"now", NULL};
+    double now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "$d:allowance", names, &now))
+        return NULL;
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    double a = pacer_allowance(p, now);
+    pacer_unlock(p, 0);
+    return PyLong_FromDouble(a);
+}
+
+static PyObject *Pacer_note_backlogged(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"now", NULL};
+    double now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "$d:note_backlogged", names, &now))
+        return NULL;
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    pacer_note_backlogged(p, now);
+    pacer_unlock(p, 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"bytes_per_s", "now", NULL};
+    double rate, now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d$d:on_feedback", names, &rate, &now))
+        return NULL;
+    if (!(isfinite(rate) && rate >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "bytes_per_s must be a finite rate >= 0");
+        return NULL;
+    }
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    pacer_on_feedback(p, rate, now);
+    pacer_unlock(p, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"lost_fraction", "send_rate", "now", NULL};
+    double lost, sent_at, now;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "dd$d:on_loss", names, &lost, &sent_at, &now))
+        return NULL;
+    if (!(lost >= 0.0 && lost <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "lost_fraction outside [0, 1]");
+        return NULL;
+    }
+    if (!(isfinite(sent_at) && sent_at > 0)) {
+        PyErr_SetString(PyExc_ValueError, "send_rate must be a finite rate > 0");
+        return NULL;
+    }
+    if (check_time(now) < 0)
+        return NULL;
+    pacer_lock(p);
+    pacer_on_loss(p, lost, sent_at, now);
+    pacer_unlock(p, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pacer_get_rate(Pacer *p, void *closure) {
+    (void)closure;
+    return PyFloat_FromDouble(p->rate);
+}
+
+static PyObject *Pacer_get_burst(Pacer *p, void *closure) {
+    (void)closure;
+    return PyLong_FromDouble(pacer_burst(p));
+}
+
+static PyObject *Pacer_get_tokens(Pacer *p, void *closure) {
+    (void)closure;
+    return PyFloat_FromDouble(p->tokens);
+}
+
+static PyMethodDef Pacer_methods[] = {
+    {"on_sent", (PyCFunction)(void (*)(void))Pacer_on_sent, METH_VARARGS | METH_KEYWORDS,
+     "on_sent(nbytes, *, now)"},
+    {"next_send_time", (PyCFunction)(void (*)(void))Pacer_next_send_time,
+     METH_VARARGS | METH_KEYWORDS, "next_send_time(nbytes, *, now) -> time"},
+    {"allowance", (PyCFunction)(void (*)(void))Pacer_allowance, METH_VARARGS | METH_KEYWORDS,
+     "allowance(*, now) -> bytes"},
+    {"note_backlogged", (PyCFunction)(void (*)(void))Pacer_note_backlogged,
+     METH_VARARGS | METH_KEYWORDS, "note_backlogged(*, now)"},
+    {"on_feedback", (PyCFunction)(void (*)(void))Pacer_on_feedback,
+     METH_VARARGS | METH_KEYWORDS, "on_feedback(bytes_per_s, *, now)"},
+    {"on_loss", (PyCFunction)(void (*)(void))Pacer_on_loss, METH_VARARGS | METH_KEYWORDS,
+     "on_loss(lost_fraction, send_rate, *, now)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Pacer_getset[] = {
+    {"rate", (getter)Pacer_get_rate, NULL, "bytes per second", NULL},
+    {"burst", (getter)Pacer_get_burst, NULL, "bytes that may go at once", NULL},
+    {"tokens", (getter)Pacer_get_tokens, NULL, "bytes in the bucket", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PacerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlcp.io._engine.Pacer",
+    .tp_basicsize = sizeof(Pacer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The receiver-driven pacer of dlcp.proto.pacing, in C (see the module source).",
+    .tp_new = Pacer_new,
+    .tp_dealloc = (destructor)Pacer_dealloc,
+    .tp_methods = Pacer_methods,
+    .tp_getset = Pacer_getset,
+};
+
+/* ------------------------------------------------------------------ Engine type */
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fds", "batch_packets", "name", NULL};
+    PyObject *fds;
+    Py_ssize_t batch_packets;
+    const char *name = "dlcp-send";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s:Engine", names, &fds, &batch_packets,
+                                     &name))
+        return NULL;
+    PyObject *seq = PySequence_Fast(fds, "fds must be a sequence of socket descriptors");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > 256 || batch_packets < 1) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "Engine: 1..256 fds, batch_packets >= 1");
+        return NULL;
+    }
+    Engine *e = (Engine *)type->tp_alloc(type, 0);
+    if (e == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    e->efd = -1;
+    e->fds = PyMem_RawCalloc((size_t)n, sizeof(int));
+    if (e->fds == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(e);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (fd < 0) {
+            Py_DECREF(seq);
+            Py_DECREF(e);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "Engine: a descriptor is negative");
+            return NULL;
+        }
+        e->fds[i] = fd;
+    }
+    Py_DECREF(seq);
+    e->n_fds = (int)n;
+    e->batch_packets = batch_packets;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_condattr_t attr; /* deadlines are CLOCK_MONOTONIC times, as Python's */
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_cond_init(&e->settled, NULL);
+    e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(e);
+        return NULL;
+    }
+    int rc = pthread_create(&e->thread, NULL, send_thread, e);
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(e);
+        return NULL;
+    }
+    e->started = 1;
+    char cut[16]; /* what the kernel keeps of a thread's name (top -H, perf) */
+    snprintf(cut, sizeof cut, "%s", name);
+    pthread_setname_np(e->thread, cut);
+    return (PyObject *)e;
+}
+
+static void engine_stop(Engine *e) {
+    if (!e->started)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->stop = 1;
+    pthread_cond_signal(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(e->thread, NULL);
+    Py_END_ALLOW_THREADS
+    e->started = 0;
+}
+
+static void engine_free_rounds(Engine *e) {
+    for (int i = 0; i < e->n_peers; i++) {
+        Peer *peer = e->peers[i];
+        if (peer == NULL)
+            continue;
+        while (peer->rounds) {
+            Round *r = peer->rounds;
+            peer->rounds = r->next;
+            release_round(r);
+        }
+        peer->pacer->engine = NULL;
+        Py_DECREF(peer->pacer);
+        PyMem_RawFree(peer);
+        e->peers[i] = NULL;
+    }
+    while (e->done_head) {
+        Round *r = e->done_head;
+        e->done_head = r->next;
+        release_round(r);
+    }
+    e->done_tail = NULL;
+}
+
+static void Engine_dealloc(Engine *e) {
+    engine_stop(e);
+    engine_free_rounds(e);
+    PyMem_RawFree(e->peers);
+    PyMem_RawFree(e->fds);
+    if (e->efd >= 0)
+        close(e->efd);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->cond);
+    pthread_cond_destroy(&e->settled);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *Engine_close(Engine *e, PyObject *unused) {
+    (void)unused;
+    engine_stop(e);
+    engine_free_rounds(e);
+    if (e->efd >= 0) {
+        close(e->efd);
+        e->efd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
+    int dst, port;
+    const char *host;
+    PyObject *pacer;
+    if (!PyArg_ParseTuple(args, "isiO!:add_peer", &dst, &host, &port, &PacerType, &pacer))
+        return NULL;
+    if (dst < 0 || dst > 65535 || port <= 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "add_peer: rank %d or port %d out of range", dst, port);
+        return NULL;
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((unsigned short)port);
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        PyErr_Format(PyExc_ValueError, "add_peer: %s is not an IPv4 address", host);
+        return NULL;
+    }
+    Pacer *p = (Pacer *)pacer;
+    if (p->engine != NULL && p->engine != e) {
+        PyErr_SetString(PyExc_ValueError, "add_peer: the pacer belongs to another engine");
+        return NULL;
+    }
+    if (!e->started) {
+        PyErr_SetString(PyExc_ValueError, "add_peer: the engine is closed");
+        return NULL;
+    }
+    pthread_mutex_lock(&e->lock);
+    if (dst >= e->n_peers) {
+        int n = dst + 1;
+        Peer **grown = PyMem_RawRealloc(e->peers, (size_t)n * sizeof(Peer *));
+        if (grown == NULL) {
+            pthread_mutex_unlock(&e->lock);
+            return PyErr_NoMemory();
+        }
+        for (int i = e->n_peers; i < n; i++)
+            grown[i] = NULL;
+        e->peers = grown;
+        e->n_peers = n;
+    }
+    Peer *peer = e->peers[dst];
+    if (peer == NULL) {
+        peer = PyMem_RawCalloc(1, sizeof(Peer));
+        if (peer == NULL) {
+            pthread_mutex_unlock(&e->lock);
+            return PyErr_NoMemory();
+        }
+        peer->dst = dst;
+        e->peers[dst] = peer;
+    } else if (peer->pacer != p) {
+        peer->pacer->engine = NULL;
+        Py_DECREF(peer->pacer);
+        peer->pacer = NULL;
+    }
+    peer->addr = addr;
+    if (peer->pacer == NULL) {
+        Py_INCREF(p);
+        peer->pacer = p;
+        p->engine = e;
+    }
+    pthread_mutex_unlock(&e->lock);
+    Py_RETURN_NONE;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
+                      const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len != itemsize * n) {
+        PyErr_Format(PyExc_ValueError, "post: %s has %zd bytes, expected %zd", what, view->len,
+                     itemsize * n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
+    static char *names[] = {"dst",   "step",  "msg",  "order", "records", "stride",
+                            "per_message", "count", "short", "short_len", "tos", "path",
+                            "prio", "breaks", NULL};
+    int dst;
+    unsigned long step, msg;
+    unsigned long long order;
+    PyObject *records, *tos, *path, *prio, *breaks;
+    Py_ssize_t stride, per_message, count, short_index, short_len;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO:post", names, &dst, &step, &msg,
+                                     &order, &records, &stride, &per_message, &count,
+                                     &short_index, &short_len, &tos, &path, &prio, &breaks))
+        return NULL;
+    if (dst < 0 || dst >= e->n_peers || e->peers[dst] == NULL) {
+        PyErr_Format(PyExc_ValueError, "post: rank %d has no peer entry (add_peer first)", dst);
+        return NULL;
+    }
+    if (count < 1 || stride < 1 || stride > 65535 || per_message < 1 ||
+        per_message > 65535 / stride ||
+        short_index < -1 || short_index >= count ||
+        (short_index >= 0 && (short_len < 1 || short_len > stride))) {
+        PyErr_Format(PyExc_ValueError,
+                     "post: bad geometry (count %zd, stride %zd, short %zd of %zd bytes)", count,
+                     stride, short_index, short_len);
+        return NULL;
+    }
+    Round *r = PyMem_RawCalloc(1, sizeof(Round));
+    if (r == NULL)
+        return PyErr_NoMemory();
+    r->dst = dst;
+    r->step = (uint32_t)step;
+    r->msg = (uint32_t)msg;
+    r->order = order;
+    r->count = count;
+    r->stride = stride;
+    r->per_message = per_message;
+    r->short_index = short_index;
+    r->short_len = short_len;
+    if (get_buffer(records, &r->records, stride, count, "records") < 0) {
+        PyMem_RawFree(r);
+        return NULL;
+    }
+    if (get_buffer(tos, &r->tos, 1, count, "tos") < 0)
+        goto fail1;
+    if (get_buffer(path, &r->path, 1, count, "path") < 0)
+        goto fail2;
+    if (get_buffer(prio, &r->prio, 1, count, "prio") < 0)
+        goto fail3;
+    if (PyObject_GetBuffer(breaks, &r->breaks, PyBUF_C_CONTIGUOUS) < 0)
+        goto fail4;
+    if (r->breaks.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "post: breaks must be int64");
+        PyBuffer_Release(&r->breaks);
+        goto fail4;
+    }
+    r->n_breaks = r->breaks.len / 8;
+    pthread_mutex_lock(&e->lock);
+    Peer *peer = e->peers[dst];
+    Round **at = &peer->rounds;
+    while (*at && (*at)->order <= order)
+        at = &(*at)->next;
+    r->next = *at;
+    *at = r;
+    pthread_cond_signal(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    Py_RETURN_NONE;
+fail4:
+    PyBuffer_Release(&r->prio);
+fail3:
+    PyBuffer_Release(&r->path);
+fail2:
+    PyBuffer_Release(&r->tos);
+fail1:
+    PyBuffer_Release(&r->records);
+    PyMem_RawFree(r);
+    return NULL;
+}
+
+static PyObject *Engine_cancel(Engine *e, PyObject *args) {
+    int dst;
+    unsigned long step, msg;
+    if (!PyArg_ParseTuple(args, "ikk:cancel", &dst, &step, &msg))
+        return NULL;
+    Round *found = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->lock);
+    Peer *peer = dst >= 0 && dst < e->n_peers ? e->peers[dst] : NULL;
+    if (peer != NULL) {
+        for (Round *r = peer->rounds; r; r = r->next)
+            if (r->step == (uint32_t)step && r->msg == (uint32_t)msg) {
+                found = r;
+                break;
+            }
+        if (found) {
+            unlink_round(peer, found);
+            found->cancelled = 1;
+            while (found->busy) /* rule 6 */
+                pthread_cond_wait(&e->settled, &e->lock);
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    Py_END_ALLOW_THREADS
+    if (found == NULL)
+        Py_RETURN_FALSE;
+    release_round(found);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Engine_reap(Engine *e, PyObject *unused) {
+    (void)unused;
+    uint64_t count;
+    if (e->efd >= 0) {
+        ssize_t got = read(e->efd, &count, sizeof count);
+        (void)got;
+    }
+    pthread_mutex_lock(&e->lock);
+    Round *head = e->done_head;
+    e->done_head = e->done_tail = NULL;
+    pthread_mutex_unlock(&e->lock);
+    PyObject *out = PyList_New(0);
+    while (head) {
+        Round *r = head;
+        head = r->next;
+        if (out != NULL) {
+            PyObject *item = Py_BuildValue(
+                "(iIIiidKdK)", r->dst, (unsigned)r->step, (unsigned)r->msg, r->status, r->err,
+                r->began_t, r->began_b, r->last_t, r->last_b);
+            if (item == NULL || PyList_Append(out, item) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(item);
+        }
+        release_round(r);
+    }
+    return out;
+}
+
+static PyObject *Engine_fileno(Engine *e, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLong(e->efd);
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *unused) {
+    (void)unused;
+    pthread_mutex_lock(&e->lock);
+    unsigned long long b = e->batches, d = e->datagrams, c = e->send_calls;
+    pthread_mutex_unlock(&e->lock);
+    return Py_BuildValue("{sKsKsK}", "engine_batches", b, "engine_datagrams", d,
+                         "engine_send_calls", c);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"add_peer", (PyCFunction)Engine_add_peer, METH_VARARGS,
+     "add_peer(rank, host, port, pacer): where rank's data goes, paced by pacer."},
+    {"post", (PyCFunction)(void (*)(void))Engine_post, METH_VARARGS | METH_KEYWORDS,
+     "post(dst=, step=, msg=, order=, records=, stride=, per_message=, count=, short=, "
+     "short_len=, tos=, path=, prio=, breaks=): a round to send (see the module source)."},
+    {"cancel", (PyCFunction)Engine_cancel, METH_VARARGS,
+     "cancel(dst, step, msg) -> bool: stop sending a round; its memory is free on return."},
+    {"reap", (PyCFunction)Engine_reap, METH_NOARGS,
+     "reap() -> [(dst, step, msg, status, errno, began_t, began_bytes, last_t, last_bytes)]"},
+    {"fileno", (PyCFunction)Engine_fileno, METH_NOARGS,
+     "fileno() -> the eventfd that is readable while reap() has something"},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "stats() -> counters"},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "close(): stop the thread, drop rounds"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlcp.io._engine.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native send engine (see the module source).",
+    .tp_new = Engine_new,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "dlcp.io._engine",
+    "The native send engine of the DLCP endpoint: pacing and sending in a thread without "
+    "the GIL.",
+    -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    if (PyType_Ready(&PacerType) < 0 || PyType_Ready(&EngineType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PacerType);
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Pacer", (PyObject *)&PacerType) < 0 ||
+        PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "ROUND_SENT", ROUND_SENT);
+    PyModule_AddIntConstant(m, "ROUND_FAILED", ROUND_FAILED);
+    return m;
+}

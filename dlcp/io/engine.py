@@ -1,0 +1,135 @@
+"""Which engine sends an endpoint's data, and the native one's Python face.
+
+Two engines run the same protocol (``dlcp.proto`` decides what goes in every
+datagram, and when a round, a NACK or a STOP is due):
+
+* ``python``: the session paces and cuts batches itself and the endpoint's
+  threads send each batch (``Session.datagrams_to_send`` hands out
+  :class:`~dlcp.proto.events.DataBatch` items, about one per burst of the pacer);
+* ``native``: the session hands each transmission round out whole
+  (:class:`~dlcp.proto.events.RoundPost`) and the compiled engine
+  (``dlcp.io._engine``, C) paces and sends it in a thread of its own, without
+  the GIL, with pacers that are a port of ``dlcp.proto.pacing``'s; Python hears
+  once per round, through an eventfd.
+
+``EndpointConfig.engine`` (``DLCP_ENGINE``) picks one: ``native``, ``python``, or
+``auto`` (the default: native where it was built). A build without a C compiler
+has no ``_engine``; ``auto`` then runs the Python engine and says so in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+from ..errors import ConfigError
+from ..proto.config import ProtocolConfig
+from ..proto.events import RoundPost
+from ..proto.pacing import Pacer, make_pacer
+from .udp import DataSockets, datagrams_per_gso_message
+
+try:
+    from . import _engine as _engine_c  # type: ignore[attr-defined]
+
+    _native: ModuleType | None = _engine_c
+except ImportError:  # built without a C compiler
+    _native = None
+
+__all__ = ["ENGINES", "NativeSender", "RoundReport", "choose_engine", "native_available"]
+
+log = logging.getLogger("dlcp.io")
+
+#: the values of ``EndpointConfig.engine`` / ``DLCP_ENGINE``
+ENGINES = ("auto", "native", "python")
+
+#: a round's report from the native engine: (dst, step, msg, failed, errno,
+#: began time, bytes sent to dst before it, last batch's time, bytes before it)
+RoundReport = tuple[int, int, int, int, int, float, int, float, int]
+
+
+def native_available() -> bool:
+    """Whether the native engine was built."""
+    return _native is not None
+
+
+def choose_engine(setting: str) -> str:
+    """``native`` or ``python`` for an ``engine`` setting (see the module docstring)."""
+    if setting not in ENGINES:
+        raise ConfigError(f"engine={setting!r} (DLCP_ENGINE): use 'auto', 'native' or 'python'")
+    if setting == "python":
+        return "python"
+    if _native is None:
+        if setting == "native":
+            raise ConfigError(
+                "engine='native' (DLCP_ENGINE) but the native engine was not built "
+                "(dlcp.io._engine: install with a C compiler)"
+            )
+        log.info("dlcp: the native engine was not built; the Python engine runs")
+        return "python"
+    return "native"
+
+
+class NativeSender:
+    """The native send engine of one endpoint, over its data sockets.
+
+    ``pacer_for`` is the session's pacer factory: each destination's pacer lives
+    in C, where the engine's thread uses it; the session's calls on it
+    (feedback, loss) take the engine's lock. ``post`` hands a round over,
+    ``cancel`` takes one back (its memory is free to reuse on return), ``reap``
+    returns the rounds that ended; ``fileno`` is readable while there are some.
+    """
+
+    def __init__(self, data: DataSockets, protocol: ProtocolConfig, *, rank: int = 0) -> None:
+        assert _native is not None
+        self._protocol = protocol
+        self._gso = data.use_gso
+        self._engine: Any = _native.Engine(
+            [s.fileno() for s in data.send_socks], protocol.batch_packets, f"dlcp-send-{rank}"
+        )
+        self._pacers: dict[int, Any] = {}
+        self._routed: dict[int, tuple[str, int]] = {}
+
+    def fileno(self) -> int:
+        return int(self._engine.fileno())
+
+    def pacer_for(self, dst: int) -> Pacer:
+        cfg = self._protocol
+        if cfg.pacer == "unpaced":
+            pacer = _native_pacer(unpaced=True)
+        else:
+            options = cfg.pacer_kwargs()
+            make_pacer(cfg.pacer, **options)  # its checks and errors, word for word
+            pacer = _native_pacer(**options)
+        self._pacers[dst] = pacer
+        return pacer  # type: ignore[no-any-return]
+
+    def post(self, item: RoundPost, address: tuple[str, int]) -> None:
+        if self._routed.get(item.dst) != address:
+            self._engine.add_peer(item.dst, address[0], address[1], self._pacers[item.dst])
+            self._routed[item.dst] = address
+        self._engine.post(
+            dst=item.dst, step=item.step, msg=item.msg, order=item.order,
+            records=item.records, stride=item.stride,
+            per_message=datagrams_per_gso_message(item.stride) if self._gso else 1,
+            count=item.count, short=item.short,
+            short_len=item.short_len, tos=item.tos, path=item.path, prio=item.prio,
+            breaks=item.breaks,
+        )  # fmt: skip
+
+    def cancel(self, dst: int, step: int, msg: int) -> bool:
+        return bool(self._engine.cancel(dst, step, msg))
+
+    def reap(self) -> list[RoundReport]:
+        return list(self._engine.reap())
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._engine.stats())
+
+    def close(self) -> None:
+        self._engine.close()
+
+
+def _native_pacer(**options: Any) -> Any:
+    assert _native is not None
+    return _native.Pacer(**options)

@@ -1,0 +1,214 @@
+"""The native send engine (``dlcp.io._engine.Engine``) on real loopback UDP
+sockets: a posted round arrives as its records, in order, with the last record
+short; runs of records on other paths leave from other sockets; a round is
+reported once, when sent or when its send failed; ``cancel`` takes a round
+back; bad posts are refused by name. (The endpoint tests run on this engine by
+default; ``test_engines.py`` checks it against the Python engine.)"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import select
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.io.engine import native_available
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="native engine not built")
+
+
+def _engine(fds: list[int], batch_packets: int = 352) -> Any:
+    from dlcp.io import _engine  # type: ignore[attr-defined]
+
+    return _engine.Engine(fds, batch_packets, "dlcp-send-test")
+
+
+def _pacer(**options: Any) -> Any:
+    from dlcp.io import _engine  # type: ignore[attr-defined]
+
+    return _engine.Pacer(**options)
+
+
+@contextlib.contextmanager
+def _sockets(n_send: int = 1) -> Iterator[tuple[socket.socket, list[socket.socket]]]:
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    rx.bind(("127.0.0.1", 0))
+    txs = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n_send)]
+    for s in txs:
+        s.bind(("127.0.0.1", 0))
+    try:
+        yield rx, txs
+    finally:
+        for s in (rx, *txs):
+            s.close()
+
+
+def _round(count: int, stride: int, short_len: int, seed: int = 0) -> dict[str, Any]:
+    records = np.random.default_rng(seed).integers(0, 256, (count, stride), dtype=np.uint8)
+    return {
+        "records": records,
+        "stride": stride,
+        "per_message": 1,
+        "count": count,
+        "short": count - 1 if short_len < stride else -1,
+        "short_len": short_len,
+        "tos": np.zeros(count, np.uint8),
+        "path": np.zeros(count, np.uint8),
+        "prio": np.zeros(count, np.uint8),
+        "breaks": np.array([count], np.int64),
+    }
+
+
+def _wait_report(engine: Any, timeout: float = 10.0) -> list[Any]:
+    ready, _, _ = select.select([engine.fileno()], [], [], timeout)
+    assert ready, "the engine reported nothing"
+    return list(engine.reap())
+
+
+def _receive(rx: socket.socket, n: int) -> list[tuple[bytes, int]]:
+    rx.settimeout(5.0)
+    got = []
+    for _ in range(n):
+        data, addr = rx.recvfrom(65536)
+        got.append((data, addr[1]))
+    return got
+
+
+@pytest.mark.parametrize(("per_message", "batch_packets"), [(1, 352), (8, 5), (44, 1)])
+def test_a_round_arrives_as_its_records_in_order(per_message: int, batch_packets: int) -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()], batch_packets)
+        try:
+            engine.add_peer(3, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            r = _round(count=50, stride=1000, short_len=123)
+            engine.post(dst=3, step=7, msg=2, order=1, **{**r, "per_message": per_message})
+            report = _wait_report(engine)
+            got = _receive(rx, 50)
+        finally:
+            engine.close()
+    assert [len(d) for d, _ in got] == [1000] * 49 + [123]
+    for i, (data, _) in enumerate(got):
+        assert data == r["records"][i, : len(data)].tobytes(), f"record {i}"
+    ((dst, step, msg, failed, err, began_t, began_b, last_t, last_b),) = report
+    assert (dst, step, msg, failed, err) == (3, 7, 2, 0, 0)
+    assert began_b == 0 and last_b >= began_b and last_t >= began_t
+
+
+def test_paths_leave_from_their_own_sockets() -> None:
+    with _sockets(n_send=2) as (rx, txs):
+        ports = [s.getsockname()[1] for s in txs]
+        engine = _engine([s.fileno() for s in txs])
+        try:
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            r = _round(count=12, stride=500, short_len=500)
+            r["path"] = np.array([0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1, 1], np.uint8)
+            engine.post(dst=1, step=0, msg=0, order=1, **r)
+            _wait_report(engine)
+            got = _receive(rx, 12)
+        finally:
+            engine.close()
+    assert [port for _, port in got] == [ports[p] for p in r["path"]]
+
+
+def test_a_paced_round_takes_its_time() -> None:
+    """1 MB at 20 MB/s with 64 KB bursts: no sooner than the pacer allows."""
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            pacer = _pacer(initial_rate=20e6, min_rate=1e6, burst_bytes=65536)
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
+            r = _round(count=1000, stride=1000, short_len=1000)
+            engine.post(dst=1, step=0, msg=0, order=1, **r)
+            ((*_, began_t, _b, last_t, last_b),) = _wait_report(engine)
+            _receive(rx, 1000)
+        finally:
+            engine.close()
+    # the last batch leaves once the bytes before it were paid for at the rate
+    assert last_t - began_t >= (last_b - 65536) / 20e6 * 0.95
+    assert last_b >= 1_000_000 - 65536
+
+
+def test_the_earliest_message_of_each_step_goes_first_by_class() -> None:
+    """Rule 1 of the engine: of two steps, the higher class at its cursor goes
+    first; a later message of the same step waits for the earlier one."""
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()], batch_packets=1)
+        try:
+            pacer = _pacer(initial_rate=1e6, min_rate=1e3, burst_bytes=100, max_lateness=0.0)
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
+            # hold the pacer in debt so that all three rounds are queued before any goes
+            pacer.on_sent(3000, now=0.0)
+            low = _round(count=2, stride=100, short_len=100, seed=1)
+            high = _round(count=2, stride=100, short_len=100, seed=2)
+            high["prio"][:] = 5
+            later = _round(count=2, stride=100, short_len=100, seed=3)
+            later["prio"][:] = 7  # a later message of step 1: waits for `low`, whatever its class
+            engine.post(dst=1, step=1, msg=0, order=1, **low)
+            engine.post(dst=1, step=2, msg=0, order=2, **high)
+            engine.post(dst=1, step=1, msg=1, order=3, **later)
+            got = [d for d, _ in _receive(rx, 6)]
+        finally:
+            engine.close()
+    order = [bytes(r["records"][i]) for r in (high, low, later) for i in range(2)]
+    assert got == order
+
+
+def test_cancel_takes_a_round_back() -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            pacer = _pacer(initial_rate=1e5, min_rate=1e3, burst_bytes=1000)
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
+            engine.post(dst=1, step=0, msg=0, order=1, **_round(1000, 1000, 1000))
+            assert engine.cancel(1, 0, 0) is True
+            assert engine.cancel(1, 0, 0) is False  # (nothing left to take back)
+            assert engine.cancel(9, 0, 0) is False
+            ready, _, _ = select.select([engine.fileno()], [], [], 0.2)
+            assert not ready and engine.reap() == []  # a cancelled round is not reported
+        finally:
+            engine.close()
+
+
+def test_a_failed_send_reports_the_round_failed() -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            # more than a UDP datagram holds (65,507 bytes over IPv4): EMSGSIZE
+            engine.post(dst=1, step=4, msg=5, order=1, **_round(2, 65535, 65535))
+            ((dst, step, msg, failed, err, *_),) = _wait_report(engine)
+        finally:
+            engine.close()
+    assert (dst, step, msg, failed, err) == (1, 4, 5, 1, errno.EMSGSIZE)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"count": 0}, "bad geometry"),
+        ({"stride": 70000}, "bad geometry"),
+        ({"per_message": 100}, "bad geometry"),
+        ({"short": 50}, "bad geometry"),
+        ({"tos": np.zeros(3, np.uint8)}, "tos has 3 bytes"),
+        ({"breaks": np.zeros(3, np.uint8)}, "int64"),
+    ],
+)
+def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            with pytest.raises(ValueError, match=message):
+                engine.post(dst=1, step=0, msg=0, order=1, **{**_round(10, 1000, 1000), **change})
+            with pytest.raises(ValueError, match="rank 2 has no peer"):
+                engine.post(dst=2, step=0, msg=0, order=1, **_round(10, 1000, 1000))
+            with pytest.raises(ValueError, match="not an IPv4 address"):
+                engine.add_peer(2, "localhost", 5, _pacer(unpaced=True))
+        finally:
+            engine.close()
