@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup sysdeps demo demo-transport test lint bench clean
+.PHONY: setup sysdeps demo demo-transport test test-python-engine sanitize lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,9 +49,35 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+	$(MAKE) test-python-engine sanitize
+
+# The tests of what sends data (endpoint, engines, collectives, process group, training)
+# once more on the Python engine; the whole suite above ran on the native one where built
+ENGINE_TESTS := tests/integration/test_endpoint.py tests/integration/test_engines.py \
+	tests/integration/test_halving.py tests/integration/test_ps_dedicated.py \
+	tests/integration/test_collective_failures.py tests/integration/test_process_group.py \
+	tests/integration/test_training.py
+test-python-engine: setup
+	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
+
+# The native engine built with AddressSanitizer and UBSan (any finding aborts), loaded in
+# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's
+SANITIZED := build/sanitize/_engine.so
+sanitize: setup
+	mkdir -p $(dir $(SANITIZED))
+	$(CC) -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+	  -fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
+	  -Wno-cast-function-type \
+	  -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread
+	DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
+	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
+	  $(BIN)/pytest -q tests/unit/test_engine_send.py tests/unit/test_engine_pacer.py \
+	  tests/integration/test_engines.py tests/integration/test_endpoint.py \
+	  tests/integration/test_halving.py
 
 bench: setup
 	$(BIN)/python -m bench.core --json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build

@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         print(
-            json.dumps({"bench": "messages", "p": args.p, "messages": args.messages, "sizes": rows})
+            # (sessions driven in-process: they pace and cut batches themselves)
+            json.dumps({"bench": "messages", "engine": "python", "p": args.p,
+                        "messages": args.messages, "sizes": rows})
         )
     return 0
 

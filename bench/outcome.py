@@ -12,7 +12,17 @@ from dlcp.testbed.netns import NetnsError
 
 from dlcp.launch import sigterm_interrupts
 
-__all__ = ["finish"]
+__all__ = ["engine_of_run", "finish"]
+
+
+def engine_of_run() -> str:
+    """The engine the endpoints of this run send with (``native`` or ``python``):
+    what ``DLCP_ENGINE`` selects in the ranks, which inherit this environment and
+    this build."""
+    from dlcp.io.config import EndpointConfig
+    from dlcp.io.engine import choose_engine
+
+    return choose_engine(EndpointConfig.from_env().engine)
 
 
 def finish(
@@ -42,6 +52,7 @@ def finish(
     except KeyboardInterrupt:
         print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
         return 130
+    result = {**result, "engine": result.get("engine", engine_of_run())}
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -39,7 +39,7 @@ def _run(
             args += ["--ps-servers", "all"]
     what = (
         f"DLCP ({collective} all-reduce, p = {p:g}, {100 * loss:.3g}% EMULATED loss of received "
-        "data datagrams)"
+        f"data datagrams, {_engine(env)} engine)"
         if transport == "dlcp"
         else "Gloo (TCP, no loss)"
     )
@@ -51,6 +51,14 @@ def _run(
         return result.returncode
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def _engine(env: dict[str, str]) -> str:
+    """The engine the ranks will send with (``DLCP_ENGINE``, this build)."""
+    from .io.config import EndpointConfig
+    from .io.engine import choose_engine
+
+    return choose_engine(EndpointConfig.from_env(env).engine)
 
 
 def _summary(dlcp: dict[str, Any], gloo: dict[str, Any]) -> str:

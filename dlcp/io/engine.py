@@ -19,7 +19,10 @@ has no ``_engine``; ``auto`` then runs the Python engine and says so in the log.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import logging
+import os
 from types import ModuleType
 from typing import Any
 
@@ -29,12 +32,29 @@ from ..proto.events import RoundPost
 from ..proto.pacing import Pacer, make_pacer
 from .udp import DataSockets, datagrams_per_gso_message
 
-try:
-    from . import _engine as _engine_c  # type: ignore[attr-defined]
+#: a path to another build of ``dlcp.io._engine`` to load instead (``make
+#: sanitize``: the same source built with AddressSanitizer and UBSan)
+BUILD_VARIABLE = "DLCP_ENGINE_BUILD"
 
-    _native: ModuleType | None = _engine_c
-except ImportError:  # built without a C compiler
-    _native = None
+
+def _load() -> ModuleType | None:
+    build = os.environ.get(BUILD_VARIABLE)
+    if build:
+        loader = importlib.machinery.ExtensionFileLoader("dlcp.io._engine", build)
+        spec = importlib.util.spec_from_file_location("dlcp.io._engine", build, loader=loader)
+        if spec is None:
+            raise ConfigError(f"{BUILD_VARIABLE}={build!r} is not an extension module")
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+    try:
+        from . import _engine  # type: ignore[attr-defined]
+    except ImportError:  # built without a C compiler
+        return None
+    return _engine  # type: ignore[no-any-return]
+
+
+_native = _load()
 
 __all__ = ["ENGINES", "NativeSender", "RoundReport", "choose_engine", "native_available"]
 
