@@ -27,7 +27,7 @@ def test_without_the_build_auto_runs_python_and_says_so(
     with caplog.at_level(logging.INFO, logger="dlcp.io"):
         assert engine.choose_engine("auto") == "python"
     assert "native engine was not built" in caplog.text
-    with pytest.raises(ConfigError, match="DLCP_ENGINE.*not built"):
+    with pytest.raises(ConfigError, match=r"DLCP_ENGINE.*not built"):
         engine.choose_engine("native")
 
 
