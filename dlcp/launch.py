@@ -158,10 +158,16 @@ MAX_LINE = 64 * 1024
 class _Output:
     """Splits one child pipe into lines and writes them, prefixed, to ``sink``. A
     carriage return ends a line too (a progress bar redrawing its line shows each
-    redraw), and a line that never ends is written every ``MAX_LINE`` bytes."""
+    redraw), and a line that never ends is written every ``MAX_LINE`` bytes.
+
+    A line that already starts with the prefix's label (``[rank0]:``) is written as
+    it is: after ``init_process_group`` torch's excepthook labels every line of a
+    traceback that way itself, as its C++ logging does its warnings
+    (``[rank0]:[W...]``), and labelling them again showed ``[rank0]: [rank0]:``."""
 
     def __init__(self, prefix: bytes, sink: IO[str]) -> None:
         self.prefix = prefix
+        self.label = prefix.rstrip()
         self.sink = sink
         self.buf = b""
 
@@ -184,7 +190,13 @@ class _Output:
             self.buf = b""
 
     def _write(self, lines: list[bytes]) -> None:
-        text = "".join((self.prefix + line).decode(errors="replace") + "\n" for line in lines)
+        text = "".join(
+            (line if self.label and line.startswith(self.label) else self.prefix + line).decode(
+                errors="replace"
+            )
+            + "\n"
+            for line in lines
+        )
         try:
             self.sink.write(text)
             self.sink.flush()
