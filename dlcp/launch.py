@@ -550,6 +550,16 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(signum, old)
 
 
+def _dlcp_settings_error(env: Mapping[str, str]) -> str | None:
+    """What is wrong with the ``DLCP_*`` variables the ranks will inherit, if anything
+    (checked here only when some are set: the check imports the configuration)."""
+    if not any(var.startswith("DLCP_") for var in env):
+        return None
+    from .settings import check_env
+
+    return check_env(env)
+
+
 def run_cli(
     nproc: int,
     module: bool,
@@ -564,6 +574,10 @@ def run_cli(
     """What ``dlcp launch`` does: launch, then say how it ended on stderr."""
     if no_python and module:
         print("dlcp launch: --no-python and -m exclude each other", file=sys.stderr)
+        return 2
+    wrong = _dlcp_settings_error(os.environ)
+    if wrong is not None:  # one line here, not a traceback from every rank
+        print(f"dlcp launch: {wrong}", file=sys.stderr)
         return 2
     if no_python:
         cmd = [target, *args]
