@@ -1,24 +1,46 @@
 # Two entry points (see README): `make demo` and `make test`. Both create .venv.
+#   make demo  installs only what the main job needs: torch and DLCP's base install
+#              (numpy, scapy, scikit-learn, matplotlib); no extras, no system packages.
+#   make test  adds every extra the tests use (dev, testbed, switch, sim) and, as root
+#              with apt-get, the Debian tools the namespace testbed needs.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# pip prints what it collects and installs, with progress bars on a terminal
+PIP    := $(BIN)/pip install --progress-bar on --disable-pip-version-check
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup sysdeps demo demo-transport test test-python-engine sanitize lint bench clean
+.PHONY: setup setup-demo sysdeps demo demo-transport test test-python-engine sanitize lint \
+	bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
+	@echo "==> [1/3] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# the CPU build of torch that these machines carry; an unpinned torch pulls CUDA
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,testbed,switch,sim]'
-	touch $(STAMP)
 
-setup: $(STAMP) sysdeps
+# the CPU build of torch that these machines carry; an unpinned torch pulls CUDA
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@echo "==> [2/3] installing torch==2.13.0 (the largest step)"
+	$(PIP) torch==2.13.0
+	@echo "==> [3/3] installing DLCP and the main job's dependencies (numpy, scapy, scikit-learn, matplotlib)"
+	$(PIP) -e .
+	touch $@
+
+# the extras the tests use: dev (pytest, ruff, mypy), testbed (Mininet's Python API),
+# switch (P4Runtime client), sim (ns-3, ~480 MB)
+$(TEST_STAMP): $(DEMO_STAMP)
+	@echo "==> installing the test extras: dev, testbed, switch, sim (ns-3 is ~480 MB: a few minutes)"
+	$(PIP) -e '.[dev,testbed,switch,sim]'
+	touch $@
+
+setup-demo: $(DEMO_STAMP)
+
+setup: $(TEST_STAMP) sysdeps
 
 # Namespace tests and benchmarks need iproute2, procps (sysctl), nftables, ethtool and
-# ping; the Mininet backend needs mnexec (Debian mininet). As root with apt (CI, a fresh
-# Debian), install what is missing; otherwise those tests skip.
+# ping; the Mininet backend needs mnexec (Debian mininet, without its recommended Open
+# vSwitch: the backend runs hosts as routers, and nothing here enables a service). As
+# root with apt (CI, a fresh Debian), install what is missing; otherwise those tests skip.
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
@@ -26,21 +48,23 @@ sysdeps:
 	    command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends $$missing; \
 	  fi; \
 	  if ! command -v mnexec >/dev/null; then \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet; } \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	        apt-get install -y -qq --no-install-recommends mininet; } \
 	      || echo "mininet not installed: the Mininet backend tests will skip"; \
 	  fi; \
 	fi
 
 # the main job: 4 local ranks train the digits CNN over DLCP (1% emulated loss,
 # p = 0.05), then over Gloo; per-epoch figures, JSON and a PNG plot in results/
-demo: setup
+demo: $(DEMO_STAMP)
 	$(BIN)/dlcp train-demo --results results
 
 # the transport alone: two sessions over an emulated lossy multipath link
-demo-transport: setup
+demo-transport: $(DEMO_STAMP)
 	$(BIN)/dlcp demo
 
 lint: setup
@@ -64,19 +88,21 @@ test-python-engine: setup
 # place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's
 SANITIZED := build/sanitize/_engine.so
 sanitize: setup
-	mkdir -p $(dir $(SANITIZED))
+	@if ! $(CC) -print-file-name=libasan.so | grep -q /; then \
+	  echo "sanitize: skipped ($(CC) has no AddressSanitizer runtime)"; exit 0; fi; \
+	mkdir -p $(dir $(SANITIZED)) && \
 	$(CC) -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
 	  -fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
 	  -Wno-cast-function-type \
 	  -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread
+	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread && \
 	DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
 	  $(BIN)/pytest -q tests/unit/test_engine_send.py tests/unit/test_engine_pacer.py \
 	  tests/integration/test_engines.py tests/integration/test_endpoint.py \
 	  tests/integration/test_halving.py
 
-bench: setup
+bench: $(DEMO_STAMP)
 	$(BIN)/python -m bench.core --json
 
 clean:

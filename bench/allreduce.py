@@ -349,10 +349,8 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.allreduce", description=__doc__.split("\n")[0]
-    )
+def _parser(prog: str = "python -m bench.allreduce") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument(
         "--elems",
         type=int,
@@ -375,8 +373,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.allreduce") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.elems < 4:
         raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")
     if args.worker:

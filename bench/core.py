@@ -130,8 +130,10 @@ def memcpy_time(data: np.ndarray, out: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.core") -> int:
+    ap = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--size-mib", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--batch-packets", type=int, default=ProtocolConfig().batch_packets)

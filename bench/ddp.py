@@ -488,8 +488,8 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dlcp bench ddp", description=__doc__,
+def _parser(prog: str = "python -m bench.ddp") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--nproc", type=int, default=4)
@@ -515,8 +515,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.ddp") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.worker:
         code = worker(args)
         # the job's work is done (figures written, group destroyed): leave without the

@@ -90,10 +90,8 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
     return {phase: round(1e6 * total / messages, 1) for phase, total in totals.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.messages", description=__doc__.split("\n")[0]
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m bench.messages") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,9570,38282", help="float32 elements, comma-separated")
     ap.add_argument("--p", type=float, default=0.05, help="loss bound of the messages")
     ap.add_argument("--messages", type=int, default=2000)

@@ -379,9 +379,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary(args, path, pair is not None, ready, res)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m bench.transport") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="dlcp bench transport",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -460,8 +460,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.transport") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.worker:
         return worker_main(args)
     args.size_bytes = int(args.size_mib * 2**20) // 4 * 4

@@ -78,38 +78,78 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--loss", type=_LOSS, default=0.05, help="drop probability on the lossy path (default 0.05)"
     )
-    demo.add_argument("--steps", type=_at_least_one, default=5)
-    demo.add_argument("--seed", type=_seed, default=0)
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument(
+        "--steps", type=_at_least_one, default=5, help="gradient buckets to send (default 5)"
+    )
+    demo.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        help="seed of the gradients and the link's drops (default 0)",
+    )
+    demo.add_argument(
+        "--json", action="store_true", help="also print the results as one JSON line at the end"
+    )
 
     launch = sub.add_parser(
-        "launch", help="run N local ranks with torchrun's env:// variables (dlcp.launch)"
+        "launch",
+        help="run N local ranks with torchrun's env:// variables (dlcp.launch)",
+        description="Start N local ranks of a script (or module, or executable) with "
+        "torchrun's env:// variables (MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, "
+        "WORLD_SIZE, LOCAL_WORLD_SIZE), prefix each rank's output with [rankN]:, and "
+        "when one rank fails, stop the others and exit with its exit code.",
     )
-    launch.add_argument("-n", "--nproc-per-node", dest="nproc", type=_at_least_one, required=True)
+    launch.add_argument(
+        "-n",
+        "--nproc-per-node",
+        dest="nproc",
+        type=_at_least_one,
+        required=True,
+        help="number of ranks to start",
+    )
     launch.add_argument("-m", "--module", action="store_true", help="run target as a module")
     launch.add_argument(
         "--no-python", action="store_true", help="run target as an executable, not with python"
     )
     launch.add_argument("--master-port", type=_port, default=None, help="default: a free port")
     launch.add_argument("--no-prefix", action="store_true", help="do not prefix [rankN]:")
-    launch.add_argument("--grace", type=_seconds, default=10.0, help="SIGTERM->SIGKILL seconds")
+    launch.add_argument(
+        "--grace",
+        type=_seconds,
+        default=10.0,
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 10)",
+    )
     launch.add_argument("target", help="script (or module with -m)")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="passed to every rank")
 
     train = sub.add_parser(
         "train-demo", help="the main job: digits CNN on 4 ranks over DLCP and Gloo, plot"
     )
-    train.add_argument("-n", "--nproc", type=_at_least_one, default=4)
-    train.add_argument("--epochs", type=_at_least_one, default=8)
+    train.add_argument(
+        "-n", "--nproc", type=_at_least_one, default=4, help="local ranks to train on (default 4)"
+    )
+    train.add_argument(
+        "--epochs", type=_at_least_one, default=8, help="epochs of each run (default 8)"
+    )
     train.add_argument("--p", type=_P, default=0.05, help="DLCP loss bound (default 0.05)")
     train.add_argument(
         "--loss", type=_LOSS, default=0.01, help="EMULATED loss on DLCP (default 0.01)"
     )
-    train.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
+    train.add_argument(
+        "--collective",
+        choices=["ring", "halving-doubling", "ps"],
+        default="ring",
+        help="DLCP's all-reduce: ring, halving-doubling (power-of-two -n) or ps, a PS-style "
+        "all-reduce with every rank a server (default ring)",
+    )
     train.add_argument("--results", default="results", help="directory for JSON and PNG")
 
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
-    bench.add_argument("which", choices=["core", "transport", "ddp", "allreduce", "messages"])
+    bench.add_argument(
+        "which",
+        choices=["core", "transport", "ddp", "allreduce", "messages"],
+        help="the benchmark (docs/benchmarks.md); `dlcp bench NAME --help` lists its options",
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
 
     # testbed/ is installed as dlcp.testbed (package-dir): imported by name
@@ -120,7 +160,20 @@ def _parser() -> argparse.ArgumentParser:
     from .sim.cli import add_parser as add_sim_parser
 
     add_sim_parser(sub)
+    _describe(ap)
     return ap
+
+
+def _describe(ap: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description its one-line help as one, so
+    that ``dlcp NAME --help`` says what NAME does."""
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if sub.description is None and helps.get(name):
+                    sub.description = helps[name]
+                _describe(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
         bench = importlib.import_module(f"dlcp.bench.{args.which}")
-        return int(bench.main(args.args))
+        return int(bench.main(args.args, prog=f"dlcp bench {args.which}"))
     if args.command == "testbed":
         return int(importlib.import_module("dlcp.testbed.cli").main(args))
     if args.command == "switch":

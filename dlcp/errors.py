@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DLCPError", "EndpointClosed", "PeerTimeout", "TransferFailed"]
+__all__ = [
+    "ConfigError",
+    "DLCPError",
+    "EndpointClosed",
+    "PeerTimeout",
+    "StartupTimeout",
+    "TransferFailed",
+]
 
 
 class DLCPError(Exception):
@@ -19,6 +26,11 @@ class TransferFailed(DLCPError):
 
 class PeerTimeout(TransferFailed, TimeoutError):
     """A peer stopped answering, or a message did not arrive in time."""
+
+
+class StartupTimeout(DLCPError, TimeoutError):
+    """The job's ranks did not all start within the start-up wait (how many the
+    job expects comes from ``WORLD_SIZE``)."""
 
 
 class EndpointClosed(DLCPError):

@@ -158,10 +158,16 @@ MAX_LINE = 64 * 1024
 class _Output:
     """Splits one child pipe into lines and writes them, prefixed, to ``sink``. A
     carriage return ends a line too (a progress bar redrawing its line shows each
-    redraw), and a line that never ends is written every ``MAX_LINE`` bytes."""
+    redraw), and a line that never ends is written every ``MAX_LINE`` bytes.
+
+    A line that already starts with the prefix's label (``[rank0]:``) is written as
+    it is: after ``init_process_group`` torch's excepthook labels every line of a
+    traceback that way itself, as its C++ logging does its warnings
+    (``[rank0]:[W...]``), and labelling them again showed ``[rank0]: [rank0]:``."""
 
     def __init__(self, prefix: bytes, sink: IO[str]) -> None:
         self.prefix = prefix
+        self.label = prefix.rstrip()
         self.sink = sink
         self.buf = b""
 
@@ -184,7 +190,13 @@ class _Output:
             self.buf = b""
 
     def _write(self, lines: list[bytes]) -> None:
-        text = "".join((self.prefix + line).decode(errors="replace") + "\n" for line in lines)
+        text = "".join(
+            (line if self.label and line.startswith(self.label) else self.prefix + line).decode(
+                errors="replace"
+            )
+            + "\n"
+            for line in lines
+        )
         try:
             self.sink.write(text)
             self.sink.flush()
@@ -538,6 +550,16 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(signum, old)
 
 
+def _dlcp_settings_error(env: Mapping[str, str]) -> str | None:
+    """What is wrong with the ``DLCP_*`` variables the ranks will inherit, if anything
+    (checked here only when some are set: the check imports the configuration)."""
+    if not any(var.startswith("DLCP_") for var in env):
+        return None
+    from .settings import check_env
+
+    return check_env(env)
+
+
 def run_cli(
     nproc: int,
     module: bool,
@@ -552,6 +574,10 @@ def run_cli(
     """What ``dlcp launch`` does: launch, then say how it ended on stderr."""
     if no_python and module:
         print("dlcp launch: --no-python and -m exclude each other", file=sys.stderr)
+        return 2
+    wrong = _dlcp_settings_error(os.environ)
+    if wrong is not None:  # one line here, not a traceback from every rank
+        print(f"dlcp launch: {wrong}", file=sys.stderr)
         return 2
     if no_python:
         cmd = [target, *args]

@@ -10,19 +10,22 @@ discovery protocol of our own.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, StartupTimeout
 from .io.config import EndpointConfig
 from .io.endpoint import Endpoint
 from .io.peers import Store
+from .settings import config_from_env
 
 __all__ = ["JobInfo", "attempt", "connect", "env_job", "local_address"]
 
@@ -110,13 +113,19 @@ def _default_store(job: JobInfo, timeout: float, env: Mapping[str, str]) -> Any:
         with _stores_lock:
             made = _stores.get(where)
             if made is None:  # one per job and rank, kept for the next connect()
-                made = _stores[where] = TCPStore(
-                    job.master_addr, job.master_port, job.world_size, is_master=serves,
-                    timeout=timedelta(seconds=timeout),
-                    # as torch's env:// store is: a later init_process_group on
-                    # MASTER_PORT shares this server instead of finding the port taken
-                    multi_tenant=True,
-                )  # fmt: skip
+                try:
+                    made = _stores[where] = TCPStore(
+                        job.master_addr, job.master_port, job.world_size, is_master=serves,
+                        timeout=timedelta(seconds=timeout),
+                        # as torch's env:// store is: a later init_process_group on
+                        # MASTER_PORT shares this server instead of finding the port taken
+                        multi_tenant=True,
+                    )  # fmt: skip
+                except dist.DistStoreError as exc:  # rank 0 waited for the others
+                    said = str(exc).strip().splitlines()[0]
+                    raise StartupTimeout(
+                        f"rank {job.rank}: {said} {startup_hint(job)}."
+                    ) from None
         base = made
     return PrefixStore(f"dlcp/{attempt(env)}", base)
 
@@ -186,7 +195,7 @@ def connect(
     """
     env = os.environ if env is None else env
     job = env_job(env)
-    config = config if config is not None else EndpointConfig.from_env(env)
+    config = config if config is not None else config_from_env(env)
     if config.host == "127.0.0.1" and "DLCP_HOST" not in env:
         local_world = env.get("LOCAL_WORLD_SIZE", "")  # (torchrun and dlcp launch set it)
         world = job.world_size if job_world_size is None else max(job_world_size, job.world_size)
@@ -218,6 +227,8 @@ def connect(
             store.set(prefix + "job", job_s)
             if auth:
                 store.set(prefix + "key", key_s)
+        else:
+            _await_rank0(store, prefix + "job", job, config.timeout)
         job_id = int(store.get(prefix + "job"))
         key = bytes.fromhex(store.get(prefix + "key").decode()) if auth else None
         endpoint = Endpoint(
@@ -235,6 +246,53 @@ def connect(
     if job.rank == 0:  # another group in another store (or this one again) gets its own
         _chosen.pop(prefix, None)
     return endpoint, job
+
+
+log = logging.getLogger("dlcp.rendezvous")
+
+
+def startup_hint(job: JobInfo) -> str:
+    """What the ranks wait for at start-up, for an error or notice to say."""
+    return (
+        f"WORLD_SIZE={job.world_size}: {job.world_size} ranks must start, each with its own "
+        f"RANK, MASTER_ADDR={job.master_addr} and MASTER_PORT={job.master_port}; rank 0 "
+        "waits in torch's store until they all have joined"
+    )
+
+
+def _await_rank0(store: Any, key: str, job: JobInfo, notice_after: float) -> None:
+    """Wait for rank 0 to publish the job (``key``) at most the store's own timeout
+    (the process group's, for torch's stores: init_process_group's ``timeout``),
+    saying what is awaited once ``notice_after`` seconds (DLCP_TIMEOUT) have gone
+    by: with fewer ranks started than WORLD_SIZE, rank 0 never publishes it, and
+    this rank waited without a word. A store that cannot wait on a key (a caller's
+    own) is left to its ``get``."""
+    wait = getattr(store, "wait", None)
+    if not callable(wait):
+        return
+    limit = getattr(store, "timeout", None)
+    total = limit.total_seconds() if isinstance(limit, timedelta) else notice_after
+    waited = 0.0
+    for span in (min(notice_after, total), total - min(notice_after, total)):
+        if span <= 0:
+            continue
+        started = time.monotonic()
+        try:
+            wait([key], timedelta(seconds=span))
+            return
+        except Exception:  # torch raises DistStoreError when the wait times out
+            if time.monotonic() - started < 0.9 * span:
+                raise  # the store failed, it did not time out
+        waited += span
+        if waited < total:
+            log.warning(
+                "dlcp rank %d: still waiting for rank 0 after %g s (%s); giving up after %g s",
+                job.rank, waited, startup_hint(job), total,
+            )  # fmt: skip
+    raise StartupTimeout(
+        f"rank {job.rank}: rank 0 did not start the job within {waited:g} s. "
+        f"{startup_hint(job)}."
+    )
 
 
 class _Prefixed:

@@ -133,6 +133,13 @@ def main(
     collective: str = "ring",
     results: str = "results",
 ) -> int:
+    from .settings import check_env
+
+    # the ranks' DLCP_* variables (the loss is --loss), checked once here
+    wrong = check_env({k: v for k, v in os.environ.items() if k != "DLCP_EMULATED_LOSS"})
+    if wrong is not None:
+        print(f"dlcp train-demo: {wrong}", file=sys.stderr)
+        return 2
     out = Path(results)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -139,11 +139,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rank = int(os.environ["RANK"])
     if args.transport == "dlcp":
         os.environ.setdefault("DLCP_EMULATED_LOSS_SEED", str(rank))
-    from dlcp.io.config import EndpointConfig
+    from dlcp.errors import ConfigError
+    from dlcp.rendezvous import env_job, startup_hint
+    from dlcp.settings import config_from_env
 
-    # the endpoints' timeout, read (and every DLCP_* variable checked) as they will
-    timeout = timedelta(seconds=EndpointConfig.from_env().timeout + 30)
-    dist.init_process_group("gloo", timeout=timeout)
+    # the endpoints' timeout, read (and every DLCP_* variable checked) as they will;
+    # a wrong setting or a job that never gathers all its ranks is one line per rank
+    try:
+        job = env_job()
+        timeout = timedelta(seconds=config_from_env().timeout + 30)
+    except ConfigError as exc:
+        raise SystemExit(f"dlcp rank {rank}: {exc}") from None
+    try:
+        dist.init_process_group("gloo", timeout=timeout)
+    except dist.DistError as exc:  # (torch's start-up wait for all WORLD_SIZE ranks)
+        said = str(exc).strip().splitlines()[0]
+        raise SystemExit(
+            f"dlcp rank {rank}: the job did not start within {timeout.total_seconds():g} s "
+            f"(DLCP_TIMEOUT + 30): {said}. {startup_hint(job)}."
+        ) from None
     world = dist.get_world_size()
     torch.manual_seed(args.seed)
     x_tr, y_tr, x_te, y_te = load_data(args.seed)

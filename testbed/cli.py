@@ -86,14 +86,18 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run = tsub.add_parser(
         "run", help="train on the testbed under one scenario (see testbed/experiments.py)"
     )
-    run.add_argument("--scenario", choices=SCENARIOS, required=True)
-    run.add_argument("--transport", choices=["dlcp", "gloo"], required=True)
+    run.add_argument(
+        "--scenario", choices=SCENARIOS, required=True, help="network conditions to train under"
+    )
+    run.add_argument(
+        "--transport", choices=["dlcp", "gloo"], required=True, help="how gradients travel"
+    )
     run.add_argument(
         "--ablate",
         default="",
         help=f"DLCP features to turn off, comma-separated: {','.join(ABLATIONS)}",
     )
-    run.add_argument("--epochs", type=int, default=2)
+    run.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
     run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
     run.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
@@ -111,7 +115,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     suite.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)"
     )
-    suite.add_argument("--epochs", type=int, default=2)
+    suite.add_argument("--epochs", type=int, default=2, help="epochs of each run (default 2)")
     suite.add_argument(
         "--ablations-on",
         default=None,

@@ -17,15 +17,31 @@ from .runner import SimError, run_many
 __all__ = ["add_parser", "main", "suite_configs"]
 
 
+def default_hosts_per_leaf(hosts: int) -> int:
+    """Hosts per leaf when none is given: 16 (the 144-host fabric's), or the largest
+    number below that which fills at least two whole leaves with ``hosts``."""
+    top = max(1, min(16, hosts // 2))
+    return next(d for d in range(top, 0, -1) if hosts % d == 0)
+
+
+def default_servers(hosts: int) -> int:
+    """Parameter servers when none is given: one per 9 hosts (16 of 144), at least 1."""
+    return max(1, hosts // 9)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=144, help="hosts (default 144)")
     p.add_argument("--topology", default=None,
                    help="leaf-spine TOML, testbed format: its hosts, leaves and spines "
                         "(rates and buffers come from --link-gbps and --buffer-packets; "
                         "default: a regular one)")  # fmt: skip
-    p.add_argument("--hosts-per-leaf", type=int, default=16)
-    p.add_argument("--spines", type=int, default=4)
-    p.add_argument("--link-gbps", type=float, default=100.0)
+    p.add_argument("--hosts-per-leaf", type=int, default=None,
+                   help="hosts under each leaf (default 16, or fewer so that --hosts fills "
+                        "at least two whole leaves)")  # fmt: skip
+    p.add_argument("--spines", type=int, default=4, help="spine switches (default 4)")
+    p.add_argument(
+        "--link-gbps", type=float, default=100.0, help="every link's rate (default 100 Gbit/s)"
+    )
     p.add_argument(
         "--oversubscription",
         type=float,
@@ -33,8 +49,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="leaf downlink:uplink capacity (default: spine links at link rate)",
     )
     p.add_argument("--buffer-packets", type=int, default=300, help="per switch port")
-    p.add_argument("--servers", type=int, default=16, help="parameter servers (ps-*)")
-    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--servers", type=int, default=None,
+                   help="parameter servers of a ps-* workload (default one per 9 hosts, "
+                        "16 of 144)")  # fmt: skip
+    p.add_argument("--iterations", type=int, default=2, help="training iterations (default 2)")
     p.add_argument(
         "--scale", type=float, default=0.01, help="gradient bytes multiplied by this (default 0.01)"
     )
@@ -42,7 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-flows", type=int, default=0, help="per host")
     p.add_argument("--tcp-min-rto-us", type=float, default=1000.0,
                    help="TCP/DCTCP minimum RTO (default 1000 us)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed of every random choice (default 1)")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once")
     p.add_argument("--out", default="results/sim", help="output directory")  # fmt: skip
 
@@ -61,19 +79,25 @@ def add_parser(sub: Any) -> None:
     _common(suite)
     suite.add_argument("--workload", action="append", default=[],
                        help="repeatable (default ps-resnet50)")  # fmt: skip
-    suite.add_argument("--no-ablations", action="store_true")
+    suite.add_argument(
+        "--no-ablations", action="store_true", help="run DLCP, TCP and DCTCP only"
+    )
 
 
 def _base(args: argparse.Namespace, workload: str) -> dict[str, Any]:
     return {
         "hosts": args.hosts,
         "topology": args.topology,
-        "hosts_per_leaf": args.hosts_per_leaf,
+        "hosts_per_leaf": (
+            default_hosts_per_leaf(args.hosts)
+            if args.hosts_per_leaf is None
+            else args.hosts_per_leaf
+        ),
         "spines": args.spines,
         "link_gbps": args.link_gbps,
         "oversubscription": args.oversubscription,
         "buffer_packets": args.buffer_packets,
-        "servers": args.servers,
+        "servers": default_servers(args.hosts) if args.servers is None else args.servers,
         "iterations": args.iterations,
         "scale": args.scale,
         "p": args.p,

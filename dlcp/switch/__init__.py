@@ -1,4 +1,4 @@
-"""switch -- the control plane of DLCP-aware switches (issue #6).
+"""switch -- the control plane of DLCP-aware switches.
 
 One policy model (:mod:`.policy`) rendered for every target: the Linux ``tc`` profile
 of the namespace testbed (:mod:`.linux_tc`), P4Runtime entries for the BMv2 program

@@ -205,7 +205,7 @@ class SwitchPolicy:
         ring step of the testbed's training (27 packets, most of them
         drop-eligible) overflowed it with no other traffic: 0.7 % of the gradient
         values lost and retransmissions in the ``clean`` scenario; with two fifths,
-        none (README, testbed section)."""
+        none (docs/testbed.md)."""
         return cls(
             link_rate_mbit=link_rate_mbit,
             queue_packets=buffer_packets,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,18 +30,95 @@ ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
 
 
-def open_capture() -> socket.socket:
-    """A raw AF_PACKET socket on loopback (root), 50 ms receive timeout; skips the
-    test where packets cannot be captured."""
-    try:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    except (PermissionError, OSError, AttributeError) as exc:
-        pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
-    with contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
-    s.bind(("lo", 0))
-    s.settimeout(0.05)
-    return s
+def _port_filter(udp_dst: int, tcp_ports: tuple[int, ...]) -> bytes:
+    """A classic BPF program (``struct sock_fprog``'s instructions) that keeps the
+    loopback frames of IPv4 UDP to ``udp_dst`` and IPv4 TCP from or to any of
+    ``tcp_ports``, and drops every other frame in the kernel."""
+    # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets
+    ld_h, ld_b, ldx_msh, ld_ind_h, jeq, ret = 0x28, 0x30, 0xB1, 0x48, 0x15, 0x06
+    prog: list[tuple[int, str | int, str | int, int] | str] = [
+        (ld_h, 0, 0, 12), (jeq, 0, "drop", 0x0800),  # IPv4
+        (ld_b, 0, 0, 23), (jeq, 0, "tcp", 17),  # UDP ...
+        (ldx_msh, 0, 0, 14), (ld_ind_h, 0, 0, 16), (jeq, "keep", "drop", udp_dst),
+        "tcp", (jeq, 0, "drop", 6),  # ... or TCP
+        (ldx_msh, 0, 0, 14), (ld_ind_h, 0, 0, 14),  # source port
+        *[(jeq, "keep", 0, port) for port in tcp_ports],
+        (ld_ind_h, 0, 0, 16),  # destination port
+        *[(jeq, "keep", 0, port) for port in tcp_ports],
+        (ret, 0, 0, 0),
+        "keep", (ret, 0, 0, 1 << 18),
+        "drop", (ret, 0, 0, 0),
+    ]  # fmt: skip
+    labels, at = {}, 0
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = at
+        else:
+            at += 1
+    code, at = b"", 0
+    for item in prog:
+        if isinstance(item, str):
+            continue
+        op, jt, jf, k = item
+        jt = labels[jt] - at - 1 if isinstance(jt, str) else jt
+        jf = labels[jf] - at - 1 if isinstance(jf, str) else jf
+        code += struct.pack("HBBI", op, jt, jf, k)
+        at += 1
+    return code
+
+
+class LoopbackCapture:
+    """The frames one test's own traffic puts on loopback, and only those: a BPF
+    filter in the kernel keeps IPv4 UDP to ``udp_dst`` and TCP from or to
+    ``tcp_ports``, attached before the socket sees any frame, so that other jobs on
+    the machine neither fill its buffer nor reach the reader. A thread reads while
+    the test runs; :meth:`stop`, called once the test's traffic has ended (a real
+    signal: the transfer's results), reads what is still queued without waiting for
+    more and returns every outgoing frame, in wire order. ``drops`` counts frames
+    the kernel had to drop for want of buffer."""
+
+    def __init__(self, *, udp_dst: int, tcp_ports: tuple[int, ...] = ()) -> None:
+        try:
+            # protocol 0: no frame is queued until bind(), after the filter is on
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        except (PermissionError, OSError, AttributeError) as exc:
+            pytest.skip(f"cannot capture packets here (AF_PACKET): {exc}")
+        code = _port_filter(udp_dst, tcp_ports)
+        buf = ctypes.create_string_buffer(code)
+        fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))
+        s.setsockopt(socket.SOL_SOCKET, 26, fprog)  # SO_ATTACH_FILTER
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+        s.bind(("lo", ETH_P_ALL))
+        s.settimeout(0.05)
+        self._sock = s
+        self._stop = threading.Event()
+        self.frames: list[bytes] = []
+        self.drops = 0
+        self._thread = threading.Thread(target=self._read, name="test-capture")
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                frame, addr = self._sock.recvfrom(1 << 17, socket.MSG_DONTWAIT if stopping else 0)
+            except (TimeoutError, BlockingIOError):
+                if stopping:
+                    return
+                continue
+            if addr[2] == PACKET_OUTGOING:
+                self.frames.append(frame)
+
+    def stop(self) -> list[bytes]:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(timeout=30)
+            assert not self._thread.is_alive(), "capture thread did not stop"
+            # struct tpacket_stats {tp_packets, tp_drops} (SOL_PACKET, PACKET_STATISTICS)
+            self.drops = struct.unpack("II", self._sock.getsockopt(263, 6, 8))[1]
+            self._sock.close()
+        return self.frames
 
 
 def plan(rank: int, ops: list[dict[str, Any]], *, timeout: float = 15.0,

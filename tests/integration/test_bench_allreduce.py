@@ -2,7 +2,7 @@
 would, with few calls.
 
 Checks their contract (exit 0, one JSON object on the last stdout line with the
-figures the README quotes, positive times) and that they verify what they time:
+figures docs/benchmarks.md quotes, positive times) and that they verify what they time:
 the all-reduce benchmark ends by checking that the DLCP replicas agree and that
 DLCP's lossless all-reduce (and the UDP floor's, as root) gives Gloo's mean (a
 wrong result exits non-zero), the

@@ -1,7 +1,7 @@
 """``python -m bench.ddp``, run as a user would, on a tiny model.
 
 Checks the benchmark's contract (exit 0, one JSON object on the last stdout
-line with the figures the README's table uses) and that its figures are
+line with the figures docs/benchmarks.md uses) and that its figures are
 consistent with each other: every iteration time is a positive number, the
 communication costs are the transports' iterations less the no-communication
 floor, and the ratios are the quotients they claim to be. No figure is compared

@@ -4,12 +4,16 @@ for how the worker processes are run)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +41,11 @@ from tests.integration.endpoint_helpers import (
     JOB,
     KEY,
     MARGIN,
-    PACKET_OUTGOING,
     WRONG_KEY,
     LocalStore,
+    LoopbackCapture,
     assert_exact,
     local_endpoint,
-    open_capture,
     plan,
     recv,
     root_only,
@@ -384,41 +387,78 @@ def _tcp_tos(frame: bytes, ports: set[int]) -> int | None:
     return ip[1] if src in ports or dst in ports else None
 
 
+#: another job's traffic on loopback: UDP datagrams as fast as one process sends them,
+#: to a socket of its own, until its stdin closes; "flooding" once it has begun
+_FLOOD = """
+import socket, sys, threading
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", 0))
+def sink():
+    while True:
+        rx.recv(1 << 16)
+threading.Thread(target=sink, daemon=True).start()
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+data, to, said = bytes(1400), rx.getsockname(), False
+while not done.is_set():
+    for _ in range(200):
+        try:
+            tx.sendto(data, to)
+        except OSError:
+            pass
+    if not said:
+        print("flooding", flush=True)
+        said = True
+"""
+
+
+@contextlib.contextmanager
+def _busy_loopback(busy: bool) -> Iterator[None]:
+    if not busy:
+        yield
+        return
+    flood = subprocess.Popen([sys.executable, "-c", _FLOOD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert flood.stdout is not None and flood.stdout.readline() == "flooding\n"
+        yield
+    finally:
+        assert flood.stdin is not None
+        flood.stdin.close()
+        flood.wait(timeout=30)
+
+
 @pytest.mark.root
 @root_only
-@pytest.mark.parametrize("gso", ["off", "auto"])
-def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: str) -> None:
-    cap = open_capture()
-    frames: list[bytes] = []
-    stop = threading.Event()
-
-    def capture() -> None:
-        while not stop.is_set():
-            try:
-                frame, addr = cap.recvfrom(1 << 17)
-            except TimeoutError:
-                continue
-            if addr[2] == PACKET_OUTGOING:
-                frames.append(frame)
-
+@pytest.mark.parametrize(("gso", "busy"), [("off", False), ("auto", False), ("auto", True)])
+def test_tos_byte_on_the_wire_follows_each_packets_class(
+    tmp_path: Path, gso: str, busy: bool
+) -> None:
+    """Every data packet carries its class's TOS byte, and control packets the top
+    class's. The capture keeps exactly this test's traffic (a kernel filter on the
+    receiver's data port and both control ports, attached before it sees a frame)
+    and reads until the transfer's results, then what is still queued: with other
+    jobs on the machine the unfiltered capture's buffer filled with their frames, or
+    its reader fell behind and was stopped first ("captured only 0 data packets");
+    ``busy`` runs it beside another process flooding loopback."""
     # p > 0: with p = 0 nothing would be drop-eligible (a drop would be resent anyway)
     op = send(1, n=MB4, layers=8, p=0.05)
-    try:
-        with workers([plan(0, [op], gso=gso), plan(1, [recv(1)])], tmp_path) as (a, b):
-            assert b.address is not None
-            port = int(b.address.split()[1])
-            control_ports = {int(w.address.split()[2]) for w in (a, b) if w.address}
-            thread = threading.Thread(target=capture)
-            thread.start()
-            try:
-                a.say("go"), b.say("go")
-                tx, rx = a.results(30), b.results(30)
-            finally:
-                stop.set()
-                thread.join(timeout=10)
-            assert a.finish() == b.finish() == []
-    finally:
-        cap.close()
+    with (
+        _busy_loopback(busy),
+        workers([plan(0, [op], gso=gso), plan(1, [recv(1)])], tmp_path) as (a, b),
+    ):
+        assert a.address is not None and b.address is not None
+        port = int(b.address.split()[1])
+        control_ports = tuple(int(w.address.split()[2]) for w in (a, b) if w.address)
+        cap = LoopbackCapture(udp_dst=port, tcp_ports=control_ports)
+        try:
+            a.say("go"), b.say("go")
+            tx, rx = a.results(30), b.results(30)
+        finally:
+            frames = cap.stop()
+        assert a.finish() == b.finish() == []
+    assert cap.drops == 0, f"the capture's buffer overflowed: {cap.drops} frames dropped"
     assert_exact(rx["results"][0], tx["results"][0], op)
     tos_map = TosMap()
     seen: Counter[tuple[int, bool]] = Counter()
@@ -433,6 +473,6 @@ def test_tos_byte_on_the_wire_follows_each_packets_class(tmp_path: Path, gso: st
     assert {prio for prio, _ in seen} == set(range(8)), "8 layers should use all 8 classes"
     # control traffic (FINISH one way, STOP back, the TCP handshake and ACKs) travels
     # in the highest class; the kernel owns a TCP packet's ECN bits
-    control = [tos for frame in frames if (tos := _tcp_tos(frame, control_ports)) is not None]
+    control = [tos for frame in frames if (tos := _tcp_tos(frame, set(control_ports))) is not None]
     assert len(control) >= 4, f"captured only {len(control)} control packets"
     assert {tos >> 2 for tos in control} == {tos_map.dscp[7]}, sorted({hex(t) for t in control})

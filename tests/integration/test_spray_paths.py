@@ -20,9 +20,7 @@ puts on the wire. Checked:
 from __future__ import annotations
 
 import contextlib
-import socket
 import struct
-import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -34,10 +32,9 @@ from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags, decode_data
 from tests.integration.endpoint_helpers import (
     JOB,
-    PACKET_OUTGOING,
     LocalStore,
+    LoopbackCapture,
     dlcp_threads,
-    open_capture,
     root_only,
 )
 from tests.integration.peers import MB4, digest, make_data
@@ -50,36 +47,17 @@ pytestmark = [pytest.mark.root, root_only]
 
 
 @contextlib.contextmanager
-def _capturing() -> Iterator[list[bytes]]:
-    """Frames leaving on loopback while the block runs, in wire order (each frame
-    once: only as outgoing)."""
-    cap = open_capture()
+def _capturing(udp_dst: int) -> Iterator[list[bytes]]:
+    """Frames of UDP to ``udp_dst`` leaving on loopback while the block runs, in wire
+    order (each frame once: only as outgoing), and nothing else: other jobs' traffic
+    on the machine is filtered out in the kernel (see LoopbackCapture)."""
+    cap = LoopbackCapture(udp_dst=udp_dst)
     frames: list[bytes] = []
-    stop = threading.Event()
-
-    def capture() -> None:
-        # until told to stop; then what is still queued (sent before the stop),
-        # without waiting for more
-        while True:
-            stopping = stop.is_set()
-            try:
-                frame, addr = cap.recvfrom(1 << 17, socket.MSG_DONTWAIT if stopping else 0)
-            except (TimeoutError, BlockingIOError):
-                if stopping:
-                    return
-                continue
-            if addr[2] == PACKET_OUTGOING:
-                frames.append(frame)
-
-    thread = threading.Thread(target=capture, name="test-capture")
-    thread.start()
     try:
         yield frames
     finally:
-        stop.set()
-        thread.join(timeout=10)
-        cap.close()
-    assert not thread.is_alive(), "capture thread did not stop"
+        frames += cap.stop()
+    assert cap.drops == 0, f"the capture's buffer overflowed: {cap.drops} frames dropped"
 
 
 def _udp_datagrams(frame: bytes, dst_port: int) -> tuple[int, list[bytes]] | None:
@@ -126,7 +104,7 @@ def test_one_source_port_per_path_and_spray_granularity() -> None:
         assert a.address.data_port not in path_ports
 
         x, _ = make_data("float32", MB4, 7)
-        with _capturing() as frames:
+        with _capturing(b.address.data_port) as frames:
             rfut = b.recv(src=0, msg=1)
             report = a.send(x, to=1, msg=1, p=0.0).result(timeout=20)
             got = rfut.result(timeout=20)

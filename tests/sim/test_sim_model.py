@@ -134,7 +134,7 @@ def test_missing_ns3_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sim", "run", "--hosts", "100"]) == 2
+    assert main(["sim", "run", "--hosts", "100", "--hosts-per-leaf", "16"]) == 2
     assert "hosts=100" in capsys.readouterr().err
     assert main(["sim", "suite", "--workload", "ring-alexnet"]) == 2
     assert "ring-alexnet" in capsys.readouterr().err
@@ -173,3 +173,30 @@ def test_runs_of_different_settings_get_different_names(tmp_path: Path) -> None:
     assert all(n.startswith("ps-resnet50_144h_dlcp_s1_") for n in names)
     with pytest.raises(SimConfigError, match="given twice"):
         run_many([SimConfig(servers=72), SimConfig(servers=72)], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "per_leaf", "servers"),
+    [(144, 16, 16), (16, 8, 1), (32, 16, 3), (100, 10, 11), (8, 4, 1), (2, 1, 1)],
+)
+def test_cli_defaults_fit_the_size_asked_for(hosts: int, per_leaf: int, servers: int) -> None:
+    """``dlcp sim run --hosts 16`` failed on defaults fixed for 144 hosts ("servers=16:
+    a parameter server needs 1..15 servers"); given only --hosts, the leaves and the
+    servers follow it (144 keeps the fabric the published figures used)."""
+    from dlcp.cli import _parser
+    from dlcp.sim.cli import _base
+
+    for command in ("run", "suite"):
+        args = _parser().parse_args(["sim", command, "--hosts", str(hosts)])
+        cfg = SimConfig(**_base(args, "ps-resnet50"))
+        assert (cfg.hosts, cfg.hosts_per_leaf, cfg.servers) == (hosts, per_leaf, servers)
+        assert cfg.hosts // cfg.hosts_per_leaf >= 2
+
+
+def test_cli_options_given_still_win() -> None:
+    from dlcp.cli import _parser
+    from dlcp.sim.cli import _base
+
+    argv = ["sim", "run", "--hosts", "16", "--hosts-per-leaf", "4", "--servers", "3"]
+    cfg = SimConfig(**_base(_parser().parse_args(argv), "ps-resnet50"))
+    assert (cfg.hosts_per_leaf, cfg.servers) == (4, 3)

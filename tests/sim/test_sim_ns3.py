@@ -96,7 +96,7 @@ def test_deterministic_for_a_fixed_seed(runs: dict[str, Any]) -> None:
 def test_dctcp_marks_at_k_and_drops_less_than_tcp(runs: dict[str, Any]) -> None:
     """DCTCP's switches mark every ECT packet that finds K or more queued (RFC
     8257): under the incast marks outnumber drops and DCTCP drops less than TCP.
-    (With ns-3's RED defaults, as before session 9: 37 marks, 550 drops against
+    (With ns-3's RED defaults, as the model had them before `a648f68`: 37 marks, 550 drops against
     TCP's 494.)"""
     dctcp, tcp = runs["incast"]["dctcp"], runs["incast"]["tcp"]
     assert dctcp["ecn_marks"] > 2 * dctcp["switch_drops"] > 0

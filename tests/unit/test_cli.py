@@ -4,11 +4,13 @@ option, before anything starts (they came out as a traceback per rank, or ran:
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dlcp.cli import main
+from dlcp.cli import _parser, main
 
 
 @pytest.mark.parametrize(
@@ -59,3 +61,56 @@ def test_the_examples_bad_values_are_usage_errors(
         train_main(argv)
     assert stop.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def _commands(
+    ap: argparse.ArgumentParser, path: tuple[str, ...] = ("dlcp",)
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, ap
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_option_and_command_says_what_it_is_for() -> None:
+    """``dlcp demo --help`` listed --steps, --seed and --json with nothing beside them,
+    as train-demo did -n, --epochs and --collective, and ``dlcp launch --help`` said
+    nothing about what launch does: every option, and every command, has a help text."""
+    silent = []
+    for path, ap in _commands(_parser()):
+        if ap.description is None:
+            silent.append(" ".join(path))
+        for action in ap._actions:
+            if action.help is None and not isinstance(action, argparse._SubParsersAction):
+                silent.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    assert silent == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["launch", "--help"], "SIGKILL when stopping ranks (default 10)"),
+        (["launch", "--help"], "prefix each rank's output with [rankN]:"),
+        (["demo", "--help"], "gradient buckets to send (default 5)"),
+        (["train-demo", "--help"], "local ranks to train on (default 4)"),
+    ],
+)  # fmt: skip
+def test_help_shows_the_defaults(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 0
+    assert says in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("which", ["core", "messages", "transport", "allreduce", "ddp"])
+def test_a_benchmarks_help_names_the_command_that_ran_it(
+    which: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dlcp bench core --help`` called itself ``dlcp`` (argparse's program name)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", which, "--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: dlcp bench {which} [")

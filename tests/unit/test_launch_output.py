@@ -33,3 +33,32 @@ def test_a_line_that_never_ends_is_shown_in_pieces() -> None:
     before, after = lines_of(b"x" * (2 * MAX_LINE + 5))
     assert before == ("[r0] " + "x" * MAX_LINE + "\n") * 2
     assert after == before + "[r0] xxxxx\n"
+
+
+def test_a_line_the_rank_labelled_itself_is_not_labelled_again() -> None:
+    # torch's excepthook (after init_process_group) labels each traceback line
+    # "[rank0]: ", and its C++ warnings "[rank0]:[W...]"; a line labelled for another
+    # rank, or with the label later in the line, is still this rank's output
+    sink = io.StringIO()
+    out = _Output(b"[rank0]: ", sink)
+    out.feed(
+        b"[rank0]: Traceback (most recent call last):\n"
+        b"[rank0]:[W1128 warn.cpp:1] Warning: x\n"
+        b"plain\n"
+        b"[rank1]: from another rank\n"
+        b"see [rank0]: later\n"
+    )
+    assert sink.getvalue() == (
+        "[rank0]: Traceback (most recent call last):\n"
+        "[rank0]:[W1128 warn.cpp:1] Warning: x\n"
+        "[rank0]: plain\n"
+        "[rank0]: [rank1]: from another rank\n"
+        "[rank0]: see [rank0]: later\n"
+    )
+
+
+def test_without_a_prefix_lines_pass_as_they_are() -> None:
+    sink = io.StringIO()
+    out = _Output(b"", sink)
+    out.feed(b"[rank0]: x\ny\n")
+    assert sink.getvalue() == "[rank0]: x\ny\n"

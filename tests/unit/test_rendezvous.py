@@ -249,3 +249,52 @@ def test_init_process_group_after_connect_shares_master_port() -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "trained on [1.0, 1.0, 1.0]" in run.stdout
+
+
+def test_a_rank_waiting_for_a_rank_0_that_never_comes_says_so_and_gives_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With fewer ranks started than WORLD_SIZE, rank 0 never gets past torch's store
+    to publish the job, and rank 1 waited for it without a word. It now says what
+    it waits for after DLCP_TIMEOUT and gives up at the store's own timeout (the
+    process group's, init_process_group's ``timeout``) with StartupTimeout."""
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    from dlcp.errors import StartupTimeout
+
+    store = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=2))
+    env = {**_env(1), "WORLD_SIZE": "3", "MASTER_PORT": str(store.port), "DLCP_TIMEOUT": "0.5"}
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="dlcp.rendezvous"), pytest.raises(StartupTimeout) as err:
+        rendezvous.connect(group="never", store=store, env=env)
+    took = time.monotonic() - started
+    assert 1.8 < took < 10, took
+    said = str(err.value)
+    assert said.startswith("rank 1: rank 0 did not start the job within 2 s.")
+    assert (
+        "WORLD_SIZE=3: 3 ranks must start, each with its own RANK, MASTER_ADDR=127.0.0.1 "
+        f"and MASTER_PORT={store.port}"
+    ) in said
+    (notice,) = [r.getMessage() for r in caplog.records]
+    assert notice.startswith("dlcp rank 1: still waiting for rank 0 after 0.5 s (WORLD_SIZE=3")
+    assert notice.endswith("giving up after 2 s")
+
+
+def test_rank_0_of_a_job_without_its_other_ranks_says_what_it_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a process group DLCP serves the job's store itself; rank 0 waits
+    there (DLCP_TIMEOUT) for WORLD_SIZE ranks, and says so when they do not come."""
+    from dlcp.errors import StartupTimeout
+    from dlcp.launch import free_port
+
+    monkeypatch.setattr(rendezvous, "_stores", {})
+    env = {**_env(0), "WORLD_SIZE": "3", "MASTER_PORT": str(free_port()), "DLCP_TIMEOUT": "1"}
+    with pytest.raises(StartupTimeout) as err:
+        rendezvous.connect(group="alone", env=env)
+    said = str(err.value)
+    assert said.startswith("rank 0: Timed out after")
+    assert "1/3 clients joined" in said and "WORLD_SIZE=3: 3 ranks must start" in said

@@ -1,0 +1,63 @@
+"""A wrong ``DLCP_*`` setting is one line that names the variable the user set and
+the value given (the configuration's own errors name its fields:
+``emulated_loss=2.0 outside [0, 1)``), and launchers say it once, before any rank
+starts, instead of a traceback from every rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlcp.errors import ConfigError
+from dlcp.launch import run_cli
+from dlcp.settings import check_env, config_from_env
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"DLCP_EMULATED_LOSS": "2"}, "DLCP_EMULATED_LOSS=2 outside [0, 1)"),
+        ({"DLCP_N_PATHS": "0"}, "DLCP_N_PATHS=0 outside 1..256"),
+        ({"DLCP_TIMEOUT": "abc"}, "DLCP_TIMEOUT='abc' is not a valid float"),
+        ({"DLCP_NPATHS": "3"}, "unknown configuration variable DLCP_NPATHS"),
+        ({"DLCP_TIMEOUT": "5", "DLCP_EMULATED_LOSS": "-1", "HOME": "/"},
+         "DLCP_EMULATED_LOSS=-1 outside [0, 1)"),
+    ],
+)  # fmt: skip
+def test_the_error_names_the_variable_and_its_value(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_env(env)
+    assert str(err.value) == says
+    assert check_env(env) == says
+
+
+def test_good_settings_pass() -> None:
+    env = {"DLCP_TIMEOUT": "5", "DLCP_N_PATHS": "8", "PATH": "/bin"}
+    assert check_env(env) is None
+    assert config_from_env(env).timeout == 5
+
+
+def test_dlcp_launch_says_it_once_and_starts_no_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text("import pathlib, os\npathlib.Path(__file__ + os.environ['RANK']).touch()\n")
+    monkeypatch.setenv("DLCP_EMULATED_LOSS", "2")
+    assert run_cli(2, False, str(script), []) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "dlcp launch: DLCP_EMULATED_LOSS=2 outside [0, 1)"
+    ]
+    assert list(tmp_path.iterdir()) == [script]  # no rank ran
+
+
+def test_dlcp_train_demo_says_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlcp.cli import main
+
+    monkeypatch.setenv("DLCP_N_PATHS", "0")
+    monkeypatch.setenv("DLCP_EMULATED_LOSS", "5")  # (ignored: the demo's loss is --loss)
+    assert main(["train-demo", "--results", str(tmp_path)]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["dlcp train-demo: DLCP_N_PATHS=0 outside 1..256"]
