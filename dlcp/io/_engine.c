@@ -74,7 +74,7 @@ typedef struct {
     double initial_rate, min_rate, max_rate;
     long long burst_bytes;
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
-        probe, probe_interval, cautious_burst;
+        probe, probe_interval, cautious_burst, burst_time;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due;
     int cautious, has_last, has_last_active, backlogged, has_due;
     struct Engine *engine; /* attached: its lock guards this pacer */
@@ -88,13 +88,21 @@ static double ulp(double x) {
 static double pacer_burst(const Pacer *p) {
     if (p->unpaced)
         return UNLIMITED;
+    double cap = (double)p->burst_bytes;
+    if (p->burst_time > 0) {
+        double b = p->rate * p->burst_time;
+        if (b < MIN_BURST)
+            b = MIN_BURST;
+        if (b < cap)
+            cap = (double)(long long)b;
+    }
     if (!p->cautious)
-        return (double)p->burst_bytes;
+        return cap;
     double b = p->rate * p->cautious_burst;
     if (b < MIN_BURST)
         b = MIN_BURST;
-    if (b > (double)p->burst_bytes)
-        b = (double)p->burst_bytes;
+    if (b > cap)
+        b = cap;
     return (double)(long long)b;
 }
 
@@ -550,16 +558,17 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *names[] = {"unpaced",        "initial_rate", "min_rate",      "max_rate",
                             "burst_bytes",    "gain",         "idle_reset",    "used_fraction",
                             "max_lateness",   "loss_tolerance", "backoff",     "max_cut",
-                            "probe",          "probe_interval", "cautious_burst", NULL};
+                            "probe",          "probe_interval", "cautious_burst", "burst_time",
+                            NULL};
     int unpaced = 0;
     double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
            used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
-           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002;
+           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0;
     long long burst = 65536;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddd:Pacer", names, &unpaced,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLddddddddddd:Pacer", names, &unpaced,
                                      &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,
                                      &used, &lateness, &tolerance, &backoff, &max_cut, &probe,
-                                     &probe_interval, &cautious_burst))
+                                     &probe_interval, &cautious_burst, &burst_time))
         return NULL;
     if (!unpaced && !(min_rate > 0 && isfinite(initial) && initial >= min_rate &&
                       initial <= max_rate && burst >= 1)) {
@@ -586,8 +595,9 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->probe = probe;
     p->probe_interval = probe_interval;
     p->cautious_burst = cautious_burst;
+    p->burst_time = burst_time;
     p->rate = unpaced ? INFINITY : initial;
-    p->tokens = (double)burst;
+    p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
     return (PyObject *)p;
 }
 
