@@ -52,17 +52,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
+#include "_sendmmsg.h"
 
 #define MIN_BURST (16.0 * 1024.0)
 #define EPS 1e-6
 #define UNLIMITED ((double)(1LL << 62))
-#define SEND_BATCH 256
 
 struct Engine;
 
@@ -305,81 +299,22 @@ static void release_round(Round *r) {
 
 /* ------------------------------------------------------------------ sending */
 
-/* Datagrams [start, stop) of r, with one path, to peer: sendmmsg calls of up to
- * SEND_BATCH messages of per_message datagrams each. 0 or an errno. */
-static int send_run(Engine *e, Peer *peer, Round *r, Py_ssize_t start, Py_ssize_t stop, int tos,
-                    int path) {
-    int fd = e->fds[path % e->n_fds];
-    Py_ssize_t seg = r->stride;
-    union {
-        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } both, tos_only;
-    memset(&both, 0, sizeof both);
-    memset(&tos_only, 0, sizeof tos_only);
-    struct msghdr proto;
-    memset(&proto, 0, sizeof proto);
-    proto.msg_control = both.space;
-    proto.msg_controllen = sizeof both.space;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-    c = CMSG_NXTHDR(&proto, c);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t seg16 = (uint16_t)seg;
-    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
-    c = (struct cmsghdr *)tos_only.space;
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-
-    const char *base = (const char *)r->records.buf;
-    Py_ssize_t at = start * seg;
-    Py_ssize_t end = stop * seg;
+/* Datagrams [start, stop) of r, with one path, to peer (rule 4), without the lock:
+ * 0 or an errno; *datagrams and *calls count what was done. */
+static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round *r,
+                    Py_ssize_t start,
+                    Py_ssize_t stop, int tos, int path, unsigned long long *datagrams,
+                    unsigned long long *calls) {
+    Py_ssize_t end = stop * r->stride;
     if (r->short_index >= start && r->short_index < stop)
-        end -= seg - r->short_len; /* (the short record is the run's last) */
-    Py_ssize_t step = seg * r->per_message;
-    struct mmsghdr msgs[SEND_BATCH];
-    struct iovec iov[SEND_BATCH];
-    while (at < end) {
-        int k = 0;
-        Py_ssize_t pos = at;
-        for (; k < SEND_BATCH && pos < end; k++) {
-            Py_ssize_t n = end - pos < step ? end - pos : step;
-            iov[k].iov_base = (char *)base + pos;
-            iov[k].iov_len = (size_t)n;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = &peer->addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof peer->addr;
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
-            if (n > seg) {
-                msgs[k].msg_hdr.msg_control = both.space;
-                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
-            } else {
-                msgs[k].msg_hdr.msg_control = tos_only.space;
-                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
-            }
-            pos += n;
-        }
-        int sent = sendmmsg(fd, msgs, (unsigned)k, 0);
-        e->send_calls++;
-        if (sent < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        for (int i = 0; i < sent; i++) {
-            at += (Py_ssize_t)iov[i].iov_len;
-            e->datagrams += (iov[i].iov_len + (size_t)seg - 1) / (size_t)seg;
-        }
-    }
-    return 0;
+        end -= r->stride - r->short_len; /* (the short record is the run's last) */
+    ssize_t sent = 0;
+    int err = send_datagrams(e->fds[path % e->n_fds], addr,
+                             (const char *)r->records.buf + start * r->stride,
+                             end - start * r->stride, r->stride, r->per_message, tos, &sent,
+                             calls);
+    *datagrams += (unsigned long long)sent;
+    return err;
 }
 
 /* Rule 2: where the batch starting at `start` ends. */
@@ -473,17 +408,21 @@ static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doub
     r->last_b = peer->sent_bytes;
     const uint8_t *paths = (const uint8_t *)r->path.buf;
     int tos = ((const uint8_t *)r->tos.buf)[start];
+    struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
     r->busy = 1;
     pthread_mutex_unlock(&e->lock);
     int err = 0;
+    unsigned long long datagrams = 0, calls = 0;
     for (Py_ssize_t s = start; s < stop && !err;) {
         Py_ssize_t t = s + 1;
         while (t < stop && paths[t] == paths[s])
             t++;
-        err = send_run(e, peer, r, s, t, tos, paths[s]);
+        err = send_run(e, &addr, r, s, t, tos, paths[s], &datagrams, &calls);
         s = t;
     }
     pthread_mutex_lock(&e->lock);
+    e->datagrams += datagrams;
+    e->send_calls += calls;
     r->busy = 0;
     pthread_cond_broadcast(&e->settled);
     e->batches++;
