@@ -71,7 +71,11 @@ typedef struct {
         probe, probe_interval, cautious_burst, burst_time;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due;
     int cautious, has_last, has_last_active, backlogged, has_due;
-    struct Engine *engine; /* attached: its lock guards this pacer */
+    /* guards the state above: the engine's thread and Python's calls take it, the
+       thread inside the engine's lock (never the other way round), each for a
+       few arithmetic operations, so Python's calls wait with the GIL held */
+    pthread_mutex_t lock;
+    struct Engine *engine; /* attached: woken when the rate changes */
 } Pacer;
 
 static double ulp(double x) {
@@ -426,7 +430,9 @@ static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doub
     r->busy = 0;
     pthread_cond_broadcast(&e->settled);
     e->batches++;
+    pthread_mutex_lock(&peer->pacer->lock);
     pacer_on_sent(peer->pacer, nbytes, now);
+    pthread_mutex_unlock(&peer->pacer->lock);
     peer->sent_bytes += (unsigned long long)nbytes;
     r->cursor = stop;
     if (r->cancelled) /* cancel() unlinked it and frees it */
@@ -453,6 +459,7 @@ static void *send_thread(void *arg) {
             Round *r = first_to_send(peer);
             if (r == NULL)
                 continue;
+            pthread_mutex_lock(&peer->pacer->lock);
             double burst = pacer_burst(peer->pacer);
             Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
             if (most < 1)
@@ -462,6 +469,7 @@ static void *send_thread(void *arg) {
             Py_ssize_t stop = batch_end(r, r->cursor, most);
             double nbytes = (double)batch_nbytes(r, r->cursor, stop);
             double t = pacer_next_send_time(peer->pacer, nbytes, now);
+            pthread_mutex_unlock(&peer->pacer->lock);
             if (t > now) {
                 if (t < wake)
                     wake = t;
@@ -519,6 +527,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Pacer *p = (Pacer *)type->tp_alloc(type, 0);
     if (p == NULL)
         return NULL;
+    pthread_mutex_init(&p->lock, NULL);
     p->unpaced = unpaced;
     p->initial_rate = initial;
     p->min_rate = min_rate;
@@ -540,7 +549,10 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)p;
 }
 
-static void Pacer_dealloc(Pacer *p) { Py_TYPE(p)->tp_free((PyObject *)p); }
+static void Pacer_dealloc(Pacer *p) {
+    pthread_mutex_destroy(&p->lock);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
 
 static int check_time(double now) {
     if (!isfinite(now)) {
@@ -550,20 +562,16 @@ static int check_time(double now) {
     return 0;
 }
 
-static void pacer_lock(Pacer *p) {
-    if (p->engine) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&p->engine->lock);
-        Py_END_ALLOW_THREADS
-    }
-}
+static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
 
+/* A new rate may let a batch go sooner: the engine's thread re-plans its wait.
+   (Signalled outside the engine's lock: a thread that planned its wait just
+   before may sleep until the time it planned, which the old rate gave.) */
 static void pacer_unlock(Pacer *p, int wake) {
-    if (p->engine) {
-        if (wake)
-            pthread_cond_signal(&p->engine->cond);
-        pthread_mutex_unlock(&p->engine->lock);
-    }
+    struct Engine *e = p->engine;
+    pthread_mutex_unlock(&p->lock);
+    if (wake && e != NULL)
+        pthread_cond_signal(&e->cond);
 }
 
 static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
@@ -668,17 +676,26 @@ static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
 
 static PyObject *Pacer_get_rate(Pacer *p, void *closure) {
     (void)closure;
-    return PyFloat_FromDouble(p->rate);
+    pacer_lock(p);
+    double rate = p->rate;
+    pacer_unlock(p, 0);
+    return PyFloat_FromDouble(rate);
 }
 
 static PyObject *Pacer_get_burst(Pacer *p, void *closure) {
     (void)closure;
-    return PyLong_FromDouble(pacer_burst(p));
+    pacer_lock(p);
+    double burst = pacer_burst(p);
+    pacer_unlock(p, 0);
+    return PyLong_FromDouble(burst);
 }
 
 static PyObject *Pacer_get_tokens(Pacer *p, void *closure) {
     (void)closure;
-    return PyFloat_FromDouble(p->tokens);
+    pacer_lock(p);
+    double tokens = p->tokens;
+    pacer_unlock(p, 0);
+    return PyFloat_FromDouble(tokens);
 }
 
 static PyMethodDef Pacer_methods[] = {
