@@ -63,6 +63,8 @@ from .outcome import finish
 KINDS = ("gloo", "ring", "hd", "ps")
 #: the UDP floor's kind (loopback, root): see the module docstring
 FLOOR = "floor"
+#: the ring on an endpoint of the Python engine, beside the native engine's ring
+RING_PYTHON = "ring_python"
 #: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
 DIGITS_PARAMS = 38282
 
@@ -95,12 +97,25 @@ def worker(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo")
     endpoint, job = connect(group="bench-allreduce")
     comm = Communicator(endpoint, job.world_size, channel=1)
+    # the same ring on the Python engine, in turn with the native one's
+    py_endpoint = py_comm = None
+    if endpoint.engine == "native":
+        import dataclasses
+
+
+        py_config = dataclasses.replace(endpoint.config, engine="python")
+        py_endpoint, _ = connect(group="bench-allreduce-python", config=py_config)
+        py_comm = Communicator(py_endpoint, job.world_size, channel=1)
     n = args.elems
     original = np.random.default_rng(job.rank).standard_normal(n).astype(np.float32)
     data = original.copy()
     tensor = torch.from_numpy(original.copy())
     floor, floor_skipped = _floor(job.rank, job.world_size) if args.floor else (None, None)
-    kinds = (*KINDS, FLOOR) if floor is not None else KINDS
+    kinds = (
+        *KINDS,
+        *((RING_PYTHON,) if py_comm is not None else ()),
+        *((FLOOR,) if floor is not None else ()),
+    )
     floor_data = original.copy()
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
@@ -116,6 +131,9 @@ def worker(args: argparse.Namespace) -> int:
         ),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
         FLOOR: lambda: floor.allreduce(floor_data) if floor is not None else None,
+        RING_PYTHON: lambda: ring_allreduce(
+            py_comm, data, segments=segments, p=args.p, average=True
+        ),
     }
     times: dict[str, list[float]] = {k: [] for k in kinds}
     busy: dict[str, int] = dict.fromkeys(kinds, 0)
@@ -137,6 +155,8 @@ def worker(args: argparse.Namespace) -> int:
     dist.barrier()
     _verify(comm, data, original, segments, job.world_size, floor)
     endpoint.close()
+    if py_endpoint is not None:
+        py_endpoint.close()
     if floor is not None:
         floor.close()
     if job.rank == 0:
@@ -311,6 +331,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # (None too if the floor's calls took less than a clock tick of CPU)
         "ring_over_floor_cpu": round(cpu["ring"] / cpu[FLOOR], 3) if floor and cpu[FLOOR] else None,
         "floor_error": raw.get("floor_skipped"),
+        # the native engine's ring beside the Python engine's, in the same run (null
+        # when the ranks ran the Python engine)
+        "ring_python_ms": round(med[RING_PYTHON], 3) if RING_PYTHON in med else None,
+        "ring_python_cpu_ms": round(cpu[RING_PYTHON], 2) if RING_PYTHON in med else None,
+        "ring_python_over_floor_cpu": (
+            round(cpu[RING_PYTHON] / cpu[FLOOR], 3)
+            if floor and RING_PYTHON in med and cpu[FLOOR] else None
+        ),
+        "ring_over_ring_python_cpu": (
+            round(cpu["ring"] / cpu[RING_PYTHON], 3)
+            if RING_PYTHON in med and cpu[RING_PYTHON] else None
+        ),
         # rank 0's share of the elements it received under the loss bound that were
         # lost, over its DLCP calls (comparable with p; not over all 2 * elems)
         "dlcp_lost_fraction": round(statistics.fmean(raw["lost_fractions"]), 6),
@@ -335,6 +367,11 @@ def table(r: dict[str, Any]) -> str:
                              ("ps", "DLCP PS-style"))
         ),
     ]
+    if r.get("ring_python_ms") is not None:
+        lines.append(
+            f"  {'ring, Python':14}{r['ring_python_ms']:9.2f}{r['ring_python_cpu_ms']:13.1f}"
+            f"{r['ring_python_ms'] / r['gloo_ms']:8.2f}   (the ring above: native engine)"
+        )
     if r["floor_ms"] is not None:
         lines += [
             f"  {'UDP floor':14}{r['floor_ms']:9.2f}{r['floor_cpu_ms']:13.1f}"

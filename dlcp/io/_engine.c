@@ -52,17 +52,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
+#include "_sendmmsg.h"
 
 #define MIN_BURST (16.0 * 1024.0)
 #define EPS 1e-6
 #define UNLIMITED ((double)(1LL << 62))
-#define SEND_BATCH 256
 
 struct Engine;
 
@@ -74,10 +68,14 @@ typedef struct {
     double initial_rate, min_rate, max_rate;
     long long burst_bytes;
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
-        probe, probe_interval, cautious_burst;
+        probe, probe_interval, cautious_burst, burst_time;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due;
     int cautious, has_last, has_last_active, backlogged, has_due;
-    struct Engine *engine; /* attached: its lock guards this pacer */
+    /* guards the state above: the engine's thread and Python's calls take it, the
+       thread inside the engine's lock (never the other way round), each for a
+       few arithmetic operations, so Python's calls wait with the GIL held */
+    pthread_mutex_t lock;
+    struct Engine *engine; /* attached: woken when the rate changes */
 } Pacer;
 
 static double ulp(double x) {
@@ -88,13 +86,21 @@ static double ulp(double x) {
 static double pacer_burst(const Pacer *p) {
     if (p->unpaced)
         return UNLIMITED;
+    double cap = (double)p->burst_bytes;
+    if (p->burst_time > 0) {
+        double b = p->rate * p->burst_time;
+        if (b < MIN_BURST)
+            b = MIN_BURST;
+        if (b < cap)
+            cap = (double)(long long)b;
+    }
     if (!p->cautious)
-        return (double)p->burst_bytes;
+        return cap;
     double b = p->rate * p->cautious_burst;
     if (b < MIN_BURST)
         b = MIN_BURST;
-    if (b > (double)p->burst_bytes)
-        b = (double)p->burst_bytes;
+    if (b > cap)
+        b = cap;
     return (double)(long long)b;
 }
 
@@ -297,81 +303,22 @@ static void release_round(Round *r) {
 
 /* ------------------------------------------------------------------ sending */
 
-/* Datagrams [start, stop) of r, with one path, to peer: sendmmsg calls of up to
- * SEND_BATCH messages of per_message datagrams each. 0 or an errno. */
-static int send_run(Engine *e, Peer *peer, Round *r, Py_ssize_t start, Py_ssize_t stop, int tos,
-                    int path) {
-    int fd = e->fds[path % e->n_fds];
-    Py_ssize_t seg = r->stride;
-    union {
-        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } both, tos_only;
-    memset(&both, 0, sizeof both);
-    memset(&tos_only, 0, sizeof tos_only);
-    struct msghdr proto;
-    memset(&proto, 0, sizeof proto);
-    proto.msg_control = both.space;
-    proto.msg_controllen = sizeof both.space;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-    c = CMSG_NXTHDR(&proto, c);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t seg16 = (uint16_t)seg;
-    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
-    c = (struct cmsghdr *)tos_only.space;
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-
-    const char *base = (const char *)r->records.buf;
-    Py_ssize_t at = start * seg;
-    Py_ssize_t end = stop * seg;
+/* Datagrams [start, stop) of r, with one path, to peer (rule 4), without the lock:
+ * 0 or an errno; *datagrams and *calls count what was done. */
+static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round *r,
+                    Py_ssize_t start,
+                    Py_ssize_t stop, int tos, int path, unsigned long long *datagrams,
+                    unsigned long long *calls) {
+    Py_ssize_t end = stop * r->stride;
     if (r->short_index >= start && r->short_index < stop)
-        end -= seg - r->short_len; /* (the short record is the run's last) */
-    Py_ssize_t step = seg * r->per_message;
-    struct mmsghdr msgs[SEND_BATCH];
-    struct iovec iov[SEND_BATCH];
-    while (at < end) {
-        int k = 0;
-        Py_ssize_t pos = at;
-        for (; k < SEND_BATCH && pos < end; k++) {
-            Py_ssize_t n = end - pos < step ? end - pos : step;
-            iov[k].iov_base = (char *)base + pos;
-            iov[k].iov_len = (size_t)n;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = &peer->addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof peer->addr;
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
-            if (n > seg) {
-                msgs[k].msg_hdr.msg_control = both.space;
-                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
-            } else {
-                msgs[k].msg_hdr.msg_control = tos_only.space;
-                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
-            }
-            pos += n;
-        }
-        int sent = sendmmsg(fd, msgs, (unsigned)k, 0);
-        e->send_calls++;
-        if (sent < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        for (int i = 0; i < sent; i++) {
-            at += (Py_ssize_t)iov[i].iov_len;
-            e->datagrams += (iov[i].iov_len + (size_t)seg - 1) / (size_t)seg;
-        }
-    }
-    return 0;
+        end -= r->stride - r->short_len; /* (the short record is the run's last) */
+    ssize_t sent = 0;
+    int err = send_datagrams(e->fds[path % e->n_fds], addr,
+                             (const char *)r->records.buf + start * r->stride,
+                             end - start * r->stride, r->stride, r->per_message, tos, &sent,
+                             calls);
+    *datagrams += (unsigned long long)sent;
+    return err;
 }
 
 /* Rule 2: where the batch starting at `start` ends. */
@@ -465,21 +412,27 @@ static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doub
     r->last_b = peer->sent_bytes;
     const uint8_t *paths = (const uint8_t *)r->path.buf;
     int tos = ((const uint8_t *)r->tos.buf)[start];
+    struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
     r->busy = 1;
     pthread_mutex_unlock(&e->lock);
     int err = 0;
+    unsigned long long datagrams = 0, calls = 0;
     for (Py_ssize_t s = start; s < stop && !err;) {
         Py_ssize_t t = s + 1;
         while (t < stop && paths[t] == paths[s])
             t++;
-        err = send_run(e, peer, r, s, t, tos, paths[s]);
+        err = send_run(e, &addr, r, s, t, tos, paths[s], &datagrams, &calls);
         s = t;
     }
     pthread_mutex_lock(&e->lock);
+    e->datagrams += datagrams;
+    e->send_calls += calls;
     r->busy = 0;
     pthread_cond_broadcast(&e->settled);
     e->batches++;
+    pthread_mutex_lock(&peer->pacer->lock);
     pacer_on_sent(peer->pacer, nbytes, now);
+    pthread_mutex_unlock(&peer->pacer->lock);
     peer->sent_bytes += (unsigned long long)nbytes;
     r->cursor = stop;
     if (r->cancelled) /* cancel() unlinked it and frees it */
@@ -506,6 +459,7 @@ static void *send_thread(void *arg) {
             Round *r = first_to_send(peer);
             if (r == NULL)
                 continue;
+            pthread_mutex_lock(&peer->pacer->lock);
             double burst = pacer_burst(peer->pacer);
             Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
             if (most < 1)
@@ -515,6 +469,7 @@ static void *send_thread(void *arg) {
             Py_ssize_t stop = batch_end(r, r->cursor, most);
             double nbytes = (double)batch_nbytes(r, r->cursor, stop);
             double t = pacer_next_send_time(peer->pacer, nbytes, now);
+            pthread_mutex_unlock(&peer->pacer->lock);
             if (t > now) {
                 if (t < wake)
                     wake = t;
@@ -550,16 +505,17 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *names[] = {"unpaced",        "initial_rate", "min_rate",      "max_rate",
                             "burst_bytes",    "gain",         "idle_reset",    "used_fraction",
                             "max_lateness",   "loss_tolerance", "backoff",     "max_cut",
-                            "probe",          "probe_interval", "cautious_burst", NULL};
+                            "probe",          "probe_interval", "cautious_burst", "burst_time",
+                            NULL};
     int unpaced = 0;
     double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
            used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
-           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002;
+           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0;
     long long burst = 65536;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddd:Pacer", names, &unpaced,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLddddddddddd:Pacer", names, &unpaced,
                                      &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,
                                      &used, &lateness, &tolerance, &backoff, &max_cut, &probe,
-                                     &probe_interval, &cautious_burst))
+                                     &probe_interval, &cautious_burst, &burst_time))
         return NULL;
     if (!unpaced && !(min_rate > 0 && isfinite(initial) && initial >= min_rate &&
                       initial <= max_rate && burst >= 1)) {
@@ -571,6 +527,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Pacer *p = (Pacer *)type->tp_alloc(type, 0);
     if (p == NULL)
         return NULL;
+    pthread_mutex_init(&p->lock, NULL);
     p->unpaced = unpaced;
     p->initial_rate = initial;
     p->min_rate = min_rate;
@@ -586,12 +543,16 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->probe = probe;
     p->probe_interval = probe_interval;
     p->cautious_burst = cautious_burst;
+    p->burst_time = burst_time;
     p->rate = unpaced ? INFINITY : initial;
-    p->tokens = (double)burst;
+    p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
     return (PyObject *)p;
 }
 
-static void Pacer_dealloc(Pacer *p) { Py_TYPE(p)->tp_free((PyObject *)p); }
+static void Pacer_dealloc(Pacer *p) {
+    pthread_mutex_destroy(&p->lock);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
 
 static int check_time(double now) {
     if (!isfinite(now)) {
@@ -601,20 +562,16 @@ static int check_time(double now) {
     return 0;
 }
 
-static void pacer_lock(Pacer *p) {
-    if (p->engine) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&p->engine->lock);
-        Py_END_ALLOW_THREADS
-    }
-}
+static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
 
+/* A new rate may let a batch go sooner: the engine's thread re-plans its wait.
+   (Signalled outside the engine's lock: a thread that planned its wait just
+   before may sleep until the time it planned, which the old rate gave.) */
 static void pacer_unlock(Pacer *p, int wake) {
-    if (p->engine) {
-        if (wake)
-            pthread_cond_signal(&p->engine->cond);
-        pthread_mutex_unlock(&p->engine->lock);
-    }
+    struct Engine *e = p->engine;
+    pthread_mutex_unlock(&p->lock);
+    if (wake && e != NULL)
+        pthread_cond_signal(&e->cond);
 }
 
 static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
@@ -719,17 +676,26 @@ static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
 
 static PyObject *Pacer_get_rate(Pacer *p, void *closure) {
     (void)closure;
-    return PyFloat_FromDouble(p->rate);
+    pacer_lock(p);
+    double rate = p->rate;
+    pacer_unlock(p, 0);
+    return PyFloat_FromDouble(rate);
 }
 
 static PyObject *Pacer_get_burst(Pacer *p, void *closure) {
     (void)closure;
-    return PyLong_FromDouble(pacer_burst(p));
+    pacer_lock(p);
+    double burst = pacer_burst(p);
+    pacer_unlock(p, 0);
+    return PyLong_FromDouble(burst);
 }
 
 static PyObject *Pacer_get_tokens(Pacer *p, void *closure) {
     (void)closure;
-    return PyFloat_FromDouble(p->tokens);
+    pacer_lock(p);
+    double tokens = p->tokens;
+    pacer_unlock(p, 0);
+    return PyFloat_FromDouble(tokens);
 }
 
 static PyMethodDef Pacer_methods[] = {

@@ -44,6 +44,8 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include "_sendmmsg.h"
+
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
@@ -236,8 +238,6 @@ static int destination(struct sockaddr_in *addr, const char *host, int port) {
     return 0;
 }
 
-#define SEND_BATCH 256
-
 static PyObject *send_batch(PyObject *self, PyObject *args) {
     (void)self;
     int fd, port, tos;
@@ -260,71 +260,12 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
                      seg, per_message);
         return NULL;
     }
-    /* two control blocks: TOS and segment size for a message of several
-       datagrams, TOS alone for a message of one */
-    union {
-        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } both, tos_only;
-    memset(&both, 0, sizeof both);
-    memset(&tos_only, 0, sizeof tos_only);
-    struct msghdr proto = {0};
-    proto.msg_control = both.space;
-    proto.msg_controllen = sizeof both.space;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-    c = CMSG_NXTHDR(&proto, c);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t seg16 = (uint16_t)seg;
-    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
-    c = (struct cmsghdr *)tos_only.space;
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-
-    Py_ssize_t step = seg * per_message;
-    Py_ssize_t n_msgs = (data.len + step - 1) / step, done = 0, sent = 0;
-    int err = 0;
-    struct mmsghdr msgs[SEND_BATCH];
-    struct iovec iov[SEND_BATCH];
+    ssize_t sent = 0;
+    unsigned long long calls = 0;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    while (done < n_msgs) {
-        int k = 0;
-        for (; k < SEND_BATCH && done + k < n_msgs; k++) {
-            Py_ssize_t at = (done + k) * step;
-            Py_ssize_t n = data.len - at < step ? data.len - at : step;
-            iov[k].iov_base = (char *)data.buf + at;
-            iov[k].iov_len = (size_t)n;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = &addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof addr;
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
-            if (n > seg) {
-                msgs[k].msg_hdr.msg_control = both.space; /* read-only for the kernel */
-                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
-            } else {
-                msgs[k].msg_hdr.msg_control = tos_only.space;
-                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
-            }
-        }
-        int r = sendmmsg(fd, msgs, (unsigned)k, 0);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            err = errno;
-            break;
-        }
-        for (int i = 0; i < r; i++)
-            sent += ((Py_ssize_t)iov[i].iov_len + seg - 1) / seg;
-        done += r;
-    }
+    err = send_datagrams(fd, &addr, (const char *)data.buf, data.len, seg, per_message, tos, &sent,
+                         &calls);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     if (err) {

@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import selectors
 import socket
 import threading
@@ -558,18 +557,13 @@ class Endpoint:
         failed (the peer's sends fail, as a failed send fails them here)."""
         assert self._sender is not None
         now = time.monotonic()
-        for dst, step, msg, failed, err, began_t, began_b, last_t, last_b in self._sender.reap():
-            if failed:
-                self._stats.data_send_errors += 1
-                addr = self._peers.known(dst)
-                where = f"{addr.host}:{addr.data_port}" if addr is not None else f"rank {dst}"
-                self._transfers.fail_peer(
-                    dst, f"sending data to {where} failed: {os.strerror(err)}", receives=False
+        for r in self._sender.reap():
+            if r.error is not None:
+                self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
+            else:
+                self._session.round_sent(
+                    r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=now
                 )
-                continue
-            self._session.round_sent(
-                dst, step=step, msg=msg, began=(began_t, began_b), last=(last_t, last_b), now=now
-            )
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
         if self._emulator is not None:
@@ -599,12 +593,7 @@ class Endpoint:
                             addr=(addr.host, addr.data_port),
                         )
                     except (OSError, ValueError) as exc:  # fail this peer's transfers only
-                        self._stats.data_send_errors += 1
-                        self._transfers.fail_peer(
-                            item.dst,
-                            f"sending data to {addr.host}:{addr.data_port} failed: {exc}",
-                            receives=False,
-                        )
+                        self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
                         continue
                     self._stats.data_batches_out += 1
                 elif isinstance(item, ControlDatagram):
@@ -625,14 +614,14 @@ class Endpoint:
         try:
             self._sender.post(item, (addr.host, addr.data_port))
         except ValueError as exc:  # (an address the engine cannot send to)
-            self._stats.data_send_errors += 1
-            self._transfers.fail_peer(
-                item.dst,
-                f"sending data to {addr.host}:{addr.data_port} failed: {exc}",
-                receives=False,
-            )
+            self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
             return
         self._stats.data_batches_out += 1
+
+    def _send_failed(self, dst: int, where: str, why: object) -> None:
+        """Sending data to ``dst`` failed: its sends fail (this peer's only)."""
+        self._stats.data_send_errors += 1
+        self._transfers.fail_peer(dst, f"sending data to {where} failed: {why}", receives=False)
 
     def _send_control(self, item: ControlDatagram) -> None:
         if item.dst in self._gone:

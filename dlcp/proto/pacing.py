@@ -205,6 +205,13 @@ class ReceiverDrivenPacer:
     rate (loss does: a window of the receiver's that caught the start or the end
     of a message reports less than the path carries, and the rate would then
     take long to climb back).
+
+    ``burst_time`` (seconds, 0 = off) caps a burst at that long at the rate (at
+    least ``MIN_BURST``, at most ``burst_bytes``) at all times: a driver that
+    wakes when told (the native engine) sends a slow path short bursts that
+    its switch queues absorb, and a fast one bursts long enough to keep its
+    wake-ups few. A driver that wakes on a millisecond grid needs the long
+    burst of ``burst_bytes`` instead.
     """
 
     __slots__ = (
@@ -220,6 +227,7 @@ class ReceiverDrivenPacer:
         "_wasted",
         "backoff",
         "burst_bytes",
+        "burst_time",
         "cautious_burst",
         "gain",
         "idle_reset",
@@ -251,6 +259,7 @@ class ReceiverDrivenPacer:
         probe: float = 0.05,
         probe_interval: float = 0.005,
         cautious_burst: float = 0.002,
+        burst_time: float = 0.0,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise ValueError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -278,7 +287,8 @@ class ReceiverDrivenPacer:
         if not (math.isfinite(probe) and probe > 0):
             raise ValueError(f"probe={probe} must be a finite fraction > 0")
         for name, value in (("probe_interval", probe_interval),
-                            ("cautious_burst", cautious_burst)):  # fmt: skip
+                            ("cautious_burst", cautious_burst),
+                            ("burst_time", burst_time)):  # fmt: skip
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value} must be a finite duration >= 0")
         self.initial_rate = float(initial_rate)
@@ -295,10 +305,11 @@ class ReceiverDrivenPacer:
         self.probe = float(probe)
         self.probe_interval = float(probe_interval)
         self.cautious_burst = float(cautious_burst)
+        self.burst_time = float(burst_time)
         self._rate = self.initial_rate
         self._cautious = False  # congestion seen since the sender was last idle
         self._raised_at = 0.0  # when a cautious raise was last taken
-        self._tokens = float(burst_bytes)
+        self._tokens = float(self.burst)  # (the bucket starts full)
         self._last: float | None = None  # time the bucket was last brought up to date
         self._last_active: float | None = None  # last send or wait
         self._backlogged = False  # since the last feedback
@@ -318,12 +329,16 @@ class ReceiverDrivenPacer:
 
     @property
     def burst(self) -> int:
-        """``burst_bytes``; after congestion, ``cautious_burst`` seconds at the
-        rate (at least ``MIN_BURST``, at most ``burst_bytes``): a burst longer
-        than a switch's queue is lost in part however slow the average."""
+        """``burst_bytes`` (or ``burst_time`` seconds at the rate, if set); after
+        congestion, at most ``cautious_burst`` seconds at the rate (at least
+        ``MIN_BURST``, at most ``burst_bytes``): a burst longer than a switch's
+        queue is lost in part however slow the average."""
+        cap = self.burst_bytes
+        if self.burst_time > 0:
+            cap = int(min(cap, max(MIN_BURST, self._rate * self.burst_time)))
         if not self._cautious:
-            return self.burst_bytes
-        return int(min(self.burst_bytes, max(MIN_BURST, self._rate * self.cautious_burst)))
+            return cap
+        return int(min(cap, max(MIN_BURST, self._rate * self.cautious_burst)))
 
     @property
     def tokens(self) -> float:

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from dlcp.io.engine import native_available
 from tests.integration.bench_helpers import positive, run_json
 
 
@@ -30,6 +31,14 @@ def test_allreduce_benchmark_json_on_the_loopback() -> None:
         positive(r, f"{kind}_ms")
     assert abs(r["ratio_ring"] - r["ring_ms"] / r["gloo_ms"]) < 0.01
     assert 0 <= r["dlcp_lost_fraction"] <= r["p"]
+    assert r["engine"] == ("native" if native_available() else "python")
+    if r["engine"] == "native":  # the Python engine's ring took its turn beside it
+        positive(r, "ring_python_ms")
+        if r["ring_python_cpu_ms"] > 0:
+            want = r["ring_cpu_ms"] / r["ring_python_cpu_ms"]
+            assert abs(r["ring_over_ring_python_cpu"] - want) < 0.01
+    else:
+        assert r["ring_python_ms"] is None and r["ring_over_ring_python_cpu"] is None
     if os.geteuid() == 0:  # the UDP floor ran too (and gave Gloo's mean, or the run failed)
         positive(r, "floor_ms")
         assert r["floor_error"] is None

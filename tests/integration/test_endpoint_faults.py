@@ -18,9 +18,14 @@ in this process on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import shutil
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ import pytest
 
 from dlcp.errors import PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
+from dlcp.io.engine import native_available
 from dlcp.proto.config import ProtocolConfig
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 from tests.integration.exit_on_receive_worker import EXIT_RECEIVED
@@ -37,8 +43,11 @@ from tests.integration.peers import Peer
 
 
 def test_a_blackholed_data_path_fails_that_peer_fast_and_names_it() -> None:
+    # (the network's silent drop is a stand-in for the Python engine's socket call:
+    # the rules under test are the protocol's, which both engines share)
     store = LocalStore()
-    cfg = EndpointConfig(timeout=30.0, protocol=ProtocolConfig(silent_path_timeout=1.0))
+    cfg = EndpointConfig(timeout=30.0, protocol=ProtocolConfig(silent_path_timeout=1.0),
+                         engine="python")
     eps = [Endpoint(r, store=store, world_size=3, job=JOB, config=cfg) for r in range(3)]
     try:
         sender = eps[0]
@@ -75,10 +84,33 @@ def test_a_blackholed_data_path_fails_that_peer_fast_and_names_it() -> None:
     assert dlcp_threads() == []
 
 
-def test_a_refused_data_send_fails_that_peer_only() -> None:
+@contextlib.contextmanager
+def _output_dropped(port: int) -> Iterator[None]:
+    """An nftables rule (root) that drops this host's UDP datagrams to ``port`` on
+    their way out: the kernel refuses the send with EPERM. Its table, named for
+    this process, is removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        pytest.skip("needs root and nft to make the kernel refuse a send")
+    table = f"dlcp_refuse_{os.getpid()}"
+    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+        f"table inet {table} {{\n chain out {{\n type filter hook output priority 0;\n"
+        f" ip daddr 127.0.0.1 udp dport {port} drop\n }}\n}}\n"))  # fmt: skip
+    try:
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], check=True)
+
+
+# the Python engine's send is refused by a stand-in for the socket call; the native
+# engine's (its own thread's sendmmsg) by the kernel itself, through nftables
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_refused_data_send_fails_that_peer_only(engine: str) -> None:
+    if engine == "native" and not native_available():
+        pytest.skip("native engine not built")
     store = LocalStore()
-    cfg = EndpointConfig(timeout=10.0)
+    cfg = EndpointConfig(timeout=10.0, engine=engine)
     eps = [Endpoint(r, store=store, world_size=3, job=JOB, config=cfg) for r in range(3)]
+    refusing = contextlib.ExitStack()
     try:
         sender = eps[0]
         real_send = sender._data.send
@@ -90,7 +122,10 @@ def test_a_refused_data_send_fails_that_peer_only() -> None:
                 raise PermissionError(errno.EPERM, "Operation not permitted")
             return real_send(data, segment_size, count, addr=addr, **kw)
 
-        sender._data.send = send  # type: ignore[method-assign]
+        if engine == "python":
+            sender._data.send = send  # type: ignore[method-assign]
+        else:
+            refusing.enter_context(_output_dropped(refused_port))
         x = np.arange(50_000, dtype=np.float32)
         out1 = np.empty_like(x)
         got1 = eps[1].recv(src=0, msg=1, out=out1)
@@ -109,6 +144,7 @@ def test_a_refused_data_send_fails_that_peer_only() -> None:
         assert np.array_equal(again, x)
         assert sender.stats()["data_send_errors"] >= 1
     finally:
+        refusing.close()
         for ep in eps:
             ep.close()
     assert dlcp_threads() == []

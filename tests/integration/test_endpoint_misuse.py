@@ -6,6 +6,7 @@ cut a live peer off before its fix (see each test)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import socket
 import threading
@@ -287,7 +288,11 @@ def test_a_datagram_from_a_rank_that_never_published_does_not_stall_the_endpoint
     transfer stalled for the store's timeout (a review's reproducer: 10 s)."""
     store = LocalStore()
     cfg = EndpointConfig(timeout=20.0)
-    a, b = (Endpoint(r, store=store, job=JOB, config=cfg) for r in range(2))
+    # b sends on the Python engine: the spy below catches a datagram at its socket call
+    a, b = (
+        Endpoint(r, store=store, job=JOB, config=dataclasses.replace(cfg, engine=engine))
+        for r, engine in ((0, cfg.engine), (1, "python"))
+    )
     sent: list[bytes] = []
     real_send = b._data.send
 

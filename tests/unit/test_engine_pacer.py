@@ -36,6 +36,10 @@ OPTIONS = [
     {"initial_rate": 5e7, "min_rate": 1e5, "max_rate": 1e8, "burst_bytes": 65536,
      "gain": 1.1, "idle_reset": 0.05, "probe": 0.2, "probe_interval": 0.001,
      "cautious_burst": 0.0005, "loss_tolerance": 0.02},
+    # the native engine's default: bursts of 200 us at the rate
+    {**ProtocolConfig().pacer_kwargs(), "burst_time": 0.0002},
+    {"initial_rate": 2e7, "min_rate": 1e4, "burst_bytes": 1 << 20, "burst_time": 0.003,
+     "cautious_burst": 0.01},
 ]
 
 

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import select
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,8 +143,9 @@ def test_the_earliest_message_of_each_step_goes_first_by_class() -> None:
         try:
             pacer = _pacer(initial_rate=1e6, min_rate=1e3, burst_bytes=100, max_lateness=0.0)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
-            # hold the pacer in debt so that all three rounds are queued before any goes
-            pacer.on_sent(3000, now=0.0)
+            # 0.3 s of debt (the engine's clock is time.monotonic()): all three rounds
+            # are queued before any goes
+            pacer.on_sent(300_000, now=time.monotonic())
             low = _round(count=2, stride=100, short_len=100, seed=1)
             high = _round(count=2, stride=100, short_len=100, seed=2)
             high["prio"][:] = 5

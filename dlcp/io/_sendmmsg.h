@@ -1,0 +1,106 @@
+/*
+ * Sending a run of equal-size datagrams with sendmmsg and UDP GSO: shared by
+ * dlcp.io._udpio (send_batch, the Python engine) and dlcp.io._engine (the
+ * native engine's thread). Call without the GIL; no Python API here.
+ */
+#ifndef DLCP_SENDMMSG_H
+#define DLCP_SENDMMSG_H
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+/* messages per sendmmsg call */
+#define SEND_BATCH 256
+
+/*
+ * Sends the `len` bytes at `buf` to `addr` as datagrams of `seg` bytes (the last
+ * may be shorter), `per_message` datagrams per message: more than one goes as one
+ * UDP GSO message (UDP_SEGMENT ancillary data), one as a plain datagram; every
+ * message with IP_TOS `tos`; up to SEND_BATCH messages per sendmmsg call. Retries
+ * on EINTR. Returns 0 or the errno of the call that failed; *sent counts the
+ * datagrams sent (before a failure too) and *calls the sendmmsg calls.
+ * The caller checks 0 < seg, 0 < per_message <= 65535 / seg.
+ */
+static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *buf, ssize_t len,
+                          ssize_t seg, ssize_t per_message, int tos, ssize_t *sent,
+                          unsigned long long *calls) {
+    /* two control blocks: TOS and segment size for a message of several
+       datagrams, TOS alone for a message of one */
+    union {
+        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } both, tos_only;
+    memset(&both, 0, sizeof both);
+    memset(&tos_only, 0, sizeof tos_only);
+    struct msghdr proto;
+    memset(&proto, 0, sizeof proto);
+    proto.msg_control = both.space;
+    proto.msg_controllen = sizeof both.space;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+    c = CMSG_NXTHDR(&proto, c);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t seg16 = (uint16_t)seg;
+    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
+    c = (struct cmsghdr *)tos_only.space;
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+
+    ssize_t step = seg * per_message, at = 0;
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH];
+    *sent = 0;
+    while (at < len) {
+        int k = 0;
+        for (ssize_t pos = at; k < SEND_BATCH && pos < len; k++) {
+            ssize_t n = len - pos < step ? len - pos : step;
+            iov[k].iov_base = (char *)buf + pos;
+            iov[k].iov_len = (size_t)n;
+            memset(&msgs[k], 0, sizeof msgs[k]);
+            msgs[k].msg_hdr.msg_name = (void *)addr;
+            msgs[k].msg_hdr.msg_namelen = sizeof *addr;
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+            if (n > seg) {
+                msgs[k].msg_hdr.msg_control = both.space; /* read-only for the kernel */
+                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
+            } else {
+                msgs[k].msg_hdr.msg_control = tos_only.space;
+                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+            }
+            pos += n;
+        }
+        int r = sendmmsg(fd, msgs, (unsigned)k, 0);
+        (*calls)++;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        for (int i = 0; i < r; i++) {
+            at += (ssize_t)iov[i].iov_len;
+            *sent += ((ssize_t)iov[i].iov_len + seg - 1) / seg;
+        }
+    }
+    return 0;
+}
+
+#endif
