@@ -32,8 +32,8 @@ What travels how:
   ``scatter``: the tensors' raw bytes as uint8 messages with ``p = 0`` (any
   dtype; bitwise exact).
 * ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``: on top of all-reduce.
-* ``barrier``: a one-element all-reduce with ``p = 0``, queued behind every
-  operation issued before it.
+* ``barrier``: a token to and from every other rank, queued behind every
+  operation issued before it; ``monitored_barrier`` as Gloo's (:mod:`.pg_barriers`).
 * the coalesced forms (``all_reduce_coalesced``, ``all_gather_coalesced``,
   ``all_gather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``,
   ``dist._coalescing_manager``): one operation per tensor, one work for all;
@@ -85,16 +85,13 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from ..collectives import (
-    CollectiveReport,
-    Communicator,
-    ring_allreduce,
-)
+from ..collectives import CollectiveReport, Communicator
 from ..collectives.comm import ReportBuilder
 from ..errors import DLCPError, PeerTimeout
 from ..io.endpoint import Endpoint
 from ..rendezvous import attempt, connect
 from . import BACKEND, register
+from .pg_barriers import Barriers
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_coalesced import CoalescingAndNames
 from .pg_exchange import Exchanges
@@ -132,7 +129,7 @@ CHANNEL = 2
 SHUTDOWN_GRACE = 30.0
 
 
-class DLCPProcessGroup(Exchanges, CoalescingAndNames, dist.ProcessGroup):
+class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGroup):
     """A process group over one DLCP endpoint. Created by torch through the
     registered backend; see the module docstring."""
 
@@ -473,14 +470,6 @@ class DLCPProcessGroup(Exchanges, CoalescingAndNames, dist.ProcessGroup):
 
         ins = input_tensors[0] if input_tensors else []
         return self._submit("scatter", run, [out], [out, *ins])
-
-    def barrier(self, opts: Any = None) -> DLCPWork:
-        token = torch.zeros(1, dtype=torch.float32)
-
-        def run() -> CollectiveReport | None:
-            return ring_allreduce(self.comm, token.numpy(), p=0.0)
-
-        return self._submit("barrier", run, [token], [])
 
     def shutdown(self) -> None:
         """Finish queued operations, stop the transport threads, close the endpoint."""

@@ -324,6 +324,12 @@ def timeouts_say_timed_out_and_name_peers() -> dict[str, str]:
             dist.recv(torch.zeros(2), src=1, group=short, tag=5)
         except Exception as exc:
             seen["recv"] = str(exc)
+        try:
+            dist.barrier(group=short)
+        except Exception as exc:
+            seen["barrier"] = str(exc)
+            seen["barrier_type"] = type(exc).__mro__[1].__name__ + "," + str(
+                isinstance(exc, RuntimeError) and isinstance(exc, TimeoutError))
         w = dist.irecv(torch.zeros(2), src=2, tag=4242)  # the default group: 30 s
         try:
             assert w is not None
@@ -333,6 +339,25 @@ def timeouts_say_timed_out_and_name_peers() -> dict[str, str]:
     dist.barrier(group=C.gloo)
     if C.rank == 2:  # (the receive above gets its message after all)
         dist.send(torch.zeros(2), dst=0, tag=4242)
+    return seen
+
+
+@check
+def monitored_barrier_names_the_ranks_that_did_not_arrive() -> dict[str, str]:
+    """All ranks pass it; then rank 2 stays away: rank 0 names it in Gloo's
+    words, rank 1 (never answered) names rank 0. Its own group: the absent
+    rank's barrier count falls behind."""
+    from dlcp.shims.process_group import dlcp_group
+
+    pg = dlcp_group(dist.new_group(backend="dlcp"))
+    pg.monitored_barrier(datetime.timedelta(seconds=10))
+    seen = {}
+    if C.rank != 2:
+        try:
+            pg.monitored_barrier(datetime.timedelta(seconds=1), wait_all_ranks=True)
+        except Exception as exc:
+            seen["error"] = str(exc)
+    dist.barrier(group=C.gloo)
     return seen
 
 

@@ -64,3 +64,25 @@ def test_timeouts_say_timed_out_name_the_operation_peers_and_timeout(
     assert seen["wait"].startswith("Timed out: dlcp recv from rank 2 (tag 4242)"), seen
     assert "0.3 s" in seen["wait"], seen
 
+
+
+def test_barrier_names_every_rank_that_did_not_arrive(ranks: list[dict[str, Any]]) -> None:
+    seen = outcome(ranks, "timeouts_say_timed_out_and_name_peers")[0]
+    assert seen["barrier"].startswith(
+        "Timed out: dlcp barrier on rank 0 after 2 s (timeout): ranks 1, 2 did not arrive"
+    ), seen
+    assert seen["barrier_type"].endswith(",True"), seen  # a TimeoutError and a RuntimeError
+
+
+def test_monitored_barrier_names_the_absent_rank_as_gloo_does(
+    ranks: list[dict[str, Any]],
+) -> None:
+    got = outcome(ranks, "monitored_barrier_names_the_ranks_that_did_not_arrive")
+    assert got[0]["error"].startswith(
+        "Timed out: dlcp monitored_barrier on rank 0 after 1 s (timeout): rank 2 did not arrive"
+    ), got
+    assert "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1000 ms" in got[0]["error"], got
+    assert got[1]["error"].startswith(
+        "Timed out: dlcp monitored_barrier on rank 1 after 1 s (timeout): rank 0 did not arrive"
+    ), got
+    assert got[2] == {}, got
