@@ -39,6 +39,7 @@ by the endpoint's I/O thread. Tensors up to 1 GiB.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections import defaultdict, deque
@@ -57,6 +58,8 @@ from .pg_tensors import MAX_PART_BYTES, DLCPWork, HostTensor, check_tensors
 from .pg_timeouts import timed_out
 
 __all__ = ["MAX_TAG", "P2P_CHANNEL", "PointToPoint", "message_key"]
+
+log = logging.getLogger("dlcp.shims")
 
 #: the message-id channel of point-to-point messages (collectives use another)
 P2P_CHANNEL = 3
@@ -105,8 +108,11 @@ class _Finished:
     settle: list[Callable[[], None]] = field(default_factory=list)
 
     def __call__(self) -> None:
-        for fn in self.settle:
-            fn()
+        for fn in self.settle:  # (one failing must not keep the others' callers waiting)
+            try:
+                fn()
+            except Exception:  # pragma: no cover - a callback's own error
+                log.exception("dlcp point-to-point: completing an operation failed")
 
 
 class PointToPoint:
@@ -252,13 +258,27 @@ class PointToPoint:
     # ------------------------------------------------------------------ threads
 
     def _serve(self, item: Any) -> Callable[[], None]:
-        """Run in turn: a send's completion, or a look at the receives (_POKE)."""
-        if item is not _POKE:
-            result: Callable[[], None] = item()
-            return result
+        """Run in turn: a send's completion, or a look at the receives (_POKE).
+        Never raises: an error here would end the thread that completes every
+        point-to-point operation of the group (they would then hang)."""
+        try:
+            if item is not _POKE:
+                result: Callable[[], None] = item()
+                return result
+            return self._look()
+        except Exception:  # pragma: no cover - a bug; logged, the thread goes on
+            log.exception("dlcp point-to-point (rank %d): completing failed", self.rank)
+            return _Finished()
+
+    def _look(self) -> _Finished:
+        """Fail receives from any source that ran past the timeout, bind waiting
+        receives, and complete the bound ones whose arrival is done."""
         finished = _Finished()
         now = time.monotonic()
         with self._lock:
+            expired = [r for r in self._waiting if r.any_source and now >= r.posted + self.timeout]
+            for r in expired:
+                self._waiting.remove(r)
             try:
                 self._match()
             except Exception as exc:  # (the endpoint closed under a receive, say)
@@ -268,14 +288,11 @@ class PointToPoint:
             ready = [r for r in self._bound if r.arrival is not None and r.arrival.future.done()]
             for r in ready:
                 self._bound.remove(r)
-            expired = [r for r in self._waiting if r.any_source and now >= r.posted + self.timeout]
-            for r in expired:
-                self._waiting.remove(r)
-        for r in ready:
-            finished.settle.append(self._received(r))
         for r in expired:
             error = timed_out(r.op, self.rank, r.srcs, self.timeout, "no peer sent a message")
             finished.settle.append(functools.partial(r.future.set_exception, error))
+        for r in ready:
+            finished.settle.append(self._received(r))
         return finished
 
     def _received(self, r: _Receiver) -> Callable[[], None]:
