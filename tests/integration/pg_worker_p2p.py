@@ -3,7 +3,11 @@ process group: ``python -m tests.integration.pg_worker_p2p``, started by
 ``test_pg_p2p.py`` as ``pg_worker`` is started by ``test_process_group.py``
 (torchrun's env:// variables, the store hosted by the parent). Every check runs
 on every rank in the same order, compared with the same operation over Gloo in
-a second group; the last stdout line is ``results <json>``."""
+a second group; the last stdout line is ``results <json>``.
+
+To debug: each rank writes every check's name and time to stderr (where a hang
+is), ``PG_WORKER_CHECKS=name,name`` runs only those checks, and ``kill -USR1``
+of a rank prints every thread's stack."""
 
 from __future__ import annotations
 
