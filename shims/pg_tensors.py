@@ -6,6 +6,7 @@ all-reduces. :mod:`.process_group` builds on these.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
 from ..collectives import CollectiveReport
+from .pg_timeouts import DLCPTimeout
 
 __all__ = [
     "FOLDS",
@@ -45,24 +47,34 @@ MAX_PARTS = 16
 class DLCPWork(Work):
     """The handle of one queued operation: ``wait()`` raises what the operation
     raised (a failed collective is never silent), ``get_future()`` is completed
-    by a transport thread with the operation's output tensors."""
+    by a transport thread with the operation's output tensors.
+
+    One moment of completion for every view: the operation is done when the
+    future that ``get_future()`` hands out is, and ``is_completed()``,
+    ``is_success()``, ``wait()`` and ``exception()`` all read that moment (the
+    inner future completes first, then the handed-out one, in the same thread:
+    reading the inner one made ``is_completed()`` False right after ``wait()``)."""
 
     def __init__(self, name: str, future: torch.futures.Future[Any]) -> None:
         super().__init__()
         self.name = name
+        #: the rank a receive got its message from (``recv`` from any source)
+        self.source_rank: int | None = None
         self._future = future
         # what get_future() hands out: an exception set on a Python future is only
         # a value to C++ callers (DDP's reducer took it for the result and crashed
         # the process); raised again in a callback, it fails the chained future
         self._chained = future.then(_unwrap)
-        self._done = threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
+        self._done = threading.Event()  # (for wait(timeout): set once _chained is done)
+        self._chained.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = timeout.total_seconds() if timeout is not None else 0.0
         if seconds > 0 and not self._done.wait(seconds):
-            raise TimeoutError(f"dlcp {self.name} did not complete within {seconds:g} s")
-        self._future.wait()  # raises the operation's error
+            raise _timeout(self.name, seconds)
+        with contextlib.suppress(Exception):  # (its error is the inner one, rewrapped)
+            self._chained.wait()
+        self._future.wait()  # raises the operation's own error (done before the chained)
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
@@ -72,16 +84,33 @@ class DLCPWork(Work):
         return self._chained.done()
 
     def is_success(self) -> bool:
-        if not self._future.done():
-            return False
+        return self._chained.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once it is completed (None: none, or not yet)."""
+        if not self._chained.done():
+            return None
         try:
             self._future.value()
-        except Exception:
-            return False
-        return True
+        except Exception as exc:
+            return exc
+        return None
 
     def result(self) -> Any:
-        return self._future.wait()
+        self.wait()
+        return self._future.value()
+
+    def _source_rank(self) -> int:
+        """The source of a completed receive (torch's ``recv`` from any source)."""
+        if self.source_rank is None:
+            raise ValueError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
+        return self.source_rank
+
+
+def _timeout(name: str, seconds: float) -> Exception:
+    return DLCPTimeout(
+        f"Timed out: dlcp {name} did not complete within the {seconds:g} s timeout given to wait()"
+    )
 
 
 def _unwrap(fut: torch.futures.Future[Any]) -> Any:

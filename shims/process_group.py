@@ -32,8 +32,8 @@ What travels how:
   ``scatter``: the tensors' raw bytes as uint8 messages with ``p = 0`` (any
   dtype; bitwise exact).
 * ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``: on top of all-reduce.
-* ``barrier``: a one-element all-reduce with ``p = 0``, queued behind every
-  operation issued before it.
+* ``barrier``: a token to and from every other rank, queued behind every
+  operation issued before it; ``monitored_barrier`` as Gloo's (:mod:`.pg_barriers`).
 * the coalesced forms (``all_reduce_coalesced``, ``all_gather_coalesced``,
   ``all_gather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``,
   ``dist._coalescing_manager``): one operation per tensor, one work for all;
@@ -50,8 +50,17 @@ Every operation's :class:`~dlcp.collectives.CollectiveReport` (bytes, lost
 elements, retransmissions, time) is kept in :attr:`DLCPProcessGroup.reports`;
 :func:`dlcp_group` finds the group object.
 
-Operations not listed above raise ``NotImplementedError("dlcp process group
-does not implement <op>")``.
+* ``all_to_all_single`` (equal or uneven splits), ``all_to_all`` and the
+  all-reduce of sparse COO tensors (DDP's sparse gradients, SUM): exact byte
+  messages (:mod:`.pg_exchange`).
+* ``send``, ``recv``, ``isend``, ``irecv``, a receive from any source and so
+  ``batch_isend_irecv``: exact messages matched by (peer, tag, sequence number),
+  started at once in the caller's thread, outside the collectives' order
+  (:mod:`.pg_p2p`).
+
+A timeout says "Timed out" and names the operation, the peers that did not
+arrive and the timeout (:mod:`.pg_timeouts`). What is left unsupported raises
+``NotImplementedError`` naming the operation.
 
 CUDA tensors are staged through (pinned) host memory: the caller records an
 event on the current stream, a transport thread waits on it, copies to the
@@ -76,19 +85,18 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from ..collectives import (
-    CollectiveReport,
-    Communicator,
-    ring_allreduce,
-)
+from ..collectives import CollectiveReport, Communicator
 from ..collectives.comm import ReportBuilder
-from ..errors import DLCPError
+from ..errors import DLCPError, PeerTimeout
 from ..io.endpoint import Endpoint
 from ..rendezvous import attempt, connect
 from . import BACKEND, register
+from .pg_barriers import Barriers
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_coalesced import CoalescingAndNames
+from .pg_exchange import Exchanges
 from .pg_options import DLCPOptions, job_world_size, rendezvous_env
+from .pg_p2p import PointToPoint
 from .pg_serve import OrderedServers
 from .pg_tensors import (
     ROLE_STRIDE,
@@ -99,6 +107,7 @@ from .pg_tensors import (
     check_tensors,
     flatten,
 )
+from .pg_timeouts import DLCPTimeout, peers_named, timed_out
 from .pg_transport import GroupTransport
 
 __all__ = [
@@ -120,16 +129,7 @@ CHANNEL = 2
 SHUTDOWN_GRACE = 30.0
 
 
-def _unsupported(op: str) -> Callable[..., Any]:
-    def method(self: DLCPProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"dlcp process group does not implement {op}")
-
-    method.__name__ = op
-    method.__doc__ = f"Not supported: raises NotImplementedError naming {op}."
-    return method
-
-
-class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
+class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGroup):
     """A process group over one DLCP endpoint. Created by torch through the
     registered backend; see the module docstring."""
 
@@ -169,6 +169,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
                 else self.endpoint.config.protocol.default_p
             )
             self._transport = GroupTransport(self.comm, self.options, self.p)
+            self._p2p = PointToPoint(self.endpoint, rank, world_size, name=name)
         except BaseException:  # (a bad option: the endpoint would outlive the error)
             self.endpoint.close()
             raise
@@ -199,6 +200,8 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
 
     def allreduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         red = reduce_op(opts, "allreduce")
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, red)
         check_tensors(tensors, "allreduce")
         for t in tensors:
             check_reducible(t, red, "allreduce")
@@ -468,14 +471,6 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         ins = input_tensors[0] if input_tensors else []
         return self._submit("scatter", run, [out], [out, *ins])
 
-    def barrier(self, opts: Any = None) -> DLCPWork:
-        token = torch.zeros(1, dtype=torch.float32)
-
-        def run() -> CollectiveReport | None:
-            return ring_allreduce(self.comm, token.numpy(), p=0.0)
-
-        return self._submit("barrier", run, [token], [])
-
     def shutdown(self) -> None:
         """Finish queued operations, stop the transport threads, close the endpoint."""
         with self._lock:
@@ -486,8 +481,10 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         # queued work normally finishes at once; what still waits on a peer after
         # the grace period fails with EndpointClosed when the endpoint closes
         self._servers.join(timeout=min(self.comm.timeout, SHUTDOWN_GRACE))
-        self.endpoint.close()
+        self.endpoint.close()  # (fails pending point-to-point transfers: queued below)
+        self._p2p.close()
         self._servers.join(timeout=SHUTDOWN_GRACE)
+        self._p2p.join(timeout=SHUTDOWN_GRACE)
 
     def abort(self) -> None:
         """Close the endpoint now: pending operations fail with EndpointClosed."""
@@ -497,14 +494,7 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         self.endpoint.close()
         if not already:
             self._servers.stop()
-
-    alltoall = _unsupported("alltoall")
-    alltoall_base = _unsupported("alltoall_base")
-    all_to_all_single = _unsupported("all_to_all_single")
-    send = _unsupported("send")
-    recv = _unsupported("recv")
-    recv_anysource = _unsupported("recv_anysource")
-    monitored_barrier = _unsupported("monitored_barrier")
+            self._p2p.close()
 
     # ------------------------------------------------------------------ caller side
 
@@ -568,6 +558,10 @@ class DLCPProcessGroup(CoalescingAndNames, dist.ProcessGroup):
         except BaseException as exc:  # surfaces in the caller through the future
             log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
             error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+            if isinstance(error, PeerTimeout) and not isinstance(error, DLCPTimeout):
+                # worded as torch's backends word theirs (the peers, the timeout)
+                peers = peers_named(error)
+                error = timed_out(job.name, self._rank, peers, self.comm.timeout, str(exc))
             error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
             return functools.partial(job.future.set_exception, error)
         if report is not None:  # (a list: a collective per tensor, each reported)

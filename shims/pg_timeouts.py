@@ -1,0 +1,41 @@
+"""Timeout errors of the dlcp process group, worded as torch's own backends word
+theirs: the text says "Timed out", names the operation, the peers that did not
+arrive and the timeout (torch's tests and tools match "Timed out")."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ..errors import PeerTimeout
+
+__all__ = ["DLCPTimeout", "peers_named", "timed_out"]
+
+_RANK = re.compile(r"\b(?:from|to) rank (\d+)")
+
+
+class DLCPTimeout(PeerTimeout, RuntimeError):
+    """An operation of the dlcp process group ran past its timeout. A
+    :class:`~dlcp.errors.PeerTimeout` (a ``TimeoutError``) and a ``RuntimeError``,
+    as the errors of torch's backends are."""
+
+
+def peers_named(error: BaseException) -> list[int]:
+    """The peers an endpoint's timeout message names ("... from rank 2 ...")."""
+    return sorted({int(m) for m in _RANK.findall(str(error))})
+
+
+def timed_out(
+    op: str, rank: int, peers: Iterable[int], seconds: float, why: str = ""
+) -> DLCPTimeout:
+    """The error of ``op`` on ``rank`` that waited ``seconds`` for ``peers``."""
+    missing = sorted(set(peers))
+    who = (
+        f"rank {missing[0]} did not arrive"
+        if len(missing) == 1
+        else f"ranks {', '.join(map(str, missing))} did not arrive"
+        if missing
+        else "the operation did not complete"
+    )
+    text = f"Timed out: dlcp {op} on rank {rank} after {seconds:g} s (timeout): {who}"
+    return DLCPTimeout(f"{text} ({why})" if why else text)
