@@ -8,7 +8,8 @@ negative staleness, a group size that does not divide the workers, a rank
 outside the world raise :class:`~dlcp.errors.ConfigError`.
 
 Schemes (:data:`SCHEMES`): ``bsp``, ``asp``, ``ssp`` (parameter server,
-:mod:`dlcp.sync.ps`).
+:mod:`dlcp.sync.ps`); ``ds-sync`` (:mod:`dlcp.sync.dssync`); ``ripples``
+(:mod:`dlcp.sync.ripples`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 
 from ..errors import ConfigError
 from .api import StepReport, SyncScheme, WorkerFailed
+from .dssync import DSSync
 from .ps import ParameterServerSync
+from .ripples import Ripples
 
 __all__ = ["SCHEMES", "StepReport", "SyncScheme", "WorkerFailed", "make"]
 
@@ -41,6 +44,8 @@ SCHEMES: dict[str, Callable[..., SyncScheme]] = {
     "bsp": _ps("bsp"),
     "asp": _ps("asp"),
     "ssp": _ps("ssp"),
+    "ds-sync": DSSync,
+    "ripples": Ripples,
 }
 
 _FIXED = {"self", "model", "optimizer", "mode"}
