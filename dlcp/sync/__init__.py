@@ -8,8 +8,9 @@ negative staleness, a group size that does not divide the workers, a rank
 outside the world raise :class:`~dlcp.errors.ConfigError`.
 
 Schemes (:data:`SCHEMES`): ``bsp``, ``asp``, ``ssp`` (parameter server,
-:mod:`dlcp.sync.ps`); ``ds-sync`` (:mod:`dlcp.sync.dssync`); ``ripples``
-(:mod:`dlcp.sync.ripples`).
+:mod:`dlcp.sync.ps`); ``eager`` (eager-pull PS with a staleness-aware learning
+rate, :mod:`dlcp.sync.eager`); ``vsgd`` (:mod:`dlcp.sync.vsgd`); ``ds-sync``
+(:mod:`dlcp.sync.dssync`); ``ripples`` (:mod:`dlcp.sync.ripples`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import torch
 from ..errors import ConfigError
 from .api import StepReport, SyncScheme, WorkerFailed
 from .dssync import DSSync
+from .eager import EagerPullSync
 from .ps import ParameterServerSync
 from .ripples import Ripples
+from .vsgd import VSGD
 
 __all__ = ["SCHEMES", "StepReport", "SyncScheme", "WorkerFailed", "make"]
 
@@ -44,6 +47,8 @@ SCHEMES: dict[str, Callable[..., SyncScheme]] = {
     "bsp": _ps("bsp"),
     "asp": _ps("asp"),
     "ssp": _ps("ssp"),
+    "eager": EagerPullSync,
+    "vsgd": VSGD,
     "ds-sync": DSSync,
     "ripples": Ripples,
 }

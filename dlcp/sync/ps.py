@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..errors import ConfigError
@@ -83,6 +85,13 @@ def check_ps_roles(
 class ParameterServerSync(SyncScheme):
     """One rank of a BSP / ASP / SSP parameter-server job (module docstring)."""
 
+    #: update ``c`` is computed on the read at clock ``c - lag`` (see ParameterServer)
+    lag = 0
+
+    def update_rule(self, n_workers: int) -> UpdateRule | None:
+        """How the servers scale updates (None: by 1 / workers)."""
+        return None
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -97,7 +106,6 @@ class ParameterServerSync(SyncScheme):
         p: float = 0.0,
         p_pull: float = 0.0,
         fill: str | FillPolicy = FillPolicy.ZERO,
-        rule: UpdateRule | None = None,
         name: str | None = None,
     ) -> None:
         if mode not in MODES:
@@ -134,7 +142,8 @@ class ParameterServerSync(SyncScheme):
                 p_push=p,
                 p_pull=p_pull,
                 fill=fill_policy,
-                rule=rule,
+                rule=self.update_rule(len(self.workers)),
+                lag=self.lag,
             )
             self.server.start()
         self._pulled = [self.flat.gather(start, s) for s in self.shards]
@@ -157,19 +166,27 @@ class ParameterServerSync(SyncScheme):
             raise RuntimeError(f"rank {self.rank}: step() after close()")
         update = self.local_update()
         t0 = time.perf_counter()
+        self._push(update)
+        report = self._read(self.clock, t0)
+        self.reports.append(report)
+        return report
+
+    def _push(self, update: npt.NDArray[np.float32]) -> list[Future[Any]]:
+        """Push update ``clock`` to every server, without waiting; advance the clock.
+        The futures of the remote pushes."""
         self._check_pushes()
+        sent = []
         for i, server in enumerate(self.servers):
             part = self.flat.gather(update, self.shards[i])
             if server == self.rank:
                 assert self.server is not None
                 self.server.local_push(self.clock, part)
             else:
-                self._pushes.append(self.endpoint.send(
+                sent.append(self.endpoint.send(
                     part, to=server, step=self.clock, msg=sync_msg(PUSH), p=self.p))  # fmt: skip
+        self._pushes.extend(sent)
         self.clock += 1
-        report = self._read(self.clock, t0)
-        self.reports.append(report)
-        return report
+        return sent
 
     def serve(self, timeout: float | None = None) -> None:
         """A dedicated server's whole job: serve until every worker has finished."""
@@ -245,7 +262,15 @@ class ParameterServerSync(SyncScheme):
 
     def _read(self, clock: int, t0: float | None = None) -> StepReport:
         t0 = time.perf_counter() if t0 is None else t0
-        replies = self._request(READ, clock)
+        return self._collect(self._request(READ, clock), clock, t0)
+
+    def _collect(
+        self,
+        replies: list[tuple[Future[Any] | None, Future[Any] | None, Future[Any] | None]],
+        clock: int,
+        t0: float,
+    ) -> StepReport:
+        """Wait for a read's replies, install the parameters, report."""
         lost = bounded = 0
         lost_chunks = [0] * N_CLASSES
         class_chunks = [0] * N_CLASSES

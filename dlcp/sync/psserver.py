@@ -101,7 +101,11 @@ def encode_request(op: int, clock: int, read_version: int = 0) -> npt.NDArray[np
 class UpdateRule:
     """How much of a worker's update the server applies: ``scale`` times it.
     The default divides by the number of workers. Subclasses (staleness-aware
-    schemes) decide from the update's clock and the version it was computed on."""
+    schemes) decide from the read the update was computed on: its version and,
+    where :attr:`wants_snapshot`, the shard as that read returned it."""
+
+    #: keep a copy of the shard at every read until the update computed on it is applied
+    wants_snapshot = False
 
     def __init__(self, n_workers: int) -> None:
         self.n_workers = n_workers
@@ -110,11 +114,13 @@ class UpdateRule:
         self,
         worker: int,
         clock: int,
-        read_version: int,
+        base: tuple[int, npt.NDArray[np.float32] | None],
         table: ClockTable,
         shard: npt.NDArray[np.float32],
         update: npt.NDArray[np.float32],
     ) -> float:
+        """``base``: (version, snapshot or None) of the read update ``clock`` of
+        ``worker`` was computed on; ``shard`` as it is now."""
         return 1.0 / self.n_workers
 
 
@@ -157,6 +163,7 @@ class ParameterServer:
         p_pull: float = 0.0,
         fill: FillPolicy = FillPolicy.ZERO,
         rule: UpdateRule | None = None,
+        lag: int = 0,
         on_event: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -166,6 +173,9 @@ class ParameterServer:
         self.rounds = RoundBuffer(workers) if bsp else None
         self.p_push, self.p_pull, self.fill = p_push, p_pull, fill
         self.rule = rule or UpdateRule(len(workers))
+        #: update ``c`` of a worker was computed on its read at clock ``c - lag``
+        #: (0: the read just before it; 1: an eager worker's, one step older)
+        self.lag = lag
         #: trace hook (kind, worker, clock): "applied", "answered"
         self.on_event = on_event
         self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -175,7 +185,9 @@ class ParameterServer:
         self._early: dict[tuple[int, int], npt.NDArray[np.float32]] = {}
         self._next_request = dict.fromkeys(workers, 0)
         #: the version each read was answered with: what that clock's update was computed on
-        self._read_version: dict[tuple[int, int], int] = {}
+        self._reads_answered: dict[
+            tuple[int, int], tuple[int, npt.NDArray[np.float32] | None]
+        ] = {}
         self._reads: list[tuple[int, int, int]] = []  # (worker, seq, clock) waiting
         self._loss = {w: _Loss() for w in workers}
         self._local: dict[int, Future[tuple[ReadReply, npt.NDArray[np.float32]]]] = {}
@@ -286,8 +298,9 @@ class ParameterServer:
             self._early[(worker, clock)] = update
             while (nxt := self._early.pop((worker, self.table.applied[worker]), None)) is not None:
                 c = self.table.applied[worker]
-                read = self._read_version.pop((worker, c), 0)
-                s = self.rule.scale(worker, c, read, self.table, self.shard, nxt)
+                base = self._reads_answered.get((worker, max(0, c - self.lag)), (0, None))
+                s = self.rule.scale(worker, c, base, self.table, self.shard, nxt)
+                self._reads_answered.pop((worker, c - self.lag - 1), None)  # (used up)
                 self.shard += nxt * np.float32(s)
                 self.table.applied_one(worker, c)
                 self._trace("applied", worker, c)
@@ -346,7 +359,9 @@ class ParameterServer:
         meta = encode_meta(status, failed, self.table.version, self._loss[worker].fields(),
                            self.table.clocks())  # fmt: skip
         self._loss[worker] = _Loss()
-        self._read_version[(worker, clock)] = self.table.version
+        if self.rounds is None:  # (BSP applies whole rounds: no rule to feed)
+            snapshot = self.shard.copy() if self.rule.wants_snapshot else None
+            self._reads_answered[(worker, clock)] = (self.table.version, snapshot)
         self._trace("answered", worker, clock)
         if worker == self.rank:
             fut = self._local.pop(seq)
