@@ -10,7 +10,8 @@ outside the world raise :class:`~dlcp.errors.ConfigError`.
 Schemes (:data:`SCHEMES`): ``bsp``, ``asp``, ``ssp`` (parameter server,
 :mod:`dlcp.sync.ps`); ``eager`` (eager-pull PS with a staleness-aware learning
 rate, :mod:`dlcp.sync.eager`); ``vsgd`` (:mod:`dlcp.sync.vsgd`); ``ds-sync``
-(:mod:`dlcp.sync.dssync`); ``ripples`` (:mod:`dlcp.sync.ripples`).
+(:mod:`dlcp.sync.dssync`); ``ripples`` (:mod:`dlcp.sync.ripples`);
+``shadow-easgd``, ``shadow-ma``, ``shadow-bmuf`` (:mod:`dlcp.sync.shadow`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .dssync import DSSync
 from .eager import EagerPullSync
 from .ps import ParameterServerSync
 from .ripples import Ripples
+from .shadow import ShadowSync
 from .vsgd import VSGD
 
 __all__ = ["SCHEMES", "StepReport", "SyncScheme", "WorkerFailed", "make"]
@@ -42,6 +44,14 @@ def _ps(mode: str) -> Callable[..., SyncScheme]:
     return factory
 
 
+def _shadow(algorithm: str) -> Callable[..., SyncScheme]:
+    def factory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **kw: Any) -> SyncScheme:
+        return ShadowSync(model, optimizer, algorithm=algorithm, **kw)
+
+    factory.__signature__ = inspect.signature(ShadowSync)  # type: ignore[attr-defined]
+    return factory
+
+
 #: every scheme make() builds: name -> factory(model, optimizer, **options)
 SCHEMES: dict[str, Callable[..., SyncScheme]] = {
     "bsp": _ps("bsp"),
@@ -51,9 +61,12 @@ SCHEMES: dict[str, Callable[..., SyncScheme]] = {
     "vsgd": VSGD,
     "ds-sync": DSSync,
     "ripples": Ripples,
+    "shadow-easgd": _shadow("easgd"),
+    "shadow-ma": _shadow("ma"),
+    "shadow-bmuf": _shadow("bmuf"),
 }
 
-_FIXED = {"self", "model", "optimizer", "mode"}
+_FIXED = {"self", "model", "optimizer", "mode", "algorithm"}
 
 
 def make(
