@@ -7,7 +7,8 @@ setting is checked before any message is sent: an unknown scheme or option, a
 negative staleness, a group size that does not divide the workers, a rank
 outside the world raise :class:`~dlcp.errors.ConfigError`.
 
-Schemes (:data:`SCHEMES`): ``bsp``, ``asp``, ``ssp`` (parameter server,
+Schemes (:data:`SCHEMES`): ``allreduce`` (BSP all-reduce of gradients, the
+baseline, :mod:`dlcp.sync.allreduce`); ``bsp``, ``asp``, ``ssp`` (parameter server,
 :mod:`dlcp.sync.ps`); ``eager`` (eager-pull PS with a staleness-aware learning
 rate, :mod:`dlcp.sync.eager`); ``vsgd`` (:mod:`dlcp.sync.vsgd`); ``ds-sync``
 (:mod:`dlcp.sync.dssync`); ``ripples`` (:mod:`dlcp.sync.ripples`);
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .allreduce import AllReduceSync
 from .api import StepReport, SyncScheme, WorkerFailed
 from .dssync import DSSync
 from .eager import EagerPullSync
@@ -54,6 +56,7 @@ def _shadow(algorithm: str) -> Callable[..., SyncScheme]:
 
 #: every scheme make() builds: name -> factory(model, optimizer, **options)
 SCHEMES: dict[str, Callable[..., SyncScheme]] = {
+    "allreduce": AllReduceSync,
     "bsp": _ps("bsp"),
     "asp": _ps("asp"),
     "ssp": _ps("ssp"),

@@ -232,3 +232,26 @@ def test_bounded_loss_pushes_report_their_loss() -> None:
         for a, b in zip(params, results[0][1], strict=True):  # exact pulls: one model
             assert a.tobytes() == b.tobytes()
     assert lost > 0
+
+
+def test_allreduce_baseline_matches_the_same_reference() -> None:
+    world, steps = 3, 4
+
+    def rank(r: int, ep: Endpoint) -> Any:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        sync = make("allreduce", model, opt, endpoint=ep, world_size=world)
+        for t in range(steps):
+            opt.zero_grad()
+            loss_of(model, r, t).backward()
+            sync.step()
+        sync.close()
+        return [p.detach().clone() for p in model.parameters()]
+
+    with endpoints(world) as eps:
+        results = each_rank(eps, rank)
+    for params in results:
+        for got, ref, first in zip(params, _reference(list(range(world)), steps), results[0],
+                                   strict=True):  # fmt: skip
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+            assert got.numpy().tobytes() == first.numpy().tobytes()
