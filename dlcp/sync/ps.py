@@ -215,7 +215,8 @@ class ParameterServerSync(SyncScheme):
                     self._wait(fut)
         finally:
             if self.server is not None:
-                self.server.join(self.endpoint.config.timeout * 4)
+                # (as long as the others keep training; a silent one times out there)
+                self.server.join(idle=self.endpoint.config.timeout * 2)
 
     # ----------------------------------------------------------------- plumbing
 

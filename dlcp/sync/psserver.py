@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -195,6 +196,8 @@ class ParameterServer:
         self.failure: WorkerFailed | None = None
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"dlcp-ps-{self.rank}", daemon=True)
+        #: when the thread last handled a message (monotonic)
+        self.last_event = time.monotonic()
 
     # ----------------------------------------------------------------- API
 
@@ -215,8 +218,17 @@ class ParameterServer:
         self._events.put(("request", self.rank, seq, (op, clock, read_version)))
         return fut
 
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+    def join(self, timeout: float | None = None, *, idle: float | None = None) -> None:
+        """Wait for the thread to end: at most ``timeout`` seconds, or (``idle``) for as
+        long as it keeps handling messages, giving up after ``idle`` seconds without
+        one (its workers are still training: their receives time out by themselves)."""
+        if idle is None:
+            self._thread.join(timeout)
+        else:
+            while self._thread.is_alive():
+                self._thread.join(min(1.0, idle))
+                if time.monotonic() - self.last_event > idle:
+                    break
         if self._thread.is_alive():
             raise TimeoutError(f"rank {self.rank}: parameter server still serving")
         if self.error is not None:
@@ -243,6 +255,7 @@ class ParameterServer:
         try:
             while not self._finished():
                 ev = self._events.get()
+                self.last_event = time.monotonic()
                 if ev[0] == "stop":
                     break
                 self._handle(ev)
