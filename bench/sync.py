@@ -5,6 +5,10 @@
     dlcp sync run --scheme ssp --workers 4 --slow-rank 3 --slowdown 3
     dlcp sync suite --out results/sync        # every scheme, 3 seeds
 
+Besides the schemes of ``dlcp.sync``: ``gloo`` (torch.distributed's Gloo
+all-reduce of the gradients, BSP) and ``local`` (no synchronisation at all: each
+rank trains alone, the throughput ceiling; not in the default list).
+
 Each (scheme, seed) is one job of ``--workers`` processes started by
 :func:`dlcp.launch.launch` (this module with ``--worker``), each an endpoint
 found through the job's TCPStore (``dlcp.rendezvous.connect``); every rank
@@ -22,7 +26,8 @@ long as the fast workers' work. Lockstep schemes (allreduce, gloo, bsp,
 ds-sync) run every rank for ``--steps``.
 
 ``--task ctr`` trains the click-through-rate model of
-:mod:`dlcp.sync.workloads` instead (batches of 128, metric AUC: ``final_acc`` and
+:mod:`dlcp.sync.workloads` instead (batches of 128, Adagrad; SGD for the digits;
+metric AUC: ``final_acc`` and
 ``time_to_target_s`` are then AUC figures).
 
 Rank 0 (never the slow rank) evaluates its model's test accuracy every
@@ -54,7 +59,7 @@ from typing import Any
 ALL = ["allreduce", "gloo", "bsp", "asp", "ssp", "eager", "vsgd", "ds-sync", "ripples",
        "shadow-ma", "shadow-bmuf", "shadow-easgd"]  # fmt: skip
 #: schemes whose slow worker may stop early without holding the others
-EARLY_EXIT = {"asp", "ssp", "eager", "vsgd", "ripples", "shadow-ma", "shadow-bmuf",
+EARLY_EXIT = {"local", "asp", "ssp", "eager", "vsgd", "ripples", "shadow-ma", "shadow-bmuf",
               "shadow-easgd"}  # fmt: skip
 OPTIONS: dict[str, dict[str, Any]] = {
     "ssp": {"staleness": 2},
@@ -116,12 +121,13 @@ def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
         def metric() -> float:
             return digits.accuracy(model)
 
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+    opt = (torch.optim.Adagrad(model.parameters(), lr=cfg["lr"]) if cfg.get("task") == "ctr"
+           else torch.optim.SGD(model.parameters(), lr=cfg["lr"]))  # fmt: skip
     scheme = cfg["scheme"]
     sync = None
     if scheme == "gloo":
         dist.init_process_group("gloo")
-    else:
+    elif scheme != "local":
         options = dict(OPTIONS.get(scheme, {}))
         if scheme == "ripples" and cfg["slow_rank"] >= 0:
             options["slowdown"] = {cfg["slow_rank"]: cfg["slowdown"]}
@@ -142,7 +148,9 @@ def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
         opt.zero_grad()
         loss_of(x, y).backward()
         time.sleep(delay)  # the injected compute time (an accelerator's share)
-        if sync is None:
+        if scheme == "local":  # no synchronisation at all: the throughput ceiling
+            opt.step()
+        elif sync is None:
             for p in model.parameters():
                 assert p.grad is not None
                 dist.all_reduce(p.grad)
@@ -161,7 +169,7 @@ def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
     wall = time.perf_counter() - start - eval_time
     if sync is not None:
         sync.close()
-    else:
+    elif scheme == "gloo":
         dist.destroy_process_group()
     out = {"rank": rank, "steps": steps, "wall_s": wall, "iter_s": wall / steps,
            "evals": evals, "lost_fraction": lost / bounded if bounded else 0.0,
@@ -250,7 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--slow-rank", type=int, default=-1, help="-1: none")
     ap.add_argument("--slowdown", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default 0.2 (digits, SGD), 0.05 (ctr, Adagrad)")
     ap.add_argument("--p", type=float, default=0.0, help="DLCP loss bound of pushes/reduces")
     ap.add_argument("--task", choices=["digits", "ctr"], default="digits",
                     help="digits CNN (metric: test accuracy) or the CTR task (metric: AUC)")
@@ -283,9 +292,10 @@ def _run(args: argparse.Namespace) -> int:
     from dlcp.sync import SCHEMES
 
     schemes = [args.scheme] if args.scheme else [s for s in args.schemes.split(",") if s]
-    unknown = [s for s in schemes if s != "gloo" and s not in SCHEMES]
+    unknown = [s for s in schemes if s not in ("gloo", "local") and s not in SCHEMES]
     if unknown:
-        raise ConfigError(f"unknown scheme(s) {unknown}: {', '.join(['gloo', *SCHEMES])}")
+        known = ", ".join(["gloo", "local", *SCHEMES])
+        raise ConfigError(f"unknown scheme(s) {unknown}: {known}")
     if args.workers < 2 or args.steps < 1 or args.delay < 0 or args.slowdown < 1:
         raise ConfigError("need --workers >= 2, --steps >= 1, --delay >= 0, --slowdown >= 1")
     if args.slow_rank == 0 or args.slow_rank >= args.workers:
@@ -293,7 +303,8 @@ def _run(args: argparse.Namespace) -> int:
     target = args.target if args.target is not None else (0.75 if args.task == "ctr" else 0.85)
     base = {"task": args.task, "target": target, "workers": args.workers,
             "steps": args.steps, "delay": args.delay,
-            "slow_rank": args.slow_rank, "slowdown": args.slowdown, "lr": args.lr,
+            "slow_rank": args.slow_rank, "slowdown": args.slowdown,
+            "lr": args.lr if args.lr is not None else (0.05 if args.task == "ctr" else 0.2),
             "p": args.p, "eval_every": args.eval_every,
             "job_timeout": args.job_timeout}  # fmt: skip
     jobs = []
