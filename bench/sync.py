@@ -5,6 +5,11 @@
     dlcp sync run --scheme ssp --workers 4 --slow-rank 3 --slowdown 3
     dlcp sync suite --out results/sync        # every scheme, 3 seeds
 
+Heterogeneous links (root): ``--testbed-cross-mbit R`` runs the 4 ranks on the
+namespace testbed (``dlcp.testbed``: 4 hosts, two per leaf), the halves joined
+only by leaf-spine links shaped to ``R`` Mbit/s while host-leaf links run at
+1000 Mbit/s (FIFO queues).
+
 Besides the schemes of ``dlcp.sync``: ``gloo`` (torch.distributed's Gloo
 all-reduce of the gradients, BSP) and ``local`` (no synchronisation at all: each
 rank trains alone, the throughput ceiling; not in the default list).
@@ -185,8 +190,11 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
         job = {**cfg, "result_dir": tmp}
         cmd = [sys.executable, "-m", "bench.sync", "--worker", json.dumps(job)]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        result = launch(cmd, cfg["workers"], env=env, timeout=cfg["job_timeout"],
-                        stdout=sys.stderr)  # fmt: skip
+        if cfg.get("cross_mbit"):
+            result = _launch_on_testbed(cmd, cfg, env)
+        else:
+            result = launch(cmd, cfg["workers"], env=env, timeout=cfg["job_timeout"],
+                            stdout=sys.stderr)  # fmt: skip
         ranks = []
         for r in range(cfg["workers"]):
             path = Path(tmp, f"rank{r}.json")
@@ -203,6 +211,44 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
         "lost_fraction": r0["lost_fraction"], "mean_staleness": r0["mean_staleness"],
         "steps": [r["steps"] for r in ranks], "curve": r0["evals"],
     }  # fmt: skip
+
+
+def _launch_on_testbed(cmd: list[str], cfg: dict[str, Any], env: dict[str, str]) -> Any:
+    """The ranks on the namespace testbed's 4 hosts (root): two halves of two hosts,
+    each half on its own leaf, the halves joined only by leaf-spine links shaped to
+    ``cross_mbit`` (host-leaf links at the topology's 1000 Mbit/s): heterogeneous
+    links, fast within a half and slow between them."""
+    import dataclasses
+
+    from dlcp.testbed.impairments import apply_profile
+    from dlcp.testbed.topology import LinkSpec, Topology, build
+
+    from dlcp.launch import launch
+    from dlcp.switch.policy import FifoPolicy
+
+    t = Topology.default()
+    if cfg["workers"] != len(t.host_names):
+        from dlcp.errors import ConfigError
+
+        raise ConfigError(f"--testbed-cross-mbit runs {len(t.host_names)} workers (one a host)")
+    slow = tuple(LinkSpec((leaf, spine), link_rate_mbit=cfg["cross_mbit"])
+                 for leaf in t.leaves for spine in t.spines)  # fmt: skip
+    t = dataclasses.replace(t, link_specs=slow)
+    port = 29517
+    with build(t) as net:
+        apply_profile(net, FifoPolicy(link_rate_mbit=t.link_rate_mbit,
+                                      queue_packets=t.buffer_packets))  # fmt: skip
+        master = net.host_addr(t.host_names[0])
+        world = len(t.host_names)
+        cmds = {}
+        for rank, host in enumerate(t.host_names):
+            argv = ["env", f"MASTER_ADDR={master}", f"MASTER_PORT={port}", f"RANK={rank}",
+                    f"WORLD_SIZE={world}", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+                    f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}", f"PYTHONPATH={env['PYTHONPATH']}",
+                    "OMP_NUM_THREADS=1", *cmd]  # fmt: skip
+            cmds[rank] = net.exec_argv(host, argv)
+        return launch(cmds[0], world, rank_cmd=cmds, master_port=port, env=env,
+                      timeout=cfg["job_timeout"], stdout=sys.stderr)  # fmt: skip
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -267,6 +313,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="metric to reach (default 0.85 accuracy, 0.75 AUC)")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--job-timeout", type=float, default=300.0)
+    ap.add_argument("--testbed-cross-mbit", type=float, default=0.0,
+                    help="root: run on the namespace testbed, the two halves joined by "
+                    "links of this rate (Mbit/s); 0: local loopback")
     ap.add_argument("--out", default=None, help="directory for JSON, CSV and PNG")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -306,6 +355,7 @@ def _run(args: argparse.Namespace) -> int:
             "slow_rank": args.slow_rank, "slowdown": args.slowdown,
             "lr": args.lr if args.lr is not None else (0.05 if args.task == "ctr" else 0.2),
             "p": args.p, "eval_every": args.eval_every,
+            "cross_mbit": args.testbed_cross_mbit,
             "job_timeout": args.job_timeout}  # fmt: skip
     jobs = []
     for scheme in schemes:
