@@ -72,7 +72,9 @@ class StepReport:
     version: int = 0
     #: for a parameter server: every worker's clock in what this rank read
     clocks: tuple[int, ...] = ()
-    #: iterations the parameters read lag behind this rank's clock
+    #: iterations the parameters read lag behind this rank's clock: its clock minus
+    #: the updates applied of the slowest worker still training (one that has
+    #: finished holds nobody back and counts no more)
     staleness: int = 0
     #: elements lost by the transport (filled) in messages of this step, this rank's
     #: own pushes included where the scheme learns of them, and elements those

@@ -277,6 +277,7 @@ class ParameterServerSync(SyncScheme):
         class_chunks = [0] * N_CLASSES
         clocks: list[int] | None = None
         version = 0
+        slowest: int | None = None  # the slowest worker still training, as read
         try:
             for i, (meta_f, data_f, local_f) in enumerate(replies):
                 if local_f is not None:
@@ -307,6 +308,8 @@ class ParameterServerSync(SyncScheme):
                 clocks = list(reply.clocks) if clocks is None else [
                     min(a, b) for a, b in zip(clocks, reply.clocks, strict=True)]  # fmt: skip
                 version += reply.version
+                if reply.slowest >= 0:
+                    slowest = reply.slowest if slowest is None else min(slowest, reply.slowest)
                 self.last_read = reply
         except BaseException as exc:
             self.failure = exc
@@ -325,7 +328,7 @@ class ParameterServerSync(SyncScheme):
             clock=clock,
             version=version,
             clocks=tuple(clocks),
-            staleness=clock - min(clocks),
+            staleness=max(0, clock - slowest) if slowest is not None else 0,
             lost_elems=lost,
             bounded_elems=bounded,
             lost_chunks=tuple(lost_chunks),

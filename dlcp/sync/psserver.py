@@ -56,7 +56,7 @@ PUSH, REQUEST, META, DATA = 1, 2, 3, 4
 READ, FINISH = 0, 1
 OK, FAILED = 0, 1
 #: int64 fields of META before the per-worker clocks
-META_HEADER = 5 + 2 * N_CLASSES
+META_HEADER = 6 + 2 * N_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,8 @@ class ReadReply:
     status: int
     failed_rank: int
     version: int
+    #: applied updates of the slowest worker still training (-1: none is)
+    slowest: int
     lost_elems: int
     bounded_elems: int
     lost_chunks: tuple[int, ...]
@@ -74,9 +76,15 @@ class ReadReply:
 
 
 def encode_meta(
-    status: int, failed_rank: int, version: int, loss: list[int], clocks: tuple[int, ...]
+    status: int,
+    failed_rank: int,
+    version: int,
+    slowest: int | None,
+    loss: list[int],
+    clocks: tuple[int, ...],
 ) -> npt.NDArray[np.uint8]:
-    fields = np.array([status, failed_rank, version, *loss, *clocks], dtype=np.int64)
+    least = -1 if slowest is None else slowest
+    fields = np.array([status, failed_rank, version, least, *loss, *clocks], dtype=np.int64)
     return fields.view(np.uint8)
 
 
@@ -87,10 +95,11 @@ def decode_meta(raw: npt.NDArray[Any]) -> ReadReply:
         status=f[0],
         failed_rank=f[1],
         version=f[2],
-        lost_elems=f[3],
-        bounded_elems=f[4],
-        lost_chunks=tuple(f[5 : 5 + n]),
-        class_chunks=tuple(f[5 + n : 5 + 2 * n]),
+        slowest=f[3],
+        lost_elems=f[4],
+        bounded_elems=f[5],
+        lost_chunks=tuple(f[6 : 6 + n]),
+        class_chunks=tuple(f[6 + n : 6 + 2 * n]),
         clocks=tuple(f[META_HEADER:]),
     )
 
@@ -369,7 +378,8 @@ class ParameterServer:
 
     def _reply(self, worker: int, seq: int, clock: int, status: int) -> None:
         failed = self.failure.rank if self.failure is not None else -1
-        meta = encode_meta(status, failed, self.table.version, self._loss[worker].fields(),
+        meta = encode_meta(status, failed, self.table.version, self.table.slowest(),
+                           self._loss[worker].fields(),
                            self.table.clocks())  # fmt: skip
         self._loss[worker] = _Loss()
         if self.rounds is None:  # (BSP applies whole rounds: no rule to feed)

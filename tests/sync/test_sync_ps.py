@@ -107,6 +107,7 @@ def _slot_worker(
             if i == w:
                 p.grad[t] = -float(n)  # SGD, lr 1: the update adds n, the server n / n
         rep = sync.step()
+        assert rep.staleness <= rep.clock - min(rep.clocks)  # (finished workers left out)
         held = [p.detach().numpy().copy() for p in model.parameters()]
         reads.append((rep.clock, rep.clocks, held))
     if stepped is not None:
@@ -259,3 +260,26 @@ def test_allreduce_baseline_matches_the_same_reference() -> None:
                                    strict=True):  # fmt: skip
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
             assert got.numpy().tobytes() == first.numpy().tobytes()
+
+
+def test_a_finished_worker_no_longer_counts_in_the_staleness() -> None:
+    n = 3
+
+    def rank(r: int, ep: Endpoint) -> Any:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        sync = make("ssp", model, opt, endpoint=ep, world_size=n, servers=[0],
+                    workers=[0, 1, 2], staleness=1)  # fmt: skip
+        reports = []
+        for t in range(2 if r == 2 else 8):  # rank 2 stops early, rank 0 and 1 go on
+            opt.zero_grad()
+            loss_of(model, r, t).backward()
+            reports.append(sync.step())
+        sync.close()
+        return reports
+
+    with endpoints(n) as eps:
+        results = each_rank(eps, rank)
+    for reports in results[:2]:
+        assert all(rep.staleness <= 1 for rep in reports), [r.staleness for r in reports]
+        assert reports[-1].clocks[2] == 2  # (its clock stays in what is read)
