@@ -152,6 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
 
+    sync = sub.add_parser(
+        "sync", help="synchronisation schemes (dlcp.sync) on the digits CNN: one or all"
+    )
+    sync.add_argument("action", choices=["run", "suite"],
+                      help="run: the schemes given (--scheme NAME); suite: every scheme, 3 seeds")
+    sync.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m bench.sync")
+
     # testbed/ is installed as dlcp.testbed (package-dir): imported by name
     importlib.import_module("dlcp.testbed.cli").add_parser(sub)
     from .switch.cli import add_parser as add_switch_parser
@@ -216,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
         bench = importlib.import_module(f"dlcp.bench.{args.which}")
         return int(bench.main(args.args, prog=f"dlcp bench {args.which}"))
+    if args.command == "sync":
+        bench_sync = importlib.import_module("dlcp.bench.sync")
+        extra = list(args.args)
+        if args.action == "suite" and "--seeds" not in extra:
+            extra = ["--seeds", "3", *extra]
+        return int(bench_sync.main(extra, prog=f"dlcp sync {args.action}"))
     if args.command == "testbed":
         return int(importlib.import_module("dlcp.testbed.cli").main(args))
     if args.command == "switch":
