@@ -35,6 +35,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from ..proto.context import PairKeys
 from ..proto.wire import AUTH_TAG_LEN, auth_tag
 from .udp import bind
 
@@ -140,12 +141,13 @@ class ControlChannel:
         connect_timeout: float,
         tos: int = 0,
         rto_min: float = 0.0,
-        key: bytes | None = None,
+        keys: PairKeys | None = None,
     ) -> None:
         self.rank = rank
         self.job = job
-        #: the job's key when it authenticates: hellos then carry a proof
-        self.key = key
+        #: this rank's keys when the job authenticates: hellos then carry a proof,
+        #: tagged with the key of the pair (opener -> the rank it opens to)
+        self.keys = keys
         #: nonces of the authenticated hellos accepted so far (one per connection)
         self._nonces: set[bytes] = set()
         self.connect_timeout = connect_timeout
@@ -199,10 +201,10 @@ class ControlChannel:
 
     def _hello(self, peer: int) -> bytes:
         hello = HELLO.pack(_MAGIC, self.job, self.rank)
-        if self.key is None:
+        if self.keys is None:
             return hello
         nonce = os.urandom(HELLO_NONCE_LEN)
-        return hello + nonce + auth_tag(self.key, _proof_input(hello, peer, nonce))
+        return hello + nonce + auth_tag(self.keys.to(peer), _proof_input(hello, peer, nonce))
 
     def _connect(self, addr: tuple[str, int]) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -288,14 +290,14 @@ class ControlChannel:
         conn.buf += memoryview(self._read_buf)[:n]
         frames: list[tuple[int, bytes]] = []
         if conn.rank is None:
-            size = HELLO.size + (_HELLO_PROOF if self.key is not None else 0)
+            size = HELLO.size + (_HELLO_PROOF if self.keys is not None else 0)
             if len(conn.buf) < size:
                 return [], None
             magic, job, rank = HELLO.unpack_from(conn.buf)
             if magic != _MAGIC or job != self.job:
                 why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
                 return [], self._close_inbound(conn, why)
-            if self.key is not None:
+            if self.keys is not None:
                 refused = self._check_proof(bytes(conn.buf[:size]), rank)
                 if refused is not None:
                     return [], self._close_inbound(conn, refused)
@@ -314,10 +316,11 @@ class ControlChannel:
 
     def _check_proof(self, hello: bytes, rank: int) -> str | None:
         """Why an authenticated hello (as rank ``rank``) is refused, or None."""
-        assert self.key is not None
+        assert self.keys is not None
         nonce = hello[HELLO.size : HELLO.size + HELLO_NONCE_LEN]
         tag = hello[HELLO.size + HELLO_NONCE_LEN :]
-        want = auth_tag(self.key, _proof_input(hello[: HELLO.size], self.rank, nonce))
+        key = self.keys.of(rank)  # the pair (rank -> this rank)
+        want = auth_tag(key, _proof_input(hello[: HELLO.size], self.rank, nonce))
         if not hmac.compare_digest(tag, want):
             return f"sent a hello as rank {rank} without a valid proof of the job's key"
         if nonce in self._nonces:

@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
+from ..proto.context import PairKeyLookup
 from ..proto.session import (
     ControlDatagram,
     DataBatch,
@@ -76,6 +77,31 @@ _ACCEPT_PAUSE = 0.1
 Segments = Sequence[tuple[int, int, int]]
 
 
+def _check_auth(config: EndpointConfig, key: object, rank: int) -> None:
+    """A key without authentication is refused (it would be ignored); no
+    authentication is said in the log with what it exposes (DESIGN: safe by
+    default, the default stays off until authentication is measured cheap)."""
+    if config.protocol.authenticate:
+        if key is None:
+            raise ConfigError(
+                "authentication is on (protocol.authenticate) but no key was given: pass "
+                "key= (or connect through dlcp.rendezvous with the job's secret)"
+            )
+        return
+    if key is not None:
+        raise ConfigError(
+            "key= was given but authentication is off: a key is only used with "
+            "ProtocolConfig(authenticate=True) (DLCP_AUTHENTICATE=1); turn it on or drop the key"
+        )
+    log.warning(
+        "dlcp: rank %d runs without authentication: anyone who can send to its UDP and "
+        "TCP ports, or guess the 16-bit job id, can inject data into its messages, forge "
+        "control messages that end or stall its transfers, and cut it off from its peers; "
+        "turn authentication on (DLCP_AUTHENTICATE=1 with DLCP_JOB_SECRET) on a shared network",
+        rank,
+    )
+
+
 class Endpoint:
     """DLCP endpoint of one rank. See the module docstring."""
 
@@ -86,13 +112,14 @@ class Endpoint:
         *,
         job: int = 0,
         config: EndpointConfig | None = None,
-        key: bytes | None = None,
+        key: bytes | PairKeyLookup | None = None,
         store: Store | None = None,
         world_size: int | None = None,
     ) -> None:
         self.config = config if config is not None else EndpointConfig.from_env()
         self.rank = rank
         self.job = job
+        _check_auth(self.config, key, rank)
         if peers is None and store is None:
             raise ConfigError("an Endpoint needs peers={rank: address} or store=")
         known: set[int] | None = None
@@ -130,7 +157,7 @@ class Endpoint:
                 # control messages decide when data moves: the highest priority class
                 tos=protocol.tos.tos(7, drop=False),
                 rto_min=cfg.control_rto_min,
-                key=key if protocol.authenticate else None,
+                keys=self._session.keys,
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
             self._peers.publish(self.address)  # (the store may fail)

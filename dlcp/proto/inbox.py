@@ -175,7 +175,11 @@ class Inbox(SessionSide):
             self._receive_parsed(buf[len(buf) - tail :], segment_size, now=now)
             return
         parsed = parse_batch(
-            buf, segment_size, job=self.job, key=self.key, require_auth=self.config.authenticate
+            buf,
+            segment_size,
+            job=self.job,
+            key=self.keys.of if self.keys is not None else None,
+            require_auth=self.config.authenticate,
         )
         n = len(parsed.reasons)
         self.stats.datagrams_in += n
