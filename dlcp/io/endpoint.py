@@ -57,6 +57,7 @@ from ..proto.session import (
     Session,
 )
 from ..proto.wire import DType, PacketType, bound_to_wire
+from .arguments import check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
@@ -117,7 +118,7 @@ class Endpoint:
         world_size: int | None = None,
     ) -> None:
         self.config = config if config is not None else EndpointConfig.from_env()
-        self.rank = rank
+        self.rank = rank = check_rank("rank", rank)
         self.job = job
         _check_auth(self.config, key, rank)
         if peers is None and store is None:
@@ -225,9 +226,12 @@ class Endpoint:
         """Send ``array`` (flattened) to rank ``to``; its bytes are copied before
         this returns. The future gives the :class:`SendReport` once the receiver
         has it within its bound."""
-        flat = np.asarray(array).reshape(-1)
-        DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
+        to = check_rank("to", to)  # bad arguments fail now, in the caller
+        check_message(step, msg)
         message = f"message (step {step}, msg {msg}) to rank {to}"
+        flat = flat_message(array, message)
+        DType.of(flat, bfloat16=bfloat16)
+        check_layers(layers, len(flat), message)
         self._resolve(to, message)
         fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}",
                                                          blocked=self._runs_io)
@@ -270,14 +274,12 @@ class Endpoint:
         """Receive message (``step``, ``msg``) from rank ``src``, into ``out`` if
         given (1-D, the message's dtype and length). ``p`` can only tighten the
         sender's bound. The future gives a :class:`Received`."""
-        if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
-            raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
-        if out is not None and not out.flags.writeable:
-            raise ValueError(
-                f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
-            )
-        fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
+        src = check_rank("src", src)  # bad arguments fail now, in the caller
+        check_message(step, msg)
         message = f"message (step {step}, msg {msg}) from rank {src}"
+        if out is not None:
+            check_out(out, message)
+        fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         self._resolve(src, message)
         fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}",
                                                        blocked=self._runs_io)
