@@ -300,7 +300,7 @@ class Endpoint:
             # a completion may still sit in the session's queue (settled, as a
             # claim below is, once _post has sent what is queued: a STOP first)
             self._transfers.dispatch(defer=True)
-            done = self._transfers.unclaimed.pop(key, None)
+            done = self._transfers.take_unclaimed(key)
             if done is not None:
                 wanted = fill_policy or self.config.protocol.default_fill
                 self._transfers.queue_settlement(

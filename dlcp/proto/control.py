@@ -62,6 +62,7 @@ class AbortReason(enum.IntEnum):
     CANCELLED = 2  # the application cancelled the message
     PEER_TIMEOUT = 3  # the other side stopped answering
     DATA_SILENT = 4  # the receiver gets the sender's control messages but none of its data
+    UNCLAIMED_LIMIT = 5  # the receiver refused it: nobody asked for it and it would not fit
 
 
 @dataclass(frozen=True, slots=True)

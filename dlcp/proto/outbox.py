@@ -230,6 +230,12 @@ class Outbox(SessionSide):
                     "datagrams: the UDP data path to it drops everything (a firewall, or a "
                     "wrong data address or port?)"
                 )
+            elif ctrl.reason is AbortReason.UNCLAIMED_LIMIT:
+                why = (
+                    f"rank {key[0]} refused the message (unclaimed_limit): nobody there had "
+                    "asked for it, and it would take its unclaimed messages past its "
+                    "max_unexpected_bytes (post the receive first, or raise the limit)"
+                )
             else:
                 why = f"receiver aborted the message ({ctrl.reason.name.lower()})"
             out.recovery.on_abort(why)

@@ -167,6 +167,13 @@ class Session:
         )
         return True
 
+    def release(self, src: int, *, step: int, msg: int) -> None:
+        """The application took message (src, step, msg), which completed before
+        anyone asked for it (or the driver dropped it): the bytes it held stop
+        counting against ``config.max_unexpected_bytes``. Until then a received
+        message nobody claimed counts as it did while it was coming in."""
+        self._inbox.release((src, step, msg))
+
     # ------------------------------------------------------------------ input
 
     def receive_datagram(self, data: bytes | bytearray | memoryview, *, now: float) -> None:
