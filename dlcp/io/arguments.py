@@ -7,6 +7,7 @@ job") nor a silent reading of it (``to=True`` sent to rank 1, a layer length of
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,11 @@ import numpy.typing as npt
 from ..errors import ConfigError
 from ..proto.classify import chunk_layers
 from ..proto.wire import check_message_key
+from .config import EndpointConfig
 
-__all__ = ["check_layers", "check_message", "check_out", "check_rank", "flat_message"]
+log = logging.getLogger("dlcp.io")
+
+__all__ = ["check_auth", "check_layers", "check_message", "check_out", "check_rank", "flat_message"]
 
 #: the most elements a message holds (``msg_elems`` is 32 bits, spec §2.1)
 MAX_ELEMS = 0xFFFFFFFF
@@ -116,3 +120,28 @@ def check_layers(layers: object, msg_elems: int, what: str) -> None:
         if len(_GOOD_LAYERS) >= _GOOD_LAYERS_MAX:
             _GOOD_LAYERS.clear()
         _GOOD_LAYERS[key] = None
+
+
+def check_auth(config: EndpointConfig, key: object, rank: int) -> None:
+    """A key without authentication is refused (it would be ignored); no
+    authentication is said in the log with what it exposes (DESIGN: safe by
+    default, the default stays off until authentication is measured cheap)."""
+    if config.protocol.authenticate:
+        if key is None:
+            raise ConfigError(
+                "authentication is on (protocol.authenticate) but no key was given: pass "
+                "key= (or connect through dlcp.rendezvous with the job's secret)"
+            )
+        return
+    if key is not None:
+        raise ConfigError(
+            "key= was given but authentication is off: a key is only used with "
+            "ProtocolConfig(authenticate=True) (DLCP_AUTHENTICATE=1); turn it on or drop the key"
+        )
+    log.warning(
+        "dlcp: rank %d runs without authentication: anyone who can send to its UDP and "
+        "TCP ports, or guess the 16-bit job id, can inject data into its messages, forge "
+        "control messages that end or stall its transfers, and cut it off from its peers; "
+        "turn authentication on (DLCP_AUTHENTICATE=1 with DLCP_JOB_SECRET) on a shared network",
+        rank,
+    )

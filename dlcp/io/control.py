@@ -9,8 +9,14 @@ and then carries frames: a 4-byte big-endian length and one control datagram
 exactly as ``docs/spec.md`` defines it (authenticated by its own tag when the
 job uses a key).
 
-A connection that closes, resets or sends garbage marks that peer as gone;
-the endpoint then fails what it was waiting for from that peer, and only that.
+A connection that resets or closes does not by itself mark its peer gone: a
+rank whose connection to a peer was reset (``ss -K``, a middlebox) opens a new
+one when it next sends (once per send); a rank whose connection *from* a peer
+ended checks whether the peer's control port still accepts a connection (its
+process is alive: it reconnects when it next sends) and marks the peer gone
+only when it does not. The endpoint then fails what it was waiting for from
+that peer, and only that. A peer that is alive but silent is found by the
+endpoint's timeouts.
 
 Loss on the control path: a control message is one small segment with nothing
 behind it, so when the network drops it TCP cannot recover by duplicate ACKs;
@@ -33,6 +39,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..proto.context import PairKeys
@@ -60,6 +67,8 @@ _TIMER_MAX_US = 200_000
 _TIMER_NAMES = {TCP_RTO_MIN_US: "TCP_RTO_MIN_US", TCP_DELACK_MAX_US: "TCP_DELACK_MAX_US"}
 #: options this process already said it cannot set (said once each)
 _timer_warned: set[int] = set()
+#: errors of a connection that was reset or aborted (a new one is tried once)
+_RESET = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
 def _proof_input(hello: bytes, to_rank: int, nonce: bytes) -> bytes:
@@ -109,6 +118,16 @@ def _set_timer(sock: socket.socket, option: int, usec: int) -> int | None:
             return None
 
 
+def _ended(sock: socket.socket) -> bool:
+    """Whether outbound ``sock`` was closed or reset by its peer (or aborted here)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class PeerGone:
     rank: int
@@ -142,8 +161,12 @@ class ControlChannel:
         tos: int = 0,
         rto_min: float = 0.0,
         keys: PairKeys | None = None,
+        address_of: Callable[[int], tuple[str, int] | None] | None = None,
     ) -> None:
         self.rank = rank
+        #: a peer's control address (host, port) if known, without waiting: where
+        #: a connection from it ended, whether it is alive is asked there
+        self.address_of = address_of
         self.job = job
         #: this rank's keys when the job authenticates: hellos then carry a proof,
         #: tagged with the key of the pair (opener -> the rank it opens to)
@@ -183,19 +206,34 @@ class ControlChannel:
     # ------------------------------------------------------------------ send
 
     def send(self, peer: int, addr: tuple[str, int], data: bytes) -> PeerGone | None:
-        """Send one control datagram to ``peer``; a PeerGone if that failed."""
+        """Send one control datagram to ``peer``; a PeerGone if that failed. A
+        connection that was reset is replaced by a new one, once: a peer that
+        refuses that one is gone."""
+        frame = _FRAME.pack(len(data)) + data
         sock = self.outbound.get(peer)
+        reset = ""
+        if sock is not None:
+            try:
+                self._send_all(sock, frame)
+                return None
+            except _RESET as exc:  # (what was in flight on it may be lost: timers resend)
+                self._drop_outbound(peer)
+                reset = f" (reconnecting after: {exc})"
+                log.warning("dlcp: control connection to rank %d: %s; reconnecting", peer, exc)
+            except OSError as exc:
+                self._drop_outbound(peer)
+                return PeerGone(peer, f"control connection to rank {peer} at "
+                                      f"{addr[0]}:{addr[1]} failed: {exc}")  # fmt: skip
         try:
-            if sock is None:
-                sock = self._connect(addr)
-                sock.setblocking(False)
-                self.outbound[peer] = sock
-                self._send_all(sock, self._hello(peer))
-            self._send_all(sock, _FRAME.pack(len(data)) + data)
+            sock = self._connect(addr)
+            sock.setblocking(False)
+            self.outbound[peer] = sock
+            self._send_all(sock, self._hello(peer) + frame)
         except OSError as exc:
             self._drop_outbound(peer)
             return PeerGone(
-                peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
+                peer,
+                f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}{reset}",
             )
         return None
 
@@ -352,5 +390,40 @@ class ControlChannel:
             # messages): not gone
             log.warning("dlcp: a control connection from rank %s ended: %s", conn.rank, why)
             return None
+        if self._answers(conn.rank):
+            # reset between two live ranks (ss -K, a middlebox): it opens a new
+            # connection when it next sends; a dead process's port refuses
+            log.warning(
+                "dlcp: the control connection from rank %s ended (%s), but rank %s still "
+                "accepts connections: not gone, it reconnects when it next sends",
+                conn.rank, why, conn.rank,
+            )  # fmt: skip
+            return None
         self._drop_outbound(conn.rank)
         return PeerGone(conn.rank, f"rank {conn.rank} {why}")
+
+    def _answers(self, rank: int) -> bool:
+        """Whether ``rank``'s control port accepts a connection now (its process
+        is alive). The check opens a connection and says hello on it: it becomes
+        this rank's connection to ``rank`` if there is none, else it is closed."""
+        addr = self.address_of(rank) if self.address_of is not None else None
+        if addr is None:
+            return False
+        try:
+            sock = self._connect(addr)
+        except OSError:
+            return False
+        try:
+            sock.setblocking(False)
+            self._send_all(sock, self._hello(rank))
+        except OSError:
+            sock.close()
+            return False
+        old = self.outbound.get(rank)
+        if old is not None and _ended(old):
+            self._drop_outbound(rank)  # (reset too: replaced now, not at the next send)
+        if rank in self.outbound:
+            sock.close()
+        else:
+            self.outbound[rank] = sock
+        return True

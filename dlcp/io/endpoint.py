@@ -57,7 +57,14 @@ from ..proto.session import (
     Session,
 )
 from ..proto.wire import DType, PacketType, bound_to_wire
-from .arguments import check_layers, check_message, check_out, check_rank, flat_message
+from .arguments import (
+    check_auth,
+    check_layers,
+    check_message,
+    check_out,
+    check_rank,
+    flat_message,
+)
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
@@ -78,31 +85,6 @@ _ACCEPT_PAUSE = 0.1
 Segments = Sequence[tuple[int, int, int]]
 
 
-def _check_auth(config: EndpointConfig, key: object, rank: int) -> None:
-    """A key without authentication is refused (it would be ignored); no
-    authentication is said in the log with what it exposes (DESIGN: safe by
-    default, the default stays off until authentication is measured cheap)."""
-    if config.protocol.authenticate:
-        if key is None:
-            raise ConfigError(
-                "authentication is on (protocol.authenticate) but no key was given: pass "
-                "key= (or connect through dlcp.rendezvous with the job's secret)"
-            )
-        return
-    if key is not None:
-        raise ConfigError(
-            "key= was given but authentication is off: a key is only used with "
-            "ProtocolConfig(authenticate=True) (DLCP_AUTHENTICATE=1); turn it on or drop the key"
-        )
-    log.warning(
-        "dlcp: rank %d runs without authentication: anyone who can send to its UDP and "
-        "TCP ports, or guess the 16-bit job id, can inject data into its messages, forge "
-        "control messages that end or stall its transfers, and cut it off from its peers; "
-        "turn authentication on (DLCP_AUTHENTICATE=1 with DLCP_JOB_SECRET) on a shared network",
-        rank,
-    )
-
-
 class Endpoint:
     """DLCP endpoint of one rank. See the module docstring."""
 
@@ -120,7 +102,7 @@ class Endpoint:
         self.config = config if config is not None else EndpointConfig.from_env()
         self.rank = rank = check_rank("rank", rank)
         self.job = job
-        _check_auth(self.config, key, rank)
+        check_auth(self.config, key, rank)
         if peers is None and store is None:
             raise ConfigError("an Endpoint needs peers={rank: address} or store=")
         known: set[int] | None = None
@@ -159,6 +141,7 @@ class Endpoint:
                 tos=protocol.tos.tos(7, drop=False),
                 rto_min=cfg.control_rto_min,
                 keys=self._session.keys,
+                address_of=self._control_address,
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
             self._peers.publish(self.address)  # (the store may fail)
@@ -601,6 +584,13 @@ class Endpoint:
         self._stats.control_out += 1
         if gone is not None:
             self._peer_gone(gone)
+
+    def _control_address(self, peer: int) -> tuple[str, int] | None:
+        """A peer's control address if known (no waiting, no failing the peer)."""
+        with contextlib.suppress(Exception):
+            if (addr := self._peers.known(peer)) is not None:
+                return addr.host, addr.control_port
+        return None
 
     def _address_of(self, peer: int) -> PeerAddress | None:
         """A peer's address, under the lock, without waiting: a peer that sent
