@@ -357,9 +357,10 @@ class ControlChannel:
         assert self.keys is not None
         nonce = hello[HELLO.size : HELLO.size + HELLO_NONCE_LEN]
         tag = hello[HELLO.size + HELLO_NONCE_LEN :]
-        key = self.keys.of(rank)  # the pair (rank -> this rank)
-        want = auth_tag(key, _proof_input(hello[: HELLO.size], self.rank, nonce))
-        if not hmac.compare_digest(tag, want):
+        key = self.keys.of(rank)  # the pair (rank -> this rank); None: no such rank
+        want = b"" if key is None else auth_tag(key, _proof_input(hello[: HELLO.size],
+                                                                  self.rank, nonce))  # fmt: skip
+        if not want or not hmac.compare_digest(tag, want):
             return f"sent a hello as rank {rank} without a valid proof of the job's key"
         if nonce in self._nonces:
             return f"replayed a hello of rank {rank} (its nonce was seen before)"

@@ -333,12 +333,20 @@ def _check_tags(
     # authentication, reported by the transport benchmark.
     rows = np.flatnonzero(reasons == 0)
     srcs = h["src"][rows]
-    if not isinstance(key, bytes) and len(srcs) and bool((srcs == srcs[0]).all()):
-        key = key_of_source(key, int(srcs[0]))  # the usual batch: one source, one key
+    one: bytes | None = key if isinstance(key, bytes) else None
+    if one is None and len(srcs) and bool((srcs == srcs[0]).all()):
+        one = key_of_source(key, int(srcs[0]))  # the usual batch: one source, one key
+        if one is None:  # a rank with no key (not of this job): nothing verifies
+            reasons[rows] = Reason.AUTH_FAILED
+            return
     for i, src in zip(rows.tolist(), srcs.tolist(), strict=True):
         end = int(lengths[i]) - AUTH_TAG_LEN
         row = records[i]
-        expected = auth_tag(key if isinstance(key, bytes) else key(src), row[:end].data)
+        k = one if one is not None else key_of_source(key, src)
+        if k is None:
+            reasons[i] = Reason.AUTH_FAILED
+            continue
+        expected = auth_tag(k, row[:end].data)
         if not hmac.compare_digest(expected, row[end : end + AUTH_TAG_LEN].tobytes()):
             reasons[i] = Reason.AUTH_FAILED
 

@@ -39,8 +39,9 @@ class PairKeys:
     ``key`` is one key for every pair (the single-key API), or a lookup
     ``(src, dst) -> key`` (the I/O side derives one key per pair and run from the
     job's secret, :mod:`dlcp.keyring`); keys looked up are kept per peer. With
-    ``peers`` known, the key a stranger's rank would have is looked up anew each
-    time instead of kept (a flood of made-up source ranks grows nothing)."""
+    ``peers`` known, a rank outside them has no key: what claims to come from
+    it verifies with none (:meth:`of` gives None), at no cost (a flood of
+    made-up source ranks derives nothing and keeps nothing)."""
 
     __slots__ = ("_lookup", "_of", "_peers", "_to", "rank")
 
@@ -58,21 +59,21 @@ class PairKeys:
         self._of: dict[int, bytes] = {}
 
     def to(self, dst: int) -> bytes:
-        """The key this rank tags what it sends to ``dst`` with."""
+        """The key this rank tags what it sends to ``dst`` with (a session sends
+        only to its peers)."""
         key = self._to.get(dst)
         if key is None:
-            key = _check_key(self._lookup(self.rank, dst))
-            if self._peers is None or dst in self._peers:
-                self._to[dst] = key
+            key = self._to[dst] = _check_key(self._lookup(self.rank, dst))
         return key
 
-    def of(self, src: int) -> bytes:
-        """The key a datagram that claims to come from ``src`` is verified with."""
+    def of(self, src: int) -> bytes | None:
+        """The key a datagram that claims to come from ``src`` is verified with;
+        None for a rank outside the session's peers."""
         key = self._of.get(src)
         if key is None:
-            key = _check_key(self._lookup(src, self.rank))
-            if self._peers is None or src in self._peers:
-                self._of[src] = key
+            if self._peers is not None and src not in self._peers:
+                return None
+            key = self._of[src] = _check_key(self._lookup(src, self.rank))
         return key
 
 

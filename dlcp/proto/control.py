@@ -247,8 +247,9 @@ def decode_control(
             raise WireError(
                 Reason.AUTH_REQUIRED, "authentication required: datagram carries no tag"
             )
-        if key is not None and not hmac.compare_digest(
-            auth_tag(key_of_source(key, src), data[:-tag]), data[-tag:]
+        if key is not None and (
+            (k := key_of_source(key, src)) is None
+            or not hmac.compare_digest(auth_tag(k, data[:-tag]), data[-tag:])
         ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
     body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]

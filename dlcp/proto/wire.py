@@ -225,12 +225,13 @@ def allowed_loss(p: float, msg_elems: int) -> int:
 
 
 #: what a receiver verifies tags with: one key, or a lookup of the key of the pair
-#: (claimed source rank -> this rank) by the source rank (spec §3)
-VerifyKey: TypeAlias = bytes | Callable[[int], bytes]
+#: (claimed source rank -> this rank) by the source rank (spec §3), None for a
+#: rank that has none (not a rank of the job: nothing from it verifies)
+VerifyKey: TypeAlias = bytes | Callable[[int], bytes | None]
 
 
-def key_of_source(key: VerifyKey, src: int) -> bytes:
-    """The key that verifies what claims to come from rank ``src``."""
+def key_of_source(key: VerifyKey, src: int) -> bytes | None:
+    """The key that verifies what claims to come from rank ``src`` (None: none does)."""
     return key if isinstance(key, bytes) else key(src)
 
 

@@ -165,3 +165,23 @@ def test_the_job_secret_comes_from_the_environment_or_a_file(tmp_path: Path) -> 
         job_secret({"DLCP_JOB_SECRET": SECRET.hex(), "DLCP_JOB_SECRET_FILE": str(hexfile)})
     with pytest.raises(ConfigError, match="DLCP_JOB_SECRET_FILE='/nonexistent/s' cannot be"):
         job_secret({"DLCP_JOB_SECRET_FILE": "/nonexistent/s"})
+
+
+def test_a_rank_outside_the_job_has_no_key_and_costs_no_derivation() -> None:
+    """Datagrams claiming a rank that is not a peer fail verification without a
+    key being derived or kept for it (a flood of made-up ranks grows nothing)."""
+    ring = _ring()
+    asked: list[tuple[int, int]] = []
+
+    def lookup(src: int, dst: int) -> bytes:
+        asked.append((src, dst))
+        return ring(src, dst)
+
+    stranger = Session(rank=7, job=JOB, config=CFG, key=ring)  # holds the secret, not a peer
+    rx = Session(rank=1, job=JOB, config=CFG, key=lookup, peers=(0, 1, 2))
+    stranger.send_message(1, X, step=0, msg=0, now=0.0)
+    data, _ = _sent(stranger)
+    _feed(rx, data)
+    assert rx.stats.rejected == {"auth_failed": _records(data)}
+    assert asked == []
+    assert rx.keys is not None and rx.keys.of(7) is None and rx.keys.of(0) == ring(0, 1)
