@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .keyring import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .ports import free_port
 
 __all__ = [
@@ -224,7 +225,11 @@ def launch(
     """Run ``cmd`` as ``nproc`` local ranks and wait for all of them.
 
     ``env`` replaces ``os.environ`` as the base environment of every rank;
-    ``rank_cmd`` gives some ranks a different command. Output goes to
+    ``rank_cmd`` gives some ranks a different command. Unless the base
+    environment has one already (``DLCP_JOB_SECRET`` or ``DLCP_JOB_SECRET_FILE``),
+    the ranks share a fresh job secret in ``DLCP_JOB_SECRET``: authenticated
+    endpoints derive their keys from it (:mod:`dlcp.keyring`), and it never goes
+    through the rendezvous store. Output goes to
     ``stdout``/``stderr`` (default: this process's). ``timeout`` bounds the
     whole run (the ranks are terminated when it passes).
     """
@@ -235,6 +240,9 @@ def launch(
     out_sink = stdout if stdout is not None else sys.stdout
     err_sink = stderr if stderr is not None else sys.stderr
     port = master_port if master_port is not None else free_port()
+    base = dict(os.environ if env is None else env)
+    if SECRET_ENV not in base and SECRET_FILE_ENV not in base:
+        base[SECRET_ENV] = new_secret()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(nproc):
@@ -242,7 +250,7 @@ def launch(
             procs.append(
                 subprocess.Popen(
                     argv,
-                    env=rank_env(rank, nproc, port, env),
+                    env=rank_env(rank, nproc, port, base),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

@@ -1,10 +1,16 @@
 """Rendezvous through torch.distributed's TCPStore and the ``env://`` variables.
 
 ``torchrun`` (and ``dlcp launch``) set MASTER_ADDR, MASTER_PORT, RANK,
-WORLD_SIZE and LOCAL_RANK. Rank 0 picks the job id (and, with authentication,
-the key) and writes them to the store; every rank publishes its endpoint's
-address there, and looks its peers up there when it first talks to them. No
-discovery protocol of our own.
+WORLD_SIZE and LOCAL_RANK. Rank 0 picks the job id and a fresh run nonce and
+writes them to the store; every rank publishes its endpoint's address there,
+and looks its peers up there when it first talks to them. No discovery
+protocol of our own.
+
+The store is not secret (it has no authentication and listens on every
+interface): with authentication, every rank derives its keys from the job's
+secret, which reaches it out of band (``DLCP_JOB_SECRET`` or
+``DLCP_JOB_SECRET_FILE``; ``dlcp launch`` sets one), and the run nonce
+(:mod:`dlcp.keyring`). No key is ever written to the store.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .errors import ConfigError, StartupTimeout
 from .io.config import EndpointConfig
 from .io.endpoint import Endpoint
 from .io.peers import Store
+from .keyring import SECRET_ENV, SECRET_FILE_ENV, KeyRing, job_secret, new_run_nonce
 from .settings import config_from_env
 
 __all__ = ["JobInfo", "attempt", "connect", "env_job", "local_address"]
@@ -165,7 +172,7 @@ def _release(group: str, rank: int) -> None:
         _calls[(group, rank)] -= 1
 
 
-#: rank 0's job id and key per store namespace, as it set them for a connect()
+#: rank 0's job id and run nonce per store namespace, as it set them for a connect()
 #: that has not succeeded yet (a retry sets the same; the next endpoint, new ones)
 _chosen: dict[str, tuple[str, str]] = {}
 
@@ -192,6 +199,10 @@ def connect(
     endpoint with keys of its own; every rank must make its endpoints of a group
     in the same order. A ``store`` passed in is the caller's: one endpoint per
     group in it.
+
+    With authentication the job's secret comes from ``env`` (``DLCP_JOB_SECRET``
+    or ``DLCP_JOB_SECRET_FILE``, :func:`dlcp.keyring.job_secret`); without one
+    this is a :class:`ConfigError`, before anything is written to the store.
     """
     env = os.environ if env is None else env
     job = env_job(env)
@@ -208,6 +219,15 @@ def connect(
         config = dataclasses.replace(
             config, protocol=dataclasses.replace(config.protocol, authenticate=True)
         )
+    secret = job_secret(env) if auth else None
+    if auth and secret is None:
+        raise ConfigError(
+            f"authentication is on but the job has no secret: set {SECRET_ENV} (hex, the "
+            f"same on every rank; e.g. from `python -c \"import secrets; "
+            f"print(secrets.token_hex(32))\"`) or {SECRET_FILE_ENV}; `dlcp launch` sets one "
+            "for the ranks it starts. The rendezvous store is readable by anyone who can "
+            "reach it, so no key is sent through it"
+        )
     numbered = store is None
     if store is None:
         store = _default_store(job, config.timeout, env)
@@ -221,16 +241,19 @@ def connect(
         if job.rank == 0:
             # chosen once per namespace: a retry after a failure here sets the same
             # values, which a peer may have read already
-            job_s, key_s = _chosen.setdefault(
-                prefix, (str(1 + secrets.randbelow(0xFFFE)), secrets.token_hex(32))
+            job_s, nonce_s = _chosen.setdefault(
+                prefix, (str(1 + secrets.randbelow(0xFFFE)), new_run_nonce().hex())
             )
+            # the nonce first: a rank that reads the job id finds the nonce there
+            store.set(prefix + "nonce", nonce_s)
             store.set(prefix + "job", job_s)
-            if auth:
-                store.set(prefix + "key", key_s)
         else:
             _await_rank0(store, prefix + "job", job, config.timeout)
         job_id = int(store.get(prefix + "job"))
-        key = bytes.fromhex(store.get(prefix + "key").decode()) if auth else None
+        key = None
+        if secret is not None:
+            nonce = bytes.fromhex(store.get(prefix + "nonce").decode())
+            key = KeyRing(secret, job=job_id, run_nonce=nonce)
         endpoint = Endpoint(
             job.rank,
             job=job_id,

@@ -9,8 +9,14 @@ and then carries frames: a 4-byte big-endian length and one control datagram
 exactly as ``docs/spec.md`` defines it (authenticated by its own tag when the
 job uses a key).
 
-A connection that closes, resets or sends garbage marks that peer as gone;
-the endpoint then fails what it was waiting for from that peer, and only that.
+A connection that resets or closes does not by itself mark its peer gone: a
+rank whose connection to a peer was reset (``ss -K``, a middlebox) opens a new
+one when it next sends (once per send); a rank whose connection *from* a peer
+ended checks whether the peer's control port still accepts a connection (its
+process is alive: it reconnects when it next sends) and marks the peer gone
+only when it does not. The endpoint then fails what it was waiting for from
+that peer, and only that. A peer that is alive but silent is found by the
+endpoint's timeouts.
 
 Loss on the control path: a control message is one small segment with nothing
 behind it, so when the network drops it TCP cannot recover by duplicate ACKs;
@@ -33,8 +39,10 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..proto.context import PairKeys
 from ..proto.wire import AUTH_TAG_LEN, auth_tag
 from .udp import bind
 
@@ -59,6 +67,8 @@ _TIMER_MAX_US = 200_000
 _TIMER_NAMES = {TCP_RTO_MIN_US: "TCP_RTO_MIN_US", TCP_DELACK_MAX_US: "TCP_DELACK_MAX_US"}
 #: options this process already said it cannot set (said once each)
 _timer_warned: set[int] = set()
+#: errors of a connection that was reset or aborted (a new one is tried once)
+_RESET = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
 def _proof_input(hello: bytes, to_rank: int, nonce: bytes) -> bytes:
@@ -108,6 +118,16 @@ def _set_timer(sock: socket.socket, option: int, usec: int) -> int | None:
             return None
 
 
+def _ended(sock: socket.socket) -> bool:
+    """Whether outbound ``sock`` was closed or reset by its peer (or aborted here)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class PeerGone:
     rank: int
@@ -140,12 +160,17 @@ class ControlChannel:
         connect_timeout: float,
         tos: int = 0,
         rto_min: float = 0.0,
-        key: bytes | None = None,
+        keys: PairKeys | None = None,
+        address_of: Callable[[int], tuple[str, int] | None] | None = None,
     ) -> None:
         self.rank = rank
+        #: a peer's control address (host, port) if known, without waiting: where
+        #: a connection from it ended, whether it is alive is asked there
+        self.address_of = address_of
         self.job = job
-        #: the job's key when it authenticates: hellos then carry a proof
-        self.key = key
+        #: this rank's keys when the job authenticates: hellos then carry a proof,
+        #: tagged with the key of the pair (opener -> the rank it opens to)
+        self.keys = keys
         #: nonces of the authenticated hellos accepted so far (one per connection)
         self._nonces: set[bytes] = set()
         self.connect_timeout = connect_timeout
@@ -181,28 +206,43 @@ class ControlChannel:
     # ------------------------------------------------------------------ send
 
     def send(self, peer: int, addr: tuple[str, int], data: bytes) -> PeerGone | None:
-        """Send one control datagram to ``peer``; a PeerGone if that failed."""
+        """Send one control datagram to ``peer``; a PeerGone if that failed. A
+        connection that was reset is replaced by a new one, once: a peer that
+        refuses that one is gone."""
+        frame = _FRAME.pack(len(data)) + data
         sock = self.outbound.get(peer)
+        reset = ""
+        if sock is not None:
+            try:
+                self._send_all(sock, frame)
+                return None
+            except _RESET as exc:  # (what was in flight on it may be lost: timers resend)
+                self._drop_outbound(peer)
+                reset = f" (reconnecting after: {exc})"
+                log.warning("dlcp: control connection to rank %d: %s; reconnecting", peer, exc)
+            except OSError as exc:
+                self._drop_outbound(peer)
+                return PeerGone(peer, f"control connection to rank {peer} at "
+                                      f"{addr[0]}:{addr[1]} failed: {exc}")  # fmt: skip
         try:
-            if sock is None:
-                sock = self._connect(addr)
-                sock.setblocking(False)
-                self.outbound[peer] = sock
-                self._send_all(sock, self._hello(peer))
-            self._send_all(sock, _FRAME.pack(len(data)) + data)
+            sock = self._connect(addr)
+            sock.setblocking(False)
+            self.outbound[peer] = sock
+            self._send_all(sock, self._hello(peer) + frame)
         except OSError as exc:
             self._drop_outbound(peer)
             return PeerGone(
-                peer, f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}"
+                peer,
+                f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}{reset}",
             )
         return None
 
     def _hello(self, peer: int) -> bytes:
         hello = HELLO.pack(_MAGIC, self.job, self.rank)
-        if self.key is None:
+        if self.keys is None:
             return hello
         nonce = os.urandom(HELLO_NONCE_LEN)
-        return hello + nonce + auth_tag(self.key, _proof_input(hello, peer, nonce))
+        return hello + nonce + auth_tag(self.keys.to(peer), _proof_input(hello, peer, nonce))
 
     def _connect(self, addr: tuple[str, int]) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -288,14 +328,14 @@ class ControlChannel:
         conn.buf += memoryview(self._read_buf)[:n]
         frames: list[tuple[int, bytes]] = []
         if conn.rank is None:
-            size = HELLO.size + (_HELLO_PROOF if self.key is not None else 0)
+            size = HELLO.size + (_HELLO_PROOF if self.keys is not None else 0)
             if len(conn.buf) < size:
                 return [], None
             magic, job, rank = HELLO.unpack_from(conn.buf)
             if magic != _MAGIC or job != self.job:
                 why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
                 return [], self._close_inbound(conn, why)
-            if self.key is not None:
+            if self.keys is not None:
                 refused = self._check_proof(bytes(conn.buf[:size]), rank)
                 if refused is not None:
                     return [], self._close_inbound(conn, refused)
@@ -314,11 +354,13 @@ class ControlChannel:
 
     def _check_proof(self, hello: bytes, rank: int) -> str | None:
         """Why an authenticated hello (as rank ``rank``) is refused, or None."""
-        assert self.key is not None
+        assert self.keys is not None
         nonce = hello[HELLO.size : HELLO.size + HELLO_NONCE_LEN]
         tag = hello[HELLO.size + HELLO_NONCE_LEN :]
-        want = auth_tag(self.key, _proof_input(hello[: HELLO.size], self.rank, nonce))
-        if not hmac.compare_digest(tag, want):
+        key = self.keys.of(rank)  # the pair (rank -> this rank); None: no such rank
+        want = b"" if key is None else auth_tag(key, _proof_input(hello[: HELLO.size],
+                                                                  self.rank, nonce))  # fmt: skip
+        if not want or not hmac.compare_digest(tag, want):
             return f"sent a hello as rank {rank} without a valid proof of the job's key"
         if nonce in self._nonces:
             return f"replayed a hello of rank {rank} (its nonce was seen before)"
@@ -349,5 +391,40 @@ class ControlChannel:
             # messages): not gone
             log.warning("dlcp: a control connection from rank %s ended: %s", conn.rank, why)
             return None
+        if self._answers(conn.rank):
+            # reset between two live ranks (ss -K, a middlebox): it opens a new
+            # connection when it next sends; a dead process's port refuses
+            log.warning(
+                "dlcp: the control connection from rank %s ended (%s), but rank %s still "
+                "accepts connections: not gone, it reconnects when it next sends",
+                conn.rank, why, conn.rank,
+            )  # fmt: skip
+            return None
         self._drop_outbound(conn.rank)
         return PeerGone(conn.rank, f"rank {conn.rank} {why}")
+
+    def _answers(self, rank: int) -> bool:
+        """Whether ``rank``'s control port accepts a connection now (its process
+        is alive). The check opens a connection and says hello on it: it becomes
+        this rank's connection to ``rank`` if there is none, else it is closed."""
+        addr = self.address_of(rank) if self.address_of is not None else None
+        if addr is None:
+            return False
+        try:
+            sock = self._connect(addr)
+        except OSError:
+            return False
+        try:
+            sock.setblocking(False)
+            self._send_all(sock, self._hello(rank))
+        except OSError:
+            sock.close()
+            return False
+        old = self.outbound.get(rank)
+        if old is not None and _ended(old):
+            self._drop_outbound(rank)  # (reset too: replaced now, not at the next send)
+        if rank in self.outbound:
+            sock.close()
+        else:
+            self.outbound[rank] = sock
+        return True

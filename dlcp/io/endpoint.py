@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from ..proto.config import FillPolicy
+from ..proto.context import PairKeyLookup
 from ..proto.pacing import Pacer
 from ..proto.session import (
     ControlDatagram,
@@ -59,6 +60,14 @@ from ..proto.session import (
     Session,
 )
 from ..proto.wire import DType, PacketType, bound_to_wire
+from .arguments import (
+    check_auth,
+    check_layers,
+    check_message,
+    check_out,
+    check_rank,
+    flat_message,
+)
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
@@ -90,13 +99,14 @@ class Endpoint:
         *,
         job: int = 0,
         config: EndpointConfig | None = None,
-        key: bytes | None = None,
+        key: bytes | PairKeyLookup | None = None,
         store: Store | None = None,
         world_size: int | None = None,
     ) -> None:
         self.config = config if config is not None else EndpointConfig.from_env()
-        self.rank = rank
+        self.rank = rank = check_rank("rank", rank)
         self.job = job
+        check_auth(self.config, key, rank)
         if peers is None and store is None:
             raise ConfigError("an Endpoint needs peers={rank: address} or store=")
         known: set[int] | None = None
@@ -147,7 +157,8 @@ class Endpoint:
                 # control messages decide when data moves: the highest priority class
                 tos=protocol.tos.tos(7, drop=False),
                 rto_min=cfg.control_rto_min,
-                key=key if protocol.authenticate else None,
+                keys=self._session.keys,
+                address_of=self._control_address,
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
             self._peers.publish(self.address)  # (the store may fail)
@@ -218,9 +229,12 @@ class Endpoint:
         """Send ``array`` (flattened) to rank ``to``; its bytes are copied before
         this returns. The future gives the :class:`SendReport` once the receiver
         has it within its bound."""
-        flat = np.asarray(array).reshape(-1)
-        DType.of(flat, bfloat16=bfloat16)  # fail now, in the caller, on a bad dtype
+        to = check_rank("to", to)  # bad arguments fail now, in the caller
+        check_message(step, msg)
         message = f"message (step {step}, msg {msg}) to rank {to}"
+        flat = flat_message(array, message)
+        DType.of(flat, bfloat16=bfloat16)
+        check_layers(layers, len(flat), message)
         self._resolve(to, message)
         fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}",
                                                          blocked=self._runs_io)
@@ -263,14 +277,12 @@ class Endpoint:
         """Receive message (``step``, ``msg``) from rank ``src``, into ``out`` if
         given (1-D, the message's dtype and length). ``p`` can only tighten the
         sender's bound. The future gives a :class:`Received`."""
-        if out is not None and (out.ndim != 1 or not out.flags.c_contiguous):
-            raise ValueError(f"out must be a contiguous 1-D array, got shape {out.shape}")
-        if out is not None and not out.flags.writeable:
-            raise ValueError(
-                f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
-            )
-        fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
+        src = check_rank("src", src)  # bad arguments fail now, in the caller
+        check_message(step, msg)
         message = f"message (step {step}, msg {msg}) from rank {src}"
+        if out is not None:
+            check_out(out, message)
+        fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         self._resolve(src, message)
         fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}",
                                                        blocked=self._runs_io)
@@ -291,7 +303,7 @@ class Endpoint:
             # a completion may still sit in the session's queue (settled, as a
             # claim below is, once _post has sent what is queued: a STOP first)
             self._transfers.dispatch(defer=True)
-            done = self._transfers.unclaimed.pop(key, None)
+            done = self._transfers.take_unclaimed(key)
             if done is not None:
                 wanted = fill_policy or self.config.protocol.default_fill
                 self._transfers.queue_settlement(
@@ -633,6 +645,13 @@ class Endpoint:
         self._stats.control_out += 1
         if gone is not None:
             self._peer_gone(gone)
+
+    def _control_address(self, peer: int) -> tuple[str, int] | None:
+        """A peer's control address if known (no waiting, no failing the peer)."""
+        with contextlib.suppress(Exception):
+            if (addr := self._peers.known(peer)) is not None:
+                return addr.host, addr.control_port
+        return None
 
     def _address_of(self, peer: int) -> PeerAddress | None:
         """A peer's address, under the lock, without waiting: a peer that sent

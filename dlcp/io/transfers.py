@@ -40,8 +40,11 @@ __all__ = ["Key", "Transfers"]
 
 Key = tuple[int, int, int]  # (peer, step, msg)
 
-#: completed messages kept for a receive not posted yet (the oldest go first)
-_MAX_UNCLAIMED = 1024
+#: failures of messages nobody asked for, kept for a receive posted later (the
+#: oldest go first). Received messages are not counted: the session bounds the
+#: bytes they hold (max_unexpected_bytes) and refuses what would not fit, so none
+#: is ever dropped here after its sender heard it was delivered.
+_MAX_UNCLAIMED_FAILURES = 1024
 
 
 class Transfers:
@@ -55,7 +58,9 @@ class Transfers:
         #: tables in insertion order: the oldest entry has the earliest deadline
         self.sends: dict[Key, Pending] = {}
         self.recvs: dict[Key, Pending] = {}
-        self.unclaimed: OrderedDict[Key, MessageReceived | MessageFailed] = OrderedDict()
+        self.unclaimed: dict[Key, MessageReceived | MessageFailed] = {}
+        #: the keys of the failures among them, oldest first
+        self._unclaimed_failures: OrderedDict[Key, None] = OrderedDict()
         #: transfers matched to their events (and out of the tables) whose futures
         #: are not settled yet: (future, what settles it), in event order
         self._settlements: deque[tuple[Future[Any], Callable[[], None]]] = deque()
@@ -123,8 +128,20 @@ class Transfers:
 
     def _park(self, key: Key, ev: MessageReceived | MessageFailed) -> None:
         self.unclaimed[key] = ev
-        while len(self.unclaimed) > _MAX_UNCLAIMED:
-            self.unclaimed.popitem(last=False)
+        if isinstance(ev, MessageFailed):
+            self._unclaimed_failures[key] = None
+            while len(self._unclaimed_failures) > _MAX_UNCLAIMED_FAILURES:
+                old, _ = self._unclaimed_failures.popitem(last=False)
+                self.unclaimed.pop(old, None)
+
+    def take_unclaimed(self, key: Key) -> MessageReceived | MessageFailed | None:
+        """The parked message ``key`` for a receive posted now (None: none); the
+        session stops counting the bytes it held."""
+        ev = self.unclaimed.pop(key, None)
+        if ev is not None:
+            self._unclaimed_failures.pop(key, None)
+            self._session.release(key[0], step=key[1], msg=key[2])
+        return ev
 
     def claim(
         self,

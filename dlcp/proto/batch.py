@@ -34,7 +34,9 @@ from .wire import (
     Flags,
     PacketType,
     Reason,
+    VerifyKey,
     auth_tag,
+    key_of_source,
 )
 
 __all__ = [
@@ -151,13 +153,16 @@ def parse_batch(
     segment_size: int,
     *,
     job: int,
-    key: bytes | None = None,
+    key: VerifyKey | None = None,
     require_auth: bool = False,
     n_records: int | None = None,
 ) -> ParsedBatch:
     """Parse ``buf`` as consecutive datagrams of ``segment_size`` bytes (the last
     one may be shorter), the way UDP GRO hands them over. Never raises for bad
     content: each record gets a :class:`Reason`.
+
+    ``key`` verifies the tags: one key, or the key of each record's claimed
+    source rank (``src -> key``: the key of the pair src -> this rank, spec §3).
     """
     if segment_size <= 0:
         raise ValueError(f"segment_size must be positive, got {segment_size}")
@@ -272,7 +277,7 @@ def _validate(
     lengths: npt.NDArray[np.int64],
     *,
     job: int,
-    key: bytes | None,
+    key: VerifyKey | None,
     require_auth: bool,
 ) -> UInt8Array:
     """Vectorised header checks; the first failing rule wins (same order as the spec)."""
@@ -322,14 +327,26 @@ def _check_tags(
     h: npt.NDArray[np.void],
     lengths: npt.NDArray[np.int64],
     reasons: UInt8Array,
-    key: bytes,
+    key: VerifyKey,
 ) -> None:
     # BLAKE2b has no vectorised form: this per-record loop is the cost of
     # authentication, reported by the transport benchmark.
-    for i in np.flatnonzero(reasons == 0):
+    rows = np.flatnonzero(reasons == 0)
+    srcs = h["src"][rows]
+    one: bytes | None = key if isinstance(key, bytes) else None
+    if one is None and len(srcs) and bool((srcs == srcs[0]).all()):
+        one = key_of_source(key, int(srcs[0]))  # the usual batch: one source, one key
+        if one is None:  # a rank with no key (not of this job): nothing verifies
+            reasons[rows] = Reason.AUTH_FAILED
+            return
+    for i, src in zip(rows.tolist(), srcs.tolist(), strict=True):
         end = int(lengths[i]) - AUTH_TAG_LEN
         row = records[i]
-        expected = auth_tag(key, row[:end].data)
+        k = one if one is not None else key_of_source(key, src)
+        if k is None:
+            reasons[i] = Reason.AUTH_FAILED
+            continue
+        expected = auth_tag(k, row[:end].data)
         if not hmac.compare_digest(expected, row[end : end + AUTH_TAG_LEN].tobytes()):
             reasons[i] = Reason.AUTH_FAILED
 

@@ -23,9 +23,11 @@ from .wire import (
     Flags,
     PacketType,
     Reason,
+    VerifyKey,
     WireError,
     _check_range,
     auth_tag,
+    key_of_source,
     peek_type,
 )
 
@@ -60,6 +62,7 @@ class AbortReason(enum.IntEnum):
     CANCELLED = 2  # the application cancelled the message
     PEER_TIMEOUT = 3  # the other side stopped answering
     DATA_SILENT = 4  # the receiver gets the sender's control messages but none of its data
+    UNCLAIMED_LIMIT = 5  # the receiver refused it: nobody asked for it and it would not fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +203,14 @@ _BODY_LEN: Final = {
 
 
 def decode_control(
-    data: bytes | memoryview, *, job: int, key: bytes | None = None, require_auth: bool = False
+    data: bytes | memoryview,
+    *,
+    job: int,
+    key: VerifyKey | None = None,
+    require_auth: bool = False,
 ) -> ControlMessage:
-    """Parse and validate one control datagram; raises :class:`WireError`."""
+    """Parse and validate one control datagram; raises :class:`WireError`.
+    ``key``: one key, or the key of the datagram's claimed source (``src -> key``)."""
     data = bytes(data)
     known = _TYPE_BY_FIRST_BYTE.get(data[0]) if data else None
     # (peek_type raises for anything but a data packet)
@@ -239,7 +247,10 @@ def decode_control(
             raise WireError(
                 Reason.AUTH_REQUIRED, "authentication required: datagram carries no tag"
             )
-        if key is not None and not hmac.compare_digest(auth_tag(key, data[:-tag]), data[-tag:]):
+        if key is not None and (
+            (k := key_of_source(key, src)) is None
+            or not hmac.compare_digest(auth_tag(k, data[:-tag]), data[-tag:])
+        ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
     body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]
     want = _BODY_LEN.get(ptype)

@@ -65,6 +65,9 @@ class _Incoming:
     reassembler: Reassembler
     recovery: ReceiverRecovery
     unexpected_bytes: int  # buffer bytes charged against max_unexpected_bytes
+    #: the application asked for it (expect): once complete it is handed over, not
+    #: parked, so its charge ends then
+    expected: bool = False
 
 
 class Inbox(SessionSide):
@@ -80,6 +83,9 @@ class Inbox(SessionSide):
         self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
         self._orphan_finish = OrphanFinishes(self.config, self.rank)
         self._unexpected_bytes = 0
+        #: completed messages nobody asked for yet -> the bytes they still hold
+        #: (charged until the driver hands them over: :meth:`release`)
+        self._parked: dict[Key, int] = {}
         self._meter = RateMeter(self.config.rate_interval)
         self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
 
@@ -113,6 +119,7 @@ class Inbox(SessionSide):
         if state is None:
             self._expected[key] = Expectation(out, p, fill)
             return
+        state.expected = True
         r = state.reassembler
         if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
             raise ValueError("fill='rescale' needs a floating-point message, not uint8")
@@ -175,7 +182,11 @@ class Inbox(SessionSide):
             self._receive_parsed(buf[len(buf) - tail :], segment_size, now=now)
             return
         parsed = parse_batch(
-            buf, segment_size, job=self.job, key=self.key, require_auth=self.config.authenticate
+            buf,
+            segment_size,
+            job=self.job,
+            key=self.keys.of if self.keys is not None else None,
+            require_auth=self.config.authenticate,
         )
         n = len(parsed.reasons)
         self.stats.datagrams_in += n
@@ -356,6 +367,8 @@ class Inbox(SessionSide):
                 self.stats.reject("unexpected_overflow", n_packets)
                 if want is not None:
                     self._expected[key] = want
+                else:  # nobody asked for it: refused, and its sender told so
+                    self._refuse(key, charged)
                 return None
         try:
             r = Reassembler(
@@ -376,7 +389,7 @@ class Inbox(SessionSide):
                 self._expected[key] = want
             return None
         self._unexpected_bytes += charged
-        state = _Incoming(r, ReceiverRecovery(r, self.config), charged)
+        state = _Incoming(r, ReceiverRecovery(r, self.config), charged, want is not None)
         self._incoming[key] = state
         # (a message NACKed whole as an orphan FINISH waited its grace then)
         orphan, state.recovery.nack_round = self._orphan_finish.claim(key)
@@ -399,7 +412,10 @@ class Inbox(SessionSide):
                 return
         report = r.complete(now=now)
         del self._incoming[key]
-        self._unexpected_bytes -= state.unexpected_bytes
+        if state.expected or not state.unexpected_bytes:
+            self._unexpected_bytes -= state.unexpected_bytes
+        else:  # parked until the application claims it: still charged
+            self._parked[key] = state.unexpected_bytes
         self._remember(key, r.received_elems, now)
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
@@ -416,6 +432,22 @@ class Inbox(SessionSide):
         self._check_complete(key, state, now=now)
         if key in self._incoming:
             state.recovery.on_finish(finish.round, now=now)
+
+    def release(self, key: Key) -> None:
+        """The driver handed completed message ``key`` over (or dropped it): the
+        bytes it held no longer count against ``max_unexpected_bytes``."""
+        self._unexpected_bytes -= self._parked.pop(key, 0)
+
+    def _refuse(self, key: Key, nbytes: int) -> None:
+        """Refuse unexpected message ``key`` (``nbytes`` would pass the limit): it
+        fails here (a receive posted later hears why) and at its sender (ABORT)."""
+        limit = self.config.max_unexpected_bytes
+        self.fail(key, None, (
+            f"refused: its {nbytes} bytes would take the messages nobody has asked for "
+            f"yet ({self._unexpected_bytes} bytes) past max_unexpected_bytes={limit}"
+        ))  # fmt: skip
+        refusal = Abort(key[1], key[2], self.rank, AbortReason.UNCLAIMED_LIMIT, by_receiver=True)
+        self._queue(key[0], refusal)
 
     def fail(self, key: Key, state: _Incoming | None, why: str, peer_timeout: bool = False) -> None:
         if state is not None:

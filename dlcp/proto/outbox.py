@@ -199,7 +199,7 @@ class Outbox(SessionSide):
         )
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
         order = table.send_order()
-        stride = record_stride(table, authenticate=self.key is not None)
+        stride = record_stride(table, authenticate=self.keys is not None)
         row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
         row_of_seq[order] = np.arange(table.n_chunks)
         first = build_records(
@@ -207,7 +207,7 @@ class Outbox(SessionSide):
             table,
             order,
             ident,
-            authenticate=self.key is not None,
+            authenticate=self.keys is not None,
             buffer=self._pool.take((table.n_chunks, stride)),
             row_of_seq=row_of_seq,
         )
@@ -284,6 +284,12 @@ class Outbox(SessionSide):
                     "datagrams: the UDP data path to it drops everything (a firewall, or a "
                     "wrong data address or port?)"
                 )
+            elif ctrl.reason is AbortReason.UNCLAIMED_LIMIT:
+                why = (
+                    f"rank {key[0]} refused the message (unclaimed_limit): nobody there had "
+                    "asked for it, and it would take its unclaimed messages past its "
+                    "max_unexpected_bytes (post the receive first, or raise the limit)"
+                )
             else:
                 why = f"receiver aborted the message ({ctrl.reason.name.lower()})"
             out.recovery.on_abort(why)
@@ -332,7 +338,7 @@ class Outbox(SessionSide):
             out.table,
             seqs,
             out.ident,
-            authenticate=self.key is not None,
+            authenticate=self.keys is not None,
             retransmit=True,
             source_rows=out.row_of_seq,
             source_stride=out.first.stride,
@@ -481,8 +487,9 @@ class Outbox(SessionSide):
             per_record = np.repeat(np.asarray(paths, np.uint8), spray)[: stop - start]
         if peer.paths.n_paths > 1:
             o.path_of_seq[seqs] = per_record
-        if peer.paths.n_paths > 1 or self.key is not None:  # one path: every stamp is 0
-            seal(run, start, stop, path=per_record, key=self.key)
+        if peer.paths.n_paths > 1 or self.keys is not None:  # one path: every stamp is 0
+            tag_key = self.keys.to(dst) if self.keys is not None else None
+            seal(run, start, stop, path=per_record, key=tag_key)
         stride = run.stride
         if len(set(paths)) == 1:  # one path (the usual case with one): one batch for all
             out.append(DataBatch(dst, paths[0], tos, stride, stop - start, run.view(start, stop)))

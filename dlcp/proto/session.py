@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import FillPolicy, ProtocolConfig
-from .context import ALL_ELEMS, SessionContext
+from .context import ALL_ELEMS, PairKeyLookup, PairKeys, SessionContext
 from .events import (
     ControlDatagram,
     DataBatch,
@@ -88,7 +88,7 @@ class Session:
         rank: int,
         job: int,
         config: ProtocolConfig | None = None,
-        key: bytes | None = None,
+        key: bytes | PairKeyLookup | None = None,
         peers: Collection[int] | None = None,
         pacer_factory: Callable[[int], Pacer] | None = None,
         whole_rounds: bool = False,
@@ -104,14 +104,21 @@ class Session:
             raise ValueError(f"job={job} outside 0..65535")
         if config.authenticate and not key:
             raise ValueError("config.authenticate is on but no key was given")
-        if key is not None and not 16 <= len(key) <= 64:
-            raise ValueError(f"authentication key must be 16..64 bytes, got {len(key)}")
+        if key is not None and not config.authenticate:
+            raise ValueError(
+                "a key was given but config.authenticate is off: turn authentication on "
+                "(ProtocolConfig(authenticate=True)) or give no key"
+            )
         self.config = config
         self.rank = rank
         self.job = job
-        self.key = key if config.authenticate else None
+        #: the key (one for every pair) or the lookup of each pair's key; None: no
+        #: authentication
+        self.key = key
         self.peers = frozenset(peers) if peers is not None else None
-        self._ctx = SessionContext(config, rank, job, self.key)
+        #: the keys this rank tags with and verifies with (spec §3)
+        self.keys = PairKeys(rank, key, self.peers) if key is not None else None
+        self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)
         self._outbox = Outbox(
@@ -173,6 +180,13 @@ class Session:
         )
         return True
 
+    def release(self, src: int, *, step: int, msg: int) -> None:
+        """The application took message (src, step, msg), which completed before
+        anyone asked for it (or the driver dropped it): the bytes it held stop
+        counting against ``config.max_unexpected_bytes``. Until then a received
+        message nobody claimed counts as it did while it was coming in."""
+        self._inbox.release((src, step, msg))
+
     # ------------------------------------------------------------------ input
 
     def receive_datagram(self, data: bytes | bytearray | memoryview, *, now: float) -> None:
@@ -185,7 +199,10 @@ class Session:
         self.stats.bytes_in += len(data)
         try:
             ctrl = decode_control(
-                bytes(data), job=self.job, key=self.key, require_auth=self.config.authenticate
+                bytes(data),
+                job=self.job,
+                key=self.keys.of if self.keys is not None else None,
+                require_auth=self.config.authenticate,
             )
         except WireError as exc:
             self.stats.reject(exc.reason.name.lower())

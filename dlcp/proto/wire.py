@@ -30,9 +30,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +61,7 @@ __all__ = [
     "Reason",
     "Stop",
     "TosMap",
+    "VerifyKey",
     "WireError",
     "allowed_loss",
     "auth_tag",
@@ -71,6 +72,7 @@ __all__ = [
     "decode_data",
     "encode_control",
     "encode_data",
+    "key_of_source",
     "parse_batch",
     "peek_type",
 ]
@@ -222,6 +224,17 @@ def allowed_loss(p: float, msg_elems: int) -> int:
     return bound_to_wire(p) * msg_elems // 1000
 
 
+#: what a receiver verifies tags with: one key, or a lookup of the key of the pair
+#: (claimed source rank -> this rank) by the source rank (spec §3), None for a
+#: rank that has none (not a rank of the job: nothing from it verifies)
+VerifyKey: TypeAlias = bytes | Callable[[int], bytes | None]
+
+
+def key_of_source(key: VerifyKey, src: int) -> bytes | None:
+    """The key that verifies what claims to come from rank ``src`` (None: none does)."""
+    return key if isinstance(key, bytes) else key(src)
+
+
 def auth_tag(key: bytes, data: bytes | memoryview) -> bytes:
     """Keyed BLAKE2b-128 over ``data`` (header and payload); ``key`` 16-64 bytes
     (spec §3: an empty key would make a tag anyone can compute)."""
@@ -343,7 +356,7 @@ def peek_type(data: bytes | memoryview) -> PacketType:
 
 
 def decode_data(
-    data: bytes | memoryview, *, job: int, key: bytes | None = None
+    data: bytes | memoryview, *, job: int, key: VerifyKey | None = None
 ) -> tuple[DataHeader, bytes]:
     """Parse and validate one data datagram; raises :class:`WireError`."""
     buf = np.frombuffer(data, dtype=np.uint8)

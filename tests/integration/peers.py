@@ -24,6 +24,8 @@ Plan operations (started in order, their futures awaited at the end):
 * ``{"op": "recv", "src", "msg", "step", "kind", "n", "seed", "out"}``
 * ``{"op": "wait", "line": "..."}``: start nothing more until that line arrives
 * ``{"op": "await"}``: wait for every operation started so far
+* ``{"op": "memory", "label": "..."}``: note this process's resident memory now
+  and its peak so far (``VmRSS``, ``VmHWM``, bytes) under ``label``
 
 Data is regenerated from ``(kind, n, seed)`` on both sides (:func:`make_data`), so
 the receiver can check every element it got against what was sent.
@@ -216,6 +218,17 @@ def _start(ep: Any, op: dict[str, Any]) -> tuple[Future[Any], Any]:
     return fut, received
 
 
+def resident_memory() -> dict[str, int]:
+    """This process's resident memory now and at its peak (bytes, Linux)."""
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                found[name] = int(value.split()[0]) * 1024  # (kB)
+    return found
+
+
 def child_main(argv: Sequence[str]) -> int:
     plan = json.loads(argv[0])
     lock = threading.Lock()
@@ -262,9 +275,12 @@ def child_main(argv: Sequence[str]) -> int:
                 except BaseException as exc:
                     results[i] = _failure(exc, t0)
 
+        memory: dict[str, dict[str, int]] = {}
         for op in plan.get("ops", []):
             if op["op"] == "wait":
                 wait_line(op["line"])
+            elif op["op"] == "memory":
+                memory[op["label"]] = resident_memory()
             elif op["op"] == "await":
                 await_all()
             else:
@@ -278,7 +294,8 @@ def child_main(argv: Sequence[str]) -> int:
                 started.append((fut, convert, t0))
                 results.append(None)
         await_all()
-        out("results " + json.dumps({"results": results, "stats": ep.stats()}, default=str))
+        out("results " + json.dumps({"results": results, "stats": ep.stats(), "memory": memory},
+                                    default=str))  # fmt: skip
         wait_line("exit")
     finally:
         ep.close()

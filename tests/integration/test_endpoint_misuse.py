@@ -28,7 +28,8 @@ X = np.arange(1000, dtype=np.float32)
 def _pair(**config: Any) -> tuple[Endpoint, Endpoint]:
     store = LocalStore()
     cfg = EndpointConfig(timeout=config.pop("timeout", 10.0), **config)
-    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg, key=KEY) for r in range(2))
+    key = KEY if cfg.protocol.authenticate else None  # (a key without authentication: refused)
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg, key=key) for r in range(2))
     return a, b
 
 

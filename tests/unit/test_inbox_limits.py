@@ -43,3 +43,71 @@ def test_rescale_of_an_arriving_uint8_message_is_refused() -> None:
     receiver.receive_batch(np.frombuffer(buf, np.uint8), seg, now=0.0)  # it is arriving
     with pytest.raises(ValueError, match="fill='rescale' needs a floating-point message"):
         receiver.expect_message(0, step=0, msg=3, fill=FillPolicy.RESCALE)
+
+
+def _deliver(sender: Session, receiver: Session, now: float = 0.0) -> None:
+    """Everything ``sender`` has to send into ``receiver``, and its control back."""
+    for item in sender.datagrams_to_send(now=now, max_batches=10_000):
+        if hasattr(item, "segment_size"):
+            receiver.receive_batch(np.frombuffer(bytes(item.data), np.uint8),
+                                   item.segment_size, now=now)  # fmt: skip
+    for item in receiver.datagrams_to_send(now=now, max_batches=10_000):
+        if not hasattr(item, "segment_size"):
+            sender.receive_datagram(item.data, now=now)
+
+
+def _events(s: Session) -> list[object]:
+    out = []
+    while (e := s.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def test_completed_messages_nobody_claimed_stay_charged_and_one_past_the_limit_is_refused() -> (
+    None
+):
+    """Messages nobody asked for count against max_unexpected_bytes until they are
+    claimed (released), not only while they arrive: the one that would pass the
+    limit is refused, its sender hears why (ABORT UNCLAIMED_LIMIT) and fails it,
+    and it is never reported delivered."""
+    from dlcp.proto.session import MessageDelivered, MessageFailed, MessageReceived
+
+    data = np.arange(10_000, dtype=np.float32)  # 40,000 bytes
+    each = data.nbytes + OPEN_MESSAGE_BYTES
+    cfg = config(max_unexpected_bytes=3 * each, pacer="unpaced")
+    sender, receiver = Session(rank=0, job=JOB, config=cfg), Session(rank=1, job=JOB, config=cfg)
+    for msg in range(3):
+        sender.send_message(1, data, step=0, msg=msg, now=0.0)
+        _deliver(sender, receiver)
+    got = _events(receiver)
+    assert [type(e) for e in got] == [MessageReceived] * 3
+    assert [type(e) for e in _events(sender)] == [MessageDelivered] * 3
+    sender.send_message(1, data, step=0, msg=3, now=0.0)  # the fourth does not fit
+    _deliver(sender, receiver)
+    (refused,) = _events(receiver)
+    assert isinstance(refused, MessageFailed) and refused.msg == 3 and not refused.outgoing
+    assert "past max_unexpected_bytes=123072" in refused.reason, refused.reason
+    (failed,) = _events(sender)
+    assert isinstance(failed, MessageFailed) and failed.outgoing and failed.msg == 3
+    assert "rank 1 refused the message (unclaimed_limit)" in failed.reason, failed.reason
+    assert "max_unexpected_bytes" in failed.reason
+    # the application claims one: its bytes are free again, and the next one fits
+    receiver.release(0, step=0, msg=0)
+    sender.send_message(1, data, step=0, msg=4, now=0.0)
+    _deliver(sender, receiver)
+    assert [type(e) for e in _events(receiver)] == [MessageReceived]
+    assert [type(e) for e in _events(sender)] == [MessageDelivered]
+
+
+def test_a_message_asked_for_is_not_charged_once_complete() -> None:
+    from dlcp.proto.session import MessageReceived
+
+    data = np.arange(10_000, dtype=np.float32)
+    cfg = config(max_unexpected_bytes=data.nbytes + OPEN_MESSAGE_BYTES, pacer="unpaced")
+    sender, receiver = Session(rank=0, job=JOB, config=cfg), Session(rank=1, job=JOB, config=cfg)
+    for msg in range(3):  # each asked for (without out=: charged only while arriving)
+        receiver.expect_message(0, step=0, msg=msg)
+        sender.send_message(1, data, step=0, msg=msg, now=0.0)
+        _deliver(sender, receiver)
+        assert [type(e) for e in _events(receiver)] == [MessageReceived]
+    assert receiver._inbox._unexpected_bytes == 0

@@ -13,10 +13,12 @@ from dlcp import rendezvous
 from dlcp.errors import ConfigError
 from tests.integration.endpoint_helpers import LocalStore
 
+SECRET = "5e" * 32
+
 
 def _env(rank: int) -> dict[str, str]:
     return {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "1", "DLCP_TIMEOUT": "5"}  # fmt: skip
+            "MASTER_PORT": "1", "DLCP_TIMEOUT": "5", "DLCP_JOB_SECRET": SECRET}  # fmt: skip
 
 
 def test_a_second_endpoint_of_a_group_agrees_on_new_keys(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +39,8 @@ def test_a_second_endpoint_of_a_group_agrees_on_new_keys(monkeypatch: pytest.Mon
                 pair = [zero.result(timeout=20)[0], one.result(timeout=20)[0]]
                 endpoints += pair
                 assert pair[0].job == pair[1].job, [e.job for e in pair]
-                assert pair[0]._session.key == pair[1]._session.key  # the same agreed key
+                # the same run nonce, so the same keys
+                assert pair[0]._session.key.run_nonce == pair[1]._session.key.run_nonce
         assert {store.get(f"{group}/0/job"), store.get(f"{group}/1/job")} == {
             str(e.job).encode() for e in endpoints
         }
@@ -113,7 +116,7 @@ def test_a_rank_that_retries_connect_finds_its_peers(monkeypatch: pytest.MonkeyP
             e.close()
 
 
-def test_each_group_in_a_store_of_its_own_gets_its_own_job_id_and_key() -> None:
+def test_each_group_in_a_store_of_its_own_gets_its_own_job_id_and_nonce() -> None:
     # the process-group backend connects every group (a new_group, a group made
     # again) under the same prefix of a store of the group's own
     single = {**_env(0), "WORLD_SIZE": "1"}
@@ -123,7 +126,7 @@ def test_each_group_in_a_store_of_its_own_gets_its_own_job_id_and_key() -> None:
     try:
         (a, _), (b, _) = made
         assert a.job != b.job
-        assert stores[0].get("pg/key") != stores[1].get("pg/key")
+        assert stores[0].get("pg/nonce") != stores[1].get("pg/nonce")
     finally:
         for endpoint, _ in made:
             endpoint.close()

@@ -1,0 +1,114 @@
+"""A control connection reset between two live ranks reconnects instead of
+marking the peer gone for good (before, one ``ss -K`` failed every later
+transfer in both directions): the rank whose connection was reset opens a new
+one when it next sends; the rank whose connection from the peer ended checks
+that the peer's control port still answers. A peer whose process is gone is
+still found gone at once."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from dlcp.io import Endpoint, EndpointConfig
+from dlcp.proto.config import ProtocolConfig
+from tests.integration.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore
+
+X = np.arange(50_000, dtype=np.float32)
+
+
+def _pair(auth: bool) -> tuple[Endpoint, Endpoint]:
+    store = LocalStore()
+    cfg = EndpointConfig(timeout=10.0, protocol=ProtocolConfig(authenticate=auth))
+    key = KEY if auth else None
+    a, b = (Endpoint(r, store=store, world_size=2, job=JOB, config=cfg, key=key) for r in (0, 1))
+    return a, b
+
+
+def _exchange(a: Endpoint, b: Endpoint, msg: int) -> None:
+    """A message each way, both exact."""
+    got_b, got_a = b.recv(src=0, msg=msg), a.recv(src=1, msg=msg)
+    sent = [a.send(X, to=1, msg=msg), b.send(X[::-1].copy(), to=0, msg=msg)]
+    for fut in sent:
+        fut.result(timeout=15)
+    assert np.array_equal(got_b.result(timeout=15).data, X)
+    assert np.array_equal(got_a.result(timeout=15).data, X[::-1])
+
+
+def _ss_kill(a: Endpoint, b: Endpoint) -> None:
+    """``ss -K`` every established control connection between the two (each end
+    is destroyed; the other gets a reset)."""
+    ports = [str(e.address.control_port) for e in (a, b)]
+    expr = " or ".join(f"sport = :{p} or dport = :{p}" for p in ports)
+    done = subprocess.run(["ss", "-K", "-t", "state", "established", f"( {expr} )"],
+                          capture_output=True, text=True, timeout=10)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("127.0.0.1") >= 4, done.stdout  # both connections, both ends
+
+
+def _close_from_the_test(a: Endpoint, b: Endpoint) -> None:
+    """Shut each endpoint's outbound control connection down under its lock (the
+    socket stays open, so its I/O thread is not disturbed): its peer reads the
+    end, and its next send on it fails."""
+    for e in (a, b):
+        with e._lock:
+            for sock in e._control.outbound.values():
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _wait_for_the_ends(a: Endpoint, b: Endpoint, first: dict[int, set[socket.socket]]) -> None:
+    """Until each endpoint's I/O thread has handled the end of the inbound
+    connections it had (``first``, from before the kill)."""
+    deadline = time.monotonic() + 10
+    while any(first[e.rank] & set(e._control.inbound) for e in (a, b)):
+        assert time.monotonic() < deadline, "an inbound end was never handled"
+        time.sleep(0.005)  # (polling what the I/O threads did, not a readiness guess)
+
+
+KILLS = {
+    "ss -K": pytest.param(_ss_kill, marks=pytest.mark.skipif(
+        not IS_ROOT or shutil.which("ss") is None, reason="needs root and ss")),
+    "closed from the test": pytest.param(_close_from_the_test),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kill", list(KILLS.values()), ids=list(KILLS))
+@pytest.mark.parametrize("auth", [False, True], ids=["plain", "auth"])
+def test_a_reset_control_connection_between_live_ranks_reconnects(kill: object, auth: bool) -> None:
+    a, b = _pair(auth)
+    try:
+        _exchange(a, b, 1)  # connections both ways, each trusted
+        with a._lock, b._lock:
+            first = {e.rank: set(e._control.inbound) for e in (a, b)}
+        assert all(first.values())
+        kill(a, b)  # type: ignore[operator]
+        _wait_for_the_ends(a, b, first)
+        for msg in (2, 3, 4):  # later transfers, both ways
+            _exchange(a, b, msg)
+        assert a.stats()["peers_gone"] == {} and b.stats()["peers_gone"] == {}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_peer_whose_process_is_gone_is_still_gone_at_once() -> None:
+    """Its control port refuses the check: its receives fail at once, not at
+    their timeout."""
+    a, b = _pair(False)
+    try:
+        _exchange(a, b, 1)
+        pending = b.recv(src=0, msg=2)
+        started = time.monotonic()
+        a.close()  # (its listener closes with it: the check is refused)
+        with pytest.raises(Exception, match="rank 0 closed its control connection"):
+            pending.result(timeout=8)
+        assert time.monotonic() - started < 5  # far sooner than the 10 s timeout
+        assert 0 in b.stats()["peers_gone"]
+    finally:
+        a.close()
+        b.close()
