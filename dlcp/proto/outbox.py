@@ -525,8 +525,8 @@ class Outbox(SessionSide):
             paths = np.asarray([peer.next_path() for _ in range(0, n, spray)], np.uint8)
             path = np.repeat(paths, spray)[:n]
             o.path_of_seq[run.seq] = path
-        if peer.paths.n_paths > 1 or self.key is not None:
-            seal(run, 0, n, path=path, key=self.key)
+        if peer.paths.n_paths > 1 or self.keys is not None:
+            seal(run, 0, n, path=path, key=self.keys.to(dst) if self.keys is not None else None)
         nbytes = run.batch_nbytes(0, n)
         self.stats.packets_out += n
         self.stats.bytes_out += nbytes
