@@ -60,14 +60,7 @@ from ..proto.session import (
     Session,
 )
 from ..proto.wire import DType, PacketType, bound_to_wire
-from .arguments import (
-    check_auth,
-    check_layers,
-    check_message,
-    check_out,
-    check_rank,
-    flat_message,
-)
+from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator

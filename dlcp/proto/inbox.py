@@ -53,6 +53,9 @@ __all__ = ["Inbox"]
 #: message) and a repeated FINISH is answered with ABORT
 FAILED = -2
 CANCELLED = -1
+REFUSED = -3  # failed: nobody asked for it and it would pass max_unexpected_bytes
+#: how a repeated FINISH of a message that ended so is answered (else GAVE_UP)
+_ABORT_OF = {CANCELLED: AbortReason.CANCELLED, REFUSED: AbortReason.UNCLAIMED_LIMIT}
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
 #: state, a few hundred bytes of Python objects; counted against
@@ -108,7 +111,9 @@ class Inbox(SessionSide):
             )
         if key in self._completed:
             received = self._completed[key][0]
-            how = {FAILED: "failed", CANCELLED: "cancelled"}.get(received, "completed")
+            how = {FAILED: "failed", CANCELLED: "cancelled", REFUSED: "refused"}.get(
+                received, "completed"
+            )
             raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
         if p is not None:
             bound_to_wire(p)  # validates the range
@@ -446,6 +451,7 @@ class Inbox(SessionSide):
             f"refused: its {nbytes} bytes would take the messages nobody has asked for "
             f"yet ({self._unexpected_bytes} bytes) past max_unexpected_bytes={limit}"
         ))  # fmt: skip
+        self._completed[key] = (REFUSED, -math.inf)  # a repeated FINISH hears the same
         refusal = Abort(key[1], key[2], self.rank, AbortReason.UNCLAIMED_LIMIT, by_receiver=True)
         self._queue(key[0], refusal)
 
@@ -483,8 +489,8 @@ class Inbox(SessionSide):
             self.fail(key, None, why)
         if key in self._completed:
             received, completed_at = self._completed[key]
-            if received in (FAILED, CANCELLED):
-                reason = AbortReason.CANCELLED if received == CANCELLED else AbortReason.GAVE_UP
+            if received in (FAILED, CANCELLED, REFUSED):
+                reason = _ABORT_OF.get(received, AbortReason.GAVE_UP)
                 self._queue(
                     key[0], Abort(key[1], key[2], self.rank, reason=reason, by_receiver=True)
                 )

@@ -112,3 +112,26 @@ def test_a_peer_whose_process_is_gone_is_still_gone_at_once() -> None:
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("kill", list(KILLS.values()), ids=list(KILLS))
+def test_transfers_in_flight_when_the_connection_resets_complete(kill: object) -> None:
+    """The reset lands while messages are on their way, both directions: what a
+    reset connection lost (a FINISH, a STOP) is resent by the exchange's timers,
+    and every transfer completes exactly."""
+    a, b = _pair(True)
+    big = np.arange(4 << 20, dtype=np.float32)  # 16 MiB each way
+    try:
+        _exchange(a, b, 1)
+        got_b, got_a = b.recv(src=0, msg=2), a.recv(src=1, msg=2)
+        sent = [a.send(big, to=1, msg=2), b.send(big[::-1].copy(), to=0, msg=2)]
+        kill(a, b)  # type: ignore[operator]
+        for fut in sent:
+            fut.result(timeout=20)
+        assert np.array_equal(got_b.result(timeout=20).data, big)
+        assert np.array_equal(got_a.result(timeout=20).data, big[::-1])
+        _exchange(a, b, 3)
+        assert a.stats()["peers_gone"] == {} and b.stats()["peers_gone"] == {}
+    finally:
+        a.close()
+        b.close()

@@ -10,6 +10,7 @@ import pytest
 from dlcp.proto.config import FillPolicy
 from dlcp.proto.inbox import OPEN_MESSAGE_BYTES
 from dlcp.proto.session import Session
+from dlcp.proto.wire import Abort, AbortReason, decode_control
 from tests.unit.session_helpers import JOB, config
 
 
@@ -45,15 +46,20 @@ def test_rescale_of_an_arriving_uint8_message_is_refused() -> None:
         receiver.expect_message(0, step=0, msg=3, fill=FillPolicy.RESCALE)
 
 
-def _deliver(sender: Session, receiver: Session, now: float = 0.0) -> None:
-    """Everything ``sender`` has to send into ``receiver``, and its control back."""
+def _deliver(sender: Session, receiver: Session, now: float = 0.0) -> list[bytes]:
+    """``sender``'s data into ``receiver``, and ``receiver``'s control back; the
+    sender's control messages (its FINISHes) are returned, not delivered."""
+    held = []
     for item in sender.datagrams_to_send(now=now, max_batches=10_000):
         if hasattr(item, "segment_size"):
             receiver.receive_batch(np.frombuffer(bytes(item.data), np.uint8),
                                    item.segment_size, now=now)  # fmt: skip
+        else:
+            held.append(item.data)
     for item in receiver.datagrams_to_send(now=now, max_batches=10_000):
         if not hasattr(item, "segment_size"):
             sender.receive_datagram(item.data, now=now)
+    return held
 
 
 def _events(s: Session) -> list[object]:
@@ -83,7 +89,7 @@ def test_completed_messages_nobody_claimed_stay_charged_and_one_past_the_limit_i
     assert [type(e) for e in got] == [MessageReceived] * 3
     assert [type(e) for e in _events(sender)] == [MessageDelivered] * 3
     sender.send_message(1, data, step=0, msg=3, now=0.0)  # the fourth does not fit
-    _deliver(sender, receiver)
+    (finish,) = _deliver(sender, receiver)
     (refused,) = _events(receiver)
     assert isinstance(refused, MessageFailed) and refused.msg == 3 and not refused.outgoing
     assert "past max_unexpected_bytes=123072" in refused.reason, refused.reason
@@ -91,6 +97,12 @@ def test_completed_messages_nobody_claimed_stay_charged_and_one_past_the_limit_i
     assert isinstance(failed, MessageFailed) and failed.outgoing and failed.msg == 3
     assert "rank 1 refused the message (unclaimed_limit)" in failed.reason, failed.reason
     assert "max_unexpected_bytes" in failed.reason
+    # its FINISH, repeated (the ABORT lost with a reset connection), hears the same
+    receiver.receive_datagram(finish, now=1.0)
+    (again,) = receiver.datagrams_to_send(now=1.0)
+    abort = decode_control(again.data, job=JOB)
+    assert isinstance(abort, Abort) and abort.reason is AbortReason.UNCLAIMED_LIMIT
+    assert abort.by_receiver and abort.msg == 3
     # the application claims one: its bytes are free again, and the next one fits
     receiver.release(0, step=0, msg=0)
     sender.send_message(1, data, step=0, msg=4, now=0.0)
