@@ -276,10 +276,10 @@ def _plots(out: Path, jobs: list[dict[str, Any]], rows: list[dict[str, Any]]) ->
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scheme in dict.fromkeys(j["scheme"] for j in jobs):
+    for i, scheme in enumerate(dict.fromkeys(j["scheme"] for j in jobs)):
         first = next(j for j in jobs if j["scheme"] == scheme)
         ax.plot([t for t, _, _ in first["curve"]], [a for _, _, a in first["curve"]],
-                label=scheme)  # fmt: skip
+                label=scheme, linestyle=("-", "--", ":")[i // 10 % 3])  # fmt: skip
     ax.set_xlabel("wall time on rank 0 (s)")
     ax.set_ylabel("rank 0's " + ("AUC" if jobs[0].get("task") == "ctr" else "test accuracy"))
     ax.legend(fontsize=7)

@@ -19,7 +19,7 @@ from dlcp.io import Endpoint
 from dlcp.sync import WorkerFailed, make
 from dlcp.sync.groups import GroupGenerator
 from dlcp.sync.preduce import preduce
-from tests.sync.sync_helpers import each_rank, endpoints, loss_of, mlp
+from tests.sync.sync_helpers import each_rank, endpoints, loss_of, mlp, seeded
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 5, 1000, 70_001])
@@ -159,3 +159,33 @@ def test_a_member_that_dies_is_named_to_its_group() -> None:
         got = each_rank(eps, rank, timeout=30)
     assert isinstance(got[0], WorkerFailed) and got[0].rank == 1 and "rank 1" in str(got[0])
     assert time.monotonic() - started < 15
+
+
+def test_ds_sync_under_loss_reports_it_and_keeps_groups_identical() -> None:
+    world = 4
+
+    def rank(r: int, ep: Endpoint) -> Any:
+        model = seeded(0, lambda: torch.nn.Sequential(torch.nn.Linear(200, 300)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        sync = make("ds-sync", model, opt, endpoint=ep, world_size=world, p=0.05)
+        out = []
+        for t in range(3):
+            opt.zero_grad()
+            x = torch.randn(4, 200, generator=torch.Generator().manual_seed(r + t))
+            model(x).sum().backward()
+            rep = sync.step()
+            out.append((rep, sync.flat.read()))
+        sync.close()
+        return out
+
+    with endpoints(world, emulated_loss=0.03) as eps:
+        results = each_rank(eps, rank)
+    lost = 0
+    for t in range(3):
+        for r in range(world):
+            rep, flat = results[r][t]
+            assert rep.lost_fraction <= 0.05 and rep.bounded_elems > 0
+            lost += rep.lost_elems
+            for m in rep.group:  # every member of its group holds the same bytes
+                assert results[m][t][1].tobytes() == flat.tobytes()
+    assert lost > 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlcp.errors import ConfigError
+from dlcp.errors import ConfigError, TransferFailed
 from dlcp.io import Endpoint
 from dlcp.sync import make
 from dlcp.sync.workloads import CTRModel, CTRTask, auc
@@ -133,3 +133,26 @@ def test_the_ctr_generator_and_its_metrics() -> None:
     assert 0.1 < float(labels.mean()) < 0.6
     again, _ = TASK.batch(5000, seed=1)
     assert torch.equal(ids, again)
+
+
+def test_a_dead_peer_surfaces_as_an_error_not_a_hang() -> None:
+    def rank(r: int, ep: Endpoint) -> Any:
+        model = seeded(0, lambda: CTRModel(buckets=64, dim=4, hidden=4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sync = make("shadow-ma", model, opt, endpoint=ep, world_size=2)
+        if r == 1:
+            while sync.rounds < 2:  # type: ignore[attr-defined]
+                sync.step()
+            ep.close()  # dies without a word
+            return None
+        started = time.monotonic()
+        with pytest.raises(TransferFailed, match="rank 1"):
+            while time.monotonic() - started < 20:
+                sync.step()
+                time.sleep(0.01)
+            sync.close()
+        return time.monotonic() - started
+
+    with endpoints(2, timeout=3.0) as eps:
+        took = each_rank(eps, rank, timeout=40)
+    assert took[0] < 15
