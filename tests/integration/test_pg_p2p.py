@@ -24,6 +24,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     "tags_are_matched_independently_and_in_order",
     "isend_irecv_and_their_work",
     "batch_isend_irecv_matches_gloo",
+    "large_messages_and_subgroups",
     "all_to_all_single_matches_gloo",
     "all_to_all_matches_gloo",
     "all_to_all_with_a_size_per_pair",
@@ -38,6 +39,10 @@ def test_matches_gloo_or_expectation(ranks: list[dict[str, Any]], name: str) -> 
 def test_recv_from_any_source_reports_the_source(ranks: list[dict[str, Any]]) -> None:
     got = outcome(ranks, "recv_from_any_source_reports_the_source")
     assert got[0] == {str(r): 2 for r in range(1, WORLD)}, got
+
+
+def test_a_subgroup_reports_the_global_source_rank(ranks: list[dict[str, Any]]) -> None:
+    assert outcome(ranks, "large_messages_and_subgroups")[0] == {"source": 2}
 
 
 def test_point_to_point_misuse_names_what_was_wrong(ranks: list[dict[str, Any]]) -> None:
