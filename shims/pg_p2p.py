@@ -157,14 +157,14 @@ class PointToPoint:
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> DLCPWork:
         host = HostTensor(tensor)  # (a copy of a CUDA or strided tensor, made now)
         payload = host.bytes() if tensor.numel() else _EMPTY
-        with self._lock:
-            seq = self._send_seq[dst, tag]
-            self._send_seq[dst, tag] = seq + 1
-        step, msg = message_key(tag, seq)
         future: torch.futures.Future[Any] = torch.futures.Future()
         op = f"send to rank {dst} (tag {tag})"
         work = DLCPWork(op, future)
-        sent = self.endpoint.send(payload, to=dst, step=step, msg=msg, p=0.0)
+        with self._lock:  # (a send refused here leaves the number to the next one)
+            seq = self._send_seq[dst, tag]
+            step, msg = message_key(tag, seq)
+            sent = self.endpoint.send(payload, to=dst, step=step, msg=msg, p=0.0)
+            self._send_seq[dst, tag] = seq + 1
         sent.add_done_callback(
             lambda f: self._servers.put(functools.partial(self._sent, f, op, dst, future, tensor))
         )
@@ -203,10 +203,10 @@ class PointToPoint:
     def _post(self, src: int, tag: int, out: HostTensor | None) -> _Arrival:
         """Post the next arrival of (src, tag), into ``out`` if given (under the lock)."""
         seq = self._post_seq[src, tag]
-        self._post_seq[src, tag] = seq + 1
         step, msg = message_key(tag, seq)
         into = out.bytes() if out is not None and out.flat.numel() else None
         fut = self.endpoint.recv(src=src, step=step, msg=msg, out=into, p=0.0)
+        self._post_seq[src, tag] = seq + 1  # (not taken when the endpoint refused it)
         fut.add_done_callback(lambda _: self._servers.put(_POKE))
         return _Arrival(src, seq, fut, time.monotonic(), direct=into is not None)
 

@@ -37,5 +37,6 @@ def timed_out(
         if missing
         else "the operation did not complete"
     )
-    text = f"Timed out: dlcp {op} on rank {rank} after {seconds:g} s (timeout): {who}"
+    # (" timeout " between spaces: what torch's tests match, with "Timed out")
+    text = f"Timed out: dlcp {op} on rank {rank} reached its timeout of {seconds:g} s: {who}"
     return DLCPTimeout(f"{text} ({why})" if why else text)

@@ -156,6 +156,36 @@ def batch_isend_irecv_matches_gloo() -> None:
 
 
 @check
+def large_messages_and_subgroups() -> dict[str, Any]:
+    """An 8 MB tensor (many datagrams, straight into the receiver's tensor), and
+    point-to-point in a group of ranks 0 and 2, where torch speaks global ranks
+    and the group group ranks: a receive from any source returns the global one."""
+    big = data((2_000_000,), 70)
+    got = torch.zeros_like(big)
+    nxt, prv = (C.rank + 1) % C.world, (C.rank - 1) % C.world
+    works = [dist.irecv(got, src=prv), dist.isend(big, dst=nxt)]
+    for w in works:
+        assert w is not None
+        w.wait()
+    g = torch.Generator().manual_seed(70 * 101 + prv)
+    assert_close(got, torch.randn((2_000_000,), generator=g), rtol=0, atol=0)
+    sub = dist.new_group([0, 2], backend="dlcp")
+    seen: dict[str, Any] = {}
+    if C.rank == 0:
+        x = torch.zeros(3)
+        seen["source"] = dist.recv(x, group=sub)
+        assert x.eq(2.0).all(), x
+        dist.send(torch.full((3,), 7.0), dst=2, group=sub, tag=3)
+    elif C.rank == 2:
+        dist.send(torch.full((3,), 2.0), dst=0, group=sub)
+        y = torch.zeros(3)
+        dist.recv(y, src=0, group=sub, tag=3)
+        assert y.eq(7.0).all(), y
+    dist.barrier(group=C.gloo)
+    return seen
+
+
+@check
 def point_to_point_misuse_is_refused() -> dict[str, str]:
     seen = {}
     for name, call in {
