@@ -31,6 +31,12 @@
  *  6. cancel() waits while a batch of the round is being sent (the lock is not
  *     held during the system calls), so that the round's memory can be reused
  *     as soon as cancel() returns.
+ *  7. post() itself sends, from the caller's thread (without the GIL), the
+ *     batches the destination's pacer lets go at once, and returns the round's
+ *     report if that sent all of it (a short round, a retransmission): the
+ *     caller's FINISH then follows without a wake-up of either thread. The
+ *     engine's thread sends the rest. A round one thread is sending a batch of
+ *     holds its step for the other (rule 1).
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -350,7 +356,8 @@ static Round *first_to_send(Peer *peer) {
     uint32_t seen[64];
     int n_seen = 0, overflow = 0;
     for (Round *r = peer->rounds; r; r = r->next) {
-        if (r->cursor >= r->count)
+        /* (a round whose batch another thread is sending holds its step) */
+        if (r->cursor >= r->count && !r->busy)
             continue;
         int dup = 0;
         for (int i = 0; i < n_seen; i++)
@@ -358,7 +365,7 @@ static Round *first_to_send(Peer *peer) {
                 dup = 1;
         if (!dup && overflow) /* (more than 64 steps in flight: scan the earlier ones) */
             for (Round *q = peer->rounds; q != r; q = q->next)
-                if (q->cursor < q->count && q->step == r->step)
+                if ((q->cursor < q->count || q->busy) && q->step == r->step)
                     dup = 1;
         if (dup)
             continue;
@@ -366,6 +373,8 @@ static Round *first_to_send(Peer *peer) {
             seen[n_seen++] = r->step;
         else
             overflow = 1;
+        if (r->busy)
+            continue;
         int prio = ((const uint8_t *)r->prio.buf)[r->cursor];
         if (prio > best_prio) {
             best_prio = prio;
@@ -399,9 +408,10 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err)
     (void)w;
 }
 
-/* One batch of r to peer (rule 2-4). Called with the lock held; returns with it. */
-static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
-                          double now) {
+/* One batch of r to peer (rule 2-4). Called with the lock held; returns with it,
+ * 1 when r has ended (sent or failed: r->status), for the caller to complete. */
+static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
+                         double now) {
     Py_ssize_t start = r->cursor;
     if (!r->started) {
         r->started = 1;
@@ -436,11 +446,37 @@ static void send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doub
     peer->sent_bytes += (unsigned long long)nbytes;
     r->cursor = stop;
     if (r->cancelled) /* cancel() unlinked it and frees it */
-        return;
-    if (err)
-        complete_round(e, peer, r, ROUND_FAILED, err);
-    else if (r->cursor >= r->count)
-        complete_round(e, peer, r, ROUND_SENT, 0);
+        return 0;
+    r->status = err ? ROUND_FAILED : ROUND_SENT;
+    r->err = err;
+    return err || r->cursor >= r->count;
+}
+
+/* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
+ * none, or none may go yet: *wake then says when one may), its end and bytes.
+ * With the lock held. */
+static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, double *nbytes,
+                         double *wake) {
+    Round *r = first_to_send(peer);
+    if (r == NULL)
+        return NULL;
+    pthread_mutex_lock(&peer->pacer->lock);
+    double burst = pacer_burst(peer->pacer);
+    Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
+    if (most < 1)
+        most = 1;
+    if (most > e->batch_packets)
+        most = e->batch_packets;
+    *stop = batch_end(r, r->cursor, most);
+    *nbytes = (double)batch_nbytes(r, r->cursor, *stop);
+    double t = pacer_next_send_time(peer->pacer, *nbytes, now);
+    pthread_mutex_unlock(&peer->pacer->lock);
+    if (t > now) {
+        if (t < *wake)
+            *wake = t;
+        return NULL;
+    }
+    return r;
 }
 
 static void *send_thread(void *arg) {
@@ -456,26 +492,13 @@ static void *send_thread(void *arg) {
             Peer *peer = e->peers[(k + turn) % e->n_peers];
             if (peer == NULL || peer->rounds == NULL)
                 continue;
-            Round *r = first_to_send(peer);
+            Py_ssize_t stop;
+            double nbytes;
+            Round *r = next_batch(e, peer, now, &stop, &nbytes, &wake);
             if (r == NULL)
                 continue;
-            pthread_mutex_lock(&peer->pacer->lock);
-            double burst = pacer_burst(peer->pacer);
-            Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
-            if (most < 1)
-                most = 1;
-            if (most > e->batch_packets)
-                most = e->batch_packets;
-            Py_ssize_t stop = batch_end(r, r->cursor, most);
-            double nbytes = (double)batch_nbytes(r, r->cursor, stop);
-            double t = pacer_next_send_time(peer->pacer, nbytes, now);
-            pthread_mutex_unlock(&peer->pacer->lock);
-            if (t > now) {
-                if (t < wake)
-                    wake = t;
-                continue;
-            }
-            send_batch_of(e, peer, r, stop, nbytes, now);
+            if (send_batch_of(e, peer, r, stop, nbytes, now))
+                complete_round(e, peer, r, r->status, r->err);
             sent = 1;
             now = monotonic_now();
         }
@@ -928,6 +951,12 @@ static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* What reap() and post() say of a round that ended. */
+static PyObject *round_report(const Round *r) {
+    return Py_BuildValue("(iIIiidKdK)", r->dst, (unsigned)r->step, (unsigned)r->msg, r->status,
+                         r->err, r->began_t, r->began_b, r->last_t, r->last_b);
+}
+
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
                       const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
@@ -997,6 +1026,8 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         goto fail4;
     }
     r->n_breaks = r->breaks.len / 8;
+    int ended = 0;
+    Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&e->lock);
     Peer *peer = e->peers[dst];
     Round **at = &peer->rounds;
@@ -1004,9 +1035,31 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         at = &(*at)->next;
     r->next = *at;
     *at = r;
-    pthread_cond_signal(&e->cond);
+    /* rule 7: what the pacer lets go now goes from this thread, as the Python
+       engine's send does, without waking the engine's thread for it */
+    double now = monotonic_now(), wake = INFINITY;
+    Py_ssize_t stop;
+    double nbytes;
+    Round *q;
+    while (!ended && (q = next_batch(e, peer, now, &stop, &nbytes, &wake)) != NULL) {
+        if (send_batch_of(e, peer, q, stop, nbytes, now)) {
+            if (q == r) {
+                unlink_round(peer, r);
+                ended = 1;
+            } else {
+                complete_round(e, peer, q, q->status, q->err);
+            }
+        }
+        now = monotonic_now();
+    }
+    pthread_cond_signal(&e->cond); /* (the rest is the thread's) */
     pthread_mutex_unlock(&e->lock);
-    Py_RETURN_NONE;
+    Py_END_ALLOW_THREADS
+    if (!ended)
+        Py_RETURN_NONE;
+    PyObject *report = round_report(r);
+    release_round(r);
+    return report;
 fail4:
     PyBuffer_Release(&r->prio);
 fail3:
@@ -1065,9 +1118,7 @@ static PyObject *Engine_reap(Engine *e, PyObject *unused) {
         Round *r = head;
         head = r->next;
         if (out != NULL) {
-            PyObject *item = Py_BuildValue(
-                "(iIIiidKdK)", r->dst, (unsigned)r->step, (unsigned)r->msg, r->status, r->err,
-                r->began_t, r->began_b, r->last_t, r->last_b);
+            PyObject *item = round_report(r);
             if (item == NULL || PyList_Append(out, item) < 0)
                 Py_CLEAR(out);
             Py_XDECREF(item);
@@ -1096,7 +1147,8 @@ static PyMethodDef Engine_methods[] = {
      "add_peer(rank, host, port, pacer): where rank's data goes, paced by pacer."},
     {"post", (PyCFunction)(void (*)(void))Engine_post, METH_VARARGS | METH_KEYWORDS,
      "post(dst=, step=, msg=, order=, records=, stride=, per_message=, count=, short=, "
-     "short_len=, tos=, path=, prio=, breaks=): a round to send (see the module source)."},
+     "short_len=, tos=, path=, prio=, breaks=) -> report or None: a round to send; what the "
+     "pacer allows goes at once (see the module source)."},
     {"cancel", (PyCFunction)Engine_cancel, METH_VARARGS,
      "cancel(dst, step, msg) -> bool: stop sending a round; its memory is free on return."},
     {"reap", (PyCFunction)Engine_reap, METH_NOARGS,

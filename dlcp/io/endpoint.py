@@ -64,7 +64,7 @@ from .arguments import check_auth, check_layers, check_message, check_out, check
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
 from .emulation import LossEmulator
-from .engine import NativeSender, choose_engine
+from .engine import NativeSender, RoundReport, choose_engine
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
 from .threads import name_os_thread
@@ -561,14 +561,17 @@ class Endpoint:
         """The native engine's reports: rounds sent (their FINISH is due) or
         failed (the peer's sends fail, as a failed send fails them here)."""
         assert self._sender is not None
-        now = time.monotonic()
-        for r in self._sender.reap():
-            if r.error is not None:
-                self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
-            else:
-                self._session.round_sent(
-                    r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=now
-                )
+        for report in self._sender.reap():
+            self._round_ended(report)
+
+    def _round_ended(self, r: RoundReport) -> None:
+        assert self._sender is not None
+        if r.error is not None:
+            self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
+        else:
+            self._session.round_sent(
+                r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=time.monotonic()
+            )
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
         if self._emulator is not None:
@@ -617,11 +620,13 @@ class Endpoint:
         if addr is None:
             return
         try:
-            self._sender.post(item, (addr.host, addr.data_port))
+            ended = self._sender.post(item, (addr.host, addr.data_port))
         except ValueError as exc:  # (an address the engine cannot send to)
             self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
             return
         self._stats.data_batches_out += 1
+        if ended is not None:  # all of it went at once: its FINISH is due now
+            self._round_ended(ended)
 
     def _send_failed(self, dst: int, where: str, why: object) -> None:
         """Sending data to ``dst`` failed: its sends fail (this peer's only)."""

@@ -141,11 +141,13 @@ class NativeSender:
         self._pacers[dst] = pacer
         return pacer  # type: ignore[no-any-return]
 
-    def post(self, item: RoundPost, address: tuple[str, int]) -> None:
+    def post(self, item: RoundPost, address: tuple[str, int]) -> RoundReport | None:
+        """Hand a round over; what its pacer allows now goes before this returns,
+        and if that was all of it, its report (else ``reap`` gives it later)."""
         if self._routed.get(item.dst) != address:
             self._engine.add_peer(item.dst, address[0], address[1], self._pacers[item.dst])
             self._routed[item.dst] = address
-        self._engine.post(
+        ended = self._engine.post(
             dst=item.dst, step=item.step, msg=item.msg, order=item.order,
             records=item.records, stride=item.stride,
             per_message=datagrams_per_gso_message(item.stride) if self._gso else 1,
@@ -153,6 +155,7 @@ class NativeSender:
             short_len=item.short_len, tos=item.tos, path=item.path, prio=item.prio,
             breaks=item.breaks,
         )  # fmt: skip
+        return None if ended is None else _report(*ended)
 
     def cancel(self, dst: int, step: int, msg: int) -> bool:
         return bool(self._engine.cancel(dst, step, msg))
@@ -160,11 +163,7 @@ class NativeSender:
     def reap(self) -> list[RoundReport]:
         """The rounds that ended since the last call (``fileno`` is readable while
         there are some)."""
-        reports = []
-        for dst, step, msg, failed, err, began_t, began_b, last_t, last_b in self._engine.reap():
-            why = f"[Errno {err}] {os.strerror(err)}" if failed else None
-            reports.append(RoundReport(dst, step, msg, (began_t, began_b), (last_t, last_b), why))
-        return reports
+        return [_report(*ended) for ended in self._engine.reap()]
 
     def address_of(self, dst: int) -> str:
         """Where this engine sends ``dst``'s data (for messages)."""
@@ -176,6 +175,14 @@ class NativeSender:
 
     def close(self) -> None:
         self._engine.close()
+
+
+def _report(
+    dst: int, step: int, msg: int, failed: int, err: int,
+    began_t: float, began_b: int, last_t: float, last_b: int,
+) -> RoundReport:  # fmt: skip
+    why = f"[Errno {err}] {os.strerror(err)}" if failed else None
+    return RoundReport(dst, step, msg, (began_t, began_b), (last_t, last_b), why)
 
 
 def _native_pacer(**options: Any) -> Any:

@@ -72,6 +72,13 @@ def _wait_report(engine: Any, timeout: float = 10.0) -> list[Any]:
     return list(engine.reap())
 
 
+def _post(engine: Any, **round_: Any) -> list[Any]:
+    """Post a round and get its report: from post() when the pacer let all of it
+    go at once (rule 7), else from reap() once the engine's thread is done."""
+    ended = engine.post(**round_)
+    return [ended] if ended is not None else _wait_report(engine)
+
+
 def _receive(rx: socket.socket, n: int) -> list[tuple[bytes, int]]:
     rx.settimeout(5.0)
     got = []
@@ -88,8 +95,8 @@ def test_a_round_arrives_as_its_records_in_order(per_message: int, batch_packets
         try:
             engine.add_peer(3, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             r = _round(count=50, stride=1000, short_len=123)
-            engine.post(dst=3, step=7, msg=2, order=1, **{**r, "per_message": per_message})
-            report = _wait_report(engine)
+            report = _post(engine, dst=3, step=7, msg=2, order=1,
+                           **{**r, "per_message": per_message})
             got = _receive(rx, 50)
         finally:
             engine.close()
@@ -109,8 +116,7 @@ def test_paths_leave_from_their_own_sockets() -> None:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             r = _round(count=12, stride=500, short_len=500)
             r["path"] = np.array([0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1, 1], np.uint8)
-            engine.post(dst=1, step=0, msg=0, order=1, **r)
-            _wait_report(engine)
+            _post(engine, dst=1, step=0, msg=0, order=1, **r)
             got = _receive(rx, 12)
         finally:
             engine.close()
@@ -125,14 +131,29 @@ def test_a_paced_round_takes_its_time() -> None:
             pacer = _pacer(initial_rate=20e6, min_rate=1e6, burst_bytes=65536)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
             r = _round(count=1000, stride=1000, short_len=1000)
-            engine.post(dst=1, step=0, msg=0, order=1, **r)
-            ((*_, began_t, _b, last_t, last_b),) = _wait_report(engine)
+            ((*_, began_t, _b, last_t, last_b),) = _post(engine, dst=1, step=0, msg=0, order=1, **r)
             _receive(rx, 1000)
         finally:
             engine.close()
     # the last batch leaves once the bytes before it were paid for at the rate
     assert last_t - began_t >= (last_b - 65536) / 20e6 * 0.95
     assert last_b >= 1_000_000 - 65536
+
+
+def test_what_the_pacer_allows_goes_from_post_itself() -> None:
+    """Rule 7: an unpaced round goes whole from post(), which returns its report;
+    the engine's thread, and its eventfd, have nothing to do with it."""
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            ended = engine.post(dst=1, step=3, msg=4, order=1, **_round(30, 1000, 10))
+            assert ended is not None and ended[:5] == (1, 3, 4, 0, 0)
+            assert len(_receive(rx, 30)) == 30
+            ready, _, _ = select.select([engine.fileno()], [], [], 0.1)
+            assert not ready and engine.reap() == []
+        finally:
+            engine.close()
 
 
 def test_the_earliest_message_of_each_step_goes_first_by_class() -> None:
@@ -167,7 +188,8 @@ def test_cancel_takes_a_round_back() -> None:
         try:
             pacer = _pacer(initial_rate=1e5, min_rate=1e3, burst_bytes=1000)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
-            engine.post(dst=1, step=0, msg=0, order=1, **_round(1000, 1000, 1000))
+            # (its first 1 KB burst goes at once, from post(); the rest would take 10 s)
+            assert engine.post(dst=1, step=0, msg=0, order=1, **_round(1000, 1000, 1000)) is None
             assert engine.cancel(1, 0, 0) is True
             assert engine.cancel(1, 0, 0) is False  # (nothing left to take back)
             assert engine.cancel(9, 0, 0) is False
@@ -183,8 +205,9 @@ def test_a_failed_send_reports_the_round_failed() -> None:
         try:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             # more than a UDP datagram holds (65,507 bytes over IPv4): EMSGSIZE
-            engine.post(dst=1, step=4, msg=5, order=1, **_round(2, 65535, 65535))
-            ((dst, step, msg, failed, err, *_),) = _wait_report(engine)
+            ((dst, step, msg, failed, err, *_),) = _post(
+                engine, dst=1, step=4, msg=5, order=1, **_round(2, 65535, 65535)
+            )
         finally:
             engine.close()
     assert (dst, step, msg, failed, err) == (1, 4, 5, 1, errno.EMSGSIZE)
