@@ -22,7 +22,8 @@ def engine_of_run() -> str:
     from dlcp.io.config import EndpointConfig
     from dlcp.io.engine import choose_engine
 
-    return choose_engine(EndpointConfig.from_env().engine)
+    config = EndpointConfig.from_env()
+    return choose_engine(config.engine, authenticate=config.protocol.authenticate)
 
 
 def finish(

@@ -58,7 +58,8 @@ def _engine(env: dict[str, str]) -> str:
     from .io.config import EndpointConfig
     from .io.engine import choose_engine
 
-    return choose_engine(EndpointConfig.from_env(env).engine)
+    config = EndpointConfig.from_env(env)
+    return choose_engine(config.engine, authenticate=config.protocol.authenticate)
 
 
 def _summary(dlcp: dict[str, Any], gloo: dict[str, Any]) -> str:

@@ -116,7 +116,7 @@ class Endpoint:
         retries = max(protocol.finish_retries, math.ceil(cfg.timeout / protocol.finish_timeout))
         protocol = dataclasses.replace(protocol, finish_retries=retries)
         #: "native" or "python": what sends the data (dlcp.io.engine)
-        self.engine = choose_engine(cfg.engine)
+        self.engine = choose_engine(cfg.engine, authenticate=protocol.authenticate)
         self._sender: NativeSender | None = None
         self._session = Session(
             rank=rank,

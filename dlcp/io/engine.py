@@ -90,11 +90,17 @@ def native_available() -> bool:
     return _native is not None
 
 
-def choose_engine(setting: str) -> str:
-    """``native`` or ``python`` for an ``engine`` setting (see the module docstring)."""
+def choose_engine(setting: str, *, authenticate: bool = False) -> str:
+    """``native`` or ``python`` for an ``engine`` setting (see the module docstring).
+
+    ``auto`` with ``authenticate`` is ``python``: the session tags a round's
+    datagrams before the native engine may send any of them (its records are
+    handed over whole), so tagging and sending take turns, where the Python
+    engine tags each batch as it goes while the receiver checks the previous
+    one (bench.transport, authenticated: 0.22 GB/s native against 0.38)."""
     if setting not in ENGINES:
         raise ConfigError(f"engine={setting!r} (DLCP_ENGINE): use 'auto', 'native' or 'python'")
-    if setting == "python":
+    if setting == "python" or (setting == "auto" and authenticate):
         return "python"
     if _native is None:
         if setting == "native":

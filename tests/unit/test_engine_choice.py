@@ -18,6 +18,9 @@ def test_auto_is_native_where_built(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "_native", object())
     assert engine.choose_engine("auto") == "native"
     assert engine.choose_engine("python") == "python"
+    # authenticated, auto takes the engine that tags batch by batch
+    assert engine.choose_engine("auto", authenticate=True) == "python"
+    assert engine.choose_engine("native", authenticate=True) == "native"
 
 
 def test_without_the_build_auto_runs_python_and_says_so(

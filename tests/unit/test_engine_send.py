@@ -140,18 +140,23 @@ def test_a_paced_round_takes_its_time() -> None:
     assert last_b >= 1_000_000 - 65536
 
 
-def test_what_the_pacer_allows_goes_from_post_itself() -> None:
-    """Rule 7: an unpaced round goes whole from post(), which returns its report;
-    the engine's thread, and its eventfd, have nothing to do with it."""
+def test_a_round_of_one_batch_goes_from_post_itself() -> None:
+    """Rule 7: a round of one batch that the pacer lets go goes from post(),
+    which returns its report; the engine's thread, and its eventfd, have nothing
+    to do with it. A longer round is the thread's."""
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()])
+        engine = _engine([tx.fileno()], batch_packets=20)
         try:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
-            ended = engine.post(dst=1, step=3, msg=4, order=1, **_round(30, 1000, 10))
+            ended = engine.post(dst=1, step=3, msg=4, order=1, **_round(15, 1000, 10))
             assert ended is not None and ended[:5] == (1, 3, 4, 0, 0)
-            assert len(_receive(rx, 30)) == 30
+            assert len(_receive(rx, 15)) == 15
             ready, _, _ = select.select([engine.fileno()], [], [], 0.1)
             assert not ready and engine.reap() == []
+            # 30 records in batches of 20: the engine's thread sends them
+            longer = _round(30, 1000, 10, seed=5)
+            assert engine.post(dst=1, step=3, msg=5, order=2, **longer) is None
+            assert len(_wait_report(engine)) == 1 and len(_receive(rx, 30)) == 30
         finally:
             engine.close()
 
@@ -188,7 +193,7 @@ def test_cancel_takes_a_round_back() -> None:
         try:
             pacer = _pacer(initial_rate=1e5, min_rate=1e3, burst_bytes=1000)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
-            # (its first 1 KB burst goes at once, from post(); the rest would take 10 s)
+            # (1000 records at 100 KB/s: 10 s, in the engine's thread)
             assert engine.post(dst=1, step=0, msg=0, order=1, **_round(1000, 1000, 1000)) is None
             assert engine.cancel(1, 0, 0) is True
             assert engine.cancel(1, 0, 0) is False  # (nothing left to take back)
