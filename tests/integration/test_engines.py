@@ -85,6 +85,7 @@ def test_authenticated_transfers_on_both_engines() -> None:
             data = _data(50 + msg)
             received, report, out = transfer(src, dst, data, msg=msg, p=0.0)
             assert np.array_equal(out, data) and received.report.lost_elems == 0
+            assert report.acknowledged_elems == N
         rejected = a.stats()["rejected"], b.stats()["rejected"]
         assert not any(rejected), rejected
 
