@@ -283,7 +283,7 @@ typedef struct Engine {
     pthread_cond_t cond;    /* wakes the send thread */
     pthread_cond_t settled; /* a batch's send ended (cancel waits on it) */
     pthread_t thread;
-    int started, stop, efd;
+    int started, stop, efd, inited;
     int *fds;
     int n_fds;
     Py_ssize_t batch_packets;
@@ -342,6 +342,8 @@ static Py_ssize_t batch_end(const Round *r, Py_ssize_t start, Py_ssize_t limit) 
             hi = mid;
     }
     Py_ssize_t brk = lo < r->n_breaks ? (Py_ssize_t)b[lo] : r->count;
+    if (brk > r->count) /* (post() checked them; a cap costs nothing) */
+        brk = r->count;
     return start + limit < brk ? start + limit : brk;
 }
 
@@ -423,6 +425,12 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     }
     r->last_t = now;
     r->last_b = peer->sent_bytes;
+    /* the pacer is charged now, as the Python engine charges it when it decides:
+       another thread deciding while this batch is on its way sees it spent */
+    pthread_mutex_lock(&peer->pacer->lock);
+    pacer_on_sent(peer->pacer, nbytes, now);
+    pthread_mutex_unlock(&peer->pacer->lock);
+    peer->sent_bytes += (unsigned long long)nbytes;
     const uint8_t *paths = (const uint8_t *)r->path.buf;
     int tos = ((const uint8_t *)r->tos.buf)[start];
     struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
@@ -443,10 +451,6 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     r->busy = 0;
     pthread_cond_broadcast(&e->settled);
     e->batches++;
-    pthread_mutex_lock(&peer->pacer->lock);
-    pacer_on_sent(peer->pacer, nbytes, now);
-    pthread_mutex_unlock(&peer->pacer->lock);
-    peer->sent_bytes += (unsigned long long)nbytes;
     r->cursor = stop;
     if (r->cancelled) /* cancel() unlinked it and frees it */
         return 0;
@@ -485,14 +489,14 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
 static void *send_thread(void *arg) {
     Engine *e = (Engine *)arg;
     pthread_mutex_lock(&e->lock);
-    int turn = 0;
+    unsigned turn = 0;
     while (!e->stop) {
         double now = monotonic_now();
         double wake = INFINITY;
         int sent = 0;
-        turn++;
+        turn = e->n_peers > 0 ? (turn + 1) % (unsigned)e->n_peers : 0;
         for (int k = 0; k < e->n_peers && !e->stop; k++) {
-            Peer *peer = e->peers[(k + turn) % e->n_peers];
+            Peer *peer = e->peers[((unsigned)k + turn) % (unsigned)e->n_peers];
             if (peer == NULL || peer->rounds == NULL)
                 continue;
             Py_ssize_t stop;
@@ -590,14 +594,15 @@ static int check_time(double now) {
 
 static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
 
-/* A new rate may let a batch go sooner: the engine's thread re-plans its wait.
-   (Signalled outside the engine's lock: a thread that planned its wait just
-   before may sleep until the time it planned, which the old rate gave.) */
+/* A new rate may let a batch go sooner: the engine's thread re-plans its wait. */
 static void pacer_unlock(Pacer *p, int wake) {
     struct Engine *e = p->engine;
     pthread_mutex_unlock(&p->lock);
-    if (wake && e != NULL)
+    if (wake && e != NULL) { /* (under the engine's lock: the thread cannot miss it) */
+        pthread_mutex_lock(&e->lock);
         pthread_cond_signal(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+    }
 }
 
 static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
@@ -810,6 +815,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     pthread_cond_init(&e->cond, &attr);
     pthread_condattr_destroy(&attr);
     pthread_cond_init(&e->settled, NULL);
+    e->inited = 1;
     e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->efd < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -844,6 +850,22 @@ static void engine_stop(Engine *e) {
 }
 
 static void engine_free_rounds(Engine *e) {
+    if (!e->inited)
+        return;
+    /* (the thread has stopped; a post() sending inline from another thread ends
+       its batch first: it needs neither the GIL nor anything this holds) */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->lock);
+    for (int busy = 1; busy;) {
+        busy = 0;
+        for (int i = 0; i < e->n_peers; i++)
+            for (Round *r = e->peers[i] ? e->peers[i]->rounds : NULL; r; r = r->next)
+                busy |= r->busy;
+        if (busy)
+            pthread_cond_wait(&e->settled, &e->lock);
+    }
+    pthread_mutex_unlock(&e->lock);
+    Py_END_ALLOW_THREADS
     for (int i = 0; i < e->n_peers; i++) {
         Peer *peer = e->peers[i];
         if (peer == NULL)
@@ -873,9 +895,11 @@ static void Engine_dealloc(Engine *e) {
     PyMem_RawFree(e->fds);
     if (e->efd >= 0)
         close(e->efd);
-    pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->cond);
-    pthread_cond_destroy(&e->settled);
+    if (e->inited) {
+        pthread_mutex_destroy(&e->lock);
+        pthread_cond_destroy(&e->cond);
+        pthread_cond_destroy(&e->settled);
+    }
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -973,6 +997,31 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ss
     return 0;
 }
 
+/* The breaks of r: strictly increasing, within (0, count], ending at count, and
+ * with one just after the short record (rule 2); else ValueError. Sets n_breaks. */
+static int check_breaks(Round *r) {
+    const int64_t *b = (const int64_t *)r->breaks.buf;
+    Py_ssize_t n = r->breaks.len / 8;
+    int after_short = r->short_index < 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b[i] <= (i ? b[i - 1] : 0) || b[i] > r->count) {
+            PyErr_Format(PyExc_ValueError,
+                         "post: breaks must increase within 1..%zd (break %zd is %lld)", r->count,
+                         i, (long long)b[i]);
+            return -1;
+        }
+        after_short |= b[i] == r->short_index + 1;
+    }
+    if (n == 0 || b[n - 1] != r->count || !after_short) {
+        PyErr_Format(PyExc_ValueError,
+                     "post: breaks must end at the count (%zd) and follow the short record",
+                     r->count);
+        return -1;
+    }
+    r->n_breaks = n;
+    return 0;
+}
+
 static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"dst",   "step",  "msg",  "order", "records", "stride",
                             "per_message", "count", "short", "short_len", "tos", "path",
@@ -990,7 +1039,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "post: rank %d has no peer entry (add_peer first)", dst);
         return NULL;
     }
-    if (count < 1 || stride < 1 || stride > 65535 || per_message < 1 ||
+    if (count < 1 || stride < 1 || stride > 65535 || per_message < 1 || per_message > 64 ||
         per_message > 65535 / stride ||
         short_index < -1 || short_index >= count ||
         (short_index >= 0 && (short_len < 1 || short_len > stride))) {
@@ -1021,14 +1070,16 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         goto fail2;
     if (get_buffer(prio, &r->prio, 1, count, "prio") < 0)
         goto fail3;
-    if (PyObject_GetBuffer(breaks, &r->breaks, PyBUF_C_CONTIGUOUS) < 0)
+    if (PyObject_GetBuffer(breaks, &r->breaks, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         goto fail4;
-    if (r->breaks.len % 8) {
-        PyErr_SetString(PyExc_ValueError, "post: breaks must be int64");
+    if (r->breaks.itemsize != 8 || r->breaks.format == NULL ||
+        strchr("qlQL", r->breaks.format[strlen(r->breaks.format) - 1]) == NULL ||
+        check_breaks(r) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "post: breaks must be int64");
         PyBuffer_Release(&r->breaks);
         goto fail4;
     }
-    r->n_breaks = r->breaks.len / 8;
     int ended = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&e->lock);
@@ -1088,6 +1139,7 @@ static PyObject *Engine_cancel(Engine *e, PyObject *args) {
             found->cancelled = 1;
             while (found->busy) /* rule 6 */
                 pthread_cond_wait(&e->settled, &e->lock);
+            pthread_cond_signal(&e->cond); /* (a later round of its step may go now) */
         }
     }
     pthread_mutex_unlock(&e->lock);
@@ -1143,8 +1195,8 @@ static PyMethodDef Engine_methods[] = {
      "add_peer(rank, host, port, pacer): where rank's data goes, paced by pacer."},
     {"post", (PyCFunction)(void (*)(void))Engine_post, METH_VARARGS | METH_KEYWORDS,
      "post(dst=, step=, msg=, order=, records=, stride=, per_message=, count=, short=, "
-     "short_len=, tos=, path=, prio=, breaks=) -> report or None: a round to send; what the "
-     "pacer allows goes at once (see the module source)."},
+     "short_len=, tos=, path=, prio=, breaks=) -> report or None: a round to send; a round of "
+     "one batch the pacer lets go goes at once, and its report comes back (rule 7)."},
     {"cancel", (PyCFunction)Engine_cancel, METH_VARARGS,
      "cancel(dst, step, msg) -> bool: stop sending a round; its memory is free on return."},
     {"reap", (PyCFunction)Engine_reap, METH_NOARGS,

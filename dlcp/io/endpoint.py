@@ -617,7 +617,12 @@ class Endpoint:
     def _post_round(self, item: RoundPost) -> None:
         assert self._sender is not None
         addr = self._address_of(item.dst)
-        if addr is None:
+        if addr is None:  # (nothing went, as a Python-engine batch would not: its
+            # FINISH still goes, and the receiver's NACK asks for it again)
+            now = time.monotonic()
+            self._session.round_sent(
+                item.dst, step=item.step, msg=item.msg, began=(now, 0), last=(now, 0), now=now
+            )
             return
         try:
             ended = self._sender.post(item, (addr.host, addr.data_port))

@@ -148,8 +148,9 @@ class NativeSender:
         return pacer  # type: ignore[no-any-return]
 
     def post(self, item: RoundPost, address: tuple[str, int]) -> RoundReport | None:
-        """Hand a round over; what its pacer allows now goes before this returns,
-        and if that was all of it, its report (else ``reap`` gives it later)."""
+        """Hand a round over. A round of one batch that its pacer lets go now is
+        sent before this returns, which returns its report (rule 7 of the
+        engine); any other round's report comes from ``reap``."""
         if self._routed.get(item.dst) != address:
             self._engine.add_peer(item.dst, address[0], address[1], self._pacers[item.dst])
             self._routed[item.dst] = address

@@ -61,8 +61,8 @@ def read_contract(text: str) -> Contract:
     c = Contract()
     section = ""
     for line in text.splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip().lower()
+        if line.startswith(("## ", "### ")):  # (the contract's sections: ## or ###)
+            section = line.lstrip("#").strip().lower()
             continue
         if section.startswith("tables") and line.startswith("| `"):
             name_cell, keys_cell, actions_cell = _cells(line)[:3]

@@ -227,6 +227,11 @@ def test_a_failed_send_reports_the_round_failed() -> None:
         ({"short": 50}, "bad geometry"),
         ({"tos": np.zeros(3, np.uint8)}, "tos has 3 bytes"),
         ({"breaks": np.zeros(3, np.uint8)}, "int64"),
+        ({"breaks": np.array([5, 5, 10], np.int64)}, "breaks must increase"),
+        ({"breaks": np.array([5, 11], np.int64)}, "breaks must increase"),
+        ({"breaks": np.array([5], np.int64)}, "end at the count"),
+        ({"short": 3, "short_len": 10}, "follow the short record"),
+        ({"per_message": 65}, "bad geometry"),
     ],
 )
 def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> None:
