@@ -605,38 +605,38 @@ static void pacer_unlock(Pacer *p, int wake) {
     }
 }
 
-static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
+/* The (nbytes, *, now) arguments of on_sent and next_send_time (`format` names
+ * the method), checked as the Python pacer checks them; -1 with ValueError. */
+static int bytes_and_time(PyObject *args, PyObject *kw, const char *format, double *nbytes,
+                          double *now) {
     static char *names[] = {"nbytes", "now", NULL};
-    long long nbytes;
-    double now;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "L$d:on_sent", names, &nbytes, &now))
-        return NULL;
-    if (nbytes < 0) {
-        PyErr_Format(PyExc_ValueError, "nbytes=%lld must be a non-negative integer", nbytes);
-        return NULL;
+    long long n;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, names, &n, now))
+        return -1;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "nbytes=%lld must be a non-negative integer", n);
+        return -1;
     }
-    if (check_time(now) < 0)
+    *nbytes = (double)n;
+    return check_time(*now);
+}
+
+static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
+    double nbytes, now;
+    if (bytes_and_time(args, kw, "L$d:on_sent", &nbytes, &now) < 0)
         return NULL;
     pacer_lock(p);
-    pacer_on_sent(p, (double)nbytes, now);
+    pacer_on_sent(p, nbytes, now);
     pacer_unlock(p, 0);
     Py_RETURN_NONE;
 }
 
 static PyObject *Pacer_next_send_time(Pacer *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"nbytes", "now", NULL};
-    long long nbytes;
-    double now;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "L$d:next_send_time", names, &nbytes, &now))
-        return NULL;
-    if (nbytes < 0) {
-        PyErr_Format(PyExc_ValueError, "nbytes=%lld must be a non-negative integer", nbytes);
-        return NULL;
-    }
-    if (check_time(now) < 0)
+    double nbytes, now;
+    if (bytes_and_time(args, kw, "L$d:next_send_time", &nbytes, &now) < 0)
         return NULL;
     pacer_lock(p);
-    double t = pacer_next_send_time(p, (double)nbytes, now);
+    double t = pacer_next_send_time(p, nbytes, now);
     pacer_unlock(p, 0);
     return PyFloat_FromDouble(t);
 }

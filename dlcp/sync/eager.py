@@ -42,18 +42,28 @@ from .lr import RunningMean, normalised_factor, staleness_rounds
 from .ps import ParameterServerSync
 from .psserver import READ, UpdateRule
 
-__all__ = ["EagerPullSync", "StalenessRule"]
+__all__ = ["EagerPullSync", "FactorRule", "StalenessRule"]
 
 
-class StalenessRule(UpdateRule):
-    """Scale by the normalised staleness factor (module docstring); ``history``
-    keeps (worker, clock, tau, factor) of the latest updates."""
+class FactorRule(UpdateRule):
+    """Scale each update by ``normalised_factor(x, running mean of x)`` divided
+    by the number of workers, ``x`` being what :meth:`measure` says of the
+    update's staleness; ``history`` keeps (worker, clock, x, factor) of the
+    latest updates."""
 
     def __init__(self, n_workers: int, *, min_factor: float, max_factor: float) -> None:
         super().__init__(n_workers)
         self.min_factor, self.max_factor = min_factor, max_factor
         self.mean = RunningMean()
         self.history: list[tuple[int, int, float, float]] = []
+
+    def measure(
+        self,
+        base: tuple[int, npt.NDArray[np.float32] | None],
+        table: ClockTable,
+        shard: npt.NDArray[np.float32],
+    ) -> float:
+        raise NotImplementedError
 
     def scale(
         self,
@@ -64,11 +74,24 @@ class StalenessRule(UpdateRule):
         shard: npt.NDArray[np.float32],
         update: npt.NDArray[np.float32],
     ) -> float:
-        tau = staleness_rounds(table.version, base[0], self.n_workers)
-        factor = normalised_factor(tau, self.mean.add(tau), min_factor=self.min_factor,
+        x = self.measure(base, table, shard)
+        factor = normalised_factor(x, self.mean.add(x), min_factor=self.min_factor,
                                    max_factor=self.max_factor)  # fmt: skip
-        self.history = [*self.history[-999:], (worker, clock, tau, factor)]
+        self.history = [*self.history[-999:], (worker, clock, x, factor)]
         return factor / self.n_workers
+
+
+class StalenessRule(FactorRule):
+    """Scale by the normalised staleness factor (module docstring): ``x`` is the
+    update's staleness in rounds."""
+
+    def measure(
+        self,
+        base: tuple[int, npt.NDArray[np.float32] | None],
+        table: ClockTable,
+        shard: npt.NDArray[np.float32],
+    ) -> float:
+        return staleness_rounds(table.version, base[0], self.n_workers)
 
 
 def check_factors(min_factor: float, max_factor: float) -> None:

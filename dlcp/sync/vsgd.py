@@ -24,26 +24,33 @@ import torch
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from .clocks import ClockTable
-from .eager import check_factors
-from .lr import RunningMean, normalised_factor, value_staleness
+from .eager import FactorRule, check_factors
+from .lr import RunningMean, value_staleness
 from .ps import ParameterServerSync
 from .psserver import UpdateRule
 
 __all__ = ["VSGD", "ValueStalenessRule"]
 
 
-class ValueStalenessRule(UpdateRule):
-    """Scale by the normalised value-staleness factor (module docstring);
-    ``history`` keeps (worker, clock, nu, factor) of the latest updates."""
+class ValueStalenessRule(FactorRule):
+    """Scale by the normalised value-staleness factor (module docstring): ``x``
+    is ``nu``, and each applied update's norm feeds the typical step."""
 
     wants_snapshot = True
 
     def __init__(self, n_workers: int, *, min_factor: float, max_factor: float) -> None:
-        super().__init__(n_workers)
-        self.min_factor, self.max_factor = min_factor, max_factor
+        super().__init__(n_workers, min_factor=min_factor, max_factor=max_factor)
         self.step_norm = RunningMean()
-        self.mean = RunningMean()
-        self.history: list[tuple[int, int, float, float]] = []
+
+    def measure(
+        self,
+        base: tuple[int, npt.NDArray[np.float32] | None],
+        table: ClockTable,
+        shard: npt.NDArray[np.float32],
+    ) -> float:
+        snapshot = base[1]
+        distance = float(np.linalg.norm(shard - snapshot)) if snapshot is not None else 0.0
+        return value_staleness(distance, self.step_norm.value)
 
     def scale(
         self,
@@ -54,14 +61,8 @@ class ValueStalenessRule(UpdateRule):
         shard: npt.NDArray[np.float32],
         update: npt.NDArray[np.float32],
     ) -> float:
-        snapshot = base[1]
-        distance = float(np.linalg.norm(shard - snapshot)) if snapshot is not None else 0.0
-        nu = value_staleness(distance, self.step_norm.value)
-        factor = normalised_factor(nu, self.mean.add(nu), min_factor=self.min_factor,
-                                   max_factor=self.max_factor)  # fmt: skip
-        scale = factor / self.n_workers
+        scale = super().scale(worker, clock, base, table, shard, update)
         self.step_norm.add(float(np.linalg.norm(update)) * scale)
-        self.history = [*self.history[-999:], (worker, clock, nu, factor)]
         return scale
 
 
