@@ -353,10 +353,13 @@ class Communicator:
         role: int,
         segments: Segments | None,
         p: float,
+        borrow: bool = False,
     ) -> Future[SendReport]:
+        """``borrow``: see :meth:`Endpoint.send`."""
         return self.endpoint.send(
-            array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p
-        )
+            array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p,
+            borrow=borrow,
+        )  # fmt: skip
 
     def send_part(
         self,
@@ -369,11 +372,13 @@ class Communicator:
         role: int,
         segments: Segments | None,
         p: float,
+        borrow: bool = False,
     ) -> Future[SendReport]:
         """Send ``data[a:b]`` with the layer segments that cover it."""
         return self.send(
-            data[a:b], to=to, call=call, role=role, segments=slice_segments(segments, a, b), p=p
-        )
+            data[a:b], to=to, call=call, role=role, segments=slice_segments(segments, a, b), p=p,
+            borrow=borrow,
+        )  # fmt: skip
 
     def recv(
         self, out: npt.NDArray[Any], *, src: int, call: int, role: int, p: float, fill: FillPolicy

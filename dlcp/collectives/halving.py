@@ -92,6 +92,7 @@ def halving_doubling_allreduce(
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
     steps = _splits(len(data), n, r)
+    lend = p_gather == 0  # (see ring_allreduce: the same holds of the halves sent)
     # each reduce-scatter step receives into a scratch row of its own (a half,
     # a quarter, ...: less than the array in all), so all can be posted at once
     rows = [0]
@@ -109,7 +110,7 @@ def halving_doubling_allreduce(
             (ta, tb), give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
             if exchange(
                 comm, data, give, incoming.take(k, src=partner), to=partner, call=call,
-                role=k, p=p, segments=segments, report=report, sends=sends,
+                role=k, p=p, segments=segments, report=report, sends=sends, borrow=lend,
             ):  # fmt: skip
                 data[ta:tb] += scratch[rows[k] : rows[k + 1]]
         _, lo, mid, hi, upper = steps[-1]
@@ -126,6 +127,7 @@ def halving_doubling_allreduce(
             exchange(
                 comm, data, (lo, hi), incoming.take(role, src=partner), to=partner, call=call,
                 role=role, p=p_gather, segments=segments, report=report, sends=sends,
+                borrow=lend,
             )  # fmt: skip
             lo, hi = slo, shi
         sends.wait(comm, report, data.itemsize)

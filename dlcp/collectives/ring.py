@@ -106,6 +106,12 @@ def ring_allreduce(
 
     right, left = (r + 1) % n, (r - 1) % n
     widest = max(b - a for a, b in itertools.pairwise(bounds))
+    # sends read their bytes from data while they last (no copy into packets):
+    # a chunk sent is written next by the all-gather's receive, which the
+    # ring brings only after the right neighbour completed the message that
+    # chunk went in (later datagrams of it are late there), or by the rescaling
+    # below of a lossy all-gather, which may come first: then they are copied
+    lend = p_gather == 0
     # send futures: waited for at the end, not step by step; cancelled if the call fails
     with SendTracker() as sends, PostedReceives(comm, call=call, src=left) as incoming:
         scratch = incoming.scratch(data.dtype, (n - 1) * widest)
@@ -118,7 +124,7 @@ def ring_allreduce(
             (sa, sb), (ra, rb) = chunk((r - s) % n), chunk((r - s - 1) % n)
             if exchange(
                 comm, data, (sa, sb), incoming.take(s), to=right, call=call, role=s, p=p,
-                segments=segments, report=report, sends=sends,
+                segments=segments, report=report, sends=sends, borrow=lend,
             ):  # fmt: skip
                 data[ra:rb] += scratch[s * widest : s * widest + rb - ra]
 
@@ -137,6 +143,7 @@ def ring_allreduce(
             exchange(
                 comm, data, chunk((r + 1 - s) % n), incoming.take(role), to=right, call=call,
                 role=role, p=p_gather, segments=segments, report=report, sends=sends,
+                borrow=lend,
             )  # fmt: skip
         sends.wait(comm, report, data.itemsize)
     return report.build()
@@ -240,6 +247,7 @@ def exchange(
     segments: Segments | None,
     report: ReportBuilder,
     sends: SendTracker,
+    borrow: bool = False,
 ) -> bool:
     """One step of a collective: ``data[send]`` to rank ``to``, then wait for
     ``incoming``, the step's receive, posted earlier (a ring's left neighbour, a
@@ -249,13 +257,17 @@ def exchange(
     The send's future goes to ``sends`` instead of being waited for: waiting for
     the receiver's STOP here would add a control round trip to every step. That
     is safe because ``Endpoint.send`` copies a send's bytes into packets before
-    it returns. The caller waits for all of them before returning."""
+    it returns, or, with ``borrow`` (the engine reads them from ``data`` as long
+    as the message lasts), because the caller writes a range it sent only once
+    the receiver has completed that message. The caller waits for all of them
+    before returning."""
     sa, sb = send
     try:
         if sa < sb:
-            sends.add(
-                comm.send_part(data, sa, sb, to=to, call=call, role=role, segments=segments, p=p)
+            part = comm.send_part(
+                data, sa, sb, to=to, call=call, role=role, segments=segments, p=p, borrow=borrow
             )
+            sends.add(part)
         sends.raise_first_failure()
     except BaseException:
         if incoming is not None:
