@@ -97,11 +97,11 @@ class RoundPost:
         sends (the reference for the native engine's gathered sends)."""
         size = self.short_len if i == self.short else self.stride
         if self.payload is None:
-            return self.records[i, :size].tobytes()
+            return bytes(self.records[i, :size])
         assert self.seqs is not None
         head = self.records.shape[1]
         at = int(self.seqs[i]) * self.chunk_bytes
-        return self.records[i].tobytes() + self.payload[at : at + size - head].tobytes()
+        return bytes(self.records[i]) + bytes(self.payload[at : at + size - head])
 
 
 @dataclass(frozen=True, slots=True)
