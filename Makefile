@@ -68,7 +68,7 @@ demo-transport: $(DEMO_STAMP)
 	$(BIN)/dlcp demo
 
 lint: setup
-	$(BIN)/ruff check dlcp shims testbed tests bench examples
+	$(BIN)/ruff check dlcp shims testbed tests examples
 	$(BIN)/mypy dlcp
 
 test: lint
@@ -103,7 +103,7 @@ sanitize: setup
 	  tests/integration/test_halving.py
 
 bench: $(DEMO_STAMP)
-	$(BIN)/python -m bench.core --json
+	$(BIN)/python -m dlcp.bench.core --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build

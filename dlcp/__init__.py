@@ -10,11 +10,11 @@ __version__ = "0.1.0"
 
 
 def _register_torch_backend() -> None:
-    # torch.distributed backend "dlcp" (dlcp.shims.process_group), registered once torch
-    # is loaded: this never imports torch (see dlcp.shims.register_when_torch_loads)
+    # torch.distributed backend "dlcp" (shims.process_group), registered once torch
+    # is loaded: this never imports torch (see shims.register_when_torch_loads)
     import importlib
 
-    importlib.import_module("dlcp.shims").register_when_torch_loads()
+    importlib.import_module("shims").register_when_torch_loads()
 
 
 _register_torch_backend()

@@ -157,10 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sync.add_argument("action", choices=["run", "suite"],
                       help="run: the schemes given (--scheme NAME); suite: every scheme, 3 seeds")
-    sync.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m bench.sync")
+    sync.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m dlcp.bench.sync")
 
-    # testbed/ is installed as dlcp.testbed (package-dir): imported by name
-    importlib.import_module("dlcp.testbed.cli").add_parser(sub)
+    # testbed/ is installed as testbed (package-dir): imported by name
+    importlib.import_module("testbed.cli").add_parser(sub)
     from .switch.cli import add_parser as add_switch_parser
 
     add_switch_parser(sub)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             results=args.results,
         )
     if args.command == "bench":
-        # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
+        # dlcp/bench/ is installed as dlcp.bench (package-dir), so it is imported by name
         bench = importlib.import_module(f"dlcp.bench.{args.which}")
         return int(bench.main(args.args, prog=f"dlcp bench {args.which}"))
     if args.command == "sync":
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--seeds", "3", *extra]
         return int(bench_sync.main(extra, prog=f"dlcp sync {args.action}"))
     if args.command == "testbed":
-        return int(importlib.import_module("dlcp.testbed.cli").main(args))
+        return int(importlib.import_module("testbed.cli").main(args))
     if args.command == "switch":
         from .switch.cli import main as switch_main
 

@@ -1,4 +1,4 @@
-"""Framework adapters (DDP comm hook, process group), installed as dlcp.shims.
+"""Framework adapters (DDP comm hook, process group): the package ``shims``.
 
 Importing this package does not import torch. :func:`register` makes
 ``torch.distributed.init_process_group(backend="dlcp")`` available (it imports

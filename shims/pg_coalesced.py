@@ -1,6 +1,6 @@
 """The process group's coalesced operations and torch's group bookkeeping.
 
-A mixin of :class:`~dlcp.shims.process_group.DLCPProcessGroup`: the coalesced
+A mixin of :class:`~shims.process_group.DLCPProcessGroup`: the coalesced
 forms of its operations queue one operation per tensor and return one work for
 all of them; ``dist._coalescing_manager`` and the functional collectives (which
 find a group by its name) work on top of that.

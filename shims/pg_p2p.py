@@ -51,8 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import PeerTimeout
-from ..io.endpoint import Endpoint, Received
+from dlcp.errors import PeerTimeout
+from dlcp.io.endpoint import Endpoint, Received
+
 from .pg_serve import OrderedServers
 from .pg_tensors import MAX_PART_BYTES, DLCPWork, HostTensor, check_tensors
 from .pg_timeouts import timed_out

@@ -18,7 +18,8 @@ import numpy.typing as npt
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
-from ..collectives import CollectiveReport
+from dlcp.collectives import CollectiveReport
+
 from .pg_timeouts import DLCPTimeout
 
 __all__ = [

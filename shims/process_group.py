@@ -1,6 +1,6 @@
 """torch.distributed backend ``"dlcp"``: a process group whose collectives run over DLCP.
 
-    import dlcp.shims.process_group          # registers the backend (so does `import dlcp`)
+    import shims.process_group          # registers the backend (so does `import dlcp`)
     dist.init_process_group("dlcp")          # torchrun's env:// variables, as with gloo
     model = DistributedDataParallel(model)   # unmodified DDP now reduces over DLCP
 
@@ -85,11 +85,12 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from ..collectives import CollectiveReport, Communicator
-from ..collectives.comm import ReportBuilder
-from ..errors import DLCPError, PeerTimeout
-from ..io.endpoint import Endpoint
-from ..rendezvous import attempt, connect
+from dlcp.collectives import CollectiveReport, Communicator
+from dlcp.collectives.comm import ReportBuilder
+from dlcp.errors import DLCPError, PeerTimeout
+from dlcp.io.endpoint import Endpoint
+from dlcp.rendezvous import attempt, connect
+
 from . import BACKEND, register
 from .pg_barriers import Barriers
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank

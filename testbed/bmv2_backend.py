@@ -3,7 +3,7 @@ running the DLCP P4 program in every router namespace, configured by the
 P4Runtime controller (:mod:`dlcp.switch.controller`).
 
 The namespaces, links, addresses and host routes are those of
-:func:`~dlcp.testbed.topology.build` (the kernel routers first prove the fabric
+:func:`~testbed.topology.build` (the kernel routers first prove the fabric
 works: every host pings every other). Then each router hands forwarding to BMv2:
 
 * kernel forwarding off (``ip_forward=0``): the kernel still answers ARP and pings

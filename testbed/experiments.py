@@ -12,7 +12,7 @@ with queueing on every router egress shaped to ``link_rate_mbit`` (default
 DLCP switch profile for DLCP, one FIFO of the same buffer for Gloo (the
 baseline's network has no DLCP configuration; ``profile`` overrides either),
 applies the scenario, and starts one training rank
-(``dlcp.examples.train_digits``) per host *inside that host's namespace*, with
+(``examples/train_digits.py``) per host *inside that host's namespace*, with
 torchrun's variables: ``RANK`` = host index, ``WORLD_SIZE`` = 4,
 ``LOCAL_RANK`` = 0, ``MASTER_ADDR`` = h1's address, ``MASTER_PORT`` =
 :data:`MASTER_PORT`; Gloo is pointed at the host's interface
@@ -42,7 +42,7 @@ Scenarios:
                 other rank pushes to it at once. DLCP's parameter server
                 against the same pattern over TCP: Gloo has no
                 parameter-server mode, so the Gloo run pushes and pulls with
-                Gloo's point-to-point send/recv (:mod:`dlcp.shims.tcp_ps`).
+                Gloo's point-to-point send/recv (:mod:`shims.tcp_ps`).
 
 Over BMv2 (``--switch bmv2``): the routers are ``simple_switch_grpc`` running the
 DLCP P4 program, configured over P4Runtime (:mod:`.bmv2_backend`); the same
@@ -107,6 +107,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlcp.proto.wire import DEFAULT_PORT
+from dlcp.train_demo import example_script
 
 from .bmv2_backend import Bmv2Network, bmv2_counters, bmv2_link_down, bmv2_set_loss, build_bmv2
 from .impairments import (
@@ -424,7 +425,7 @@ def run_experiment(
                     "LOCAL_WORLD_SIZE=1", f"GROUP_RANK={rank}",
                     f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
                     *(f"{k}={v}" for k, v in env.items()),
-                    sys.executable, "-m", "dlcp.examples.train_digits", *flags,
+                    sys.executable, str(example_script("train_digits.py")), *flags,
                 ]  # fmt: skip
                 if rank == 0:
                     argv += ["--json", str(train_json)]

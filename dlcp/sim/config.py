@@ -45,7 +45,7 @@ class SimConfig:
     """One run. Sizes in bytes, rates in Gbit/s, times in microseconds."""
 
     hosts: int = 144
-    #: a testbed topology TOML (dlcp.testbed.topology format); None = the regular
+    #: a testbed topology TOML (testbed.topology format); None = the regular
     #: leaf-spine of hosts / hosts_per_leaf / spines
     topology: str | None = None
     hosts_per_leaf: int = 16
@@ -142,7 +142,7 @@ class SimConfig:
             self._check_topology()
 
     def _check_topology(self) -> None:
-        mod = importlib.import_module("dlcp.testbed.topology")
+        mod = importlib.import_module("testbed.topology")
         try:
             topo = mod.Topology.load(self.topology)
         except mod.TopologyError as e:
@@ -244,7 +244,7 @@ class SimConfig:
 def switch_policy(cfg: SimConfig) -> Any:
     """The testbed's :class:`SwitchPolicy` for this fabric (classes, TOS map,
     per-class thresholds); the simulated switch reads its thresholds from it."""
-    mod = importlib.import_module("dlcp.testbed.switch_profile")
+    mod = importlib.import_module("testbed.switch_profile")
     default = mod.SwitchPolicy()
     de = cfg.drop_eligible_packets
     if de is None:

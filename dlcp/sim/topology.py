@@ -1,7 +1,7 @@
 """The simulated fabric as a testbed topology description.
 
 The simulation reads the same leaf-spine description as the namespace testbed
-(:class:`dlcp.testbed.topology.Topology`, TOML or built here): hosts, the leaf
+(:class:`testbed.topology.Topology`, TOML or built here): hosts, the leaf
 each hangs off, spines; every leaf links to every spine. :func:`leaf_spine`
 builds the regular one a :class:`SimConfig` asks for (``h1..hN`` on
 ``leaf1..leafL``, ``spine1..spineS``); :func:`host_leaf_indices` is what the
@@ -20,7 +20,7 @@ __all__ = ["host_leaf_indices", "leaf_spine", "load_topology"]
 
 
 def _topology_cls() -> Any:
-    return importlib.import_module("dlcp.testbed.topology").Topology
+    return importlib.import_module("testbed.topology").Topology
 
 
 def leaf_spine(cfg: SimConfig) -> Any:

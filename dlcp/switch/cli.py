@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _topology(path: str | None) -> Any:
-    topo = importlib.import_module("dlcp.testbed.topology")
+    topo = importlib.import_module("testbed.topology")
     return topo.Topology.load(path) if path else topo.Topology.default()
 
 
@@ -113,7 +113,7 @@ def _neighbours(t: Any, node: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    topo = importlib.import_module("dlcp.testbed.topology")
+    topo = importlib.import_module("testbed.topology")
     try:
         print(render(args))
     except (PolicyError, topo.TopologyError) as e:

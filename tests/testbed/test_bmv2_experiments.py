@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed import cli as testbed_cli
-from dlcp.testbed import experiments as ex
-from dlcp.testbed.bmv2 import missing_bmv2
-from dlcp.testbed.bmv2_backend import bmv2_counters, bmv2_link_down, build_bmv2
-from dlcp.testbed.topology import Topology
 
 from dlcp.switch.policy import SwitchPolicy
+from testbed import cli as testbed_cli
+from testbed import experiments as ex
+from testbed.bmv2 import missing_bmv2
+from testbed.bmv2_backend import bmv2_counters, bmv2_link_down, build_bmv2
+from testbed.topology import Topology
 
 MISSING = missing_bmv2(grpc=True)
 needs_bmv2 = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (BMv2 switch)")

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed import experiments as ex
-from dlcp.testbed.netns import missing_tools
+
+from testbed import experiments as ex
+from testbed.netns import missing_tools
 
 MISSING = missing_tools(loss=True, offloads=True)
 needs_root = pytest.mark.skipif(
@@ -319,7 +320,7 @@ def test_rows_name_the_code_they_were_measured_with(tmp_path: Path) -> None:
     import re
     import subprocess
 
-    from dlcp.testbed.results import code_revision
+    from testbed.results import code_revision
 
     root = Path(ex.__file__).resolve().parent.parent
     git = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,

@@ -1,7 +1,7 @@
-"""Worker side of ``bench.transport``: one process, one role (``send`` or ``recv``).
+"""Worker side of ``dlcp.bench.transport``: one process, one role (``send`` or ``recv``).
 
 Started by the parent as ``python -m dlcp.bench.transport --worker ROLE ...``;
-see ``bench/transport.py`` for the line protocol. A worker owns:
+see ``dlcp/bench/transport.py`` for the line protocol. A worker owns:
 
 * DLCP endpoints, each on its own (data, control) ports from ``--port-base``:
   ``plain`` (lossless and kernel-loss runs), ``auth`` (authenticated), and

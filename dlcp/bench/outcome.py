@@ -8,9 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dlcp.testbed.netns import NetnsError
-
 from dlcp.launch import sigterm_interrupts
+from testbed.netns import NetnsError
 
 __all__ = ["engine_of_run", "finish"]
 

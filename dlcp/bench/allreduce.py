@@ -1,6 +1,6 @@
 """All-reduce benchmark: one small array on 4 ranks, DLCP's collectives against Gloo's.
 
-    python -m bench.allreduce --json        # or: dlcp bench allreduce --json
+    python -m dlcp.bench.allreduce --json        # or: dlcp bench allreduce --json
 
 The testbed's training iterations are short (the digits CNN has 38,282
 parameters), so what decides them is what one all-reduce of ~150 KB costs, in
@@ -22,7 +22,7 @@ Where:
 * otherwise (``path = "loopback"``): 4 local ranks on the loopback.
 
 On the loopback as root (``--loopback``), a fifth kind takes its turn too: the
-**UDP floor** (``floor``, :class:`bench.ddp_floor.UdpRingFloor`), the ring's
+**UDP floor** (``floor``, :class:`dlcp.bench.ddp_floor.UdpRingFloor`), the ring's
 all-reduce in bare datagrams of DLCP's size through DLCP's own UDP layer, each
 sent once, with no protocol above it (no classes, pacing, control messages or
 recovery) and the same copies: what DLCP's ring would cost if its protocol cost
@@ -257,11 +257,10 @@ def _run_loopback(args: argparse.Namespace, out: Path) -> None:
 def _run_testbed(args: argparse.Namespace, out: Path) -> None:
     import dataclasses
 
-    from dlcp.testbed.experiments import MASTER_PORT, switch_policy
-    from dlcp.testbed.impairments import apply_profile
-    from dlcp.testbed.topology import Topology, build
-
     from dlcp.launch import launch
+    from testbed.experiments import MASTER_PORT, switch_policy
+    from testbed.impairments import apply_profile
+    from testbed.topology import Topology, build
 
     t = dataclasses.replace(Topology.default(), link_rate_mbit=args.link_rate)
     with build(t) as net:
@@ -296,7 +295,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # (the worker's flag: the floor runs on the loopback as root, unless told not to)
     args.floor = args.udp_floor and not testbed and os.geteuid() == 0
     if testbed:
-        from dlcp.testbed.netns import require_tools
+        from testbed.netns import require_tools
 
         require_tools("the all-reduce benchmark's testbed", offloads=True)
     with tempfile.TemporaryDirectory(prefix="dlcp-bench-allreduce-") as tmp:
@@ -386,7 +385,7 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser(prog: str = "python -m bench.allreduce") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.allreduce") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument(
         "--elems",
@@ -410,7 +409,7 @@ def _parser(prog: str = "python -m bench.allreduce") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.allreduce") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.allreduce") -> int:
     args = _parser(prog).parse_args(argv)
     if args.elems < 4:
         raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")

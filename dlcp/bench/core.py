@@ -18,7 +18,7 @@ back to back in its record buffer, so a run is a view of them, up to that size
 (the kernel's copy into the receive buffer is not core work and is not timed; the
 transport benchmark measures it with everything else).
 
-    python -m bench.core --json           # last line: one JSON object
+    python -m dlcp.bench.core --json           # last line: one JSON object
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def memcpy_time(data: np.ndarray, out: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.core") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core") -> int:
     ap = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
