@@ -68,8 +68,8 @@ demo-transport: $(DEMO_STAMP)
 	$(BIN)/dlcp demo
 
 lint: setup
-	$(BIN)/ruff check dlcp shims testbed tests examples
-	$(BIN)/mypy dlcp
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -q

@@ -39,6 +39,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# torch.distributed re-exports GradBucket from here without declaring it to type checkers
+from torch._C._distributed_c10d import GradBucket
+
 from dlcp.collectives import (
     DIRECT_MAX_BYTES,
     Communicator,
@@ -236,7 +239,7 @@ class DLCPState:
             )
         ready = None
         if tensor.is_cuda:  # pragma: no cover - no GPU here
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # (unannotated in torch)
             ready.record(torch.cuda.current_stream(tensor.device))
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
@@ -284,7 +287,8 @@ class DLCPState:
             self.metrics.add_failure(last_bucket=job.last)
             # (a torch future takes an Exception only: anything else killed this thread)
             error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-            return functools.partial(job.future.set_exception, error)
+            # (torch's stub types set_exception's argument as the future's value type)
+            return functools.partial(job.future.set_exception, error)  # type: ignore[arg-type]
         return functools.partial(job.future.set_result, job.tensor)
 
     def _reduce(self, job: _Job) -> CollectiveReport:
@@ -338,7 +342,7 @@ class DLCPState:
         )
 
 
-def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def dlcp_hook(state: DLCPState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket across ranks over DLCP."""
     tensor = bucket.buffer()
     segments = state.segments_for(bucket.parameters())

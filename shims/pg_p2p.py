@@ -310,7 +310,7 @@ class PointToPoint:
         except Exception as exc:
             exc.add_note(f"in dlcp process group operation {r.op} on rank {self.rank}")
             return functools.partial(r.future.set_exception, exc)
-        r.work.source_rank = arrival.src
+        r.work.received_from = arrival.src
         return functools.partial(r.future.set_result, [r.host.tensor])
 
     def _sent(

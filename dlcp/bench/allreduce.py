@@ -55,10 +55,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .outcome import finish
+
+if TYPE_CHECKING:
+    from .ddp_floor import UdpRingFloor
 
 KINDS = ("gloo", "ring", "hd", "ps")
 #: the UDP floor's kind (loopback, root): see the module docstring
@@ -90,7 +94,12 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from dlcp.collectives import Communicator, halving_doubling_allreduce, ps_allreduce
+    from dlcp.collectives import (
+        CollectiveReport,
+        Communicator,
+        halving_doubling_allreduce,
+        ps_allreduce,
+    )
     from dlcp.collectives.ring import ring_allreduce
     from dlcp.rendezvous import connect
 
@@ -123,18 +132,20 @@ def worker(args: argparse.Namespace) -> int:
         dist.all_reduce(tensor)
         tensor.div_(job.world_size)
 
-    calls = {
+    calls: dict[str, Callable[[], CollectiveReport | None]] = {
         "gloo": gloo,
         "ring": lambda: ring_allreduce(comm, data, segments=segments, p=args.p, average=True),
         "hd": lambda: halving_doubling_allreduce(
             comm, data, segments=segments, p=args.p, average=True
         ),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
-        FLOOR: lambda: floor.allreduce(floor_data) if floor is not None else None,
-        RING_PYTHON: lambda: ring_allreduce(
-            py_comm, data, segments=segments, p=args.p, average=True
-        ),
     }
+    if floor is not None:
+        calls[FLOOR] = lambda: floor.allreduce(floor_data)
+    if py_comm is not None:
+        calls[RING_PYTHON] = lambda: ring_allreduce(
+            py_comm, data, segments=segments, p=args.p, average=True
+        )
     times: dict[str, list[float]] = {k: [] for k in kinds}
     busy: dict[str, int] = dict.fromkeys(kinds, 0)
     lost: list[float] = []  # each DLCP call's CollectiveReport.lost_fraction
@@ -147,7 +158,7 @@ def worker(args: argparse.Namespace) -> int:
                 report = calls[kind]()
                 if round_no:
                     times[kind].append(time.perf_counter() - t0)
-                    if kind not in ("gloo", FLOOR):
+                    if report is not None:  # a DLCP call (Gloo and the floor report none)
                         lost.append(report.lost_fraction)
             dist.barrier()  # every rank's calls are done: all their CPU is in the window
             if round_no:
@@ -172,7 +183,7 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floor(rank: int, world: int) -> tuple[Any, str | None]:
+def _floor(rank: int, world: int) -> tuple[UdpRingFloor | None, str | None]:
     """This rank's UDP floor ring, connected to the others' (a collective call);
     (None, why) on every rank if any rank's kernel refused its receive buffers
     (the floor would then fail on the first burst it drops, and take the other

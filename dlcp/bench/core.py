@@ -37,6 +37,14 @@ from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import ControlDatagram, DataBatch, MessageReceived, Session, Transmit
 
 
+def as_control(item: Transmit) -> ControlDatagram:
+    """``item``, a control datagram: what a session sends besides data batches when it
+    was not made to hand whole rounds to a native engine (``whole_rounds``)."""
+    if not isinstance(item, ControlDatagram):
+        raise TypeError(f"a {type(item).__name__} from a session without whole rounds")
+    return item
+
+
 def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int) -> float:
     """One message from ``tx`` to ``rx``; returns the seconds spent inside the two
     sessions' calls (the harness that carries datagrams between them is not timed)."""
@@ -61,9 +69,8 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
                 rx.receive_batch(item[0], item[1], now=now)
             core += clock() - t0
         t0 = clock()
-        for item in rx.datagrams_to_send(now=now):
-            assert isinstance(item, ControlDatagram)
-            tx.receive_datagram(item.data, now=now)
+        for reply in rx.datagrams_to_send(now=now):
+            tx.receive_datagram(as_control(reply).data, now=now)
         while (ev := rx.next_event()) is not None:
             if isinstance(ev, MessageReceived):
                 done = ev
@@ -107,7 +114,7 @@ def _as_received(
     for item in items:
         if not isinstance(item, DataBatch):
             close()
-            out.append(item)
+            out.append(as_control(item))
             continue
         arr = np.frombuffer(item.data, np.uint8)
         if run and not (

@@ -145,7 +145,8 @@ def worker(args: argparse.Namespace) -> int:
     for _ in range(args.warmup + args.iters):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(ddp(x), y).backward()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]  # (Tensor.backward: unannotated in torch)
         opt.step()
         times.append(time.perf_counter() - t0)
     # every replica must end with the same parameters (the no-communication job's

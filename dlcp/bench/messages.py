@@ -35,6 +35,8 @@ from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
 
+from .core import as_control
+
 PHASES = ("send_us", "hand_out_us", "receive_us", "control_us")
 
 
@@ -67,12 +69,12 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
                 controls.append(item)
         t3 = clock()
         for item in controls:
-            receiver.receive_datagram(item.data, now=now)
+            receiver.receive_datagram(as_control(item).data, now=now)
         received = delivered = False
         while (ev := receiver.next_event()) is not None:
             received = received or isinstance(ev, MessageReceived)
         for item in receiver.datagrams_to_send(now=now, max_batches=64):
-            sender.receive_datagram(item.data, now=now)
+            sender.receive_datagram(as_control(item).data, now=now)
         while (ev := sender.next_event()) is not None:
             delivered = delivered or isinstance(ev, MessageDelivered)
         t4 = clock()

@@ -87,7 +87,8 @@ def _steps_of(cfg: dict[str, Any], rank: int) -> int:
         gen = GroupGenerator(cfg["workers"], 2, seed=cfg["seed"],
                              slowdown={rank: cfg["slowdown"]})  # fmt: skip
         return gen.steps_of(rank, steps)
-    return max(1, math.ceil(steps / cfg["slowdown"]))
+    slowdown: float = cfg["slowdown"]
+    return max(1, math.ceil(steps / slowdown))
 
 
 def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
@@ -151,7 +152,7 @@ def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
     for t in range(steps):
         x, y = batch(t + 1000 * cfg["seed"])
         opt.zero_grad()
-        loss_of(x, y).backward()
+        loss_of(x, y).backward()  # type: ignore[no-untyped-call]  # (unannotated in torch)
         time.sleep(delay)  # the injected compute time (an accelerator's share)
         if scheme == "local":  # no synchronisation at all: the throughput ceiling
             opt.step()

@@ -431,7 +431,7 @@ class Worker:
         GIL), then a byte on the TCP connection that says so; timed until the
         receiver's acknowledgement."""
         assert self.tcp is not None, "connect first"
-        records = memoryview(self._records())
+        records = self._records().data
         seg, n = self.floor_segment, self.floor_datagrams
         parts = len(self.floor.send_socks)
         bounds = [n * i // parts for i in range(parts + 1)]
