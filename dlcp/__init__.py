@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 
 def _register_torch_backend() -> None:
-    # The torch.distributed backend "dlcp" lives in the package shims (which imports
+    # The torch.distributed backend "dlcp" lives in the package shims (whose modules import
     # dlcp, hence the import here, not at the top). Registered now if torch is loaded;
     # otherwise torch's plugin hook (the torch.backends entry point) registers it when
     # torch loads, and only with that hook switched off does this import torch: see
