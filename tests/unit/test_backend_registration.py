@@ -113,3 +113,10 @@ def test_the_hook_warns_instead_of_breaking_import_torch(
 def test_autoload_is_read_as_torch_reads_it(value: str | None, enabled: bool) -> None:
     environ = {} if value is None else {"TORCH_DEVICE_BACKEND_AUTOLOAD": value}
     assert shims.autoload_enabled(environ) is enabled
+
+
+def test_the_hook_leaves_torchs_default_backends_alone() -> None:
+    """Every program of the environment gets the hook: it must not make "dlcp" the
+    default of any device (a group made without a backend name)."""
+    script = "import torch.distributed as dist\nprint(dist.Backend.default_device_backend_map)\n"
+    assert _run(script, autoload=True) == _run(script, autoload=False)
