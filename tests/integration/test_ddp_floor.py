@@ -1,4 +1,4 @@
-"""The DDP benchmark's UDP floor (``bench/ddp_floor.py``) averages correctly.
+"""The DDP benchmark's UDP floor (``dlcp/bench/ddp_floor.py``) averages correctly.
 
 Its figure is only a floor if it does the ring's whole work: every rank must
 end with the mean of every rank's array, bit for bit the same on each rank.
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ddp_floor
-from bench.ddp_floor import FloorError, UdpRingFloor
+from dlcp.bench import ddp_floor
+from dlcp.bench.ddp_floor import FloorError, UdpRingFloor
 
 
 def _ranks(world: int) -> list[UdpRingFloor]:

@@ -132,8 +132,8 @@ def test_a_dedicated_server_cancels_its_receives_when_a_push_fails() -> None:
 
 
 def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start() -> None:
-    from dlcp.shims.pg_options import DLCPOptions
-    from dlcp.shims.pg_transport import GroupTransport
+    from shims.pg_options import DLCPOptions
+    from shims.pg_transport import GroupTransport
 
     comm = _FailingComm(0, 3)
     comm.send = lambda *a, **kw: comm.send_part(None, 0, 1, role=0, to=kw["to"])  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
-"""Worker side of ``bench.transport``: one process, one role (``send`` or ``recv``).
+"""Worker side of ``dlcp.bench.transport``: one process, one role (``send`` or ``recv``).
 
 Started by the parent as ``python -m dlcp.bench.transport --worker ROLE ...``;
-see ``bench/transport.py`` for the line protocol. A worker owns:
+see ``dlcp/bench/transport.py`` for the line protocol. A worker owns:
 
 * DLCP endpoints, each on its own (data, control) ports from ``--port-base``:
   ``plain`` (lossless and kernel-loss runs), ``auth`` (authenticated), and
@@ -431,7 +431,7 @@ class Worker:
         GIL), then a byte on the TCP connection that says so; timed until the
         receiver's acknowledgement."""
         assert self.tcp is not None, "connect first"
-        records = memoryview(self._records())
+        records = self._records().data
         seg, n = self.floor_segment, self.floor_datagrams
         parts = len(self.floor.send_socks)
         bounds = [n * i // parts for i in range(parts + 1)]

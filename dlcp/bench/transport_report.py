@@ -1,4 +1,4 @@
-"""Results of ``bench.transport``: the JSON summary and the human table.
+"""Results of ``dlcp.bench.transport``: the JSON summary and the human table.
 
 Medians and the 99th percentile come from numpy (``np.percentile``, linear
 interpolation): with 20 samples the p99 lies between the two largest, so it is
