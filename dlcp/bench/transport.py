@@ -271,6 +271,8 @@ def _worker_argv(
     ]
     if args.instrument:
         argv.append("--instrument")
+    if args.copy_send:
+        argv.append("--copy-send")
     if args.profile:
         argv += ["--profile", os.path.abspath(args.profile)]
     return argv
@@ -446,6 +448,12 @@ def _parser(prog: str = "python -m dlcp.bench.transport") -> argparse.ArgumentPa
         "--profile",
         metavar="DIR",
         help="cProfile the DLCP I/O threads into DIR/{send,recv}.rank*.job*",
+    )
+    ap.add_argument(
+        "--copy-send",
+        action="store_true",
+        help="DLCP copies the tensor into packets (default: lends it to the native engine, "
+        "which reads each datagram's payload from it, as TCP sends from it)",
     )
     ap.add_argument("--raw", metavar="FILE", help="write every transfer's raw answers here")
     ap.add_argument("--no-progress", action="store_true")

@@ -201,6 +201,8 @@ class Worker:
         self.timers = timers
         self.timeout = args.dlcp_timeout
         self.data = tensor(args.size_bytes)
+        #: lend the tensor to the engine (nothing writes it while it is sent)
+        self.lend = not args.copy_send
         self.out = np.empty_like(self.data) if self.role == "recv" else None
         key = bytes.fromhex(os.environ[KEY_ENV])
         base = EndpointConfig.from_env(timeout=args.dlcp_timeout)
@@ -339,9 +341,8 @@ class Worker:
             ep = self.endpoints[endpoint]
             before = ep.stats()["packets_out"]
             t0 = time.perf_counter()
-            report = ep.send(self.data, to=self.peer, msg=msg, step=step, p=p).result(
-                timeout=self.timeout
-            )
+            report = ep.send(self.data, to=self.peer, msg=msg, step=step, p=p, borrow=self.lend)
+            report = report.result(timeout=self.timeout)
             seconds = time.perf_counter() - t0
             extra = {
                 **self._take_timers(endpoint),
