@@ -64,7 +64,13 @@ class RoundPost:
     them as the message's pacer allows, in the order the session's own pacing
     would (see ``dlcp.io._engine``), and reports the round with
     :meth:`Session.round_sent`. ``records`` stays valid until the driver has
-    acted on the message's :class:`RoundRelease`."""
+    acted on the message's :class:`RoundRelease`.
+
+    With ``key`` (an authenticating session) the records carry the AUTH flag and
+    room for their trailers but no nonces or tags yet: the driver seals each batch
+    as it sends it (spec §3), with nonces from the counter cell ``nonces`` (the
+    session's :attr:`~dlcp.proto.auth.NonceCounter.cell`, shared by every thread
+    that tags its data)."""
 
     dst: int
     step: int
@@ -81,6 +87,10 @@ class RoundPost:
     path: npt.NDArray[np.uint8]
     prio: npt.NDArray[np.uint8]
     breaks: npt.NDArray[np.int64]
+    #: the key of the pair (sender, dst) to seal with, None when not authenticating
+    key: bytes | None = None
+    #: the nonce counter cell to draw nonces from (with ``key``)
+    nonces: npt.NDArray[np.uint64] | None = None
 
 
 @dataclass(frozen=True, slots=True)
