@@ -7,7 +7,7 @@ the same golden vectors in ``tests/golden/wire_vectors.json``.
 
 * :class:`DLCPData`: the 32-byte data header with its bit fields split out,
   then the payload (``data``) and, when the AUTH flag is set, the 8-byte
-  ``nonce`` and the 16-byte ``tag``.
+  ``nonce`` (big-endian bytes) and the 16-byte ``tag``.
 * :class:`DLCPControl`: the 16-byte control header, then the body dissected by
   packet type (:class:`DLCPStop`, :class:`DLCPFinish`, :class:`DLCPNack`,
   :class:`DLCPRate`, :class:`DLCPAbort`; raw bytes for unknown types), then
@@ -44,13 +44,13 @@ from scapy.fields import (
     ShortEnumField,
     ShortField,
     StrLenField,
-    XLongField,
     XStrFixedLenField,
 )
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
 
 from dlcp.proto.wire import (
+    AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
     CONTROL_HEADER_LEN,
     DATA_HEADER_LEN,
@@ -138,7 +138,7 @@ class DLCPData(_DLCPHeader):
         ByteField("bound", 0),
         ByteField("path", 0),
         StrLenField("data", b"", length_from=lambda pkt: pkt.payload_len),
-        ConditionalField(XLongField("nonce", 0), _has_tag),
+        ConditionalField(XStrFixedLenField("nonce", b"", AUTH_NONCE_LEN), _has_tag),
         ConditionalField(XStrFixedLenField("tag", b"", AUTH_TAG_LEN), _has_tag),
     ]
     dispatch_hook = _DLCPHeader.__dict__["dispatch_hook"]
@@ -253,7 +253,7 @@ class DLCPControl(_DLCPHeader):
             _control_body,
             length_from=lambda pkt: pkt.body_len,
         ),
-        ConditionalField(XLongField("nonce", 0), _has_tag),
+        ConditionalField(XStrFixedLenField("nonce", b"", AUTH_NONCE_LEN), _has_tag),
         ConditionalField(XStrFixedLenField("tag", b"", AUTH_TAG_LEN), _has_tag),
     ]
     dispatch_hook = _DLCPHeader.__dict__["dispatch_hook"]
@@ -298,7 +298,7 @@ def authenticate(pkt: Packet, key: bytes, nonce: int) -> Packet:
     signed = pkt.copy()
     signed.remove_payload()
     signed.flags = int(signed.flags) | Flags.AUTH
-    signed.nonce = nonce
+    signed.nonce = nonce.to_bytes(AUTH_NONCE_LEN, "big")
     signed.tag = bytes(AUTH_TAG_LEN)
     covered = bytes(signed)[:-AUTH_TAG_LEN]
     domain = Domain.DATA if isinstance(pkt, DLCPData) else Domain.CONTROL

@@ -24,8 +24,6 @@ from __future__ import annotations
 import enum
 import hmac
 import struct
-import threading
-import time
 from types import ModuleType
 from typing import Final
 
@@ -115,37 +113,38 @@ def gmac_tag(
 
 class NonceCounter:
     """A sender's nonces of one domain: values that only grow, handed out in
-    blocks, atomically across threads (and, through :attr:`cell`, shared with the
-    native send engine, which takes its blocks with the same atomic add).
+    blocks. The next value lives in :attr:`cell`, one uint64 that the C
+    accelerator's ``take_nonces`` and the native send engine's thread advance
+    with one atomic compare-and-swap per block, so that threads drawing at once
+    never get the same value. Without the accelerator (no libcrypto, hence no
+    native sealing either) only the session draws, under its driver's lock.
 
-    ``start`` defaults to the wall clock in nanoseconds: nonces a later run draws
-    under a key that outlives a run (the single-key API) then lie above every
-    nonce an earlier run drew, as long as the clock does not go back and a rank
-    sends fewer than one datagram per nanosecond."""
+    ``start``: the first nonce. The I/O driver starts at the wall clock in
+    nanoseconds (``Session(nonce_start=)``): nonces a later run draws under a key
+    that outlives a run (the single-key API) then lie above every nonce an
+    earlier run drew, as long as the clock does not go back and a rank sends
+    fewer than one datagram per nanosecond."""
 
-    __slots__ = ("_lock", "cell")
+    __slots__ = ("cell",)
 
-    def __init__(self, start: int | None = None) -> None:
-        first = time.time_ns() if start is None else start
-        if not 0 <= first <= _MAX_NONCE:
-            raise ValueError(f"a nonce counter starts at 0..2**64-1, got {first}")
+    def __init__(self, start: int = 0) -> None:
+        if not 0 <= start <= _MAX_NONCE:
+            raise ValueError(f"a nonce counter starts at 0..2**64-1, got {start}")
         #: the next nonce, in one uint64 that C and Python both update
-        self.cell = np.array([first], dtype=np.uint64)
-        self._lock = threading.Lock()
+        self.cell = np.array([start], dtype=np.uint64)
 
     def take(self, n: int) -> int:
-        """Reserve ``n`` consecutive nonces; returns the first. No other call,
-        from any thread, gets any of them."""
+        """Reserve ``n`` consecutive nonces; returns the first. No other call
+        gets any of them; OverflowError when the next value would pass 2**64 - 1."""
         if n < 1:
             raise ValueError(f"take({n}): reserve at least one nonce")
         if _accel is not None:
             return int(_accel.take_nonces(self.cell, n))
-        with self._lock:
-            first = int(self.cell[0])
-            if first + n > _MAX_NONCE:
-                raise OverflowError("nonce counter exhausted: derive a new key (a new run)")
-            self.cell[0] = first + n
-            return first
+        first = int(self.cell[0])
+        if first + n > _MAX_NONCE:
+            raise OverflowError("nonce counter exhausted: derive a new key (a new run)")
+        self.cell[0] = first + n
+        return first
 
     @property
     def next(self) -> int:

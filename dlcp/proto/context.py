@@ -45,7 +45,12 @@ class PairKeys:
     __slots__ = ("_lookup", "_of", "_peers", "_to", "control_nonces", "data_nonces", "rank")
 
     def __init__(
-        self, rank: int, key: bytes | PairKeyLookup, peers: Collection[int] | None = None
+        self,
+        rank: int,
+        key: bytes | PairKeyLookup,
+        peers: Collection[int] | None = None,
+        *,
+        nonce_start: int = 0,
     ) -> None:
         self.rank = rank
         if isinstance(key, bytes | bytearray):
@@ -57,9 +62,9 @@ class PairKeys:
         self._to: dict[int, bytes] = {}
         self._of: dict[int, bytes] = {}
         #: nonces of the data datagrams this rank tags (for every destination)
-        self.data_nonces = NonceCounter()
+        self.data_nonces = NonceCounter(nonce_start)
         #: nonces of the control datagrams this rank tags
-        self.control_nonces = NonceCounter()
+        self.control_nonces = NonceCounter(nonce_start)
 
     def to(self, dst: int) -> bytes:
         """The key this rank tags what it sends to ``dst`` with (a session sends

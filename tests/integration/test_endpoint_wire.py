@@ -183,9 +183,9 @@ def _forgeries(n: int, chunk_bytes: int) -> list[tuple[str, bytes]]:
         h = _header(seq=seq, offset=seq * elems, msg_elems=n, payload_len=chunk_bytes,
                     dtype=DType.FLOAT32)
         payload = b"\xff" * chunk_bytes
-        out.append(("auth_failed", encode_data(h, payload, key=WRONG_KEY)))
+        out.append(("auth_failed", encode_data(h, payload, key=WRONG_KEY, nonce=seq)))
         out.append(("auth_required", encode_data(h, payload)))
-        tampered = bytearray(encode_data(h, bytes(chunk_bytes), key=KEY))
+        tampered = bytearray(encode_data(h, bytes(chunk_bytes), key=KEY, nonce=seq))
         tampered[DATA_HEADER_LEN + 5] ^= 0x01  # one payload bit after tagging
         out.append(("auth_failed", bytes(tampered)))
     return out
