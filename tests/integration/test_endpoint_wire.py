@@ -216,7 +216,7 @@ def test_authenticated_transfer_rejects_forgeries(tmp_path: Path) -> None:
         ctrl = socket.create_connection((host, int(control_port)), timeout=5)
         try:
             abort = encode_control(Abort(0, 1, 0, reason=AbortReason.CANCELLED), job=JOB,
-                                   key=WRONG_KEY)
+                                   key=WRONG_KEY, nonce=1)
             ctrl.sendall(HELLO.pack(b"DLCP", JOB, 0) + struct.pack(">I", len(abort)) + abort)
             a.say("go"), b.say("go")
             tx, rx = a.results(30), b.results(30)
