@@ -43,6 +43,7 @@ __all__ = [
     "gmac_iv",
     "gmac_tag",
     "seal_records",
+    "verified_prefix",
     "verify_records",
 ]
 
@@ -65,6 +66,7 @@ AUTH_KEY_LENGTHS: Final = (16, 24, 32)
 _MAX_NONCE: Final = (1 << 64) - 1
 _IV: Final = struct.Struct(">BBHQ")
 _SRC_OFFSET_DATA: Final = 26  # the data header's src field (spec §2.1)
+_DATA_HEADER_LEN: Final = 32
 
 UInt8Array = npt.NDArray[np.uint8]
 Int64Array = npt.NDArray[np.int64]
@@ -208,3 +210,17 @@ def verify_records(
         want = gmac_tag(key, row[:end].data, domain=Domain.DATA, src=src, nonce=nonce)
         ok[k] = hmac.compare_digest(want, row[end : end + AUTH_TAG_LEN].tobytes())
     return ok
+
+
+def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
+    """How many leading whole datagrams of ``buf`` (``segment_size`` apart, as one
+    receive hands them over) carry the right tag under ``key``: one batch call
+    for all of them. A short last datagram is not counted (the caller's general
+    path takes it)."""
+    n = len(buf) // segment_size if segment_size >= _DATA_HEADER_LEN + AUTH_TRAILER_LEN else 0
+    if n == 0:
+        return 0
+    records = buf[: n * segment_size].reshape(n, segment_size)
+    lengths = np.full(n, segment_size, dtype=np.int64)
+    ok = verify_records(records, lengths, np.arange(n, dtype=np.int64), key)
+    return n if bool(ok.all()) else int(np.argmin(ok))
