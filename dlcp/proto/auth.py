@@ -213,14 +213,19 @@ def verify_records(
 
 
 def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
-    """How many leading whole datagrams of ``buf`` (``segment_size`` apart, as one
-    receive hands them over) carry the right tag under ``key``: one batch call
-    for all of them. A short last datagram is not counted (the caller's general
-    path takes it)."""
-    n = len(buf) // segment_size if segment_size >= _DATA_HEADER_LEN + AUTH_TRAILER_LEN else 0
-    if n == 0:
-        return 0
-    records = buf[: n * segment_size].reshape(n, segment_size)
-    lengths = np.full(n, segment_size, dtype=np.int64)
-    ok = verify_records(records, lengths, np.arange(n, dtype=np.int64), key)
-    return n if bool(ok.all()) else int(np.argmin(ok))
+    """How many leading datagrams of ``buf`` (``segment_size`` apart, the last
+    possibly shorter, as one receive hands them over) carry the right tag under
+    ``key``: one batch call for the whole ones, one more for a short last one."""
+    least = _DATA_HEADER_LEN + AUTH_TRAILER_LEN
+    n, tail = divmod(len(buf), segment_size) if segment_size >= least else (0, 0)
+    if n:
+        records = buf[: n * segment_size].reshape(n, segment_size)
+        lengths = np.full(n, segment_size, dtype=np.int64)
+        ok = verify_records(records, lengths, np.arange(n, dtype=np.int64), key)
+        if not ok.all():
+            return int(np.argmin(ok))
+    if tail >= least:
+        last = buf[n * segment_size :].reshape(1, tail)
+        one = np.zeros(1, dtype=np.int64)
+        n += int(verify_records(last, np.array([tail], np.int64), one, key)[0])
+    return n

@@ -298,7 +298,10 @@ class Inbox(SessionSide):
             tag_key = self.keys.of(src) if self.keys is not None else None
             if tag_key is None or not head.flags & _AUTH_FLAG:
                 return 0
-            buf = buf[: verified_prefix(buf, segment_size, tag_key) * segment_size]
+            verified = verified_prefix(buf, segment_size, tag_key)
+            if not verified:
+                return 0
+            buf = buf[: verified * segment_size]
             trailer = AUTH_TRAILER_LEN
         taken, fresh, payload_bytes = state.reassembler.scatter_run(
             buf, segment_size, dtype_byte=head.dtype_byte, msg_elems=head.msg_elems, now=now,
