@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
 from setuptools import Extension, setup
 from setuptools._distutils.ccompiler import new_compiler
@@ -61,7 +62,9 @@ if not crypto:
         "cryptography's AES-GCM in Python",
         file=sys.stderr,
     )
-with_crypto = {"define_macros": [("DLCP_LIBCRYPTO", "1")], "libraries": ["crypto"]} if crypto else {}
+with_crypto: dict[str, list[Any]] = (
+    {"define_macros": [("DLCP_LIBCRYPTO", "1")], "libraries": ["crypto"]} if crypto else {}
+)
 
 extensions = [
     Extension("dlcp.proto._kernels", ["dlcp/proto/_kernels.c"], extra_compile_args=["-O2"],

@@ -57,9 +57,9 @@ from dlcp.proto.wire import (
     DEFAULT_PORT,
     VERSION,
     AbortReason,
+    Domain,
     DType,
     Flags,
-    Domain,
     PacketType,
     gmac_tag,
 )

@@ -33,11 +33,11 @@ once in the log.
 from __future__ import annotations
 
 import errno
+import hashlib
 import hmac
 import logging
 import os
 import socket
-import hashlib
 import struct
 import time
 from collections.abc import Callable

@@ -58,7 +58,12 @@ def _load() -> ModuleType | None:
 _native = _load()
 
 __all__ = [
-    "ENGINES", "NativeSender", "RoundReport", "choose_engine", "native_available", "native_seals",
+    "ENGINES",
+    "NativeSender",
+    "RoundReport",
+    "choose_engine",
+    "native_available",
+    "native_seals",
 ]
 
 log = logging.getLogger("dlcp.io")
@@ -72,6 +77,7 @@ ENGINES = ("auto", "native", "python")
 #: 200 Mbit/s: 11 packets) where the Python engine, waking on epoll's millisecond
 #: grid, needs 512 KB ones; at 10 Gbit/s, 250 KB (5,000 wake-ups a second)
 NATIVE_BURST_TIME = 200e-6
+
 
 @dataclass(frozen=True, slots=True)
 class RoundReport:

@@ -2,9 +2,9 @@
 
 A control datagram is a 16-byte header (version/type, flags, job, step, msg,
 src, body length, reserved) and a type-specific body, optionally followed by the
-authentication trailer (8-byte nonce, 16-byte AES-GMAC tag, spec §3). :func:`decode_control` raises :class:`WireError`
-with an exact message for anything malformed; :mod:`dlcp.proto.wire` re-exports
-every name here.
+authentication trailer (8-byte nonce, 16-byte AES-GMAC tag, spec §3).
+:func:`decode_control` raises :class:`WireError` with an exact message for
+anything malformed; :mod:`dlcp.proto.wire` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from .wire import (
     CONTROL_HEADER_LEN,
     MAX_NACK_RANGES,
     VERSION,
+    Domain,
     Flags,
     PacketType,
     Reason,
     VerifyKey,
-    Domain,
     WireError,
     _check_range,
     key_of_source,

@@ -79,9 +79,9 @@ __all__ = [
     "VerifyKey",
     "WireError",
     "allowed_loss",
-    "check_auth_key",
     "bound_from_wire",
     "bound_to_wire",
+    "check_auth_key",
     "check_message_key",
     "decode_control",
     "decode_data",
@@ -356,9 +356,7 @@ def encode_data(
     return seal_datagram(body, key, domain=Domain.DATA, src=header.src, nonce=nonce)
 
 
-def seal_datagram(
-    body: bytes, key: bytes, *, domain: Domain, src: int, nonce: int | None
-) -> bytes:
+def seal_datagram(body: bytes, key: bytes, *, domain: Domain, src: int, nonce: int | None) -> bytes:
     """``body`` (a datagram up to its payload or control body, AUTH set) with its
     trailer: ``nonce`` (8 bytes, big-endian) and the tag over both."""
     if nonce is None or not 0 <= nonce < 1 << 64:

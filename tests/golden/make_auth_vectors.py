@@ -34,7 +34,9 @@ OTHER_KEY = bytes(range(100, 132))
 
 def _data(vector: dict[str, Any]) -> bytes:
     f = dict(vector["header"])
-    header = wire.DataHeader(**{**f, "dtype": wire.DType[f["dtype"]], "flags": wire.Flags(f["flags"])})
+    header = wire.DataHeader(
+        **{**f, "dtype": wire.DType[f["dtype"]], "flags": wire.Flags(f["flags"])}
+    )
     key = bytes.fromhex(vector["key"])
     return wire.encode_data(header, bytes.fromhex(vector["payload"]), key, nonce=vector["nonce"])
 

@@ -84,7 +84,9 @@ def build_control(vector: dict[str, Any]) -> Packet:
         src=f["src"],
         body=control_body(vector),
     )
-    return authenticate(pkt, bytes.fromhex(vector["key"]), vector["nonce"]) if vector["key"] else pkt
+    if vector["key"] is None:
+        return pkt
+    return authenticate(pkt, bytes.fromhex(vector["key"]), vector["nonce"])
 
 
 # ------------------------------------------------------------------------------ data

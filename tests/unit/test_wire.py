@@ -23,13 +23,13 @@ from dlcp.proto.wire import (
     Abort,
     AbortReason,
     DataHeader,
+    Domain,
     DType,
     Finish,
     Flags,
     Nack,
     PacketType,
     RateFeedback,
-    Domain,
     Reason,
     Stop,
     TosMap,
@@ -237,7 +237,9 @@ def test_loss_bound_outside_the_field_is_rejected(p: float) -> None:
 
 # ------------------------------------------------------------------------ round trips
 
-keys = st.none() | st.sampled_from([16, 24, 32]).flatmap(lambda n: st.binary(min_size=n, max_size=n))
+keys = st.none() | st.sampled_from([16, 24, 32]).flatmap(
+    lambda n: st.binary(min_size=n, max_size=n)
+)
 nonces = st.integers(0, 2**64 - 1)
 
 
@@ -270,9 +272,7 @@ def data_datagrams(draw: st.DrawFn) -> tuple[DataHeader, bytes]:
 
 
 @given(data_datagrams(), keys, nonces)
-def test_data_round_trip(
-    datagram: tuple[DataHeader, bytes], key: bytes | None, nonce: int
-) -> None:
+def test_data_round_trip(datagram: tuple[DataHeader, bytes], key: bytes | None, nonce: int) -> None:
     header, payload = datagram
     raw = wire.encode_data(header, payload, key=key, nonce=nonce)
     assert len(raw) == DATA_HEADER_LEN + header.payload_len + (AUTH_TRAILER_LEN if key else 0)
