@@ -33,13 +33,13 @@ typedef struct {
     EVP_CIPHER_CTX *ctx;
 } Gmac;
 
-static void gmac_free(Gmac *g) {
+static inline void gmac_free(Gmac *g) {
     EVP_CIPHER_CTX_free(g->ctx);
     g->ctx = NULL;
 }
 
 /* 0, or -1 when the key is not 16, 24 or 32 bytes or libcrypto failed. */
-static int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
+static inline int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
     const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_gcm()
                                : key_len == 24 ? EVP_aes_192_gcm()
                                : key_len == 32 ? EVP_aes_256_gcm()
@@ -52,12 +52,12 @@ static int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
     return 0;
 }
 
-static void gmac_store_be64(uint8_t *at, uint64_t v) {
+static inline void gmac_store_be64(uint8_t *at, uint64_t v) {
     for (int i = 7; i >= 0; i--, v >>= 8)
         at[i] = (uint8_t)v;
 }
 
-static uint64_t gmac_load_be64(const uint8_t *at) {
+static inline uint64_t gmac_load_be64(const uint8_t *at) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
         v = (v << 8) | at[i];
@@ -65,7 +65,7 @@ static uint64_t gmac_load_be64(const uint8_t *at) {
 }
 
 /* The tag of `len` covered bytes under the IV of (domain, src, nonce): 0 or -1. */
-static int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
                         const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
     uint8_t iv[GMAC_IV_LEN] = {(uint8_t)domain, 0, src[0], src[1]};
     gmac_store_be64(iv + 4, nonce);
@@ -80,7 +80,7 @@ static int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonc
 }
 
 /* A data record of `len` bytes (trailer included): writes its nonce and tag. 0 or -1. */
-static int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t nonce) {
+static inline int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t nonce) {
     uint8_t *trailer = record + len - GMAC_TRAILER_LEN;
     gmac_store_be64(trailer, nonce);
     return gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET, nonce, record,
@@ -89,7 +89,7 @@ static int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t nonce) 
 
 /* 1 when a data record's tag is right (compared in constant time), 0 when not, -1 when
  * libcrypto failed. */
-static int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
+static inline int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
     const uint8_t *trailer = record + len - GMAC_TRAILER_LEN;
     uint8_t want[GMAC_TAG_LEN];
     if (gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET,
@@ -100,7 +100,7 @@ static int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
 
 /* Reserves n nonces of a counter cell shared by every thread (and Python's
  * NonceCounter): *first is the first. 0, or -1 when the counter would wrap. */
-static int gmac_take_nonces(uint64_t *cell, uint64_t n, uint64_t *first) {
+static inline int gmac_take_nonces(uint64_t *cell, uint64_t n, uint64_t *first) {
     uint64_t at = __atomic_load_n(cell, __ATOMIC_RELAXED);
     do {
         if (n == 0 || at > UINT64_MAX - n)
