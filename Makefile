@@ -85,21 +85,24 @@ test-python-engine: setup
 	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
 
 # The native engine built with AddressSanitizer and UBSan (any finding aborts), loaded in
-# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's
+# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's;
+# with libcrypto (sealing, rule 8) when the normal build has it
 SANITIZED := build/sanitize/_engine.so
 sanitize: setup
 	@if ! $(CC) -print-file-name=libasan.so | grep -q /; then \
 	  echo "sanitize: skipped ($(CC) has no AddressSanitizer runtime)"; exit 0; fi; \
 	mkdir -p $(dir $(SANITIZED)) && \
+	crypto="$$($(BIN)/python -c 'from dlcp.io.engine import native_seals; \
+	  print("-DDLCP_LIBCRYPTO -lcrypto" if native_seals() else "")')" && \
 	$(CC) -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
 	  -fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
 	  -Wno-cast-function-type \
 	  -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread && \
+	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
 	DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
 	  $(BIN)/pytest -q tests/unit/test_engine_send.py tests/unit/test_engine_pacer.py \
-	  tests/integration/test_engines.py tests/integration/test_endpoint.py \
+	  tests/unit/test_gmac.py tests/integration/test_engines.py tests/integration/test_endpoint.py \
 	  tests/integration/test_halving.py
 
 bench: $(DEMO_STAMP)

@@ -6,11 +6,12 @@ in :mod:`dlcp.proto.wire` is the data path and never goes through scapy
 the same golden vectors in ``tests/golden/wire_vectors.json``.
 
 * :class:`DLCPData`: the 32-byte data header with its bit fields split out,
-  then the payload (``data``) and, when the AUTH flag is set, the 16-byte tag.
+  then the payload (``data``) and, when the AUTH flag is set, the 8-byte
+  ``nonce`` (big-endian bytes) and the 16-byte ``tag``.
 * :class:`DLCPControl`: the 16-byte control header, then the body dissected by
   packet type (:class:`DLCPStop`, :class:`DLCPFinish`, :class:`DLCPNack`,
   :class:`DLCPRate`, :class:`DLCPAbort`; raw bytes for unknown types), then
-  the tag when the AUTH flag is set.
+  the nonce and tag when the AUTH flag is set.
 
 Both classes dispatch on the type nibble of the first byte, so either one
 dissects any DLCP datagram into the right layer, and binding them to a UDP
@@ -49,16 +50,18 @@ from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
 
 from dlcp.proto.wire import (
+    AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
     CONTROL_HEADER_LEN,
     DATA_HEADER_LEN,
     DEFAULT_PORT,
     VERSION,
     AbortReason,
+    Domain,
     DType,
     Flags,
     PacketType,
-    auth_tag,
+    gmac_tag,
 )
 
 __all__ = [
@@ -135,6 +138,7 @@ class DLCPData(_DLCPHeader):
         ByteField("bound", 0),
         ByteField("path", 0),
         StrLenField("data", b"", length_from=lambda pkt: pkt.payload_len),
+        ConditionalField(XStrFixedLenField("nonce", b"", AUTH_NONCE_LEN), _has_tag),
         ConditionalField(XStrFixedLenField("tag", b"", AUTH_TAG_LEN), _has_tag),
     ]
     dispatch_hook = _DLCPHeader.__dict__["dispatch_hook"]
@@ -249,6 +253,7 @@ class DLCPControl(_DLCPHeader):
             _control_body,
             length_from=lambda pkt: pkt.body_len,
         ),
+        ConditionalField(XStrFixedLenField("nonce", b"", AUTH_NONCE_LEN), _has_tag),
         ConditionalField(XStrFixedLenField("tag", b"", AUTH_TAG_LEN), _has_tag),
     ]
     dispatch_hook = _DLCPHeader.__dict__["dispatch_hook"]
@@ -281,11 +286,10 @@ def layer_for(data: bytes) -> Packet:
     return cls(data)
 
 
-def authenticate(pkt: Packet, key: bytes) -> Packet:
-    """A copy of a DLCPData/DLCPControl layer with AUTH set and its tag computed.
-
-    The tag is keyed BLAKE2b-128 over the header and payload (or body), as
-    :func:`dlcp.proto.wire.auth_tag` computes it.
+def authenticate(pkt: Packet, key: bytes, nonce: int) -> Packet:
+    """A copy of a DLCPData/DLCPControl layer with AUTH set, ``nonce`` in its
+    trailer and its tag computed: AES-GMAC over every byte before the tag (spec
+    §3), as :func:`dlcp.proto.wire.gmac_tag` computes it.
     """
     if not isinstance(pkt, DLCPData | DLCPControl):
         raise TypeError(
@@ -294,9 +298,11 @@ def authenticate(pkt: Packet, key: bytes) -> Packet:
     signed = pkt.copy()
     signed.remove_payload()
     signed.flags = int(signed.flags) | Flags.AUTH
+    signed.nonce = nonce.to_bytes(AUTH_NONCE_LEN, "big")
     signed.tag = bytes(AUTH_TAG_LEN)
     covered = bytes(signed)[:-AUTH_TAG_LEN]
-    signed.tag = auth_tag(key, covered)
+    domain = Domain.DATA if isinstance(pkt, DLCPData) else Domain.CONTROL
+    signed.tag = gmac_tag(key, covered, domain=domain, src=int(signed.src), nonce=nonce)
     return signed
 
 

@@ -40,6 +40,14 @@
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
  *     A round one thread is sending a batch of holds its step for the other
  *     (rule 1).
+ *  8. An authenticated round (post()'s key and nonces) is sealed a batch at a
+ *     time, in the thread that sends the batch, just before it goes: nonces for
+ *     the batch's records are reserved from the session's counter cell with one
+ *     atomic add (the cell Python's NonceCounter and every other thread draw
+ *     from, so no nonce is drawn twice), and each record gets its nonce and its
+ *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
+ *     sent again (a new round) gets new nonces. Built without libcrypto (SEALS
+ *     is 0), post() refuses a key.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -62,6 +70,9 @@
 #include <unistd.h>
 
 #include "_sendmmsg.h"
+#ifdef DLCP_LIBCRYPTO
+#include "../proto/gmac.h"
+#endif
 
 #define MIN_BURST (16.0 * 1024.0)
 #define EPS 1e-6
@@ -271,6 +282,11 @@ typedef struct Round {
     int busy, cancelled, started, status, err;
     double began_t, last_t;
     unsigned long long began_b, last_b;
+    int sealed; /* rule 8: each batch gets nonces and tags as it goes */
+#ifdef DLCP_LIBCRYPTO
+    Gmac gmac;         /* the key of the pair (sender, dst) */
+    Py_buffer nonces;  /* the session's data nonce counter: one uint64 */
+#endif
 } Round;
 
 typedef struct {
@@ -313,7 +329,34 @@ static void release_round(Round *r) {
     PyBuffer_Release(&r->breaks);
     PyBuffer_Release(&r->payload); /* (no-ops on a round that lent nothing) */
     PyBuffer_Release(&r->seqs);
+#ifdef DLCP_LIBCRYPTO
+    if (r->sealed) {
+        gmac_free(&r->gmac);
+        PyBuffer_Release(&r->nonces);
+    }
+#endif
     PyMem_RawFree(r);
+}
+
+/* Rule 8: the nonces and tags of records [start, stop) of r, without the lock:
+ * 0, or an errno (EOVERFLOW: the nonce counter is spent; EIO: libcrypto failed). */
+static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
+#ifdef DLCP_LIBCRYPTO
+    uint64_t first;
+    if (!r->sealed)
+        return 0;
+    if (gmac_take_nonces((uint64_t *)r->nonces.buf, (uint64_t)(stop - start), &first) < 0)
+        return EOVERFLOW;
+    uint8_t *base = (uint8_t *)r->records.buf;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        size_t len = (size_t)(i == r->short_index ? r->short_len : r->stride);
+        if (gmac_seal_data(&r->gmac, base + i * r->stride, len, first + (uint64_t)(i - start)) < 0)
+            return EIO;
+    }
+#else
+    (void)r, (void)start, (void)stop;
+#endif
+    return 0;
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -453,7 +496,7 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
     r->busy = 1;
     pthread_mutex_unlock(&e->lock);
-    int err = 0;
+    int err = seal_batch(r, start, stop);
     unsigned long long datagrams = 0, calls = 0;
     for (Py_ssize_t s = start; s < stop && !err;) {
         Py_ssize_t t = s + 1;
@@ -1002,8 +1045,8 @@ static PyObject *round_report(const Round *r) {
 }
 
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
-                      const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+                      const char *what, int writable) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
     if (view->len != itemsize * n) {
         PyErr_Format(PyExc_ValueError, "post: %s has %zd bytes, expected %zd", what, view->len,
@@ -1012,6 +1055,43 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ss
         return -1;
     }
     return 0;
+}
+
+/* Rule 8: r is sealed with `key` (bytes, 16, 24 or 32) and nonces from the counter
+ * cell `nonces` (one aligned, writable uint64); else ValueError. */
+static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
+#ifdef DLCP_LIBCRYPTO
+    char *k;
+    Py_ssize_t k_len;
+    if (!PyBytes_Check(key) || PyBytes_AsStringAndSize(key, &k, &k_len) < 0 ||
+        gmac_init(&r->gmac, (const uint8_t *)k, (size_t)k_len) < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "post: key must be bytes of 16, 24 or 32 (an AES key)");
+        return -1;
+    }
+    if (nonces == Py_None ||
+        PyObject_GetBuffer(nonces, &r->nonces, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        gmac_free(&r->gmac);
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError,
+                            "post: a key needs nonces, the writable uint64 nonce counter cell");
+        }
+        return -1;
+    }
+    if (r->nonces.len != 8 || ((uintptr_t)r->nonces.buf & 7) != 0) {
+        PyBuffer_Release(&r->nonces);
+        gmac_free(&r->gmac);
+        PyErr_SetString(PyExc_ValueError, "post: nonces must be one aligned uint64");
+        return -1;
+    }
+    r->sealed = 1;
+    return 0;
+#else
+    (void)r, (void)key, (void)nonces;
+    PyErr_SetString(PyExc_ValueError, "post: built without libcrypto");
+    return -1;
+#endif
 }
 
 /* The breaks of r: strictly increasing, within (0, count], ending at count, and
@@ -1085,17 +1165,39 @@ static int lend(Round *r, PyObject *payload, PyObject *seqs, Py_ssize_t chunk_by
 static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"dst",   "step",  "msg",  "order", "records", "stride",
                             "per_message", "count", "short", "short_len", "tos", "path",
-                            "prio", "breaks", "payload", "seqs", "chunk_bytes", NULL};
+                            "prio", "breaks", "key", "nonces", "payload", "seqs",
+                            "chunk_bytes", NULL};
     int dst;
     unsigned long step, msg;
     unsigned long long order;
-    PyObject *records, *tos, *path, *prio, *breaks, *payload = Py_None, *seqs = Py_None;
+    PyObject *records, *tos, *path, *prio, *breaks, *key = Py_None, *nonces = Py_None;
+    PyObject *payload = Py_None, *seqs = Py_None;
     Py_ssize_t stride, per_message, count, short_index, short_len, chunk_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO|OOn:post", names, &dst, &step,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO|OOOOn:post", names, &dst, &step,
                                      &msg, &order, &records, &stride, &per_message, &count,
-                                     &short_index, &short_len, &tos, &path, &prio, &breaks,
-                                     &payload, &seqs, &chunk_bytes))
+                                     &short_index, &short_len, &tos, &path, &prio, &breaks, &key,
+                                     &nonces, &payload, &seqs, &chunk_bytes))
         return NULL;
+    int sealed = key != Py_None;
+    if (sealed && payload != Py_None) { /* (a tag covers the payload and follows it) */
+        PyErr_SetString(PyExc_ValueError, "post: a lent payload cannot be sealed");
+        return NULL;
+    }
+#ifndef DLCP_LIBCRYPTO
+    if (sealed) {
+        PyErr_SetString(PyExc_ValueError,
+                        "post: key given, but this engine was built without libcrypto (SEALS "
+                        "is 0): it cannot tag");
+        return NULL;
+    }
+#endif
+    Py_ssize_t least = sealed ? 32 + 24 : 1; /* (a data header and a trailer) */
+    if (sealed && (stride < least || (short_index >= 0 && short_len < least))) {
+        PyErr_Format(PyExc_ValueError,
+                     "post: records of %zd bytes (short %zd) cannot hold a data header and an "
+                     "authentication trailer", stride, short_len);
+        return NULL;
+    }
     if (dst < 0 || dst >= e->n_peers || e->peers[dst] == NULL) {
         PyErr_Format(PyExc_ValueError, "post: rank %d has no peer entry (add_peer first)", dst);
         return NULL;
@@ -1123,13 +1225,16 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->short_len = short_len;
     if (payload != Py_None && lend(r, payload, seqs, chunk_bytes) < 0)
         goto fail;
-    if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records") < 0)
+    if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records", sealed) <
+        0)
         goto fail;
-    if (get_buffer(tos, &r->tos, 1, count, "tos") < 0)
+    if (sealed && seal_setup(r, key, nonces) < 0)
         goto fail;
-    if (get_buffer(path, &r->path, 1, count, "path") < 0)
+    if (get_buffer(tos, &r->tos, 1, count, "tos", 0) < 0)
         goto fail;
-    if (get_buffer(prio, &r->prio, 1, count, "prio") < 0)
+    if (get_buffer(path, &r->path, 1, count, "path", 0) < 0)
+        goto fail;
+    if (get_buffer(prio, &r->prio, 1, count, "prio", 0) < 0)
         goto fail;
     if (PyObject_GetBuffer(breaks, &r->breaks, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         goto fail;
@@ -1248,8 +1353,9 @@ static PyMethodDef Engine_methods[] = {
      "add_peer(rank, host, port, pacer): where rank's data goes, paced by pacer."},
     {"post", (PyCFunction)(void (*)(void))Engine_post, METH_VARARGS | METH_KEYWORDS,
      "post(dst=, step=, msg=, order=, records=, stride=, per_message=, count=, short=, "
-     "short_len=, tos=, path=, prio=, breaks=) -> report or None: a round to send; a round of "
-     "one batch the pacer lets go goes at once, and its report comes back (rule 7)."},
+     "short_len=, tos=, path=, prio=, breaks=, key=None, nonces=None) -> report or None: a "
+     "round to send; a round of one batch the pacer lets go goes at once, and its report "
+     "comes back (rule 7); with key, each batch is sealed as it goes (rule 8)."},
     {"cancel", (PyCFunction)Engine_cancel, METH_VARARGS,
      "cancel(dst, step, msg) -> bool: stop sending a round; its memory is free on return."},
     {"reap", (PyCFunction)Engine_reap, METH_NOARGS,
@@ -1293,5 +1399,10 @@ PyMODINIT_FUNC PyInit__engine(void) {
     }
     PyModule_AddIntConstant(m, "ROUND_SENT", ROUND_SENT);
     PyModule_AddIntConstant(m, "ROUND_FAILED", ROUND_FAILED);
+#ifdef DLCP_LIBCRYPTO
+    PyModule_AddIntConstant(m, "SEALS", 1);
+#else
+    PyModule_AddIntConstant(m, "SEALS", 0);
+#endif
     return m;
 }

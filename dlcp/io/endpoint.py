@@ -126,6 +126,7 @@ class Endpoint:
             peers=known,
             pacer_factory=self._pacer_for if self.engine == "native" else None,
             whole_rounds=self.engine == "native",
+            nonce_start=time.time_ns(),  # spec §3: above any nonce of an earlier run
         )
         self._data = DataSockets(
             cfg.host,

@@ -57,7 +57,14 @@ def _load() -> ModuleType | None:
 
 _native = _load()
 
-__all__ = ["ENGINES", "NativeSender", "RoundReport", "choose_engine", "native_available"]
+__all__ = [
+    "ENGINES",
+    "NativeSender",
+    "RoundReport",
+    "choose_engine",
+    "native_available",
+    "native_seals",
+]
 
 log = logging.getLogger("dlcp.io")
 
@@ -91,17 +98,22 @@ def native_available() -> bool:
     return _native is not None
 
 
+def native_seals() -> bool:
+    """Whether the native engine was built with libcrypto, so that it tags an
+    authenticating job's datagrams as it sends them (rule 8 of ``_engine.c``)."""
+    return _native is not None and bool(getattr(_native, "SEALS", 0))
+
+
 def choose_engine(setting: str, *, authenticate: bool = False) -> str:
     """``native`` or ``python`` for an ``engine`` setting (see the module docstring).
 
-    ``auto`` with ``authenticate`` is ``python``: the session tags a round's
-    datagrams before the native engine may send any of them (its records are
-    handed over whole), so tagging and sending take turns, where the Python
-    engine tags each batch as it goes while the receiver checks the previous
-    one (dlcp.bench.transport, authenticated: 0.22 GB/s native against 0.38)."""
+    An authenticating job runs the native engine only where it was built with
+    libcrypto: it tags each batch in its own thread just before sending it. A
+    build without libcrypto cannot tag: ``auto`` then runs the Python engine (and
+    says so in the log) and ``native`` is a :class:`ConfigError`."""
     if setting not in ENGINES:
         raise ConfigError(f"engine={setting!r} (DLCP_ENGINE): use 'auto', 'native' or 'python'")
-    if setting == "python" or (setting == "auto" and authenticate):
+    if setting == "python":
         return "python"
     if _native is None:
         if setting == "native":
@@ -110,6 +122,16 @@ def choose_engine(setting: str, *, authenticate: bool = False) -> str:
                 "(dlcp.io._engine: install with a C compiler)"
             )
         log.info("dlcp: the native engine was not built; the Python engine runs")
+        return "python"
+    if authenticate and not native_seals():
+        if setting == "native":
+            raise ConfigError(
+                "engine='native' (DLCP_ENGINE) with authentication, but the native engine "
+                "was built without OpenSSL's libcrypto and cannot tag: use engine='python' "
+                "or rebuild with libcrypto's headers (openssl/evp.h)"
+            )
+        log.info("dlcp: the native engine cannot tag (built without libcrypto); the Python "
+                 "engine runs")  # fmt: skip
         return "python"
     return "native"
 
@@ -161,8 +183,8 @@ class NativeSender:
             per_message=datagrams_per_gso_message(item.stride) if self._gso else 1,
             count=item.count, short=item.short,
             short_len=item.short_len, tos=item.tos, path=item.path, prio=item.prio,
-            breaks=item.breaks, payload=item.payload, seqs=item.seqs,
-            chunk_bytes=item.chunk_bytes,
+            breaks=item.breaks, key=item.key, nonces=item.nonces, payload=item.payload,
+            seqs=item.seqs, chunk_bytes=item.chunk_bytes,
         )  # fmt: skip
         return None if ended is None else _report(*ended)
 

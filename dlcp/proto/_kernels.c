@@ -537,7 +537,7 @@ done:
 
 /*
  * scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems,
- *             msg_elems, itemsize, received, received_class, stream)
+ *             msg_elems, itemsize, received, received_class, stream, trailer)
  *     the receive side's fast path, one pass per record: n datagrams lie back to
  *     back in buf, stride bytes apart (the last one ends at `total`), each a
  *     header of len(template) bytes and a payload. Record i is taken when
@@ -545,8 +545,10 @@ done:
  *         caller) in every bit `mask` sets: same message, same element type;
  *       - its per-packet fields fit the message geometry: seq < n_chunks,
  *         offset == seq * chunk_elems, payload_len == the chunk's elements *
- *         itemsize, datagram length == header + payload_len, and the LAST flag
- *         set exactly on the last chunk.
+ *         itemsize, datagram length == header + payload_len + trailer (the
+ *         authentication trailer's bytes, 0 or 24: the caller verified the tags
+ *         of the records it passes), and the LAST flag set exactly on the last
+ *         chunk.
  *     A taken record whose chunk has not arrived (received[seq] == 0) is copied to
  *     out + offset * itemsize and marked: received[seq] = 1, received_class[seq] =
  *     tclass >> 4. The first record that is not taken ends the run: the caller
@@ -574,10 +576,16 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
     const unsigned char *tmpl, *mask, *layout;
     Py_ssize_t tmpl_len, mask_len, layout_len;
     int stream;
-    if (!PyArg_ParseTuple(args, "Onnny#y#y#OnnnOOp:scatter_run", &buf_obj, &n, &stride, &total,
+    Py_ssize_t trailer = 0;
+    if (!PyArg_ParseTuple(args, "Onnny#y#y#OnnnOOp|n:scatter_run", &buf_obj, &n, &stride, &total,
                           &tmpl, &tmpl_len, &mask, &mask_len, &layout, &layout_len, &out_obj,
-                          &chunk_elems, &msg_elems, &itemsize, &recv_obj, &cls_obj, &stream))
+                          &chunk_elems, &msg_elems, &itemsize, &recv_obj, &cls_obj, &stream,
+                          &trailer))
         return NULL;
+    if (trailer < 0 || trailer > 64) {
+        PyErr_Format(PyExc_ValueError, "trailer of %zd bytes: 0..64", trailer);
+        return NULL;
+    }
     Py_ssize_t hl = tmpl_len;
     if (hl <= 0 || hl > MAX_HEADER || hl % 8 || mask_len != hl) {
         PyErr_Format(PyExc_ValueError,
@@ -661,7 +669,7 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
             uint32_t payload = be16(r + f_len);
             unsigned flags = r[f_flags];
             if ((long long)be32(r + f_off) != start || (long long)payload != elems * itemsize ||
-                len != hl + (Py_ssize_t)payload ||
+                len != hl + (Py_ssize_t)payload + trailer ||
                 ((flags & last_bit) != 0) != ((Py_ssize_t)seq == n_chunks - 1))
                 break;
             payload_bytes += payload;
@@ -694,8 +702,8 @@ done:
 static PyMethodDef methods[] = {
     {"scatter_run", scatter_run, METH_VARARGS,
      "scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems, msg_elems, "
-     "itemsize, received, received_class, stream): check and scatter a run of one message's "
-     "datagrams in one pass (see the module source)."},
+     "itemsize, received, received_class, stream, trailer=0): check and scatter a run of one "
+     "message's datagrams in one pass (see the module source)."},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(dst, dst_stride, head_bytes, dst_rows, src, src_stride, src_rows, n, "
      "nbytes, template, fields, stream): build records, header and payload in one pass "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .classify import available_classifiers
-from .wire import AUTH_TAG_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
+from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
 
 __all__ = ["IPV4_UDP_OVERHEAD", "FillPolicy", "ProtocolConfig"]
 
@@ -170,7 +170,7 @@ class ProtocolConfig:
 
     @property
     def max_payload_bytes(self) -> int:
-        tag = AUTH_TAG_LEN if self.authenticate else 0
+        tag = AUTH_TRAILER_LEN if self.authenticate else 0
         raw = self.mtu - IPV4_UDP_OVERHEAD - DATA_HEADER_LEN - tag
         return raw - raw % 4
 

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from .auth import NonceCounter, check_auth_key
 from .config import ProtocolConfig
 from .events import ControlDatagram, Event, SessionStats
 from .wire import ControlMessage, encode_control
@@ -25,12 +26,6 @@ ALL_ELEMS = 0xFFFFFFFF  # NACK.needed_elems meaning "everything"
 PairKeyLookup = Callable[[int, int], bytes]
 
 
-def _check_key(key: bytes) -> bytes:
-    if not 16 <= len(key) <= 64:
-        raise ValueError(f"authentication key must be 16..64 bytes, got {len(key)}")
-    return bytes(key)
-
-
 class PairKeys:
     """One rank's authentication keys (spec §3): what it sends ``dst`` is tagged
     with the key of the pair (this rank, ``dst``), :meth:`to`; what claims to
@@ -41,29 +36,42 @@ class PairKeys:
     job's secret, :mod:`dlcp.keyring`); keys looked up are kept per peer. With
     ``peers`` known, a rank outside them has no key: what claims to come from
     it verifies with none (:meth:`of` gives None), at no cost (a flood of
-    made-up source ranks derives nothing and keeps nothing)."""
+    made-up source ranks derives nothing and keeps nothing).
 
-    __slots__ = ("_lookup", "_of", "_peers", "_to", "rank")
+    The rank's nonces (spec §3) come from two counters, one per domain, that
+    every destination and every sending thread shares: :attr:`data_nonces`,
+    :attr:`control_nonces`."""
+
+    __slots__ = ("_lookup", "_of", "_peers", "_to", "control_nonces", "data_nonces", "rank")
 
     def __init__(
-        self, rank: int, key: bytes | PairKeyLookup, peers: Collection[int] | None = None
+        self,
+        rank: int,
+        key: bytes | PairKeyLookup,
+        peers: Collection[int] | None = None,
+        *,
+        nonce_start: int = 0,
     ) -> None:
         self.rank = rank
         if isinstance(key, bytes | bytearray):
-            one = _check_key(key)
+            one = check_auth_key(key)
             self._lookup: PairKeyLookup = lambda src, dst: one
         else:
             self._lookup = key
         self._peers = frozenset(peers) if peers is not None else None
         self._to: dict[int, bytes] = {}
         self._of: dict[int, bytes] = {}
+        #: nonces of the data datagrams this rank tags (for every destination)
+        self.data_nonces = NonceCounter(nonce_start)
+        #: nonces of the control datagrams this rank tags
+        self.control_nonces = NonceCounter(nonce_start)
 
     def to(self, dst: int) -> bytes:
         """The key this rank tags what it sends to ``dst`` with (a session sends
         only to its peers)."""
         key = self._to.get(dst)
         if key is None:
-            key = self._to[dst] = _check_key(self._lookup(self.rank, dst))
+            key = self._to[dst] = check_auth_key(self._lookup(self.rank, dst))
         return key
 
     def of(self, src: int) -> bytes | None:
@@ -73,7 +81,7 @@ class PairKeys:
         if key is None:
             if self._peers is not None and src not in self._peers:
                 return None
-            key = self._of[src] = _check_key(self._lookup(src, self.rank))
+            key = self._of[src] = check_auth_key(self._lookup(src, self.rank))
         return key
 
 
@@ -92,8 +100,13 @@ class SessionContext:
 
     def queue(self, dst: int, ctrl: ControlMessage) -> None:
         """Encode ``ctrl`` for the reliable control channel to ``dst``."""
-        key = self.keys.to(dst) if self.keys is not None else None
-        self.control.append(ControlDatagram(dst, encode_control(ctrl, job=self.job, key=key)))
+        if self.keys is None:
+            raw = encode_control(ctrl, job=self.job)
+        else:
+            raw = encode_control(
+                ctrl, job=self.job, key=self.keys.to(dst), nonce=self.keys.control_nonces.take(1)
+            )
+        self.control.append(ControlDatagram(dst, raw))
 
 
 class SessionSide:

@@ -2,33 +2,34 @@
 
 A control datagram is a 16-byte header (version/type, flags, job, step, msg,
 src, body length, reserved) and a type-specific body, optionally followed by the
-16-byte keyed BLAKE2b tag. :func:`decode_control` raises :class:`WireError`
-with an exact message for anything malformed; :mod:`dlcp.proto.wire` re-exports
-every name here.
+authentication trailer (8-byte nonce, 16-byte AES-GMAC tag, spec §3).
+:func:`decode_control` raises :class:`WireError` with an exact message for
+anything malformed; :mod:`dlcp.proto.wire` re-exports every name here.
 """
 
 from __future__ import annotations
 
 import enum
-import hmac
 import struct
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 from .wire import (
-    AUTH_TAG_LEN,
+    AUTH_TRAILER_LEN,
     CONTROL_HEADER_LEN,
     MAX_NACK_RANGES,
     VERSION,
+    Domain,
     Flags,
     PacketType,
     Reason,
     VerifyKey,
     WireError,
     _check_range,
-    auth_tag,
     key_of_source,
     peek_type,
+    seal_datagram,
+    tag_matches,
 )
 
 __all__ = [
@@ -172,8 +173,12 @@ def _body(msg: ControlMessage) -> bytes:
     return _ABORT_BODY.pack(int(msg.reason), _ABORT_BY_RECEIVER if msg.by_receiver else 0)
 
 
-def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -> bytes:
-    """One control datagram; with ``key`` the AUTH flag is set and the tag appended."""
+def encode_control(
+    msg: ControlMessage, *, job: int, key: bytes | None = None, nonce: int | None = None
+) -> bytes:
+    """One control datagram; with ``key`` the AUTH flag is set and the trailer
+    (``nonce``, from the sender's :class:`~dlcp.proto.auth.NonceCounter` of
+    :attr:`~dlcp.proto.auth.Domain.CONTROL`, and the tag) appended."""
     step, msg_id, src = msg.step, msg.msg, msg.src
     if not (
         0 <= job <= 0xFFFF
@@ -190,8 +195,9 @@ def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -
     head = _CONTROL_STRUCT.pack(
         _FIRST_BYTE_OF[type(msg)], flags, job, step, msg_id, src, len(body), 0
     )
-    out = head + body
-    return out + auth_tag(key, out) if key is not None else out
+    if key is None:
+        return head + body
+    return seal_datagram(head + body, key, domain=Domain.CONTROL, src=src, nonce=nonce)
 
 
 _BODY_LEN: Final = {
@@ -235,7 +241,7 @@ def decode_control(
             Reason.BAD_FIELD,
             f"reserved bits set in control header: flags={flags:#04x}, reserved={reserved:#06x}",
         )
-    tag = AUTH_TAG_LEN if flags & _AUTH else 0
+    tag = AUTH_TRAILER_LEN if flags & _AUTH else 0
     if len(data) != CONTROL_HEADER_LEN + body_len + tag:
         raise WireError(
             Reason.LENGTH_MISMATCH,
@@ -249,7 +255,7 @@ def decode_control(
             )
         if key is not None and (
             (k := key_of_source(key, src)) is None
-            or not hmac.compare_digest(auth_tag(k, data[:-tag]), data[-tag:])
+            or not tag_matches(data, k, domain=Domain.CONTROL, src=src)
         ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
     body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]

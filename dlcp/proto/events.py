@@ -71,7 +71,13 @@ class RoundPost:
     ``i`` is record ``i`` followed by chunk ``seqs[i]`` of ``payload``
     (``chunk_bytes`` from ``seqs[i] * chunk_bytes``; the short record's
     ``short_len - DATA_HEADER_LEN``); ``stride`` is still the datagrams'
-    size on the wire."""
+    size on the wire.
+
+    With ``key`` (an authenticating session) the records carry the AUTH flag and
+    room for their trailers but no nonces or tags yet: the driver seals each batch
+    as it sends it (spec §3), with nonces from the counter cell ``nonces`` (the
+    session's :attr:`~dlcp.proto.auth.NonceCounter.cell`, shared by every thread
+    that tags its data). A lent round is never sealed."""
 
     dst: int
     step: int
@@ -88,13 +94,18 @@ class RoundPost:
     path: npt.NDArray[np.uint8]
     prio: npt.NDArray[np.uint8]
     breaks: npt.NDArray[np.int64]
+    #: the key of the pair (sender, dst) to seal with, None when not authenticating
+    key: bytes | None = None
+    #: the nonce counter cell to draw nonces from (with ``key``)
+    nonces: npt.NDArray[np.uint64] | None = None
     payload: npt.NDArray[np.uint8] | None = None
     seqs: npt.NDArray[np.int64] | None = None
     chunk_bytes: int = 0
 
     def datagram(self, i: int) -> bytes:
-        """Datagram ``i`` of the round as it goes on the wire: what a driver
-        sends (the reference for the native engine's gathered sends)."""
+        """Datagram ``i`` of the round as it goes on the wire (before sealing,
+        with ``key``): what a driver sends (the reference for the native
+        engine's gathered sends)."""
         size = self.short_len if i == self.short else self.stride
         if self.payload is None:
             return bytes(self.records[i, :size])

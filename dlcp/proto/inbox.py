@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .auth import AUTH_TRAILER_LEN, verified_prefix
 from .batch import PER_PACKET_FLAGS, open_head, run_head
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
@@ -36,6 +37,7 @@ from .wire import (
     AbortReason,
     DType,
     Finish,
+    Flags,
     RateFeedback,
     Reason,
     Stop,
@@ -61,6 +63,8 @@ _ABORT_OF = {CANCELLED: AbortReason.CANCELLED, REFUSED: AbortReason.UNCLAIMED_LI
 #: state, a few hundred bytes of Python objects; counted against
 #: ``max_unexpected_bytes`` with the buffer)
 OPEN_MESSAGE_BYTES = 1024
+
+_AUTH_FLAG = int(Flags.AUTH)
 
 
 @dataclass(slots=True)
@@ -161,9 +165,9 @@ class Inbox(SessionSide):
     def receive(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
         or a run of them), the last one possibly shorter."""
-        if not self.config.authenticate and segment_size >= DATA_HEADER_LEN:
+        if segment_size >= DATA_HEADER_LEN:
             taken = self._receive_run(buf, segment_size, now=now)
-            if not taken and self._opens_message(buf):
+            if not taken and not self.config.authenticate and self._opens_message(buf):
                 # the first datagram of a message starts it the general way (which
                 # checks it and learns the geometry); the rest can then take the
                 # fast path, however long the run that arrived in one read
@@ -277,19 +281,32 @@ class Inbox(SessionSide):
         """The fast path: the leading datagrams of ``buf`` that belong to a message
         already under way and fit it, checked and written in one pass (the C
         kernel's ``scatter_run``). Returns how many it took; the rest, and anything
-        unusual (a new message, a bad or foreign datagram, authentication), takes
-        the general path, which gives every record its exact reason."""
+        unusual (a new message, a bad or foreign datagram, a tag that does not
+        verify), takes the general path, which gives every record its exact reason.
+        Authenticating, only the leading datagrams whose tags verify (one batch
+        call) are offered."""
         head = run_head(buf, self.job)
-        if head is None or head.flags & ~PER_PACKET_FLAGS:
+        if head is None or head.flags & ~(PER_PACKET_FLAGS | _AUTH_FLAG):
             return 0
         key = head.key
         src = key[0]
         state = self._incoming.get(key)
         if state is None or (self.peers is not None and src not in self.peers):
             return 0
+        trailer = 0
+        if self.keys is not None or head.flags & _AUTH_FLAG:
+            tag_key = self.keys.of(src) if self.keys is not None else None
+            if tag_key is None or not head.flags & _AUTH_FLAG:
+                return 0
+            verified = verified_prefix(buf, segment_size, tag_key)
+            if not verified:
+                return 0
+            buf = buf[: verified * segment_size]
+            trailer = AUTH_TRAILER_LEN
         taken, fresh, payload_bytes = state.reassembler.scatter_run(
-            buf, segment_size, dtype_byte=head.dtype_byte, msg_elems=head.msg_elems, now=now
-        )
+            buf, segment_size, dtype_byte=head.dtype_byte, msg_elems=head.msg_elems, now=now,
+            trailer=trailer,
+        )  # fmt: skip
         if not taken:
             return 0
         self.stats.datagrams_in += taken

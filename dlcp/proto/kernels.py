@@ -209,12 +209,15 @@ def scatter_run(
     received_class: UInt8Array,
     *,
     stream: bool,
+    trailer: int = 0,
 ) -> tuple[int, int, int, int, int, int]:
     """The receive fast path over the datagrams of ``buf`` (``segment_size`` apart,
     the last possibly shorter): check each against the message and copy the new
     ones into ``out``, in one pass, up to the first record that does not fit (see
-    ``scatter_run`` in ``_kernels.c``). Returns ``(taken, fresh, fresh_elems,
-    fresh_droppable, fresh_retransmitted, payload_bytes)``.
+    ``scatter_run`` in ``_kernels.c``). ``trailer``: bytes each datagram carries
+    after its payload (the authentication trailer, whose tags the caller
+    verified). Returns ``(taken, fresh, fresh_elems, fresh_droppable,
+    fresh_retransmitted, payload_bytes)``.
 
     Without the C accelerator nothing is taken (``taken == 0``): the general path
     (:func:`dlcp.proto.batch.parse_batch` and ``Reassembler.scatter``) then does
@@ -239,6 +242,7 @@ def scatter_run(
         received,
         received_class,
         stream,
+        trailer,
     )
     return result
 

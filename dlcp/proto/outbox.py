@@ -500,8 +500,10 @@ class Outbox(SessionSide):
         if peer.paths.n_paths > 1:
             o.path_of_seq[seqs] = per_record
         if peer.paths.n_paths > 1 or self.keys is not None:  # one path: every stamp is 0
-            tag_key = self.keys.to(dst) if self.keys is not None else None
-            seal(run, start, stop, path=per_record, key=tag_key)
+            keys = self.keys
+            tag_key = keys.to(dst) if keys is not None else None
+            nonces = keys.data_nonces if keys is not None else None
+            seal(run, start, stop, path=per_record, key=tag_key, nonces=nonces)
         stride = run.stride
         if len(set(paths)) == 1:  # one path (the usual case with one): one batch for all
             out.append(DataBatch(dst, paths[0], tos, stride, stop - start, run.view(start, stop)))
@@ -537,8 +539,8 @@ class Outbox(SessionSide):
             paths = np.asarray([peer.next_path() for _ in range(0, n, spray)], np.uint8)
             path = np.repeat(paths, spray)[:n]
             o.path_of_seq[run.seq] = path
-        if peer.paths.n_paths > 1 or self.keys is not None:
-            seal(run, 0, n, path=path, key=self.keys.to(dst) if self.keys is not None else None)
+        if peer.paths.n_paths > 1:  # (the driver seals each batch as it sends it)
+            seal(run, 0, n, path=path, key=None)
         nbytes = run.batch_nbytes(0, n)
         self.stats.packets_out += n
         self.stats.bytes_out += nbytes
@@ -548,6 +550,8 @@ class Outbox(SessionSide):
         return RoundPost(
             dst, key[1], key[2], rec.round, o.order, run.records, run.stride, n, short,
             int(run.lengths[short]) if short >= 0 else 0, tos, path, run.prio, run.breaks,
+            self.keys.to(dst) if self.keys is not None else None,
+            self.keys.data_nonces.cell if self.keys is not None else None,
             run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize,
         )  # fmt: skip
 

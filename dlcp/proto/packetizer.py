@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .auth import NonceCounter, seal_records
 from .classify import Classifier, chunk_layers
 from .kernels import block_abs_mean, gather_records, streams
 from .wire import (
-    AUTH_TAG_LEN,
+    AUTH_TRAILER_LEN,
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     NATIVE_HEADER_DTYPE,
@@ -36,7 +37,6 @@ from .wire import (
     Flags,
     PacketType,
     allowed_loss,
-    auth_tag,
 )
 
 __all__ = [
@@ -365,7 +365,7 @@ def build_records(
     """
     itemsize = table.dtype.itemsize
     chunk_bytes = table.chunk_elems * itemsize
-    tag = AUTH_TAG_LEN if authenticate else 0
+    tag = AUTH_TRAILER_LEN if authenticate else 0
     stride = DATA_HEADER_LEN + chunk_bytes + tag
     if payload is not None and authenticate:
         raise ValueError("a run of headers only is not authenticated (a tag covers the payload)")
@@ -492,7 +492,7 @@ def _gather(
 
 def record_stride(table: ChunkTable, *, authenticate: bool) -> int:
     """Bytes from one record to the next for this message."""
-    tag = AUTH_TAG_LEN if authenticate else 0
+    tag = AUTH_TRAILER_LEN if authenticate else 0
     return DATA_HEADER_LEN + table.chunk_elems * table.dtype.itemsize + tag
 
 
@@ -523,14 +523,20 @@ class BufferPool:
 
 
 def seal(
-    run: RecordRun, start: int, stop: int, *, path: int | UInt8Array, key: bytes | None
+    run: RecordRun,
+    start: int,
+    stop: int,
+    *,
+    path: int | UInt8Array,
+    key: bytes | None,
+    nonces: NonceCounter | None = None,
 ) -> None:
     """Stamp the path id (one for all, or one per record) on records ``[start, stop)``
-    and, with ``key``, their tags."""
+    and, with ``key``, their nonces (fresh ones from ``nonces``, drawn now: a
+    record sent again is sealed again) and tags, in one batch call."""
     run.headers[start:stop]["path"] = path
     if key is None:
         return
-    for i in range(start, stop):  # BLAKE2b is per datagram; its cost is benchmarked
-        end = int(run.lengths[i]) - AUTH_TAG_LEN
-        row = run.records[i]
-        row[end : end + AUTH_TAG_LEN] = np.frombuffer(auth_tag(key, row[:end].data), np.uint8)
+    if nonces is None:
+        raise ValueError("seal: a key needs the sender's nonce counter (nonces=)")
+    seal_records(run.records, run.lengths, start, stop, key, nonces)

@@ -283,16 +283,25 @@ class Reassembler:
         return n_fresh
 
     def scatter_run(
-        self, buf: UInt8Array, segment_size: int, *, dtype_byte: int, msg_elems: int, now: float
+        self,
+        buf: UInt8Array,
+        segment_size: int,
+        *,
+        dtype_byte: int,
+        msg_elems: int,
+        now: float,
+        trailer: int = 0,
     ) -> tuple[int, int, int]:
         """The fast path for a run of this message's datagrams straight off the
         wire (``segment_size`` apart): checks and writes them in one pass, up to the
         first one that is not a well-formed packet of this message with the same
         message-wide header bytes as the first. ``dtype_byte`` and ``msg_elems``
         are the first datagram's; the caller checked its version, type, job and
-        flags. Returns ``(taken, fresh, payload_bytes)``: the leading datagrams
-        handled (the caller passes the rest to :meth:`scatter` by way of
-        ``parse_batch``), how many were new, and the payload bytes of the taken ones.
+        flags. ``trailer``: the authentication trailer's bytes after each payload
+        (the caller verified the tags). Returns ``(taken, fresh, payload_bytes)``:
+        the leading datagrams handled (the caller passes the rest to :meth:`scatter`
+        by way of ``parse_batch``), how many were new, and the payload bytes of the
+        taken ones.
         Takes nothing without the C accelerator.
         """
         if dtype_byte != self._dtype_byte or msg_elems != self.msg_elems:
@@ -310,6 +319,7 @@ class Reassembler:
             self.received,
             self.received_class,
             stream=self._stream,
+            trailer=trailer,
         )
         if taken:
             self.last_activity = now

@@ -92,11 +92,14 @@ class Session:
         peers: Collection[int] | None = None,
         pacer_factory: Callable[[int], Pacer] | None = None,
         whole_rounds: bool = False,
+        nonce_start: int = 0,
     ) -> None:
         """``pacer_factory(dst)`` makes the pacer of each destination (default: the
         one ``config`` names); ``whole_rounds`` hands each transmission round out
         whole for the driver to pace and send (:class:`RoundPost`, reported back
-        with :meth:`round_sent`; see :mod:`dlcp.proto.outbox`)."""
+        with :meth:`round_sent`; see :mod:`dlcp.proto.outbox`); ``nonce_start``:
+        the first nonce this rank tags with (spec §3; the I/O driver passes the
+        wall clock in nanoseconds)."""
         config = config or ProtocolConfig()
         if not 0 <= rank <= 0xFFFF:
             raise ValueError(f"rank={rank} outside 0..65535")
@@ -117,7 +120,9 @@ class Session:
         self.key = key
         self.peers = frozenset(peers) if peers is not None else None
         #: the keys this rank tags with and verifies with (spec §3)
-        self.keys = PairKeys(rank, key, self.peers) if key is not None else None
+        self.keys = (
+            PairKeys(rank, key, self.peers, nonce_start=nonce_start) if key is not None else None
+        )
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)

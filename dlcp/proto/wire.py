@@ -19,8 +19,9 @@ Rules that hold everywhere:
 * all integers are big-endian (network order);
 * the data header is exactly :data:`DATA_HEADER_LEN` (32) bytes, the control
   header :data:`CONTROL_HEADER_LEN` (16) bytes;
-* an authenticated datagram carries the AUTH flag and ends with a
-  :data:`AUTH_TAG_LEN` (16) byte keyed BLAKE2b tag over everything before it;
+* an authenticated datagram carries the AUTH flag and ends with an 8-byte nonce
+  and a :data:`AUTH_TAG_LEN` (16) byte AES-GMAC tag over everything before the
+  tag (:mod:`dlcp.proto.auth`);
 * reserved bits are sent as zero and rejected when set, so that later versions
   can give them a meaning without old receivers misreading them.
 """
@@ -28,7 +29,7 @@ Rules that hold everywhere:
 from __future__ import annotations
 
 import enum
-import hashlib
+import hmac
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -37,8 +38,20 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from .auth import (
+    AUTH_NONCE_LEN,
+    AUTH_TAG_LEN,
+    AUTH_TRAILER_LEN,
+    Domain,
+    NonceCounter,
+    check_auth_key,
+    gmac_tag,
+)
+
 __all__ = [
+    "AUTH_NONCE_LEN",
     "AUTH_TAG_LEN",
+    "AUTH_TRAILER_LEN",
     "CONTROL_HEADER_LEN",
     "DATA_HEADER_LEN",
     "DEFAULT_PORT",
@@ -52,9 +65,11 @@ __all__ = [
     "ControlMessage",
     "DType",
     "DataHeader",
+    "Domain",
     "Finish",
     "Flags",
     "Nack",
+    "NonceCounter",
     "PacketType",
     "ParsedBatch",
     "RateFeedback",
@@ -64,17 +79,20 @@ __all__ = [
     "VerifyKey",
     "WireError",
     "allowed_loss",
-    "auth_tag",
     "bound_from_wire",
     "bound_to_wire",
+    "check_auth_key",
     "check_message_key",
     "decode_control",
     "decode_data",
     "encode_control",
     "encode_data",
+    "gmac_tag",
     "key_of_source",
     "parse_batch",
     "peek_type",
+    "seal_datagram",
+    "tag_matches",
 ]
 
 VERSION: Final = 1
@@ -82,10 +100,9 @@ VERSION: Final = 1
 DEFAULT_PORT: Final = 9400
 DATA_HEADER_LEN: Final = 32
 CONTROL_HEADER_LEN: Final = 16
-AUTH_TAG_LEN: Final = 16
 #: largest loss bound a data header can carry (the field counts thousandths)
 MAX_LOSS_BOUND: Final = 0.255
-#: NACK ranges per control datagram: a chosen cap (1400 bytes with an auth tag,
+#: NACK ranges per control datagram: a chosen cap (1408 bytes with a nonce and tag,
 #: below any MTU-1500 path)
 MAX_NACK_RANGES: Final = 170
 
@@ -235,14 +252,6 @@ def key_of_source(key: VerifyKey, src: int) -> bytes | None:
     return key if isinstance(key, bytes) else key(src)
 
 
-def auth_tag(key: bytes, data: bytes | memoryview) -> bytes:
-    """Keyed BLAKE2b-128 over ``data`` (header and payload); ``key`` 16-64 bytes
-    (spec §3: an empty key would make a tag anyone can compute)."""
-    if not 16 <= len(key) <= 64:
-        raise ValueError(f"authentication key must be 16..64 bytes, got {len(key)}")
-    return hashlib.blake2b(data, key=key, digest_size=AUTH_TAG_LEN).digest()
-
-
 @dataclass(frozen=True, slots=True)
 class DataHeader:
     """One data header as an object; the data path uses :data:`HEADER_DTYPE` instead."""
@@ -325,15 +334,47 @@ def pack_tclass(prio: int, drop: bool, mag: int) -> int:
     return (prio << 5) | (int(drop) << 4) | mag
 
 
-def encode_data(header: DataHeader, payload: bytes | memoryview, key: bytes | None = None) -> bytes:
-    """One data datagram; with ``key`` the AUTH flag is set and the tag appended."""
+def encode_data(
+    header: DataHeader,
+    payload: bytes | memoryview,
+    key: bytes | None = None,
+    *,
+    nonce: int | None = None,
+) -> bytes:
+    """One data datagram; with ``key`` the AUTH flag is set and the trailer (the
+    8-byte ``nonce`` and the AES-GMAC tag, spec §3) appended. A nonce must never
+    tag two datagrams under one key: draw it from the sender's
+    :class:`NonceCounter` of :attr:`Domain.DATA`."""
     if len(payload) != header.payload_len:
         raise ValueError(
             f"payload is {len(payload)} bytes but header says payload_len={header.payload_len}"
         )
     flags = header.flags | Flags.AUTH if key is not None else header.flags & ~Flags.AUTH
     body = _replace_flags(header, flags).pack() + bytes(payload)
-    return body + auth_tag(key, body) if key is not None else body
+    if key is None:
+        return body
+    return seal_datagram(body, key, domain=Domain.DATA, src=header.src, nonce=nonce)
+
+
+def seal_datagram(body: bytes, key: bytes, *, domain: Domain, src: int, nonce: int | None) -> bytes:
+    """``body`` (a datagram up to its payload or control body, AUTH set) with its
+    trailer: ``nonce`` (8 bytes, big-endian) and the tag over both."""
+    if nonce is None or not 0 <= nonce < 1 << 64:
+        raise ValueError(
+            f"an authenticated datagram needs a 64-bit nonce (from the sender's "
+            f"NonceCounter), got {nonce!r}"
+        )
+    covered = body + nonce.to_bytes(AUTH_NONCE_LEN, "big")
+    return covered + gmac_tag(key, covered, domain=domain, src=src, nonce=nonce)
+
+
+def tag_matches(data: bytes, key: bytes, *, domain: Domain, src: int) -> bool:
+    """Whether ``data`` (a whole datagram with its trailer) carries the right tag
+    under ``key``, compared in constant time."""
+    end = len(data) - AUTH_TAG_LEN
+    nonce = int.from_bytes(data[end - AUTH_NONCE_LEN : end], "big")
+    want = gmac_tag(key, data[:end], domain=domain, src=src, nonce=nonce)
+    return hmac.compare_digest(want, data[end:])
 
 
 def _replace_flags(header: DataHeader, flags: Flags) -> DataHeader:

@@ -183,9 +183,9 @@ def _forgeries(n: int, chunk_bytes: int) -> list[tuple[str, bytes]]:
         h = _header(seq=seq, offset=seq * elems, msg_elems=n, payload_len=chunk_bytes,
                     dtype=DType.FLOAT32)
         payload = b"\xff" * chunk_bytes
-        out.append(("auth_failed", encode_data(h, payload, key=WRONG_KEY)))
+        out.append(("auth_failed", encode_data(h, payload, key=WRONG_KEY, nonce=seq)))
         out.append(("auth_required", encode_data(h, payload)))
-        tampered = bytearray(encode_data(h, bytes(chunk_bytes), key=KEY))
+        tampered = bytearray(encode_data(h, bytes(chunk_bytes), key=KEY, nonce=seq))
         tampered[DATA_HEADER_LEN + 5] ^= 0x01  # one payload bit after tagging
         out.append(("auth_failed", bytes(tampered)))
     return out
@@ -216,7 +216,7 @@ def test_authenticated_transfer_rejects_forgeries(tmp_path: Path) -> None:
         ctrl = socket.create_connection((host, int(control_port)), timeout=5)
         try:
             abort = encode_control(Abort(0, 1, 0, reason=AbortReason.CANCELLED), job=JOB,
-                                   key=WRONG_KEY)
+                                   key=WRONG_KEY, nonce=1)
             ctrl.sendall(HELLO.pack(b"DLCP", JOB, 0) + struct.pack(">I", len(abort)) + abort)
             a.say("go"), b.say("go")
             tx, rx = a.results(30), b.results(30)

@@ -22,14 +22,13 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from dlcp.io.control import HELLO, HELLO_NONCE_LEN, _proof_input
+from dlcp.io.control import HELLO, HELLO_NONCE_LEN, _proof_input, hello_proof
 from dlcp.keyring import KeyRing
 from dlcp.proto.wire import (
     Abort,
     AbortReason,
     DataHeader,
     Flags,
-    auth_tag,
     encode_control,
     encode_data,
 )
@@ -44,7 +43,7 @@ def _candidates(values: list[bytes], job: int, nonce: bytes | None) -> list[byte
             raw.append(bytes.fromhex(v.decode()))
     keys: list[bytes] = []
     for r in raw:
-        if 16 <= len(r) <= 64:
+        if len(r) in (16, 24, 32):
             keys.append(r)  # as the key itself (what the store used to carry)
         if 16 <= len(r) <= 1024 and nonce is not None:
             keys.append(KeyRing(r, job=job, run_nonce=nonce)(0, 1))  # as the secret
@@ -68,13 +67,16 @@ def main(host: str, port: int) -> None:
     data_sent = hellos = hellos_refused = 0
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         for key in keys:
-            udp.sendto(encode_data(header, b"\xee" * 400, key=key), (host1, data_port))
+            forged = encode_data(header, b"\xee" * 400, key=key, nonce=data_sent)
+            udp.sendto(forged, (host1, data_port))
             data_sent += 1
     for key in keys:
         hello = HELLO.pack(b"DLCP", job, 0)
         proof_nonce = os.urandom(HELLO_NONCE_LEN)
-        proof = auth_tag(key, _proof_input(hello, 1, proof_nonce))
-        abort = encode_control(Abort(0, 1, 0, reason=AbortReason.CANCELLED), job=job, key=key)
+        proof = hello_proof(key, _proof_input(hello, 1, proof_nonce))
+        abort = encode_control(
+            Abort(0, 1, 0, reason=AbortReason.CANCELLED), job=job, key=key, nonce=hellos
+        )
         with socket.create_connection((host1, control_port), timeout=10) as s:
             s.sendall(hello + proof_nonce + proof + struct.pack(">I", len(abort)) + abort)
             hellos += 1

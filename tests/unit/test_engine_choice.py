@@ -1,7 +1,8 @@
 """Which engine an endpoint sends with: ``DLCP_ENGINE`` / ``EndpointConfig.engine``,
 ``auto`` meaning native where it was built. A build without a C compiler (no
 ``dlcp.io._engine``) runs the Python engine on ``auto`` and says so, and refuses
-``native`` by name."""
+``native`` by name; so does an engine built without libcrypto for an
+authenticating job (it cannot tag)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,38 @@ from dlcp.io import engine
 from dlcp.io.config import EndpointConfig
 
 
+class _Build:
+    def __init__(self, seals: int) -> None:
+        self.SEALS = seals
+
+
 def test_auto_is_native_where_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_native", object())
+    monkeypatch.setattr(engine, "_native", _Build(seals=1))
     assert engine.choose_engine("auto") == "native"
     assert engine.choose_engine("python") == "python"
-    # authenticated, auto takes the engine that tags batch by batch
-    assert engine.choose_engine("auto", authenticate=True) == "python"
+    # built with libcrypto, the native engine tags as it sends: auto keeps it
+    assert engine.choose_engine("auto", authenticate=True) == "native"
     assert engine.choose_engine("native", authenticate=True) == "native"
+    assert engine.choose_engine("python", authenticate=True) == "python"
+
+
+def test_a_build_without_libcrypto_leaves_authentication_to_python(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(engine, "_native", _Build(seals=0))
+    assert engine.choose_engine("auto") == "native"
+    with caplog.at_level(logging.INFO, logger="dlcp.io"):
+        assert engine.choose_engine("auto", authenticate=True) == "python"
+    assert "built without libcrypto" in caplog.text
+    with pytest.raises(ConfigError, match=r"DLCP_ENGINE.*without OpenSSL's libcrypto"):
+        engine.choose_engine("native", authenticate=True)
+
+
+def test_this_build_seals_where_libcrypto_is() -> None:
+    from dlcp.proto import auth
+
+    # setup.py builds both with libcrypto or neither
+    assert engine.native_seals() == (engine.native_available() and auth.ACCELERATED)
 
 
 def test_without_the_build_auto_runs_python_and_says_so(

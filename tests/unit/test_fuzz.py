@@ -173,7 +173,7 @@ def control_templates(rng: np.random.Generator) -> list[bytes]:
     msgs.append(RateFeedback(0, 0, 9, bytes_per_s=2**64 - 1, interval_us=0))
     msgs.append(RateFeedback(0, 0, 9, bytes_per_s=0, interval_us=0xFFFFFFFF))
     out = [encode_control(c, job=JOB) for c in msgs]
-    out.append(encode_control(msgs[0], job=JOB, key=bytes(32)))  # tagged
+    out.append(encode_control(msgs[0], job=JOB, key=bytes(32), nonce=7))  # tagged
     # random valid FINISH / NACK / STOP bodies
     for _ in range(40):
         total = int(rng.integers(0, 2**32))

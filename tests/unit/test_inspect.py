@@ -84,7 +84,9 @@ def build_control(vector: dict[str, Any]) -> Packet:
         src=f["src"],
         body=control_body(vector),
     )
-    return authenticate(pkt, bytes.fromhex(vector["key"])) if vector["key"] else pkt
+    if vector["key"] is None:
+        return pkt
+    return authenticate(pkt, bytes.fromhex(vector["key"]), vector["nonce"])
 
 
 # ------------------------------------------------------------------------------ data
@@ -105,6 +107,7 @@ def test_data_vectors_dissect_to_the_golden_fields(vector: dict[str, Any]) -> No
         assert not pkt.flags.AUTH
     else:
         assert pkt.flags.AUTH
+        assert int.from_bytes(pkt.nonce, "big") == vector["nonce"]
         assert pkt.tag == bytes.fromhex(vector["tag"])
     assert not pkt.payload  # nothing left over
     assert bytes(pkt) == raw
@@ -116,9 +119,10 @@ def test_data_vectors_built_with_scapy_give_the_golden_bytes(vector: dict[str, A
     del fields["payload_len"]  # scapy fills it in from the data
     pkt = DLCPData(**fields)
     if vector["key"] is not None:
-        with_tag = DLCPData(**fields, tag=bytes.fromhex(vector["tag"]))
+        nonce = vector["nonce"].to_bytes(8, "big")
+        with_tag = DLCPData(**fields, nonce=nonce, tag=bytes.fromhex(vector["tag"]))
         assert bytes(with_tag) == bytes.fromhex(vector["hex"])
-        pkt = authenticate(pkt, bytes.fromhex(vector["key"]))
+        pkt = authenticate(pkt, bytes.fromhex(vector["key"]), vector["nonce"])
     assert bytes(pkt) == bytes.fromhex(vector["hex"])
 
 
@@ -150,6 +154,7 @@ def test_control_vectors_dissect_to_the_golden_fields(vector: dict[str, Any]) ->
         else:
             assert body.getfieldval(name) == value, name
     if vector["tag"] is not None:
+        assert int.from_bytes(pkt.nonce, "big") == vector["nonce"]
         assert pkt.tag == bytes.fromhex(vector["tag"])
     assert not pkt.payload
     assert bytes(pkt) == raw
@@ -214,4 +219,4 @@ def test_layer_for_rejects_an_empty_datagram() -> None:
 
 def test_authenticate_needs_a_dlcp_layer() -> None:
     with pytest.raises(TypeError, match="not UDP"):
-        authenticate(UDP(), b"k" * 16)
+        authenticate(UDP(), b"k" * 16, 0)

@@ -2,7 +2,8 @@
 the general path (``parse_batch`` + ``Reassembler.scatter``): for clean runs and
 for runs with duplicates, reordering, retransmissions, corrupted, truncated and
 foreign datagrams, a session with the fast path ends in exactly the state of one
-without it: output bytes, reassembly state, counters, rejects and events."""
+without it: output bytes, reassembly state, counters, rejects and events; with
+authentication too (the fast path then takes the runs whose tags verify)."""
 
 import dataclasses
 
@@ -13,18 +14,20 @@ from dlcp.proto import kernels
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags
-from tests.unit.session_helpers import JOB, config
+from tests.unit.session_helpers import JOB, KEY, config
 
 pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 
 STEP, MSG = 3, 5
 
 
-def message_datagrams(n_elems: int, *, seed: int, msg: int = MSG, job: int = JOB) -> list[bytes]:
+def message_datagrams(
+    n_elems: int, *, seed: int, msg: int = MSG, job: int = JOB, key: bytes | None = None
+) -> list[bytes]:
     """Every data datagram of one message, in send order (classes mixed: the
-    magnitude classifier marks a share of them drop-eligible)."""
-    cfg = config(classifier="combined")
-    tx = Session(rank=0, job=job, config=cfg)
+    magnitude classifier marks a share of them drop-eligible), tagged with ``key``."""
+    cfg = config(classifier="combined", authenticate=key is not None)
+    tx = Session(rank=0, job=job, config=cfg, key=key)
     data = np.random.default_rng(seed).standard_normal(n_elems).astype(np.float32)
     tx.send_message(1, data, step=STEP, msg=msg, now=0.0)
     out: list[bytes] = []
@@ -38,9 +41,12 @@ def message_datagrams(n_elems: int, *, seed: int, msg: int = MSG, job: int = JOB
 class Pair:
     """Two receivers fed the same bytes, one with the fast path and one without."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, n_elems: int, *, expect: bool) -> None:
-        self.fast = Session(rank=1, job=JOB, config=config())
-        self.slow = Session(rank=1, job=JOB, config=config())
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, n_elems: int, *, expect: bool, key: bytes | None
+    ) -> None:
+        cfg = config(authenticate=key is not None)
+        self.fast = Session(rank=1, job=JOB, config=cfg, key=key)
+        self.slow = Session(rank=1, job=JOB, config=cfg, key=key)
         monkeypatch.setattr(self.slow._inbox, "_receive_run", lambda *a, **k: 0)
         self.taken = 0
         run = self.fast._inbox._receive_run
@@ -91,19 +97,27 @@ class Pair:
                 assert ef.data.tobytes() == es.data.tobytes()
 
 
-def test_clean_message_is_taken_by_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+KEYS = [None, KEY]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=["plain", "authenticated"])
+def test_clean_message_is_taken_by_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch, key: bytes | None
+) -> None:
     n = 20_000
-    grams = message_datagrams(n, seed=1)
+    grams = message_datagrams(n, seed=1, key=key)
     seg = len(grams[0])
-    pair = Pair(monkeypatch, n, expect=True)
+    pair = Pair(monkeypatch, n, expect=True, key=key)
     pair.feed(grams[:300], seg)  # the first datagram starts the message (general path)
     for i in range(300, len(grams), 17):
         pair.feed(grams[i : i + 17], seg)
         if i == 300:  # nothing, or less than a header: counted as truncated either way
             pair.feed([b""], seg)
             pair.feed([grams[i][:20]], seg)
-    # everything after the first datagram went through the kernel
-    assert pair.taken == len(grams) - 1
+    # everything after the first datagram went through the kernel (authenticating,
+    # everything after the first run: a new message's first datagram, verified on
+    # its own, would cost what the run costs on the general path)
+    assert pair.taken == len(grams) - (1 if key is None else 300)
     assert pair.fast.next_event() is not None and pair.fast.next_event() is None
     assert pair.outs[0] is not None
     want = np.random.default_rng(1).standard_normal(n).astype(np.float32)
@@ -122,7 +136,7 @@ def _mutate(rng: np.random.Generator, run: list[bytes], others: list[bytes]) -> 
         b = bytearray(run[i])
         b[int(rng.integers(DATA_HEADER_LEN))] ^= 1 << int(rng.integers(8))
         run[i] = bytes(b)
-    elif kind == 3:  # a payload byte corrupted: not detectable without a tag
+    elif kind == 3:  # a payload byte corrupted: detected by the tag only
         b = bytearray(run[i])
         b[DATA_HEADER_LEN + int(rng.integers(len(b) - DATA_HEADER_LEN))] ^= 0xFF
         run[i] = bytes(b)
@@ -141,20 +155,21 @@ def _mutate(rng: np.random.Generator, run: list[bytes], others: list[bytes]) -> 
     return run
 
 
+@pytest.mark.parametrize("key", KEYS, ids=["plain", "authenticated"])
 @pytest.mark.parametrize("expect", [True, False])
 @pytest.mark.parametrize("seed", range(6))
 def test_mutated_runs_end_in_the_same_state(
-    monkeypatch: pytest.MonkeyPatch, seed: int, expect: bool
+    monkeypatch: pytest.MonkeyPatch, seed: int, expect: bool, key: bytes | None
 ) -> None:
     rng = np.random.default_rng(seed)
     n = 30_011  # a short last chunk
-    grams = message_datagrams(n, seed=seed)
-    others = message_datagrams(4_000, seed=seed + 100, msg=MSG + 1) + message_datagrams(
-        4_000, seed=seed + 200, job=JOB + 1
+    grams = message_datagrams(n, seed=seed, key=key)
+    others = message_datagrams(4_000, seed=seed + 100, msg=MSG + 1, key=key) + message_datagrams(
+        4_000, seed=seed + 200, job=JOB + 1, key=key
     )
     seg = len(grams[0])
     others = [g for g in others if len(g) == seg]
-    pair = Pair(monkeypatch, n, expect=expect)
+    pair = Pair(monkeypatch, n, expect=expect, key=key)
     pair.feed(grams[:2], seg)
     at = 2
     while at < len(grams):
@@ -169,5 +184,6 @@ def test_mutated_runs_end_in_the_same_state(
         if rng.random() < 0.1:  # truncated last datagram
             run[-1] = run[-1][: int(rng.integers(1, len(run[-1])))]
         pair.feed(run, seg)
-    # the kernel did take part; what it did not take went the general way
-    assert pair.taken > len(grams) // 2
+    # the kernel did take part; what it did not take went the general way (with
+    # tags, a mutated datagram also ends the verified prefix of its run)
+    assert pair.taken > len(grams) // (2 if key is None else 4)

@@ -301,10 +301,10 @@ def test_tampered_and_forged_datagrams_are_rejected_under_authentication() -> No
     # forged control messages: a STOP that would end the transfer early, an ABORT
     wrong_key = bytes(32)
     stop = Stop(3, 1, 1, received_elems=10000)
-    a.receive_datagram(encode_control(stop, job=JOB, key=wrong_key), now=now)
+    a.receive_datagram(encode_control(stop, job=JOB, key=wrong_key, nonce=1), now=now)
     a.receive_datagram(encode_control(stop, job=JOB), now=now)  # no tag at all
     abort = Abort(3, 1, 0, reason=AbortReason.CANCELLED)
-    forged = bytearray(encode_control(abort, job=JOB, key=KEY))
+    forged = bytearray(encode_control(abort, job=JOB, key=KEY, nonce=2))
     forged[11] ^= 0x02  # src 0 -> 2 after signing
     b.receive_datagram(bytes(forged), now=now)
     link.run(start=now)

@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 from dlcp.proto import wire
 from dlcp.proto.wire import (
+    AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
+    AUTH_TRAILER_LEN,
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     MAX_NACK_RANGES,
     Abort,
     AbortReason,
     DataHeader,
+    Domain,
     DType,
     Finish,
     Flags,
@@ -91,10 +94,15 @@ def test_golden_data_decodes_and_reencodes(vector: dict[str, Any]) -> None:
     header, payload = wire.decode_data(raw, job=vector["job"], key=key)
     assert header == expected_header(vector["header"])
     assert payload == bytes.fromhex(vector["payload"])
-    assert wire.encode_data(header, payload, key=key) == raw
+    assert wire.encode_data(header, payload, key=key, nonce=vector.get("nonce")) == raw
     if key is not None:
+        end = len(raw) - AUTH_TAG_LEN
         assert raw[-AUTH_TAG_LEN:].hex() == vector["tag"]
-        assert wire.auth_tag(key, raw[:-AUTH_TAG_LEN]) == raw[-AUTH_TAG_LEN:]
+        assert int.from_bytes(raw[end - AUTH_NONCE_LEN : end], "big") == vector["nonce"]
+        tag = wire.gmac_tag(
+            key, raw[:end], domain=Domain.DATA, src=header.src, nonce=vector["nonce"]
+        )
+        assert tag == raw[end:]
 
 
 @pytest.mark.parametrize("vector", DATA, ids=_ids(DATA))
@@ -120,9 +128,15 @@ def test_golden_control_decodes_and_reencodes(vector: dict[str, Any]) -> None:
     msg = wire.decode_control(raw, job=vector["job"], key=key, require_auth=key is not None)
     assert msg == expected_control(vector)
     assert wire.peek_type(raw) is PacketType[vector["type"]]
-    assert wire.encode_control(msg, job=vector["job"], key=key) == raw
+    assert wire.encode_control(msg, job=vector["job"], key=key, nonce=vector.get("nonce")) == raw
     assert raw[1] == vector["flags"]
-    assert len(raw) == 16 + vector["body_len"] + (AUTH_TAG_LEN if key else 0)
+    assert len(raw) == 16 + vector["body_len"] + (AUTH_TRAILER_LEN if key else 0)
+    if key is not None:
+        end = len(raw) - AUTH_TAG_LEN
+        tag = wire.gmac_tag(
+            key, raw[:end], domain=Domain.CONTROL, src=msg.src, nonce=vector["nonce"]
+        )
+        assert tag == raw[end:] and raw[end:].hex() == vector["tag"]
 
 
 @pytest.mark.parametrize("vector", BAD, ids=_ids(BAD))
@@ -202,8 +216,9 @@ def test_encode_data_sets_or_clears_auth_to_match_the_key() -> None:
     )
     plain = wire.encode_data(h, b"\x05")
     assert plain[1] == 0 and len(plain) == 33
-    tagged = wire.encode_data(h, b"\x05", key=b"k" * 16)
-    assert tagged[1] == Flags.AUTH and len(tagged) == 33 + AUTH_TAG_LEN
+    tagged = wire.encode_data(h, b"\x05", key=b"k" * 16, nonce=9)
+    assert tagged[1] == Flags.AUTH and len(tagged) == 33 + AUTH_TRAILER_LEN
+    assert tagged[33:41] == (9).to_bytes(8, "big")
 
 
 @pytest.mark.parametrize(
@@ -222,7 +237,10 @@ def test_loss_bound_outside_the_field_is_rejected(p: float) -> None:
 
 # ------------------------------------------------------------------------ round trips
 
-keys = st.none() | st.binary(min_size=16, max_size=64)
+keys = st.none() | st.sampled_from([16, 24, 32]).flatmap(
+    lambda n: st.binary(min_size=n, max_size=n)
+)
+nonces = st.integers(0, 2**64 - 1)
 
 
 @st.composite
@@ -253,11 +271,11 @@ def data_datagrams(draw: st.DrawFn) -> tuple[DataHeader, bytes]:
     return header, payload
 
 
-@given(data_datagrams(), keys)
-def test_data_round_trip(datagram: tuple[DataHeader, bytes], key: bytes | None) -> None:
+@given(data_datagrams(), keys, nonces)
+def test_data_round_trip(datagram: tuple[DataHeader, bytes], key: bytes | None, nonce: int) -> None:
     header, payload = datagram
-    raw = wire.encode_data(header, payload, key=key)
-    assert len(raw) == DATA_HEADER_LEN + header.payload_len + (AUTH_TAG_LEN if key else 0)
+    raw = wire.encode_data(header, payload, key=key, nonce=nonce)
+    assert len(raw) == DATA_HEADER_LEN + header.payload_len + (AUTH_TRAILER_LEN if key else 0)
     back, back_payload = wire.decode_data(raw, job=header.job, key=key)
     want_flags = header.flags | Flags.AUTH if key is not None else header.flags
     assert back == DataHeader(**{**_fields(header), "flags": want_flags})
@@ -312,9 +330,11 @@ control_messages = st.one_of(
 )
 
 
-@given(control_messages, u16, keys)
-def test_control_round_trip(msg: wire.ControlMessage, job: int, key: bytes | None) -> None:
-    raw = wire.encode_control(msg, job=job, key=key)
+@given(control_messages, u16, keys, nonces)
+def test_control_round_trip(
+    msg: wire.ControlMessage, job: int, key: bytes | None, nonce: int
+) -> None:
+    raw = wire.encode_control(msg, job=job, key=key, nonce=nonce)
     assert wire.decode_control(raw, job=job, key=key, require_auth=key is not None) == msg
     assert wire.decode_control(raw, job=job) == msg  # without a key the tag is not checked
     assert raw[0] == 0x10 | wire.peek_type(raw)
@@ -323,13 +343,13 @@ def test_control_round_trip(msg: wire.ControlMessage, job: int, key: bytes | Non
 # ---------------------------------------------------------------------------- batches
 
 KEY = bytes(range(32))
-STRIDE = DATA_HEADER_LEN + 16 + AUTH_TAG_LEN  # 4 float32 elements and a tag
+STRIDE = DATA_HEADER_LEN + 16 + AUTH_TRAILER_LEN  # 4 float32 elements, nonce and tag
 
 
 def _record(seq: int, *, job: int = 1, n: int = 4, key: bytes | None = KEY) -> bytes:
-    header = DataHeader(job=job, step=7, msg=2, seq=seq, offset=0, msg_elems=8, payload_len=4 * n)
+    header = DataHeader(job=job, step=7, msg=2, seq=seq, offset=0, msg_elems=16, payload_len=4 * n)
     payload = np.arange(seq, seq + n, dtype="<f4").tobytes()
-    return wire.encode_data(header, payload, key=key)
+    return wire.encode_data(header, payload, key=key, nonce=1000 + seq)
 
 
 def test_parse_batch_judges_each_record_on_its_own() -> None:
@@ -340,7 +360,7 @@ def test_parse_batch_judges_each_record_on_its_own() -> None:
         _record(1, job=9),  # wrong job
         bytes(tampered),  # payload changed after tagging
         _record(3),
-        _record(4, n=8, key=None),  # same size, but untagged
+        _record(4, n=10, key=None),  # same size, but untagged
         _record(5)[:20],  # the last datagram of a batch may be short: here truncated
     ]
     assert all(len(r) == STRIDE for r in records[:-1])
@@ -445,7 +465,29 @@ def test_allowed_loss_is_the_spec_integer_formula() -> None:
     assert allowed_loss(0.0509, 1000) == 50  # p is carried in thousandths, rounded down
 
 
-@pytest.mark.parametrize("key", [b"", b"k" * 15, b"k" * 65])
-def test_keys_outside_16_to_64_bytes_are_refused(key: bytes) -> None:
-    with pytest.raises(ValueError, match=r"authentication key must be 16\.\.64 bytes"):
-        wire.auth_tag(key, b"data")
+@pytest.mark.parametrize("key", [b"", b"k" * 15, b"k" * 20, b"k" * 64])
+def test_keys_other_than_aes_keys_are_refused(key: bytes) -> None:
+    with pytest.raises(ValueError, match=r"authentication key must be 16, 24 or 32 bytes"):
+        wire.gmac_tag(key, b"data", domain=Domain.DATA, src=0, nonce=0)
+
+
+@pytest.mark.parametrize("nonce", [None, -1, 2**64])
+def test_a_tagged_datagram_without_a_64_bit_nonce_is_refused(nonce: int | None) -> None:
+    h = DataHeader(job=1, step=0, msg=0, seq=0, offset=0, msg_elems=1, payload_len=1,
+                   dtype=DType.UINT8)  # fmt: skip
+    with pytest.raises(ValueError, match="needs a 64-bit nonce"):
+        wire.encode_data(h, b"\x05", key=KEY, nonce=nonce)
+    with pytest.raises(ValueError, match="needs a 64-bit nonce"):
+        wire.encode_control(Stop(1, 2, 3), job=1, key=KEY, nonce=nonce)
+
+
+def test_the_nonce_and_the_domain_are_part_of_the_tag() -> None:
+    raw = _record(0)
+    again = _record(0)
+    assert raw == again  # same nonce, same bytes: the reference is deterministic
+    other = wire.encode_data(wire.decode_data(raw, job=1, key=KEY)[0], raw[32:48], KEY, nonce=1)
+    assert other[:-AUTH_TRAILER_LEN] == raw[:-AUTH_TRAILER_LEN]
+    assert other[-AUTH_TAG_LEN:] != raw[-AUTH_TAG_LEN:]  # another nonce, another tag
+    end = len(raw) - AUTH_TAG_LEN
+    as_control = wire.gmac_tag(KEY, raw[:end], domain=Domain.CONTROL, src=0, nonce=1000)
+    assert as_control != raw[end:]

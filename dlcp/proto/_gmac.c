@@ -1,0 +1,209 @@
+/*
+ * dlcp.proto._gmac: AES-GMAC over runs of data records in one call (docs/spec.md §3),
+ * with OpenSSL's libcrypto and without the GIL. dlcp/proto/auth.py is the reference
+ * and the Python face; this module is built only where libcrypto's headers are.
+ *
+ *   take_nonces(cell, n) -> first           reserve n nonces of a counter cell
+ *   seal_data(records, lengths, start, stop, key, first)
+ *                                           nonce and tag of records [start, stop)
+ *   verify_data(records, lengths, rows, key, ok) -> failed
+ *                                           ok[i] = tag of record rows[i] is right
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "gmac.h"
+
+/* A writable (or readable) C-contiguous 2-D uint8 buffer of records: *stride its rows' bytes. */
+static int get_records(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t *n,
+                       Py_ssize_t *stride) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    if (view->ndim != 2 || view->itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "records must be a 2-D uint8 array (n, stride)");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *n = view->shape[0];
+    *stride = view->shape[1];
+    return 0;
+}
+
+/* A contiguous int64 array of at least `need` items. */
+static int get_int64(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *f = view->format ? view->format + strlen(view->format) - 1 : "";
+    if (view->itemsize != 8 || strchr("qlQL", *f) == NULL || view->len / 8 < need) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int64 array of at least %zd items", name,
+                     need);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether a record length fits a tagged data record in a row of `stride` bytes. */
+static int length_ok(int64_t len, Py_ssize_t stride) {
+    return len >= GMAC_DATA_HEADER_LEN + GMAC_TRAILER_LEN && len <= stride;
+}
+
+static int key_of(Py_buffer *key, Gmac *g) {
+    if (gmac_init(g, (const uint8_t *)key->buf, (size_t)key->len) < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "authentication key must be 16, 24 or 32 bytes (an AES key), got %zd",
+                     key->len);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *take_nonces(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer cell;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "w*K:take_nonces", &cell, &n))
+        return NULL;
+    uint64_t first = 0;
+    int bad = cell.len != 8 || ((uintptr_t)cell.buf & 7) != 0;
+    int exhausted = !bad && gmac_take_nonces((uint64_t *)cell.buf, n, &first) < 0;
+    PyBuffer_Release(&cell);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a nonce cell is one aligned uint64");
+        return NULL;
+    }
+    if (exhausted) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "nonce counter exhausted: derive a new key (a new run)");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(first);
+}
+
+static PyObject *seal_data(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *records_obj, *lengths_obj;
+    Py_ssize_t start, stop;
+    Py_buffer key;
+    unsigned long long first;
+    if (!PyArg_ParseTuple(args, "OOnny*K:seal_data", &records_obj, &lengths_obj, &start, &stop,
+                          &key, &first))
+        return NULL;
+    Py_buffer records, lengths;
+    Py_ssize_t n, stride;
+    Gmac g = {NULL};
+    PyObject *result = NULL;
+    if (get_records(records_obj, &records, 1, &n, &stride) < 0)
+        goto out_key;
+    if (start < 0 || stop > n || start > stop) {
+        PyErr_Format(PyExc_IndexError, "records [%zd, %zd) of %zd", start, stop, n);
+        goto out_records;
+    }
+    if (get_int64(lengths_obj, &lengths, stop, "lengths") < 0)
+        goto out_records;
+    const int64_t *len = (const int64_t *)lengths.buf;
+    for (Py_ssize_t i = start; i < stop; i++)
+        if (!length_ok(len[i], stride)) {
+            PyErr_Format(PyExc_ValueError, "record %zd: length %lld cannot hold a tagged datagram",
+                         i, (long long)len[i]);
+            goto out_lengths;
+        }
+    if (key_of(&key, &g) < 0)
+        goto out_lengths;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *base = (uint8_t *)records.buf;
+    for (Py_ssize_t i = start; i < stop && !failed; i++)
+        failed = gmac_seal_data(&g, base + i * stride, (size_t)len[i],
+                                (uint64_t)first + (uint64_t)(i - start)) < 0;
+    Py_END_ALLOW_THREADS
+    gmac_free(&g);
+    if (failed)
+        PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
+    else
+        result = Py_NewRef(Py_None);
+out_lengths:
+    PyBuffer_Release(&lengths);
+out_records:
+    PyBuffer_Release(&records);
+out_key:
+    PyBuffer_Release(&key);
+    return result;
+}
+
+static PyObject *verify_data(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *records_obj, *lengths_obj, *rows_obj;
+    Py_buffer key, ok;
+    if (!PyArg_ParseTuple(args, "OOOy*w*:verify_data", &records_obj, &lengths_obj, &rows_obj,
+                          &key, &ok))
+        return NULL;
+    Py_buffer records, lengths, rows;
+    Py_ssize_t n, stride;
+    Gmac g = {NULL};
+    PyObject *result = NULL;
+    if (get_records(records_obj, &records, 0, &n, &stride) < 0)
+        goto out_args;
+    if (get_int64(lengths_obj, &lengths, n, "lengths") < 0)
+        goto out_records;
+    if (get_int64(rows_obj, &rows, 0, "rows") < 0)
+        goto out_lengths;
+    Py_ssize_t n_rows = rows.len / 8;
+    const int64_t *row = (const int64_t *)rows.buf, *len = (const int64_t *)lengths.buf;
+    if (ok.len < n_rows) {
+        PyErr_Format(PyExc_ValueError, "ok has %zd bytes for %zd rows", ok.len, n_rows);
+        goto out_rows;
+    }
+    for (Py_ssize_t k = 0; k < n_rows; k++)
+        if (row[k] < 0 || row[k] >= n || !length_ok(len[row[k]], stride)) {
+            PyErr_Format(PyExc_ValueError, "row %lld is not a tagged record of the %zd",
+                         (long long)row[k], n);
+            goto out_rows;
+        }
+    if (key_of(&key, &g) < 0)
+        goto out_rows;
+    Py_ssize_t bad = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint8_t *base = (const uint8_t *)records.buf;
+    uint8_t *out = (uint8_t *)ok.buf;
+    for (Py_ssize_t k = 0; k < n_rows && !failed; k++) {
+        int right = gmac_verify_data(&g, base + row[k] * stride, (size_t)len[row[k]]);
+        failed = right < 0;
+        out[k] = right == 1;
+        bad += right != 1;
+    }
+    Py_END_ALLOW_THREADS
+    gmac_free(&g);
+    if (failed)
+        PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
+    else
+        result = PyLong_FromSsize_t(bad);
+out_rows:
+    PyBuffer_Release(&rows);
+out_lengths:
+    PyBuffer_Release(&lengths);
+out_records:
+    PyBuffer_Release(&records);
+out_args:
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&ok);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"take_nonces", take_nonces, METH_VARARGS,
+     "take_nonces(cell, n) -> first: reserve n nonces of a uint64 counter cell, atomically"},
+    {"seal_data", seal_data, METH_VARARGS,
+     "seal_data(records, lengths, start, stop, key, first): nonce and AES-GMAC tag of records "
+     "[start, stop), nonces first, first + 1, ..."},
+    {"verify_data", verify_data, METH_VARARGS,
+     "verify_data(records, lengths, rows, key, ok) -> failed: ok[k] = whether record rows[k] "
+     "carries the right tag"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_gmac", "AES-GMAC over runs of DLCP data records (libcrypto)", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__gmac(void) { return PyModule_Create(&module); }

@@ -1,0 +1,114 @@
+/*
+ * AES-GMAC of DLCP datagrams (docs/spec.md §3) with OpenSSL's libcrypto, shared by
+ * dlcp.proto._gmac (batch tagging and verifying for the Python engine and the
+ * receive path) and dlcp.io._engine (tagging in the send thread). The reference
+ * is dlcp/proto/auth.py; tests/unit/test_gmac.py checks that both give the same
+ * bytes.
+ *
+ * An authenticated data record ends with an 8-byte nonce (big-endian) and a
+ * 16-byte tag: AES-GCM's tag over an empty plaintext, every byte before the tag
+ * being the additional data, with the IV
+ *     domain (1 byte) | 0 | src (16 bits) | nonce (64 bits).
+ */
+#ifndef DLCP_GMAC_H
+#define DLCP_GMAC_H
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    GMAC_NONCE_LEN = 8,
+    GMAC_TAG_LEN = 16,
+    GMAC_TRAILER_LEN = GMAC_NONCE_LEN + GMAC_TAG_LEN,
+    GMAC_IV_LEN = 12,
+    GMAC_DATA_HEADER_LEN = 32,
+    GMAC_DATA_SRC_OFFSET = 26, /* the data header's src field */
+    GMAC_DOMAIN_DATA = 0x44,   /* "D" */
+};
+
+/* One key, expanded once: the IV is set per datagram. Not for two threads at once. */
+typedef struct {
+    EVP_CIPHER_CTX *ctx;
+} Gmac;
+
+static inline void gmac_free(Gmac *g) {
+    EVP_CIPHER_CTX_free(g->ctx);
+    g->ctx = NULL;
+}
+
+/* 0, or -1 when the key is not 16, 24 or 32 bytes or libcrypto failed. */
+static inline int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
+    const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_gcm()
+                               : key_len == 24 ? EVP_aes_192_gcm()
+                               : key_len == 32 ? EVP_aes_256_gcm()
+                                               : NULL;
+    g->ctx = cipher ? EVP_CIPHER_CTX_new() : NULL;
+    if (g->ctx == NULL || EVP_EncryptInit_ex(g->ctx, cipher, NULL, key, NULL) != 1) {
+        gmac_free(g);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void gmac_store_be64(uint8_t *at, uint64_t v) {
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        at[i] = (uint8_t)v;
+}
+
+static inline uint64_t gmac_load_be64(const uint8_t *at) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | at[i];
+    return v;
+}
+
+/* The tag of `len` covered bytes under the IV of (domain, src, nonce): 0 or -1. */
+static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+                        const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
+    uint8_t iv[GMAC_IV_LEN] = {(uint8_t)domain, 0, src[0], src[1]};
+    gmac_store_be64(iv + 4, nonce);
+    uint8_t none[GMAC_TAG_LEN];
+    int out_len;
+    if (len > INT32_MAX || EVP_EncryptInit_ex(g->ctx, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(g->ctx, NULL, &out_len, covered, (int)len) != 1 ||
+        EVP_EncryptFinal_ex(g->ctx, none, &out_len) != 1 ||
+        EVP_CIPHER_CTX_ctrl(g->ctx, EVP_CTRL_GCM_GET_TAG, GMAC_TAG_LEN, tag) != 1)
+        return -1;
+    return 0;
+}
+
+/* A data record of `len` bytes (trailer included): writes its nonce and tag. 0 or -1. */
+static inline int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t nonce) {
+    uint8_t *trailer = record + len - GMAC_TRAILER_LEN;
+    gmac_store_be64(trailer, nonce);
+    return gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET, nonce, record,
+                        len - GMAC_TAG_LEN, trailer + GMAC_NONCE_LEN);
+}
+
+/* 1 when a data record's tag is right (compared in constant time), 0 when not, -1 when
+ * libcrypto failed. */
+static inline int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
+    const uint8_t *trailer = record + len - GMAC_TRAILER_LEN;
+    uint8_t want[GMAC_TAG_LEN];
+    if (gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET,
+                     gmac_load_be64(trailer), record, len - GMAC_TAG_LEN, want) < 0)
+        return -1;
+    return CRYPTO_memcmp(want, trailer + GMAC_NONCE_LEN, GMAC_TAG_LEN) == 0;
+}
+
+/* Reserves n nonces of a counter cell shared by every thread (and Python's
+ * NonceCounter): *first is the first. 0, or -1 when the counter would wrap. */
+static inline int gmac_take_nonces(uint64_t *cell, uint64_t n, uint64_t *first) {
+    uint64_t at = __atomic_load_n(cell, __ATOMIC_RELAXED);
+    do {
+        if (n == 0 || at > UINT64_MAX - n)
+            return -1;
+    } while (!__atomic_compare_exchange_n(cell, &at, at + n, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    *first = at;
+    return 0;
+}
+
+#endif

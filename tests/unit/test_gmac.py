@@ -1,0 +1,222 @@
+"""AES-GMAC of data records (spec §3): the C batch functions (``dlcp.proto._gmac``,
+libcrypto) and the Python reference (``cryptography``'s AESGCM) give the same
+nonces and tags and accept the same records, both ways; the native send engine
+seals what it sends so that the reference verifies it; nonces drawn by several
+threads at once under one counter are never the same."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlcp.io.engine import native_seals
+from dlcp.proto import auth, wire
+from dlcp.proto.auth import AUTH_NONCE_LEN, AUTH_TAG_LEN, AUTH_TRAILER_LEN, NonceCounter
+
+needs_c = pytest.mark.skipif(not auth.ACCELERATED, reason="built without libcrypto")
+
+
+def _records(seed: int, n: int, stride: int, *, short: int | None = None) -> tuple[Any, Any]:
+    """``n`` random tagged-looking records (AUTH set) and their lengths; the last
+    ``short`` bytes long when given."""
+    rng = np.random.default_rng(seed)
+    records = rng.integers(0, 256, (n, stride), dtype=np.uint8)
+    records[:, 1] |= np.uint8(wire.Flags.AUTH)
+    lengths = np.full(n, stride, np.int64)
+    if short is not None:
+        lengths[-1] = short
+    return records, lengths
+
+
+def _nonce_of(record: Any, length: int) -> int:
+    end = length - AUTH_TAG_LEN
+    return int.from_bytes(record[end - AUTH_NONCE_LEN : end].tobytes(), "big")
+
+
+@needs_c
+@pytest.mark.parametrize("key_len", [16, 24, 32])
+@pytest.mark.parametrize(("stride", "short"), [(1480, 100), (56, None), (9000, 57)])
+def test_c_and_python_seal_the_same_bytes(key_len: int, stride: int, short: int | None) -> None:
+    key = bytes(range(7, 7 + key_len))
+    records, lengths = _records(key_len + stride, 40, stride, short=short)
+    by_c, by_py = records.copy(), records.copy()
+    c_nonces, py_nonces = NonceCounter(2**64 - 100), NonceCounter(2**64 - 100)
+    auth.seal_records(by_c, lengths, 3, 40, key, c_nonces, accelerated=True)
+    auth.seal_records(by_py, lengths, 3, 40, key, py_nonces, accelerated=False)
+    assert np.array_equal(by_c, by_py)
+    assert np.array_equal(by_c[:3], records[:3])  # outside [start, stop): untouched
+    assert c_nonces.next == py_nonces.next == 2**64 - 100 + 37
+    assert [_nonce_of(by_c[i], int(lengths[i])) for i in range(3, 40)] == list(
+        range(2**64 - 100, 2**64 - 100 + 37)
+    )
+
+
+@needs_c
+@pytest.mark.parametrize("sealed_by_c", [True, False])
+def test_each_side_verifies_what_the_other_sealed(sealed_by_c: bool) -> None:
+    key = bytes(range(32))
+    records, lengths = _records(5, 64, 1480, short=200)
+    auth.seal_records(records, lengths, 0, 64, key, NonceCounter(1), accelerated=sealed_by_c)
+    rows = np.arange(64, dtype=np.int64)
+    # damage some: a payload bit, a header bit, the nonce, the tag, the src field
+    bad = {5: 40, 9: 3, 17: 1480 - AUTH_TRAILER_LEN + 2, 30: 1480 - 1, 44: 27}
+    for row, at in bad.items():
+        records[row, at] ^= 0x10
+    for accelerated in (True, False):
+        ok = auth.verify_records(records, lengths, rows, key, accelerated=accelerated)
+        assert [i for i in range(64) if not ok[i]] == sorted(bad)
+        other = auth.verify_records(records, lengths, rows, bytes(32), accelerated=accelerated)
+        assert not other.any()  # another key (another pair or run): nothing verifies
+
+
+@needs_c
+def test_verify_takes_any_rows_in_any_order() -> None:
+    key = bytes(range(16))
+    records, lengths = _records(6, 10, 300)
+    auth.seal_records(records, lengths, 0, 10, key, NonceCounter(0))
+    records[4, 50] ^= 1
+    rows = np.array([9, 4, 0, 4], np.int64)
+    for accelerated in (True, False):
+        ok = auth.verify_records(records, lengths, rows, key, accelerated=accelerated)
+        assert ok.tolist() == [True, False, True, False]
+
+
+@needs_c
+def test_bad_arguments_are_refused_by_name() -> None:
+    records, lengths = _records(7, 4, 100)
+    with pytest.raises(ValueError, match="16, 24 or 32 bytes"):
+        auth.seal_records(records, lengths, 0, 4, b"k" * 20, NonceCounter(0))
+    with pytest.raises(IndexError, match=r"records \[0, 5\) of 4"):
+        auth.seal_records(records, lengths, 0, 5, bytes(16), NonceCounter(0))
+    short = lengths.copy()
+    short[2] = 40  # shorter than a data header and a trailer
+    with pytest.raises(ValueError, match="record 2: length 40 cannot hold a tagged datagram"):
+        auth.seal_records(records, short, 0, 4, bytes(16), NonceCounter(0))
+    with pytest.raises(ValueError, match="row 4 is not a tagged record"):
+        auth.verify_records(records, lengths, np.array([4]), bytes(16))
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_a_counter_refuses_to_wrap(accelerated: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if accelerated and not auth.ACCELERATED:
+        pytest.skip("built without libcrypto")
+    if not accelerated:
+        monkeypatch.setattr(auth, "_accel", None)
+    counter = NonceCounter(2**64 - 3)
+    assert counter.take(2) == 2**64 - 3
+    with pytest.raises(OverflowError, match="nonce counter exhausted"):
+        counter.take(1)
+    assert counter.next == 2**64 - 1  # nothing drawn by the refused call
+
+
+@needs_c
+def test_threads_drawing_at_once_never_share_a_nonce() -> None:
+    """Eight threads seal records under one key and one counter at once (the
+    sealing releases the GIL, so their draws interleave): every record gets its
+    own nonce, and the nonces are exactly the range the counter went through."""
+    key = bytes(range(32))
+    counter = NonceCounter(1000)
+    n_threads, rounds, per_call = 8, 200, 16
+    seen: list[list[int]] = [[] for _ in range(n_threads)]
+    start = threading.Barrier(n_threads)
+
+    def sender(k: int) -> None:
+        records, lengths = _records(k, per_call, 200)
+        start.wait()
+        for _ in range(rounds):
+            auth.seal_records(records, lengths, 0, per_call, key, counter)
+            assert auth.verify_records(records, lengths, np.arange(per_call), key).all()
+            seen[k] += [_nonce_of(records[i], 200) for i in range(per_call)]
+
+    threads = [threading.Thread(target=sender, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    drawn = sorted(x for s in seen for x in s)
+    assert drawn == list(range(1000, 1000 + n_threads * rounds * per_call))
+
+
+@pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+def test_the_native_engine_seals_each_batch_as_it_sends_it() -> None:
+    """Rounds posted from several threads at once (rule 7 sends some from the
+    posting thread, the engine's thread the rest) draw from the counter the
+    session's own sealing shares: every datagram that arrives verifies with the
+    reference and no two carry the same nonce."""
+    from dlcp.io import _engine  # type: ignore[attr-defined]
+
+    key, counter = bytes(range(100, 132)), NonceCounter(77)
+    n_threads, rounds, count, stride = 4, 20, 12, 700
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    engine = _engine.Engine([tx.fileno()], 5, "dlcp-seal-test")
+    total = n_threads * rounds * count
+    try:
+        engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _engine.Pacer(unpaced=True))
+        start = threading.Barrier(n_threads)
+
+        def poster(k: int) -> None:
+            start.wait()
+            for r in range(rounds):
+                records, _ = _records(k * 1000 + r, count, stride, short=300)
+                engine.post(
+                    dst=1, step=k, msg=r, order=k * 1000 + r, records=records, stride=stride,
+                    per_message=1, count=count, short=count - 1, short_len=300,
+                    tos=np.zeros(count, np.uint8), path=np.zeros(count, np.uint8),
+                    prio=np.zeros(count, np.uint8), breaks=np.array([5, 10, count], np.int64),
+                    key=key, nonces=counter.cell,
+                )  # fmt: skip
+
+        threads = [threading.Thread(target=poster, args=(k,)) for k in range(n_threads)]
+        for t in threads:
+            t.start()
+        rx.settimeout(10.0)
+        got = [rx.recv(65536) for _ in range(total)]
+        for t in threads:
+            t.join()
+    finally:
+        engine.close()
+        rx.close()
+        tx.close()
+    nonces = [_nonce_of(np.frombuffer(d, np.uint8), len(d)) for d in got]
+    assert sorted(nonces) == list(range(77, 77 + total))
+    assert counter.next == 77 + total
+    for d in got:
+        row = np.zeros((1, stride), np.uint8)
+        row[0, : len(d)] = np.frombuffer(d, np.uint8)
+        ok = auth.verify_records(row, np.array([len(d)]), np.array([0]), key, accelerated=False)
+        assert ok.all()
+
+
+@pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+def test_the_native_engine_refuses_a_bad_key_or_cell_by_name() -> None:
+    from dlcp.io import _engine  # type: ignore[attr-defined]
+
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    engine = _engine.Engine([tx.fileno()], 5, "dlcp-seal-test")
+    try:
+        engine.add_peer(1, "127.0.0.1", 9, _engine.Pacer(unpaced=True))
+        base = {
+            "dst": 1, "step": 0, "msg": 0, "order": 1, "records": np.zeros((2, 100), np.uint8),
+            "stride": 100, "per_message": 1, "count": 2, "short": -1, "short_len": 0,
+            "tos": np.zeros(2, np.uint8), "path": np.zeros(2, np.uint8),
+            "prio": np.zeros(2, np.uint8), "breaks": np.array([2], np.int64),
+        }  # fmt: skip
+        with pytest.raises(ValueError, match="key must be bytes of 16, 24 or 32"):
+            engine.post(**base, key=b"short", nonces=NonceCounter().cell)
+        with pytest.raises(ValueError, match="a key needs nonces"):
+            engine.post(**base, key=bytes(16))
+        with pytest.raises(ValueError, match="nonces must be one aligned uint64"):
+            engine.post(**base, key=bytes(16), nonces=np.zeros(2, np.uint64))
+        small = {**base, "records": np.zeros((2, 40), np.uint8), "stride": 40}
+        with pytest.raises(ValueError, match="cannot hold a data header and an authentication"):
+            engine.post(**small, key=bytes(16), nonces=NonceCounter().cell)
+    finally:
+        engine.close()
+        tx.close()
