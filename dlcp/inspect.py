@@ -48,13 +48,13 @@ from scapy.fields import (
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
 
+from dlcp.proto.control import AbortReason
 from dlcp.proto.wire import (
     AUTH_TAG_LEN,
     CONTROL_HEADER_LEN,
     DATA_HEADER_LEN,
     DEFAULT_PORT,
     VERSION,
-    AbortReason,
     DType,
     Flags,
     PacketType,

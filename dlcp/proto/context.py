@@ -13,8 +13,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .config import ProtocolConfig
+from .control import ControlMessage, encode_control
 from .events import ControlDatagram, Event, SessionStats
-from .wire import ControlMessage, encode_control
 
 __all__ = ["ALL_ELEMS", "Key", "PairKeyLookup", "PairKeys", "SessionContext", "SessionSide"]
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .batch import PER_PACKET_FLAGS, open_head, run_head
+from .batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
+from .control import Abort, AbortReason, Finish, RateFeedback, Stop
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
@@ -32,18 +33,12 @@ from .reassembler import GeometryError, Reassembler
 from .recovery import ReceiverRecovery
 from .wire import (
     DATA_HEADER_LEN,
-    Abort,
-    AbortReason,
     DType,
-    Finish,
-    RateFeedback,
     Reason,
-    Stop,
     allowed_loss,
     bound_from_wire,
     bound_to_wire,
     check_message_key,
-    parse_batch,
 )
 
 __all__ = ["Inbox"]
@@ -226,8 +221,10 @@ class Inbox(SessionSide):
         """Whether ``buf`` starts with a datagram of a message not under way and not
         finished, one that a longer run may follow."""
         head = run_head(buf, self.job)
-        return head is not None and head.key not in self._incoming and (
-            head.key not in self._completed
+        return (
+            head is not None
+            and head.key not in self._incoming
+            and (head.key not in self._completed)
         )
 
     def _receive_first(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> bool:

@@ -22,8 +22,8 @@ from collections.abc import KeysView, Mapping
 
 from .config import ProtocolConfig
 from .context import ALL_ELEMS, Key
+from .control import Abort, AbortReason, Finish, Nack
 from .recovery import sender_quiet
-from .wire import Abort, AbortReason, Finish, Nack
 
 __all__ = ["SILENT_WHY", "OrphanFinishes"]
 

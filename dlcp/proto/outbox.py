@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from .classify import Classifier, make_classifier
 from .context import Key, SessionContext, SessionSide
+from .control import Abort, AbortReason, ControlMessage, Nack, RateFeedback, Stop
 from .events import (
     DataBatch,
     MessageDelivered,
@@ -53,19 +54,7 @@ from .packetizer import (
 )
 from .paths import PathScheduler, path_loss_from_nack
 from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
-from .wire import (
-    MAX_NACK_RANGES,
-    Abort,
-    AbortReason,
-    ControlMessage,
-    DType,
-    Nack,
-    RateFeedback,
-    Stop,
-    bound_from_wire,
-    bound_to_wire,
-    check_message_key,
-)
+from .wire import MAX_NACK_RANGES, DType, bound_from_wire, bound_to_wire, check_message_key
 
 __all__ = ["LOSS_SIGNAL_CHUNKS", "Outbox"]
 

@@ -26,8 +26,9 @@ import numpy.typing as npt
 
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
+from .control import Finish
 from .kernels import copy_rows, flat_rows, scatter_run, streams
-from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Finish, Flags, allowed_loss
+from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
 __all__ = ["GeometryError", "LossReport", "Reassembler"]
 

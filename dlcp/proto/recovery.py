@@ -35,9 +35,10 @@ import numpy.typing as npt
 
 from .config import ProtocolConfig
 from .context import ALL_ELEMS
+from .control import Finish, Nack
 from .packetizer import ChunkTable
 from .reassembler import Reassembler
-from .wire import MAX_NACK_RANGES, Finish, Nack
+from .wire import MAX_NACK_RANGES
 
 #: most parts one NACK round is split into (64 x 170 ranges)
 MAX_NACK_PARTS = 64

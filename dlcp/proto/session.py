@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from .config import FillPolicy, ProtocolConfig
 from .context import ALL_ELEMS, PairKeyLookup, PairKeys, SessionContext
+from .control import Abort, AbortReason, ControlMessage, Finish, RateFeedback, decode_control
 from .events import (
     ControlDatagram,
     DataBatch,
@@ -51,16 +52,7 @@ from .inbox import Inbox
 from .outbox import Outbox
 from .pacing import Pacer
 from .packetizer import Segments
-from .wire import (
-    Abort,
-    AbortReason,
-    ControlMessage,
-    Finish,
-    PacketType,
-    RateFeedback,
-    WireError,
-    decode_control,
-)
+from .wire import PacketType, WireError
 
 __all__ = [
     "ALL_ELEMS",
@@ -121,9 +113,7 @@ class Session:
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)
-        self._outbox = Outbox(
-            self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds
-        )
+        self._outbox = Outbox(self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds)
         self._now = 0.0  # latest time a caller passed in (for get_timer)
 
     # ------------------------------------------------------------------ application

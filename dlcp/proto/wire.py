@@ -1,4 +1,13 @@
-"""DLCP wire format: the one codec for data records and control messages.
+"""DLCP wire format: the layout every codec shares (headers, fields, tags).
+
+This module holds what data records and control messages have in common: the
+constants, the data header's layout, the enums of its fields, the reasons a
+datagram is rejected and the tag. It imports no other codec module; the codecs
+build on it, each in its own module and none importing another's:
+
+* :mod:`dlcp.proto.batch`: data datagrams (:func:`parse_batch`,
+  :func:`~dlcp.proto.batch.decode_data`);
+* :mod:`dlcp.proto.control`: control messages (one body codec per type).
 
 Everything here follows ``docs/spec.md`` byte for byte; the scapy layer in
 :mod:`dlcp.inspect` and the P4 header are checked against the same golden vectors.
@@ -7,11 +16,11 @@ Two views of the same bytes:
 
 * **Batches** of data records are numpy structured arrays (:data:`HEADER_DTYPE`
   over fixed-stride records) so that many headers are filled or checked in one
-  vectorised operation. :func:`parse_batch` validates a whole batch and returns a
+  vectorised operation. ``parse_batch`` validates a whole batch and returns a
   per-record reason code instead of raising, so that one bad datagram never
   stops the good ones around it.
 * **Single datagrams** (tests, inspection, control messages) are frozen
-  dataclasses; :func:`decode_data` and :func:`decode_control` raise
+  dataclasses; ``decode_data`` and ``decode_control`` raise
   :class:`WireError` with an exact message for anything malformed.
 
 Rules that hold everywhere:
@@ -47,19 +56,11 @@ __all__ = [
     "MAX_NACK_RANGES",
     "NATIVE_HEADER_DTYPE",
     "VERSION",
-    "Abort",
-    "AbortReason",
-    "ControlMessage",
     "DType",
     "DataHeader",
-    "Finish",
     "Flags",
-    "Nack",
     "PacketType",
-    "ParsedBatch",
-    "RateFeedback",
     "Reason",
-    "Stop",
     "TosMap",
     "VerifyKey",
     "WireError",
@@ -68,12 +69,8 @@ __all__ = [
     "bound_from_wire",
     "bound_to_wire",
     "check_message_key",
-    "decode_control",
-    "decode_data",
-    "encode_control",
     "encode_data",
     "key_of_source",
-    "parse_batch",
     "peek_type",
 ]
 
@@ -355,38 +352,6 @@ def peek_type(data: bytes | memoryview) -> PacketType:
         raise WireError(Reason.BAD_TYPE, f"unknown packet type {vt & 0x0F}") from None
 
 
-def decode_data(
-    data: bytes | memoryview, *, job: int, key: VerifyKey | None = None
-) -> tuple[DataHeader, bytes]:
-    """Parse and validate one data datagram; raises :class:`WireError`."""
-    buf = np.frombuffer(data, dtype=np.uint8)
-    batch = parse_batch(buf, len(buf) if len(buf) else 1, job=job, key=key, n_records=1)
-    if batch.reasons[0] != Reason.OK:
-        raise WireError(Reason(int(batch.reasons[0])), batch.message(0))
-    h = batch.headers[0]
-    tclass = int(h["tclass"])
-    header = DataHeader(
-        job=int(h["job"]),
-        step=int(h["step"]),
-        msg=int(h["msg"]),
-        seq=int(h["seq"]),
-        offset=int(h["offset"]),
-        msg_elems=int(h["msg_elems"]),
-        payload_len=int(h["payload_len"]),
-        layer=int(h["layer"]),
-        src=int(h["src"]),
-        prio=tclass >> 5,
-        drop=bool(tclass & 0x10),
-        mag=tclass & 0x0F,
-        dtype=DType(int(h["dtype"]) >> 4),
-        bound=int(h["bound"]),
-        path=int(h["path"]),
-        flags=Flags(int(h["flags"])),
-    )
-    payload = bytes(data[DATA_HEADER_LEN : DATA_HEADER_LEN + header.payload_len])
-    return header, payload
-
-
 # --------------------------------------------------------------------------- TOS
 
 
@@ -427,20 +392,3 @@ class TosMap:
         if not 0 <= prio <= 7:
             raise ValueError(f"priority class {prio} outside 0..7")
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)
-
-
-# The control-message codec lives in .control and batch parsing in .batch; their
-# names stay importable from here, so that ``dlcp.proto.wire`` remains the one place
-# that names the whole wire format.
-from .batch import ParsedBatch, parse_batch  # noqa: E402
-from .control import (  # noqa: E402
-    Abort,
-    AbortReason,
-    ControlMessage,
-    Finish,
-    Nack,
-    RateFeedback,
-    Stop,
-    decode_control,
-    encode_control,
-)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dlcp.proto.config import FillPolicy
+from dlcp.proto.control import Finish, encode_control
 from dlcp.proto.session import Session
-from dlcp.proto.wire import DATA_HEADER_LEN, Finish, Flags, encode_control
+from dlcp.proto.wire import DATA_HEADER_LEN, Flags
 from tests.unit.session_helpers import JOB, config
 from tests.unit.test_receive_run import MSG, STEP, Pair, message_datagrams
 
