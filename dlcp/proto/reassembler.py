@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import DLCPError
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .control import Finish
@@ -61,7 +62,7 @@ _DROP_BIT = 0x10
 _RUN_LAYOUT = _run_layout()
 
 
-class GeometryError(ValueError):
+class GeometryError(DLCPError, ValueError):
     """A packet disagrees with the message it claims to belong to."""
 
 

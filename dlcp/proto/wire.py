@@ -46,6 +46,8 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import DLCPError
+
 __all__ = [
     "AUTH_TAG_LEN",
     "CONTROL_HEADER_LEN",
@@ -165,7 +167,7 @@ class Reason(enum.IntEnum):
     AUTH_FAILED = 9
 
 
-class WireError(ValueError):
+class WireError(DLCPError, ValueError):
     """The one exception parsing raises; ``reason`` says which rule was broken."""
 
     def __init__(self, reason: Reason, message: str) -> None:

@@ -53,7 +53,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         on_path.add(node)
         for nxt in sorted(graph.get(node, ())):
             if nxt in on_path:
-                return path[path.index(nxt) :] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in done:
                 cycle = visit(nxt)
                 if cycle is not None:

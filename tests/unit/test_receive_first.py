@@ -58,7 +58,7 @@ class FirstPair(Pair):
         super().feed(datagrams, segment_size)
         a, b = self.fast._inbox, self.slow._inbox
         assert a._unexpected_bytes == b._unexpected_bytes
-        assert a._completed == b._completed
+        assert a._ended == b._ended
         assert a._last_data == b._last_data
         assert a._expected.keys() == b._expected.keys()
         assert a._orphan_finish.keys() == b._orphan_finish.keys()
