@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from dlcp.errors import BenchError
 from dlcp.io.udp import RECEIVE_BUFFER_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
@@ -52,7 +53,7 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
         items = tx.datagrams_to_send(now=now, max_batches=1 << 20)
         core += clock() - t0
         if not items:
-            raise RuntimeError("sender went idle before the message completed")
+            raise BenchError("sender went idle before the message completed")
         for item in _as_received(items):
             t0 = clock()
             if isinstance(item, ControlDatagram):
@@ -69,7 +70,7 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
                 done = ev
         core += clock() - t0
     if done.report.lost_elems or not np.array_equal(out, data):
-        raise RuntimeError("core benchmark transfer was not bit-exact")
+        raise BenchError("core benchmark transfer was not bit-exact")
     return core
 
 

@@ -61,6 +61,8 @@ from dlcp.proto.wire import (
     auth_tag,
 )
 
+from .errors import UsageError
+
 __all__ = [
     "DEFAULT_PORT",
     "DLCPAbort",
@@ -273,7 +275,7 @@ def layer_for(data: bytes) -> Packet:
     as ``Raw``, as scapy shows any undissectable payload inside a frame.
     """
     if not data:
-        raise ValueError("empty datagram: a DLCP datagram starts with its ver_type byte")
+        raise UsageError("empty datagram: a DLCP datagram starts with its ver_type byte")
     data = bytes(data)
     cls = _class_for(data, DLCPData)
     if len(data) < (DATA_HEADER_LEN if cls is DLCPData else CONTROL_HEADER_LEN):

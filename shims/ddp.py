@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dlcp.errors import UsageError
+
 from ..collectives import (
     DIRECT_MAX_BYTES,
     Communicator,
@@ -124,17 +126,17 @@ class DLCPState:
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
-            raise ValueError(
+            raise UsageError(
                 f"collective={self.collective!r}: use one of {', '.join(COLLECTIVES)}"
             )
         if self.direct_max_bytes < 0:
-            raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
+            raise UsageError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
         if not 0.0 <= self.p <= MAX_LOSS_BOUND:
-            raise ValueError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
+            raise UsageError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
         if not 0.0 <= self.p_gather <= self.p:
-            raise ValueError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
+            raise UsageError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
         if self.servers is not None and self.collective != "ps":
-            raise ValueError(
+            raise UsageError(
                 f"DLCPState: servers= is for collective='ps', not {self.collective!r}"
             )
         self._fill = FillPolicy(self.fill)
@@ -154,7 +156,7 @@ class DLCPState:
         elif self.world_size is None:
             self.world_size = dist.get_world_size() if dist.is_initialized() else None
         if self.world_size is None:
-            raise ValueError(
+            raise UsageError(
                 "DLCPState needs world_size= when given an endpoint outside "
                 "an initialised process group"
             )
@@ -193,7 +195,7 @@ class DLCPState:
         if group is None and isinstance(self.model, nn.parallel.DistributedDataParallel):
             group = self.model.process_group
         if group is not None and group.size() != world:
-            raise ValueError(
+            raise UsageError(
                 f"DLCPState averages over all {world} ranks of the job, but DDP's "
                 f"process group has {group.size()}: the DLCP hook does not serve "
                 "a DDP over a subgroup"
@@ -201,7 +203,7 @@ class DLCPState:
 
     def _check_ranks(self, world: int) -> None:
         if self.collective == "halving-doubling" and not is_power_of_two(world):
-            raise ValueError(
+            raise UsageError(
                 f"collective='halving-doubling' needs a power-of-two number of ranks, "
                 f"got {world}: use 'ring'"
             )

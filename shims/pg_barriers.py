@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dlcp.errors import UsageError
+
 from ..collectives import CollectiveReport
 from ..collectives.comm import ReportBuilder, cancel_all
 from ..errors import PeerTimeout
@@ -96,7 +98,7 @@ class Barriers:
     ) -> None:
         seconds = timeout.total_seconds() if timeout is not None else self.comm.timeout
         if not seconds > 0:
-            raise ValueError(f"monitored_barrier: timeout={timeout!r} must be above 0")
+            raise UsageError(f"monitored_barrier: timeout={timeout!r} must be above 0")
         with self._monitored_lock:
             step = self._monitored
             self._monitored = step + 1

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dlcp.errors import UsageError
+
 from .pg_tensors import DLCPWork, TensorList
 
 __all__ = ["CoalescingAndNames"]
@@ -97,7 +99,7 @@ class CoalescingAndNames:
         opts: Any,
     ) -> DLCPWork:
         if len(outputs) != len(inputs):
-            raise ValueError(f"{name}: {len(outputs)} outputs, {len(inputs)} inputs")
+            raise UsageError(f"{name}: {len(outputs)} outputs, {len(inputs)} inputs")
         works = [op(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return self._coalesced(name, works, outputs)
 

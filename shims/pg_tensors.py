@@ -18,6 +18,8 @@ import numpy.typing as npt
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
+from dlcp.errors import UsageError
+
 from ..collectives import CollectiveReport
 from .pg_timeouts import DLCPTimeout
 
@@ -103,7 +105,7 @@ class DLCPWork(Work):
     def _source_rank(self) -> int:
         """The source of a completed receive (torch's ``recv`` from any source)."""
         if self.source_rank is None:
-            raise ValueError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
+            raise UsageError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
         return self.source_rank
 
 
@@ -168,7 +170,7 @@ def parts(buf: npt.NDArray[np.uint8], index: int) -> list[tuple[int, npt.NDArray
         return []
     n = -(-buf.size // MAX_PART_BYTES)
     if n > MAX_PARTS or index >= ROLE_STRIDE:
-        raise ValueError(
+        raise UsageError(
             f"message of {buf.size} bytes (tensor {index}) exceeds "
             f"{MAX_PARTS} x {MAX_PART_BYTES} bytes"
         )
@@ -187,9 +189,9 @@ def check_tensors(tensors: TensorList, op: str) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
         if t.layout != torch.strided:
-            raise ValueError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
+            raise UsageError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
         if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
+            raise UsageError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
 
 
 FOLDS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dlcp.errors import UsageError
+
 __all__ = ["TcpPsState", "tcp_ps_hook"]
 
 
@@ -40,7 +42,7 @@ class TcpPsState:
     def __post_init__(self) -> None:
         world = dist.get_world_size(self.group)
         if not 0 <= self.server < world:
-            raise ValueError(f"server={self.server} is not a rank of 0..{world - 1}")
+            raise UsageError(f"server={self.server} is not a rank of 0..{world - 1}")
 
 
 def tcp_ps_hook(state: TcpPsState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlcp.errors import UsageError
 from dlcp.switch.policy import SwitchPolicy
 
 from .bmv2 import Bmv2Error, Bmv2Switch, bmv2_switch, missing_bmv2, program_paths
@@ -207,7 +208,7 @@ def _switch(net: Bmv2Network, name: str) -> Bmv2Switch:
     try:
         return net.switches[name]
     except KeyError:
-        raise ValueError(
+        raise UsageError(
             f"{name!r} is not a BMv2 switch of this testbed ({', '.join(net.switches)})"
         ) from None
 
@@ -251,7 +252,7 @@ def bmv2_set_loss(net: Bmv2Network, switch: str, percent: float) -> int:
             "(build_bmv2(..., loss_injection=True))"
         )
     if not 0 <= percent <= 100:
-        raise ValueError(f"loss percent must be in [0, 100], got {percent!r}")
+        raise UsageError(f"loss percent must be in [0, 100], got {percent!r}")
     value = min(0xFFFF, round(percent / 100 * 65536))
     sw.cli(f"register_write {P4Names.LOSS_PROBABILITY} 0 {value}")
     got = sw.register(P4Names.LOSS_PROBABILITY, 0)

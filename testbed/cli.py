@@ -17,6 +17,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from dlcp.errors import DLCPError
 from dlcp.launch import sigterm_interrupts
 from dlcp.switch.policy import PolicyError
 
@@ -143,7 +144,7 @@ def _policy(name: str, t: Topology) -> SwitchPolicy | FifoPolicy | None:
     return None
 
 
-class _Stop(Exception):
+class _Stop(DLCPError):
     pass
 
 

@@ -106,6 +106,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from dlcp.errors import DLCPError, UsageError
 from dlcp.proto.wire import DEFAULT_PORT
 
 from .bmv2_backend import Bmv2Network, bmv2_counters, bmv2_link_down, bmv2_set_loss, build_bmv2
@@ -169,7 +170,7 @@ LOSS_PERCENT = 1.0
 BMV2_BACKGROUND_MBIT = 20.0
 N_PATHS = 8
 P_BOUND = 0.05
-class ExperimentError(RuntimeError):
+class ExperimentError(DLCPError, RuntimeError):
     """A training run on the testbed failed (the message says which rank, how)."""
 
 
@@ -323,35 +324,35 @@ def run_experiment(
     from dlcp.launch import launch
 
     if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+        raise UsageError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
+        raise UsageError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
     bad = sorted(set(ablate) - set(ABLATIONS))
     if bad:
-        raise ValueError(f"unknown ablation {bad[0]!r} (known: {', '.join(ABLATIONS)})")
+        raise UsageError(f"unknown ablation {bad[0]!r} (known: {', '.join(ABLATIONS)})")
     if ablate and transport != "dlcp":
-        raise ValueError("ablations apply to --transport dlcp only")
+        raise UsageError("ablations apply to --transport dlcp only")
     if switch not in SWITCHES:
-        raise ValueError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
+        raise UsageError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
     bmv2 = switch == "bmv2"
     if bmv2 and profile is not None:
-        raise ValueError(
+        raise UsageError(
             f"profile={profile!r} chooses the Linux routers' queueing; BMv2 runs the P4 program"
         )
     if profile is None and not bmv2:
         profile = default_profile(transport)
     if profile is not None and profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+        raise UsageError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
     queues = profile or "p4"  # what the results say the routers ran
     if bmv2 and link_rate_mbit is not None:
-        raise ValueError(
+        raise UsageError(
             "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
             "(BMv2 queues have per-priority rates only)"
         )
     if link_rate_mbit is None:
         link_rate_mbit = LINK_RATE_MBIT
     if epochs < 1 or batch_size < 1 or hidden < 1 or not 0 < link_rate_mbit < float("inf"):
-        raise ValueError(
+        raise UsageError(
             f"epochs={epochs}, batch_size={batch_size} and hidden={hidden} must be >= 1, "
             f"and link_rate_mbit={link_rate_mbit} a positive number"
         )
@@ -559,7 +560,7 @@ def suite(
     feel). Failed runs are reported and skipped. Returns (number of failures,
     summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
-        raise ValueError(
+        raise UsageError(
             f"gloo_profile={gloo_profile!r} chooses the Linux routers' queueing; "
             "BMv2 runs the P4 program"
         )

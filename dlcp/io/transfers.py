@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import PeerTimeout, TransferFailed
+from ..errors import PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.reassembler import rescale
 from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
@@ -207,7 +207,7 @@ class Transfers:
         if out is not None and out is not data:
             if out.shape != data.shape or out.dtype != data.dtype:
                 fut.set_exception(
-                    ValueError(
+                    UsageError(
                         f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
                         f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
                     )

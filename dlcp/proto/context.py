@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from ..errors import UsageError
 from .config import ProtocolConfig
 from .control import ControlMessage, encode_control
 from .events import ControlDatagram, Event, SessionStats
@@ -27,7 +28,7 @@ PairKeyLookup = Callable[[int, int], bytes]
 
 def _check_key(key: bytes) -> bytes:
     if not 16 <= len(key) <= 64:
-        raise ValueError(f"authentication key must be 16..64 bytes, got {len(key)}")
+        raise UsageError(f"authentication key must be 16..64 bytes, got {len(key)}")
     return bytes(key)
 
 

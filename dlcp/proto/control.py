@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+from ..errors import UsageError
 from .wire import (
     AUTH_TAG_LEN,
     CONTROL_HEADER_LEN,
@@ -148,9 +149,9 @@ def _decode_stop(step: int, msg: int, src: int, body: bytes) -> Stop:
 
 def _encode_finish(msg: Finish) -> bytes:
     if len(msg.class_chunks) != 16:
-        raise ValueError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
+        raise UsageError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
     if msg.protected_chunks > msg.total_chunks or sum(msg.class_chunks) != msg.total_chunks:
-        raise ValueError(
+        raise UsageError(
             f"inconsistent Finish: {msg.protected_chunks} protected and "
             f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
         )
@@ -184,10 +185,10 @@ def _decode_finish(step: int, msg: int, src: int, body: bytes) -> Finish:
 
 def _encode_nack(msg: Nack) -> bytes:
     if len(msg.ranges) > MAX_NACK_RANGES:
-        raise ValueError(f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}")
+        raise UsageError(f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}")
     for first, n in msg.ranges:
         if n == 0 or first + n > 0xFFFFFFFF:
-            raise ValueError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
+            raise UsageError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
     flat = [v for r in msg.ranges for v in r]
     return _NACK_HEAD.pack(
         msg.round, _NACK_MORE if msg.more else 0, len(msg.ranges), msg.needed_elems

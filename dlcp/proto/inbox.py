@@ -92,6 +92,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
@@ -195,19 +196,19 @@ class Inbox(SessionSide):
         src, step, msg = key
         check_message_key(step, msg)
         if out is not None and not out.flags.writeable:
-            raise ValueError(
+            raise UsageError(
                 f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
             )
         ended = self._ended.get(key)
         if ended is not None:
-            raise ValueError(
+            raise UsageError(
                 f"message (step {step}, msg {msg}) from rank {src} already {ended.outcome.value}"
             )
         if p is not None:
             bound_to_wire(p)  # validates the range
         fill = fill or self.config.default_fill
         if fill is FillPolicy.PREVIOUS and out is None:
-            raise ValueError("fill='previous' needs out= holding the previous values")
+            raise UsageError("fill='previous' needs out= holding the previous values")
         state = self._incoming.get(key)
         if state is None:
             self._expected[key] = Expectation(out, p, fill)
@@ -215,7 +216,7 @@ class Inbox(SessionSide):
         state.expected = True
         r = state.reassembler
         if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
-            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
+            raise UsageError("fill='rescale' needs a floating-point message, not uint8")
         r.fill = fill
         if p is not None and p < r.bound:
             r.bound = p

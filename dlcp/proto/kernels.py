@@ -19,6 +19,8 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
+
 __all__ = [
     "ACCELERATED",
     "block_abs_mean",
@@ -276,7 +278,7 @@ def unpack_uniform(
     """:func:`unpack_records`, and whether every row agrees with the first in the
     header bits ``mask`` sets (``wire.itemsize`` bytes), found in the same pass."""
     if len(mask) != wire.itemsize:
-        raise ValueError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
+        raise UsageError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
     return _unpack(rows, wire, mask, accelerated)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import DLCPError
+from ..errors import DLCPError, UsageError
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .control import Finish
@@ -127,7 +127,7 @@ class Reassembler:
                 f"{dtype.name.lower()}[{msg_elems}] (contiguous)"
             )
         if fill is FillPolicy.RESCALE and dtype is DType.UINT8:
-            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
+            raise UsageError("fill='rescale' needs a floating-point message, not uint8")
         self.dtype = dtype
         self.msg_elems = msg_elems
         self.chunk_elems = chunk_elems

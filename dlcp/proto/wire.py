@@ -46,7 +46,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import DLCPError
+from ..errors import DLCPError, UsageError
 
 __all__ = [
     "AUTH_TAG_LEN",
@@ -132,7 +132,7 @@ class DType(enum.IntEnum):
             return cls.BFLOAT16
         if dt == np.uint8:
             return cls.UINT8
-        raise ValueError(
+        raise UsageError(
             f"unsupported element type {dt}: DLCP carries float32, float16, "
             "bfloat16 (as uint16 words with bfloat16=True) and uint8"
         )
@@ -208,7 +208,7 @@ assert _DATA_STRUCT.size == DATA_HEADER_LEN
 def bound_to_wire(p: float) -> int:
     """Loss bound ``p`` as carried in the header: thousandths, rounded down."""
     if not 0.0 <= p <= MAX_LOSS_BOUND:
-        raise ValueError(f"loss bound p={p} outside [0, {MAX_LOSS_BOUND}]")
+        raise UsageError(f"loss bound p={p} outside [0, {MAX_LOSS_BOUND}]")
     return int(p * 1000 + 1e-9)
 
 
@@ -278,7 +278,7 @@ class DataHeader:
         _check_range("bound", self.bound, 255)
         _check_range("path", self.path, 255)
         if int(self.flags) & ~_DATA_FLAG_MASK:
-            raise ValueError(f"unknown data flags {int(self.flags):#x}")
+            raise UsageError(f"unknown data flags {int(self.flags):#x}")
 
     @property
     def tclass(self) -> int:
@@ -306,7 +306,7 @@ class DataHeader:
 
 def _check_range(name: str, value: int, maximum: int) -> None:
     if not 0 <= value <= maximum:
-        raise ValueError(f"{name}={value} does not fit its field (0..{maximum})")
+        raise UsageError(f"{name}={value} does not fit its field (0..{maximum})")
 
 
 def check_message_key(step: int, msg: int) -> None:
@@ -315,7 +315,7 @@ def check_message_key(step: int, msg: int) -> None:
     or control message is built."""
     for name, value, maximum in (("step", step, 0xFFFFFFFF), ("msg", msg, 0xFFFF)):
         if not isinstance(value, int | np.integer) or isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} must be an integer")
+            raise UsageError(f"{name}={value!r} must be an integer")
         _check_range(name, int(value), maximum)
 
 
@@ -327,7 +327,7 @@ def pack_tclass(prio: int, drop: bool, mag: int) -> int:
 def encode_data(header: DataHeader, payload: bytes | memoryview, key: bytes | None = None) -> bytes:
     """One data datagram; with ``key`` the AUTH flag is set and the tag appended."""
     if len(payload) != header.payload_len:
-        raise ValueError(
+        raise UsageError(
             f"payload is {len(payload)} bytes but header says payload_len={header.payload_len}"
         )
     flags = header.flags | Flags.AUTH if key is not None else header.flags & ~Flags.AUTH
@@ -376,15 +376,15 @@ class TosMap:
 
     def __post_init__(self) -> None:
         if len(self.dscp) != 8:
-            raise ValueError(
+            raise UsageError(
                 f"TosMap.dscp needs one DSCP per priority class (8), got {len(self.dscp)}"
             )
         for c, d in enumerate(self.dscp):
             if not _is_int(d) or not 0 <= d <= 63:
-                raise ValueError(f"TosMap.dscp[{c}]={d!r} is not a DSCP (an integer 0..63)")
+                raise UsageError(f"TosMap.dscp[{c}]={d!r} is not a DSCP (an integer 0..63)")
         for name in ("ecn_protected", "ecn_droppable"):
             if not _is_int(getattr(self, name)) or not 0 <= getattr(self, name) <= 3:
-                raise ValueError(
+                raise UsageError(
                     f"TosMap.{name}={getattr(self, name)!r} is not an ECN codepoint "
                     "(an integer 0..3)"
                 )
@@ -392,5 +392,5 @@ class TosMap:
     def tos(self, prio: int, drop: bool) -> int:
         """The IPv4 TOS / IPv6 traffic-class byte for a packet class."""
         if not 0 <= prio <= 7:
-            raise ValueError(f"priority class {prio} outside 0..7")
+            raise UsageError(f"priority class {prio} outside 0..7")
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)
