@@ -50,6 +50,7 @@ import numpy.typing as npt
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
+from ..proto.control import control_source
 from ..proto.pacing import Pacer
 from ..proto.session import (
     ControlDatagram,
@@ -539,7 +540,8 @@ class Endpoint:
                 if not datagram or datagram[0] & 0x0F == PacketType.DATA:
                     self._stats.control_rejected += 1  # data travels over UDP only
                     continue
-                if len(datagram) >= 16 and int.from_bytes(datagram[10:12], "big") != peer:
+                claimed = control_source(datagram)
+                if claimed is not None and claimed != peer:
                     self._stats.control_rejected += 1  # claims another rank than its hello
                     continue
                 stats = self._session.stats

@@ -43,6 +43,7 @@ __all__ = [
     "Nack",
     "RateFeedback",
     "Stop",
+    "control_source",
     "decode_control",
     "encode_control",
 ]
@@ -314,6 +315,16 @@ def encode_control(msg: ControlMessage, *, job: int, key: bytes | None = None) -
     head = _CONTROL_STRUCT.pack(first, flags, job, step, msg_id, src, len(body), 0)
     out = head + body
     return out + auth_tag(key, out) if key is not None else out
+
+
+def control_source(data: bytes | memoryview) -> int | None:
+    """The rank a control datagram claims to come from (its header's ``src``),
+    read without checking the rest; None if it is shorter than a control header.
+    (A driver matches it against the rank its connection said hello as, before
+    the session decodes the message.)"""
+    if len(data) < CONTROL_HEADER_LEN:
+        return None
+    return int(_CONTROL_STRUCT.unpack_from(data)[5])
 
 
 def decode_control(

@@ -457,3 +457,9 @@ def test_every_control_type_has_one_body_codec() -> None:
         raw = control.encode_control(msg, job=1)
         assert raw[0] == (wire.VERSION << 4) | ptype
         assert control.decode_control(raw, job=1) == msg
+
+
+def test_control_source_reads_the_claimed_rank_from_the_header() -> None:
+    raw = control.encode_control(Stop(7, 3, 513, received_elems=9), job=1)
+    assert control.control_source(raw) == 513
+    assert control.control_source(raw[: wire.CONTROL_HEADER_LEN - 1]) is None
