@@ -311,18 +311,23 @@ class ReceiverRecovery:
     """
 
     def __init__(self, reassembler: Reassembler, config: ProtocolConfig, *,
-                 nacked_round: int = -1) -> None:  # fmt: skip
+                 nacked_round: int | None = None) -> None:  # fmt: skip
         """``nacked_round``: the round of an orphan FINISH that was NACKed whole
-        before any data arrived (its grace waited then), else -1."""
+        before any data arrived (its grace waited then), else None."""
         self.reassembler = reassembler
         self.config = config
         self.phase = ReceivePhase.RECEIVING
-        self.nack_round = nacked_round  # FINISH round last NACKED
+        #: the FINISH round last NACKED (None: none yet)
+        self.nack_round: int | None = nacked_round
         self.failure: Failure | None = None
         self._nack_at: float | None = None  # FINISHED / NACKED: when to NACK
         #: when the FINISH of a round not NACKED yet arrived
         self._finish_at: float | None = None
         self._complete_at: float | None = None  # SETTLING: when to complete
+
+    def _nacked(self, finish_round: int) -> bool:
+        """Whether FINISH round ``finish_round`` (or a later one) was NACKED."""
+        return self.nack_round is not None and finish_round <= self.nack_round
 
     def _move(self, to: ReceivePhase, event: str) -> None:
         if to not in _RECEIVE_MOVES[self.phase]:
@@ -352,7 +357,7 @@ class ReceiverRecovery:
             self._finish_at = now
         if self.phase is ReceivePhase.SETTLING:
             return  # complete by the bound: no NACK unless the bound tightens
-        if finish_round > self.nack_round or self._nack_at is None:
+        if self._nack_at is None or not self._nacked(finish_round):
             self._nack_at = now + self.config.reorder_grace
             self._move(ReceivePhase.FINISHED, "FINISH")
         elif self.phase is ReceivePhase.NACKED:
@@ -367,7 +372,7 @@ class ReceiverRecovery:
         nothing that was not lost is reported lost."""
         self._require_live("completion")
         r = self.reassembler
-        if r.received_elems < r.msg_elems and self.nack_round < 0:
+        if r.received_elems < r.msg_elems and self.nack_round is None:
             quiet = r.last_activity + self.config.reorder_grace
             if now < quiet:
                 self._move(ReceivePhase.SETTLING, "completion by the bound")
@@ -436,7 +441,7 @@ class ReceiverRecovery:
             self._nack_at = quiet
             return []
         # repeated every nack_timeout until the sender answers with a new round
-        if r.finish.round > self.nack_round:
+        if not self._nacked(r.finish.round):
             r.nack_rounds += 1  # (a repeat of the same round is not a new round)
         self._move(ReceivePhase.NACKED, "NACK timer")
         self.nack_round = r.finish.round

@@ -20,7 +20,7 @@ CFG = config(reorder_grace=0.01, nack_timeout=0.1, recv_idle_timeout=5.0)
 GRACE, NACK_T = CFG.reorder_grace, CFG.nack_timeout
 
 
-def _recovery(*, bound: float = 0.1, nacked_round: int = -1) -> ReceiverRecovery:
+def _recovery(*, bound: float = 0.1, nacked_round: int | None = None) -> ReceiverRecovery:
     r = Reassembler(
         dtype=DType.FLOAT32,
         msg_elems=CHUNKS * CHUNK,
