@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dlcp.errors import DLCPError, UsageError
+from dlcp.errors import ArgumentTypeError, DLCPError, UsageError
 
 #: seconds a step may wait for its datagrams before the job fails (nothing is
 #: retransmitted: a missing datagram never comes)
@@ -128,7 +128,7 @@ class UdpRingFloor:
     def allreduce(self, data: npt.NDArray[np.float32]) -> None:
         """Average ``data`` (1-D float32) over the ring, in place."""
         if data.dtype != np.float32:
-            raise TypeError(f"the UDP floor averages float32 buckets, got {data.dtype}")
+            raise ArgumentTypeError(f"the UDP floor averages float32 buckets, got {data.dtype}")
         n, r = self.world, self.rank
         if 2 * (n - 1) > 0xFF:  # a step must fit the tag's low byte
             raise UsageError(f"the UDP floor's ring takes at most 128 ranks, got {n}")

@@ -8,7 +8,9 @@ raises on purpose (``WireError`` is defined in :mod:`dlcp.proto.wire`,
 
     DLCPError
     ├── UsageError (also ValueError)       the caller asked for something not allowed
-    │   └── ConfigError                    ... in a setting: argument or DLCP_* variable
+    │   ├── ConfigError                    ... in a setting: argument or DLCP_* variable
+    │   ├── ArgumentTypeError (also TypeError)     ... an argument of the wrong type
+    │   └── UsageStateError (also RuntimeError)    ... a call its object's state refuses
     ├── WireError (also ValueError)        a datagram breaks the wire format
     ├── GeometryError (also ValueError)    a packet disagrees with its message
     ├── ProtocolStateError (also RuntimeError)  an event a phase does not allow
@@ -16,6 +18,7 @@ raises on purpose (``WireError`` is defined in :mod:`dlcp.proto.wire`,
     │   └── PeerTimeout (also TimeoutError)
     ├── StartupTimeout (also TimeoutError)
     ├── EndpointClosed
+    ├── DependencyMissing (also RuntimeError)  an optional dependency is not installed
     └── BenchError (also RuntimeError)     a benchmark run failed (bench/)
 
 :class:`UsageError` is API misuse: a wrong argument, a call out of order, a value
@@ -23,22 +26,26 @@ out of range. :class:`ConfigError` is the kind of misuse that a setting causes,
 and derives from it, so ``except UsageError`` covers both; its messages name the
 setting as the user wrote it (``DLCP_EMULATED_LOSS=2 outside [0, 1)``, or the
 keyword argument). Both stay ``ValueError``\\ s, so code written against
-``ValueError`` keeps working. Every message names the rank, peer and message
-where there is one.
+``ValueError`` keeps working; the two other kinds of misuse keep the builtin
+their callers knew as well (``TypeError``, ``RuntimeError``). Every message
+names the rank, peer and message where there is one.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "BenchError",
     "ConfigError",
     "DLCPError",
+    "DependencyMissing",
     "EndpointClosed",
     "PeerTimeout",
     "ProtocolStateError",
     "StartupTimeout",
     "TransferFailed",
     "UsageError",
+    "UsageStateError",
 ]
 
 
@@ -53,6 +60,20 @@ class UsageError(DLCPError, ValueError):
 
 class ConfigError(UsageError):
     """A configuration value (argument or ``DLCP_*`` variable) is not allowed."""
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of a type DLCP does not take (a ``TypeError`` too)."""
+
+
+class UsageStateError(UsageError, RuntimeError):
+    """A call the object's state does not allow now: after ``close()``, out of
+    order, or from a thread where waiting would deadlock (a ``RuntimeError`` too)."""
+
+
+class DependencyMissing(DLCPError, RuntimeError):
+    """An optional dependency the feature needs is not installed (the message
+    says which extra brings it)."""
 
 
 class ProtocolStateError(DLCPError, RuntimeError):

@@ -61,7 +61,7 @@ from dlcp.proto.wire import (
     auth_tag,
 )
 
-from .errors import UsageError
+from .errors import ArgumentTypeError, UsageError
 
 __all__ = [
     "DEFAULT_PORT",
@@ -290,7 +290,7 @@ def authenticate(pkt: Packet, key: bytes) -> Packet:
     :func:`dlcp.proto.wire.auth_tag` computes it.
     """
     if not isinstance(pkt, DLCPData | DLCPControl):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"authenticate takes a DLCPData or DLCPControl layer, not {type(pkt).__name__}"
         )
     signed = pkt.copy()

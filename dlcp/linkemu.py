@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import ArgumentTypeError, TransferFailed
 from .proto.session import (
     ControlDatagram,
     Event,
@@ -88,7 +89,7 @@ class LossyLink:
         """Put one output of session ``src`` on the link (a session that paces
         itself: the link has no engine for whole rounds)."""
         if isinstance(item, RoundPost | RoundRelease):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"rank {src}: the emulated link takes sessions that pace themselves, "
                 "not whole rounds (whole_rounds=False)"
             )
@@ -164,7 +165,7 @@ class LossyLink:
                 t = s.get_timer()
                 if t is not None and t <= now:
                     s.handle_timer(now=now)
-        raise RuntimeError(f"link did not settle in {max_steps} steps")
+        raise TransferFailed(f"link did not settle in {max_steps} steps")
 
     def _collect(self) -> None:
         for rank, s in self.sessions.items():

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dlcp.errors import UsageError
+from dlcp.errors import ArgumentTypeError, UsageError, UsageStateError
 
 from ..collectives import (
     DIRECT_MAX_BYTES,
@@ -231,7 +231,7 @@ class DLCPState:
             else torch.futures.Future()
         )
         if tensor.dtype not in _BUCKET_DTYPES:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"the DLCP DDP hook reduces float32, float16 and bfloat16 gradients, "
                 f"got a {tensor.dtype} bucket"
             )
@@ -241,7 +241,7 @@ class DLCPState:
             ready.record(torch.cuda.current_stream(tensor.device))
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
-                raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
+                raise UsageStateError("DLCPState is closed: the DDP hook cannot reduce a bucket")
             self._servers.put(_Job(tensor, segments, fut, last, ready))
         return fut
 

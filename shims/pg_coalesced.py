@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dlcp.errors import UsageError
+from dlcp.errors import UsageError, UsageStateError
 
 from .pg_tensors import DLCPWork, TensorList
 
@@ -50,7 +50,7 @@ class CoalescingAndNames:
     def group_name(self) -> str:
         name: str | None = getattr(self, "_group_name", None)
         if name is None:
-            raise RuntimeError("dlcp process group: torch has not named this group yet")
+            raise UsageStateError("dlcp process group: torch has not named this group yet")
         return name
 
     #: the works queued since ``_start_coalescing`` (None: not coalescing)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
-from dlcp.errors import UsageError
+from dlcp.errors import ArgumentTypeError, UsageError
 
 from ..collectives import CollectiveReport
 from .pg_timeouts import DLCPTimeout
@@ -187,7 +187,7 @@ def flatten(lists: list[TensorList]) -> TensorList:
 def check_tensors(tensors: TensorList, op: str) -> None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
+            raise ArgumentTypeError(f"{op}: expected tensors, got {type(t).__name__}")
         if t.layout != torch.strided:
             raise UsageError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
         if t.device.type not in ("cpu", "cuda"):

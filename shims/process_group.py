@@ -85,7 +85,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from dlcp.errors import UsageError
+from dlcp.errors import ArgumentTypeError, UsageError
 
 from ..collectives import CollectiveReport, Communicator
 from ..collectives.comm import ReportBuilder
@@ -147,7 +147,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     ) -> None:
         super().__init__(rank, world_size)
         if options is not None and not isinstance(options, DLCPOptions):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"pg_options for the dlcp backend must be DLCPOptions, got {type(options).__name__}"
             )
         self.options = options if options is not None else DLCPOptions()

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError, PeerTimeout, UsageError
+from ..errors import ConfigError, PeerTimeout, UsageError, UsageStateError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -287,7 +287,9 @@ class Communicator:
 
     def next_call(self) -> int:
         if self._closed:  # (its numbers may belong to a later communicator now)
-            raise RuntimeError(f"rank {self.rank}: channel {self.channel}'s communicator is closed")
+            raise UsageStateError(
+                f"rank {self.rank}: channel {self.channel}'s communicator is closed"
+            )
         return self._calls.take()
 
     @contextlib.contextmanager
@@ -304,7 +306,7 @@ class Communicator:
             if taken < n:
                 self._calls.skip_to(first + n)
             elif taken > n:  # (a caller that counts wrong desynchronises every rank)
-                raise RuntimeError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
+                raise UsageStateError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
 
         try:
             yield

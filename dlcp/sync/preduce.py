@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..errors import ConfigError, TransferFailed, UsageError
+from ..errors import ConfigError, TransferFailed, UsageError, UsageStateError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -184,7 +184,7 @@ class GroupAveraging(SyncScheme):
 
     def step(self) -> StepReport:
         if self._closed:
-            raise RuntimeError(f"rank {self.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.rank}: step() after close()")
         self.local_update()
         gid, members = self.next_group()
         t0 = time.perf_counter()
