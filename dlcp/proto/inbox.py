@@ -85,9 +85,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Set
+from collections.abc import Set
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -127,11 +127,16 @@ class Outcome(enum.Enum):
     REFUSED = "refused"
 
 
-@dataclass(frozen=True, slots=True)
-class Ended:
+#: (every completed message names it: a module constant costs less than an Enum
+#: class attribute)
+_COMPLETED: Final = Outcome.COMPLETED
+
+
+class Ended(NamedTuple):
     """What the inbox remembers of a message that ended: late packets of it are
     ignored (not started as a new message) and a repeated FINISH is answered,
-    with STOP if it completed, else with ABORT."""
+    with STOP if it completed, else with ABORT. (A named tuple: one is made for
+    every message received.)"""
 
     outcome: Outcome
     #: elements received (COMPLETED; 0 otherwise)
@@ -151,6 +156,11 @@ _ABORT_OF: Final = {
 #: state, a few hundred bytes of Python objects; counted against
 #: ``max_unexpected_bytes`` with the buffer)
 OPEN_MESSAGE_BYTES = 1024
+
+
+#: a message's geometry as its first datagrams give it: dtype, elements, chunk
+#: elements, wire bound
+Geometry: TypeAlias = tuple[DType, int, int, int]
 
 
 @dataclass(slots=True)
@@ -284,25 +294,28 @@ class Inbox(SessionSide):
         self,
         key: Key,
         n: int,
-        geometry: Callable[[], tuple[DType, int, int, int] | None],
         *,
         now: float,
+        geometry: Geometry | None = None,
+        headers: npt.NDArray[np.void] | None = None,
     ) -> _Incoming | None:
         """Rules 3 and 4: the message ``n`` admitted datagrams of ``key`` go to,
-        opened with ``geometry()`` (dtype, elements, chunk elements, wire bound)
-        if it is not under way; None if they go nowhere (late, no geometry,
-        refused), having been accounted for."""
-        if key in self._ended:
-            self.stats.late_packets += n
-            return None
+        opened if it is not under way with the ``geometry`` (dtype, elements,
+        chunk elements, wire bound) their header gave, or, for a group of parsed
+        ``headers``, the geometry found in them (looked for only then); None if
+        they go nowhere (late, no geometry, refused), having been accounted for."""
         state = self._incoming.get(key)
         if state is not None:
             return state
-        found = geometry()
-        if found is None:
+        if key in self._ended:  # (never both: a message ends by leaving _incoming)
+            self.stats.late_packets += n
+            return None
+        if headers is not None:
+            geometry = Reassembler.geometry_of(headers)
+        if geometry is None:
             self.stats.reject("geometry", n)
             return None
-        return self._open(key, *found, n, now=now)
+        return self._open(key, *geometry, n, now=now)
 
     def _landed(self, key: Key, state: _Incoming, wire_bytes: int, fresh: int, *,
                 now: float) -> None:  # fmt: skip
@@ -370,7 +383,7 @@ class Inbox(SessionSide):
         n = len(headers)
         if not self._admit_peer(key[0], n, now=now):
             return
-        state = self._message_for(key, n, lambda: Reassembler.geometry_of(headers), now=now)
+        state = self._message_for(key, n, now=now, headers=headers)
         if state is None:
             return
         try:
@@ -410,16 +423,14 @@ class Inbox(SessionSide):
         if not self._admit_peer(key[0], 1, now=now):
             return True
 
-        def geometry() -> tuple[DType, int, int, int] | None:
-            try:
-                chunk_elems = Reassembler.chunk_elems_of_header(
-                    seq, offset, payload_len, flags, elems, dtype
-                )
-            except GeometryError:
-                return None
-            return dtype, elems, chunk_elems, bound
-
-        state = self._message_for(key, 1, geometry, now=now)
+        try:  # (a new message, by the run's head: its geometry is needed)
+            chunk_elems = Reassembler.chunk_elems_of_header(
+                seq, offset, payload_len, flags, elems, dtype
+            )
+            geometry: Geometry | None = (dtype, elems, chunk_elems, bound)
+        except GeometryError:
+            geometry = None
+        state = self._message_for(key, 1, now=now, geometry=geometry)
         if state is None:
             return True
         r = state.reassembler
@@ -520,7 +531,7 @@ class Inbox(SessionSide):
             self._unexpected_bytes -= state.unexpected_bytes
         else:  # parked until the application claims it: still charged
             self._parked[key] = state.unexpected_bytes
-        self._remember(key, Ended(Outcome.COMPLETED, r.received_elems, now))
+        self._remember(key, Ended(_COMPLETED, r.received_elems, now))
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
 

@@ -260,6 +260,18 @@ class ReceivePhase(enum.Enum):
     #: the receiver cancelled it (terminal)
     CANCELLED = "cancelled"
 
+    # members are singletons compared by identity: hash them so too, in C (the
+    # transition table is looked up on every move; Enum's own hash is Python code)
+    __hash__ = object.__hash__
+
+
+# the phases the per-message hot paths (open, complete, the timer every driver
+# turn reads) name, as module constants: an Enum class attribute costs a lookup
+# through its metaclass
+_RECEIVING: Final = ReceivePhase.RECEIVING
+_SETTLING: Final = ReceivePhase.SETTLING
+_DONE: Final = ReceivePhase.DONE
+
 
 _TERMINAL: Final = frozenset({ReceivePhase.DONE, ReceivePhase.FAILED, ReceivePhase.CANCELLED})
 _LIVE: Final = frozenset(ReceivePhase) - _TERMINAL
@@ -316,7 +328,7 @@ class ReceiverRecovery:
         before any data arrived (its grace waited then), else None."""
         self.reassembler = reassembler
         self.config = config
-        self.phase = ReceivePhase.RECEIVING
+        self.phase = _RECEIVING
         #: the FINISH round last NACKED (None: none yet)
         self.nack_round: int | None = nacked_round
         self.failure: Failure | None = None
@@ -331,6 +343,7 @@ class ReceiverRecovery:
 
     def _move(self, to: ReceivePhase, event: str) -> None:
         if to not in _RECEIVE_MOVES[self.phase]:
+            self._require_live(event)  # (an ended message: say so)
             raise ProtocolStateError(
                 f"receiver recovery: {event} in phase {self.phase.name} cannot move it to {to.name}"
             )
@@ -346,7 +359,7 @@ class ReceiverRecovery:
     def timer(self) -> float:
         """When :meth:`on_timer` (or, SETTLING, the completion check) is next due."""
         t = self.reassembler.last_activity + self.config.recv_idle_timeout
-        due = self._complete_at if self.phase is ReceivePhase.SETTLING else self._nack_at
+        due = self._complete_at if self.phase is _SETTLING else self._nack_at
         return t if due is None or due >= t else due
 
     def on_finish(self, finish_round: int, *, now: float) -> None:
@@ -355,7 +368,7 @@ class ReceiverRecovery:
         self._require_live("FINISH")
         if self._finish_at is None:
             self._finish_at = now
-        if self.phase is ReceivePhase.SETTLING:
+        if self.phase is _SETTLING:
             return  # complete by the bound: no NACK unless the bound tightens
         if self._nack_at is None or not self._nacked(finish_round):
             self._nack_at = now + self.config.reorder_grace
@@ -370,16 +383,19 @@ class ReceiverRecovery:
         message completes now (DONE), False if it waits out the reorder grace
         first (SETTLING), so that data still in flight behind the FINISH lands and
         nothing that was not lost is reported lost."""
-        self._require_live("completion")
         r = self.reassembler
         if r.received_elems < r.msg_elems and self.nack_round is None:
             quiet = r.last_activity + self.config.reorder_grace
             if now < quiet:
-                self._move(ReceivePhase.SETTLING, "completion by the bound")
+                self._move(_SETTLING, "completion by the bound")
                 self._complete_at = quiet
                 self._nack_at = None  # the bound is met: no NACK while waiting
                 return False
-        self._move(ReceivePhase.DONE, "completion")
+        # (the table's move to DONE, checked inline: every live phase may make it,
+        # and this runs once per message received)
+        if self.phase in _TERMINAL:
+            self._move(_DONE, "completion")  # raises, naming the phase
+        self.phase = _DONE
         self._nack_at = self._complete_at = None
         return True
 
@@ -400,13 +416,11 @@ class ReceiverRecovery:
 
     def on_abort(self) -> None:
         """The sender aborted the message."""
-        self._require_live("ABORT")
         self._move(ReceivePhase.FAILED, "ABORT")
         self._nack_at = self._complete_at = None
 
     def on_cancel(self) -> None:
         """The receiver cancelled the message."""
-        self._require_live("cancel")
         self._move(ReceivePhase.CANCELLED, "cancel")
         self._nack_at = self._complete_at = None
 

@@ -229,3 +229,12 @@ def test_the_timer_does_not_nack_a_message_without_a_finish() -> None:
     rec = _recovery()
     _arrive(rec, range(5), now=0.0)
     assert _timer(rec, 1.0) == [] and rec.phase is ReceivePhase.RECEIVING
+
+
+def test_the_table_lets_every_live_phase_and_no_ended_one_complete() -> None:
+    # (on_complete checks its move to DONE inline, on this property of the table)
+    from dlcp.proto.recovery import _RECEIVE_MOVES
+
+    for phase in ReceivePhase:
+        ended = phase in (ReceivePhase.DONE, ReceivePhase.FAILED, ReceivePhase.CANCELLED)
+        assert (ReceivePhase.DONE in _RECEIVE_MOVES[phase]) is not ended, phase
