@@ -1,6 +1,6 @@
 """Every exception class DLCP defines descends from ``dlcp.errors.DLCPError``.
 
-The packages (``dlcp`` with its shims, testbed and bench) are walked and every
+The packages (``dlcp`` with its bench, ``shims`` and ``testbed``) are walked and every
 module imported; every class in it that is an exception and was defined there
 must be a DLCPError. A module that cannot be imported here (an optional
 dependency missing) is read from its source instead: any class whose bases name
@@ -22,7 +22,7 @@ import pytest
 from dlcp import errors
 from dlcp.errors import BenchError, ConfigError, DLCPError, UsageError
 
-PACKAGES = ("dlcp", "dlcp.shims", "dlcp.testbed", "dlcp.bench")
+PACKAGES = ("dlcp", "shims", "testbed")  # (dlcp.bench is under dlcp)
 BUILTIN_EXCEPTIONS = {
     name for name, obj in vars(builtins).items()
     if isinstance(obj, type) and issubclass(obj, BaseException)
