@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from .errors import UsageError
 from .proto.wire import MAX_LOSS_BOUND
 
 
@@ -198,7 +199,7 @@ def _bench_main(which: str) -> Callable[..., int]:
     elif which == "messages":
         from .bench.messages import main
     else:
-        raise ValueError(f"no benchmark {which!r}")
+        raise UsageError(f"no benchmark {which!r}")
     return main
 
 

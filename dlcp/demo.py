@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .errors import TransferFailed
 from .linkemu import LossyLink
 from .proto.config import ProtocolConfig
 from .proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
@@ -95,7 +96,7 @@ def run_demo(*, p: float, loss: float, steps: int, seed: int) -> DemoResult:
                 retrans += ev.report.retransmitted_packets
                 sent += ev.report.sent_packets
             elif isinstance(ev, MessageFailed):
-                raise RuntimeError(ev.reason)
+                raise TransferFailed(ev.reason)
     shares = tx.path_shares(1)
     return DemoResult(
         p,

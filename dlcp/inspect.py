@@ -49,6 +49,7 @@ from scapy.fields import (
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
 
+from dlcp.proto.control import AbortReason
 from dlcp.proto.wire import (
     AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
@@ -56,13 +57,14 @@ from dlcp.proto.wire import (
     DATA_HEADER_LEN,
     DEFAULT_PORT,
     VERSION,
-    AbortReason,
     Domain,
     DType,
     Flags,
     PacketType,
     gmac_tag,
 )
+
+from .errors import ArgumentTypeError, UsageError
 
 __all__ = [
     "DEFAULT_PORT",
@@ -278,7 +280,7 @@ def layer_for(data: bytes) -> Packet:
     as ``Raw``, as scapy shows any undissectable payload inside a frame.
     """
     if not data:
-        raise ValueError("empty datagram: a DLCP datagram starts with its ver_type byte")
+        raise UsageError("empty datagram: a DLCP datagram starts with its ver_type byte")
     data = bytes(data)
     cls = _class_for(data, DLCPData)
     if len(data) < (DATA_HEADER_LEN if cls is DLCPData else CONTROL_HEADER_LEN):
@@ -292,7 +294,7 @@ def authenticate(pkt: Packet, key: bytes, nonce: int) -> Packet:
     §3), as :func:`dlcp.proto.wire.gmac_tag` computes it.
     """
     if not isinstance(pkt, DLCPData | DLCPControl):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"authenticate takes a DLCPData or DLCPControl layer, not {type(pkt).__name__}"
         )
     signed = pkt.copy()

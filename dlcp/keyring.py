@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 
 __all__ = [
     "RUN_NONCE_LEN",
@@ -114,11 +114,11 @@ class KeyRing:
 
     def __init__(self, secret: bytes, *, job: int, run_nonce: bytes) -> None:
         if not SECRET_MIN <= len(secret) <= SECRET_MAX:
-            raise ValueError(
+            raise UsageError(
                 f"a job secret has {SECRET_MIN}..{SECRET_MAX} bytes, got {len(secret)}"
             )
         if len(run_nonce) != RUN_NONCE_LEN:
-            raise ValueError(f"a run nonce has {RUN_NONCE_LEN} bytes, got {len(run_nonce)}")
+            raise UsageError(f"a run nonce has {RUN_NONCE_LEN} bytes, got {len(run_nonce)}")
         self._secret = bytes(secret)
         self.job = job
         self.run_nonce = bytes(run_nonce)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .errors import DLCPError, UsageError
 from .keyring import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .ports import free_port
 
@@ -146,7 +147,7 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-class _Interrupted(Exception):
+class _Interrupted(DLCPError):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
@@ -234,9 +235,9 @@ def launch(
     whole run (the ranks are terminated when it passes).
     """
     if nproc < 1:
-        raise ValueError(f"nproc={nproc}: need at least one rank")
+        raise UsageError(f"nproc={nproc}: need at least one rank")
     if not cmd:
-        raise ValueError("no command to launch")
+        raise UsageError("no command to launch")
     out_sink = stdout if stdout is not None else sys.stdout
     err_sink = stderr if stderr is not None else sys.stderr
     port = master_port if master_port is not None else free_port()

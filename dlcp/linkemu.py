@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import TransferFailed
 from .proto.session import (
     ControlDatagram,
     Event,
@@ -177,7 +178,7 @@ class LossyLink:
                 t = s.get_timer()
                 if t is not None and t <= now:
                     s.handle_timer(now=now)
-        raise RuntimeError(f"link did not settle in {max_steps} steps")
+        raise TransferFailed(f"link did not settle in {max_steps} steps")
 
     def _collect(self) -> None:
         for rank, s in self.sessions.items():

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .errors import DLCPError
 from .launch import launch
 
 __all__ = ["ExampleMissing", "example_script", "main", "plot"]
@@ -27,7 +28,7 @@ PNG_NAME = "digits_dlcp_vs_gloo.png"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-class ExampleMissing(FileNotFoundError):
+class ExampleMissing(DLCPError, FileNotFoundError):
     """The example script is not there (an install without the source tree)."""
 
 

@@ -52,6 +52,7 @@ from dlcp.collectives import (
 from dlcp.collectives.comm import CollectiveReport, check_reduce_fill
 from dlcp.collectives.halving import is_power_of_two
 from dlcp.collectives.ps import check_roles
+from dlcp.errors import ArgumentTypeError, UsageError, UsageStateError
 from dlcp.io.endpoint import Endpoint
 from dlcp.proto.config import FillPolicy
 from dlcp.proto.wire import MAX_LOSS_BOUND
@@ -128,17 +129,17 @@ class DLCPState:
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
-            raise ValueError(
+            raise UsageError(
                 f"collective={self.collective!r}: use one of {', '.join(COLLECTIVES)}"
             )
         if self.direct_max_bytes < 0:
-            raise ValueError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
+            raise UsageError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
         if not 0.0 <= self.p <= MAX_LOSS_BOUND:
-            raise ValueError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
+            raise UsageError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
         if not 0.0 <= self.p_gather <= self.p:
-            raise ValueError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
+            raise UsageError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
         if self.servers is not None and self.collective != "ps":
-            raise ValueError(
+            raise UsageError(
                 f"DLCPState: servers= is for collective='ps', not {self.collective!r}"
             )
         self._fill = FillPolicy(self.fill)
@@ -158,7 +159,7 @@ class DLCPState:
         elif self.world_size is None:
             self.world_size = dist.get_world_size() if dist.is_initialized() else None
         if self.world_size is None:
-            raise ValueError(
+            raise UsageError(
                 "DLCPState needs world_size= when given an endpoint outside "
                 "an initialised process group"
             )
@@ -197,7 +198,7 @@ class DLCPState:
         if group is None and isinstance(self.model, nn.parallel.DistributedDataParallel):
             group = self.model.process_group
         if group is not None and group.size() != world:
-            raise ValueError(
+            raise UsageError(
                 f"DLCPState averages over all {world} ranks of the job, but DDP's "
                 f"process group has {group.size()}: the DLCP hook does not serve "
                 "a DDP over a subgroup"
@@ -205,7 +206,7 @@ class DLCPState:
 
     def _check_ranks(self, world: int) -> None:
         if self.collective == "halving-doubling" and not is_power_of_two(world):
-            raise ValueError(
+            raise UsageError(
                 f"collective='halving-doubling' needs a power-of-two number of ranks, "
                 f"got {world}: use 'ring'"
             )
@@ -233,7 +234,7 @@ class DLCPState:
             else torch.futures.Future()
         )
         if tensor.dtype not in _BUCKET_DTYPES:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"the DLCP DDP hook reduces float32, float16 and bfloat16 gradients, "
                 f"got a {tensor.dtype} bucket"
             )
@@ -243,7 +244,7 @@ class DLCPState:
             ready.record(torch.cuda.current_stream(tensor.device))
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
-                raise RuntimeError("DLCPState is closed: the DDP hook cannot reduce a bucket")
+                raise UsageStateError("DLCPState is closed: the DDP hook cannot reduce a bucket")
             self._servers.put(_Job(tensor, segments, fut, last, ready))
         return fut
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from dlcp.collectives import CollectiveReport
 from dlcp.collectives.comm import ReportBuilder, cancel_all
-from dlcp.errors import PeerTimeout
+from dlcp.errors import PeerTimeout, UsageError
 from dlcp.proto.config import FillPolicy
 
 from .pg_tensors import DLCPWork, TensorList
@@ -97,7 +97,7 @@ class Barriers:
     ) -> None:
         seconds = timeout.total_seconds() if timeout is not None else self.comm.timeout
         if not seconds > 0:
-            raise ValueError(f"monitored_barrier: timeout={timeout!r} must be above 0")
+            raise UsageError(f"monitored_barrier: timeout={timeout!r} must be above 0")
         with self._monitored_lock:
             step = self._monitored
             self._monitored = step + 1

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ReduceOp
 
+from dlcp.errors import UsageError
+
 from .pg_tensors import TensorList, check_tensors
 
 __all__ = ["check_gather_list", "check_reducible", "reduce_op", "root_rank"]
@@ -28,7 +30,7 @@ def reduce_op(opts: Any, op: str) -> Any:
 def root_rank(opts: Any, op: str, size: int) -> int:
     root = int(getattr(opts, "rootRank", 0))
     if not 0 <= root < size:
-        raise ValueError(f"{op}: root rank {root} outside 0..{size - 1}")
+        raise UsageError(f"{op}: root rank {root} outside 0..{size - 1}")
     return root
 
 
@@ -39,9 +41,9 @@ def check_reducible(t: torch.Tensor, red: Any, op: str) -> None:
             f"dlcp process group does not implement {op} with AVG of {t.dtype} tensors"
         )
     if red in (_Red.BAND, _Red.BOR, _Red.BXOR) and float_like:
-        raise ValueError(f"{op}: {red.name} needs integer or bool tensors, got {t.dtype}")
+        raise UsageError(f"{op}: {red.name} needs integer or bool tensors, got {t.dtype}")
     if red in (_Red.MAX, _Red.MIN) and t.is_complex():
-        raise ValueError(f"{op}: {red.name} is undefined for complex tensors")
+        raise UsageError(f"{op}: {red.name} is undefined for complex tensors")
 
 
 def check_gather_list(
@@ -56,10 +58,10 @@ def check_gather_list(
     the i-th in an error."""
     check_tensors(tensors, op)
     if len(tensors) != size:
-        raise ValueError(f"{op}: {len(tensors)} tensors in the list, world size {size}")
+        raise UsageError(f"{op}: {len(tensors)} tensors in the list, world size {size}")
     for i, t in enumerate(tensors):
         if t.dtype != like.dtype or t.numel() != like.numel():
-            raise ValueError(
+            raise UsageError(
                 f"{op}: {label(i)} is {t.dtype}{list(t.shape)}, "
                 f"expected {like.numel()} elements of {like.dtype}"
             )

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.distributed.distributed_c10d import GroupName
 
+from dlcp.errors import UsageError, UsageStateError
+
 from .pg_tensors import DLCPWork, TensorList
 
 __all__ = ["CoalescingAndNames"]
@@ -49,7 +51,7 @@ class CoalescingAndNames:
     def group_name(self) -> GroupName:
         name: GroupName | None = getattr(self, "_group_name", None)
         if name is None:
-            raise RuntimeError("dlcp process group: torch has not named this group yet")
+            raise UsageStateError("dlcp process group: torch has not named this group yet")
         return name
 
     #: the works queued since ``_start_coalescing`` (None: not coalescing)
@@ -98,7 +100,7 @@ class CoalescingAndNames:
         opts: Any,
     ) -> DLCPWork:
         if len(outputs) != len(inputs):
-            raise ValueError(f"{name}: {len(outputs)} outputs, {len(inputs)} inputs")
+            raise UsageError(f"{name}: {len(outputs)} outputs, {len(inputs)} inputs")
         works = [op(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return self._coalesced(name, works, outputs)
 

@@ -21,6 +21,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 from dlcp.collectives import CollectiveReport
 from dlcp.collectives.comm import ReportBuilder
+from dlcp.errors import UsageError
 
 from .pg_p2p import PointToPoint
 from .pg_tensors import DLCPWork, HostTensor, TensorList, check_tensors
@@ -37,14 +38,14 @@ def _splits(sizes: list[int], rows: int, world: int, what: str) -> list[int]:
     """Rows per rank: the given split sizes, or equal splits when none are given."""
     if not sizes:
         if rows % world:
-            raise ValueError(
+            raise UsageError(
                 f"all_to_all_single: {what} has {rows} rows, not divisible by the world "
                 f"size {world} (pass {what}_split_sizes for uneven splits)"
             )
         return [rows // world] * world
     sizes = [int(s) for s in sizes]
     if len(sizes) != world or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ValueError(
+        raise UsageError(
             f"all_to_all_single: {what}_split_sizes={sizes} must be {world} sizes >= 0 "
             f"adding up to the {rows} rows of {what}"
         )
@@ -81,7 +82,7 @@ class Exchanges:
     def recv_anysource(self, tensors: TensorList, tag: int = 0) -> DLCPWork:
         self._p2p.check("recv from any source", tensors, None, tag)
         if self._size < 2:
-            raise ValueError("recv from any source: a group of one rank has no other source")
+            raise UsageError("recv from any source: a group of one rank has no other source")
         return self._p2p.recv(tensors[0], None, tag)
 
     # ------------------------------------------------------------------ all-to-all
@@ -99,13 +100,13 @@ class Exchanges:
         with self._checks("all_to_all_single"):
             check_tensors([output, input], "all_to_all_single")
             if output.dtype != input.dtype:
-                raise ValueError(
+                raise UsageError(
                     f"all_to_all_single: output is {output.dtype}, input {input.dtype}"
                 )
             if output.dim() == 0 or input.dim() == 0:
-                raise ValueError("all_to_all_single: output and input need a first dimension")
+                raise UsageError("all_to_all_single: output and input need a first dimension")
             if output.shape[1:] != input.shape[1:]:
-                raise ValueError(
+                raise UsageError(
                     f"all_to_all_single: output {list(output.shape)} and input "
                     f"{list(input.shape)} differ beyond the first dimension"
                 )
@@ -133,7 +134,7 @@ class Exchanges:
                     continue
                 if q == self._rank:
                     if into.size != mine.size:
-                        raise ValueError(
+                        raise UsageError(
                             f"all_to_all_single: rank {q} keeps {ins[q]} rows of its input "
                             f"but takes {outs[q]} into its output"
                         )
@@ -158,13 +159,13 @@ class Exchanges:
         with self._checks("all_to_all"):
             check_tensors([*output_tensors, *input_tensors], "all_to_all")
             if len(output_tensors) != self._size or len(input_tensors) != self._size:
-                raise ValueError(
+                raise UsageError(
                     f"all_to_all: {len(output_tensors)} outputs and {len(input_tensors)} "
                     f"inputs, world size {self._size} (one of each per rank)"
                 )
             mine, keep = input_tensors[self._rank], output_tensors[self._rank]
             if mine.dtype != keep.dtype or mine.numel() != keep.numel():
-                raise ValueError(
+                raise UsageError(
                     f"all_to_all: rank {self._rank}'s own input {mine.dtype}{list(mine.shape)} "
                     f"does not fit its output {keep.dtype}{list(keep.shape)}"
                 )
@@ -198,16 +199,16 @@ class Exchanges:
         indices change) and is the work's result."""
         for t in tensors:
             if t.layout != torch.sparse_coo:
-                raise ValueError(
+                raise UsageError(
                     f"allreduce: sparse and dense tensors in one call ({t.layout} beside "
                     "torch.sparse_coo)"
                 )
             if t.device.type != "cpu":
-                raise ValueError(
+                raise UsageError(
                     f"allreduce: dlcp reduces sparse tensors on the cpu, got {t.device}"
                 )
         if red != ReduceOp.SUM:
-            raise ValueError(f"allreduce: sparse tensors are reduced with SUM only, got {red.name}")
+            raise UsageError(f"allreduce: sparse tensors are reduced with SUM only, got {red.name}")
         result = list(tensors)
 
         def run() -> list[CollectiveReport]:

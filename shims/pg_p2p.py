@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlcp.errors import PeerTimeout
+from dlcp.errors import PeerTimeout, UsageError
 from dlcp.io.endpoint import Endpoint, Received
 
 from .pg_serve import OrderedServers
@@ -140,20 +140,20 @@ class PointToPoint:
     def check(self, op: str, tensors: list[torch.Tensor], peer: int | None, tag: int) -> None:
         check_tensors(tensors, op)
         if len(tensors) != 1:
-            raise ValueError(f"{op} takes one tensor, got {len(tensors)}")
+            raise UsageError(f"{op} takes one tensor, got {len(tensors)}")
         nbytes = tensors[0].numel() * tensors[0].element_size()
         if nbytes > MAX_PART_BYTES:
-            raise ValueError(
+            raise UsageError(
                 f"{op}: a tensor of {nbytes} bytes exceeds dlcp's point-to-point limit of "
                 f"{MAX_PART_BYTES} bytes (split it)"
             )
         if not isinstance(tag, int) or not 0 <= tag <= MAX_TAG:
-            raise ValueError(f"{op}: tag={tag!r} outside 0..{MAX_TAG}")
+            raise UsageError(f"{op}: tag={tag!r} outside 0..{MAX_TAG}")
         if peer is not None:
             if not isinstance(peer, int) or not 0 <= peer < self.size:
-                raise ValueError(f"{op}: peer rank {peer!r} outside 0..{self.size - 1}")
+                raise UsageError(f"{op}: peer rank {peer!r} outside 0..{self.size - 1}")
             if peer == self.rank:
-                raise ValueError(f"{op}: rank {self.rank} names itself as the peer")
+                raise UsageError(f"{op}: rank {self.rank} names itself as the peer")
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> DLCPWork:
         host = HostTensor(tensor)  # (a copy of a CUDA or strided tensor, made now)
@@ -347,7 +347,7 @@ def _copy(r: _Receiver, got: Received) -> None:
         ok = data.dtype == np.uint8 and data.size == want
     if not ok:
         sent = 0 if data.dtype == np.float16 else data.size
-        raise ValueError(
+        raise UsageError(
             f"{r.op}: rank {got.src} sent {sent} bytes, the tensor ({t.dtype}"
             f"{list(t.shape)}) takes {want}"
         )

@@ -19,6 +19,7 @@ import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
 from dlcp.collectives import CollectiveReport
+from dlcp.errors import ArgumentTypeError, UsageError
 
 from .pg_timeouts import DLCPTimeout
 
@@ -104,7 +105,7 @@ class DLCPWork(Work):
     def _source_rank(self) -> int:
         """The source of a completed receive (torch's ``recv`` from any source)."""
         if self.received_from is None:
-            raise ValueError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
+            raise UsageError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
         return self.received_from
 
     def source_rank(self) -> int:
@@ -173,7 +174,7 @@ def parts(buf: npt.NDArray[np.uint8], index: int) -> list[tuple[int, npt.NDArray
         return []
     n = -(-buf.size // MAX_PART_BYTES)
     if n > MAX_PARTS or index >= ROLE_STRIDE:
-        raise ValueError(
+        raise UsageError(
             f"message of {buf.size} bytes (tensor {index}) exceeds "
             f"{MAX_PARTS} x {MAX_PART_BYTES} bytes"
         )
@@ -190,11 +191,11 @@ def flatten(lists: list[TensorList]) -> TensorList:
 def check_tensors(tensors: TensorList, op: str) -> None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: expected tensors, got {type(t).__name__}")
+            raise ArgumentTypeError(f"{op}: expected tensors, got {type(t).__name__}")
         if t.layout != torch.strided:
-            raise ValueError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
+            raise UsageError(f"{op}: dlcp handles dense (strided) tensors, got {t.layout}")
         if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
+            raise UsageError(f"{op}: dlcp handles cpu and cuda tensors, got {t.device}")
 
 
 FOLDS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

@@ -87,7 +87,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from dlcp.collectives import CollectiveReport, Communicator
 from dlcp.collectives.comm import ReportBuilder
-from dlcp.errors import DLCPError, PeerTimeout
+from dlcp.errors import ArgumentTypeError, DLCPError, PeerTimeout, UsageError
 from dlcp.io.endpoint import Endpoint
 from dlcp.rendezvous import attempt, connect
 
@@ -156,7 +156,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         # one for a group implemented in Python)
         super().__init__(rank, world_size)  # type: ignore[call-arg]
         if options is not None and not isinstance(options, DLCPOptions):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"pg_options for the dlcp backend must be DLCPOptions, got {type(options).__name__}"
             )
         self.options = options if options is not None else DLCPOptions()
@@ -229,7 +229,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         root = root_rank(opts, "broadcast", self._size)
         check_tensors(tensors, "broadcast")
         if len(tensors) >= ROLE_STRIDE:
-            raise ValueError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
+            raise UsageError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
 
         def run() -> CollectiveReport | None:
             call = self.comm.next_call()
@@ -258,11 +258,11 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     ) -> DLCPWork:
         check_tensors(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
-            raise ValueError(
+            raise UsageError(
                 f"allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs"
             )
         if len(input_tensors) >= ROLE_STRIDE:
-            raise ValueError(f"allgather takes at most {ROLE_STRIDE - 1} tensors per call")
+            raise UsageError(f"allgather takes at most {ROLE_STRIDE - 1} tensors per call")
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
             check_gather_list(outs, inp, "allgather", self._size)
 
@@ -294,14 +294,14 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         """``all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's input j
         (rank first, unlike ``allgather``'s ``output_tensors[j][r]``)."""
         if len(output_lists) != self._size:
-            raise ValueError(
+            raise UsageError(
                 f"all_gather_coalesced: {len(output_lists)} output lists for "
                 f"{self._size} ranks (it takes one list per rank)"
             )
         check_tensors(input_list, "all_gather_coalesced")
         for r, outs in enumerate(output_lists):
             if len(outs) != len(input_list):
-                raise ValueError(
+                raise UsageError(
                     f"all_gather_coalesced: the output list of rank {r} holds "
                     f"{len(outs)} tensors for {len(input_list)} inputs"
                 )
@@ -317,7 +317,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         """``all_gather_into_tensor``: rank r's input lands in the r-th slice of output."""
         check_tensors([output, input], "all_gather_into_tensor")
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
-            raise ValueError(
+            raise UsageError(
                 f"all_gather_into_tensor: output {output.dtype}{list(output.shape)} must hold "
                 f"{self._size} x input {input.dtype}{list(input.shape)}"
             )
@@ -366,7 +366,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         red = reduce_op(opts, "reduce_scatter")
         check_tensors(output_tensors, "reduce_scatter")
         if len(output_tensors) != len(input_tensors):
-            raise ValueError(
+            raise UsageError(
                 f"reduce_scatter: {len(output_tensors)} outputs for "
                 f"{len(input_tensors)} input lists"
             )
@@ -395,7 +395,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         red = reduce_op(opts, "reduce_scatter_tensor")
         check_tensors([output, input], "reduce_scatter_tensor")
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
-            raise ValueError(
+            raise UsageError(
                 f"reduce_scatter_tensor: input {input.dtype}{list(input.shape)} must hold "
                 f"{self._size} x output {output.dtype}{list(output.shape)}"
             )
@@ -422,13 +422,13 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         with self._checks("gather"):
             check_tensors(input_tensors, "gather")
             if len(input_tensors) != 1:
-                raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
+                raise UsageError(f"gather takes one input tensor, got {len(input_tensors)}")
             if self._rank == root:
                 if len(output_tensors) != 1:
-                    raise ValueError("gather: the root needs one output list")
+                    raise UsageError("gather: the root needs one output list")
                 check_gather_list(output_tensors[0], input_tensors[0], "gather", self._size)
             elif output_tensors and output_tensors[0]:
-                raise ValueError(f"gather: only the root (rank {root}) passes output tensors")
+                raise UsageError(f"gather: only the root (rank {root}) passes output tensors")
         inp = input_tensors[0]
 
         def run() -> CollectiveReport | None:
@@ -456,13 +456,13 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         with self._checks("scatter"):
             check_tensors(output_tensors, "scatter")
             if len(output_tensors) != 1:
-                raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
+                raise UsageError(f"scatter takes one output tensor, got {len(output_tensors)}")
             if self._rank == root:
                 if len(input_tensors) != 1:
-                    raise ValueError("scatter: the root needs one input list")
+                    raise UsageError("scatter: the root needs one input list")
                 check_gather_list(input_tensors[0], output_tensors[0], "scatter", self._size)
             elif input_tensors and input_tensors[0]:
-                raise ValueError(f"scatter: only the root (rank {root}) passes input tensors")
+                raise UsageError(f"scatter: only the root (rank {root}) passes input tensors")
         out = output_tensors[0]
 
         def run() -> CollectiveReport | None:
@@ -597,7 +597,7 @@ def dlcp_group(group: Any = None) -> DLCPProcessGroup:
     """The :class:`DLCPProcessGroup` behind ``group`` (default: the default group)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, DLCPProcessGroup):
-        raise ValueError(f"{pg!r} is not a dlcp process group (backend {dist.get_backend(pg)!r})")
+        raise UsageError(f"{pg!r} is not a dlcp process group (backend {dist.get_backend(pg)!r})")
     return pg
 
 

@@ -30,6 +30,8 @@ import torch.distributed as dist
 # torch.distributed re-exports GradBucket from here without declaring it to type checkers
 from torch._C._distributed_c10d import GradBucket
 
+from dlcp.errors import UsageError, UsageStateError
+
 __all__ = ["TcpPsState", "tcp_ps_hook"]
 
 
@@ -43,7 +45,7 @@ class TcpPsState:
     def __post_init__(self) -> None:
         world = dist.get_world_size(self.group)
         if not 0 <= self.server < world:
-            raise ValueError(f"server={self.server} is not a rank of 0..{world - 1}")
+            raise UsageError(f"server={self.server} is not a rank of 0..{world - 1}")
 
 
 def tcp_ps_hook(state: TcpPsState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -82,7 +84,7 @@ def _wait_all(works: list[dist.Work | None]) -> None:
     which this rank, a member, never is)."""
     for work in works:
         if work is None:
-            raise RuntimeError("tcp_ps: this rank is not a member of the group")
+            raise UsageStateError("tcp_ps: this rank is not a member of the group")
         work.wait()
 
 

@@ -30,6 +30,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from dlcp.errors import UsageError, UsageStateError
+
 from .impairments import (
     apply_profile,
     link_down,
@@ -97,7 +99,7 @@ class TestbedBackend(ABC):
     def net(self) -> Network:
         """The network while :meth:`build`'s ``with`` block runs."""
         if self._net is None:
-            raise RuntimeError(f"{type(self).__name__}: the network is not built")
+            raise UsageStateError(f"{type(self).__name__}: the network is not built")
         return self._net
 
     def build(self) -> AbstractContextManager[Network]:
@@ -142,7 +144,7 @@ class TestbedBackend(ABC):
 
     def open_cli(self) -> None:
         """An interactive shell on the built network, where the backend has one."""
-        raise ValueError(f"{type(self).__name__} has no interactive CLI (Mininet has)")
+        raise UsageError(f"{type(self).__name__} has no interactive CLI (Mininet has)")
 
 
 def backend_class(switch: str, network: str) -> type[TestbedBackend]:
@@ -150,18 +152,18 @@ def backend_class(switch: str, network: str) -> type[TestbedBackend]:
     (``namespaces`` or ``mininet``; BMv2 switches run in plain namespaces)."""
     if switch == "bmv2":
         if network != "namespaces":
-            raise ValueError(f"--switch bmv2 runs in plain namespaces, not {network}")
+            raise UsageError(f"--switch bmv2 runs in plain namespaces, not {network}")
         from .bmv2_backend import Bmv2Backend
 
         return Bmv2Backend
     if switch != "linux":
-        raise ValueError(f"unknown switch {switch!r} (known: linux, bmv2)")
+        raise UsageError(f"unknown switch {switch!r} (known: linux, bmv2)")
     if network == "mininet":
         from .mininet_backend import MininetBackend
 
         return MininetBackend
     if network != "namespaces":
-        raise ValueError(f"unknown backend {network!r} (known: namespaces, mininet)")
+        raise UsageError(f"unknown backend {network!r} (known: namespaces, mininet)")
     return NamespacesBackend
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
+from dlcp.errors import DLCPError
 from dlcp.launch import die_with_parent, end_process
 
 __all__ = [
@@ -70,7 +71,7 @@ _COUNTER = re.compile(r"\[(\d+)\]=\s*\((\d+) bytes, (\d+) packets\)")
 _REGISTER = re.compile(r"\[(\d+)\]=\s*(\d+)")
 
 
-class Bmv2Error(RuntimeError):
+class Bmv2Error(DLCPError, RuntimeError):
     """A BMv2 switch failed to start, died, or refused a command (message says which)."""
 
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlcp.errors import UsageError
 from dlcp.switch.policy import SwitchPolicy
 
 from .backend import Counters, RouterTraffic, TestbedBackend
@@ -219,7 +220,7 @@ def _switch(net: Bmv2Network, name: str) -> Bmv2Switch:
     try:
         return net.switches[name]
     except KeyError:
-        raise ValueError(
+        raise UsageError(
             f"{name!r} is not a BMv2 switch of this testbed ({', '.join(net.switches)})"
         ) from None
 
@@ -263,7 +264,7 @@ def bmv2_set_loss(net: Bmv2Network, switch: str, percent: float) -> int:
             "(build_bmv2(..., loss_injection=True))"
         )
     if not 0 <= percent <= 100:
-        raise ValueError(f"loss percent must be in [0, 100], got {percent!r}")
+        raise UsageError(f"loss percent must be in [0, 100], got {percent!r}")
     value = min(0xFFFF, round(percent / 100 * 65536))
     sw.cli(f"register_write {P4Names.LOSS_PROBABILITY} 0 {value}")
     got = sw.register(P4Names.LOSS_PROBABILITY, 0)
@@ -318,7 +319,7 @@ class Bmv2Backend(TestbedBackend):
         loss_injection: bool = False,
     ) -> None:
         if not isinstance(queues, SwitchPolicy):
-            raise ValueError(
+            raise UsageError(
                 "BMv2 runs the DLCP policy in its P4 program: it needs a SwitchPolicy, "
                 f"not {type(queues).__name__}"
             )
@@ -339,7 +340,7 @@ class Bmv2Backend(TestbedBackend):
     def _spine_of(self, a: str, b: str) -> str:
         spines = [n for n in (a, b) if n in self.topology.spines]
         if len(spines) != 1:
-            raise ValueError(f"{a}--{b}: BMv2 injects loss on a leaf--spine link only")
+            raise UsageError(f"{a}--{b}: BMv2 injects loss on a leaf--spine link only")
         return spines[0]
 
     def inject_loss(self, a: str, b: str, percent: float) -> None:

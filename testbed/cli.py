@@ -16,6 +16,7 @@ import signal
 import sys
 from types import FrameType
 
+from dlcp.errors import DLCPError
 from dlcp.launch import sigterm_interrupts
 from dlcp.switch.policy import PolicyError
 
@@ -150,7 +151,7 @@ def _policy(name: str, t: Topology) -> SwitchPolicy | FifoPolicy | None:
     return None
 
 
-class _Stop(Exception):
+class _Stop(DLCPError):
     pass
 
 

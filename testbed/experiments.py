@@ -108,6 +108,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from dlcp.errors import DLCPError, UsageError
 from dlcp.proto.wire import DEFAULT_PORT
 from dlcp.train_demo import example_script
 
@@ -185,7 +186,7 @@ N_PATHS = 8
 P_BOUND = 0.05
 
 
-class ExperimentError(RuntimeError):
+class ExperimentError(DLCPError, RuntimeError):
     """A training run on the testbed failed (the message says which rank, how)."""
 
 
@@ -325,7 +326,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         def known(what: str, value: str, choices: Sequence[str]) -> None:
             if value not in choices:
-                raise ValueError(f"unknown {what} {value!r} (known: {', '.join(choices)})")
+                raise UsageError(f"unknown {what} {value!r} (known: {', '.join(choices)})")
 
         object.__setattr__(self, "ablate", tuple(self.ablate))
         known("scenario", self.scenario, SCENARIOS)
@@ -333,29 +334,29 @@ class ExperimentConfig:
         for a in sorted(set(self.ablate)):
             known("ablation", a, ABLATIONS)
         if self.ablate and self.transport != "dlcp":
-            raise ValueError("ablations apply to --transport dlcp only")
+            raise UsageError("ablations apply to --transport dlcp only")
         known("switch", self.switch, SWITCHES)
         known("backend", self.backend, BACKENDS)
         bmv2 = self.switch == "bmv2"
         if bmv2 and self.profile is not None:
-            raise ValueError(
+            raise UsageError(
                 f"profile={self.profile!r} chooses the Linux routers' queueing; "
                 "BMv2 runs the P4 program"
             )
         if bmv2 and self.backend != "namespaces":
-            raise ValueError(f"--switch bmv2 runs in plain namespaces, not {self.backend}")
+            raise UsageError(f"--switch bmv2 runs in plain namespaces, not {self.backend}")
         if self.profile is None and not bmv2:
             object.__setattr__(self, "profile", default_profile(self.transport))
         if self.profile is not None:
             known("profile", self.profile, PROFILES)
         if bmv2 and self.link_rate_mbit != LINK_RATE_MBIT:
-            raise ValueError(
+            raise UsageError(
                 "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
                 "(BMv2 queues have per-priority rates only)"
             )
         rate = self.link_rate_mbit
         if self.epochs < 1 or self.batch_size < 1 or self.hidden < 1 or not 0 < rate < math.inf:
-            raise ValueError(
+            raise UsageError(
                 f"epochs={self.epochs}, batch_size={self.batch_size} and hidden={self.hidden} "
                 f"must be >= 1, and link_rate_mbit={rate} a positive number"
             )
@@ -603,7 +604,7 @@ def suite(
     feel). Failed runs are reported and skipped. Returns (number of failures,
     summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
-        raise ValueError(
+        raise UsageError(
             f"gloo_profile={gloo_profile!r} chooses the Linux routers' queueing; "
             "BMv2 runs the P4 program"
         )

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlcp.errors import UsageError
 from dlcp.launch import die_with_parent
 from dlcp.switch.policy import on_link
 
@@ -70,7 +71,7 @@ def _iface(net: Network, a: str, b: str) -> str:
     try:
         return net.ifaces[a][b]
     except KeyError:
-        raise ValueError(f"no link between {a!r} and {b!r}") from None
+        raise UsageError(f"no link between {a!r} and {b!r}") from None
 
 
 # ---- switch profile -----------------------------------------------------------------
@@ -271,7 +272,7 @@ def rate_limit(net: Network, a: str, b: str, mbit: float) -> None:
         if mbit > installed * (1 + 1e-6):
             # every class under 1:1 has the installed rate as its ceil, and HTB keeps
             # a class under its own ceil: only a new profile can raise the link
-            raise ValueError(
+            raise UsageError(
                 f"rate_limit {a}->{b}: {mbit:g} Mbit/s is above the {installed:g} Mbit/s "
                 "of the profile on that egress; install a profile at the higher rate instead"
             )
@@ -475,10 +476,10 @@ def pin_port(
     ECMP hash sends via ``spine``, found by probing with a few packets per port."""
     t = net.topology
     if spine not in t.spines:
-        raise ValueError(f"unknown spine {spine!r} (spines: {', '.join(t.spines)})")
+        raise UsageError(f"unknown spine {spine!r} (spines: {', '.join(t.spines)})")
     dst_leaf = t.leaf_of(dst_host)
     if t.leaf_of(src_host) == dst_leaf:
-        raise ValueError(f"{src_host} and {dst_host} share leaf {dst_leaf}: no spine on the path")
+        raise UsageError(f"{src_host} and {dst_host} share leaf {dst_leaf}: no spine on the path")
     n = 20
     rng = random.Random()
     base = rng.randrange(20000, 60000)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from dlcp.errors import DLCPError
 from dlcp.launch import signals_ignored
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 _counter = itertools.count()
 
 
-class NetnsError(RuntimeError):
+class NetnsError(DLCPError, RuntimeError):
     """A namespace command failed; the message holds the command and its stderr."""
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlcp.errors import UsageError
 from dlcp.switch.policy import PolicyError, SwitchPolicy
 
 from .netns import (
@@ -93,7 +94,7 @@ _KEYS = frozenset(
 _LINK_KEYS = frozenset({"between", "link_rate_mbit", "buffer_packets"})
 
 
-class TopologyError(ValueError):
+class TopologyError(UsageError):
     """A topology description is invalid; the message names the bad field."""
 
 

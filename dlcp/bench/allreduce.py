@@ -59,6 +59,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlcp.errors import BenchError
+
 from .outcome import finish
 
 if TYPE_CHECKING:
@@ -71,10 +73,6 @@ FLOOR = "floor"
 RING_PYTHON = "ring_python"
 #: the digits CNN of examples/train_digits.py: one DDP bucket of this many floats
 DIGITS_PARAMS = 38282
-
-
-class BenchError(RuntimeError):
-    """A benchmark job failed (the message says which rank, how)."""
 
 
 # ---------------------------------------------------------------------- worker (one rank)
@@ -226,7 +224,7 @@ def _verify(
     digests: list[Any] = [None] * world
     dist.all_gather_object(digests, hashlib.sha256(data.tobytes()).hexdigest())
     if len(set(digests)) != 1:
-        raise RuntimeError(f"the DLCP replicas differ after the timed calls: {digests}")
+        raise BenchError(f"the DLCP replicas differ after the timed calls: {digests}")
     want = torch.from_numpy(original.copy())
     dist.all_reduce(want)
     want.div_(world)
@@ -241,7 +239,7 @@ def _verify(
         call(got)
         if not np.allclose(got, want.numpy(), rtol=1e-5, atol=1e-6):
             worst = float(np.max(np.abs(got - want.numpy())))
-            raise RuntimeError(f"{name} all-reduce differs from Gloo's by up to {worst:g}")
+            raise BenchError(f"{name} all-reduce differs from Gloo's by up to {worst:g}")
 
 
 # ---------------------------------------------------------------------- driver

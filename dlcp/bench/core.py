@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from dlcp.errors import ArgumentTypeError, BenchError
 from dlcp.io.udp import RECEIVE_BUFFER_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
@@ -41,7 +42,7 @@ def as_control(item: Transmit) -> ControlDatagram:
     """``item``, a control datagram: what a session sends besides data batches when it
     was not made to hand whole rounds to a native engine (``whole_rounds``)."""
     if not isinstance(item, ControlDatagram):
-        raise TypeError(f"a {type(item).__name__} from a session without whole rounds")
+        raise ArgumentTypeError(f"a {type(item).__name__} from a session without whole rounds")
     return item
 
 
@@ -60,7 +61,7 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
         items = tx.datagrams_to_send(now=now, max_batches=1 << 20)
         core += clock() - t0
         if not items:
-            raise RuntimeError("sender went idle before the message completed")
+            raise BenchError("sender went idle before the message completed")
         for item in _as_received(items):
             t0 = clock()
             if isinstance(item, ControlDatagram):
@@ -76,7 +77,7 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
                 done = ev
         core += clock() - t0
     if done.report.lost_elems or not np.array_equal(out, data):
-        raise RuntimeError("core benchmark transfer was not bit-exact")
+        raise BenchError("core benchmark transfer was not bit-exact")
     return core
 
 

@@ -75,6 +75,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dlcp.errors import BenchError
+
 from .outcome import finish
 
 # ---------------------------------------------------------------------- worker (one rank)
@@ -184,10 +186,6 @@ def worker(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- parent
-
-
-class BenchError(RuntimeError):
-    """A job failed or timed out; the message holds the tail of its output."""
 
 
 def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | None = None,

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dlcp.errors import ArgumentTypeError, DLCPError, UsageError
+
 #: seconds a step may wait for its datagrams before the job fails (nothing is
 #: retransmitted: a missing datagram never comes)
 FLOOR_TIMEOUT_S = 30.0
@@ -49,7 +51,7 @@ _HEADER = np.dtype([("tag", "<u4"), ("offset", "<u4")])
 _RCVBUF = 64 << 20
 
 
-class FloorError(RuntimeError):
+class FloorError(DLCPError, RuntimeError):
     """The floor ring could not finish a step (a datagram was lost or misrouted)."""
 
 
@@ -128,10 +130,10 @@ class UdpRingFloor:
     def allreduce(self, data: npt.NDArray[np.float32]) -> None:
         """Average ``data`` (1-D float32) over the ring, in place."""
         if data.dtype != np.float32:
-            raise TypeError(f"the UDP floor averages float32 buckets, got {data.dtype}")
+            raise ArgumentTypeError(f"the UDP floor averages float32 buckets, got {data.dtype}")
         n, r = self.world, self.rank
         if 2 * (n - 1) > 0xFF:  # a step must fit the tag's low byte
-            raise ValueError(f"the UDP floor's ring takes at most 128 ranks, got {n}")
+            raise UsageError(f"the UDP floor's ring takes at most 128 ranks, got {n}")
         parity = self._bucket % 2
         base_tag = (self._bucket & 0xFFFFFF) << 8  # step in the low byte
         self._bucket += 1

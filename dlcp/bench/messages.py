@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcp.errors import BenchError
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
@@ -79,7 +80,7 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
             delivered = delivered or isinstance(ev, MessageDelivered)
         t4 = clock()
         if not (received and delivered):  # a figure for a message that never arrived
-            raise RuntimeError(
+            raise BenchError(
                 f"{n_elems} elements: message {i} did not complete in one exchange "
                 f"(received {received}, delivered {delivered}): raise max_batches"
             )
@@ -88,7 +89,7 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
                 totals[phase] += dt
     # (nothing is dropped here, so whatever the bound the whole message arrives)
     if not np.array_equal(out, data):
-        raise RuntimeError(f"{n_elems} elements: the received message differs from the sent one")
+        raise BenchError(f"{n_elems} elements: the received message differs from the sent one")
     return {phase: round(1e6 * total / messages, 1) for phase, total in totals.items()}
 
 

@@ -61,6 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlcp.errors import BenchError
+
 ALL = ["allreduce", "gloo", "bsp", "asp", "ssp", "eager", "vsgd", "ds-sync", "ripples",
        "shadow-ma", "shadow-bmuf", "shadow-easgd"]  # fmt: skip
 #: schemes whose slow worker may stop early without holding the others
@@ -200,7 +202,7 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
         for r in range(cfg["workers"]):
             path = Path(tmp, f"rank{r}.json")
             if not path.exists():
-                raise RuntimeError(f"{cfg['scheme']} seed {cfg['seed']}: rank {r} left no "
+                raise BenchError(f"{cfg['scheme']} seed {cfg['seed']}: rank {r} left no "
                                    f"result (launch: {result})")  # fmt: skip
             ranks.append(json.loads(path.read_text()))
     r0 = ranks[0]

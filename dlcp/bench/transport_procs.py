@@ -16,12 +16,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from dlcp.errors import DLCPError
 from dlcp.launch import die_with_parent, end_process
 
 __all__ = ["WorkerError", "WorkerProc", "collect"]
 
 
-class WorkerError(RuntimeError):
+class WorkerError(DLCPError, RuntimeError):
     """A worker crashed, answered an error, or did not answer in time."""
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError, PeerTimeout
+from ..errors import ConfigError, PeerTimeout, UsageError, UsageStateError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -167,7 +167,7 @@ def check_reduce_fill(fill: FillPolicy, op: str) -> None:
     server's aggregation): those messages land in scratch space, so there is no
     previous value to keep, and the buffer's leftovers would be added to the sum."""
     if fill is FillPolicy.PREVIOUS:
-        raise ValueError(
+        raise UsageError(
             f"{op}: fill='previous' cannot fill the reduce phase (what it receives lands "
             "in scratch space and is added): use 'zero' or 'rescale'; with a gather or "
             "pull bound above 0, that phase keeps previous values by itself"
@@ -290,7 +290,9 @@ class Communicator:
 
     def next_call(self) -> int:
         if self._closed:  # (its numbers may belong to a later communicator now)
-            raise RuntimeError(f"rank {self.rank}: channel {self.channel}'s communicator is closed")
+            raise UsageStateError(
+                f"rank {self.rank}: channel {self.channel}'s communicator is closed"
+            )
         return self._calls.take()
 
     @contextlib.contextmanager
@@ -307,7 +309,7 @@ class Communicator:
             if taken < n:
                 self._calls.skip_to(first + n)
             elif taken > n:  # (a caller that counts wrong desynchronises every rank)
-                raise RuntimeError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
+                raise UsageStateError(f"rank {self.rank}: {taken} call numbers taken, {n} reserved")
 
         try:
             yield
@@ -341,7 +343,7 @@ class Communicator:
 
     def msg_id(self, role: int) -> int:
         if not 0 <= role <= MAX_ROLE:
-            raise ValueError(f"message role {role} outside 0..{MAX_ROLE}")
+            raise UsageError(f"message role {role} outside 0..{MAX_ROLE}")
         return (self.channel << 12) | role
 
     def send(

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..proto.config import FillPolicy
 from .comm import (
     CollectiveReport,
@@ -86,7 +87,7 @@ def halving_doubling_allreduce(
     check_allreduce(data, "halving_doubling_allreduce", fill=fill, p=p, p_gather=p_gather)
     n, r = comm.world_size, comm.rank
     if not is_power_of_two(n):
-        raise ValueError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
+        raise UsageError(f"halving_doubling_allreduce needs a power-of-two world, got {n}")
     average = divide_first(data, n, average)
     report = ReportBuilder("halving_doubling_allreduce", call, len(data))
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..io.endpoint import Received
 from ..proto.config import FillPolicy
 from .comm import (
@@ -53,9 +54,9 @@ def check_roles(
     w = list(workers) if workers is not None else everyone
     for name, ranks in (("servers", s), ("workers", w)):
         if not ranks or len(set(ranks)) != len(ranks) or not set(ranks) <= set(everyone):
-            raise ValueError(f"{name}={ranks} must be distinct ranks of 0..{world_size - 1}")
+            raise UsageError(f"{name}={ranks} must be distinct ranks of 0..{world_size - 1}")
     if not set(everyone) <= set(s) | set(w):
-        raise ValueError(f"every rank must be a server or a worker (servers={s}, workers={w})")
+        raise UsageError(f"every rank must be a server or a worker (servers={s}, workers={w})")
     return s, w
 
 
@@ -81,12 +82,12 @@ def ps_allreduce(
     srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r not in wrk:
-        raise ValueError(f"rank {r} is not a worker; a dedicated server calls ps_serve")
+        raise UsageError(f"rank {r} is not a worker; a dedicated server calls ps_serve")
     bounds = chunk_bounds(len(data), len(srv))
     empty = [s for i, s in enumerate(srv) if s not in wrk and bounds[i] == bounds[i + 1]]
     if empty:
         # a dedicated server learns its shard from the pushes: it would wait for ever
-        raise ValueError(
+        raise UsageError(
             f"{len(data)} elements for {len(srv)} servers leave dedicated server(s) "
             f"{empty} an empty shard"
         )
@@ -164,7 +165,7 @@ def ps_serve(
     srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r in wrk or r not in srv:
-        raise ValueError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
+        raise UsageError(f"rank {r} is not a dedicated server (servers={srv}, workers={wrk})")
     report = ReportBuilder("ps_serve", call, 0)  # (its clock runs from here; size below)
     futs: list[Future[Any]] = []
     try:
@@ -195,7 +196,7 @@ def _serve_shards(
     got: list[Received] = [comm.wait(f) for f in futs]
     shapes = {g.data.shape for g in got} | {g.data.dtype.str for g in got}
     if len(shapes) != 2:
-        raise ValueError(
+        raise UsageError(
             f"rank {r}: workers pushed shards of different shapes or dtypes: "
             f"{[(g.src, g.data.dtype, g.data.shape) for g in got]}"
         )

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..io.endpoint import Received
 from ..proto.config import FillPolicy
 from .comm import (
@@ -65,9 +66,9 @@ def chunk_bounds(n_elems: int, parts: int) -> list[int]:
 
 def check_array(data: npt.NDArray[Any], op: str) -> None:
     if data.ndim != 1 or not data.flags.c_contiguous:
-        raise ValueError(f"{op} needs a contiguous 1-D array, got shape {data.shape}")
+        raise UsageError(f"{op} needs a contiguous 1-D array, got shape {data.shape}")
     if data.dtype not in SUPPORTED:
-        raise ValueError(f"{op} reduces float32 or float16 arrays, got {data.dtype}")
+        raise UsageError(f"{op} reduces float32 or float16 arrays, got {data.dtype}")
 
 
 def check_allreduce(
@@ -78,7 +79,7 @@ def check_allreduce(
     check_array(data, op)
     check_reduce_fill(fill, op)
     if p_gather > p:
-        raise ValueError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
+        raise UsageError(f"p_gather={p_gather} must not exceed p={p} (a stricter bound)")
 
 
 def ring_allreduce(

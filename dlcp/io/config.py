@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -106,8 +107,43 @@ class EndpointConfig:
         ``DLCP_EMULATED_LOSS``, ...); protocol fields too (``DLCP_N_PATHS``,
         ``DLCP_DEFAULT_P``, ``DLCP_BATCH_PACKETS``, ``DLCP_DEFAULT_FILL``, ...).
         Unknown ``DLCP_*`` variables are an error, so that a typo is not ignored.
+        A :class:`ConfigError` names what the user typed: the variable and its
+        value (``DLCP_EMULATED_LOSS=2 outside [0, 1)``) when a variable is at
+        fault, the keyword (``emulated_loss=2.0 outside [0, 1)``) when an
+        override is.
         """
         env = os.environ if env is None else env
+        try:
+            return cls._from_env(env, dict(overrides))
+        except ConfigError as exc:
+            raise ConfigError(cls._blame(env, exc, overrides)) from None
+
+    @classmethod
+    def _blame(cls, env: Mapping[str, str], exc: ConfigError, overrides: dict[str, Any]) -> str:
+        """``exc`` (which speaks of configuration fields) said of what the user set."""
+        ours = sorted(var for var in env if var.startswith(ENV_PREFIX))
+        for var in ours:
+            try:
+                cls._from_env({var: env[var]}, {})
+            except ConfigError as alone:
+                said = str(alone)
+                if var in said:  # (an unknown name, a value that does not parse)
+                    return said
+                field = _FIELD.match(said)
+                if field is None:
+                    return f"{var}={env[var]}: {said}"
+                return f"{var}={env[var]}{field.group(1)} {said[field.end() :]}"
+        if not ours:
+            return str(exc)  # (an argument: its message names the keyword)
+        try:
+            cls._from_env({}, dict(overrides))
+        except ConfigError:
+            return str(exc)
+        # each is fine alone: they disagree with each other
+        return f"{exc} (from {', '.join(f'{var}={env[var]}' for var in ours)})"
+
+    @classmethod
+    def _from_env(cls, env: Mapping[str, str], overrides: dict[str, Any]) -> EndpointConfig:
         ours = {f.name for f in dataclasses.fields(cls)} - {"protocol"}
         proto_fields = {f.name: f for f in dataclasses.fields(ProtocolConfig)}
         endpoint_kw: dict[str, Any] = {}
@@ -134,6 +170,10 @@ class EndpointConfig:
             raise ConfigError(f"protocol configuration: {exc}") from None
         return cls(protocol=protocol, **{**endpoint_kw, **overrides})
 
+
+#: "field=value " (and the protocol's "protocol configuration: " before it) at the
+#: start of a configuration error: the variable and what the user typed replace it
+_FIELD = re.compile(r"^(?:protocol configuration: )?[a-z_]+=\S+?(:?) ")
 
 #: DLCP_* variables that are read elsewhere (simulator, golden-file tests, the
 #: sanitizer build of the native engine: dlcp.io.engine.BUILD_VARIABLE; the

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from ..proto.context import PairKeys
 from .udp import bind
 
-__all__ = ["HELLO", "ControlChannel", "Inbound", "PeerGone", "hello_proof", "set_fast_timers"]
+__all__ = ["HELLO", "ControlChannel", "Inbound", "LostPeer", "hello_proof", "set_fast_timers"]
 
 log = logging.getLogger("dlcp.io")
 
@@ -137,7 +137,11 @@ def _ended(sock: socket.socket) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerGone:
+class LostPeer:
+    """A record, not an exception: the control connection to peer ``rank`` is
+    lost (``why`` says how, for the failures of its transfers). The send and
+    close paths return one for the endpoint to act on."""
+
     rank: int
     why: str
 
@@ -213,8 +217,8 @@ class ControlChannel:
 
     # ------------------------------------------------------------------ send
 
-    def send(self, peer: int, addr: tuple[str, int], data: bytes) -> PeerGone | None:
-        """Send one control datagram to ``peer``; a PeerGone if that failed. A
+    def send(self, peer: int, addr: tuple[str, int], data: bytes) -> LostPeer | None:
+        """Send one control datagram to ``peer``; a LostPeer if that failed. A
         connection that was reset is replaced by a new one, once: a peer that
         refuses that one is gone."""
         frame = _FRAME.pack(len(data)) + data
@@ -230,7 +234,7 @@ class ControlChannel:
                 log.warning("dlcp: control connection to rank %d: %s; reconnecting", peer, exc)
             except OSError as exc:
                 self._drop_outbound(peer)
-                return PeerGone(peer, f"control connection to rank {peer} at "
+                return LostPeer(peer, f"control connection to rank {peer} at "
                                       f"{addr[0]}:{addr[1]} failed: {exc}")  # fmt: skip
         try:
             sock = self._connect(addr)
@@ -239,7 +243,7 @@ class ControlChannel:
             self._send_all(sock, self._hello(peer) + frame)
         except OSError as exc:
             self._drop_outbound(peer)
-            return PeerGone(
+            return LostPeer(
                 peer,
                 f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}{reset}",
             )
@@ -380,8 +384,8 @@ class ControlChannel:
         conn.sock.close()
         return why
 
-    def ended(self, conn: Inbound, why: str) -> PeerGone | None:
-        """The end of inbound ``conn`` (its frames already handled): a PeerGone if
+    def ended(self, conn: Inbound, why: str) -> LostPeer | None:
+        """The end of inbound ``conn`` (its frames already handled): a LostPeer if
         it was a trusted connection of a known rank, else nothing but a log line."""
         if conn.rank is None or not conn.trusted:
             log.warning(
@@ -409,7 +413,7 @@ class ControlChannel:
             )  # fmt: skip
             return None
         self._drop_outbound(conn.rank)
-        return PeerGone(conn.rank, f"rank {conn.rank} {why}")
+        return LostPeer(conn.rank, f"rank {conn.rank} {why}")
 
     def _answers(self, rank: int) -> bool:
         """Whether ``rank``'s control port accepts a connection now (its process

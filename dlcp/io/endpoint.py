@@ -47,9 +47,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
+from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
+from ..proto.control import control_source
 from ..proto.pacing import Pacer
 from ..proto.session import (
     ControlDatagram,
@@ -62,7 +63,7 @@ from ..proto.session import (
 from ..proto.wire import DType, PacketType, bound_to_wire
 from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
-from .control import ControlChannel, PeerGone
+from .control import ControlChannel, LostPeer
 from .emulation import LossEmulator
 from .engine import NativeSender, RoundReport, choose_engine
 from .peers import PeerAddress, PeerBook, Store
@@ -245,7 +246,7 @@ class Endpoint:
             key = (to, step, msg)
             if key in self._transfers.sends:
                 fut.set_exception(
-                    ValueError(
+                    UsageError(
                         f"message (step {step}, msg {msg}) to rank {to} is already in flight"
                     )
                 )
@@ -295,7 +296,7 @@ class Endpoint:
             key = (src, step, msg)
             if key in self._transfers.recvs:
                 fut.set_exception(
-                    ValueError(f"already receiving (step {step}, msg {msg}) from rank {src}")
+                    UsageError(f"already receiving (step {step}, msg {msg}) from rank {src}")
                 )
                 return
             if p is not None:
@@ -391,7 +392,7 @@ class Endpoint:
         if peers is not None and peer not in peers:
             ranks = sorted(peers)
             known = f"0..{ranks[-1]}" if ranks == list(range(len(ranks))) else str(ranks)
-            raise ValueError(f"rank {self.rank}: {what}: no rank {peer} in this job ({known})")
+            raise UsageError(f"rank {self.rank}: {what}: no rank {peer} in this job ({known})")
         try:
             self._peers.resolve(peer, timeout=self.config.timeout)
         except PeerTimeout as exc:
@@ -550,7 +551,8 @@ class Endpoint:
                 if not datagram or datagram[0] & 0x0F == PacketType.DATA:
                     self._stats.control_rejected += 1  # data travels over UDP only
                     continue
-                if len(datagram) >= 16 and int.from_bytes(datagram[10:12], "big") != peer:
+                claimed = control_source(datagram)
+                if claimed is not None and claimed != peer:
                     self._stats.control_rejected += 1  # claims another rank than its hello
                     continue
                 stats = self._session.stats
@@ -676,13 +678,13 @@ class Endpoint:
         try:
             addr = self._peers.known(peer)
         except Exception as exc:
-            self._peer_gone(PeerGone(peer, f"rank {peer} has no known address: {exc}"))
+            self._peer_gone(LostPeer(peer, f"rank {peer} has no known address: {exc}"))
             return None
         if addr is None:
             self._stats.unroutable += 1
         return addr
 
-    def _peer_gone(self, gone: PeerGone) -> None:
+    def _peer_gone(self, gone: LostPeer) -> None:
         if gone.rank not in self._gone:
             waiting = self._transfers.waits_on(gone.rank)
             # a peer that leaves while nothing is pending with it is a normal shutdown

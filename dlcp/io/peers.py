@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
-from ..errors import ConfigError, PeerTimeout
+from ..errors import ConfigError, PeerTimeout, UsageError
 
 __all__ = ["PeerAddress", "PeerBook", "Store", "store_key"]
 
@@ -122,12 +122,12 @@ class PeerBook:
         when the store can wait on a key (torch's stores can; their own timeout,
         often minutes, applies otherwise), then PeerTimeout."""
         if peer == self.rank:
-            raise ValueError(f"rank {peer} cannot send to or receive from itself")
+            raise UsageError(f"rank {peer} cannot send to or receive from itself")
         addr = self.addresses.get(peer)
         if addr is not None:
             return addr
         if self.store is None:
-            raise ValueError(
+            raise UsageError(
                 f"rank {peer} is not a peer of rank {self.rank} (known: {sorted(self.addresses)})"
             )
         key = store_key(self.job, peer)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import numpy.typing as npt
 
+from ..errors import UsageStateError
 from ..proto.reassembler import LossReport
 
 __all__ = ["DriverStats", "Pending", "Received", "TransferFuture"]
@@ -58,7 +59,7 @@ class TransferFuture(Future[_T]):
 
     def _check_wait(self) -> None:
         if not self.done() and self._blocked is not None and self._blocked():
-            raise RuntimeError(
+            raise UsageStateError(
                 f"{self.what}: waiting for it here would deadlock the endpoint (this "
                 "thread runs its I/O or holds its lock: a future's callback?); chain "
                 "with add_done_callback, or wait in another thread"

@@ -18,7 +18,6 @@ sender without its STOP).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import itertools
 from collections import OrderedDict, deque
@@ -26,14 +25,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
-from ..errors import PeerTimeout, TransferFailed
+from ..errors import PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
-from ..proto.reassembler import rescale
+from ..proto.late_claim import ClaimRefused, claim_completed
 from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Session
-from ..proto.wire import DType, allowed_loss
 from .records import Pending, Received
 
 __all__ = ["Key", "Transfers"]
@@ -157,37 +154,19 @@ class Transfers:
         default fill says. Held to the receive's own ``p`` (a message that lost
         more fails) and ``fill`` (applied now where it can be, else it fails):
         a late receive must not get silently looser data than it asked for."""
-        if isinstance(ev, MessageReceived) and ev.report.lost_elems:
-            rep = ev.report
-            what = (
-                f"rank {self._rank}: message (step {ev.step}, msg {ev.msg}) from rank {ev.src} "
-                f"completed before this receive was posted, by the sender's bound"
-            )
-            if p is not None and rep.lost_elems > allowed_loss(p, rep.msg_elems):
-                fut.set_exception(
-                    TransferFailed(
-                        f"{what}: {rep.lost_elems} of {rep.msg_elems} elements lost, more "
-                        f"than p={p:g} allows"
-                    )
+        if isinstance(ev, MessageReceived):
+            # (the core decides, by dlcp.proto.late_claim's rules; this applies it)
+            claim = claim_completed(ev, out, p=p, fill=fill)
+            if isinstance(claim, ClaimRefused):
+                fut.set_exception(TransferFailed(f"rank {self._rank}: {claim.why}"))
+                return
+            ev = claim.event
+            if claim.in_out:  # out holds the message now
+                assert out is not None
+                fut.set_result(
+                    Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss)
                 )
                 return
-            if fill is not rep.fill:
-                if not _refill(ev, out, fill):
-                    fut.set_exception(
-                        TransferFailed(
-                            f"{what}, its lost elements filled with fill={rep.fill.value}: "
-                            f"fill={fill.value} cannot be applied afterwards to "
-                            f"{ev.data.dtype} data (post the receive before the data comes)"
-                        )
-                    )
-                    return
-                ev = dataclasses.replace(ev, report=dataclasses.replace(rep, fill=fill))
-                if fill is FillPolicy.PREVIOUS:  # out holds the message now
-                    assert out is not None
-                    fut.set_result(
-                        Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss)
-                    )
-                    return
         self.complete_recv(fut, ev, out)
 
     def complete_recv(
@@ -207,7 +186,7 @@ class Transfers:
         if out is not None and out is not data:
             if out.shape != data.shape or out.dtype != data.dtype:
                 fut.set_exception(
-                    ValueError(
+                    UsageError(
                         f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
                         f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
                     )
@@ -277,26 +256,3 @@ class Transfers:
             for pending in pendings:
                 if not pending.future.done():
                     pending.future.set_exception(error)
-
-
-def _refill(ev: MessageReceived, out: npt.NDArray[Any] | None, fill: FillPolicy) -> bool:
-    """Turn ``ev``'s zero-filled lost elements into ``fill``'s (PREVIOUS: into
-    ``out``, whose values stay there; RESCALE: received values scaled up, in
-    ``ev.data``). False where that cannot be done afterwards."""
-    data, rep = ev.data, ev.report
-    if rep.fill is not FillPolicy.ZERO:
-        return False  # (a non-default session fill: not undone after the fact)
-    if fill is FillPolicy.PREVIOUS:
-        if out is None or out.shape != data.shape or out.dtype != data.dtype:
-            return False
-        kept = [(off, out[off : off + n].copy()) for off, n in rep.lost_ranges]
-        out[...] = data
-        for off, values in kept:
-            out[off : off + len(values)] = values
-        return True
-    if fill is FillPolicy.RESCALE and data.dtype != np.uint8 and rep.received_elems:
-        # (the session's own rescale: float32, rounded once; uint16 words are bfloat16)
-        dtype = DType.of(data, bfloat16=data.dtype == np.uint16)
-        rescale(data, dtype, rep.msg_elems / rep.received_elems)
-        return True
-    return False

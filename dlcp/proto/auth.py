@@ -31,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ..errors import UsageError
+
 __all__ = [
     "ACCELERATED",
     "AUTH_KEY_LENGTHS",
@@ -80,9 +82,9 @@ class Domain(enum.IntEnum):
 
 
 def check_auth_key(key: bytes) -> bytes:
-    """``key`` as bytes if it is an AES key (16, 24 or 32 bytes), else ValueError."""
+    """``key`` as bytes if it is an AES key (16, 24 or 32 bytes), else UsageError."""
     if len(key) not in AUTH_KEY_LENGTHS:
-        raise ValueError(
+        raise UsageError(
             f"authentication key must be 16, 24 or 32 bytes (an AES key), got {len(key)}"
         )
     return bytes(key)
@@ -131,7 +133,7 @@ class NonceCounter:
 
     def __init__(self, start: int = 0) -> None:
         if not 0 <= start <= _MAX_NONCE:
-            raise ValueError(f"a nonce counter starts at 0..2**64-1, got {start}")
+            raise UsageError(f"a nonce counter starts at 0..2**64-1, got {start}")
         #: the next nonce, in one uint64 that C and Python both update
         self.cell = np.array([start], dtype=np.uint64)
 
@@ -139,7 +141,7 @@ class NonceCounter:
         """Reserve ``n`` consecutive nonces; returns the first. No other call
         gets any of them; OverflowError when the next value would pass 2**64 - 1."""
         if n < 1:
-            raise ValueError(f"take({n}): reserve at least one nonce")
+            raise UsageError(f"take({n}): reserve at least one nonce")
         if _accel is not None:
             return int(_accel.take_nonces(self.cell, n))
         first = int(self.cell[0])

@@ -4,8 +4,9 @@ A batch is what one UDP GRO read (or a run of them) hands over: datagrams of one
 segment size back to back, the last possibly shorter. :func:`parse_batch` views
 it as fixed-stride records, unpacks the headers in one pass, and gives every
 record a :class:`~dlcp.proto.wire.Reason`; it never raises for bad content. The
-header layout and the rules are those of :mod:`dlcp.proto.wire`, which also
-re-exports these names.
+header layout and the rules are those of :mod:`dlcp.proto.wire`.
+:func:`decode_data` is the single-datagram view: one record, parsed the same way,
+as a :class:`~dlcp.proto.wire.DataHeader` and its payload, or a :class:`WireError`.
 
 The receive fast paths read only a batch's first header, with plain integers:
 :func:`run_head` (which message a run belongs to) and :func:`open_head` (the
@@ -30,17 +31,26 @@ from .wire import (
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     VERSION,
+    DataHeader,
     DType,
     Flags,
     PacketType,
     Reason,
     VerifyKey,
+    WireError,
     key_of_source,
 )
 
 __all__ = [
-    "PER_PACKET_FLAGS", "SHARED_HEADER_MASK", "OpenHead", "ParsedBatch", "RunHead", "open_head",
-    "parse_batch", "run_head",
+    "PER_PACKET_FLAGS",
+    "SHARED_HEADER_MASK",
+    "OpenHead",
+    "ParsedBatch",
+    "RunHead",
+    "decode_data",
+    "open_head",
+    "parse_batch",
+    "run_head",
 ]
 
 _DATA_VT: Final = (VERSION << 4) | PacketType.DATA
@@ -392,3 +402,35 @@ def _reason_message(batch: ParsedBatch, i: int) -> str:
     if reason is Reason.AUTH_REQUIRED:
         return "authentication required: datagram carries no tag"
     return "authentication failed: tag does not match"
+
+
+def decode_data(
+    data: bytes | memoryview, *, job: int, key: VerifyKey | None = None
+) -> tuple[DataHeader, bytes]:
+    """Parse and validate one data datagram; raises :class:`WireError`."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    batch = parse_batch(buf, len(buf) if len(buf) else 1, job=job, key=key, n_records=1)
+    if batch.reasons[0] != Reason.OK:
+        raise WireError(Reason(int(batch.reasons[0])), batch.message(0))
+    h = batch.headers[0]
+    tclass = int(h["tclass"])
+    header = DataHeader(
+        job=int(h["job"]),
+        step=int(h["step"]),
+        msg=int(h["msg"]),
+        seq=int(h["seq"]),
+        offset=int(h["offset"]),
+        msg_elems=int(h["msg_elems"]),
+        payload_len=int(h["payload_len"]),
+        layer=int(h["layer"]),
+        src=int(h["src"]),
+        prio=tclass >> 5,
+        drop=bool(tclass & 0x10),
+        mag=tclass & 0x0F,
+        dtype=DType(int(h["dtype"]) >> 4),
+        bound=int(h["bound"]),
+        path=int(h["path"]),
+        flags=Flags(int(h["flags"])),
+    )
+    payload = bytes(data[DATA_HEADER_LEN : DATA_HEADER_LEN + header.payload_len])
+    return header, payload

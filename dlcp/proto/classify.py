@@ -42,6 +42,8 @@ from typing import Final, NamedTuple, Protocol, TypeVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ..errors import UsageError
+
 __all__ = [
     "MAX_CLASSES",
     "MAX_LAYERS",
@@ -84,7 +86,7 @@ class ChunkClasses:
     def __post_init__(self) -> None:
         n = len(self.prio)
         if len(self.drop) != n or len(self.mag) != n:
-            raise ValueError(
+            raise UsageError(
                 f"ChunkClasses arrays differ in length: prio={n}, drop={len(self.drop)}, "
                 f"mag={len(self.mag)}"
             )
@@ -136,23 +138,23 @@ def _check_inputs(
     lay = np.asarray(layers)
     mag = np.asarray(magnitudes)
     if lay.ndim != 1 or mag.ndim != 1:
-        raise ValueError(
+        raise UsageError(
             f"layers and magnitudes must be 1-D, got shapes {lay.shape} and {mag.shape}"
         )
     if len(lay) != len(mag):
-        raise ValueError(
+        raise UsageError(
             f"layers and magnitudes differ in length: {len(lay)} layers, {len(mag)} magnitudes"
         )
     if lay.size and lay.dtype.kind not in "iu":  # (np.issubdtype costs microseconds)
-        raise ValueError(f"layers must be integers, got dtype {lay.dtype}")
+        raise UsageError(f"layers must be integers, got dtype {lay.dtype}")
     if not 1 <= n_layers <= MAX_LAYERS:
-        raise ValueError(f"n_layers={n_layers} outside 1..{MAX_LAYERS}")
+        raise UsageError(f"n_layers={n_layers} outside 1..{MAX_LAYERS}")
     lay64 = lay.astype(np.int64, copy=False)
     if lay64.size:
         lo, hi = int(lay64.min()), int(lay64.max())
         if lo < 0 or hi >= n_layers:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"layer {bad} outside 0..{n_layers - 1} (n_layers={n_layers})")
+            raise UsageError(f"layer {bad} outside 0..{n_layers - 1} (n_layers={n_layers})")
     if mag.dtype.kind != "f":
         mag = mag.astype(np.float64)
     return lay64, mag
@@ -160,16 +162,16 @@ def _check_inputs(
 
 def _check_classes(n_classes: int) -> None:
     if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
-        raise ValueError(f"n_classes={n_classes!r} must be an integer")
+        raise UsageError(f"n_classes={n_classes!r} must be an integer")
     if not 1 <= n_classes <= MAX_CLASSES:
-        raise ValueError(f"n_classes={n_classes} outside 1..{MAX_CLASSES}")
+        raise UsageError(f"n_classes={n_classes} outside 1..{MAX_CLASSES}")
 
 
 def _check_prio(prio: int, n_classes: int = MAX_CLASSES) -> None:
     if isinstance(prio, bool) or not isinstance(prio, int | np.integer):
-        raise ValueError(f"prio={prio!r} must be an integer")
+        raise UsageError(f"prio={prio!r} must be an integer")
     if not 0 <= prio < n_classes:
-        raise ValueError(f"prio={prio} outside 0..{n_classes - 1}")
+        raise UsageError(f"prio={prio} outside 0..{n_classes - 1}")
 
 
 def _layer_prio(
@@ -242,14 +244,14 @@ def _magnitude_drop(
 
 def _check_drop_mode(drop_fraction: float | None, threshold: float | None) -> None:
     if drop_fraction is not None and threshold is not None:
-        raise ValueError(
+        raise UsageError(
             f"give drop_fraction or threshold, not both (drop_fraction={drop_fraction}, "
             f"threshold={threshold})"
         )
     if drop_fraction is not None and not 0.0 <= drop_fraction < 1.0:
-        raise ValueError(f"drop_fraction={drop_fraction} outside [0, 1)")
+        raise UsageError(f"drop_fraction={drop_fraction} outside [0, 1)")
     if threshold is not None and not (threshold >= 0.0 and np.isfinite(threshold)):
-        raise ValueError(f"threshold={threshold} must be a finite magnitude >= 0")
+        raise UsageError(f"threshold={threshold} must be a finite magnitude >= 0")
 
 
 # --------------------------------------------------------------------------- registry
@@ -264,11 +266,11 @@ def register_classifier(name: str) -> Callable[[_C], _C]:
     The factory's keyword parameters are the policy's options.
     """
     if not name or not isinstance(name, str):
-        raise ValueError(f"classifier name must be a non-empty string, got {name!r}")
+        raise UsageError(f"classifier name must be a non-empty string, got {name!r}")
 
     def deco(factory: _C) -> _C:
         if name in _REGISTRY:
-            raise ValueError(f"a classifier named {name!r} is already registered")
+            raise UsageError(f"a classifier named {name!r} is already registered")
         _REGISTRY[name] = factory
         return factory
 
@@ -290,19 +292,19 @@ def make_classifier(name: str, **options: object) -> Classifier:
         factory = _REGISTRY[name]
     except KeyError:
         known = ", ".join(available_classifiers())
-        raise ValueError(f"unknown classifier {name!r}; known classifiers: {known}") from None
+        raise UsageError(f"unknown classifier {name!r}; known classifiers: {known}") from None
     params = inspect.signature(factory).parameters
     valid = [p for p, spec in params.items() if spec.kind is not inspect.Parameter.VAR_KEYWORD]
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"classifier {name!r} has no option {', '.join(map(repr, unknown))}; "
             f"its options: {', '.join(valid) or '(none)'}"
         )
     try:
         return factory(**options)
     except TypeError as exc:  # e.g. a wrong type reaching a comparison
-        raise ValueError(f"bad option for classifier {name!r}: {exc}") from exc
+        raise UsageError(f"bad option for classifier {name!r}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- policies
@@ -397,11 +399,11 @@ class CombinedClassifier:
         try:
             protect = frozenset(int(x) for x in self.protect_layers)
         except (TypeError, ValueError):
-            raise ValueError(
+            raise UsageError(
                 f"protect_layers={self.protect_layers!r} must be a set of layer numbers"
             ) from None
         if any(x < 0 for x in protect):
-            raise ValueError(f"protect_layers={sorted(protect)} holds a negative layer")
+            raise UsageError(f"protect_layers={sorted(protect)} holds a negative layer")
         object.__setattr__(self, "protect_layers", protect)
 
     def classify(
@@ -464,12 +466,12 @@ def chunk_layers(
     With ``segments`` None or empty, every chunk is layer 0 and ``n_layers`` 1.
     """
     if chunk_elems < 1:
-        raise ValueError(f"chunk_elems={chunk_elems} must be at least 1")
+        raise UsageError(f"chunk_elems={chunk_elems} must be at least 1")
     if msg_elems < 0:
-        raise ValueError(f"msg_elems={msg_elems} must not be negative")
+        raise UsageError(f"msg_elems={msg_elems} must not be negative")
     expected = -(-msg_elems // chunk_elems)
     if n_chunks != expected:
-        raise ValueError(
+        raise UsageError(
             f"n_chunks={n_chunks} does not match msg_elems={msg_elems} in chunks of "
             f"{chunk_elems} elements (expected {expected})"
         )
@@ -477,7 +479,7 @@ def chunk_layers(
         return ChunkLayers(np.zeros(n_chunks, dtype=np.uint16), 1)
     seg = np.asarray(segments, dtype=np.int64)
     if seg.ndim != 2 or seg.shape[1] != 3:
-        raise ValueError(
+        raise UsageError(
             f"segments must be (offset, length, layer) triples, got an array of shape {seg.shape}"
         )
     off, length, layer = seg[:, 0], seg[:, 1], seg[:, 2]
@@ -552,7 +554,7 @@ def _check_segment_fields(
         bad = np.flatnonzero(bad_mask)
         if bad.size:
             i = int(bad[0])
-            raise ValueError(
+            raise UsageError(
                 f"segment {i} (offset={int(off[i])}, length={int(length[i])}, "
                 f"layer={int(layer[i])}): {name} must be {limit}"
             )
@@ -561,11 +563,11 @@ def _check_segment_fields(
 def _check_tiling(starts: NDArray[np.int64], ends: NDArray[np.int64], msg_elems: int) -> None:
     if starts.size == 0:
         if msg_elems:
-            raise ValueError(f"segments leave a gap: elements [0, {msg_elems}) are not covered")
+            raise UsageError(f"segments leave a gap: elements [0, {msg_elems}) are not covered")
         return
     if int(ends.max()) > msg_elems:
         i = int(np.argmax(ends))
-        raise ValueError(
+        raise UsageError(
             f"segment [{int(starts[i])}, {int(ends[i])}) goes beyond the message "
             f"(msg_elems={msg_elems})"
         )
@@ -573,17 +575,17 @@ def _check_tiling(starts: NDArray[np.int64], ends: NDArray[np.int64], msg_elems:
     overlap = np.flatnonzero(starts < prev_end)
     if overlap.size:
         i = int(overlap[0])
-        raise ValueError(
+        raise UsageError(
             f"segments overlap: [{int(starts[i - 1])}, {int(ends[i - 1])}) and "
             f"[{int(starts[i])}, {int(ends[i])})"
         )
     gap = np.flatnonzero(starts > prev_end)
     if gap.size:
         i = int(gap[0])
-        raise ValueError(
+        raise UsageError(
             f"segments leave a gap: elements [{int(prev_end[i])}, {int(starts[i])}) are not covered"
         )
     if ends[-1] < msg_elems:
-        raise ValueError(
+        raise UsageError(
             f"segments leave a gap: elements [{int(ends[-1])}, {msg_elems}) are not covered"
         )

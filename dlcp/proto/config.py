@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..errors import ConfigError
 from .classify import available_classifiers
 from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
 
@@ -111,36 +112,36 @@ class ProtocolConfig:
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
-            raise ValueError(f"mtu={self.mtu} outside 576..65535")
+            raise ConfigError(f"mtu={self.mtu} outside 576..65535")
         limit = self.max_payload_bytes
         if self.payload_bytes is not None and not 16 <= self.payload_bytes <= limit:
-            raise ValueError(
+            raise ConfigError(
                 f"payload_bytes={self.payload_bytes} outside 16..{limit} "
                 f"(mtu {self.mtu}, headers {IPV4_UDP_OVERHEAD + DATA_HEADER_LEN}"
                 f"{' + auth tag' if self.authenticate else ''})"
             )
         if self.payload_bytes is not None and self.payload_bytes % 4:
-            raise ValueError(f"payload_bytes={self.payload_bytes} must be a multiple of 4")
+            raise ConfigError(f"payload_bytes={self.payload_bytes} must be a multiple of 4")
         if not 1 <= self.batch_packets <= 1024:
-            raise ValueError(f"batch_packets={self.batch_packets} outside 1..1024")
+            raise ConfigError(f"batch_packets={self.batch_packets} outside 1..1024")
         if not 1 <= self.spray_packets <= 1024:
-            raise ValueError(f"spray_packets={self.spray_packets} outside 1..1024")
+            raise ConfigError(f"spray_packets={self.spray_packets} outside 1..1024")
         if not 1 <= self.n_paths <= 256:
-            raise ValueError(f"n_paths={self.n_paths} outside 1..256")
+            raise ConfigError(f"n_paths={self.n_paths} outside 1..256")
         if self.path_weights is not None and len(self.path_weights) != self.n_paths:
-            raise ValueError(
+            raise ConfigError(
                 f"path_weights has {len(self.path_weights)} entries for n_paths={self.n_paths}"
             )
         if self.magnitude_sample < 0:
-            raise ValueError(f"magnitude_sample={self.magnitude_sample} must be >= 0")
+            raise ConfigError(f"magnitude_sample={self.magnitude_sample} must be >= 0")
         if not 0.0 <= self.default_p <= MAX_LOSS_BOUND:
-            raise ValueError(f"default_p={self.default_p} outside [0, {MAX_LOSS_BOUND}]")
+            raise ConfigError(f"default_p={self.default_p} outside [0, {MAX_LOSS_BOUND}]")
         if not isinstance(self.default_fill, FillPolicy):
-            raise ValueError(f"default_fill={self.default_fill!r} is not a FillPolicy")
+            raise ConfigError(f"default_fill={self.default_fill!r} is not a FillPolicy")
         if not 0 <= self.max_rounds <= 1000:
-            raise ValueError(f"max_rounds={self.max_rounds} outside 0..1000")
+            raise ConfigError(f"max_rounds={self.max_rounds} outside 0..1000")
         if self.finish_retries < 1:
-            raise ValueError(f"finish_retries={self.finish_retries} must be >= 1")
+            raise ConfigError(f"finish_retries={self.finish_retries} must be >= 1")
         for name in (
             "finish_timeout",
             "reorder_grace",
@@ -151,14 +152,14 @@ class ProtocolConfig:
         ):
             value = getattr(self, name)
             if not 0 < value <= MAX_TIMER:
-                raise ValueError(f"{name}={value} must be within (0, {MAX_TIMER:g}] seconds")
+                raise ConfigError(f"{name}={value} must be within (0, {MAX_TIMER:g}] seconds")
         if self.classifier not in available_classifiers():
             known = ", ".join(available_classifiers())
-            raise ValueError(f"classifier={self.classifier!r}: known classifiers are {known}")
+            raise ConfigError(f"classifier={self.classifier!r}: known classifiers are {known}")
         if self.pacer not in ("receiver", "unpaced"):
-            raise ValueError(f"pacer={self.pacer!r}: known pacers are 'receiver', 'unpaced'")
+            raise ConfigError(f"pacer={self.pacer!r}: known pacers are 'receiver', 'unpaced'")
         if self.max_unexpected_bytes < 0 or self.completed_memory < 1:
-            raise ValueError("max_unexpected_bytes must be >= 0 and completed_memory >= 1")
+            raise ConfigError("max_unexpected_bytes must be >= 0 and completed_memory >= 1")
 
     def classifier_kwargs(self) -> dict[str, Any]:
         """Options for :func:`dlcp.proto.classify.make_classifier`: defaults, then ours."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from .auth import NonceCounter, check_auth_key
 from .config import ProtocolConfig
+from .control import ControlMessage, encode_control
 from .events import ControlDatagram, Event, SessionStats
-from .wire import ControlMessage, encode_control
 
 __all__ = ["ALL_ELEMS", "Key", "PairKeyLookup", "PairKeys", "SessionContext", "SessionSide"]
 

@@ -4,16 +4,20 @@ A control datagram is a 16-byte header (version/type, flags, job, step, msg,
 src, body length, reserved) and a type-specific body, optionally followed by the
 authentication trailer (8-byte nonce, 16-byte AES-GMAC tag, spec §3).
 :func:`decode_control` raises :class:`WireError` with an exact message for
-anything malformed; :mod:`dlcp.proto.wire` re-exports every name here.
+anything malformed. Each message type has one body codec (an encoder and a
+decoder) in :data:`CODECS`, keyed by its packet type; the header, its length and
+its tag are checked once for all of them.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
+from ..errors import UsageError
 from .wire import (
     AUTH_TRAILER_LEN,
     CONTROL_HEADER_LEN,
@@ -33,6 +37,7 @@ from .wire import (
 )
 
 __all__ = [
+    "CODECS",
     "Abort",
     "AbortReason",
     "ControlMessage",
@@ -40,6 +45,7 @@ __all__ = [
     "Nack",
     "RateFeedback",
     "Stop",
+    "control_source",
     "decode_control",
     "encode_control",
 ]
@@ -49,10 +55,9 @@ assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 _AUTH: Final = int(Flags.AUTH)
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
-#: the first byte of each control message (version and type) -> its type
-_TYPE_BY_FIRST_BYTE: Final = {(VERSION << 4) | t: t for t in PacketType if t is not PacketType.DATA}
 _U32: Final = struct.Struct(">I")
 _FINISH_BODY: Final = struct.Struct(">HHII16I")
+_NACK_HEAD: Final = struct.Struct(">HBBI")  # round, flags, range count, needed
 _RATE_BODY: Final = struct.Struct(">QI")
 _ABORT_BODY: Final = struct.Struct(">HH")
 _ABORT_BY_RECEIVER: Final = 0x0001  # ABORT flags: the message's receiver abandoned it
@@ -126,51 +131,170 @@ class Abort(_ControlBase):
 
 ControlMessage: TypeAlias = Stop | Finish | Nack | RateFeedback | Abort
 
-_TYPE_OF: Final[dict[type, PacketType]] = {
-    Stop: PacketType.STOP,
-    Finish: PacketType.FINISH,
-    Nack: PacketType.NACK,
-    RateFeedback: PacketType.RATE,
-    Abort: PacketType.ABORT,
-}
-#: the first header byte (version and type) of each message class
-_FIRST_BYTE_OF: Final = {cls: (VERSION << 4) | t for cls, t in _TYPE_OF.items()}
+
+def _length_error(ptype: PacketType, want: int, body_len: int) -> WireError:
+    return WireError(
+        Reason.LENGTH_MISMATCH,
+        f"payload length mismatch: {ptype.name} body must be {want} bytes, has {body_len}",
+    )
 
 
-def _body(msg: ControlMessage) -> bytes:
-    if isinstance(msg, Stop):
-        return _U32.pack(msg.received_elems)
-    if isinstance(msg, Finish):
-        if len(msg.class_chunks) != 16:
-            raise ValueError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
-        if msg.protected_chunks > msg.total_chunks or sum(msg.class_chunks) != msg.total_chunks:
-            raise ValueError(
-                f"inconsistent Finish: {msg.protected_chunks} protected and "
-                f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
-            )
-        return _FINISH_BODY.pack(
-            msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
+def _encode_stop(msg: Stop) -> bytes:
+    return _U32.pack(msg.received_elems)
+
+
+def _decode_stop(step: int, msg: int, src: int, body: bytes) -> Stop:
+    if len(body) != _U32.size:
+        raise _length_error(PacketType.STOP, _U32.size, len(body))
+    (received,) = _U32.unpack(body)
+    return Stop(step, msg, src, received_elems=received)
+
+
+def _encode_finish(msg: Finish) -> bytes:
+    if len(msg.class_chunks) != 16:
+        raise UsageError("Finish.class_chunks needs 16 counts (8 priorities x 2 drop classes)")
+    if msg.protected_chunks > msg.total_chunks or sum(msg.class_chunks) != msg.total_chunks:
+        raise UsageError(
+            f"inconsistent Finish: {msg.protected_chunks} protected and "
+            f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
         )
-    if isinstance(msg, Nack):
-        if len(msg.ranges) > MAX_NACK_RANGES:
-            raise ValueError(
-                f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}"
-            )
-        for first, n in msg.ranges:
-            if n == 0 or first + n > 0xFFFFFFFF:
-                raise ValueError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
-        flat = [v for r in msg.ranges for v in r]
-        return struct.pack(
-            f">HBBI{2 * len(msg.ranges)}I",
-            msg.round,
-            _NACK_MORE if msg.more else 0,
-            len(msg.ranges),
-            msg.needed_elems,
-            *flat,
+    return _FINISH_BODY.pack(
+        msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
+    )
+
+
+def _decode_finish(step: int, msg: int, src: int, body: bytes) -> Finish:
+    if len(body) != _FINISH_BODY.size:
+        raise _length_error(PacketType.FINISH, _FINISH_BODY.size, len(body))
+    rnd, res, total, protected, *classes = _FINISH_BODY.unpack(body)
+    if res:
+        raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
+    if protected > total or sum(classes) != total:
+        raise WireError(
+            Reason.BAD_FIELD,
+            f"inconsistent FINISH: {protected} protected and {sum(classes)} classed "
+            f"chunks of {total}",
         )
-    if isinstance(msg, RateFeedback):
-        return _RATE_BODY.pack(msg.bytes_per_s, msg.interval_us)
+    return Finish(
+        step,
+        msg,
+        src,
+        round=rnd,
+        total_chunks=total,
+        protected_chunks=protected,
+        class_chunks=tuple(classes),
+    )
+
+
+def _encode_nack(msg: Nack) -> bytes:
+    if len(msg.ranges) > MAX_NACK_RANGES:
+        raise UsageError(f"a NACK carries at most {MAX_NACK_RANGES} ranges, got {len(msg.ranges)}")
+    for first, n in msg.ranges:
+        if n == 0 or first + n > 0xFFFFFFFF:
+            raise UsageError(f"NACK range ({first}, {n}) is empty or beyond the seq space")
+    flat = [v for r in msg.ranges for v in r]
+    return _NACK_HEAD.pack(
+        msg.round, _NACK_MORE if msg.more else 0, len(msg.ranges), msg.needed_elems
+    ) + struct.pack(f">{len(flat)}I", *flat)
+
+
+def _decode_nack(step: int, msg: int, src: int, body: bytes) -> Nack:
+    body_len = len(body)
+    if body_len < _NACK_HEAD.size:
+        raise WireError(
+            Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes"
+        )
+    rnd, nack_flags, count, needed = _NACK_HEAD.unpack_from(body)
+    if nack_flags & ~_NACK_MORE:
+        raise WireError(
+            Reason.BAD_FIELD, f"reserved bits set in NACK body: flags={nack_flags:#04x}"
+        )
+    if count > MAX_NACK_RANGES:
+        raise WireError(
+            Reason.LENGTH_MISMATCH,
+            f"payload length mismatch: NACK with {count} ranges, "
+            f"at most {MAX_NACK_RANGES} fit one datagram",
+        )
+    if body_len != 8 + 8 * count:
+        raise WireError(
+            Reason.LENGTH_MISMATCH,
+            f"payload length mismatch: NACK with {count} ranges needs "
+            f"{8 + 8 * count} body bytes, has {body_len}",
+        )
+    flat = struct.unpack_from(f">{2 * count}I", body, _NACK_HEAD.size)
+    ranges = tuple(zip(flat[0::2], flat[1::2], strict=True))
+    for first, n in ranges:
+        if n == 0 or first + n > 0xFFFFFFFF:
+            raise WireError(
+                Reason.OUT_OF_BOUNDS,
+                f"offset/length beyond the message: NACK range ({first}, {n})",
+            )
+    return Nack(
+        step,
+        msg,
+        src,
+        round=rnd,
+        needed_elems=needed,
+        ranges=ranges,
+        more=bool(nack_flags & _NACK_MORE),
+    )
+
+
+def _encode_rate(msg: RateFeedback) -> bytes:
+    return _RATE_BODY.pack(msg.bytes_per_s, msg.interval_us)
+
+
+def _decode_rate(step: int, msg: int, src: int, body: bytes) -> RateFeedback:
+    if len(body) != _RATE_BODY.size:
+        raise _length_error(PacketType.RATE, _RATE_BODY.size, len(body))
+    rate, interval = _RATE_BODY.unpack(body)
+    return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
+
+
+def _encode_abort(msg: Abort) -> bytes:
     return _ABORT_BODY.pack(int(msg.reason), _ABORT_BY_RECEIVER if msg.by_receiver else 0)
+
+
+def _decode_abort(step: int, msg: int, src: int, body: bytes) -> Abort:
+    if len(body) != _ABORT_BODY.size:
+        raise _length_error(PacketType.ABORT, _ABORT_BODY.size, len(body))
+    code, flags = _ABORT_BODY.unpack(body)
+    if flags & ~_ABORT_BY_RECEIVER:
+        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {flags:#06x}")
+    try:
+        reason = AbortReason(code)
+    except ValueError:
+        raise WireError(Reason.BAD_FIELD, f"unknown abort reason {code}") from None
+    return Abort(step, msg, src, reason=reason, by_receiver=bool(flags & _ABORT_BY_RECEIVER))
+
+
+@dataclass(frozen=True, slots=True)
+class _BodyCodec:
+    """How one control message type's body is written and read: ``encode`` gets
+    the message, ``decode`` the header's step, msg and src and the body's bytes
+    (checking its length, raising :class:`WireError`)."""
+
+    ptype: PacketType
+    cls: type
+    encode: Callable[[Any], bytes]
+    decode: Callable[[int, int, int, bytes], ControlMessage]
+
+
+#: one codec per control message type, by packet type (the decoder's dispatch)
+CODECS: Final[dict[PacketType, _BodyCodec]] = {
+    c.ptype: c
+    for c in (
+        _BodyCodec(PacketType.STOP, Stop, _encode_stop, _decode_stop),
+        _BodyCodec(PacketType.FINISH, Finish, _encode_finish, _decode_finish),
+        _BodyCodec(PacketType.NACK, Nack, _encode_nack, _decode_nack),
+        _BodyCodec(PacketType.RATE, RateFeedback, _encode_rate, _decode_rate),
+        _BodyCodec(PacketType.ABORT, Abort, _encode_abort, _decode_abort),
+    )
+}
+#: the same codecs by message class (the encoder's dispatch)
+_CODEC_OF_CLASS: Final[dict[type, _BodyCodec]] = {c.cls: c for c in CODECS.values()}
+#: the first header byte (version and type) of each control message -> its codec
+_CODEC_BY_FIRST_BYTE: Final = {(VERSION << 4) | t: c for t, c in CODECS.items()}
 
 
 def encode_control(
@@ -190,22 +314,24 @@ def encode_control(
         _check_range("step", step, 0xFFFFFFFF)
         _check_range("msg", msg_id, 0xFFFF)
         _check_range("src", src, 0xFFFF)
-    body = _body(msg)
+    codec = _CODEC_OF_CLASS[type(msg)]
+    body = codec.encode(msg)
     flags = _AUTH if key is not None else 0
-    head = _CONTROL_STRUCT.pack(
-        _FIRST_BYTE_OF[type(msg)], flags, job, step, msg_id, src, len(body), 0
-    )
+    first = (VERSION << 4) | codec.ptype
+    head = _CONTROL_STRUCT.pack(first, flags, job, step, msg_id, src, len(body), 0)
     if key is None:
         return head + body
     return seal_datagram(head + body, key, domain=Domain.CONTROL, src=src, nonce=nonce)
 
 
-_BODY_LEN: Final = {
-    PacketType.STOP: 4,
-    PacketType.FINISH: 76,
-    PacketType.RATE: 12,
-    PacketType.ABORT: 4,
-}
+def control_source(data: bytes | memoryview) -> int | None:
+    """The rank a control datagram claims to come from (its header's ``src``),
+    read without checking the rest; None if it is shorter than a control header.
+    (A driver matches it against the rank its connection said hello as, before
+    the session decodes the message.)"""
+    if len(data) < CONTROL_HEADER_LEN:
+        return None
+    return int(_CONTROL_STRUCT.unpack_from(data)[5])
 
 
 def decode_control(
@@ -216,12 +342,13 @@ def decode_control(
     require_auth: bool = False,
 ) -> ControlMessage:
     """Parse and validate one control datagram; raises :class:`WireError`.
-    ``key``: one key, or the key of the datagram's claimed source (``src -> key``)."""
+    ``key``: one key, or the key of the datagram's claimed source (``src -> key``).
+    The header is checked here, the body by its type's codec (:data:`CODECS`)."""
     data = bytes(data)
-    known = _TYPE_BY_FIRST_BYTE.get(data[0]) if data else None
-    # (peek_type raises for anything but a data packet)
-    ptype: PacketType = known if known is not None else peek_type(data)
-    if ptype is PacketType.DATA:
+    codec = _CODEC_BY_FIRST_BYTE.get(data[0]) if data else None
+    if codec is None:
+        # peek_type raises for anything but a data packet
+        peek_type(data)
         raise WireError(
             Reason.BAD_TYPE, "unknown packet type 1 where a control message was expected"
         )
@@ -258,83 +385,4 @@ def decode_control(
             or not tag_matches(data, k, domain=Domain.CONTROL, src=src)
         ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
-    body = data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len]
-    want = _BODY_LEN.get(ptype)
-    if ptype is PacketType.NACK:
-        if body_len < 8:
-            raise WireError(
-                Reason.LENGTH_MISMATCH, f"payload length mismatch: NACK body of {body_len} bytes"
-            )
-        rnd, nack_flags, count, needed = struct.unpack_from(">HBBI", body)
-        if nack_flags & ~_NACK_MORE:
-            raise WireError(
-                Reason.BAD_FIELD, f"reserved bits set in NACK body: flags={nack_flags:#04x}"
-            )
-        if count > MAX_NACK_RANGES:
-            raise WireError(
-                Reason.LENGTH_MISMATCH,
-                f"payload length mismatch: NACK with {count} ranges, "
-                f"at most {MAX_NACK_RANGES} fit one datagram",
-            )
-        if body_len != 8 + 8 * count:
-            raise WireError(
-                Reason.LENGTH_MISMATCH,
-                f"payload length mismatch: NACK with {count} ranges needs "
-                f"{8 + 8 * count} body bytes, has {body_len}",
-            )
-        flat = struct.unpack_from(f">{2 * count}I", body, 8)
-        ranges = tuple(zip(flat[0::2], flat[1::2], strict=True))
-        for first, n in ranges:
-            if n == 0 or first + n > 0xFFFFFFFF:
-                raise WireError(
-                    Reason.OUT_OF_BOUNDS,
-                    f"offset/length beyond the message: NACK range ({first}, {n})",
-                )
-        return Nack(
-            step,
-            msg,
-            src,
-            round=rnd,
-            needed_elems=needed,
-            ranges=ranges,
-            more=bool(nack_flags & _NACK_MORE),
-        )
-    if body_len != want:
-        raise WireError(
-            Reason.LENGTH_MISMATCH,
-            f"payload length mismatch: {ptype.name} body must be {want} bytes, has {body_len}",
-        )
-    if ptype is PacketType.STOP:
-        (received,) = _U32.unpack(body)
-        return Stop(step, msg, src, received_elems=received)
-    if ptype is PacketType.FINISH:
-        rnd, res, total, protected, *classes = _FINISH_BODY.unpack(body)
-        if res:
-            raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
-        if protected > total or sum(classes) != total:
-            raise WireError(
-                Reason.BAD_FIELD,
-                f"inconsistent FINISH: {protected} protected and {sum(classes)} classed "
-                f"chunks of {total}",
-            )
-        return Finish(
-            step,
-            msg,
-            src,
-            round=rnd,
-            total_chunks=total,
-            protected_chunks=protected,
-            class_chunks=tuple(classes),
-        )
-    if ptype is PacketType.RATE:
-        rate, interval = _RATE_BODY.unpack(body)
-        return RateFeedback(step, msg, src, bytes_per_s=rate, interval_us=interval)
-    code, flags = _ABORT_BODY.unpack(body)
-    if flags & ~_ABORT_BY_RECEIVER:
-        raise WireError(Reason.BAD_FIELD, f"reserved bits set in ABORT body: {flags:#06x}")
-    try:
-        return Abort(
-            step, msg, src, reason=AbortReason(code), by_receiver=bool(flags & _ABORT_BY_RECEIVER)
-        )
-    except ValueError:
-        raise WireError(Reason.BAD_FIELD, f"unknown abort reason {code}") from None
+    return codec.decode(step, msg, src, data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len])

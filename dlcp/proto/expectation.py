@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import FillPolicy
-from .wire import Finish
+from .control import Finish
 
 __all__ = ["Expectation"]
 

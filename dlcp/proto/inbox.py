@@ -1,63 +1,158 @@
 """The receive side of a session: messages coming in from peers.
 
 :class:`Inbox` holds every message this rank is receiving or expecting: the
-reassembler and NACK state of each, what the application said about messages
-that have not arrived yet, and a memory of finished ones (so that late packets
-and repeated FINISHes are recognised). Data datagrams come in through
-:meth:`Inbox.receive`: a run of one message's datagrams takes the one-pass fast
-path (the C kernel's ``scatter_run``), anything else the general path that parses,
-validates and groups every record. The session dispatches FINISH and ABORT for
+reassembler and recovery state of each, what the application said about messages
+that have not arrived yet, and a memory of ended ones (so that late packets and
+repeated FINISHes are recognised). The session dispatches FINISH and ABORT for
 incoming messages here and runs its timers (NACKs, completion after the reorder
 grace, orphan FINISHes, rate feedback).
+
+Admission: how data datagrams get into a reassembler
+-----------------------------------------------------
+
+:meth:`Inbox.receive` takes a buffer of datagrams (one GRO read, or a run of
+them) by one of three paths, chosen by what the buffer starts with:
+
+* **run** (:meth:`Inbox._receive_run`): the leading datagrams of a message
+  already under way, unauthenticated, carrying no flag beyond LAST and
+  RETRANSMIT, checked and written in one pass by the C kernel ``scatter_run``;
+* **first** (:meth:`Inbox._receive_first`): the first datagram of a message
+  neither under way nor ended, unauthenticated and valid as it stands, read with
+  plain integers (a parsed batch costs more than a small message's transfer);
+* **general** (:meth:`Inbox._receive_parsed`): everything else (authenticated
+  datagrams, bad or foreign ones, batches that mix messages) parsed by
+  :func:`~dlcp.proto.batch.parse_batch`, which gives each its exact reason, and
+  grouped by message.
+
+A fast path that cannot take a datagram as it is declines it, having done
+nothing, and the general path takes it. Whatever the path, a datagram lands in
+one of these cases, by the message it names:
+
+========================  =====================================================
+case                      what happens
+========================  =====================================================
+rejected on the wire      counted under its reason (general path only)
+from an unknown peer      rejected ``unknown_peer``; nothing else is touched
+first of an awaited       the message opens with the geometry of its header and
+message                   the ``out=``/``p``/``fill`` the application gave
+                          (:meth:`Inbox.expect`); with ``out=`` it is not
+                          charged (rule 4)
+first of an unexpected    the message opens with the session's default fill and
+message                   is charged against ``max_unexpected_bytes``; past the
+                          limit it is refused (rule 4)
+of a message under way    written at its offset
+a duplicate               (a chunk already here) counted by the reassembler,
+                          not written again; no completion check
+of an ended message       (completed, failed, cancelled or refused) counted as
+                          a late packet; nothing is opened again
+that does not fit         rejected ``geometry``, alone: datagrams batched with
+                          it are kept
+========================  =====================================================
+
+and every path accounts for it by the same rules, each applied by one method of
+the pipeline that all three paths call:
+
+1. **count** (:meth:`Inbox._count_in`): every datagram the inbox is handed
+   counts once in ``datagrams_in`` and its bytes once in ``bytes_in``, whether
+   accepted or not (``datagrams_fast`` also counts those the run path took);
+2. **peer** (:meth:`Inbox._admit_peer`): a datagram from a rank outside
+   ``peers`` is rejected ``unknown_peer`` before anything else looks at it; one
+   from a peer notes when that peer's data last arrived (the silent-path verdict
+   of orphan FINISHes reads it), even for a late or misfit datagram;
+3. **ended** (:meth:`Inbox._message_for`): a datagram of an ended message
+   counts in ``late_packets``, starts nothing and is not metered;
+4. **open** (:meth:`Inbox._message_for`, :meth:`Inbox._open`): the first
+   datagrams of a message not under way open it with the geometry their header
+   gives (rejected ``geometry`` if it gives none). A message nobody gave
+   ``out=`` for is charged its buffer plus :data:`OPEN_MESSAGE_BYTES` against
+   ``max_unexpected_bytes``; over the limit its datagrams are rejected
+   ``unexpected_overflow`` and, if nobody asked for it, it is refused (it fails
+   here and its sender hears ABORT(UNCLAIMED_LIMIT)). An orphan FINISH that
+   came ahead of the data is applied once the message is open;
+5. **land** (:meth:`Inbox._landed`): every datagram written (fresh or
+   duplicate) counts its wire bytes, header and payload, in the rate meter of
+   its source; one that added data runs the completion check
+   (:meth:`Inbox._check_complete`).
+
+A message's charge ends when it is handed over (expected), when it is released
+by the driver after being parked (unexpected, :meth:`Inbox.release`), or when it
+fails or is cancelled. ``tests/unit/test_admission.py`` checks each rule on
+every path that can meet it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
+from typing import Final, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .auth import AUTH_TRAILER_LEN, verified_prefix
-from .batch import PER_PACKET_FLAGS, open_head, run_head
+from .batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
 from .config import FillPolicy
 from .context import Key, SessionContext, SessionSide
+from .control import Abort, AbortReason, Finish, RateFeedback, Stop
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
-from .recovery import ReceiverRecovery
+from .recovery import ReceivePhase, ReceiverRecovery
 from .wire import (
     DATA_HEADER_LEN,
-    Abort,
-    AbortReason,
     DType,
-    Finish,
     Flags,
-    RateFeedback,
     Reason,
-    Stop,
     allowed_loss,
     bound_from_wire,
     bound_to_wire,
     check_message_key,
-    parse_batch,
 )
 
-__all__ = ["Inbox"]
+__all__ = ["OPEN_MESSAGE_BYTES", "Ended", "Inbox", "Outcome"]
 
-#: in Inbox._completed: the message ended here without delivery (it failed, or
-#: the receiver cancelled it), so late packets are ignored (not started as a new
-#: message) and a repeated FINISH is answered with ABORT
-FAILED = -2
-CANCELLED = -1
-REFUSED = -3  # failed: nobody asked for it and it would pass max_unexpected_bytes
-#: how a repeated FINISH of a message that ended so is answered (else GAVE_UP)
-_ABORT_OF = {CANCELLED: AbortReason.CANCELLED, REFUSED: AbortReason.UNCLAIMED_LIMIT}
+
+class Outcome(enum.Enum):
+    """How a message ended here (:class:`Ended`); the value is how ``expect``
+    names it to an application that asks for it afterwards."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: failed: nobody asked for it and it would pass max_unexpected_bytes
+    REFUSED = "refused"
+
+
+#: (every completed message names it: a module constant costs less than an Enum
+#: class attribute)
+_COMPLETED: Final = Outcome.COMPLETED
+
+
+class Ended(NamedTuple):
+    """What the inbox remembers of a message that ended: late packets of it are
+    ignored (not started as a new message) and a repeated FINISH is answered,
+    with STOP if it completed, else with ABORT. (A named tuple: one is made for
+    every message received.)"""
+
+    outcome: Outcome
+    #: elements received (COMPLETED; 0 otherwise)
+    received_elems: int = 0
+    #: when it completed (COMPLETED; -inf otherwise)
+    at: float = -math.inf
+
+
+#: how a repeated FINISH of a message that ended without delivery is answered
+_ABORT_OF: Final = {
+    Outcome.FAILED: AbortReason.GAVE_UP,
+    Outcome.CANCELLED: AbortReason.CANCELLED,
+    Outcome.REFUSED: AbortReason.UNCLAIMED_LIMIT,
+}
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
 #: state, a few hundred bytes of Python objects; counted against
@@ -65,6 +160,11 @@ _ABORT_OF = {CANCELLED: AbortReason.CANCELLED, REFUSED: AbortReason.UNCLAIMED_LI
 OPEN_MESSAGE_BYTES = 1024
 
 _AUTH_FLAG = int(Flags.AUTH)
+
+
+#: a message's geometry as its first datagrams give it: dtype, elements, chunk
+#: elements, wire bound
+Geometry: TypeAlias = tuple[DType, int, int, int]
 
 
 @dataclass(slots=True)
@@ -86,8 +186,8 @@ class Inbox(SessionSide):
         self.peers = peers
         self._incoming: dict[Key, _Incoming] = {}
         self._expected: dict[Key, Expectation] = {}
-        #: key -> (received elems, or FAILED / CANCELLED; when it was completed)
-        self._completed: OrderedDict[Key, tuple[int, float]] = OrderedDict()
+        #: the messages that ended here, oldest first (``completed_memory`` of them)
+        self._ended: OrderedDict[Key, Ended] = OrderedDict()
         self._orphan_finish = OrphanFinishes(self.config, self.rank)
         self._unexpected_bytes = 0
         #: completed messages nobody asked for yet -> the bytes they still hold
@@ -110,20 +210,19 @@ class Inbox(SessionSide):
         src, step, msg = key
         check_message_key(step, msg)
         if out is not None and not out.flags.writeable:
-            raise ValueError(
+            raise UsageError(
                 f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
             )
-        if key in self._completed:
-            received = self._completed[key][0]
-            how = {FAILED: "failed", CANCELLED: "cancelled", REFUSED: "refused"}.get(
-                received, "completed"
+        ended = self._ended.get(key)
+        if ended is not None:
+            raise UsageError(
+                f"message (step {step}, msg {msg}) from rank {src} already {ended.outcome.value}"
             )
-            raise ValueError(f"message (step {step}, msg {msg}) from rank {src} already {how}")
         if p is not None:
             bound_to_wire(p)  # validates the range
         fill = fill or self.config.default_fill
         if fill is FillPolicy.PREVIOUS and out is None:
-            raise ValueError("fill='previous' needs out= holding the previous values")
+            raise UsageError("fill='previous' needs out= holding the previous values")
         state = self._incoming.get(key)
         if state is None:
             self._expected[key] = Expectation(out, p, fill)
@@ -131,18 +230,14 @@ class Inbox(SessionSide):
         state.expected = True
         r = state.reassembler
         if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
-            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
+            raise UsageError("fill='rescale' needs a floating-point message, not uint8")
         r.fill = fill
         if p is not None and p < r.bound:
             r.bound = p
             r.allowed_loss = allowed_loss(p, r.msg_elems)
-            rec = state.recovery
-            if rec.complete_at is not None and not r.is_complete():
-                # it was waiting out the grace to complete by the looser bound; now
-                # it needs what is missing: a NACK then, if the FINISH came (else
-                # the FINISH arms one); a stale complete_at would spin the driver
-                rec.nack_at = rec.complete_at if r.finish is not None else None
-                rec.complete_at = None
+            # (one waiting out the grace to complete by the looser bound now
+            # needs what is missing)
+            state.recovery.on_bound_tightened()
         if out is not None:
             r.replace_output(out)
             self._unexpected_bytes -= state.unexpected_bytes
@@ -156,21 +251,23 @@ class Inbox(SessionSide):
         if state is None and expected is None:
             return False
         if state is not None:
+            state.recovery.on_cancel()
             self._unexpected_bytes -= state.unexpected_bytes
-        self._remember(key, CANCELLED)
+        self._remember(key, Ended(Outcome.CANCELLED))
         return True
 
     # ------------------------------------------------------------------ data
 
     def receive(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
-        or a run of them), the last one possibly shorter."""
+        or a run of them), the last one possibly shorter. See the module's
+        admission rules for the paths they take."""
         if segment_size >= DATA_HEADER_LEN:
             taken = self._receive_run(buf, segment_size, now=now)
             if not taken and not self.config.authenticate and self._opens_message(buf):
-                # the first datagram of a message starts it the general way (which
-                # checks it and learns the geometry); the rest can then take the
-                # fast path, however long the run that arrived in one read
+                # the first datagram of a message starts it (which checks it and
+                # learns the geometry); the rest can then take the run path,
+                # however long the run that arrived in one read
                 if not self._receive_first(buf, segment_size, now=now):
                     self._receive_parsed(buf[:segment_size], segment_size, now=now)
                 taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
@@ -180,9 +277,63 @@ class Inbox(SessionSide):
                 buf = buf[taken * segment_size :]
         self._receive_parsed(buf, segment_size, now=now)
 
+    # the admission pipeline: one method per rule of the module docstring
+
+    def _count_in(self, n: int, nbytes: int, *, fast: bool = False) -> None:
+        """Rule 1: ``n`` datagrams of ``nbytes`` bytes in all were handed over."""
+        self.stats.datagrams_in += n
+        self.stats.bytes_in += nbytes
+        if fast:
+            self.stats.datagrams_fast += n
+
+    def _admit_peer(self, src: int, n: int, *, now: float) -> bool:
+        """Rule 2: False (``n`` datagrams rejected) if ``src`` is not a peer."""
+        if self.peers is not None and src not in self.peers:
+            self.stats.reject("unknown_peer", n)
+            return False
+        self._last_data[src] = now
+        return True
+
+    def _message_for(
+        self,
+        key: Key,
+        n: int,
+        *,
+        now: float,
+        geometry: Geometry | None = None,
+        headers: npt.NDArray[np.void] | None = None,
+    ) -> _Incoming | None:
+        """Rules 3 and 4: the message ``n`` admitted datagrams of ``key`` go to,
+        opened if it is not under way with the ``geometry`` (dtype, elements,
+        chunk elements, wire bound) their header gave, or, for a group of parsed
+        ``headers``, the geometry found in them (looked for only then); None if
+        they go nowhere (late, no geometry, refused), having been accounted for."""
+        state = self._incoming.get(key)
+        if state is not None:
+            return state
+        if key in self._ended:  # (never both: a message ends by leaving _incoming)
+            self.stats.late_packets += n
+            return None
+        if headers is not None:
+            geometry = Reassembler.geometry_of(headers)
+        if geometry is None:
+            self.stats.reject("geometry", n)
+            return None
+        return self._open(key, *geometry, n, now=now)
+
+    def _landed(self, key: Key, state: _Incoming, wire_bytes: int, fresh: int, *,
+                now: float) -> None:  # fmt: skip
+        """Rule 5: datagrams of ``wire_bytes`` bytes were written to ``state``,
+        ``fresh`` of them new data."""
+        self._meter.on_bytes(key[0], wire_bytes, now=now)
+        if fresh:
+            self._check_complete(key, state, now=now)
+
+    # the three paths
+
     def _receive_parsed(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """The general path: parse and validate every datagram (each gets its
-        exact reason), group them by message and scatter each group."""
+        exact reason), group them by message and admit each group."""
         tail = len(buf) % segment_size if segment_size > 0 else 0
         if tail and len(buf) > segment_size:
             # a short last datagram: parse the full ones in place and the short one
@@ -197,9 +348,7 @@ class Inbox(SessionSide):
             key=self.keys.of if self.keys is not None else None,
             require_auth=self.config.authenticate,
         )
-        n = len(parsed.reasons)
-        self.stats.datagrams_in += n
-        self.stats.bytes_in += len(buf)
+        self._count_in(len(parsed.reasons), len(buf))
         ok = parsed.ok
         if not ok.all():
             counts = np.bincount(parsed.reasons[~ok], minlength=len(Reason))
@@ -226,65 +375,83 @@ class Inbox(SessionSide):
             key = (k >> 48, (k >> 16) & 0xFFFFFFFF, k & 0xFFFF)
             self._receive_group(key, headers[sel], payloads[sel], now=now)
 
+    def _receive_group(
+        self,
+        key: Key,
+        headers: npt.NDArray[np.void],
+        payloads: npt.NDArray[np.uint8],
+        *,
+        now: float,
+    ) -> None:
+        """The general path for the accepted datagrams of one message."""
+        n = len(headers)
+        if not self._admit_peer(key[0], n, now=now):
+            return
+        state = self._message_for(key, n, now=now, headers=headers)
+        if state is None:
+            return
+        try:
+            fresh = state.reassembler.scatter(headers, payloads, now=now)
+        except GeometryError:
+            # only the packets that do not fit are dropped: a forged one batched
+            # with genuine packets (same GRO read) must not take them down with it
+            bad = state.reassembler.misfits(headers)
+            self.stats.reject("geometry", int(np.count_nonzero(bad)))
+            if bad.all():
+                return
+            headers, payloads = headers[~bad], payloads[~bad]
+            n = len(headers)
+            fresh = state.reassembler.scatter(headers, payloads, now=now)
+        wire_bytes = int(headers["payload_len"].astype(np.int64).sum()) + n * DATA_HEADER_LEN
+        self._landed(key, state, wire_bytes, fresh, now=now)
+
     def _opens_message(self, buf: npt.NDArray[np.uint8]) -> bool:
         """Whether ``buf`` starts with a datagram of a message not under way and not
-        finished, one that a longer run may follow."""
+        ended, one that a longer run may follow."""
         head = run_head(buf, self.job)
         return head is not None and head.key not in self._incoming and (
-            head.key not in self._completed
-        )
+            head.key not in self._ended
+        )  # fmt: skip
 
     def _receive_first(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> bool:
-        """The general path for the first datagram of ``buf``, a valid datagram of a
-        new message, with plain integers instead of a parsed batch (that costs more
-        than a small message's whole transfer). False, having done nothing, for a
-        datagram :func:`parse_batch` would not accept as it is: the general path
-        then gives it its exact reason. Otherwise it does what
-        :meth:`_receive_parsed` and :meth:`_receive_group` do for a batch of that
-        one datagram, with the same counters, rejects and events."""
+        """The first path: the first datagram of ``buf``, a valid datagram of a
+        new message, with plain integers instead of a parsed batch. False, having
+        done nothing, for a datagram :func:`parse_batch` would not accept as it
+        is: the general path then gives it its exact reason."""
         head = open_head(buf, segment_size, self.job)
         if head is None:
             return False
-        # accepted on the wire: from here on, _receive_parsed and _receive_group
         key, flags, seq, offset, elems, payload_len, tclass, code, bound, dtype = head
-        src = key[0]
         length = DATA_HEADER_LEN + payload_len
-        self.stats.datagrams_in += 1
-        self.stats.bytes_in += length
-        if self.peers is not None and src not in self.peers:
-            self.stats.reject("unknown_peer")
+        self._count_in(1, length)
+        if not self._admit_peer(key[0], 1, now=now):
             return True
-        self._last_data[src] = now
-        state = self._incoming.get(key)
+
+        try:  # (a new message, by the run's head: its geometry is needed)
+            chunk_elems = Reassembler.chunk_elems_of_header(
+                seq, offset, payload_len, flags, elems, dtype
+            )
+            geometry: Geometry | None = (dtype, elems, chunk_elems, bound)
+        except GeometryError:
+            geometry = None
+        state = self._message_for(key, 1, now=now, geometry=geometry)
         if state is None:
-            try:
-                chunk_elems = Reassembler.chunk_elems_of_header(
-                    seq, offset, payload_len, flags, elems, dtype
-                )
-            except GeometryError:
-                self.stats.reject("geometry")
-                return True
-            state = self._open(key, dtype, elems, chunk_elems, bound, 1, now=now)
-            if state is None:
-                return True
+            return True
         r = state.reassembler
         if not r.fits(seq, offset, elems, payload_len, code, flags):
             self.stats.reject("geometry")
             return True
         fresh = r.scatter_one(seq, buf[DATA_HEADER_LEN:length], tclass, flags, now=now)
-        self._meter.on_bytes(src, length, now=now)
-        if fresh:
-            self._check_complete(key, state, now=now)
+        self._landed(key, state, length, fresh, now=now)
         return True
 
     def _receive_run(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> int:
-        """The fast path: the leading datagrams of ``buf`` that belong to a message
-        already under way and fit it, checked and written in one pass (the C
-        kernel's ``scatter_run``). Returns how many it took; the rest, and anything
+        """The run path: the leading datagrams of ``buf`` that belong to a message
+        under way and fit it, checked and written in one pass (the C kernel's
+        ``scatter_run``). Returns how many it took; it declines (0) anything
         unusual (a new message, a bad or foreign datagram, a tag that does not
-        verify), takes the general path, which gives every record its exact reason.
-        Authenticating, only the leading datagrams whose tags verify (one batch
-        call) are offered."""
+        verify), which the general path then takes. Authenticating, only the
+        leading datagrams whose tags verify (one batch call) are offered."""
         head = run_head(buf, self.job)
         if head is None or head.flags & ~(PER_PACKET_FLAGS | _AUTH_FLAG):
             return 0
@@ -292,7 +459,7 @@ class Inbox(SessionSide):
         src = key[0]
         state = self._incoming.get(key)
         if state is None or (self.peers is not None and src not in self.peers):
-            return 0
+            return 0  # (the general path rejects a foreign datagram: rule 2)
         trailer = 0
         if self.keys is not None or head.flags & _AUTH_FLAG:
             tag_key = self.keys.of(src) if self.keys is not None else None
@@ -309,59 +476,10 @@ class Inbox(SessionSide):
         )  # fmt: skip
         if not taken:
             return 0
-        self.stats.datagrams_in += taken
-        self.stats.datagrams_fast += taken
-        self.stats.bytes_in += min(len(buf), taken * segment_size)
-        self._last_data[src] = now
-        self._meter.on_bytes(src, payload_bytes + taken * DATA_HEADER_LEN, now=now)
-        if fresh:
-            self._check_complete(key, state, now=now)
+        self._count_in(taken, min(len(buf), taken * segment_size), fast=True)
+        self._admit_peer(key[0], taken, now=now)
+        self._landed(key, state, payload_bytes + taken * DATA_HEADER_LEN, fresh, now=now)
         return taken
-
-    def _receive_group(
-        self,
-        key: Key,
-        headers: npt.NDArray[np.void],
-        payloads: npt.NDArray[np.uint8],
-        *,
-        now: float,
-    ) -> None:
-        n = len(headers)
-        if self.peers is not None and key[0] not in self.peers:
-            self.stats.reject("unknown_peer", n)
-            return
-        self._last_data[key[0]] = now
-        if key in self._completed:
-            self.stats.late_packets += n
-            return
-        state = self._incoming.get(key) or self._start_incoming(key, headers, now=now)
-        if state is None:
-            return
-        try:
-            fresh = state.reassembler.scatter(headers, payloads, now=now)
-        except GeometryError:
-            # only the packets that do not fit are dropped: a forged one batched
-            # with genuine packets (same GRO read) must not take them down with it
-            bad = state.reassembler.misfits(headers)
-            self.stats.reject("geometry", int(np.count_nonzero(bad)))
-            if bad.all():
-                return
-            headers, payloads = headers[~bad], payloads[~bad]
-            n = len(headers)
-            fresh = state.reassembler.scatter(headers, payloads, now=now)
-        wire_bytes = int(headers["payload_len"].astype(np.int64).sum()) + n * DATA_HEADER_LEN
-        self._meter.on_bytes(key[0], wire_bytes, now=now)
-        if fresh:
-            self._check_complete(key, state, now=now)
-
-    def _start_incoming(
-        self, key: Key, headers: npt.NDArray[np.void], *, now: float
-    ) -> _Incoming | None:
-        geometry = Reassembler.geometry_of(headers)
-        if geometry is None:
-            self.stats.reject("geometry", len(headers))
-            return None
-        return self._open(key, *geometry, len(headers), now=now)
 
     def _open(
         self,
@@ -411,41 +529,33 @@ class Inbox(SessionSide):
                 self._expected[key] = want
             return None
         self._unexpected_bytes += charged
-        state = _Incoming(r, ReceiverRecovery(r, self.config), charged, want is not None)
-        self._incoming[key] = state
         # (a message NACKed whole as an orphan FINISH waited its grace then)
-        orphan, state.recovery.nack_round = self._orphan_finish.claim(key)
+        orphan, nacked_round = self._orphan_finish.claim(key)
+        recovery = ReceiverRecovery(r, self.config, nacked_round=nacked_round)
+        state = _Incoming(r, recovery, charged, want is not None)
+        self._incoming[key] = state
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)
         return state
 
     def _check_complete(self, key: Key, state: _Incoming, *, now: float) -> None:
         r = state.reassembler
-        if not r.is_complete():
-            return
-        if r.received_elems < r.msg_elems and state.recovery.nack_round < 0:
-            # complete by the bound: first let data still in flight behind the
-            # FINISH land, so that nothing that was not lost is reported lost (once:
-            # a NACKed message waited the grace before its NACK)
-            quiet = r.last_activity + self.config.reorder_grace
-            if now < quiet:
-                state.recovery.complete_at = quiet
-                state.recovery.nack_at = None  # the bound is met: no NACK while waiting
-                return
+        if not r.is_complete() or not state.recovery.on_complete(now=now):
+            return  # (complete by the bound: SETTLING, data still in flight may land)
         report = r.complete(now=now)
         del self._incoming[key]
         if state.expected or not state.unexpected_bytes:
             self._unexpected_bytes -= state.unexpected_bytes
         else:  # parked until the application claims it: still charged
             self._parked[key] = state.unexpected_bytes
-        self._remember(key, r.received_elems, now)
+        self._remember(key, Ended(_COMPLETED, r.received_elems, now))
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
 
-    def _remember(self, key: Key, received: int, at: float = -math.inf) -> None:
-        self._completed[key] = (received, at)
-        while len(self._completed) > self.config.completed_memory:
-            self._completed.popitem(last=False)
+    def _remember(self, key: Key, ended: Ended) -> None:
+        self._ended[key] = ended
+        while len(self._ended) > self.config.completed_memory:
+            self._ended.popitem(last=False)
 
     def _apply_finish(self, key: Key, state: _Incoming, finish: Finish, *, now: float) -> None:
         if not state.reassembler.on_finish(finish):
@@ -468,14 +578,14 @@ class Inbox(SessionSide):
             f"refused: its {nbytes} bytes would take the messages nobody has asked for "
             f"yet ({self._unexpected_bytes} bytes) past max_unexpected_bytes={limit}"
         ))  # fmt: skip
-        self._completed[key] = (REFUSED, -math.inf)  # a repeated FINISH hears the same
+        self._ended[key] = Ended(Outcome.REFUSED)  # a repeated FINISH hears the same
         refusal = Abort(key[1], key[2], self.rank, AbortReason.UNCLAIMED_LIMIT, by_receiver=True)
         self._queue(key[0], refusal)
 
     def fail(self, key: Key, state: _Incoming | None, why: str, peer_timeout: bool = False) -> None:
         if state is not None:
             self._unexpected_bytes -= state.unexpected_bytes
-        self._remember(key, FAILED)
+        self._remember(key, Ended(Outcome.FAILED))
         self._events.append(
             MessageFailed(
                 key[0], key[1], key[2], False, f"receiving from rank {key[0]}: {why}", peer_timeout
@@ -504,16 +614,17 @@ class Inbox(SessionSide):
             del self._expected[key]
             self._orphan_finish.pop(key)
             self.fail(key, None, why)
-        if key in self._completed:
-            received, completed_at = self._completed[key]
-            if received in (FAILED, CANCELLED, REFUSED):
-                reason = _ABORT_OF.get(received, AbortReason.GAVE_UP)
+        ended = self._ended.get(key)
+        if ended is not None:
+            if ended.outcome is not Outcome.COMPLETED:
+                reason = _ABORT_OF[ended.outcome]
                 self._queue(
                     key[0], Abort(key[1], key[2], self.rank, reason=reason, by_receiver=True)
                 )
-            elif now - completed_at >= self.config.finish_timeout / 2:
+            elif now - ended.at >= self.config.finish_timeout / 2:
                 # a FINISH repeated on the sender's timer: our STOP did not arrive
-                self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=received))
+                stop = Stop(key[1], key[2], self.rank, received_elems=ended.received_elems)
+                self._queue(key[0], stop)
             # else it crossed our STOP (the data alone completed the message): the
             # STOP is on its way, a second one would be stale (docs/spec.md §7)
             return
@@ -531,8 +642,10 @@ class Inbox(SessionSide):
         why = f"sender aborted the message ({abort.reason.name.lower()})"
         if abort.reason is AbortReason.GAVE_UP and self._orphan_finish.unheard(key):
             why += "; none of its data had arrived here (is the UDP data path blocked?)"
-        if key in self._incoming:
-            self.fail(key, self._incoming.pop(key), why)
+        state = self._incoming.pop(key, None)
+        if state is not None:
+            state.recovery.on_abort()
+            self.fail(key, state, why)
             return True
         finish = self._orphan_finish.pop(key)  # (only its FINISH came, ahead of its data?)
         want = self._expected.pop(key, None)
@@ -576,7 +689,7 @@ class Inbox(SessionSide):
             if nacks:
                 for part in nacks:
                     self._queue(key[0], part)
-            elif state.recovery.failure is not None:
+            elif state.recovery.phase is ReceivePhase.FAILED:
                 del self._incoming[key]
                 self._queue(
                     key[0],
@@ -589,6 +702,7 @@ class Inbox(SessionSide):
                     ),
                 )
                 f = state.recovery.failure
+                assert f is not None  # (set with the FAILED phase)
                 self.fail(key, state, f.message, f.peer_timeout)
         for key, abort in self._orphan_finish.silent(now=now, last_data=self._last_data):
             self._queue(key[0], abort)

@@ -19,6 +19,8 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import ArgumentTypeError, UsageError
+
 __all__ = [
     "ACCELERATED",
     "block_abs_mean",
@@ -280,7 +282,7 @@ def unpack_uniform(
     """:func:`unpack_records`, and whether every row agrees with the first in the
     header bits ``mask`` sets (``wire.itemsize`` bytes), found in the same pass."""
     if len(mask) != wire.itemsize:
-        raise ValueError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
+        raise UsageError(f"mask has {len(mask)} bytes, the header {wire.itemsize}")
     return _unpack(rows, wire, mask, accelerated)
 
 
@@ -329,7 +331,7 @@ def flat_rows(rows: UInt8Array) -> tuple[UInt8Array, int]:
     record batch) as ``(flat, stride)``: a flat view from its first byte to its
     last, and the distance between rows, as :func:`copy_rows` takes them."""
     if rows.ndim != 2 or rows.dtype != np.uint8 or (rows.shape[1] > 1 and rows.strides[1] != 1):
-        raise TypeError("rows must be a 2-D uint8 array with contiguous rows")
+        raise ArgumentTypeError("rows must be a 2-D uint8 array with contiguous rows")
     n, width = rows.shape
     stride = int(rows.strides[0]) if n > 1 else width
     if n == 0:
@@ -370,7 +372,7 @@ def _row_view(
     """``buf`` seen as rows of ``nbytes`` bytes, ``stride`` apart from ``start``,
     after checking every row ``copy_rows`` will touch lies inside it."""
     if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise TypeError(f"{name} must be a flat contiguous uint8 array")
+        raise ArgumentTypeError(f"{name} must be a flat contiguous uint8 array")
     top = n - 1 if rows is None else int(rows[:n].max())
     low = 0 if rows is None else int(rows[:n].min())
     if low < 0 or start < 0 or start + top * stride + nbytes > len(buf):

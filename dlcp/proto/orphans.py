@@ -22,8 +22,8 @@ from collections.abc import KeysView, Mapping
 
 from .config import ProtocolConfig
 from .context import ALL_ELEMS, Key
+from .control import Abort, AbortReason, Finish, Nack
 from .recovery import sender_quiet
-from .wire import Abort, AbortReason, Finish, Nack
 
 __all__ = ["SILENT_WHY", "OrphanFinishes"]
 
@@ -82,12 +82,12 @@ class OrphanFinishes:
         """The FINISH of ``key``, forgotten here (its data came, or it ended)."""
         return self.claim(key)[0]
 
-    def claim(self, key: Key) -> tuple[Finish | None, int]:
+    def claim(self, key: Key) -> tuple[Finish | None, int | None]:
         """What is known of message ``key`` whose data came, forgotten here: its
-        FINISH (None: none came) and the round NACKed whole (-1: none)."""
+        FINISH (None: none came) and the round NACKed whole (None: none)."""
         entry = self._by_key.pop(key, None)
         self._silent_since.pop(key, None)
-        return (None if entry is None else entry[0]), self._nacked.pop(key, -1)
+        return (None if entry is None else entry[0]), self._nacked.pop(key, None)
 
     def next_deadline(self) -> float | None:
         nack = min((deadline for _, deadline, _ in self._by_key.values()), default=None)

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .classify import Classifier, make_classifier
 from .context import Key, SessionContext, SessionSide
+from .control import Abort, AbortReason, ControlMessage, Nack, RateFeedback, Stop
 from .events import (
     DataBatch,
     MessageDelivered,
@@ -56,13 +58,7 @@ from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_range
 from .wire import (
     DATA_HEADER_LEN,
     MAX_NACK_RANGES,
-    Abort,
-    AbortReason,
-    ControlMessage,
     DType,
-    Nack,
-    RateFeedback,
-    Stop,
     bound_from_wire,
     bound_to_wire,
     check_message_key,
@@ -186,9 +182,9 @@ class Outbox(SessionSide):
         key = (dst, step, msg)
         peer = self.peer(dst)
         if key in peer.outgoing:
-            raise ValueError(f"message (step {step}, msg {msg}) to rank {dst} is already in flight")
+            raise UsageError(f"message (step {step}, msg {msg}) to rank {dst} is already in flight")
         if key in self._ended:
-            raise ValueError(
+            raise UsageError(
                 f"message (step {step}, msg {msg}) to rank {dst} was sent already: a key is "
                 f"not reused until {self.config.completed_memory} later messages of this rank "
                 "have ended (the receiver would answer for the old message; completed_memory)"

@@ -46,6 +46,8 @@ from typing import Final, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from ..errors import UsageError
+
 __all__ = [
     "MIN_BURST",
     "UNLIMITED",
@@ -109,27 +111,27 @@ class Pacer(Protocol):
 
 def _check_now(now: float) -> float:
     if not math.isfinite(now):
-        raise ValueError(f"now={now} must be a finite time in seconds")
+        raise UsageError(f"now={now} must be a finite time in seconds")
     return float(now)
 
 
 def _check_nbytes(nbytes: int) -> int:
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
-        raise ValueError(f"nbytes={nbytes!r} must be a non-negative integer")
+        raise UsageError(f"nbytes={nbytes!r} must be a non-negative integer")
     return int(nbytes)
 
 
 def _check_reported(bytes_per_s: float) -> float:
     if not (math.isfinite(bytes_per_s) and bytes_per_s >= 0):
-        raise ValueError(f"bytes_per_s={bytes_per_s} must be a finite rate >= 0")
+        raise UsageError(f"bytes_per_s={bytes_per_s} must be a finite rate >= 0")
     return float(bytes_per_s)
 
 
 def _check_loss(lost_fraction: float, send_rate: float) -> tuple[float, float]:
     if not 0.0 <= lost_fraction <= 1.0:
-        raise ValueError(f"lost_fraction={lost_fraction} outside [0, 1]")
+        raise UsageError(f"lost_fraction={lost_fraction} outside [0, 1]")
     if not (math.isfinite(send_rate) and send_rate > 0):
-        raise ValueError(f"send_rate={send_rate} must be a finite rate > 0")
+        raise UsageError(f"send_rate={send_rate} must be a finite rate > 0")
     return float(lost_fraction), float(send_rate)
 
 
@@ -262,35 +264,35 @@ class ReceiverDrivenPacer:
         burst_time: float = 0.0,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
-            raise ValueError(f"min_rate={min_rate} must be a finite rate > 0")
+            raise UsageError(f"min_rate={min_rate} must be a finite rate > 0")
         if not max_rate >= min_rate:
-            raise ValueError(f"max_rate={max_rate} must be >= min_rate={min_rate}")
+            raise UsageError(f"max_rate={max_rate} must be >= min_rate={min_rate}")
         if not (math.isfinite(initial_rate) and min_rate <= initial_rate <= max_rate):
-            raise ValueError(
+            raise UsageError(
                 f"initial_rate={initial_rate} must be finite and within "
                 f"[min_rate={min_rate}, max_rate={max_rate}]"
             )
         if isinstance(burst_bytes, bool) or not isinstance(burst_bytes, int) or burst_bytes < 1:
-            raise ValueError(f"burst_bytes={burst_bytes!r} must be a positive integer")
+            raise UsageError(f"burst_bytes={burst_bytes!r} must be a positive integer")
         if not (math.isfinite(gain) and gain > 0):
-            raise ValueError(f"gain={gain} must be a finite factor > 0")
+            raise UsageError(f"gain={gain} must be a finite factor > 0")
         if not idle_reset > 0:
-            raise ValueError(f"idle_reset={idle_reset} must be > 0 seconds (math.inf: never)")
+            raise UsageError(f"idle_reset={idle_reset} must be > 0 seconds (math.inf: never)")
         if not 0.0 <= used_fraction <= 1.0:
-            raise ValueError(f"used_fraction={used_fraction} outside [0, 1]")
+            raise UsageError(f"used_fraction={used_fraction} outside [0, 1]")
         if not (math.isfinite(max_lateness) and max_lateness >= 0):
-            raise ValueError(f"max_lateness={max_lateness} must be a finite duration >= 0")
+            raise UsageError(f"max_lateness={max_lateness} must be a finite duration >= 0")
         for name, value in (("loss_tolerance", loss_tolerance), ("backoff", backoff),
                             ("max_cut", max_cut)):  # fmt: skip
             if not 0.0 < value < 1.0:
-                raise ValueError(f"{name}={value} outside (0, 1)")
+                raise UsageError(f"{name}={value} outside (0, 1)")
         if not (math.isfinite(probe) and probe > 0):
-            raise ValueError(f"probe={probe} must be a finite fraction > 0")
+            raise UsageError(f"probe={probe} must be a finite fraction > 0")
         for name, value in (("probe_interval", probe_interval),
                             ("cautious_burst", cautious_burst),
                             ("burst_time", burst_time)):  # fmt: skip
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}={value} must be a finite duration >= 0")
+                raise UsageError(f"{name}={value} must be a finite duration >= 0")
         self.initial_rate = float(initial_rate)
         self.min_rate = float(min_rate)
         self.max_rate = float(max_rate)
@@ -478,9 +480,9 @@ class RateMeter:
 
     def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.5) -> None:
         if not (math.isfinite(interval) and interval > 0):
-            raise ValueError(f"interval={interval} must be a finite duration > 0 seconds")
+            raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
         if not 0.0 < min_busy <= 1.0:
-            raise ValueError(f"min_busy={min_busy} outside (0, 1]")
+            raise UsageError(f"min_busy={min_busy} outside (0, 1]")
         self.interval = float(interval)
         self.min_busy = float(min_busy)
         self._start: float | None = None
@@ -497,7 +499,7 @@ class RateMeter:
     def on_bytes(self, src: int, nbytes: int, *, now: float) -> None:
         """``nbytes`` arrived from ``src`` at ``now``."""
         if isinstance(src, bool) or not isinstance(src, int | np.integer) or src < 0:
-            raise ValueError(f"src={src!r} must be a non-negative integer")
+            raise UsageError(f"src={src!r} must be a non-negative integer")
         nbytes = _check_nbytes(nbytes)
         self._open(_check_now(now))
         key = int(src)
@@ -510,16 +512,16 @@ class RateMeter:
         s = np.asarray(srcs)
         b = np.asarray(nbytes)
         if s.shape != b.shape or s.ndim != 1:
-            raise ValueError(
+            raise UsageError(
                 f"srcs and nbytes must be 1-D of equal length, got shapes {s.shape} and {b.shape}"
             )
         now = _check_now(now)
         if s.size == 0:
             return
         if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(b.dtype, np.integer)):
-            raise ValueError(f"srcs and nbytes must be integers, got {s.dtype} and {b.dtype}")
+            raise UsageError(f"srcs and nbytes must be integers, got {s.dtype} and {b.dtype}")
         if int(s.min()) < 0 or int(b.min()) < 0:
-            raise ValueError("srcs and nbytes must be non-negative")
+            raise UsageError("srcs and nbytes must be non-negative")
         uniq, inverse = np.unique(s, return_inverse=True)
         totals = np.bincount(inverse.reshape(-1), weights=b, minlength=len(uniq))
         self._open(now)
@@ -531,9 +533,9 @@ class RateMeter:
         part inside the current window counts."""
         # (plain comparisons, false for NaN: a driver calls this every turn)
         if not 0.0 <= seconds < math.inf:
-            raise ValueError(f"seconds={seconds} must be a finite duration >= 0")
+            raise UsageError(f"seconds={seconds} must be a finite duration >= 0")
         if not -math.inf < now < math.inf:
-            raise ValueError(f"now={now} must be a finite time in seconds")
+            raise UsageError(f"now={now} must be a finite time in seconds")
         if self._start is not None:
             self._idle += max(0.0, min(seconds, now - self._start))
 
@@ -585,10 +587,10 @@ def make_pacer(name: str, **options: object) -> Pacer:
     try:
         factory = _PACERS[name]
     except KeyError:
-        raise ValueError(
+        raise UsageError(
             f"unknown pacer {name!r}; known pacers: {', '.join(available_pacers())}"
         ) from None
     try:
         return factory(**options)
     except TypeError as exc:
-        raise ValueError(f"bad options for pacer {name!r}: {exc}") from exc
+        raise UsageError(f"bad options for pacer {name!r}: {exc}") from exc

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .auth import NonceCounter, seal_records
 from .classify import Classifier, chunk_layers
 from .kernels import block_abs_mean, gather_records, streams
@@ -170,17 +171,17 @@ def plan_message(
     invite the loss (small messages, and every message with ``p = 0``).
     """
     if data.ndim != 1:
-        raise ValueError(f"a message is a 1-D array, got shape {data.shape}")
+        raise UsageError(f"a message is a 1-D array, got shape {data.shape}")
     if len(data) == 0:
-        raise ValueError("a message needs at least one element")
+        raise UsageError("a message needs at least one element")
     if len(data) > 0xFFFFFFFF:
-        raise ValueError(f"a message holds at most 2**32-1 elements, got {len(data)}")
+        raise UsageError(f"a message holds at most 2**32-1 elements, got {len(data)}")
     chunk_elems = chunk_bytes // dtype.itemsize
     if chunk_elems * dtype.itemsize != chunk_bytes:
-        raise ValueError(f"chunk_bytes={chunk_bytes} is not a multiple of {dtype.itemsize}")
+        raise UsageError(f"chunk_bytes={chunk_bytes} is not a multiple of {dtype.itemsize}")
     n_chunks = -(-len(data) // chunk_elems)
     if n_chunks > 0xFFFFFFFF:
-        raise ValueError(f"message needs {n_chunks} chunks, more than a seq number holds")
+        raise UsageError(f"message needs {n_chunks} chunks, more than a seq number holds")
     layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
     # one errstate for both (entering one costs microseconds): NaN/inf chunks
     # are protected, not errors
@@ -368,7 +369,7 @@ def build_records(
     tag = AUTH_TRAILER_LEN if authenticate else 0
     stride = DATA_HEADER_LEN + chunk_bytes + tag
     if payload is not None and authenticate:
-        raise ValueError("a run of headers only is not authenticated (a tag covers the payload)")
+        raise UsageError("a run of headers only is not authenticated (a tag covers the payload)")
     row_bytes = DATA_HEADER_LEN if payload is not None else stride
     n = len(seqs)
     if buffer is not None and buffer.shape == (n, row_bytes) and buffer.dtype == np.uint8:

@@ -36,6 +36,8 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
+from ..errors import UsageError
+
 __all__ = ["MAX_PATHS", "PathScheduler", "path_loss_from_nack"]
 
 #: path ids are one byte in the data header
@@ -48,12 +50,12 @@ _START_CREDIT: Final = 0.5
 def _counts(name: str, values: NDArray[np.integer] | Sequence[int], n: int) -> NDArray[np.int64]:
     arr = np.asarray(values)
     if arr.shape != (n,):
-        raise ValueError(f"{name} must have one count per path ({n}), got shape {arr.shape}")
+        raise UsageError(f"{name} must have one count per path ({n}), got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be integer packet counts, got dtype {arr.dtype}")
+        raise UsageError(f"{name} must be integer packet counts, got dtype {arr.dtype}")
     out = arr.astype(np.int64)
     if out.size and int(out.min()) < 0:
-        raise ValueError(f"{name} must not be negative: {out.tolist()}")
+        raise UsageError(f"{name} must not be negative: {out.tolist()}")
     return out
 
 
@@ -83,27 +85,27 @@ class PathScheduler:
         down_loss: float = 0.5,
     ) -> None:
         if isinstance(n_paths, bool) or not isinstance(n_paths, int | np.integer):
-            raise ValueError(f"n_paths={n_paths!r} must be an integer")
+            raise UsageError(f"n_paths={n_paths!r} must be an integer")
         if not 1 <= n_paths <= MAX_PATHS:
-            raise ValueError(f"n_paths={n_paths} outside 1..{MAX_PATHS}")
+            raise UsageError(f"n_paths={n_paths} outside 1..{MAX_PATHS}")
         if weights is None:
             base = np.ones(n_paths, dtype=np.float64)
         else:
             base = np.asarray(weights, dtype=np.float64)
             if base.shape != (n_paths,):
-                raise ValueError(
+                raise UsageError(
                     f"weights must have one weight per path ({n_paths}), got shape {base.shape}"
                 )
             if not (np.all(np.isfinite(base)) and np.all(base > 0)):
-                raise ValueError(f"weights must be finite and positive, got {base.tolist()}")
+                raise UsageError(f"weights must be finite and positive, got {base.tolist()}")
         if not 0.0 < loss_alpha <= 1.0:
-            raise ValueError(f"loss_alpha={loss_alpha} outside (0, 1]")
+            raise UsageError(f"loss_alpha={loss_alpha} outside (0, 1]")
         if not (loss_sensitivity >= 0.0 and np.isfinite(loss_sensitivity)):
-            raise ValueError(f"loss_sensitivity={loss_sensitivity} must be finite and >= 0")
+            raise UsageError(f"loss_sensitivity={loss_sensitivity} must be finite and >= 0")
         if not 0.0 <= min_share <= 1.0 / n_paths:
-            raise ValueError(f"min_share={min_share} outside [0, 1/n_paths={1.0 / n_paths:.6g}]")
+            raise UsageError(f"min_share={min_share} outside [0, 1/n_paths={1.0 / n_paths:.6g}]")
         if not 0.0 < down_loss <= 1.0:
-            raise ValueError(f"down_loss={down_loss} outside (0, 1]")
+            raise UsageError(f"down_loss={down_loss} outside (0, 1]")
         self.n_paths = int(n_paths)
         self.loss_alpha = float(loss_alpha)
         self.loss_sensitivity = float(loss_sensitivity)
@@ -153,7 +155,7 @@ class PathScheduler:
         over = np.flatnonzero(lo > s)
         if over.size:
             i = int(over[0])
-            raise ValueError(f"path {i} lost {int(lo[i])} packets of only {int(s[i])} sent")
+            raise UsageError(f"path {i} lost {int(lo[i])} packets of only {int(s[i])} sent")
         reported = s > 0
         ratio = lo[reported] / s[reported]
         a = self.loss_alpha
@@ -165,7 +167,7 @@ class PathScheduler:
     def assign(self, n: int) -> NDArray[np.uint8]:
         """The path of each of the next ``n`` batches (smooth weighted round-robin)."""
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-            raise ValueError(f"n={n!r} must be a non-negative integer")
+            raise UsageError(f"n={n!r} must be a non-negative integer")
         n = int(n)
         if n == 0:
             return np.zeros(0, dtype=np.uint8)
@@ -214,25 +216,25 @@ def path_loss_from_nack(
     the sequence numbers the receiver reported missing (duplicates count once).
     """
     if not 1 <= n_paths <= MAX_PATHS:
-        raise ValueError(f"n_paths={n_paths} outside 1..{MAX_PATHS}")
+        raise UsageError(f"n_paths={n_paths} outside 1..{MAX_PATHS}")
     paths = np.asarray(path_of_seq)
     missing = np.asarray(missing_seqs)
     if paths.ndim != 1 or missing.ndim != 1:
-        raise ValueError(
+        raise UsageError(
             f"path_of_seq and missing_seqs must be 1-D, got shapes {paths.shape} and "
             f"{missing.shape}"
         )
     for name, arr in (("path_of_seq", paths), ("missing_seqs", missing)):
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+            raise UsageError(f"{name} must be integers, got dtype {arr.dtype}")
     p = paths.astype(np.int64)
     if p.size and (int(p.min()) < 0 or int(p.max()) >= n_paths):
         bad = int(p.min()) if int(p.min()) < 0 else int(p.max())
-        raise ValueError(f"path_of_seq holds path {bad}, outside 0..{n_paths - 1}")
+        raise UsageError(f"path_of_seq holds path {bad}, outside 0..{n_paths - 1}")
     m = np.unique(missing.astype(np.int64))
     if m.size and (int(m[0]) < 0 or int(m[-1]) >= len(p)):
         bad = int(m[0]) if int(m[0]) < 0 else int(m[-1])
-        raise ValueError(f"missing sequence {bad} outside 0..{len(p) - 1} (chunks sent)")
+        raise UsageError(f"missing sequence {bad} outside 0..{len(p) - 1} (chunks sent)")
     sent = np.bincount(p, minlength=n_paths).astype(np.int64)
     lost = np.bincount(p[m], minlength=n_paths).astype(np.int64)
     return sent, lost

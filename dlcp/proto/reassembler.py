@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import DLCPError, UsageError
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
+from .control import Finish
 from .kernels import copy_rows, flat_rows, scatter_run, streams
-from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Finish, Flags, allowed_loss
+from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
 __all__ = ["GeometryError", "LossReport", "Reassembler"]
 
@@ -60,7 +62,7 @@ _DROP_BIT = 0x10
 _RUN_LAYOUT = _run_layout()
 
 
-class GeometryError(ValueError):
+class GeometryError(DLCPError, ValueError):
     """A packet disagrees with the message it claims to belong to."""
 
 
@@ -125,7 +127,7 @@ class Reassembler:
                 f"{dtype.name.lower()}[{msg_elems}] (contiguous)"
             )
         if fill is FillPolicy.RESCALE and dtype is DType.UINT8:
-            raise ValueError("fill='rescale' needs a floating-point message, not uint8")
+            raise UsageError("fill='rescale' needs a floating-point message, not uint8")
         self.dtype = dtype
         self.msg_elems = msg_elems
         self.chunk_elems = chunk_elems

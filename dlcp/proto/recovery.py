@@ -9,13 +9,14 @@ Sender, per message (``docs/spec.md``, "Exchange")::
     SENDING | AWAITING --STOP--> DONE
     any --ABORT--> FAILED
 
-Receiver, per message::
+Receiver, per message (the full table is :class:`ReceiverRecovery`'s)::
 
-    RECEIVING --complete--> DONE (send STOP; fill; report)
-    RECEIVING --FINISH r, bound unmet--> wait reorder_grace --> NACK r, repeated
-              every nack_timeout while nothing new arrives
-    RECEIVING --no packet for recv_idle_timeout--> FAILED
-    any --ABORT--> FAILED
+    RECEIVING --complete--> DONE (send STOP; fill; report), or SETTLING for the
+              reorder grace first when complete by the bound
+    RECEIVING --FINISH r, bound unmet--> FINISHED --reorder grace--> NACKED (NACK r,
+              repeated every nack_timeout while nothing new arrives)
+    any live --no packet for recv_idle_timeout, or ABORT--> FAILED
+    any live --cancel--> CANCELLED
 
 Retransmission choice (sender): every missing protected chunk the NACK names,
 then missing drop-eligible chunks in send order (highest priority first) until
@@ -29,15 +30,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import ProtocolStateError
 from .config import ProtocolConfig
 from .context import ALL_ELEMS
+from .control import Finish, Nack
 from .packetizer import ChunkTable
 from .reassembler import Reassembler
-from .wire import MAX_NACK_RANGES, Finish, Nack
+from .wire import MAX_NACK_RANGES
 
 #: most parts one NACK round is split into (64 x 170 ranges)
 MAX_NACK_PARTS = 64
@@ -48,6 +52,7 @@ __all__ = [
     "MAX_NACK_PARTS",
     "MAX_ROUND",
     "Failure",
+    "ReceivePhase",
     "ReceiverRecovery",
     "SendPhase",
     "SenderRecovery",
@@ -236,65 +241,226 @@ def sender_quiet(config: ProtocolConfig, sender_active: float, finish_at: float 
     return quiet if finish_at is None else min(quiet, finish_at + config.nack_timeout)
 
 
-class ReceiverRecovery:
-    """Receiver side of one message: when to NACK, when to give up."""
+class ReceivePhase(enum.Enum):
+    """Where one incoming message's recovery stands (:class:`ReceiverRecovery`)."""
 
-    def __init__(self, reassembler: Reassembler, config: ProtocolConfig) -> None:
+    #: data arriving; no FINISH is waiting for a NACK
+    RECEIVING = "receiving"
+    #: a FINISH found the message short of its bound: NACK once the data behind
+    #: it had its reorder grace
+    FINISHED = "finished"
+    #: the NACK of the FINISH's round went out; repeated every ``nack_timeout``
+    NACKED = "nacked"
+    #: complete by the bound: completes once no data arrived for the reorder grace
+    SETTLING = "settling"
+    #: complete and handed over (terminal)
+    DONE = "done"
+    #: no packet for ``recv_idle_timeout``, or its sender aborted it (terminal)
+    FAILED = "failed"
+    #: the receiver cancelled it (terminal)
+    CANCELLED = "cancelled"
+
+    # members are singletons compared by identity: hash them so too, in C (the
+    # transition table is looked up on every move; Enum's own hash is Python code)
+    __hash__ = object.__hash__
+
+
+# the phases the per-message hot paths (open, complete, the timer every driver
+# turn reads) name, as module constants: an Enum class attribute costs a lookup
+# through its metaclass
+_RECEIVING: Final = ReceivePhase.RECEIVING
+_SETTLING: Final = ReceivePhase.SETTLING
+_DONE: Final = ReceivePhase.DONE
+
+
+_TERMINAL: Final = frozenset({ReceivePhase.DONE, ReceivePhase.FAILED, ReceivePhase.CANCELLED})
+_LIVE: Final = frozenset(ReceivePhase) - _TERMINAL
+#: phase -> the phases an event may move it to (the table in ReceiverRecovery's doc)
+_RECEIVE_MOVES: Final[dict[ReceivePhase, frozenset[ReceivePhase]]] = {
+    ReceivePhase.RECEIVING: frozenset({ReceivePhase.FINISHED, ReceivePhase.SETTLING, *_TERMINAL}),
+    ReceivePhase.FINISHED: frozenset(
+        {ReceivePhase.FINISHED, ReceivePhase.NACKED, ReceivePhase.SETTLING, *_TERMINAL}
+    ),
+    ReceivePhase.NACKED: frozenset(
+        {ReceivePhase.FINISHED, ReceivePhase.NACKED, ReceivePhase.SETTLING, *_TERMINAL}
+    ),
+    ReceivePhase.SETTLING: frozenset(
+        {ReceivePhase.RECEIVING, ReceivePhase.FINISHED, ReceivePhase.SETTLING, *_TERMINAL}
+    ),
+    ReceivePhase.DONE: frozenset(),
+    ReceivePhase.FAILED: frozenset(),
+    ReceivePhase.CANCELLED: frozenset(),
+}
+
+
+class ReceiverRecovery:
+    """Receiver side of one message: when to NACK, when to complete, when to give up.
+
+    Its :attr:`phase` is changed only by its own methods, each one event::
+
+        phase      event                             next phase
+        ---------  --------------------------------  -----------------------------
+        RECEIVING  FINISH, bound unmet (on_finish)   FINISHED  (NACK at +grace)
+        FINISHED   FINISH of a later round           FINISHED  (NACK at +grace)
+        FINISHED   timer, data quiet (on_timer)      NACKED    (NACK sent)
+        NACKED     timer (on_timer)                  NACKED    (NACK sent again)
+        NACKED     FINISH of a later round           FINISHED
+        any live   complete, bound met, data may     SETTLING  (complete at the
+                   still land (on_complete)                     end of the grace)
+        any live   complete, quiet (on_complete)     DONE
+        SETTLING   bound tightened, now unmet        FINISHED if a FINISH came,
+                   (on_bound_tightened)              else RECEIVING
+        SETTLING   FINISH                            SETTLING  (its time noted)
+        any live   timer, idle recv_idle_timeout     FAILED    (:attr:`failure`)
+        any live   ABORT (on_abort)                  FAILED
+        any live   cancel (on_cancel)                CANCELLED
+
+    ("any live": every phase but DONE, FAILED and CANCELLED.) A message
+    complete by the bound waits the grace only if it was never NACKED: a
+    NACKED message waited the grace before its NACK. Any event in a terminal
+    phase, and any move the table does not list, raises
+    :class:`~dlcp.errors.ProtocolStateError`: it is a bug of the caller.
+    """
+
+    def __init__(self, reassembler: Reassembler, config: ProtocolConfig, *,
+                 nacked_round: int | None = None) -> None:  # fmt: skip
+        """``nacked_round``: the round of an orphan FINISH that was NACKed whole
+        before any data arrived (its grace waited then), else None."""
         self.reassembler = reassembler
         self.config = config
-        self.nack_at: float | None = None
-        self.nack_round = -1  # FINISH round last NACKed
-        #: when the FINISH of a round not NACKed yet arrived
-        self.finish_at: float | None = None
+        self.phase = _RECEIVING
+        #: the FINISH round last NACKED (None: none yet)
+        self.nack_round: int | None = nacked_round
         self.failure: Failure | None = None
-        #: complete by the bound once no data arrived for the reorder grace
-        self.complete_at: float | None = None
+        self._nack_at: float | None = None  # FINISHED / NACKED: when to NACK
+        #: when the FINISH of a round not NACKED yet arrived
+        self._finish_at: float | None = None
+        self._complete_at: float | None = None  # SETTLING: when to complete
+
+    def _nacked(self, finish_round: int) -> bool:
+        """Whether FINISH round ``finish_round`` (or a later one) was NACKED."""
+        return self.nack_round is not None and finish_round <= self.nack_round
+
+    def _move(self, to: ReceivePhase, event: str) -> None:
+        if to not in _RECEIVE_MOVES[self.phase]:
+            self._require_live(event)  # (an ended message: say so)
+            raise ProtocolStateError(
+                f"receiver recovery: {event} in phase {self.phase.name} cannot move it to {to.name}"
+            )
+        self.phase = to
+
+    def _require_live(self, event: str) -> None:
+        if self.phase not in _LIVE:
+            raise ProtocolStateError(
+                f"receiver recovery: {event} after the message ended ({self.phase.name})"
+            )
 
     @property
     def timer(self) -> float:
+        """When :meth:`on_timer` (or, SETTLING, the completion check) is next due."""
         t = self.reassembler.last_activity + self.config.recv_idle_timeout
-        if self.nack_at is not None and self.nack_at < t:
-            t = self.nack_at
-        if self.complete_at is not None and self.complete_at < t:
-            t = self.complete_at
-        return t
+        due = self._complete_at if self.phase is _SETTLING else self._nack_at
+        return t if due is None or due >= t else due
 
     def on_finish(self, finish_round: int, *, now: float) -> None:
         """FINISH arrived and the message is not complete: NACK after the grace
         (data travels by UDP, FINISH by the control channel and may overtake it)."""
-        if finish_round > self.nack_round or self.nack_at is None:
-            self.nack_at = now + self.config.reorder_grace
-            if self.finish_at is None:
-                self.finish_at = now
+        self._require_live("FINISH")
+        if self._finish_at is None:
+            self._finish_at = now
+        if self.phase is _SETTLING:
+            return  # complete by the bound: no NACK unless the bound tightens
+        if self._nack_at is None or not self._nacked(finish_round):
+            self._nack_at = now + self.config.reorder_grace
+            self._move(ReceivePhase.FINISHED, "FINISH")
+        elif self.phase is ReceivePhase.NACKED:
+            # the same round again: the repeat timer stands; the FINISH's time
+            # is not that of a round waiting for its first NACK
+            self._finish_at = None
+
+    def on_complete(self, *, now: float) -> bool:
+        """The reassembler is complete (by the bound, or whole): True if the
+        message completes now (DONE), False if it waits out the reorder grace
+        first (SETTLING), so that data still in flight behind the FINISH lands and
+        nothing that was not lost is reported lost."""
+        r = self.reassembler
+        if r.received_elems < r.msg_elems and self.nack_round is None:
+            quiet = r.last_activity + self.config.reorder_grace
+            if now < quiet:
+                self._move(_SETTLING, "completion by the bound")
+                self._complete_at = quiet
+                self._nack_at = None  # the bound is met: no NACK while waiting
+                return False
+        # (the table's move to DONE, checked inline: every live phase may make it,
+        # and this runs once per message received)
+        if self.phase in _TERMINAL:
+            self._move(_DONE, "completion")  # raises, naming the phase
+        self.phase = _DONE
+        self._nack_at = self._complete_at = None
+        return True
+
+    def on_bound_tightened(self) -> None:
+        """The application asked for a tighter bound. A message SETTLING that no
+        longer meets it needs what is missing: a NACK at once if the FINISH came
+        (else the FINISH arms one); any other phase is unchanged."""
+        self._require_live("a tighter bound")
+        if self.phase is not ReceivePhase.SETTLING or self.reassembler.is_complete():
+            return
+        if self.reassembler.finish is not None:
+            self._move(ReceivePhase.FINISHED, "a tighter bound")
+            self._nack_at = self._complete_at
+        else:
+            self._move(ReceivePhase.RECEIVING, "a tighter bound")
+            self._nack_at = None
+        self._complete_at = None
+
+    def on_abort(self) -> None:
+        """The sender aborted the message."""
+        self._move(ReceivePhase.FAILED, "ABORT")
+        self._nack_at = self._complete_at = None
+
+    def on_cancel(self) -> None:
+        """The receiver cancelled the message."""
+        self._move(ReceivePhase.CANCELLED, "cancel")
+        self._nack_at = self._complete_at = None
 
     def on_timer(
         self, *, now: float, step: int, msg: int, src: int, source_active: float = float("-inf")
     ) -> list[Nack]:
-        """The parts of a NACK to send now (none: nothing to send). Sets
-        :attr:`failure` on idle timeout."""
+        """The parts of a NACK to send now (none: nothing to send). Moves to FAILED,
+        setting :attr:`failure`, on idle timeout."""
+        self._require_live("timer")
         r = self.reassembler
         if now >= r.last_activity + self.config.recv_idle_timeout:
+            self._move(ReceivePhase.FAILED, "idle timeout")
+            self._nack_at = self._complete_at = None
             self.failure = Failure(
                 f"no packet for {self.config.recv_idle_timeout:.3g} s with "
                 f"{r.received_elems} of {r.msg_elems} elements received",
                 peer_timeout=True,
             )
             return []
-        if self.nack_at is None or now < self.nack_at or r.finish is None:
+        if (
+            self.phase not in (ReceivePhase.FINISHED, ReceivePhase.NACKED)
+            or self._nack_at is None
+            or now < self._nack_at
+            or r.finish is None
+        ):
             return []
         quiet = max(
             r.last_activity + self.config.reorder_grace,
-            sender_quiet(self.config, source_active, self.finish_at),
+            sender_quiet(self.config, source_active, self._finish_at),
         )
         if now < quiet:
-            self.nack_at = quiet
+            self._nack_at = quiet
             return []
         # repeated every nack_timeout until the sender answers with a new round
-        if r.finish.round > self.nack_round:
+        if not self._nacked(r.finish.round):
             r.nack_rounds += 1  # (a repeat of the same round is not a new round)
+        self._move(ReceivePhase.NACKED, "NACK timer")
         self.nack_round = r.finish.round
-        self.finish_at = None
-        self.nack_at = now + self.config.nack_timeout
+        self._finish_at = None
+        self._nack_at = now + self.config.nack_timeout
         limit = MAX_NACK_RANGES * MAX_NACK_PARTS
         ranges = r.missing_ranges(limit)
         needed = r.needed_elems()

@@ -32,8 +32,10 @@ from collections.abc import Callable, Collection
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .config import FillPolicy, ProtocolConfig
 from .context import ALL_ELEMS, PairKeyLookup, PairKeys, SessionContext
+from .control import Abort, AbortReason, ControlMessage, Finish, RateFeedback, decode_control
 from .events import (
     ControlDatagram,
     DataBatch,
@@ -51,16 +53,7 @@ from .inbox import Inbox
 from .outbox import Outbox
 from .pacing import Pacer
 from .packetizer import Segments
-from .wire import (
-    Abort,
-    AbortReason,
-    ControlMessage,
-    Finish,
-    PacketType,
-    RateFeedback,
-    WireError,
-    decode_control,
-)
+from .wire import PacketType, WireError
 
 __all__ = [
     "ALL_ELEMS",
@@ -102,13 +95,13 @@ class Session:
         wall clock in nanoseconds)."""
         config = config or ProtocolConfig()
         if not 0 <= rank <= 0xFFFF:
-            raise ValueError(f"rank={rank} outside 0..65535")
+            raise UsageError(f"rank={rank} outside 0..65535")
         if not 0 <= job <= 0xFFFF:
-            raise ValueError(f"job={job} outside 0..65535")
+            raise UsageError(f"job={job} outside 0..65535")
         if config.authenticate and not key:
-            raise ValueError("config.authenticate is on but no key was given")
+            raise UsageError("config.authenticate is on but no key was given")
         if key is not None and not config.authenticate:
-            raise ValueError(
+            raise UsageError(
                 "a key was given but config.authenticate is off: turn authentication on "
                 "(ProtocolConfig(authenticate=True)) or give no key"
             )
@@ -311,9 +304,9 @@ class Session:
 
     def _check_peer(self, rank: int, what: str) -> None:
         if rank == self.rank:
-            raise ValueError(f"rank {rank} cannot {what} itself")
+            raise UsageError(f"rank {rank} cannot {what} itself")
         if self.peers is not None and rank not in self.peers:
-            raise ValueError(
+            raise UsageError(
                 f"cannot {what} rank {rank}: not a peer of this session "
                 f"(peers: {sorted(self.peers)})"
             )

@@ -1,4 +1,13 @@
-"""DLCP wire format: the one codec for data records and control messages.
+"""DLCP wire format: the layout every codec shares (headers, fields, tags).
+
+This module holds what data records and control messages have in common: the
+constants, the data header's layout, the enums of its fields, the reasons a
+datagram is rejected and the tag. It imports no other codec module; the codecs
+build on it, each in its own module and none importing another's:
+
+* :mod:`dlcp.proto.batch`: data datagrams (:func:`parse_batch`,
+  :func:`~dlcp.proto.batch.decode_data`);
+* :mod:`dlcp.proto.control`: control messages (one body codec per type).
 
 Everything here follows ``docs/spec.md`` byte for byte; the scapy layer in
 :mod:`dlcp.inspect` and the P4 header are checked against the same golden vectors.
@@ -7,11 +16,11 @@ Two views of the same bytes:
 
 * **Batches** of data records are numpy structured arrays (:data:`HEADER_DTYPE`
   over fixed-stride records) so that many headers are filled or checked in one
-  vectorised operation. :func:`parse_batch` validates a whole batch and returns a
+  vectorised operation. ``parse_batch`` validates a whole batch and returns a
   per-record reason code instead of raising, so that one bad datagram never
   stops the good ones around it.
 * **Single datagrams** (tests, inspection, control messages) are frozen
-  dataclasses; :func:`decode_data` and :func:`decode_control` raise
+  dataclasses; ``decode_data`` and ``decode_control`` raise
   :class:`WireError` with an exact message for anything malformed.
 
 Rules that hold everywhere:
@@ -38,6 +47,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import DLCPError, UsageError
 from .auth import (
     AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
@@ -60,21 +70,13 @@ __all__ = [
     "MAX_NACK_RANGES",
     "NATIVE_HEADER_DTYPE",
     "VERSION",
-    "Abort",
-    "AbortReason",
-    "ControlMessage",
     "DType",
     "DataHeader",
     "Domain",
-    "Finish",
     "Flags",
-    "Nack",
     "NonceCounter",
     "PacketType",
-    "ParsedBatch",
-    "RateFeedback",
     "Reason",
-    "Stop",
     "TosMap",
     "VerifyKey",
     "WireError",
@@ -83,13 +85,9 @@ __all__ = [
     "bound_to_wire",
     "check_auth_key",
     "check_message_key",
-    "decode_control",
-    "decode_data",
-    "encode_control",
     "encode_data",
     "gmac_tag",
     "key_of_source",
-    "parse_batch",
     "peek_type",
     "seal_datagram",
     "tag_matches",
@@ -150,7 +148,7 @@ class DType(enum.IntEnum):
             return cls.BFLOAT16
         if dt == np.uint8:
             return cls.UINT8
-        raise ValueError(
+        raise UsageError(
             f"unsupported element type {dt}: DLCP carries float32, float16, "
             "bfloat16 (as uint16 words with bfloat16=True) and uint8"
         )
@@ -185,7 +183,7 @@ class Reason(enum.IntEnum):
     AUTH_FAILED = 9
 
 
-class WireError(ValueError):
+class WireError(DLCPError, ValueError):
     """The one exception parsing raises; ``reason`` says which rule was broken."""
 
     def __init__(self, reason: Reason, message: str) -> None:
@@ -226,7 +224,7 @@ assert _DATA_STRUCT.size == DATA_HEADER_LEN
 def bound_to_wire(p: float) -> int:
     """Loss bound ``p`` as carried in the header: thousandths, rounded down."""
     if not 0.0 <= p <= MAX_LOSS_BOUND:
-        raise ValueError(f"loss bound p={p} outside [0, {MAX_LOSS_BOUND}]")
+        raise UsageError(f"loss bound p={p} outside [0, {MAX_LOSS_BOUND}]")
     return int(p * 1000 + 1e-9)
 
 
@@ -288,7 +286,7 @@ class DataHeader:
         _check_range("bound", self.bound, 255)
         _check_range("path", self.path, 255)
         if int(self.flags) & ~_DATA_FLAG_MASK:
-            raise ValueError(f"unknown data flags {int(self.flags):#x}")
+            raise UsageError(f"unknown data flags {int(self.flags):#x}")
 
     @property
     def tclass(self) -> int:
@@ -316,7 +314,7 @@ class DataHeader:
 
 def _check_range(name: str, value: int, maximum: int) -> None:
     if not 0 <= value <= maximum:
-        raise ValueError(f"{name}={value} does not fit its field (0..{maximum})")
+        raise UsageError(f"{name}={value} does not fit its field (0..{maximum})")
 
 
 def check_message_key(step: int, msg: int) -> None:
@@ -325,7 +323,7 @@ def check_message_key(step: int, msg: int) -> None:
     or control message is built."""
     for name, value, maximum in (("step", step, 0xFFFFFFFF), ("msg", msg, 0xFFFF)):
         if not isinstance(value, int | np.integer) or isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} must be an integer")
+            raise UsageError(f"{name}={value!r} must be an integer")
         _check_range(name, int(value), maximum)
 
 
@@ -346,7 +344,7 @@ def encode_data(
     tag two datagrams under one key: draw it from the sender's
     :class:`NonceCounter` of :attr:`Domain.DATA`."""
     if len(payload) != header.payload_len:
-        raise ValueError(
+        raise UsageError(
             f"payload is {len(payload)} bytes but header says payload_len={header.payload_len}"
         )
     flags = header.flags | Flags.AUTH if key is not None else header.flags & ~Flags.AUTH
@@ -396,38 +394,6 @@ def peek_type(data: bytes | memoryview) -> PacketType:
         raise WireError(Reason.BAD_TYPE, f"unknown packet type {vt & 0x0F}") from None
 
 
-def decode_data(
-    data: bytes | memoryview, *, job: int, key: VerifyKey | None = None
-) -> tuple[DataHeader, bytes]:
-    """Parse and validate one data datagram; raises :class:`WireError`."""
-    buf = np.frombuffer(data, dtype=np.uint8)
-    batch = parse_batch(buf, len(buf) if len(buf) else 1, job=job, key=key, n_records=1)
-    if batch.reasons[0] != Reason.OK:
-        raise WireError(Reason(int(batch.reasons[0])), batch.message(0))
-    h = batch.headers[0]
-    tclass = int(h["tclass"])
-    header = DataHeader(
-        job=int(h["job"]),
-        step=int(h["step"]),
-        msg=int(h["msg"]),
-        seq=int(h["seq"]),
-        offset=int(h["offset"]),
-        msg_elems=int(h["msg_elems"]),
-        payload_len=int(h["payload_len"]),
-        layer=int(h["layer"]),
-        src=int(h["src"]),
-        prio=tclass >> 5,
-        drop=bool(tclass & 0x10),
-        mag=tclass & 0x0F,
-        dtype=DType(int(h["dtype"]) >> 4),
-        bound=int(h["bound"]),
-        path=int(h["path"]),
-        flags=Flags(int(h["flags"])),
-    )
-    payload = bytes(data[DATA_HEADER_LEN : DATA_HEADER_LEN + header.payload_len])
-    return header, payload
-
-
 # --------------------------------------------------------------------------- TOS
 
 
@@ -450,15 +416,15 @@ class TosMap:
 
     def __post_init__(self) -> None:
         if len(self.dscp) != 8:
-            raise ValueError(
+            raise UsageError(
                 f"TosMap.dscp needs one DSCP per priority class (8), got {len(self.dscp)}"
             )
         for c, d in enumerate(self.dscp):
             if not _is_int(d) or not 0 <= d <= 63:
-                raise ValueError(f"TosMap.dscp[{c}]={d!r} is not a DSCP (an integer 0..63)")
+                raise UsageError(f"TosMap.dscp[{c}]={d!r} is not a DSCP (an integer 0..63)")
         for name in ("ecn_protected", "ecn_droppable"):
             if not _is_int(getattr(self, name)) or not 0 <= getattr(self, name) <= 3:
-                raise ValueError(
+                raise UsageError(
                     f"TosMap.{name}={getattr(self, name)!r} is not an ECN codepoint "
                     "(an integer 0..3)"
                 )
@@ -466,22 +432,5 @@ class TosMap:
     def tos(self, prio: int, drop: bool) -> int:
         """The IPv4 TOS / IPv6 traffic-class byte for a packet class."""
         if not 0 <= prio <= 7:
-            raise ValueError(f"priority class {prio} outside 0..7")
+            raise UsageError(f"priority class {prio} outside 0..7")
         return (self.dscp[prio] << 2) | (self.ecn_droppable if drop else self.ecn_protected)
-
-
-# The control-message codec lives in .control and batch parsing in .batch; their
-# names stay importable from here, so that ``dlcp.proto.wire`` remains the one place
-# that names the whole wire format.
-from .batch import ParsedBatch, parse_batch  # noqa: E402
-from .control import (  # noqa: E402
-    Abort,
-    AbortReason,
-    ControlMessage,
-    Finish,
-    Nack,
-    RateFeedback,
-    Stop,
-    decode_control,
-    encode_control,
-)

@@ -17,6 +17,8 @@ from typing import Any, Final
 from dlcp.proto.config import ProtocolConfig
 from dlcp.switch.policy import SwitchPolicy
 
+from ..errors import ConfigError
+
 __all__ = ["ABLATIONS", "TRANSPORTS", "WORKLOADS", "SimConfig", "SimConfigError", "switch_policy"]
 
 TRANSPORTS = ("dlcp", "tcp", "dctcp")
@@ -36,7 +38,7 @@ _SIMULATED_PROTOCOL: Final = frozenset(
 _SIMULATED_PACER_OPTIONS: Final = frozenset({"initial_rate", "min_rate"})
 
 
-class SimConfigError(ValueError):
+class SimConfigError(ConfigError):
     """A simulation parameter is invalid; the message names it."""
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import DependencyMissing
 from .config import SimConfig, switch_policy
 from .topology import host_leaf_indices, leaf_spine, load_topology
 from .workloads import build_workload
@@ -39,7 +40,7 @@ def load_ns3() -> Any:
         import cppyy  # the ns3 package brings it
         from ns import ns  # noqa: F401  (ns-3's stub exits when ns3 is missing)
     except (ImportError, SystemExit) as e:
-        raise RuntimeError(NS3_MISSING) from e
+        raise DependencyMissing(NS3_MISSING) from e
 
     cppyy.add_include_path(str(CPP_DIR))
     cppyy.include("tcp_transport.h")

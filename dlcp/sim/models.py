@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UsageError
+
 __all__ = ["MODELS", "Layer", "compute_layers", "load_layers", "write_tables"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -89,13 +91,13 @@ def compute_layers(model: str) -> list[Layer]:
     try:
         return _BUILDERS[model]()
     except KeyError:
-        raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})") from None
+        raise UsageError(f"unknown model {model!r} (known: {', '.join(MODELS)})") from None
 
 
 def load_layers(model: str) -> list[Layer]:
     """Layers of ``model`` from its CSV table in ``dlcp/sim/data``."""
     if model not in _BUILDERS:
-        raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
+        raise UsageError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
     with (DATA_DIR / f"{model}.csv").open(newline="") as f:
         return [Layer(row["name"], int(row["params"])) for row in csv.DictReader(f)]
 

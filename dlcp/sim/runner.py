@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..errors import DLCPError
 from ..launch import die_with_parent
 from .config import SimConfig, SimConfigError
 from .engine import NS3_MISSING
@@ -29,7 +30,7 @@ from .results import read_flows, summarize
 __all__ = ["SimError", "ns3_available", "require_ns3", "run_many"]
 
 
-class SimError(RuntimeError):
+class SimError(DLCPError, RuntimeError):
     """A simulation could not run; the message says why."""
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import UsageError
 from .p4entries import Exact, Lpm, P4Names, TableEntry, policy_entries, queue_depths
 from .policy import SwitchPolicy
 
@@ -90,7 +91,7 @@ def switch_ports(t: FabricTopology, node: str) -> dict[str, int]:
     elif node in t.spines:
         order = list(t.leaves)
     else:
-        raise ValueError(
+        raise UsageError(
             f"{node!r} is not a switch (leaves: {', '.join(t.leaves)}; "
             f"spines: {', '.join(t.spines)})"
         )
@@ -102,7 +103,7 @@ def iface_mac(t: FabricTopology, node: str, neighbour: str) -> str:
     nodes = list(t.nodes)
     for n in (node, neighbour):
         if n not in nodes:
-            raise ValueError(f"{n!r} is not a node of the topology")
+            raise UsageError(f"{n!r} is not a node of the topology")
     a, b = nodes.index(node), nodes.index(neighbour)
     octets = [0x02, 0xDC, a >> 8, a & 0xFF, b >> 8, b & 0xFF]
     return ":".join(f"{o:02x}" for o in octets)

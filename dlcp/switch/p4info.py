@@ -18,13 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import DLCPError
 from .p4entries import Exact, Lpm, TableEntry, Value
 from .p4proto import P4Protos, load
 
 __all__ = ["P4InfoError", "P4InfoHelper", "canonical_bytes", "to_int"]
 
 
-class P4InfoError(ValueError):
+class P4InfoError(DLCPError, ValueError):
     """A name is not in the P4Info, or a value does not fit its field."""
 
 

@@ -25,6 +25,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import DLCPError
+
 __all__ = ["P4Protos", "ProtoUnavailable", "load"]
 
 SERVICE = "p4.v1.P4Runtime"
@@ -38,7 +40,7 @@ _FILES = (
 )
 
 
-class ProtoUnavailable(ImportError):
+class ProtoUnavailable(DLCPError, ImportError):
     """The ``switch`` extra (p4runtime, grpcio, protobuf) is not installed or unusable."""
 
 

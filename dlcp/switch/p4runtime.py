@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from ..errors import DLCPError, UsageError
 from .p4entries import TableEntry
 from .p4info import P4InfoHelper
 from .p4proto import SERVICE, P4Protos, load
@@ -43,7 +44,7 @@ _BATCH = 1000
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
-class P4RuntimeError(RuntimeError):
+class P4RuntimeError(DLCPError, RuntimeError):
     """A P4Runtime device could not be reached or refused a request."""
 
 
@@ -76,7 +77,7 @@ class CounterValue:
 
 def _uint128(value: int) -> tuple[int, int]:
     if not 0 <= value < 1 << 128:
-        raise ValueError(f"election_id must be within 0..2**128-1, got {value}")
+        raise UsageError(f"election_id must be within 0..2**128-1, got {value}")
     return value >> 64, value & ((1 << 64) - 1)
 
 
@@ -96,7 +97,7 @@ class P4RuntimeClient:
         protos: P4Protos | None = None,
     ) -> None:
         if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
+            raise UsageError(f"timeout must be positive, got {timeout}")
         self.address = address
         self.device_id = device_id
         self.election_id = election_id

@@ -55,6 +55,8 @@ from typing import Any, TypeVar
 
 from dlcp.proto.wire import TosMap
 
+from ..errors import UsageError
+
 __all__ = [
     "ALL_CLASSES",
     "ClassQueue",
@@ -70,7 +72,7 @@ _HTB_PRIOS = 8  # HTB prio levels 0..7
 N_QUEUES = 8  # priority queues of the P4 / SONiC targets (BMv2 --priority-queues 8)
 
 
-class PolicyError(ValueError):
+class PolicyError(UsageError):
     """A switch policy is invalid; the message names the bad field."""
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..collectives import Communicator, ring_allreduce
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from .api import StepReport, SyncScheme, check_loss_bound, check_world
@@ -51,7 +51,7 @@ class AllReduceSync(SyncScheme):
 
     def step(self) -> StepReport:
         if self._closed:
-            raise RuntimeError(f"rank {self.comm.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.comm.rank}: step() after close()")
         grads = np.empty(self.flat.numel, np.float32)
         for p, a, b in zip(self.flat.params, self.flat.offsets, self.flat.offsets[1:],
                            strict=False):  # fmt: skip

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..errors import ConfigError, TransferFailed
+from ..errors import ConfigError, TransferFailed, UsageError
 from ..proto.reassembler import N_CLASSES
 
 __all__ = [
@@ -47,7 +47,7 @@ SYNC_CHANNEL = 0x0D
 def sync_msg(role: int) -> int:
     """The message id of a scheme's message ``role`` (0..0xFFF)."""
     if not 0 <= role <= 0x0FFF:
-        raise ValueError(f"role {role} outside 0..4095")
+        raise UsageError(f"role {role} outside 0..4095")
     return (SYNC_CHANNEL << 12) | role
 
 

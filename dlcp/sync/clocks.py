@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
+
 __all__ = ["ClockTable", "RoundBuffer", "read_is_consistent"]
 
 
@@ -46,9 +48,9 @@ class ClockTable:
 
     def __post_init__(self) -> None:
         if self.staleness is not None and self.staleness < 0:
-            raise ValueError(f"staleness={self.staleness} must be >= 0 (None: asynchronous)")
+            raise UsageError(f"staleness={self.staleness} must be >= 0 (None: asynchronous)")
         if not self.workers or len(set(self.workers)) != len(self.workers):
-            raise ValueError(f"workers={self.workers} must be distinct and not empty")
+            raise UsageError(f"workers={self.workers} must be distinct and not empty")
         for w in self.workers:
             self.applied.setdefault(w, 0)
 
@@ -68,7 +70,7 @@ class ClockTable:
     def applied_one(self, worker: int, clock: int) -> None:
         """Record worker's update ``clock`` as applied; updates come in order."""
         if self.applied[worker] != clock:
-            raise ValueError(
+            raise UsageError(
                 f"update {clock} of worker {worker} out of order (applied so far: "
                 f"{self.applied[worker]})"
             )

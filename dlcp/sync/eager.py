@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from .api import StepReport
@@ -138,7 +138,7 @@ class EagerPullSync(ParameterServerSync):
         if not self.is_worker:
             raise ConfigError(f"rank {self.rank} is a dedicated server: it calls serve()")
         if self._closed:
-            raise RuntimeError(f"rank {self.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.rank}: step() after close()")
         update = self.local_update()
         t0 = time.perf_counter()
         clock = self.clock

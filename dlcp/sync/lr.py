@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import UsageError
+
 __all__ = ["RunningMean", "normalised_factor", "staleness_rounds", "value_staleness"]
 
 
@@ -39,14 +41,14 @@ def normalised_factor(
 ) -> float:
     """The factor above; ``x`` and ``mean_x`` >= 0."""
     if x < 0 or mean_x < 0 or math.isnan(x) or math.isnan(mean_x):
-        raise ValueError(f"staleness {x} and its mean {mean_x} must be >= 0")
+        raise UsageError(f"staleness {x} and its mean {mean_x} must be >= 0")
     return min(max_factor, max(min_factor, (1.0 + mean_x) / (1.0 + x)))
 
 
 def staleness_rounds(version_now: int, version_read: int, workers: int) -> float:
     """``tau``: updates applied since the read, in rounds of ``workers`` updates."""
     if version_now < version_read:
-        raise ValueError(f"version {version_now} is older than the read's {version_read}")
+        raise UsageError(f"version {version_now} is older than the read's {version_read}")
     return (version_now - version_read) / workers
 
 
@@ -54,7 +56,7 @@ def value_staleness(distance: float, typical_step: float) -> float:
     """``nu``: ``distance`` in typical steps (0 when nothing moved; a distance with
     no step seen yet counts as one step)."""
     if distance < 0:
-        raise ValueError(f"distance {distance} must be >= 0")
+        raise UsageError(f"distance {distance} must be >= 0")
     if distance == 0.0:
         return 0.0
     return distance / typical_step if typical_step > 0 else 1.0

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..errors import ConfigError, TransferFailed
+from ..errors import ConfigError, TransferFailed, UsageError, UsageStateError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -86,7 +86,7 @@ def preduce(
     group = sorted(members)
     me = endpoint.rank
     if me not in group or len(set(group)) != len(group):
-        raise ValueError(f"rank {me} is not one of the group's distinct members {group}")
+        raise UsageError(f"rank {me} is not one of the group's distinct members {group}")
     loss = PReduceLoss()
     k = len(group)
     if k == 1:
@@ -184,7 +184,7 @@ class GroupAveraging(SyncScheme):
 
     def step(self) -> StepReport:
         if self._closed:
-            raise RuntimeError(f"rank {self.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.rank}: step() after close()")
         self.local_update()
         gid, members = self.next_group()
         t0 = time.perf_counter()

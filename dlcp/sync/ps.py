@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -163,7 +163,7 @@ class ParameterServerSync(SyncScheme):
         if not self.is_worker:
             raise ConfigError(f"rank {self.rank} is a dedicated server: it calls serve()")
         if self._closed:
-            raise RuntimeError(f"rank {self.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.rank}: step() after close()")
         update = self.local_update()
         t0 = time.perf_counter()
         self._push(update)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
@@ -311,7 +312,7 @@ class ParameterServer:
         if self.failure is not None or worker in self.table.finished:
             return
         if update.shape != self.shard.shape or update.dtype != np.float32:
-            raise ValueError(
+            raise UsageError(
                 f"rank {self.rank}: worker {worker} pushed {update.dtype} {update.shape}, "
                 f"the shard is float32 {self.shard.shape}"
             )
@@ -333,7 +334,7 @@ class ParameterServer:
 
     def _request(self, worker: int, seq: int, op: int, clock: int, version: int) -> None:
         if seq != self._next_request[worker]:
-            raise ValueError(f"rank {self.rank}: request {seq} of worker {worker} out of order")
+            raise UsageError(f"rank {self.rank}: request {seq} of worker {worker} out of order")
         self._next_request[worker] = seq + 1
         if op == FINISH:  # its pushes before ``clock`` may still be on their way
             self._final[worker] = clock

@@ -45,7 +45,7 @@ import numpy.typing as npt
 import torch
 
 from ..collectives import Communicator, ring_allreduce
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
 from ..proto.reassembler import N_CLASSES
 from .api import StepReport, SyncScheme, check_loss_bound, check_world
@@ -147,7 +147,7 @@ class ShadowSync(SyncScheme):
 
     def step(self) -> StepReport:
         if self._closed:
-            raise RuntimeError(f"rank {self.rank}: step() after close()")
+            raise UsageStateError(f"rank {self.rank}: step() after close()")
         if self.error is not None:
             raise self.error
         with self.lock:

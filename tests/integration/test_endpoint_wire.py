@@ -22,21 +22,10 @@ import pytest
 
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.control import HELLO
+from dlcp.proto.batch import decode_data
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.wire import (
-    DATA_HEADER_LEN,
-    Abort,
-    AbortReason,
-    DataHeader,
-    DType,
-    Finish,
-    Flags,
-    Stop,
-    TosMap,
-    decode_data,
-    encode_control,
-    encode_data,
-)
+from dlcp.proto.control import Abort, AbortReason, Finish, Stop, encode_control
+from dlcp.proto.wire import DATA_HEADER_LEN, DataHeader, DType, Flags, TosMap, encode_data
 from tests.integration.endpoint_helpers import (
     JOB,
     KEY,

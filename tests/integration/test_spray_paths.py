@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 from dlcp.io import Endpoint, EndpointConfig
+from dlcp.proto.batch import decode_data
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.wire import DATA_HEADER_LEN, Flags, decode_data
+from dlcp.proto.wire import DATA_HEADER_LEN, Flags
 from tests.integration.endpoint_helpers import (
     JOB,
     LocalStore,

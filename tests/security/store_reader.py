@@ -24,14 +24,8 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from dlcp.io.control import HELLO, HELLO_NONCE_LEN, _proof_input, hello_proof
 from dlcp.keyring import KeyRing
-from dlcp.proto.wire import (
-    Abort,
-    AbortReason,
-    DataHeader,
-    Flags,
-    encode_control,
-    encode_data,
-)
+from dlcp.proto.control import Abort, AbortReason, encode_control
+from dlcp.proto.wire import DataHeader, Flags, encode_data
 
 
 def _candidates(values: list[bytes], job: int, nonce: bytes | None) -> list[bytes]:

@@ -13,14 +13,15 @@ import pytest
 
 from dlcp.errors import ConfigError
 from dlcp.keyring import KeyRing, job_secret, new_run_nonce
+from dlcp.proto.batch import parse_batch
 from dlcp.proto.config import ProtocolConfig
+from dlcp.proto.control import decode_control
 from dlcp.proto.session import (
     ControlDatagram,
     DataBatch,
     MessageReceived,
     Session,
 )
-from dlcp.proto.wire import decode_control, parse_batch
 
 JOB = 0x51
 SECRET = bytes(range(40, 72))

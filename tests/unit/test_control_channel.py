@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import time
 
-from dlcp.io.control import ControlChannel, PeerGone
+from dlcp.io.control import ControlChannel, LostPeer
 
 
 def _accept(server: ControlChannel) -> socket.socket:
@@ -49,7 +49,7 @@ def test_a_peer_that_stops_reading_is_gone_after_the_timeout() -> None:
             if gone is not None:
                 break
         elapsed = time.monotonic() - started
-        assert isinstance(gone, PeerGone) and gone.rank == 1
+        assert isinstance(gone, LostPeer) and gone.rank == 1
         assert "control connection to rank 1" in gone.why
         assert elapsed < 10  # one timeout of 0.3 s, not one per frame
         assert 1 not in a.outbound  # a later send opens a new connection

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcp.proto.control import decode_control
+from dlcp.proto.control import Finish, Stop, decode_control
 from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
-from dlcp.proto.wire import Finish, Stop
 from tests.unit.session_helpers import JOB, config, sessions
 
 T0 = 10.0

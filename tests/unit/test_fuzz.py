@@ -30,23 +30,21 @@ import numpy as np
 import numpy.typing as npt
 
 from dlcp.linkemu import LossyLink
+from dlcp.proto.batch import decode_data, parse_batch
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.session import DataBatch, MessageReceived, Session
-from dlcp.proto.wire import (
+from dlcp.proto.control import (
     Abort,
     AbortReason,
     ControlMessage,
     Finish,
     Nack,
     RateFeedback,
-    Reason,
     Stop,
-    WireError,
     decode_control,
-    decode_data,
     encode_control,
-    parse_batch,
 )
+from dlcp.proto.session import DataBatch, MessageReceived, Session
+from dlcp.proto.wire import Reason, WireError
 
 JOB = 0x0B0B
 REAL_STEP = 12345

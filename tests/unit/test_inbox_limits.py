@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dlcp.proto.config import FillPolicy
+from dlcp.proto.control import Abort, AbortReason, decode_control
 from dlcp.proto.inbox import OPEN_MESSAGE_BYTES
 from dlcp.proto.session import Session
-from dlcp.proto.wire import Abort, AbortReason, decode_control
 from tests.unit.session_helpers import JOB, config
 
 

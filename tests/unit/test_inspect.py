@@ -25,7 +25,8 @@ from dlcp.inspect import (
     authenticate,
     layer_for,
 )
-from dlcp.proto.wire import AbortReason, DType, PacketType, TosMap
+from dlcp.proto.control import AbortReason
+from dlcp.proto.wire import DType, PacketType, TosMap
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "wire_vectors.json").read_text())
 DATA = GOLDEN["data"]

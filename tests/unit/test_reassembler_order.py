@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dlcp.proto.batch import parse_batch
 from dlcp.proto.config import FillPolicy
 from dlcp.proto.reassembler import Reassembler
-from dlcp.proto.wire import DataHeader, DType, Flags, encode_data, parse_batch
+from dlcp.proto.wire import DataHeader, DType, Flags, encode_data
 
 JOB = 5
 CHUNK = 4  # elements per chunk

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dlcp.proto.config import FillPolicy
+from dlcp.proto.control import Finish, encode_control
 from dlcp.proto.session import Session
-from dlcp.proto.wire import DATA_HEADER_LEN, Finish, Flags, encode_control
+from dlcp.proto.wire import DATA_HEADER_LEN, Flags
 from tests.unit.session_helpers import JOB, config
 from tests.unit.test_receive_run import MSG, STEP, Pair, message_datagrams
 
@@ -57,7 +58,7 @@ class FirstPair(Pair):
         super().feed(datagrams, segment_size)
         a, b = self.fast._inbox, self.slow._inbox
         assert a._unexpected_bytes == b._unexpected_bytes
-        assert a._completed == b._completed
+        assert a._ended == b._ended
         assert a._last_data == b._last_data
         assert a._expected.keys() == b._expected.keys()
         assert a._orphan_finish.keys() == b._orphan_finish.keys()

@@ -8,6 +8,16 @@ import numpy as np
 import pytest
 
 from dlcp.linkemu import LossyLink
+from dlcp.proto.control import (
+    Abort,
+    AbortReason,
+    Finish,
+    Nack,
+    RateFeedback,
+    Stop,
+    decode_control,
+    encode_control,
+)
 from dlcp.proto.recovery import MAX_NACK_PARTS
 from dlcp.proto.session import (
     ControlDatagram,
@@ -16,21 +26,7 @@ from dlcp.proto.session import (
     MessageReceived,
     Session,
 )
-from dlcp.proto.wire import (
-    MAX_NACK_RANGES,
-    Abort,
-    AbortReason,
-    DataHeader,
-    Finish,
-    Flags,
-    Nack,
-    RateFeedback,
-    Stop,
-    TosMap,
-    decode_control,
-    encode_control,
-    encode_data,
-)
+from dlcp.proto.wire import MAX_NACK_RANGES, DataHeader, Flags, TosMap, encode_data
 from tests.unit.session_helpers import (
     CHUNK,
     JOB,

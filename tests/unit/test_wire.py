@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlcp.proto import wire
+from dlcp.proto import batch as batch_codec
+from dlcp.proto import control, wire
+from dlcp.proto.control import Abort, AbortReason, Finish, Nack, RateFeedback, Stop
 from dlcp.proto.wire import (
     AUTH_NONCE_LEN,
     AUTH_TAG_LEN,
@@ -20,18 +22,12 @@ from dlcp.proto.wire import (
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     MAX_NACK_RANGES,
-    Abort,
-    AbortReason,
     DataHeader,
     Domain,
     DType,
-    Finish,
     Flags,
-    Nack,
     PacketType,
-    RateFeedback,
     Reason,
-    Stop,
     TosMap,
     WireError,
 )
@@ -59,7 +55,7 @@ def expected_header(fields: dict[str, Any]) -> DataHeader:
     )
 
 
-def expected_control(vector: dict[str, Any]) -> wire.ControlMessage:
+def expected_control(vector: dict[str, Any]) -> control.ControlMessage:
     f = dict(vector["fields"])
     ptype = PacketType[vector["type"]]
     if ptype is PacketType.STOP:
@@ -91,7 +87,7 @@ def test_golden_file_covers_the_spec() -> None:
 def test_golden_data_decodes_and_reencodes(vector: dict[str, Any]) -> None:
     raw = bytes.fromhex(vector["hex"])
     key = _key(vector)
-    header, payload = wire.decode_data(raw, job=vector["job"], key=key)
+    header, payload = batch_codec.decode_data(raw, job=vector["job"], key=key)
     assert header == expected_header(vector["header"])
     assert payload == bytes.fromhex(vector["payload"])
     assert wire.encode_data(header, payload, key=key, nonce=vector.get("nonce")) == raw
@@ -125,10 +121,10 @@ def test_golden_data_matches_the_structured_dtype(vector: dict[str, Any]) -> Non
 def test_golden_control_decodes_and_reencodes(vector: dict[str, Any]) -> None:
     raw = bytes.fromhex(vector["hex"])
     key = _key(vector)
-    msg = wire.decode_control(raw, job=vector["job"], key=key, require_auth=key is not None)
+    msg = control.decode_control(raw, job=vector["job"], key=key, require_auth=key is not None)
     assert msg == expected_control(vector)
     assert wire.peek_type(raw) is PacketType[vector["type"]]
-    assert wire.encode_control(msg, job=vector["job"], key=key, nonce=vector.get("nonce")) == raw
+    assert control.encode_control(msg, job=vector["job"], key=key, nonce=vector.get("nonce")) == raw
     assert raw[1] == vector["flags"]
     assert len(raw) == 16 + vector["body_len"] + (AUTH_TRAILER_LEN if key else 0)
     if key is not None:
@@ -145,9 +141,9 @@ def test_bad_vectors_raise_the_exact_reason_and_message(vector: dict[str, Any]) 
     key = _key(vector)
     with pytest.raises(WireError) as info:
         if vector["kind"] == "data":
-            wire.decode_data(raw, job=vector["job"], key=key)
+            batch_codec.decode_data(raw, job=vector["job"], key=key)
         else:
-            wire.decode_control(
+            control.decode_control(
                 raw, job=vector["job"], key=key, require_auth=vector["require_auth"]
             )
     assert info.value.reason is Reason[vector["reason"]]
@@ -161,7 +157,7 @@ BAD_DATA = [v for v in BAD if v["kind"] == "data"]
 @pytest.mark.parametrize("vector", BAD_DATA, ids=_ids(BAD_DATA))
 def test_bad_data_vectors_give_the_same_verdict_in_a_batch(vector: dict[str, Any]) -> None:
     raw = np.frombuffer(bytes.fromhex(vector["hex"]), dtype=np.uint8)
-    batch = wire.parse_batch(raw, max(len(raw), 1), job=vector["job"], key=_key(vector))
+    batch = batch_codec.parse_batch(raw, max(len(raw), 1), job=vector["job"], key=_key(vector))
     assert Reason(int(batch.reasons[0])) is Reason[vector["reason"]]
     assert batch.message(0) == vector["message"]
     assert not batch.ok[0]
@@ -171,7 +167,7 @@ def test_a_receiver_without_a_key_accepts_tagged_data_unchecked() -> None:
     vector = next(v for v in DATA if v["key"] is not None)
     raw = bytearray(bytes.fromhex(vector["hex"]))
     raw[-1] ^= 0xFF  # a wrong tag is not looked at without a key
-    header, _ = wire.decode_data(bytes(raw), job=vector["job"])
+    header, _ = batch_codec.decode_data(bytes(raw), job=vector["job"])
     assert header.flags & Flags.AUTH
 
 
@@ -197,9 +193,9 @@ def test_encoder_rejects_values_that_do_not_fit() -> None:
     with pytest.raises(ValueError, match=r"^payload is 3 bytes but header says payload_len=4$"):
         wire.encode_data(DataHeader(**base), b"abc")
     with pytest.raises(ValueError, match="at most 170 ranges"):
-        wire.encode_control(Nack(0, 0, 0, ranges=((0, 1),) * 171), job=1)
+        control.encode_control(Nack(0, 0, 0, ranges=((0, 1),) * 171), job=1)
     with pytest.raises(ValueError, match="needs 16 counts"):
-        wire.encode_control(Finish(0, 0, 0, class_chunks=(0,) * 15), job=1)
+        control.encode_control(Finish(0, 0, 0, class_chunks=(0,) * 15), job=1)
 
 
 def test_encode_data_sets_or_clears_auth_to_match_the_key() -> None:
@@ -276,7 +272,7 @@ def test_data_round_trip(datagram: tuple[DataHeader, bytes], key: bytes | None, 
     header, payload = datagram
     raw = wire.encode_data(header, payload, key=key, nonce=nonce)
     assert len(raw) == DATA_HEADER_LEN + header.payload_len + (AUTH_TRAILER_LEN if key else 0)
-    back, back_payload = wire.decode_data(raw, job=header.job, key=key)
+    back, back_payload = batch_codec.decode_data(raw, job=header.job, key=key)
     want_flags = header.flags | Flags.AUTH if key is not None else header.flags
     assert back == DataHeader(**{**_fields(header), "flags": want_flags})
     assert back_payload == payload
@@ -332,11 +328,11 @@ control_messages = st.one_of(
 
 @given(control_messages, u16, keys, nonces)
 def test_control_round_trip(
-    msg: wire.ControlMessage, job: int, key: bytes | None, nonce: int
+    msg: control.ControlMessage, job: int, key: bytes | None, nonce: int
 ) -> None:
-    raw = wire.encode_control(msg, job=job, key=key, nonce=nonce)
-    assert wire.decode_control(raw, job=job, key=key, require_auth=key is not None) == msg
-    assert wire.decode_control(raw, job=job) == msg  # without a key the tag is not checked
+    raw = control.encode_control(msg, job=job, key=key, nonce=nonce)
+    assert control.decode_control(raw, job=job, key=key, require_auth=key is not None) == msg
+    assert control.decode_control(raw, job=job) == msg  # without a key the tag is not checked
     assert raw[0] == 0x10 | wire.peek_type(raw)
 
 
@@ -365,7 +361,7 @@ def test_parse_batch_judges_each_record_on_its_own() -> None:
     ]
     assert all(len(r) == STRIDE for r in records[:-1])
     buf = np.frombuffer(b"".join(records), dtype=np.uint8)
-    batch = wire.parse_batch(buf, STRIDE, job=1, key=KEY)
+    batch = batch_codec.parse_batch(buf, STRIDE, job=1, key=KEY)
 
     assert [Reason(int(r)) for r in batch.reasons] == [
         Reason.OK,
@@ -392,7 +388,7 @@ def test_parse_batch_accepts_a_short_last_record_and_views_in_place() -> None:
     records = [_record(0, key=None), _record(1, key=None), _record(2, n=2, key=None)]
     stride = len(records[0])
     buf = np.frombuffer(b"".join(records), dtype=np.uint8)
-    batch = wire.parse_batch(buf, stride, job=1)
+    batch = batch_codec.parse_batch(buf, stride, job=1)
     assert batch.ok.all()
     assert batch.lengths.tolist() == [stride, stride, DATA_HEADER_LEN + 8]
     assert batch.headers["payload_len"].tolist() == [16, 16, 8]
@@ -402,23 +398,23 @@ def test_parse_batch_accepts_a_short_last_record_and_views_in_place() -> None:
 def test_parse_batch_without_short_tail_shares_memory() -> None:
     records = [_record(i, key=None) for i in range(3)]
     buf = np.frombuffer(b"".join(records), dtype=np.uint8)
-    batch = wire.parse_batch(buf, len(records[0]), job=1)
+    batch = batch_codec.parse_batch(buf, len(records[0]), job=1)
     assert batch.ok.all()
     assert np.shares_memory(batch.payloads, buf)
 
 
 def test_parse_batch_require_auth_without_key_only_checks_presence() -> None:
     untagged = np.frombuffer(_record(0, key=None), dtype=np.uint8)
-    batch = wire.parse_batch(untagged, len(untagged), job=1, require_auth=True)
+    batch = batch_codec.parse_batch(untagged, len(untagged), job=1, require_auth=True)
     assert Reason(int(batch.reasons[0])) is Reason.AUTH_REQUIRED
     forged = np.frombuffer(_record(0, key=b"some other key!!"), dtype=np.uint8)
-    batch = wire.parse_batch(forged, len(forged), job=1, require_auth=True)
+    batch = batch_codec.parse_batch(forged, len(forged), job=1, require_auth=True)
     assert batch.ok.all()
 
 
 def test_parse_batch_rejects_a_nonpositive_segment_size() -> None:
     with pytest.raises(ValueError, match="segment_size must be positive, got 0"):
-        wire.parse_batch(np.zeros(64, dtype=np.uint8), 0, job=1)
+        batch_codec.parse_batch(np.zeros(64, dtype=np.uint8), 0, job=1)
 
 
 # -------------------------------------------------------------------------------- TOS
@@ -478,16 +474,35 @@ def test_a_tagged_datagram_without_a_64_bit_nonce_is_refused(nonce: int | None) 
     with pytest.raises(ValueError, match="needs a 64-bit nonce"):
         wire.encode_data(h, b"\x05", key=KEY, nonce=nonce)
     with pytest.raises(ValueError, match="needs a 64-bit nonce"):
-        wire.encode_control(Stop(1, 2, 3), job=1, key=KEY, nonce=nonce)
+        control.encode_control(Stop(1, 2, 3), job=1, key=KEY, nonce=nonce)
 
 
 def test_the_nonce_and_the_domain_are_part_of_the_tag() -> None:
     raw = _record(0)
     again = _record(0)
     assert raw == again  # same nonce, same bytes: the reference is deterministic
-    other = wire.encode_data(wire.decode_data(raw, job=1, key=KEY)[0], raw[32:48], KEY, nonce=1)
+    header = batch_codec.decode_data(raw, job=1, key=KEY)[0]
+    other = wire.encode_data(header, raw[32:48], KEY, nonce=1)
     assert other[:-AUTH_TRAILER_LEN] == raw[:-AUTH_TRAILER_LEN]
     assert other[-AUTH_TAG_LEN:] != raw[-AUTH_TAG_LEN:]  # another nonce, another tag
     end = len(raw) - AUTH_TAG_LEN
     as_control = wire.gmac_tag(KEY, raw[:end], domain=Domain.CONTROL, src=0, nonce=1000)
     assert as_control != raw[end:]
+
+
+def test_every_control_type_has_one_body_codec() -> None:
+    # the decoder dispatches on the type byte: every control type has a codec
+    # for its own message class, and none for data
+    assert set(control.CODECS) == set(PacketType) - {PacketType.DATA}
+    assert len({c.cls for c in control.CODECS.values()}) == len(control.CODECS)
+    for ptype, codec in control.CODECS.items():
+        msg = codec.cls(7, 3, 1)  # every field but the key at its default
+        raw = control.encode_control(msg, job=1)
+        assert raw[0] == (wire.VERSION << 4) | ptype
+        assert control.decode_control(raw, job=1) == msg
+
+
+def test_control_source_reads_the_claimed_rank_from_the_header() -> None:
+    raw = control.encode_control(Stop(7, 3, 513, received_elems=9), job=1)
+    assert control.control_source(raw) == 513
+    assert control.control_source(raw[: wire.CONTROL_HEADER_LEN - 1]) is None

@@ -195,8 +195,8 @@ class DlcpSender : public Transport
         }
         uint64_t off = uint64_t(seq) * prm.payload;
         uint32_t payload = uint32_t(std::min<uint64_t>(prm.payload, f.bytes - off));
-        DlcpHdr hd{D_DATA, uint8_t((m.prot[seq] ? 1 : 0) | (retx ? 2 : 0)), uint16_t(f.cls), id,
-                   seq, m.npkts, 0, 0, 0, 0};
+        DlcpHdr hd = DataHdr(uint8_t((m.prot[seq] ? 1 : 0) | (retx ? 2 : 0)), uint16_t(f.cls), id,
+                             seq, m.npkts);
         bool protectedPkt = m.prot[seq] || retx;
         uint8_t tos = uint8_t(prm.dscp[f.cls] << 2) | (protectedPkt ? prm.ecnProtected
                                                                      : prm.ecnDroppable);
@@ -245,7 +245,7 @@ class DlcpSender : public Transport
         const Flow& f = m_sc->flows[id];
         // FINISH travels in the message's own class, behind its data in the same queues
         controlSent++;
-        DlcpHdr fin{D_FINISH, 0, uint16_t(f.cls), id, 0, m.npkts, m.round, m.nProt, 0, 0};
+        DlcpHdr fin = FinishHdr(uint16_t(f.cls), id, m.npkts, m.round, m.nProt);
         Send(f.src, f.dst, fin, sizeof fin, uint8_t(prm.dscp[f.cls] << 2) | prm.ecnProtected,
              nullptr, 0);
         m.finishEv = Simulator::Schedule(NanoSeconds(int64_t(std::llround(prm.finishTimeoutUs * 1e3))),
@@ -293,16 +293,16 @@ class DlcpSender : public Transport
         {
             return;
         }
-        uint32_t nRanges = hd.c;
-        if (hd.d || !m.nackRanges.empty())
+        uint32_t nRanges = hd.nack.rangeCount;
+        if (hd.nack.more || !m.nackRanges.empty())
         {  // one part of several: act on the whole NACK once its last part is in
-            if (!m.nackRanges.empty() && m.nackRound != hd.a)
+            if (!m.nackRanges.empty() && m.nackRound != hd.nack.round)
             {
                 m.nackRanges.clear();  // parts of an older round
             }
-            m.nackRound = hd.a;
-            m.nackRanges.insert(m.nackRanges.end(), ranges, ranges + 2 * size_t(hd.c));
-            if (hd.d)
+            m.nackRound = hd.nack.round;
+            m.nackRanges.insert(m.nackRanges.end(), ranges, ranges + 2 * size_t(hd.nack.rangeCount));
+            if (hd.nack.more)
             {
                 return;
             }
@@ -317,7 +317,7 @@ class DlcpSender : public Transport
     void ActOnNack(uint32_t id, Out& m, const DlcpHdr& hd, const uint32_t* ranges,
                    uint32_t nRanges)
     {
-        if (m.state == AWAITING && hd.a == m.round)
+        if (m.state == AWAITING && hd.nack.round == m.round)
         {
             // only rounds in a row that got the receiver no closer count
             uint32_t named = 0;
@@ -325,9 +325,9 @@ class DlcpSender : public Transport
             {
                 named += ranges[2 * r + 1];
             }
-            bool stalled = m.round > 0 && hd.b >= m.lastNeeded && named >= m.lastNamed;
+            bool stalled = m.round > 0 && hd.nack.neededChunks >= m.lastNeeded && named >= m.lastNamed;
             m.stalled = stalled ? m.stalled + 1 : 0;
-            m.lastNeeded = hd.b;
+            m.lastNeeded = hd.nack.neededChunks;
             m.lastNamed = named;
             if (m.stalled >= prm.maxRounds || m.round >= 0xFFFF)
             {
@@ -338,9 +338,9 @@ class DlcpSender : public Transport
             maxRound = std::max(maxRound, m.round);
             m.state = SENDING;
             m.finishEv.Cancel();
-            m.neededLeft = hd.b;
+            m.neededLeft = hd.nack.neededChunks;
         }
-        else if (!(m.state == SENDING && hd.a + 1 == m.round))
+        else if (!(m.state == SENDING && hd.nack.round + 1 == m.round))
         {
             return;  // stale
         }

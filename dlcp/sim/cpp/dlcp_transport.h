@@ -86,7 +86,7 @@ class DlcpTransport : public DlcpSender
             case D_RATE:
             {
                 Peer& peer = m_hosts[h].peers[m_sc->flows[hd.flow].dst];
-                peer.rate = std::max(prm.minRate, double(hd.a) * 1e3);
+                peer.rate = std::max(prm.minRate, double(hd.rate.kBytesPerS) * 1e3);
                 Time sooner = Simulator::Now() + Seconds(1500.0 / peer.rate);
                 if (sooner < peer.nextTime)
                 {  // a faster rate: the pump may have gone to sleep on the old one
@@ -142,12 +142,12 @@ class DlcpTransport : public DlcpSender
         const Flow& f = m_sc->flows[hd.flow];
         if (r.done)
         {
-            Control(f.dst, f.src, DlcpHdr{D_STOP, 0, 0, hd.flow, 0, 0, 0, 0, 0, 0});
+            Control(f.dst, f.src, StopHdr(hd.flow));
             return;
         }
         r.finishSeen = true;
-        r.finishProt = hd.b;
-        r.round = hd.a;
+        r.finishProt = hd.finish.protectedChunks;
+        r.round = hd.finish.round;
         if (CheckComplete(h, hd.flow, r))
         {
             return;
@@ -186,7 +186,7 @@ class DlcpTransport : public DlcpSender
         r.done = true;
         r.nackEv.Cancel();
         const Flow& f = m_sc->flows[id];
-        Control(f.dst, f.src, DlcpHdr{D_STOP, 0, 0, id, 0, 0, 0, 0, 0, 0});
+        Control(f.dst, f.src, StopHdr(id));
         uint64_t lost = 0;
         for (uint32_t s = 0; s < r.npkts; s++)
         {
@@ -242,7 +242,7 @@ class DlcpTransport : public DlcpSender
         {
             uint32_t n = std::min(perPart, nRanges - first);
             uint32_t more = first + n < nRanges ? 1 : 0;
-            Control(f.dst, f.src, DlcpHdr{D_NACK, 0, 0, id, 0, r.npkts, r.round, needed, n, more},
+            Control(f.dst, f.src, NackHdr(id, r.npkts, r.round, needed, n, more != 0),
                     ranges.data() + 2 * first, 2 * n);
             if (nRanges == 0)
             {
@@ -297,7 +297,7 @@ class DlcpTransport : public DlcpSender
                     break;
                 }
             }
-            Control(h, src, DlcpHdr{D_RATE, 0, 0, id, 0, 0, uint32_t(share / 1e3), 0, 0, 0});
+            Control(h, src, RateHdr(id, uint32_t(share / 1e3)));
         }
     }
 };
