@@ -59,7 +59,7 @@ from ..proto.session import (
     SendReport,
     Session,
 )
-from ..proto.wire import DType, PacketType, bound_to_wire
+from ..proto.wire import AUTH_TAG_LEN, DType, PacketType, bound_to_wire
 from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
 from .control import ControlChannel, PeerGone
@@ -78,6 +78,8 @@ log = logging.getLogger("dlcp.io")
 #: seconds the I/O thread stops watching the control listener after the kernel
 #: refused a connection (out of file descriptors, ...)
 _ACCEPT_PAUSE = 0.1
+#: seconds a data backlog may hold control messages and timers back (_take_input)
+_BACKLOG_HOLD = 0.1
 
 Segments = Sequence[tuple[int, int, int]]
 
@@ -154,6 +156,8 @@ class Endpoint:
                 address_of=self._control_address,
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
+            # junk is dropped, and counted, before it reaches the session's parser
+            self._data.screen(job=job, require_auth=protocol.authenticate, tag_len=AUTH_TAG_LEN)
             self._peers.publish(self.address)  # (the store may fail)
             self._wake_r, self._wake_w = socket.socketpair()
         except BaseException:
@@ -173,6 +177,8 @@ class Endpoint:
         self._sleep_until = -math.inf
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
+        #: when the data socket's current backlog began (None: it has none)
+        self._backlog_since: float | None = None
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
             self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
@@ -469,21 +475,35 @@ class Endpoint:
         it ready (data may have come while this thread waited for the lock); then
         the other ready sockets; then ``timer``, the session's timer as it was
         before this turn's input (a timer that input set runs next turn: that
-        turn's wait is then short or none).
+        turn's wait is then short or none). The data socket's share is bounded
+        (:meth:`DataSockets.receive`'s budget), so every turn ends.
 
         While the data socket keeps a backlog (the receive budget ran out),
-        neither control messages nor timers: a FINISH or a reorder grace judged
-        before the queued data is read would NACK, or complete by the bound,
-        data that has arrived. The sockets stay readable: the next turn comes
-        at once."""
+        control messages and timers wait, for at most :data:`_BACKLOG_HOLD` since
+        the backlog began: a FINISH or a reorder grace judged before the queued
+        data is read would NACK, or complete by the bound, data that has arrived.
+        A burst drains within that; a backlog that lasts longer (a flood) no
+        longer holds them back: they run on every turn, so hellos are read and
+        timeouts fire on time whatever the data socket holds. The sockets stay
+        readable: the next turn comes at once."""
         self._on_ready(sel, self._data.recv_sock, "data")
-        backlog = self._data.backlog
+        hold = self._holds_back(time.monotonic())
         for key, _ in ready:
-            if key.data != "data" and not (backlog and key.data == "control"):
+            if key.data != "data" and not (hold and key.data == "control"):
                 self._on_ready(sel, key.fileobj, key.data)
         now = time.monotonic()
-        if timer is not None and timer <= now and not backlog:
+        if timer is not None and timer <= now and not hold:
             self._session.handle_timer(now=now)
+
+    def _holds_back(self, now: float) -> bool:
+        """Whether this turn holds control messages and timers back: the data
+        socket has a backlog that began less than :data:`_BACKLOG_HOLD` ago."""
+        if not self._data.backlog:
+            self._backlog_since = None
+            return False
+        if self._backlog_since is None:
+            self._backlog_since = now
+        return now - self._backlog_since < _BACKLOG_HOLD
 
     def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
         """Watch the listener again after a pause; drop inbound connections that
@@ -511,6 +531,8 @@ class Endpoint:
         if what == "data":
             self._stats.receive_calls += 1
             self._data.receive(self._deliver)
+            for reason, count in self._data.take_screened().items():  # the pre-filter's
+                self._session.stats.reject(reason, count)
         elif what == "engine":
             self._rounds_sent()
         elif what == "wake":

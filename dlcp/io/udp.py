@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from ..proto.wire import Reason
 
 try:
     from . import _udpio as _udpio_c  # type: ignore[attr-defined]
@@ -117,6 +118,29 @@ class DataSockets:
         self.empty_datagrams = 0
         #: the last receive() stopped at its budget with datagrams still queued
         self.backlog = False
+        #: datagrams the pre-filter dropped, by reason code (dlcp.proto.wire.Reason;
+        #: 16 slots, as _prefilter.h counts them)
+        self.screened = np.zeros(16, dtype=np.int64)
+        self._screen: tuple[int, bool, int] | None = None
+
+    def screen(self, *, job: int, require_auth: bool, tag_len: int) -> bool:
+        """Drop, from now on, the received datagrams that break a header rule of
+        spec §6.1 for a receiver of ``job`` (``require_auth``: untagged ones too;
+        ``tag_len``: the bytes a tag adds) before they are delivered, counting
+        them in :attr:`screened`. Only the C receive loop filters: False if it
+        was not built (the session's parser then rejects them, as it would)."""
+        self._screen = (job, require_auth, tag_len)
+        return _udpio is not None
+
+    def take_screened(self) -> dict[str, int]:
+        """The pre-filter's drops since the last call, by reason name (as the
+        session's ``rejected`` counters name them)."""
+        counts = self.screened
+        if not counts.any():
+            return {}
+        taken = {Reason(int(c)).name.lower(): int(counts[c]) for c in np.flatnonzero(counts)}
+        counts[:] = 0
+        return taken
 
     def close(self) -> None:
         for s in [self.recv_sock, *self.send_socks]:
@@ -190,6 +214,8 @@ class DataSockets:
             total += int(nbytes)
             reads += int(n_reads)
             self.empty_datagrams += int(empty)
+            if self._screen is not None:
+                runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
             for start, end, seg in runs:
                 deliver(buf[start:end], seg)
             if err:

@@ -1,9 +1,11 @@
 """The order of one I/O turn's input (``Endpoint._take_input``): the data socket
 first even when ``select`` did not report it, and no control message nor timer
-while the data socket keeps a backlog. A FINISH or a reorder grace judged before
-queued data is read makes the receiver NACK (or complete by the bound) data that
-has arrived: on 4 ranks sharing 2 cores that cost hundreds of needless
-retransmissions per DDP iteration. Fakes stand in for the session and sockets."""
+while the data socket keeps a backlog younger than ``_BACKLOG_HOLD``. A FINISH or
+a reorder grace judged before queued data is read makes the receiver NACK (or
+complete by the bound) data that has arrived: on 4 ranks sharing 2 cores that
+cost hundreds of needless retransmissions per DDP iteration. A backlog that lasts
+(a flood) holds nothing back: hellos must be read and timers run. Fakes stand in
+for the session and sockets."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dlcp.io import endpoint as endpoint_module
 from dlcp.io.endpoint import Endpoint
 
 
@@ -22,6 +25,7 @@ class _Turn:
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=lambda now: self.log.append("timer"))
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
+        ep._backlog_since = None
         self.endpoint = ep
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
@@ -43,3 +47,19 @@ def test_a_timer_not_yet_due_does_not_run() -> None:
 def test_a_data_backlog_holds_back_control_and_timers() -> None:
     log = _Turn(backlog=True).run(["control", "wake", "accept"], timer=0.0)
     assert log == ["data", "wake", "accept"]
+
+
+def test_a_lasting_backlog_holds_nothing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(endpoint_module.time, "monotonic", lambda: clock[0])
+    turn = _Turn(backlog=True)
+    assert turn.run(["control"], timer=0.0) == ["data"]  # the backlog begins
+    clock[0] += endpoint_module._BACKLOG_HOLD / 2
+    assert turn.run(["control"], timer=0.0) == ["data", "data"]
+    clock[0] += endpoint_module._BACKLOG_HOLD  # still backlogged: its turn every time now
+    assert turn.run(["control"], timer=0.0)[2:] == ["data", "control", "timer"]
+    assert turn.run(["control"], timer=0.0)[5:] == ["data", "control", "timer"]
+    turn.endpoint._data.backlog = False  # drained: the next backlog may hold again
+    turn.run([], timer=None)
+    turn.endpoint._data.backlog = True
+    assert turn.run(["control"], timer=0.0)[-1] == "data"
