@@ -177,8 +177,10 @@ class Endpoint:
         self._sleep_until = -math.inf
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
-        #: when the data socket's current backlog began (None: it has none)
-        self._backlog_since: float | None = None
+        #: when control messages and timers last had their turn (_take_input)
+        self._control_turn = -math.inf
+        #: bytes the current receive handed to the session (the rest was junk)
+        self._delivered = 0
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
             self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
@@ -480,11 +482,11 @@ class Endpoint:
 
         While the data socket keeps a backlog (the receive budget ran out),
         control messages and timers wait, for at most :data:`_BACKLOG_HOLD` since
-        the backlog began: a FINISH or a reorder grace judged before the queued
+        their last turn: a FINISH or a reorder grace judged before the queued
         data is read would NACK, or complete by the bound, data that has arrived.
-        A burst drains within that; a backlog that lasts longer (a flood) no
-        longer holds them back: they run on every turn, so hellos are read and
-        timeouts fire on time whatever the data socket holds. The sockets stay
+        A burst drains within that; under a backlog that lasts (a flood)
+        they still run at least that often, so hellos are read and timeouts fire
+        on time whatever the data socket holds. The sockets stay
         readable: the next turn comes at once."""
         self._on_ready(sel, self._data.recv_sock, "data")
         hold = self._holds_back(time.monotonic())
@@ -497,13 +499,13 @@ class Endpoint:
 
     def _holds_back(self, now: float) -> bool:
         """Whether this turn holds control messages and timers back: the data
-        socket has a backlog that began less than :data:`_BACKLOG_HOLD` ago."""
-        if not self._data.backlog:
-            self._backlog_since = None
-            return False
-        if self._backlog_since is None:
-            self._backlog_since = now
-        return now - self._backlog_since < _BACKLOG_HOLD
+        socket has a backlog, and they last had their turn less than
+        :data:`_BACKLOG_HOLD` ago (a flood's backlogs, however often they drain
+        in between, hold them back that long at most)."""
+        if self._data.backlog and now - self._control_turn < _BACKLOG_HOLD:
+            return True
+        self._control_turn = now
+        return False
 
     def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
         """Watch the listener again after a pause; drop inbound connections that
@@ -530,9 +532,17 @@ class Endpoint:
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
         if what == "data":
             self._stats.receive_calls += 1
-            self._data.receive(self._deliver)
-            for reason, count in self._data.take_screened().items():  # the pre-filter's
-                self._session.stats.reject(reason, count)
+            start, self._delivered = time.monotonic(), 0
+            read = self._data.receive(self._deliver)
+            if screened := self._data.take_screened():  # the pre-filter's drops
+                for reason, count in screened.items():
+                    self._session.stats.reject(reason, count)
+                # the share of the receive spent on junk was capacity for data: the
+                # rate meter counts it as a wait, as it counts select()'s, so that a
+                # flood does not hold the senders to the rate that got through it
+                now = time.monotonic()
+                junk = (now - start) * (read - self._delivered) / max(read, 1)
+                self._session.note_idle(max(0.0, junk), now=now)
         elif what == "engine":
             self._rounds_sent()
         elif what == "wake":
@@ -596,6 +606,7 @@ class Endpoint:
             )
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        self._delivered += len(buf)
         if self._emulator is not None:
             buf = self._emulator.filter(buf, segment_size)
             if len(buf) == 0:

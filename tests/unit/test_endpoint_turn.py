@@ -9,6 +9,7 @@ for the session and sockets."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,7 +26,7 @@ class _Turn:
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=lambda now: self.log.append("timer"))
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
-        ep._backlog_since = None
+        ep._control_turn = time.monotonic()  # control and timers just had their turn
         self.endpoint = ep
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
@@ -49,17 +50,21 @@ def test_a_data_backlog_holds_back_control_and_timers() -> None:
     assert log == ["data", "wake", "accept"]
 
 
-def test_a_lasting_backlog_holds_nothing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lasting_backlog_holds_control_and_timers_back_for_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     clock = [100.0]
     monkeypatch.setattr(endpoint_module.time, "monotonic", lambda: clock[0])
-    turn = _Turn(backlog=True)
-    assert turn.run(["control"], timer=0.0) == ["data"]  # the backlog begins
-    clock[0] += endpoint_module._BACKLOG_HOLD / 2
-    assert turn.run(["control"], timer=0.0) == ["data", "data"]
-    clock[0] += endpoint_module._BACKLOG_HOLD  # still backlogged: its turn every time now
-    assert turn.run(["control"], timer=0.0)[2:] == ["data", "control", "timer"]
-    assert turn.run(["control"], timer=0.0)[5:] == ["data", "control", "timer"]
-    turn.endpoint._data.backlog = False  # drained: the next backlog may hold again
-    turn.run([], timer=None)
-    turn.endpoint._data.backlog = True
-    assert turn.run(["control"], timer=0.0)[-1] == "data"
+    turn = _Turn(backlog=False)
+    assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
+    turn.endpoint._data.backlog = True  # a backlog, then one that lasts
+    hold = endpoint_module._BACKLOG_HOLD
+    for _ in range(3):
+        clock[0] += hold / 4
+        assert turn.run(["control"], timer=0.0)[-1] == "data"
+    clock[0] += hold / 2  # their turn comes, backlog or not
+    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
+    clock[0] += hold / 4
+    assert turn.run(["control"], timer=0.0)[-2:] == ["timer", "data"]  # held again
+    turn.endpoint._data.backlog = False  # drained: nothing held
+    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
