@@ -339,6 +339,7 @@ class Endpoint:
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
+                    "hellos_refused": self._control.hellos_refused,
                     "peers_gone": dict(self._gone),
                     "gso": self._data.use_gso,
                     "gro": self._data.use_gro,
