@@ -4,8 +4,8 @@
 
 Two endpoints (loopback), the receiver in a process of its own, move
 ``--size``-byte float32 messages back to back, each checked bit for bit by the
-receiver, which confirms it over a pipe before the next is sent. Phases alternate, ``--rounds`` times:
-``--seconds`` unflooded, then ``--seconds`` while the C flooder
+receiver, which confirms it over a pipe before the next is sent. Phases
+alternate, ``--rounds`` times: ``--seconds`` unflooded, then ``--seconds`` while the C flooder
 (``bench/flooder.c``, a process of its own) sends junk of ``--kind`` to the
 receiver's data port at ``--rate`` datagrams a second (0: as fast as its core
 goes). ``ratio`` is the flooded throughput over the unflooded one (bytes moved
@@ -36,10 +36,10 @@ import multiprocessing
 import os
 import socket
 import statistics
-import threading
-from concurrent.futures import CancelledError, Future
 import sys
+import threading
 import time
+from concurrent.futures import CancelledError, Future
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -126,20 +126,29 @@ def _transfers(tx: Endpoint, conn: Connection, x: np.ndarray, seconds: float, st
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         tx.send(x, to=1, msg=1, step=step + n).result(timeout=60)
-        if not conn.poll(60):
-            raise BenchError(f"the receiving rank did not confirm message {step + n} in 60 s")
-        answer = conn.recv()
+        answer = _answer(conn, f"message {step + n}")
         if answer != step + n:
             raise BenchError(f"the receiving rank answered {answer!r} for message {step + n}")
         n += 1
     return n
 
 
+def _answer(conn: Connection, what: str) -> Any:
+    """The receiving rank's next answer (about ``what``), within 60 s."""
+    if not conn.poll(60):
+        raise BenchError(f"the receiving rank did not answer for {what} in 60 s")
+    answer = conn.recv()
+    if isinstance(answer, str):  # (what went wrong there)
+        raise BenchError(answer)
+    return answer
+
+
 def _throughput(args: argparse.Namespace) -> dict[str, Any]:
     cfg = EndpointConfig.from_env()  # (DLCP_ENGINE picks the engine)
     if args.auth:
-        cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol,
-                                                                    authenticate=True))
+        cfg = dataclasses.replace(
+            cfg, protocol=dataclasses.replace(cfg.protocol, authenticate=True)
+        )
     store = _Addresses()
     tx = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=KEY if args.auth else None)
     x = _message(args.size)
@@ -153,13 +162,11 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
     )
     child.start()
     try:
-        if not ours.poll(60):
-            raise BenchError("the receiving rank did not start within 60 s")
-        rx_address = ours.recv()
-        if isinstance(rx_address, str):
-            raise BenchError(rx_address)
-        store.set(f"dlcp/{JOB}/addr/1",
-                  f"{rx_address.host} {rx_address.data_port} {rx_address.control_port}")
+        rx_address = _answer(ours, "its address")
+        store.set(
+            f"dlcp/{JOB}/addr/1",
+            f"{rx_address.host} {rx_address.data_port} {rx_address.control_port}",
+        )
         step += _transfers(tx, ours, x, 0.5, step)  # warm-up, not counted
         for _ in range(args.rounds):
             for phase in ("unflooded", "flooded"):
@@ -179,10 +186,11 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
                 moved[phase] += n * x.nbytes
                 spent[phase] += elapsed
         ours.send(None)
-        while (stats := ours.recv()) is not None and isinstance(stats, int):
-            pass  # (a confirmation still on its way)
-        if isinstance(stats, str):
-            raise BenchError(stats)
+        stats = _answer(ours, "its stats")
+        while isinstance(stats, int):  # (a confirmation still on its way)
+            stats = _answer(ours, "its stats")
+        if not isinstance(stats, dict):
+            raise BenchError(f"the receiving rank answered {stats!r} for its stats")
         engine = tx.engine
     finally:
         tx.close()
@@ -220,8 +228,13 @@ def _reject_cost(args: argparse.Namespace) -> dict[str, float]:
     the C pre-filter (the module docstring)."""
     junk = _junk(args.kind, args.junk, np.random.default_rng(1))
     rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=64 << 20, sndbuf=1 << 20)
-    session = Session(rank=1, job=JOB, config=ProtocolConfig(authenticate=args.auth),
-                      key=KEY if args.auth else None, peers=(0, 1))
+    session = Session(
+        rank=1,
+        job=JOB,
+        config=ProtocolConfig(authenticate=args.auth),
+        key=KEY if args.auth else None,
+        peers=(0, 1),
+    )
 
     def deliver(buf: Any, seg: int) -> None:
         session.receive_batch(buf, seg, now=time.monotonic())
@@ -256,8 +269,13 @@ def _reject_cost(args: argparse.Namespace) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
-        "size": args.size, "kind": args.kind, "auth": args.auth, "rate": args.rate,
-        "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
+        "size": args.size,
+        "kind": args.kind,
+        "auth": args.auth,
+        "rate": args.rate,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
     }
     result.update(_throughput(args))
     result.update(_reject_cost(args))
@@ -266,14 +284,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(r: dict[str, Any]) -> str:
     rate = "max" if not r["rate"] else f"{r['rate']:g}/s"
-    return "\n".join([
-        f"junk flood ({r['kind']}, asked {rate}, sent {r['flood_rate']}/s), {r['size']} B "
-        f"messages, engine {r['engine']}, auth {'on' if r['auth'] else 'off'}, {r['cpus']} cpus",
-        f"  unflooded {r['unflooded_gbps']:.3f} GB/s  flooded {r['flooded_gbps']:.3f} GB/s  "
-        f"ratio {r['ratio']:.2f} (target >= 0.5)",
-        f"  one junk datagram: {r['reject_us_prefilter']:.2f} us CPU with the pre-filter, "
-        f"{r['reject_us_parser']:.2f} us through the parser ({r['reject_speedup']}x)",
-    ])
+    return "\n".join(
+        [
+            f"junk flood ({r['kind']}, asked {rate}, sent {r['flood_rate']}/s), "
+            f"{r['size']} B messages, engine {r['engine']}, "
+            f"auth {'on' if r['auth'] else 'off'}, {r['cpus']} cpus",
+            f"  unflooded {r['unflooded_gbps']:.3f} GB/s  flooded {r['flooded_gbps']:.3f} GB/s  "
+            f"ratio {r['ratio']:.2f} (target >= 0.5)",
+            f"  one junk datagram: {r['reject_us_prefilter']:.2f} us CPU with the pre-filter, "
+            f"{r['reject_us_parser']:.2f} us through the parser ({r['reject_speedup']}x)",
+        ]
+    )
 
 
 def _parser(prog: str = "python -m bench.flood") -> argparse.ArgumentParser:
@@ -293,8 +314,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.flood") -> 
     args = _parser(prog).parse_args(argv)
     if args.size <= 0 or args.size % 4:
         _parser(prog).error(f"--size {args.size}: a positive multiple of 4 bytes (float32)")
-    return finish("flood", run, table, args, errors=(BenchError, FlooderError, TimeoutError),
-                  cleaned_up="the flooder and the endpoints were stopped")
+    return finish(
+        "flood",
+        run,
+        table,
+        args,
+        errors=(BenchError, FlooderError, TimeoutError),
+        cleaned_up="the flooder and the endpoints were stopped",
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["FlooderError", "Flooder", "build"]
+__all__ = ["Flooder", "FlooderError", "build"]
 
 SOURCE = Path(__file__).with_name("flooder.c")
 KINDS = ("random", "header")
@@ -72,7 +72,14 @@ class Flooder:
             raise ValueError(f"kind={kind!r}: the flooder sends {' or '.join(KINDS)} junk")
         host, port = address
         self._argv = [
-            str(build()), host, str(port), str(seconds), kind, str(job), str(seed), str(rate)
+            str(build()),
+            host,
+            str(port),
+            str(seconds),
+            kind,
+            str(job),
+            str(seed),
+            str(rate),
         ]
         self._proc: subprocess.Popen[str] | None = None
         self.result: dict[str, Any] | None = None

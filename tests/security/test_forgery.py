@@ -51,16 +51,18 @@ FRAME = struct.Struct(">I")
 
 
 def _config(engine: str, auth: bool, timeout: float = 10.0) -> EndpointConfig:
-    return EndpointConfig(protocol=ProtocolConfig(authenticate=auth), timeout=timeout,
-                          engine=engine)
+    return EndpointConfig(
+        protocol=ProtocolConfig(authenticate=auth), timeout=timeout, engine=engine
+    )
 
 
 def _forged_data(n: int, *, key: bytes | None) -> list[bytes]:
     """Datagrams of message (STEP, MSG) from rank 0 to rank 1, all zeros, as a
     session of the outsider's makes them (the real geometry; tagged with
     ``key``, or untagged)."""
-    s = Session(rank=0, job=JOB, config=ProtocolConfig(authenticate=key is not None), key=key,
-                peers=(0, 1))
+    s = Session(
+        rank=0, job=JOB, config=ProtocolConfig(authenticate=key is not None), key=key, peers=(0, 1)
+    )
     s.send_message(1, np.zeros(n, dtype=np.float32), step=STEP, msg=MSG, now=0.0)
     out: list[bytes] = []
     for item in s.datagrams_to_send(now=0.0, max_batches=10_000):
@@ -77,8 +79,15 @@ def _control_forgeries(src: int) -> list[ControlMessage]:
         Abort(STEP, MSG, src, reason=AbortReason.CANCELLED, by_receiver=True),
         Nack(STEP, MSG, src, round=0, needed_elems=N, ranges=((0, 3),)),
         RateFeedback(STEP, MSG, src, bytes_per_s=1, interval_us=1000),
-        Finish(STEP, MSG, src, round=0, total_chunks=1, protected_chunks=1,
-               class_chunks=(1,) + (0,) * 15),
+        Finish(
+            STEP,
+            MSG,
+            src,
+            round=0,
+            total_chunks=1,
+            protected_chunks=1,
+            class_chunks=(1,) + (0,) * 15,
+        ),
     ]
 
 
@@ -86,8 +95,11 @@ def _say_as(rank: int, port: int, frames: list[bytes], *, proof: bytes = b"") ->
     """Connect to a control port, say hello as ``rank`` (with ``proof`` after it),
     send ``frames``, and return what comes back until the other side closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(HELLO.pack(b"DLCP", JOB, rank) + proof
-                  + b"".join(FRAME.pack(len(f)) + f for f in frames))
+        s.sendall(
+            HELLO.pack(b"DLCP", JOB, rank)
+            + proof
+            + b"".join(FRAME.pack(len(f)) + f for f in frames)
+        )
         s.shutdown(socket.SHUT_WR)
         got = b""
         while chunk := s.recv(4096):  # b"": the endpoint closed the connection
@@ -112,8 +124,9 @@ def black_hole() -> Iterator[PeerAddress]:
 
 
 def _sender(engine: str, auth: bool, peer: PeerAddress) -> Endpoint:
-    return Endpoint(0, {1: peer}, world_size=2, job=JOB, config=_config(engine, auth),
-                    key=KEY if auth else None)
+    return Endpoint(
+        0, {1: peer}, world_size=2, job=JOB, config=_config(engine, auth), key=KEY if auth else None
+    )
 
 
 # ------------------------------------------------------------------ with authentication
@@ -143,7 +156,9 @@ def test_forged_data_and_control_datagrams_are_rejected_and_counted(engine: str)
     assert np.array_equal(received.data, x)
     assert report is not None
     assert stats["rejected"] == {
-        "auth_failed": len(wrong_tag), "auth_required": len(untagged), "bad_type": len(control)
+        "auth_failed": len(wrong_tag),
+        "auth_required": len(untagged),
+        "bad_type": len(control),
     }
     assert stats["peers_gone"] == {}
 
@@ -192,8 +207,9 @@ def test_a_send_under_forged_control_completes_exactly_once_asked_for(engine: st
 def test_control_messages_with_a_wrong_tag_fail_the_sessions_check() -> None:
     """What a forged frame meets if it gets past the hello: the session verifies
     every control message's tag (spec §3) before acting on it."""
-    session = Session(rank=0, job=JOB, config=ProtocolConfig(authenticate=True), key=KEY,
-                      peers=(0, 1))
+    session = Session(
+        rank=0, job=JOB, config=ProtocolConfig(authenticate=True), key=KEY, peers=(0, 1)
+    )
     session.send_message(1, np.ones(N, dtype=np.float32), step=STEP, msg=MSG, now=0.0)
     session.datagrams_to_send(now=0.0, max_batches=10_000)
     forged = _control_forgeries(1)
@@ -207,8 +223,9 @@ def test_control_messages_with_a_wrong_tag_fail_the_sessions_check() -> None:
 # ------------------------------------------------------------------ without authentication
 
 
-def test_the_startup_warning_names_what_forgeries_do(caplog: pytest.LogCaptureFixture,
-                                                     black_hole: PeerAddress) -> None:
+def test_the_startup_warning_names_what_forgeries_do(
+    caplog: pytest.LogCaptureFixture, black_hole: PeerAddress
+) -> None:
     with caplog.at_level(logging.WARNING, logger="dlcp"):
         _sender("python", False, black_hole).close()
     warning = caplog.text

@@ -22,8 +22,7 @@ import pytest
 
 from bench.flooder import Flooder
 from dlcp.errors import PeerTimeout
-from dlcp.io import Endpoint, EndpointConfig
-from dlcp.io import udp
+from dlcp.io import Endpoint, EndpointConfig, udp
 from dlcp.proto.config import ProtocolConfig
 from tests.integration.endpoint_helpers import LocalStore
 
@@ -40,9 +39,7 @@ ENGINES = ["native", "python"]
 
 
 def _pair(engine: str, auth: bool, timeout: float = 20.0) -> tuple[Endpoint, Endpoint]:
-    cfg = EndpointConfig(
-        protocol=ProtocolConfig(authenticate=auth), timeout=timeout, engine=engine
-    )
+    cfg = EndpointConfig(protocol=ProtocolConfig(authenticate=auth), timeout=timeout, engine=engine)
     store = LocalStore()
     key = KEY if auth else None
     sender = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=key)
@@ -86,8 +83,15 @@ def test_transfers_complete_exactly_under_a_junk_flood(engine: str, auth: bool) 
     assert 0 < junk_rejected <= sum(sent.values()), (rejected, sent)
     if auth:  # a header that passed every other rule still lacks a valid tag
         assert set(rejected) <= {
-            "truncated", "bad_version", "bad_type", "wrong_job", "bad_field",
-            "length_mismatch", "out_of_bounds", "auth_required", "auth_failed",
+            "truncated",
+            "bad_version",
+            "bad_type",
+            "wrong_job",
+            "bad_field",
+            "length_mismatch",
+            "out_of_bounds",
+            "auth_required",
+            "auth_failed",
         }
     print(f"{engine} auth={auth}: flood {sent}, rejected {rejected}")
 
