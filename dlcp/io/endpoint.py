@@ -181,6 +181,8 @@ class Endpoint:
         self._control_turn = -math.inf
         #: bytes the current receive handed to the session (the rest was junk)
         self._delivered = 0
+        #: the last receive dropped junk (its backlog is not all data)
+        self._junk_read = False
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
             self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
@@ -481,14 +483,15 @@ class Endpoint:
         turn's wait is then short or none). The data socket's share is bounded
         (:meth:`DataSockets.receive`'s budget), so every turn ends.
 
-        While the data socket keeps a backlog (the receive budget ran out),
-        control messages and timers wait, for at most :data:`_BACKLOG_HOLD` since
-        their last turn: a FINISH or a reorder grace judged before the queued
-        data is read would NACK, or complete by the bound, data that has arrived.
-        A burst drains within that; under a backlog that lasts (a flood)
-        they still run at least that often, so hellos are read and timeouts fire
-        on time whatever the data socket holds. The sockets stay
-        readable: the next turn comes at once."""
+        While the data socket keeps a backlog of data (the receive budget ran
+        out, and its reads dropped no junk), control messages and timers wait,
+        for at most :data:`_BACKLOG_HOLD` since their last turn: a FINISH or a
+        reorder grace judged before the queued data is read would NACK, or
+        complete by the bound, data that has arrived. A burst drains within
+        that; a backlog that lasts still lets them run that often, and one with
+        junk in it (a flood) holds nothing back, so hellos are read, lost data
+        is asked for again and timeouts fire on time whatever the data socket
+        holds. The sockets stay readable: the next turn comes at once."""
         self._on_ready(sel, self._data.recv_sock, "data")
         hold = self._holds_back(time.monotonic())
         for key, _ in ready:
@@ -500,10 +503,15 @@ class Endpoint:
 
     def _holds_back(self, now: float) -> bool:
         """Whether this turn holds control messages and timers back: the data
-        socket has a backlog, and they last had their turn less than
-        :data:`_BACKLOG_HOLD` ago (a flood's backlogs, however often they drain
-        in between, hold them back that long at most)."""
-        if self._data.backlog and now - self._control_turn < _BACKLOG_HOLD:
+        socket has a backlog of data (its last read dropped no junk: waiting for
+        junk to drain saves no NACK), and they last had their turn less than
+        :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
+        back that long at most)."""
+        if (
+            self._data.backlog
+            and not self._junk_read
+            and now - self._control_turn < _BACKLOG_HOLD
+        ):
             return True
         self._control_turn = now
         return False
@@ -535,7 +543,9 @@ class Endpoint:
             self._stats.receive_calls += 1
             start, self._delivered = time.monotonic(), 0
             read = self._data.receive(self._deliver)
-            if screened := self._data.take_screened():  # the pre-filter's drops
+            screened = self._data.take_screened()  # the pre-filter's drops
+            self._junk_read = bool(screened)
+            if screened:
                 for reason, count in screened.items():
                     self._session.stats.reject(reason, count)
                 # the share of the receive spent on junk was capacity for data: the

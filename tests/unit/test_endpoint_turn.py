@@ -27,6 +27,7 @@ class _Turn:
         ep._session = SimpleNamespace(handle_timer=lambda now: self.log.append("timer"))
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
+        ep._junk_read = False
         self.endpoint = ep
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
@@ -68,3 +69,9 @@ def test_a_lasting_backlog_holds_control_and_timers_back_for_a_bounded_time(
     assert turn.run(["control"], timer=0.0)[-2:] == ["timer", "data"]  # held again
     turn.endpoint._data.backlog = False  # drained: nothing held
     assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
+
+
+def test_a_backlog_with_junk_in_it_holds_nothing_back() -> None:
+    turn = _Turn(backlog=True)
+    turn.endpoint._junk_read = True  # the pre-filter dropped some of what was read
+    assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
