@@ -80,6 +80,8 @@ log = logging.getLogger("dlcp.io")
 _ACCEPT_PAUSE = 0.1
 #: seconds a data backlog may hold control messages and timers back (_take_input)
 _BACKLOG_HOLD = 0.1
+#: seconds the I/O thread waits at most for callers to take the lock (_give_way)
+_GIVE_WAY = 0.05
 
 Segments = Sequence[tuple[int, int, int]]
 
@@ -170,6 +172,10 @@ class Endpoint:
         #: guards the session, the sockets and the tables below (module docstring);
         #: re-entrant: a future's callback may send or receive
         self._lock = threading.RLock()
+        #: threads waiting to take the lock for a command, and their signal to the
+        #: I/O thread once they have it (_give_way)
+        self._callers = 0
+        self._lock_wanted = threading.Condition(threading.Lock())
         #: the application thread running a command under the lock (callbacks of
         #: the futures it settles run there too), if one is
         self._holder: int | None = None
@@ -400,7 +406,12 @@ class Endpoint:
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``command`` (a session operation that settles ``fut`` or leaves it
         pending) in this thread, then send what it produced."""
+        with self._lock_wanted:  # the I/O thread lets this caller in (_give_way)
+            self._callers += 1
         with self._lock:
+            with self._lock_wanted:
+                self._callers -= 1
+                self._lock_wanted.notify_all()
             if self._closing:
                 fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
                 return
@@ -436,6 +447,7 @@ class Endpoint:
             sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
         try:
             while not self._closing:
+                self._give_way()
                 with self._lock:
                     before = time.monotonic()
                     timer = self._session.get_timer()
@@ -469,6 +481,15 @@ class Endpoint:
                 sel.close()
                 self._close_sockets()
             self._closed.set()
+
+    def _give_way(self) -> None:
+        """Between turns, let the threads waiting to run a command take the lock
+        first (for at most :data:`_GIVE_WAY` seconds). Python's lock is not fair:
+        an I/O thread with input at every turn (a flood) takes it back before a
+        woken caller runs, which then waits many turns: a ``recv`` posted, and
+        its timeout started, seconds late."""
+        with self._lock_wanted:
+            self._lock_wanted.wait_for(lambda: not self._callers, timeout=_GIVE_WAY)
 
     def _take_input(
         self,
