@@ -5,14 +5,16 @@
 Two endpoints (loopback), the receiver in a process of its own, move
 ``--size``-byte float32 messages back to back, each checked bit for bit by the
 receiver, which confirms it over a pipe before the next is sent. Phases
-alternate, ``--rounds`` times: ``--seconds`` unflooded, then ``--seconds`` while the C flooder
-(``bench/flooder.c``, a process of its own) sends junk of ``--kind`` to the
-receiver's data port at ``--rate`` datagrams a second (0: as fast as its core
-goes). ``ratio`` is the flooded throughput over the unflooded one (bytes moved
-over the phases' summed time), both measured in the same run, alternating so
-that drift on a shared machine hits both alike; the target is at least 0.5.
-The flooder's rate and the receiver's rejection counts say how much junk the
-receiver saw and dropped.
+alternate, ``--rounds`` times: ``--seconds`` unflooded, then ``--seconds``
+while the C flooder (``bench/flooder.c``, a process of its own) sends junk of
+``--kind`` to the receiver's data port at ``--rate`` datagrams a second (0: as
+fast as its core goes). The first ``--settle`` seconds of each flood, when the
+receiver's socket buffer fills with junk and the pacer meets the loss that
+causes, are not timed (transfers go on). ``ratio`` is the flooded throughput
+over the unflooded one (bytes moved over the phases' summed time), both
+measured in the same run, alternating so that drift on a shared machine hits
+both alike; the target is at least 0.5. The flooder's rate and the receiver's
+rejection counts say how much junk the receiver saw and dropped.
 
 A second figure isolates the receive path's cost of one junk datagram:
 ``--junk`` datagrams of the flood's kind are queued in a data socket, then
@@ -173,6 +175,7 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
                 if phase == "flooded":
                     target = (rx_address.host, rx_address.data_port)
                     with Flooder(target, kind=args.kind, job=JOB, rate=args.rate) as flood:
+                        step += _transfers(tx, ours, x, args.settle, step)  # (not counted)
                         start = time.monotonic()
                         n = _transfers(tx, ours, x, args.seconds, step)
                         elapsed = time.monotonic() - start
@@ -274,6 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "auth": args.auth,
         "rate": args.rate,
         "seconds": args.seconds,
+        "settle": args.settle,
         "rounds": args.rounds,
         "cpus": os.cpu_count(),
     }
@@ -302,6 +306,12 @@ def _parser(prog: str = "python -m bench.flood") -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=1 << 20, help="message bytes (default 1 MiB)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per phase (default 3)")
     p.add_argument("--rounds", type=int, default=3, help="unflooded/flooded pairs (default 3)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0.5,
+        help="seconds of flood before a flooded phase is timed (default 0.5)",
+    )
     p.add_argument("--kind", choices=KINDS, default="header", help="junk (default header)")
     p.add_argument("--rate", type=float, default=0, help="junk datagrams/s (default 0: max)")
     p.add_argument("--junk", type=int, default=20_000, help="datagrams of the cost figure")
