@@ -13,7 +13,11 @@ receiver's socket buffer fills with junk and the pacer meets the loss that
 causes, are not timed (transfers go on). ``ratio`` is the flooded throughput
 over the unflooded one (bytes moved over the phases' summed time), both
 measured in the same run, alternating so that drift on a shared machine hits
-both alike; the target is at least 0.5. The flooder's rate and the receiver's
+both alike; the target is at least 0.5. A third phase sends the same flood
+to a socket nobody reads (``decoy``): the flooder's load on the machine without
+junk at the receiver. ``ratio_decoy`` (decoy over unflooded) is what the
+flooder's use of the CPUs costs by itself, ``ratio_to_decoy`` (flooded over
+decoy) what the junk costs the receiver beyond that. The flooder's rate and the receiver's
 rejection counts say how much junk the receiver saw and dropped.
 
 A second figure isolates the receive path's cost of one junk datagram:
@@ -58,6 +62,10 @@ from dlcp.proto.session import Session
 from dlcp.proto.wire import AUTH_TAG_LEN
 
 JOB = 0x2A7
+#: the throughput phases of a round: no flood, the flood sent to a socket nobody
+#: reads (the flooder's load on the machine without junk at the receiver), the
+#: flood sent to the receiver
+PHASES = ("unflooded", "decoy", "flooded")
 KEY = bytes(range(100, 132))
 
 
@@ -154,8 +162,12 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
     store = _Addresses()
     tx = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=KEY if args.auth else None)
     x = _message(args.size)
-    moved = {"unflooded": 0, "flooded": 0}
-    spent = {"unflooded": 0.0, "flooded": 0.0}
+    moved = dict.fromkeys(PHASES, 0)
+    spent = dict.fromkeys(PHASES, 0.0)
+    # the decoy phase's target: a socket nobody reads (the flooder's work, no junk at
+    # the receiver)
+    decoy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    decoy.bind(("127.0.0.1", 0))
     rates: list[float] = []
     step = 0
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
@@ -171,20 +183,21 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         )
         step += _transfers(tx, ours, x, 0.5, step)  # warm-up, not counted
         for _ in range(args.rounds):
-            for phase in ("unflooded", "flooded"):
-                if phase == "flooded":
-                    target = (rx_address.host, rx_address.data_port)
+            for phase in PHASES:
+                if phase == "unflooded":
+                    start = time.monotonic()
+                    n = _transfers(tx, ours, x, args.seconds, step)
+                    elapsed = time.monotonic() - start
+                else:  # the junk goes to the receiver, or to the decoy
+                    receiver = (rx_address.host, rx_address.data_port)
+                    target = decoy.getsockname() if phase == "decoy" else receiver
                     with Flooder(target, kind=args.kind, job=JOB, rate=args.rate) as flood:
                         step += _transfers(tx, ours, x, args.settle, step)  # (not counted)
                         start = time.monotonic()
                         n = _transfers(tx, ours, x, args.seconds, step)
                         elapsed = time.monotonic() - start
-                    if flood.result is not None:
+                    if flood.result is not None and phase == "flooded":
                         rates.append(flood.result["rate"])
-                else:
-                    start = time.monotonic()
-                    n = _transfers(tx, ours, x, args.seconds, step)
-                    elapsed = time.monotonic() - start
                 step += n
                 moved[phase] += n * x.nbytes
                 spent[phase] += elapsed
@@ -197,6 +210,7 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         engine = tx.engine
     finally:
         tx.close()
+        decoy.close()
         child.join(timeout=30)
         if child.is_alive():  # (our own child, by its handle)
             child.terminate()
@@ -206,7 +220,10 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         "engine": engine,
         "unflooded_gbps": round(gbps["unflooded"], 4),
         "flooded_gbps": round(gbps["flooded"], 4),
+        "decoy_gbps": round(gbps["decoy"], 4),
         "ratio": round(gbps["flooded"] / gbps["unflooded"], 3),
+        "ratio_decoy": round(gbps["decoy"] / gbps["unflooded"], 3),
+        "ratio_to_decoy": round(gbps["flooded"] / gbps["decoy"], 3),
         "flood_rate": round(statistics.median(rates)) if rates else None,
         "rejected": stats["rejected"],
         "peers_gone": stats["peers_gone"],
@@ -295,6 +312,9 @@ def table(r: dict[str, Any]) -> str:
             f"auth {'on' if r['auth'] else 'off'}, {r['cpus']} cpus",
             f"  unflooded {r['unflooded_gbps']:.3f} GB/s  flooded {r['flooded_gbps']:.3f} GB/s  "
             f"ratio {r['ratio']:.2f} (target >= 0.5)",
+            f"  flooding a decoy socket instead {r['decoy_gbps']:.3f} GB/s: ratio "
+            f"{r['ratio_decoy']:.2f} (the flooder's share of the machine); flooded / decoy "
+            f"{r['ratio_to_decoy']:.2f} (the junk's cost at the receiver)",
             f"  one junk datagram: {r['reject_us_prefilter']:.2f} us CPU with the pre-filter, "
             f"{r['reject_us_parser']:.2f} us through the parser ({r['reject_speedup']}x)",
         ]
@@ -305,7 +325,7 @@ def _parser(prog: str = "python -m bench.flood") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=1 << 20, help="message bytes (default 1 MiB)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per phase (default 3)")
-    p.add_argument("--rounds", type=int, default=3, help="unflooded/flooded pairs (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (default 3)")
     p.add_argument(
         "--settle",
         type=float,
