@@ -171,3 +171,26 @@ def test_datagrams_of_other_element_types_pass_with_their_own_size(dtype: DType)
     buf = np.frombuffer(d, dtype=np.uint8).copy()
     assert udp._udpio.filter_runs(buf, [(0, len(d), len(d))], JOB, False, AUTH_TAG_LEN, counts)
     assert not counts.any()
+
+
+def test_a_receive_reads_past_junk_to_the_data_queued_behind_it() -> None:
+    """Junk the pre-filter drops does not count against the reads a receive may
+    make (udp._MAX_READS) up to udp._MAX_ALL_READS: the genuine datagram behind
+    more junk than _MAX_READS arrives in the same call."""
+    rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=64 << 20, sndbuf=1 << 20)
+    try:
+        rx.screen(job=JOB, require_auth=False, tag_len=AUTH_TAG_LEN)
+        junk = udp._MAX_READS + 500
+        assert junk < udp._MAX_ALL_READS
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for _ in range(junk):
+                tx.sendto(b"\x21" + bytes(40), rx.address)
+            tx.sendto(_genuine(0), rx.address)
+        got: list[bytes] = []
+        # every datagram is queued on loopback once sendto returned
+        rx.receive(lambda buf, seg: got.append(buf.tobytes()))
+        assert got == [_genuine(0)]
+        assert rx.take_screened() == {"bad_version": junk}
+        assert not rx.backlog
+    finally:
+        rx.close()
