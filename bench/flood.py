@@ -51,8 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.flooder import KINDS, Flooder, FlooderError
-from bench.outcome import finish
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.peers import PeerAddress
 from dlcp.io.records import Received
@@ -60,6 +58,9 @@ from dlcp.io.udp import DataSockets
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
 from dlcp.proto.wire import AUTH_TAG_LEN
+
+from .flooder import KINDS, Flooder, FlooderError
+from .outcome import finish
 
 JOB = 0x2A7
 #: the throughput phases of a round: no flood, the flood sent to a socket nobody

@@ -147,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
     bench.add_argument(
         "which",
-        choices=["core", "transport", "ddp", "allreduce", "messages"],
+        choices=["core", "transport", "ddp", "allreduce", "messages", "flood"],
         help="the benchmark (docs/benchmarks.md); `dlcp bench NAME --help` lists its options",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
