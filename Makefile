@@ -68,8 +68,8 @@ demo-transport: $(DEMO_STAMP)
 	$(BIN)/dlcp demo
 
 lint: setup
-	$(BIN)/ruff check dlcp shims testbed tests bench examples
-	$(BIN)/mypy dlcp
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -q
@@ -103,7 +103,7 @@ sanitize: setup
 	  tests/integration/test_halving.py
 
 bench: $(DEMO_STAMP)
-	$(BIN)/python -m bench.core --json
+	$(BIN)/python -m dlcp.bench.core --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build

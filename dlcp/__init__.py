@@ -10,34 +10,35 @@ __version__ = "0.1.0"
 
 
 def _register_torch_backend() -> None:
-    # torch.distributed backend "dlcp" (dlcp.shims.process_group), registered once torch
-    # is loaded: this never imports torch (see dlcp.shims.register_when_torch_loads)
-    import importlib
+    # The torch.distributed backend "dlcp" lives in the package shims (whose modules import
+    # dlcp, hence the import here, not at the top). Registered now if torch is loaded;
+    # otherwise torch's plugin hook (the torch.backends entry point) registers it when
+    # torch loads, and only with that hook switched off does this import torch: see
+    # shims.register_for_import_of_dlcp and docs/usage.md.
+    from shims import register_for_import_of_dlcp
 
-    importlib.import_module("dlcp.shims").register_when_torch_loads()
+    register_for_import_of_dlcp()
 
 
 _register_torch_backend()
 
-#: names from the I/O layer, imported on first use: ``import dlcp`` (and the
-#: protocol core with it) stays free of sockets and threads
-_LAZY = {
-    "Endpoint": "dlcp.io",
-    "EndpointConfig": "dlcp.io",
-    "Communicator": "dlcp.collectives",
-    "ConfigError": "dlcp.errors",
-    "PeerTimeout": "dlcp.errors",
-    "TransferFailed": "dlcp.errors",
-}
-
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dlcp' has no attribute {name!r}")
-    import importlib
+    """Names from the I/O layer, imported on first use: ``import dlcp`` (and the
+    protocol core with it) stays free of sockets and threads."""
+    if name in ("Endpoint", "EndpointConfig"):
+        from . import io
 
-    return getattr(importlib.import_module(module), name)
+        return getattr(io, name)
+    if name == "Communicator":
+        from .collectives import Communicator
+
+        return Communicator
+    if name in ("ConfigError", "PeerTimeout", "TransferFailed"):
+        from . import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'dlcp' has no attribute {name!r}")
 
 
 __all__ = [

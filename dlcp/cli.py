@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Callable
 
@@ -157,10 +156,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sync.add_argument("action", choices=["run", "suite"],
                       help="run: the schemes given (--scheme NAME); suite: every scheme, 3 seeds")
-    sync.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m bench.sync")
+    sync.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m dlcp.bench.sync")
 
-    # testbed/ is installed as dlcp.testbed (package-dir): imported by name
-    importlib.import_module("dlcp.testbed.cli").add_parser(sub)
+    # dlcp does not depend on the testbed: the testbed's commands are imported here and
+    # in main(), when the command line is built or run, never by importing dlcp
+    from testbed.cli import add_parser as add_testbed_parser
+
+    add_testbed_parser(sub)
     from .switch.cli import add_parser as add_switch_parser
 
     add_switch_parser(sub)
@@ -181,6 +183,23 @@ def _describe(ap: argparse.ArgumentParser) -> None:
                 if sub.description is None and helps.get(name):
                     sub.description = helps[name]
                 _describe(sub)
+
+
+def _bench_main(which: str) -> Callable[..., int]:
+    """The ``main`` of benchmark ``which`` (one of ``dlcp bench``'s choices)."""
+    if which == "core":
+        from .bench.core import main
+    elif which == "transport":
+        from .bench.transport import main
+    elif which == "ddp":
+        from .bench.ddp import main
+    elif which == "allreduce":
+        from .bench.allreduce import main
+    elif which == "messages":
+        from .bench.messages import main
+    else:
+        raise ValueError(f"no benchmark {which!r}")
+    return main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,17 +239,18 @@ def main(argv: list[str] | None = None) -> int:
             results=args.results,
         )
     if args.command == "bench":
-        # bench/ is installed as dlcp.bench (package-dir), so it is imported by name
-        bench = importlib.import_module(f"dlcp.bench.{args.which}")
-        return int(bench.main(args.args, prog=f"dlcp bench {args.which}"))
+        return _bench_main(args.which)(args.args, prog=f"dlcp bench {args.which}")
     if args.command == "sync":
-        bench_sync = importlib.import_module("dlcp.bench.sync")
+        from .bench import sync as bench_sync
+
         extra = list(args.args)
         if args.action == "suite" and "--seeds" not in extra:
             extra = ["--seeds", "3", *extra]
         return int(bench_sync.main(extra, prog=f"dlcp sync {args.action}"))
     if args.command == "testbed":
-        return int(importlib.import_module("dlcp.testbed.cli").main(args))
+        from testbed.cli import main as testbed_main
+
+        return testbed_main(args)
     if args.command == "switch":
         from .switch.cli import main as switch_main
 

@@ -12,7 +12,7 @@ Times are the emulator's virtual clock (per-path delay, timers; no bandwidth
 model), not wall-clock time: ``received ms`` is when the receiver had each
 bucket, after the sender began it. Without a bandwidth model a retransmission
 costs only its path delay, so the bound buys no time here; on a loaded link it
-does (the benchmarks in ``bench/`` measure speed).
+does (the benchmarks in ``dlcp/bench/`` measure speed).
 """
 
 from __future__ import annotations

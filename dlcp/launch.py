@@ -1,7 +1,7 @@
 """``dlcp launch``: start N local ranks the way ``torchrun`` does, and watch them.
 
     dlcp launch -n 4 examples/train_digits.py --epochs 3
-    dlcp launch -n 4 -m dlcp.examples.train_digits --transport gloo
+    dlcp launch -n 4 examples/train_digits.py --transport gloo
 
 Every rank is a child process of this one, started with torchrun's ``env://``
 variables: ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` (a free port unless

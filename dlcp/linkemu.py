@@ -85,13 +85,12 @@ class LossyLink:
         heapq.heappush(self._queue, (when, self._order, dst, data))
 
     def transmit(self, src: int, item: Transmit, *, now: float) -> None:
-        """Put one output of session ``src`` on the link (a session that paces
-        itself: the link has no engine for whole rounds)."""
-        if isinstance(item, RoundPost | RoundRelease):
-            raise TypeError(
-                f"rank {src}: the emulated link takes sessions that pace themselves, "
-                "not whole rounds (whole_rounds=False)"
-            )
+        """Put one output of session ``src`` on the link. A whole round (a
+        session made with ``whole_rounds=True``) goes at once, as an unpaced
+        engine would send it, and is reported sent; its release is acted on."""
+        if isinstance(item, RoundRelease):
+            self.sessions[src].release_round(item.dst, step=item.step, msg=item.msg)
+            return
         if isinstance(item, ControlDatagram):
             self.stats.control_sent += 1
             if self.control_loss and self.rng.random() < self.control_loss:
@@ -99,29 +98,43 @@ class LossyLink:
                 return
             self._push(now + self.control_delay, item.dst, item.data)
             return
+        if isinstance(item, RoundPost):
+            datagrams = [item.datagram(i) for i in range(item.count)]
+            self._carry(item.dst, datagrams, item.path[: item.count].tolist(), now)
+            self.sessions[src].round_sent(
+                item.dst, step=item.step, msg=item.msg, began=(now, 0), last=(now, 0), now=now
+            )
+            return
         raw = item.data.tobytes()
         seg = item.segment_size
         datagrams = [raw[i : i + seg] for i in range(0, len(raw), seg)]
-        loss = self._path_loss(item.path)
-        drops = self.rng.random(len(datagrams)) < loss
+        self._carry(item.dst, datagrams, [item.path] * len(datagrams), now)
+
+    def _carry(self, dst: int, datagrams: list[bytes], paths: list[int], now: float) -> None:
+        """Data datagrams to ``dst``, each on its path: dropped, delayed,
+        reordered and duplicated as the link is set up to."""
+        drops = self.rng.random(len(datagrams)) < np.array([self._path_loss(p) for p in paths])
         if self.drop_filter is not None:
             drops |= np.array([self.drop_filter(d) for d in datagrams], dtype=np.bool_)
         self.stats.data_sent += len(datagrams)
         self.stats.data_dropped += int(drops.sum())
         ps, pd = self.stats.per_path_sent, self.stats.per_path_dropped
-        ps[item.path] = ps.get(item.path, 0) + len(datagrams)
-        pd[item.path] = pd.get(item.path, 0) + int(drops.sum())
-        base = now + self.delay * (1 + item.path * 0.1)  # paths differ a little in delay
+        for path, dropped in zip(paths, drops.tolist(), strict=True):
+            ps[path] = ps.get(path, 0) + 1
+            pd[path] = pd.get(path, 0) + int(dropped)
         for i, d in enumerate(datagrams):
             if drops[i]:
                 continue
-            when = base + (self.rng.random() * self.jitter if self.jitter else 0.0)
+            # paths differ a little in delay
+            when = now + self.delay * (1 + paths[i] * 0.1)
+            if self.jitter:
+                when += self.rng.random() * self.jitter
             if self.reorder:
                 when += self.rng.random() * self.delay
-            self._push(when, item.dst, d)
+            self._push(when, dst, d)
             if self.duplicate and self.rng.random() < self.duplicate:
                 self.stats.data_duplicated += 1
-                self._push(when + self.rng.random() * self.delay, item.dst, d)
+                self._push(when + self.rng.random() * self.delay, dst, d)
 
     def pump(self, *, now: float) -> None:
         """Collect every session's output at ``now``."""

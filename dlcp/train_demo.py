@@ -1,12 +1,12 @@
 """``dlcp train-demo``: the main job. Digits CNN on N local ranks, DLCP then Gloo.
 
-Runs :mod:`dlcp.examples.train_digits` twice through :func:`dlcp.launch.launch`:
-first over DLCP (the comm hook, bounded loss ``p``, ``loss`` of the received
-data datagrams dropped by the endpoints' in-process loss EMULATOR), then over
-Gloo (plain DDP, no emulated loss: Gloo's TCP would only retransmit). Each run
-writes its per-epoch figures to ``<results>/digits_<transport>.json``; this
-module prints them side by side and plots them to
-``<results>/digits_dlcp_vs_gloo.png``.
+Runs ``examples/train_digits.py`` (a script of the source tree, run by path) twice
+through :func:`dlcp.launch.launch`: first over DLCP (the comm hook, bounded loss
+``p``, ``loss`` of the received data datagrams dropped by the endpoints' in-process
+loss EMULATOR), then over Gloo (plain DDP, no emulated loss: Gloo's TCP would only
+retransmit). Each run writes its per-epoch figures to
+``<results>/digits_<transport>.json``; this module prints them side by side and
+plots them to ``<results>/digits_dlcp_vs_gloo.png``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,28 @@ from typing import Any
 
 from .launch import launch
 
-__all__ = ["main", "plot"]
+__all__ = ["ExampleMissing", "example_script", "main", "plot"]
 
 PNG_NAME = "digits_dlcp_vs_gloo.png"
+
+#: examples/ beside this package in the source tree: scripts, not installed
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class ExampleMissing(FileNotFoundError):
+    """The example script is not there (an install without the source tree)."""
+
+
+def example_script(name: str) -> Path:
+    """The path of ``examples/<name>``, run by path; it comes with the source tree
+    (``pip install -e .``), not with an installed wheel."""
+    path = EXAMPLES / name
+    if not path.is_file():
+        raise ExampleMissing(
+            f"examples/{name} not found at {path}: it is a script of DLCP's source tree, "
+            "run from a checkout (pip install -e .)"
+        )
+    return path
 
 
 def _run(
@@ -44,7 +63,7 @@ def _run(
         else "Gloo (TCP, no loss)"
     )
     print(f"\n== {nproc} ranks over {what}", flush=True)
-    cmd = [sys.executable, "-u", "-m", "dlcp.examples.train_digits", *args]
+    cmd = [sys.executable, "-u", str(example_script("train_digits.py")), *args]
     result = launch(cmd, nproc, env=env)
     if result.returncode != 0:
         print(f"dlcp train-demo: {transport} run failed: {result.message}", file=sys.stderr)
@@ -146,6 +165,11 @@ def main(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"dlcp train-demo: cannot use --results {results}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        example_script("train_digits.py")
+    except ExampleMissing as exc:
+        print(f"dlcp train-demo: {exc}", file=sys.stderr)
         return 2
     runs: dict[str, dict[str, Any]] = {}
     for transport in ("dlcp", "gloo"):

@@ -102,7 +102,7 @@ def _env_defaults() -> None:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     _env_defaults()
     if args.backend == "dlcp":
-        import dlcp.shims.process_group  # noqa: F401  (registers the backend)
+        import shims.process_group  # noqa: F401  (registers the backend)
     dist.init_process_group(args.backend, timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 4 examples/train_digits.py --transport dlcp
     dlcp launch -n 4 examples/train_digits.py --transport gloo --json gloo.json
-    DLCP_EMULATED_LOSS=0.01 dlcp launch -n 4 -m dlcp.examples.train_digits --p 0.05
+    DLCP_EMULATED_LOSS=0.01 dlcp launch -n 4 examples/train_digits.py --p 0.05
 
 The data is ``sklearn.datasets.load_digits`` (1797 8x8 images that ship inside
 scikit-learn; nothing is downloaded), split once into 80 % training and 20 %
@@ -13,7 +13,7 @@ number of steps, as DDP needs).
 
 ``--transport gloo`` is plain DDP over Gloo (its ring all-reduce); with
 ``--collective ps`` the gradients go through a parameter server on rank 0
-over Gloo's point-to-point TCP instead (:mod:`dlcp.shims.tcp_ps`, the TCP
+over Gloo's point-to-point TCP instead (:mod:`shims.tcp_ps`, the TCP
 baseline of DLCP's parameter server). ``--transport dlcp`` still creates
 a Gloo process group (for what DDP does outside the gradient all-reduce: the
 initial broadcast of the parameters) and registers the DLCP comm hook, so the
@@ -168,7 +168,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ddp = nn.parallel.DistributedDataParallel(model)
     state = None
     if args.transport == "dlcp":
-        from dlcp.shims.ddp import DLCPState, dlcp_hook
+        from shims.ddp import DLCPState, dlcp_hook
 
         state = DLCPState(
             model=ddp,
@@ -182,7 +182,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
         ddp.register_comm_hook(state, dlcp_hook)
     elif args.collective == "ps":
-        from dlcp.shims.tcp_ps import TcpPsState, tcp_ps_hook
+        from shims.tcp_ps import TcpPsState, tcp_ps_hook
 
         ddp.register_comm_hook(TcpPsState(server=0), tcp_ps_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)

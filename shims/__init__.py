@@ -1,23 +1,37 @@
-"""Framework adapters (DDP comm hook, process group), installed as dlcp.shims.
+"""Framework adapters (DDP comm hook, process group): the package ``shims``.
 
-Importing this package does not import torch. :func:`register` makes
-``torch.distributed.init_process_group(backend="dlcp")`` available (it imports
-torch); :func:`register_when_torch_loads`, which ``import dlcp`` calls, does the
-same without importing torch: at once if torch is loaded already, otherwise
-right after the program's own ``import torch`` has finished.
+Importing this package does not import torch (nor dlcp). The torch.distributed
+backend ``"dlcp"`` is registered by :func:`register` (which imports
+torch.distributed), reached in one of these ways (docs/usage.md):
+
+* torch's plugin hook: DLCP's install declares the entry point
+  ``dlcp = "shims:torch_autoload"`` in the ``torch.backends`` group
+  (pyproject.toml), which ``import torch`` loads and calls once torch.distributed
+  is set up (``torch._import_device_backends``), unless
+  ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``. Any program of this environment that
+  imports torch then has the backend, with or without ``import dlcp``;
+* ``import dlcp`` (:func:`register_for_import_of_dlcp`): registers at once if
+  torch.distributed is loaded already; if torch is not loaded and its plugin hook
+  is switched off, it imports torch to register (torch offers no other supported
+  way to run code after a later ``import torch``);
+* ``import shims.process_group``, or :func:`register` called by the program.
 """
 
 from __future__ import annotations
 
-import importlib.abc
+import os
 import sys
 import warnings
-from collections.abc import Sequence
-from importlib.machinery import ModuleSpec
-from types import ModuleType
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BACKEND", "register", "register_when_torch_loads"]
+__all__ = [
+    "BACKEND",
+    "autoload_enabled",
+    "register",
+    "register_for_import_of_dlcp",
+    "torch_autoload",
+]
 
 #: the torch.distributed backend name
 BACKEND = "dlcp"
@@ -44,18 +58,26 @@ def _create_group(backend_opts: Any, pg_options: Any) -> Any:
     return create_group(backend_opts, pg_options)
 
 
-def register_when_torch_loads() -> None:
-    """Register the backend now if torch is loaded, else once ``import torch`` completes.
+def torch_autoload() -> None:
+    """The ``torch.backends`` entry point: torch calls it while ``import torch`` runs,
+    after torch.distributed is set up. It never raises: torch would turn an
+    exception into a failing ``import torch`` for every program of the environment."""
+    _register_quietly()
 
-    Never imports torch, never raises: a torch without torch.distributed gets a
-    warning, not a failing ``import dlcp``.
-    """
-    if "torch.distributed" in sys.modules:
+
+def autoload_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``import torch`` runs the ``torch.backends`` entry points (torch reads
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD``; only ``"1"``, the default, enables them)."""
+    return environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
+
+
+def register_for_import_of_dlcp() -> None:
+    """What ``import dlcp`` does: register now if torch.distributed is loaded;
+    otherwise leave it to torch's plugin hook, or, with the hook switched off,
+    import torch.distributed and register now. Never raises (a torch without
+    torch.distributed gets a warning, not a failing ``import dlcp``)."""
+    if "torch.distributed" in sys.modules or not autoload_enabled():
         _register_quietly()
-    elif "torch" not in sys.modules and not any(
-        isinstance(f, _AfterTorchImport) for f in sys.meta_path
-    ):
-        sys.meta_path.insert(0, _AfterTorchImport())
 
 
 def _register_quietly() -> None:
@@ -67,49 +89,3 @@ def _register_quietly() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-
-
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Finds ``torch`` through the other finders and wraps its loader, so that the
-    backend is registered right after torch's ``__init__`` has run. It leaves
-    ``sys.meta_path`` once torch is loaded (a mere ``find_spec("torch")`` probe
-    does not disarm it)."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname != "torch":
-            return None
-        for finder in list(sys.meta_path):
-            find = None if finder is self else getattr(finder, "find_spec", None)
-            spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None:
-            spec.loader = _RegisterAfterExec(spec.loader, self)
-        return spec
-
-
-class _RegisterAfterExec(importlib.abc.Loader):
-    def __init__(self, inner: Any, finder: _AfterTorchImport) -> None:
-        self._inner = inner
-        self._finder = finder
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self._inner.create_module(spec)
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        # torch sees its own loader
-        module.__loader__ = self._inner
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._inner
-        self._inner.exec_module(module)
-        if self._finder in sys.meta_path:
-            sys.meta_path.remove(self._finder)
-        _register_quietly()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)

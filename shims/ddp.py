@@ -1,6 +1,6 @@
 """DDP communication hook over DLCP, in the style of torch's ddp_comm_hooks.
 
-    from dlcp.shims.ddp import DLCPState, dlcp_hook
+    from shims.ddp import DLCPState, dlcp_hook
 
     state = DLCPState(model=ddp_model, p=0.05, collective="ring")  # or its .module
     ddp_model.register_comm_hook(state, dlcp_hook)
@@ -10,7 +10,7 @@ at once, so backward never waits on the network. They run the collectives one
 bucket at a time, in the order DDP hands them over (the same on every rank),
 average over the world size, and complete the future with the bucket tensor.
 The thread that reduced a bucket passes the turn on before it completes the
-future (:class:`~dlcp.shims.pg_serve.OrderedServers`, as the process group
+future (:class:`~shims.pg_serve.OrderedServers`, as the process group
 does), so a callback chained to the future may submit another bucket and wait
 for it, as torch's PowerSGD hook does with its all-reduces; with one thread
 that waited for itself for ever. Each parameter's layer index comes from the
@@ -39,19 +39,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import (
+# torch.distributed re-exports GradBucket from here without declaring it to type checkers
+from torch._C._distributed_c10d import GradBucket
+
+from dlcp.collectives import (
     DIRECT_MAX_BYTES,
     Communicator,
     allreduce,
     halving_doubling_allreduce,
     ps_allreduce,
 )
-from ..collectives.comm import CollectiveReport, check_reduce_fill
-from ..collectives.halving import is_power_of_two
-from ..collectives.ps import check_roles
-from ..io.endpoint import Endpoint
-from ..proto.config import FillPolicy
-from ..proto.wire import MAX_LOSS_BOUND
+from dlcp.collectives.comm import CollectiveReport, check_reduce_fill
+from dlcp.collectives.halving import is_power_of_two
+from dlcp.collectives.ps import check_roles
+from dlcp.io.endpoint import Endpoint
+from dlcp.proto.config import FillPolicy
+from dlcp.proto.wire import MAX_LOSS_BOUND
+
 from .metrics import StepMetrics, Tracer, rank_path
 from .pg_serve import OrderedServers
 
@@ -141,7 +145,7 @@ class DLCPState:
         check_reduce_fill(self._fill, "DLCPState")
         created = self.endpoint is None
         if self.endpoint is None:
-            from ..rendezvous import connect
+            from dlcp.rendezvous import connect
 
             env = None
             if dist.is_initialized():  # (its init_method may have set no env:// variable)
@@ -235,7 +239,7 @@ class DLCPState:
             )
         ready = None
         if tensor.is_cuda:  # pragma: no cover - no GPU here
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # (unannotated in torch)
             ready.record(torch.cuda.current_stream(tensor.device))
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
@@ -283,7 +287,8 @@ class DLCPState:
             self.metrics.add_failure(last_bucket=job.last)
             # (a torch future takes an Exception only: anything else killed this thread)
             error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-            return functools.partial(job.future.set_exception, error)
+            # (torch's stub types set_exception's argument as the future's value type)
+            return functools.partial(job.future.set_exception, error)  # type: ignore[arg-type]
         return functools.partial(job.future.set_result, job.tensor)
 
     def _reduce(self, job: _Job) -> CollectiveReport:
@@ -337,7 +342,7 @@ class DLCPState:
         )
 
 
-def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def dlcp_hook(state: DLCPState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket across ranks over DLCP."""
     tensor = bucket.buffer()
     segments = state.segments_for(bucket.parameters())

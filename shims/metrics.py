@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..collectives.comm import CollectiveReport
+from dlcp.collectives.comm import CollectiveReport
 
 __all__ = ["StepMetrics", "StepSummary", "Tracer", "rank_path"]
 

@@ -1,6 +1,6 @@
 """The process group's barriers: ``barrier`` and ``monitored_barrier``.
 
-A mixin of :class:`~dlcp.shims.process_group.DLCPProcessGroup`.
+A mixin of :class:`~shims.process_group.DLCPProcessGroup`.
 
 ``barrier`` is a collective, queued behind every operation issued before it:
 each rank sends a one-byte token to every other rank and waits for theirs
@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..collectives import CollectiveReport
-from ..collectives.comm import ReportBuilder, cancel_all
-from ..errors import PeerTimeout
-from ..proto.config import FillPolicy
+from dlcp.collectives import CollectiveReport
+from dlcp.collectives.comm import ReportBuilder, cancel_all
+from dlcp.errors import PeerTimeout
+from dlcp.proto.config import FillPolicy
+
 from .pg_tensors import DLCPWork, TensorList
 from .pg_timeouts import DLCPTimeout, timed_out
 
 if TYPE_CHECKING:
-    from ..collectives import Communicator
-    from ..io.endpoint import Endpoint
+    from dlcp.collectives import Communicator
+    from dlcp.io.endpoint import Endpoint
 
 __all__ = ["MONITORED_CHANNEL", "Barriers"]
 

@@ -1,6 +1,6 @@
 """The process group's coalesced operations and torch's group bookkeeping.
 
-A mixin of :class:`~dlcp.shims.process_group.DLCPProcessGroup`: the coalesced
+A mixin of :class:`~shims.process_group.DLCPProcessGroup`: the coalesced
 forms of its operations queue one operation per tensor and return one work for
 all of them; ``dist._coalescing_manager`` and the functional collectives (which
 find a group by its name) work on top of that.
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.distributed_c10d import GroupName
 
 from .pg_tensors import DLCPWork, TensorList
 
@@ -36,7 +37,7 @@ class CoalescingAndNames:
             calls: int = 1,
         ) -> DLCPWork: ...  # fmt: skip
 
-    def _set_group_name(self, name: str) -> None:
+    def _set_group_name(self, name: GroupName) -> None:
         """torch names each group it makes. A pure-Python group has no device
         backend to keep the name in, so torch's setter kept nothing, and
         ``group_name`` (read by destroy_process_group(group) and the functional
@@ -45,8 +46,8 @@ class CoalescingAndNames:
         super()._set_group_name(name)  # type: ignore[misc]
 
     @property
-    def group_name(self) -> str:
-        name: str | None = getattr(self, "_group_name", None)
+    def group_name(self) -> GroupName:
+        name: GroupName | None = getattr(self, "_group_name", None)
         if name is None:
             raise RuntimeError("dlcp process group: torch has not named this group yet")
         return name

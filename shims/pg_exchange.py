@@ -3,7 +3,7 @@
 collectives (``all_to_all_single`` with equal or uneven splits, ``all_to_all``)
 and the sparse all-reduce of DDP's sparse gradients.
 
-A mixin of :class:`~dlcp.shims.process_group.DLCPProcessGroup`. The all-to-alls
+A mixin of :class:`~shims.process_group.DLCPProcessGroup`. The all-to-alls
 and the sparse all-reduce are collectives: queued in call order like the
 others, their messages exact (``p = 0``) byte messages. A sparse all-reduce
 coalesces each rank's tensor, all-gathers the number of entries, then the
@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._C._distributed_c10d import ReduceOp
 
-from ..collectives import CollectiveReport
-from ..collectives.comm import ReportBuilder
+from dlcp.collectives import CollectiveReport
+from dlcp.collectives.comm import ReportBuilder
+
 from .pg_p2p import PointToPoint
 from .pg_tensors import DLCPWork, HostTensor, TensorList, check_tensors
 
 if TYPE_CHECKING:
-    from ..collectives import Communicator
+    from dlcp.collectives import Communicator
+
     from .pg_transport import GroupTransport
 
 __all__ = ["Exchanges"]

@@ -14,11 +14,11 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore
 
-from ..collectives import DIRECT_MAX_BYTES
-from ..collectives.comm import check_reduce_fill
-from ..errors import ConfigError
-from ..proto.config import FillPolicy
-from ..proto.wire import MAX_LOSS_BOUND
+from dlcp.collectives import DIRECT_MAX_BYTES
+from dlcp.collectives.comm import check_reduce_fill
+from dlcp.errors import ConfigError
+from dlcp.proto.config import FillPolicy
+from dlcp.proto.wire import MAX_LOSS_BOUND
 
 __all__ = ["DLCPOptions", "rendezvous_env", "store_host"]
 

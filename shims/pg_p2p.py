@@ -51,8 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import PeerTimeout
-from ..io.endpoint import Endpoint, Received
+from dlcp.errors import PeerTimeout
+from dlcp.io.endpoint import Endpoint, Received
+
 from .pg_serve import OrderedServers
 from .pg_tensors import MAX_PART_BYTES, DLCPWork, HostTensor, check_tensors
 from .pg_timeouts import timed_out
@@ -309,7 +310,7 @@ class PointToPoint:
         except Exception as exc:
             exc.add_note(f"in dlcp process group operation {r.op} on rank {self.rank}")
             return functools.partial(r.future.set_exception, exc)
-        r.work.source_rank = arrival.src
+        r.work.received_from = arrival.src
         return functools.partial(r.future.set_result, [r.host.tensor])
 
     def _sent(

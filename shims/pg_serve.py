@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from ..io.threads import name_os_thread
+from dlcp.io.threads import name_os_thread
 
 __all__ = ["OrderedServers"]
 

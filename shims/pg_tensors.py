@@ -18,7 +18,8 @@ import numpy.typing as npt
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
-from ..collectives import CollectiveReport
+from dlcp.collectives import CollectiveReport
+
 from .pg_timeouts import DLCPTimeout
 
 __all__ = [
@@ -59,7 +60,7 @@ class DLCPWork(Work):
         super().__init__()
         self.name = name
         #: the rank a receive got its message from (``recv`` from any source)
-        self.source_rank: int | None = None
+        self.received_from: int | None = None
         self._future = future
         # what get_future() hands out: an exception set on a Python future is only
         # a value to C++ callers (DDP's reducer took it for the result and crashed
@@ -102,9 +103,13 @@ class DLCPWork(Work):
 
     def _source_rank(self) -> int:
         """The source of a completed receive (torch's ``recv`` from any source)."""
-        if self.source_rank is None:
+        if self.received_from is None:
             raise ValueError(f"dlcp {self.name}: no source rank (only a completed receive has one)")
-        return self.source_rank
+        return self.received_from
+
+    def source_rank(self) -> int:
+        """:meth:`_source_rank`, under torch's public name for it."""
+        return self._source_rank()
 
 
 def _timeout(name: str, seconds: float) -> Exception:

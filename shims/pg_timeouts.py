@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..errors import PeerTimeout
+from dlcp.errors import PeerTimeout
 
 __all__ = ["DLCPTimeout", "peers_named", "timed_out"]
 

@@ -16,10 +16,11 @@ import numpy.typing as npt
 import torch
 from torch._C._distributed_c10d import ReduceOp
 
-from ..collectives import CollectiveReport, Communicator, allreduce
-from ..collectives.comm import ReportBuilder, cancel_all
-from ..errors import ConfigError
-from ..proto.config import FillPolicy
+from dlcp.collectives import CollectiveReport, Communicator, allreduce
+from dlcp.collectives.comm import ReportBuilder, cancel_all
+from dlcp.errors import ConfigError
+from dlcp.proto.config import FillPolicy
+
 from .pg_options import DLCPOptions
 from .pg_tensors import FOLDS, HostTensor, parts
 

@@ -1,6 +1,6 @@
 """torch.distributed backend ``"dlcp"``: a process group whose collectives run over DLCP.
 
-    import dlcp.shims.process_group          # registers the backend (so does `import dlcp`)
+    import shims.process_group          # registers the backend (so does `import dlcp`)
     dist.init_process_group("dlcp")          # torchrun's env:// variables, as with gloo
     model = DistributedDataParallel(model)   # unmodified DDP now reduces over DLCP
 
@@ -85,11 +85,12 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from ..collectives import CollectiveReport, Communicator
-from ..collectives.comm import ReportBuilder
-from ..errors import DLCPError, PeerTimeout
-from ..io.endpoint import Endpoint
-from ..rendezvous import attempt, connect
+from dlcp.collectives import CollectiveReport, Communicator
+from dlcp.collectives.comm import ReportBuilder
+from dlcp.errors import DLCPError, PeerTimeout
+from dlcp.io.endpoint import Endpoint
+from dlcp.rendezvous import attempt, connect
+
 from . import BACKEND, register
 from .pg_barriers import Barriers
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
@@ -129,9 +130,17 @@ CHANNEL = 2
 SHUTDOWN_GRACE = 30.0
 
 
+def _output_label(j: int, r: int) -> str:
+    """How all_gather_coalesced names output ``j`` of rank ``r``."""
+    return f"output_lists[{r}][{j}]"
+
+
 class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGroup):
     """A process group over one DLCP endpoint. Created by torch through the
-    registered backend; see the module docstring."""
+    registered backend; see the module docstring.
+
+    (The collectives carry ``# type: ignore[override]``: torch's stub declares each as
+    overloads of the C++ signatures, and torch calls a backend with the options form.)"""
 
     def __init__(
         self,
@@ -143,7 +152,9 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         *,
         name: str = "",
     ) -> None:
-        super().__init__(rank, world_size)
+        # (torch's stub lists only the (store, rank, size) constructor; (rank, size) is the
+        # one for a group implemented in Python)
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
         if options is not None and not isinstance(options, DLCPOptions):
             raise TypeError(
                 f"pg_options for the dlcp backend must be DLCPOptions, got {type(options).__name__}"
@@ -198,7 +209,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     def getBackendName(self) -> str:  # the name torch's trampoline looks up
         return BACKEND
 
-    def allreduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
+    def allreduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:  # type: ignore[override]
         red = reduce_op(opts, "allreduce")
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, red)
@@ -214,7 +225,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     def allreduce_coalesced(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
+    def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:  # type: ignore[override]
         root = root_rank(opts, "broadcast", self._size)
         check_tensors(tensors, "broadcast")
         if len(tensors) >= ROLE_STRIDE:
@@ -242,7 +253,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
 
         return self._submit("broadcast", run, tensors, tensors)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
         check_tensors(input_tensors, "allgather")
@@ -297,7 +308,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         by_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
         for j, (outs_j, like) in enumerate(zip(by_input, input_list, strict=True)):
             check_gather_list(outs_j, like, "all_gather_coalesced", self._size,
-                              label=lambda r, j=j: f"output_lists[{r}][{j}]")  # fmt: skip
+                              label=functools.partial(_output_label, j))  # fmt: skip
         return self.allgather(by_input, input_list, opts)
 
     def all_gather_single(
@@ -332,7 +343,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     ) -> DLCPWork:
         return self.all_gather_single(output, input, opts)
 
-    def reduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
+    def reduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:  # type: ignore[override]
         red = reduce_op(opts, "reduce")
         root = root_rank(opts, "reduce", self._size)
         check_tensors(tensors, "reduce")
@@ -349,7 +360,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
 
         return self._submit("reduce", run, tensors, tensors, calls=len(tensors))
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
         red = reduce_op(opts, "reduce_scatter")
@@ -404,7 +415,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     ) -> DLCPWork:
         return self.reduce_scatter_single(output, input, opts)
 
-    def gather(
+    def gather(  # type: ignore[override]
         self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
         root = root_rank(opts, "gather", self._size)
@@ -438,7 +449,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         outs = output_tensors[0] if output_tensors else []
         return self._submit("gather", run, list(outs), [*outs, inp])
 
-    def scatter(
+    def scatter(  # type: ignore[override]
         self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
     ) -> DLCPWork:
         root = root_rank(opts, "scatter", self._size)
@@ -516,7 +527,7 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         )
         ready = None
         if cuda:  # pragma: no cover - no GPU here
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # (unannotated in torch)
             ready.record(torch.cuda.current_stream(cuda[0]))
         with self._lock:  # queue order is call order: the same on every rank
             if self._closed:

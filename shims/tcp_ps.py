@@ -27,6 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# torch.distributed re-exports GradBucket from here without declaring it to type checkers
+from torch._C._distributed_c10d import GradBucket
+
 __all__ = ["TcpPsState", "tcp_ps_hook"]
 
 
@@ -43,7 +46,7 @@ class TcpPsState:
             raise ValueError(f"server={self.server} is not a rank of 0..{world - 1}")
 
 
-def tcp_ps_hook(state: TcpPsState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def tcp_ps_hook(state: TcpPsState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Push the bucket to the server, pull the average back (module docstring)."""
     buffer = bucket.buffer()
     host = buffer if buffer.device.type == "cpu" else buffer.cpu()
@@ -66,13 +69,20 @@ def _exchange(state: TcpPsState, grad: torch.Tensor) -> None:
         return
     workers = [r for r in range(world) if r != server]
     pushed = {r: torch.empty_like(grad) for r in workers}
-    for work in [dist.irecv(pushed[r], src=_global(group, r), group=group) for r in workers]:
-        work.wait()
+    _wait_all([dist.irecv(pushed[r], src=_global(group, r), group=group) for r in workers])
     total = torch.zeros_like(grad)
     for r in range(world):  # rank order: the same sum whichever push came first
         total += grad if r == server else pushed[r]
     grad.copy_(total.div_(world))
-    for work in [dist.isend(grad, dst=_global(group, r), group=group) for r in workers]:
+    _wait_all([dist.isend(grad, dst=_global(group, r), group=group) for r in workers])
+
+
+def _wait_all(works: list[dist.Work | None]) -> None:
+    """Wait for each of ``works`` (torch returns None to a rank outside the group,
+    which this rank, a member, never is)."""
+    for work in works:
+        if work is None:
+            raise RuntimeError("tcp_ps: this rank is not a member of the group")
         work.wait()
 
 

@@ -1,1 +1,1 @@
-"""Network-namespace testbed, installed as dlcp.testbed."""
+"""Network-namespace testbed (Linux namespaces, BMv2, Mininet): the package ``testbed``."""

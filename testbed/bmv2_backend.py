@@ -3,7 +3,7 @@ running the DLCP P4 program in every router namespace, configured by the
 P4Runtime controller (:mod:`dlcp.switch.controller`).
 
 The namespaces, links, addresses and host routes are those of
-:func:`~dlcp.testbed.topology.build` (the kernel routers first prove the fabric
+:func:`~testbed.topology.build` (the kernel routers first prove the fabric
 works: every host pings every other). Then each router hands forwarding to BMv2:
 
 * kernel forwarding off (``ip_forward=0``): the kernel still answers ARP and pings
@@ -34,6 +34,8 @@ While it runs (for the training scenarios of :mod:`.experiments`):
   probability 0 until set);
 * :func:`bmv2_counters` reads the program's counters over P4Runtime.
 
+:class:`Bmv2Backend` is this testbed behind :class:`.backend.TestbedBackend`.
+
 BMv2 is a functional model: numbers measured over it are functional, not
 performance. On exit the switches are terminated (each process this module
 started) before the namespaces are removed; the switch logs and sockets live in a
@@ -46,18 +48,28 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlcp.switch.policy import SwitchPolicy
 
+from .backend import Counters, RouterTraffic, TestbedBackend
 from .bmv2 import Bmv2Error, Bmv2Switch, bmv2_switch, missing_bmv2, program_paths
 from .netns import NetnsError, _run
+from .results import FUNCTIONAL_NOTE, bmv2_class_totals, bmv2_link_packets
+from .switch_profile import FifoPolicy
 from .topology import Network, Topology, build
 
-__all__ = ["Bmv2Network", "bmv2_counters", "bmv2_link_down", "bmv2_set_loss", "build_bmv2"]
+__all__ = [
+    "Bmv2Backend",
+    "Bmv2Network",
+    "bmv2_counters",
+    "bmv2_link_down",
+    "bmv2_set_loss",
+    "build_bmv2",
+]
 
 THRIFT_PORT = 9090
 
@@ -285,3 +297,72 @@ def bmv2_counters(net: Bmv2Network, *, timeout: float = 30.0) -> dict[str, dict[
             "injected": c[P4Names.LOSS_INJECTED][0][0] if net.loss_injection else 0,
         }
     return out
+
+
+class Bmv2Backend(TestbedBackend):
+    """The routers are BMv2 switches running the DLCP P4 program (:func:`build_bmv2`):
+    the queueing is the program's, configured from a :class:`SwitchPolicy`; loss is
+    the program's loss injection, set on the spine end of a link (every packet
+    crossing the link crosses that switch once, each way); links are not shaped."""
+
+    switch = "bmv2"
+    links_shaped = False
+    note = FUNCTIONAL_NOTE
+
+    def __init__(
+        self,
+        topology: Topology,
+        queues: SwitchPolicy | FifoPolicy | None,
+        *,
+        prefix: str | None = None,
+        loss_injection: bool = False,
+    ) -> None:
+        if not isinstance(queues, SwitchPolicy):
+            raise ValueError(
+                "BMv2 runs the DLCP policy in its P4 program: it needs a SwitchPolicy, "
+                f"not {type(queues).__name__}"
+            )
+        super().__init__(topology, queues, prefix=prefix, loss_injection=loss_injection)
+        self.policy = queues
+
+    def _build(self) -> AbstractContextManager[Network]:
+        return build_bmv2(
+            self.topology, self.policy, prefix=self.prefix, loss_injection=self.loss_injection
+        )
+
+    @property
+    def bmv2(self) -> Bmv2Network:
+        net = self.net
+        assert isinstance(net, Bmv2Network)  # what _build yields
+        return net
+
+    def _spine_of(self, a: str, b: str) -> str:
+        spines = [n for n in (a, b) if n in self.topology.spines]
+        if len(spines) != 1:
+            raise ValueError(f"{a}--{b}: BMv2 injects loss on a leaf--spine link only")
+        return spines[0]
+
+    def inject_loss(self, a: str, b: str, percent: float) -> None:
+        bmv2_set_loss(self.bmv2, self._spine_of(a, b), percent)
+
+    def take_link_down(self, a: str, b: str) -> None:
+        bmv2_link_down(self.bmv2, a, b)
+
+    def counters(self) -> Counters:
+        return bmv2_counters(self.bmv2)
+
+    def traffic(
+        self, before: Counters, after: Counters, *, lossy_link: tuple[str, str] | None = None
+    ) -> RouterTraffic:
+        # (the program counts the injected loss itself: a "loss-injected" class row)
+        loss_drops = (
+            {sw: after[sw]["injected"] - before[sw]["injected"] for sw in after}
+            if lossy_link
+            else None
+        )
+        return RouterTraffic(
+            bmv2_class_totals(before, after), bmv2_link_packets(before, after), loss_drops
+        )
+
+    def describe_links(self, link_rate_mbit: float) -> str:
+        return "BMv2 switches (P4Runtime), links not shaped"

@@ -15,16 +15,15 @@ import argparse
 import signal
 import sys
 from types import FrameType
-from typing import Any
 
 from dlcp.launch import sigterm_interrupts
 from dlcp.switch.policy import PolicyError
 
+from .backend import backend_class
 from .bmv2 import Bmv2Error
-from .impairments import apply_profile
 from .netns import NetnsError, _cleanup, _run, prefix_lock
 from .switch_profile import FifoPolicy, SwitchPolicy
-from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, build
+from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError
 
 DEFAULT_PREFIX = "dlcptb-"
 
@@ -74,6 +73,12 @@ _SWITCH_HELP = (
 )
 
 
+_BACKEND_HELP = (
+    "Linux routers in plain network namespaces (default) or Mininet nodes "
+    "(testbed/mininet_backend.py)"
+)
+
+
 _HIDDEN_HELP = (
     "units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
     "a gradient that outweighs the computation)"
@@ -81,7 +86,7 @@ _HIDDEN_HELP = (
 
 
 def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .experiments import ABLATIONS, SCENARIOS
+    from .experiments import ABLATIONS, BACKENDS, SCENARIOS
 
     run = tsub.add_parser(
         "run", help="train on the testbed under one scenario (see testbed/experiments.py)"
@@ -104,6 +109,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
     run.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
+    run.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
     run.add_argument(
         "--profile",
         choices=["dlcp", "fifo"],
@@ -125,6 +131,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     suite.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
+    suite.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
     suite.add_argument(
         "--gloo-profile",
         choices=["dlcp", "fifo"],
@@ -164,33 +171,20 @@ def up(
     if cli and backend != "mininet":
         print("dlcp testbed up: --cli needs --backend mininet", file=sys.stderr)
         return 2
-    builder: Any
-    if switch == "bmv2":
-        if backend != "namespaces":
-            print("dlcp testbed up: --switch bmv2 needs --backend namespaces", file=sys.stderr)
-            return 2
-        if not isinstance(policy, SwitchPolicy):
-            print(
-                f"dlcp testbed up: --switch bmv2 runs the DLCP policy in the P4 switches; "
-                f"--profile {profile} is not available with it (use --profile dlcp)",
-                file=sys.stderr,
-            )
-            return 2
-        from .bmv2_backend import build_bmv2
-
-        builder = build_bmv2(t, policy, prefix=prefix)
-        policy = None  # queueing is the switch's, no tc profile on the router egresses
-    elif backend == "mininet":
-        from .mininet_backend import build_mininet
-
-        builder = build_mininet(t, prefix=prefix)
-    else:
-        builder = build(t, prefix=prefix)
+    if switch == "bmv2" and backend != "namespaces":
+        print("dlcp testbed up: --switch bmv2 needs --backend namespaces", file=sys.stderr)
+        return 2
+    if switch == "bmv2" and not isinstance(policy, SwitchPolicy):
+        print(
+            f"dlcp testbed up: --switch bmv2 runs the DLCP policy in the P4 switches; "
+            f"--profile {profile} is not available with it (use --profile dlcp)",
+            file=sys.stderr,
+        )
+        return 2
+    testbed = backend_class(switch, backend)(t, policy, prefix=prefix)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with builder as net:
-            if policy is not None:
-                apply_profile(net, policy)
+        with testbed.build() as net:
             print(f"testbed {t.name}: prefix {prefix}, profile {profile}, switch {switch}")
             switches = getattr(net, "switches", {})
             for node in t.nodes:
@@ -209,7 +203,7 @@ def up(
             if cli:
                 # Ctrl-C inside the CLI interrupts a command, as in Mininet itself
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                net.cli()
+                testbed.open_cli()
             while not cli:
                 signal.pause()
     except _Stop:
@@ -247,6 +241,7 @@ def _split(value: str) -> list[str]:
 
 def _experiments(args: argparse.Namespace) -> int:
     from . import experiments as ex
+    from .results import table
 
     if args.testbed_command == "plot":
         rows = ex.read_csv(args.results)
@@ -254,7 +249,7 @@ def _experiments(args: argparse.Namespace) -> int:
         if path is None:
             print(f"dlcp testbed plot: no {args.results}/{ex.CSV_NAME}", file=sys.stderr)
             return 1
-        print(ex.table(rows))
+        print(table(rows))
         print(f"plot: {path}")
         return 0
     if args.testbed_command == "suite":
@@ -278,26 +273,32 @@ def _experiments(args: argparse.Namespace) -> int:
                 switch=args.switch,
                 gloo_profile=args.gloo_profile,
                 hidden=args.hidden,
+                backend=args.backend,
             )
         except ValueError as e:  # refused before any run
             print(f"dlcp testbed suite: {e}", file=sys.stderr)
             return 2
         return 1 if failures else 0
-    kw = {} if args.link_rate is None else {"link_rate_mbit": args.link_rate}
     try:
-        ex.run_experiment(
+        config = ex.ExperimentConfig(
             args.scenario,
             args.transport,
-            ablate=_split(args.ablate),
+            ablate=tuple(_split(args.ablate)),
             epochs=args.epochs,
             batch_size=args.batch_size,
             hidden=args.hidden,
             results=args.results,
             prefix=args.prefix,
             switch=args.switch,
+            backend=args.backend,
             profile=args.profile,
-            **kw,
+            **({} if args.link_rate is None else {"link_rate_mbit": args.link_rate}),
         )
+    except ValueError as e:
+        print(f"dlcp testbed run: {e}", file=sys.stderr)
+        return 2
+    try:
+        ex.run_experiment(config)
     except ValueError as e:
         print(f"dlcp testbed run: {e}", file=sys.stderr)
         return 2

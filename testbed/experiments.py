@@ -12,7 +12,7 @@ with queueing on every router egress shaped to ``link_rate_mbit`` (default
 DLCP switch profile for DLCP, one FIFO of the same buffer for Gloo (the
 baseline's network has no DLCP configuration; ``profile`` overrides either),
 applies the scenario, and starts one training rank
-(``dlcp.examples.train_digits``) per host *inside that host's namespace*, with
+(``examples/train_digits.py``) per host *inside that host's namespace*, with
 torchrun's variables: ``RANK`` = host index, ``WORLD_SIZE`` = 4,
 ``LOCAL_RANK`` = 0, ``MASTER_ADDR`` = h1's address, ``MASTER_PORT`` =
 :data:`MASTER_PORT`; Gloo is pointed at the host's interface
@@ -42,7 +42,7 @@ Scenarios:
                 other rank pushes to it at once. DLCP's parameter server
                 against the same pattern over TCP: Gloo has no
                 parameter-server mode, so the Gloo run pushes and pulls with
-                Gloo's point-to-point send/recv (:mod:`dlcp.shims.tcp_ps`).
+                Gloo's point-to-point send/recv (:mod:`shims.tcp_ps`).
 
 Over BMv2 (``--switch bmv2``): the routers are ``simple_switch_grpc`` running the
 DLCP P4 program, configured over P4Runtime (:mod:`.bmv2_backend`); the same
@@ -98,26 +98,21 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import re
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from dlcp.proto.wire import DEFAULT_PORT
+from dlcp.train_demo import example_script
 
-from .bmv2_backend import Bmv2Network, bmv2_counters, bmv2_link_down, bmv2_set_loss, build_bmv2
-from .impairments import (
-    CrossTraffic,
-    apply_profile,
-    cross_traffic,
-    link_down,
-    link_dropped,
-    link_loss,
-    profile_counters,
-)
+from .backend import RouterTraffic, TestbedBackend, backend_class
+from .impairments import CrossTraffic, cross_traffic
 from .results import (
     BATCH_SIZE,
     CSV_FIELDS,
@@ -140,24 +135,43 @@ from .results import (
     table,
 )
 from .switch_profile import FifoPolicy, SwitchPolicy
-from .topology import Network, Topology, build
+from .topology import Network, Topology
 
 __all__ = [
     "ABLATIONS",
+    "BACKENDS",
+    "BATCH_SIZE",
+    "CSV_FIELDS",
     "CSV_NAME",
+    "FUNCTIONAL_NOTE",
+    "HIDDEN",
+    "LINK_RATE_MBIT",
     "PNG_NAME",
     "SCENARIOS",
+    "ExperimentConfig",
+    "ExperimentError",
     "ablation_label",
     "append_csv",
+    "backend_for",
+    "bmv2_class_totals",
+    "bmv2_link_packets",
+    "class_totals",
+    "default_profile",
+    "drops_summary",
+    "per_link_packets",
     "plot",
     "read_csv",
     "run_experiment",
+    "run_name",
     "suite",
     "switch_policy",
+    "table",
 ]
 
 SCENARIOS = ("clean", "loss", "background", "spine-down", "incast")
 SWITCHES = ("linux", "bmv2")
+#: what builds the Linux routers: plain network namespaces, or Mininet nodes
+BACKENDS = ("namespaces", "mininet")
 #: router queueing over Linux: the DLCP commodity-switch profile, or one FIFO
 PROFILES = ("dlcp", "fifo")
 ABLATIONS = ("priority", "drop", "spray", "bound")
@@ -169,6 +183,8 @@ LOSS_PERCENT = 1.0
 BMV2_BACKGROUND_MBIT = 20.0
 N_PATHS = 8
 P_BOUND = 0.05
+
+
 class ExperimentError(RuntimeError):
     """A training run on the testbed failed (the message says which rank, how)."""
 
@@ -234,32 +250,16 @@ def switch_policy(t: Topology, link_rate_mbit: float) -> SwitchPolicy:
     return SwitchPolicy.for_link(link_rate_mbit, t.buffer_packets)
 
 
-def _setup(
-    net: Network, scenario: str, link_rate_mbit: float, *, link_down_now: bool
-) -> CrossTraffic | None:
-    if scenario == "loss":
-        link_loss(net, "leaf1", "spine1", LOSS_PERCENT)
-    elif scenario == "spine-down" and link_down_now:
-        link_down(net, "leaf1", "spine1")
-    elif scenario == "background":
-        # "for the run's duration": a long flow, stopped when training ends
-        return cross_traffic(
-            net, "h2", "h3", spine="spine1", seconds=24 * 3600,
-            mbit=BACKGROUND_SHARE * link_rate_mbit,
-        )  # fmt: skip
-    return None
-
-
-def _setup_bmv2(net: Bmv2Network, scenario: str, *, link_down_now: bool) -> CrossTraffic | None:
-    if scenario == "loss":
-        bmv2_set_loss(net, "spine1", LOSS_PERCENT)
-    elif scenario == "spine-down" and link_down_now:
-        bmv2_link_down(net, "leaf1", "spine1")
-    elif scenario == "background":
-        return cross_traffic(
-            net, "h2", "h3", spine="spine1", seconds=24 * 3600, mbit=BMV2_BACKGROUND_MBIT
-        )
-    return None
+def backend_for(config: ExperimentConfig, topology: Topology) -> TestbedBackend:
+    """The backend ``config`` runs on (``switch`` and ``backend``), with its queueing:
+    the DLCP switch profile (BMv2: in the P4 program) or one FIFO."""
+    policy: SwitchPolicy | FifoPolicy = (
+        switch_policy(topology, config.link_rate_mbit)
+        if config.profile in ("dlcp", None)
+        else FifoPolicy(link_rate_mbit=config.link_rate_mbit, queue_packets=topology.buffer_packets)
+    )
+    kind = backend_class(config.switch, config.backend)
+    return kind(topology, policy, prefix=config.prefix, loss_injection=config.scenario == "loss")
 
 
 class _Progress:
@@ -297,148 +297,186 @@ class _Progress:
         self.sink.flush()
 
 
-def run_experiment(
-    scenario: str,
-    transport: str,
-    *,
-    ablate: Sequence[str] = (),
-    epochs: int = 2,
-    batch_size: int = BATCH_SIZE,
-    hidden: int = HIDDEN,
-    results: str | Path = "results",
-    link_rate_mbit: float | None = None,
-    prefix: str | None = None,
-    switch: str = "linux",
-    timeout: float | None = None,
-    out: IO[str] | None = None,
-    plot_after: bool = True,
-    profile: str | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One training run on the testbed (module doc). ``switch``: the routers forward
+    with Linux and a tc profile, or are BMv2 switches running the DLCP P4 program;
+    ``backend`` (Linux routers): plain namespaces or Mininet nodes. ``profile`` (Linux
+    only): the DLCP profile or a FIFO, by default :func:`default_profile` of the
+    transport. ``link_rate_mbit`` (default :data:`LINK_RATE_MBIT`) shapes the Linux
+    routers' egress only. ``timeout`` (seconds for the ranks; default from the
+    epochs). Checked when made: a bad value raises ValueError naming it."""
+
+    scenario: str
+    transport: str
+    ablate: tuple[str, ...] = ()
+    epochs: int = 2
+    batch_size: int = BATCH_SIZE
+    hidden: int = HIDDEN
+    results: str | Path = "results"
+    link_rate_mbit: float = LINK_RATE_MBIT
+    prefix: str | None = None
+    switch: str = "linux"
+    backend: str = "namespaces"
+    timeout: float | None = None
+    plot_after: bool = True
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        def known(what: str, value: str, choices: Sequence[str]) -> None:
+            if value not in choices:
+                raise ValueError(f"unknown {what} {value!r} (known: {', '.join(choices)})")
+
+        object.__setattr__(self, "ablate", tuple(self.ablate))
+        known("scenario", self.scenario, SCENARIOS)
+        known("transport", self.transport, TRANSPORTS)
+        for a in sorted(set(self.ablate)):
+            known("ablation", a, ABLATIONS)
+        if self.ablate and self.transport != "dlcp":
+            raise ValueError("ablations apply to --transport dlcp only")
+        known("switch", self.switch, SWITCHES)
+        known("backend", self.backend, BACKENDS)
+        bmv2 = self.switch == "bmv2"
+        if bmv2 and self.profile is not None:
+            raise ValueError(
+                f"profile={self.profile!r} chooses the Linux routers' queueing; "
+                "BMv2 runs the P4 program"
+            )
+        if bmv2 and self.backend != "namespaces":
+            raise ValueError(f"--switch bmv2 runs in plain namespaces, not {self.backend}")
+        if self.profile is None and not bmv2:
+            object.__setattr__(self, "profile", default_profile(self.transport))
+        if self.profile is not None:
+            known("profile", self.profile, PROFILES)
+        if bmv2 and self.link_rate_mbit != LINK_RATE_MBIT:
+            raise ValueError(
+                "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
+                "(BMv2 queues have per-priority rates only)"
+            )
+        rate = self.link_rate_mbit
+        if self.epochs < 1 or self.batch_size < 1 or self.hidden < 1 or not 0 < rate < math.inf:
+            raise ValueError(
+                f"epochs={self.epochs}, batch_size={self.batch_size} and hidden={self.hidden} "
+                f"must be >= 1, and link_rate_mbit={rate} a positive number"
+            )
+
+    @property
+    def name(self) -> str:
+        """The run's name (:func:`run_name`; ``-mininet`` on Mininet nodes)."""
+        return run_name(
+            self.scenario, self.transport, self.ablate, self.switch, self.profile,
+            link_rate_mbit=self.link_rate_mbit, batch_size=self.batch_size,
+            hidden=self.hidden,
+        ) + ("-mininet" if self.backend == "mininet" else "")  # fmt: skip
+
+    @property
+    def queues(self) -> str:
+        """What the results say the routers ran: the profile, or ``p4``."""
+        return self.profile or "p4"
+
+    def example_settings(self) -> tuple[dict[str, str], list[str]]:
+        """(environment, flags) of the training example's ranks."""
+        env: dict[str, str] = {}
+        flags = ["--transport", self.transport, "--epochs", str(self.epochs),
+                 "--batch-size", str(self.batch_size), "--hidden", str(self.hidden)]  # fmt: skip
+        if self.transport == "dlcp":
+            denv, dflags = dlcp_settings(self.scenario, self.ablate)
+            env.update(denv)
+            flags += dflags
+        elif self.scenario == "incast":  # the same parameter server, over Gloo's TCP
+            flags += ["--collective", "ps"]
+        return env, flags
+
+
+#: the link the loss and spine-down scenarios act on
+IMPAIRED_LINK = ("leaf1", "spine1")
+
+
+def _impair(backend: TestbedBackend, scenario: str, *, link_down_now: bool) -> None:
+    """The scenario's impairment at the start of the run (cross traffic aside)."""
+    if scenario == "loss":
+        backend.inject_loss(*IMPAIRED_LINK, LOSS_PERCENT)
+    elif scenario == "spine-down" and link_down_now:
+        backend.take_link_down(*IMPAIRED_LINK)
+
+
+def _cross_traffic(
+    backend: TestbedBackend, scenario: str, link_rate_mbit: float
+) -> CrossTraffic | None:
+    """The background scenario's flow, "for the run's duration": a long flow,
+    stopped when training ends; on unshaped links, at :data:`BMV2_BACKGROUND_MBIT`."""
+    if scenario != "background":
+        return None
+    mbit = BACKGROUND_SHARE * link_rate_mbit if backend.links_shaped else BMV2_BACKGROUND_MBIT
+    return cross_traffic(backend.net, "h2", "h3", spine="spine1", seconds=24 * 3600, mbit=mbit)
+
+
+def _rank_commands(
+    net: Network, config: ExperimentConfig, env: dict[str, str], flags: list[str], out: Path
+) -> dict[int, list[str]]:
+    """Each rank's command, run in its host's namespace; rank 0 writes ``out``."""
+    t = net.topology
+    master = net.host_addr(t.host_names[0])
+    cmds: dict[int, list[str]] = {}
+    for rank, host in enumerate(t.host_names):
+        argv = [
+            "env", f"MASTER_ADDR={master}", f"MASTER_PORT={MASTER_PORT}",
+            f"RANK={rank}", f"WORLD_SIZE={len(t.host_names)}", "LOCAL_RANK=0",
+            "LOCAL_WORLD_SIZE=1", f"GROUP_RANK={rank}",
+            f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
+            *(f"{k}={v}" for k, v in env.items()),
+            sys.executable, str(example_script("train_digits.py")), *flags,
+        ]  # fmt: skip
+        if rank == 0:
+            argv += ["--json", str(out)]
+        cmds[rank] = net.exec_argv(host, argv)
+    return cmds
+
+
+def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> dict[str, Any]:
     """One training run on a fresh testbed; returns (and writes) the result.
-    ``switch``: the routers forward with Linux and a tc profile, or are BMv2
-    switches running the DLCP P4 program (module doc). ``profile`` (Linux only):
-    the DLCP profile or a FIFO, by default :func:`default_profile` of the
-    transport. ``link_rate_mbit`` (default :data:`LINK_RATE_MBIT`) shapes the
-    Linux routers' egress only."""
+    ``out``: where the ranks' output and the progress lines go (stdout)."""
     from dlcp.launch import launch
 
-    if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
-    bad = sorted(set(ablate) - set(ABLATIONS))
-    if bad:
-        raise ValueError(f"unknown ablation {bad[0]!r} (known: {', '.join(ABLATIONS)})")
-    if ablate and transport != "dlcp":
-        raise ValueError("ablations apply to --transport dlcp only")
-    if switch not in SWITCHES:
-        raise ValueError(f"unknown switch {switch!r} (known: {', '.join(SWITCHES)})")
-    bmv2 = switch == "bmv2"
-    if bmv2 and profile is not None:
-        raise ValueError(
-            f"profile={profile!r} chooses the Linux routers' queueing; BMv2 runs the P4 program"
-        )
-    if profile is None and not bmv2:
-        profile = default_profile(transport)
-    if profile is not None and profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
-    queues = profile or "p4"  # what the results say the routers ran
-    if bmv2 and link_rate_mbit is not None:
-        raise ValueError(
-            "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
-            "(BMv2 queues have per-priority rates only)"
-        )
-    if link_rate_mbit is None:
-        link_rate_mbit = LINK_RATE_MBIT
-    if epochs < 1 or batch_size < 1 or hidden < 1 or not 0 < link_rate_mbit < float("inf"):
-        raise ValueError(
-            f"epochs={epochs}, batch_size={batch_size} and hidden={hidden} must be >= 1, "
-            f"and link_rate_mbit={link_rate_mbit} a positive number"
-        )
     sink = out if out is not None else sys.stdout
-    res_dir = Path(results)
+    res_dir = Path(config.results)
     res_dir.mkdir(parents=True, exist_ok=True)
-    name = run_name(
-        scenario, transport, ablate, switch, profile, link_rate_mbit=link_rate_mbit,
-        batch_size=batch_size, hidden=hidden,
-    )  # fmt: skip
+    name = config.name
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
-    t = dataclasses.replace(Topology.default(), link_rate_mbit=link_rate_mbit)
-    env: dict[str, str] = {}
-    flags = ["--transport", transport, "--epochs", str(epochs), "--batch-size", str(batch_size),
-             "--hidden", str(hidden)]  # fmt: skip
-    if transport == "dlcp":
-        denv, dflags = dlcp_settings(scenario, ablate)
-        env.update(denv)
-        flags += dflags
-    elif scenario == "incast":  # the same parameter server, over Gloo's TCP
-        flags += ["--collective", "ps"]
-    if timeout is None:
-        timeout = 300.0 + 240.0 * epochs
+    t = dataclasses.replace(Topology.default(), link_rate_mbit=config.link_rate_mbit)
+    env, flags = config.example_settings()
+    timeout = config.timeout if config.timeout is not None else 300.0 + 240.0 * config.epochs
+    backend = backend_for(config, t)
     started = time.monotonic()
-    builder = (
-        build_bmv2(
-            t, switch_policy(t, link_rate_mbit), prefix=prefix, loss_injection=scenario == "loss"
-        )
-        if bmv2
-        else build(t, prefix=prefix)
-    )
+    scenario = config.scenario
     # spine-down: the link fails mid-run (after the first epoch) unless there is
     # only one epoch, in which case it is down from the start
-    mid_run = scenario == "spine-down" and epochs >= 2
+    mid_run = scenario == "spine-down" and config.epochs >= 2
     link_event = "before training" if scenario == "spine-down" and not mid_run else None
-    with builder as net:
-        if isinstance(net, Bmv2Network):
-            traffic = _setup_bmv2(net, scenario, link_down_now=not mid_run)
-        else:
-            apply_profile(
-                net,
-                switch_policy(t, link_rate_mbit)
-                if profile == "dlcp"
-                else FifoPolicy(link_rate_mbit=link_rate_mbit, queue_packets=t.buffer_packets),
-            )
-            traffic = _setup(net, scenario, link_rate_mbit, link_down_now=not mid_run)
+    lossy_link = IMPAIRED_LINK if scenario == "loss" else None
+    with backend.build() as net:
+        _impair(backend, scenario, link_down_now=not mid_run)
+        traffic = _cross_traffic(backend, scenario, config.link_rate_mbit)
 
         def on_epoch(epoch: int) -> None:
             nonlocal link_event
             if mid_run and epoch == 1 and link_event is None:
-                if isinstance(net, Bmv2Network):
-                    bmv2_link_down(net, "leaf1", "spine1")
-                else:
-                    link_down(net, "leaf1", "spine1")
+                backend.take_link_down(*IMPAIRED_LINK)
                 link_event = f"after epoch 1, {time.monotonic() - started:.1f} s into the run"
                 sink.write(f"[testbed] {name}: leaf1--spine1 down {link_event}\n")
 
         try:
-            before: Any = (
-                bmv2_counters(net) if isinstance(net, Bmv2Network) else profile_counters(net)
-            )
-            master = net.host_addr(t.host_names[0])
-            world = len(t.host_names)
-            cmds: dict[int, list[str]] = {}
-            for rank, host in enumerate(t.host_names):
-                argv = [
-                    "env", f"MASTER_ADDR={master}", f"MASTER_PORT={MASTER_PORT}",
-                    f"RANK={rank}", f"WORLD_SIZE={world}", "LOCAL_RANK=0",
-                    "LOCAL_WORLD_SIZE=1", f"GROUP_RANK={rank}",
-                    f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
-                    *(f"{k}={v}" for k, v in env.items()),
-                    sys.executable, "-m", "dlcp.examples.train_digits", *flags,
-                ]  # fmt: skip
-                if rank == 0:
-                    argv += ["--json", str(train_json)]
-                cmds[rank] = net.exec_argv(host, argv)
-            links = (
-                "BMv2 switches (P4Runtime), links not shaped"
-                if bmv2
-                else f"links {link_rate_mbit:g} Mbit/s"
-            )
+            before = backend.counters()
+            cmds = _rank_commands(net, config, env, flags, train_json)
+            world = len(cmds)
             sink.write(
                 f"[testbed] {name}: {world} ranks on {', '.join(t.host_names)} "
-                f"(master {master}:{MASTER_PORT}), {epochs} epochs, "
-                f"{links}" + (f", {profile} profile" if profile else "")
-                + (f", {env}" if env else "") + "\n"
+                f"(master {net.host_addr(t.host_names[0])}:{MASTER_PORT}), "
+                f"{config.epochs} epochs, {backend.describe_links(config.link_rate_mbit)}"
+                + (f", {config.profile} profile" if config.profile else "")
+                + (f", {env}" if env else "")
+                + "\n"
             )
             # removed on exit; after a hard crash: dlcp testbed down --prefix <prefix>
             sink.write(f"[testbed] {name}: namespaces {net.prefix}<node>\n")
@@ -456,16 +494,7 @@ def run_experiment(
             lr.raise_if_interrupted()  # Ctrl-C / SIGTERM: stop here (a suite too)
             if lr.returncode != 0:
                 raise ExperimentError(f"{name}: {lr.message}")
-            injected: dict[str, int] | None = None
-            if isinstance(net, Bmv2Network):
-                after: Any = bmv2_counters(net)
-                if scenario == "loss":
-                    injected = {sw: after[sw]["injected"] - before[sw]["injected"]
-                                for sw in after}  # fmt: skip
-            else:
-                after = profile_counters(net)
-                if scenario == "loss":
-                    injected = link_dropped(net, "leaf1", "spine1")
+            routers = backend.traffic(before, backend.counters(), lossy_link=lossy_link)
         finally:
             if traffic is not None:
                 traffic.stop()
@@ -474,45 +503,73 @@ def run_experiment(
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()
-    totals = bmv2_class_totals(before, after) if bmv2 else class_totals(before, after)
-    if not bmv2 and injected:  # (BMv2's program counts its own, as loss-injected)
-        totals["loss-rule"] = {"packets": 0, "drops": sum(injected.values())}
+    result = _result(config, backend, t, env, flags, train, routers, traffic, link_event, wall)
+    (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    summary = {k: result[k] for k in CSV_FIELDS}
+    append_csv(res_dir, summary)
+    sink.write(
+        f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
+        f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
+        f"router drops {summary['router_drops'] or 'none'}\n"
+        + (f"[testbed] {name}: {backend.note}\n" if backend.note else "")
+    )
+    sink.flush()
+    if config.plot_after:
+        plot(res_dir)
+    return result
+
+
+def _result(
+    config: ExperimentConfig,
+    backend: TestbedBackend,
+    t: Topology,
+    env: dict[str, str],
+    flags: list[str],
+    train: dict[str, Any],
+    routers: RouterTraffic,
+    traffic: CrossTraffic | None,
+    link_event: str | None,
+    wall: float,
+) -> dict[str, Any]:
+    """A run's result: the CSV's fields, then the setup, counters and training."""
     ep = train["epochs"]
-    dlcp = transport == "dlcp"  # (only DLCP reports lost elements and retransmissions)
+    dlcp = config.transport == "dlcp"  # (only DLCP reports lost elements and retransmissions)
+    rate = config.link_rate_mbit if backend.links_shaped else None
     summary = {
-        "scenario": scenario,
-        "transport": transport,
-        "ablation": ablation_label(ablate),
-        "epochs": epochs,
+        "scenario": config.scenario,
+        "transport": config.transport,
+        "ablation": ablation_label(config.ablate),
+        "epochs": config.epochs,
         "final_accuracy": train["final_test_accuracy"],
         "median_ms_per_iter": 1e3 * statistics.median(e["iter_s"] for e in ep),
         "lost_fraction": statistics.fmean(e["loss_fraction"] for e in ep) if dlcp else None,
         "retransmissions": sum(e["retransmitted_packets"] for e in ep) if dlcp else None,
-        "router_drops": drops_summary(totals),
+        "router_drops": drops_summary(routers.classes),
         # what the cross traffic really sent, in Mbit/s as HTB counts it
         "background_mbit": round(traffic.sent["mbit"], 1) if traffic and traffic.sent else None,
         "wall_s": round(wall, 1),
-        "switch": switch,
-        "profile": queues,
-        "link_rate_mbit": None if bmv2 else link_rate_mbit,
-        "batch_size": batch_size,
-        "hidden": hidden,
+        "switch": backend.switch,
+        "profile": config.queues,
+        "link_rate_mbit": rate,
+        "batch_size": config.batch_size,
+        "hidden": config.hidden,
         "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "code_rev": code_revision(),
     }
-    result = {
+    return {
         **summary,
         "setup": {
             "topology": t.name,
-            "switch": switch,
-            "profile": queues,
-            "link_rate_mbit": None if bmv2 else link_rate_mbit,
-            "batch_size": batch_size,
-            "hidden": hidden,
+            "switch": backend.switch,
+            "backend": config.backend,
+            "profile": config.queues,
+            "link_rate_mbit": rate,
+            "batch_size": config.batch_size,
+            "hidden": config.hidden,
             "parameters": train.get("parameters"),
             "env": env,
             "flags": flags,
-            "loss_rule_drops": injected,
+            "loss_rule_drops": routers.loss_drops,
             "link_down": link_event,
             "background": (
                 {"sent": traffic.sent, "received": traffic.received, "sport": traffic.sport}
@@ -520,25 +577,11 @@ def run_experiment(
                 else None
             ),
         },
-        **({"note": FUNCTIONAL_NOTE} if bmv2 else {}),
-        "router_classes": totals,
-        "router_link_packets": (
-            bmv2_link_packets(before, after) if bmv2 else per_link_packets(before, after)
-        ),
+        **({"note": backend.note} if backend.note else {}),
+        "router_classes": routers.classes,
+        "router_link_packets": routers.links,
         "train": train,
     }
-    (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    append_csv(res_dir, summary)
-    sink.write(
-        f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
-        f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
-        f"router drops {summary['router_drops'] or 'none'}\n"
-        + (f"[testbed] {name}: {FUNCTIONAL_NOTE}\n" if bmv2 else "")
-    )
-    sink.flush()
-    if plot_after:
-        plot(res_dir)
-    return result
 
 
 def suite(
@@ -551,6 +594,7 @@ def suite(
     switch: str = "linux",
     gloo_profile: str | None = None,
     hidden: int = HIDDEN,
+    backend: str = "namespaces",
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
@@ -571,14 +615,27 @@ def suite(
         plan += [(scenario, "dlcp", (a,)) for a in ABLATIONS]
     done: list[dict[str, Any]] = []
     failures = 0
-    for i, (s, tr, ab) in enumerate(plan, 1):
-        prof = gloo_profile if tr == "gloo" else None
-        name = run_name(s, tr, ab, switch, prof, hidden=hidden)
-        sink.write(f"[testbed] suite {i}/{len(plan)}: {name}\n")
+    # every run's settings checked before the first starts
+    configs = [
+        ExperimentConfig(
+            s,
+            tr,
+            ablate=ab,
+            epochs=epochs,
+            results=results,
+            plot_after=False,
+            switch=switch,
+            backend=backend,
+            profile=gloo_profile if tr == "gloo" else None,
+            hidden=hidden,
+        )
+        for s, tr, ab in plan
+    ]
+    for i, config in enumerate(configs, 1):
+        name = config.name
+        sink.write(f"[testbed] suite {i}/{len(configs)}: {name}\n")
         try:
-            r = run_experiment(s, tr, ablate=ab, epochs=epochs, results=results, out=sink,
-                               plot_after=False, switch=switch, profile=prof,
-                               hidden=hidden)  # fmt: skip
+            r = run_experiment(config, out=sink)
         except Exception as e:  # one failed run must not end the suite
             failures += 1
             sink.write(f"[testbed] suite: {name} FAILED: {e}\n")

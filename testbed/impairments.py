@@ -83,6 +83,9 @@ def link_policy(
     its buffer; the drop-eligible threshold scaled with the buffer) win."""
     if spec is None:
         return policy
+    # (two calls: on_link returns the kind of policy it is given)
+    if isinstance(policy, SwitchPolicy):
+        return on_link(policy, spec.link_rate_mbit, spec.buffer_packets)
     return on_link(policy, spec.link_rate_mbit, spec.buffer_packets)
 
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .backend import NamespacesBackend
 from .netns import NetnsError, _cleanup, _run, prefix_lock
 from .topology import (
     Network,
@@ -47,7 +48,7 @@ from .topology import (
     route_commands,
 )
 
-__all__ = ["MininetNetwork", "build_mininet", "mininet_missing"]
+__all__ = ["MininetBackend", "MininetNetwork", "build_mininet", "mininet_missing"]
 
 _MAX_TCLINK_MBIT = 1000.0  # TCIntf.bwParamMax
 
@@ -182,3 +183,17 @@ def build_mininet(
                 mn.stop()
             finally:
                 _cleanup(names)
+
+
+class MininetBackend(NamespacesBackend):
+    """:class:`.backend.NamespacesBackend` with the nodes built by Mininet
+    (:func:`build_mininet`): the same Linux routers, profile, impairments and
+    counters, since a Mininet node's namespace carries the testbed's name."""
+
+    def _build(self) -> AbstractContextManager[Network]:
+        return self._with_queues(build_mininet(self.topology, prefix=self.prefix))
+
+    def open_cli(self) -> None:
+        net = self.net
+        assert isinstance(net, MininetNetwork)  # what build_mininet yields
+        net.cli()

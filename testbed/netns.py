@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
 import os
 import shutil
@@ -186,7 +187,7 @@ class NetnsPair:
         for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
             self.run(ns, offload_argv(dev, on=on), check=False)
             if not on:
-                require_segmentation_off(lambda argv, ns=ns: self.run(ns, argv), dev, ns)
+                require_segmentation_off(functools.partial(self.run, ns), dev, ns)
 
     def set_loss(self, ns: str, percent: float) -> None:
         """Drop ``percent`` % of all IPv4 packets arriving in ``ns`` (nftables
@@ -362,7 +363,7 @@ class NetnsLine(NetnsPair):
                 check=False,
             )
             if not on:
-                require_segmentation_off(lambda argv, ns=ns: self.run(ns, argv), dev, ns)
+                require_segmentation_off(functools.partial(self.run, ns), dev, ns)
         for dev in (self.if_ra, self.if_rb):
             self.run(self.ns_r, ["ethtool", "-K", dev, "gro", "off"], check=False)
 

@@ -277,6 +277,9 @@ class Communicator:
         self.timeout = timeout if timeout is not None else endpoint.config.timeout
         self._calls = _claim_call_numbers(self)
         self._closed = False
+        #: scratch buffers between calls (:meth:`take_scratch`)
+        self._scratch: list[npt.NDArray[np.uint8]] = []
+        self._scratch_lock = threading.Lock()
 
     def close(self) -> None:
         """Give the channel back: a later communicator on this endpoint and channel
@@ -316,6 +319,26 @@ class Communicator:
             raise
         settle()
 
+    def take_scratch(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """At least ``nbytes`` of memory for one call's own use, the last call's
+        if it was big enough: training repeats its bucket sizes, so after the
+        first step a call touches no new pages (a fresh array of a bucket's size
+        per call cost page faults that zeroed it). Calls in several threads each
+        get their own."""
+        with self._scratch_lock:
+            buf = self._scratch.pop() if self._scratch else None
+        if buf is None or len(buf) < nbytes:
+            buf = np.empty(nbytes, np.uint8)
+        return buf
+
+    def give_back_scratch(self, buf: npt.NDArray[np.uint8]) -> None:
+        """``buf`` (from :meth:`take_scratch`) for a later call; the communicator
+        keeps the largest two, the largest last."""
+        with self._scratch_lock:
+            self._scratch.append(buf)
+            self._scratch.sort(key=len)
+            del self._scratch[:-2]
+
     def msg_id(self, role: int) -> int:
         if not 0 <= role <= MAX_ROLE:
             raise ValueError(f"message role {role} outside 0..{MAX_ROLE}")
@@ -330,10 +353,13 @@ class Communicator:
         role: int,
         segments: Segments | None,
         p: float,
+        borrow: bool = False,
     ) -> Future[SendReport]:
+        """``borrow``: see :meth:`Endpoint.send`."""
         return self.endpoint.send(
-            array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p
-        )
+            array, to=to, step=call, msg=self.msg_id(role), layers=segments or None, p=p,
+            borrow=borrow,
+        )  # fmt: skip
 
     def send_part(
         self,
@@ -346,11 +372,13 @@ class Communicator:
         role: int,
         segments: Segments | None,
         p: float,
+        borrow: bool = False,
     ) -> Future[SendReport]:
         """Send ``data[a:b]`` with the layer segments that cover it."""
         return self.send(
-            data[a:b], to=to, call=call, role=role, segments=slice_segments(segments, a, b), p=p
-        )
+            data[a:b], to=to, call=call, role=role, segments=slice_segments(segments, a, b), p=p,
+            borrow=borrow,
+        )  # fmt: skip
 
     def recv(
         self, out: npt.NDArray[Any], *, src: int, call: int, role: int, p: float, fill: FillPolicy

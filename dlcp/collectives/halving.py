@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from ..proto.config import FillPolicy
@@ -44,7 +43,7 @@ from .comm import (
     copy_fill,
     divide_first,
 )
-from .ring import SendTracker, check_allreduce, exchange
+from .ring import PostedReceives, SendTracker, check_allreduce, exchange
 
 __all__ = ["halving_doubling_allreduce", "is_power_of_two"]
 
@@ -93,15 +92,27 @@ def halving_doubling_allreduce(
     if n == 1 or len(data) == 0:  # (an empty array: every rank's is, nothing to move)
         return report.build()
     steps = _splits(len(data), n, r)
-    scratch = np.empty(len(data) - len(data) // 2, data.dtype)
-    with SendTracker() as sends:  # (see ring_allreduce)
+    lend = p_gather == 0  # (see ring_allreduce: the same holds of the halves sent)
+    # each reduce-scatter step receives into a scratch row of its own (a half,
+    # a quarter, ...: less than the array in all), so all can be posted at once
+    rows = [0]
+    for _, lo, mid, hi, upper in steps:
+        rows.append(rows[-1] + (hi - mid if upper else mid - lo))
+    # (see ring_allreduce: receives posted before the first send; sends waited
+    # for at the end)
+    with SendTracker() as sends, PostedReceives(comm, call=call) as incoming:
+        scratch = incoming.scratch(data.dtype, rows[-1])
+        for k, (partner, *_) in enumerate(steps):
+            incoming.post(scratch[rows[k] : rows[k + 1]], src=partner, role=k, p=p, fill=fill)
+        if p_gather == 0:  # (else the gather's buffers are rescaled first, below)
+            _post_gather(incoming, data, steps, 0.0)
         for k, (partner, lo, mid, hi, upper) in enumerate(steps):  # reduce-scatter
             (ta, tb), give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
             if exchange(
-                comm, data, give, scratch[: tb - ta], to=partner, src=partner, call=call,
-                role=k, p=p, fill=fill, segments=segments, report=report, sends=sends,
+                comm, data, give, incoming.take(k, src=partner), to=partner, call=call,
+                role=k, p=p, segments=segments, report=report, sends=sends, borrow=lend,
             ):  # fmt: skip
-                data[ta:tb] += scratch[: tb - ta]
+                data[ta:tb] += scratch[rows[k] : rows[k + 1]]
         _, lo, mid, hi, upper = steps[-1]
         lo, hi = (mid, hi) if upper else (lo, mid)  # the range this rank reduced
         if average:
@@ -110,14 +121,29 @@ def halving_doubling_allreduce(
             for k, (_, slo, smid, shi, upper) in enumerate(steps):
                 ga, gb = (slo, smid) if upper else (smid, shi)  # given away at step k,
                 data[ga:gb] *= data.dtype.type((1 if average else n) / 2**k)  # 2**k ranks' sum
-        gather_fill = copy_fill(p_gather)
-        for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):  # all-gather
-            ta, tb = (slo, smid) if upper else (smid, shi)
+            _post_gather(incoming, data, steps, p_gather)
+        for k, (partner, slo, _, shi, _) in enumerate(reversed(steps)):  # all-gather
+            role = _GATHER_ROLE + k
             exchange(
-                comm, data, (lo, hi), data[ta:tb], to=partner, src=partner, call=call,
-                role=_GATHER_ROLE + k, p=p_gather, fill=gather_fill, segments=segments,
-                report=report, sends=sends,
+                comm, data, (lo, hi), incoming.take(role, src=partner), to=partner, call=call,
+                role=role, p=p_gather, segments=segments, report=report, sends=sends,
+                borrow=lend,
             )  # fmt: skip
             lo, hi = slo, shi
         sends.wait(comm, report, data.itemsize)
     return report.build()
+
+
+def _post_gather(
+    incoming: PostedReceives,
+    data: npt.NDArray[Any],
+    steps: list[tuple[int, int, int, int, bool]],
+    p: float,
+) -> None:
+    """Post the all-gather's receives: reverse step ``k`` brings back the half
+    given away at reduce-scatter step ``L - 1 - k``. Early is safe: the partner
+    sends it only once it holds what this rank sent of it at that step."""
+    fill = copy_fill(p)
+    for k, (partner, slo, smid, shi, upper) in enumerate(reversed(steps)):
+        ta, tb = (slo, smid) if upper else (smid, shi)
+        incoming.post(data[ta:tb], src=partner, role=_GATHER_ROLE + k, p=p, fill=fill)

@@ -263,6 +263,10 @@ typedef struct Round {
     uint32_t msg;
     unsigned long long order;
     Py_buffer records, tos, path, prio, breaks;
+    /* a lent round: records are headers of `head` bytes and the payloads are
+       chunks of `payload` (chunk_bytes each, seqs[i] for record i); else empty */
+    Py_buffer payload, seqs;
+    Py_ssize_t head, chunk_bytes;
     Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
     int busy, cancelled, started, status, err;
     double began_t, last_t;
@@ -307,6 +311,8 @@ static void release_round(Round *r) {
     PyBuffer_Release(&r->path);
     PyBuffer_Release(&r->prio);
     PyBuffer_Release(&r->breaks);
+    PyBuffer_Release(&r->payload); /* (no-ops on a round that lent nothing) */
+    PyBuffer_Release(&r->seqs);
     PyMem_RawFree(r);
 }
 
@@ -318,11 +324,22 @@ static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round
                     Py_ssize_t start,
                     Py_ssize_t stop, int tos, int path, unsigned long long *datagrams,
                     unsigned long long *calls) {
+    ssize_t sent = 0;
+    int fd = e->fds[path % e->n_fds];
+    if (r->head) { /* lent: header from the records, payload from the sender's memory */
+        int has_short = r->short_index >= start && r->short_index < stop;
+        int err = send_gathered(fd, addr, (const char *)r->records.buf + start * r->head, r->head,
+                                (const char *)r->payload.buf, (const int64_t *)r->seqs.buf + start,
+                                r->chunk_bytes, stop - start,
+                                has_short ? r->short_index - start : -1,
+                                r->short_len - r->head, r->per_message, tos, &sent, calls);
+        *datagrams += (unsigned long long)sent;
+        return err;
+    }
     Py_ssize_t end = stop * r->stride;
     if (r->short_index >= start && r->short_index < stop)
         end -= r->stride - r->short_len; /* (the short record is the run's last) */
-    ssize_t sent = 0;
-    int err = send_datagrams(e->fds[path % e->n_fds], addr,
+    int err = send_datagrams(fd, addr,
                              (const char *)r->records.buf + start * r->stride,
                              end - start * r->stride, r->stride, r->per_message, tos, &sent,
                              calls);
@@ -1022,18 +1039,62 @@ static int check_breaks(Round *r) {
     return 0;
 }
 
+/* A lent round (see RoundPost): its records are headers of stride - chunk_bytes
+ * bytes, and record i's payload is chunk seqs[i] of `payload`, chunk_bytes long
+ * (the short record's short_len minus the header). Every chunk must lie within
+ * the payload; else ValueError. */
+static int lend(Round *r, PyObject *payload, PyObject *seqs, Py_ssize_t chunk_bytes) {
+    r->head = r->stride - chunk_bytes;
+    if (chunk_bytes < 1 || r->head < 1 || r->head > 64 ||
+        (r->short_index >= 0 && r->short_len <= r->head)) {
+        PyErr_Format(PyExc_ValueError,
+                     "post: a lent payload needs 1 <= chunk_bytes < stride with a header of at "
+                     "most 64 bytes (chunk_bytes %zd, stride %zd, short_len %zd)",
+                     chunk_bytes, r->stride, r->short_len);
+        r->head = 0;
+        return -1;
+    }
+    r->chunk_bytes = chunk_bytes;
+    if (PyObject_GetBuffer(payload, &r->payload, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (PyObject_GetBuffer(seqs, &r->seqs, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (r->seqs.itemsize != 8 || r->seqs.format == NULL ||
+        strchr("qlQL", r->seqs.format[strlen(r->seqs.format) - 1]) == NULL ||
+        r->seqs.len != 8 * r->count) {
+        PyErr_Format(PyExc_ValueError, "post: seqs must be %zd int64", r->count);
+        return -1;
+    }
+    const int64_t *seq = (const int64_t *)r->seqs.buf;
+    Py_ssize_t chunks = r->payload.len / chunk_bytes; /* whole chunks in the payload */
+    for (Py_ssize_t i = 0; i < r->count; i++) {
+        Py_ssize_t plen = i == r->short_index ? r->short_len - r->head : chunk_bytes;
+        /* chunk seq[i] lies within: seq < chunks, or the short tail right after them */
+        int fits = seq[i] >= 0 && (seq[i] < chunks ||
+                                   (seq[i] == chunks && plen <= r->payload.len - chunks * chunk_bytes));
+        if (!fits) {
+            PyErr_Format(PyExc_ValueError,
+                         "post: record %zd's chunk %lld (%zd bytes) lies outside the %zd-byte payload",
+                         i, (long long)seq[i], plen, r->payload.len);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"dst",   "step",  "msg",  "order", "records", "stride",
                             "per_message", "count", "short", "short_len", "tos", "path",
-                            "prio", "breaks", NULL};
+                            "prio", "breaks", "payload", "seqs", "chunk_bytes", NULL};
     int dst;
     unsigned long step, msg;
     unsigned long long order;
-    PyObject *records, *tos, *path, *prio, *breaks;
-    Py_ssize_t stride, per_message, count, short_index, short_len;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO:post", names, &dst, &step, &msg,
-                                     &order, &records, &stride, &per_message, &count,
-                                     &short_index, &short_len, &tos, &path, &prio, &breaks))
+    PyObject *records, *tos, *path, *prio, *breaks, *payload = Py_None, *seqs = Py_None;
+    Py_ssize_t stride, per_message, count, short_index, short_len, chunk_bytes = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO|OOn:post", names, &dst, &step,
+                                     &msg, &order, &records, &stride, &per_message, &count,
+                                     &short_index, &short_len, &tos, &path, &prio, &breaks,
+                                     &payload, &seqs, &chunk_bytes))
         return NULL;
     if (dst < 0 || dst >= e->n_peers || e->peers[dst] == NULL) {
         PyErr_Format(PyExc_ValueError, "post: rank %d has no peer entry (add_peer first)", dst);
@@ -1060,25 +1121,24 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->per_message = per_message;
     r->short_index = short_index;
     r->short_len = short_len;
-    if (get_buffer(records, &r->records, stride, count, "records") < 0) {
-        PyMem_RawFree(r);
-        return NULL;
-    }
+    if (payload != Py_None && lend(r, payload, seqs, chunk_bytes) < 0)
+        goto fail;
+    if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records") < 0)
+        goto fail;
     if (get_buffer(tos, &r->tos, 1, count, "tos") < 0)
-        goto fail1;
+        goto fail;
     if (get_buffer(path, &r->path, 1, count, "path") < 0)
-        goto fail2;
+        goto fail;
     if (get_buffer(prio, &r->prio, 1, count, "prio") < 0)
-        goto fail3;
+        goto fail;
     if (PyObject_GetBuffer(breaks, &r->breaks, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        goto fail4;
+        goto fail;
     if (r->breaks.itemsize != 8 || r->breaks.format == NULL ||
         strchr("qlQL", r->breaks.format[strlen(r->breaks.format) - 1]) == NULL ||
         check_breaks(r) < 0) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "post: breaks must be int64");
-        PyBuffer_Release(&r->breaks);
-        goto fail4;
+        goto fail;
     }
     int ended = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1107,15 +1167,8 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     PyObject *report = round_report(r);
     release_round(r);
     return report;
-fail4:
-    PyBuffer_Release(&r->prio);
-fail3:
-    PyBuffer_Release(&r->path);
-fail2:
-    PyBuffer_Release(&r->tos);
-fail1:
-    PyBuffer_Release(&r->records);
-    PyMem_RawFree(r);
+fail: /* (releasing a buffer never taken, or twice, is a no-op) */
+    release_round(r);
     return NULL;
 }
 

@@ -23,6 +23,39 @@
 /* messages per sendmmsg call */
 #define SEND_BATCH 256
 
+/* The ancillary data of a send: TOS and segment size for a message of several
+ * datagrams, TOS alone for a message of one. */
+typedef struct {
+    union {
+        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } both, tos_only;
+} Controls;
+
+static void controls_init(Controls *cm, int tos, ssize_t seg) {
+    memset(cm, 0, sizeof *cm);
+    struct msghdr proto;
+    memset(&proto, 0, sizeof proto);
+    proto.msg_control = cm->both.space;
+    proto.msg_controllen = sizeof cm->both.space;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+    c = CMSG_NXTHDR(&proto, c);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t seg16 = (uint16_t)seg;
+    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
+    c = (struct cmsghdr *)cm->tos_only.space;
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+}
+
 /*
  * Sends the `len` bytes at `buf` to `addr` as datagrams of `seg` bytes (the last
  * may be shorter), `per_message` datagrams per message: more than one goes as one
@@ -35,35 +68,8 @@
 static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *buf, ssize_t len,
                           ssize_t seg, ssize_t per_message, int tos, ssize_t *sent,
                           unsigned long long *calls) {
-    /* two control blocks: TOS and segment size for a message of several
-       datagrams, TOS alone for a message of one */
-    union {
-        char space[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } both, tos_only;
-    memset(&both, 0, sizeof both);
-    memset(&tos_only, 0, sizeof tos_only);
-    struct msghdr proto;
-    memset(&proto, 0, sizeof proto);
-    proto.msg_control = both.space;
-    proto.msg_controllen = sizeof both.space;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&proto);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-    c = CMSG_NXTHDR(&proto, c);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t seg16 = (uint16_t)seg;
-    memcpy(CMSG_DATA(c), &seg16, sizeof seg16);
-    c = (struct cmsghdr *)tos_only.space;
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &tos, sizeof tos);
-
+    Controls cm;
+    controls_init(&cm, tos, seg);
     ssize_t step = seg * per_message, at = 0;
     struct mmsghdr msgs[SEND_BATCH];
     struct iovec iov[SEND_BATCH];
@@ -80,10 +86,10 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
             msgs[k].msg_hdr.msg_iov = &iov[k];
             msgs[k].msg_hdr.msg_iovlen = 1;
             if (n > seg) {
-                msgs[k].msg_hdr.msg_control = both.space; /* read-only for the kernel */
-                msgs[k].msg_hdr.msg_controllen = sizeof both.space;
+                msgs[k].msg_hdr.msg_control = cm.both.space; /* read-only for the kernel */
+                msgs[k].msg_hdr.msg_controllen = sizeof cm.both.space;
             } else {
-                msgs[k].msg_hdr.msg_control = tos_only.space;
+                msgs[k].msg_hdr.msg_control = cm.tos_only.space;
                 msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
             }
             pos += n;
@@ -98,6 +104,67 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
         for (int i = 0; i < r; i++) {
             at += (ssize_t)iov[i].iov_len;
             *sent += ((ssize_t)iov[i].iov_len + seg - 1) / seg;
+        }
+    }
+    return 0;
+}
+
+/*
+ * As send_datagrams, but each datagram is gathered from two places (no copy into
+ * a send buffer): datagram i of the n is the `head` bytes at heads + i * head,
+ * then chunk seqs[i] of `payload`: `chunk` bytes from seqs[i] * chunk, or
+ * `short_plen` for datagram `short_at` (the run's last; -1: none). `seg` is
+ * head + chunk. GSO messages of `per_message` datagrams, two iovecs a datagram.
+ * The caller checked that every chunk lies within the payload.
+ */
+static inline int send_gathered(int fd, const struct sockaddr_in *addr, const char *heads,
+                                ssize_t head, const char *payload, const int64_t *seqs,
+                                ssize_t chunk, ssize_t n, ssize_t short_at, ssize_t short_plen,
+                                ssize_t per_message, int tos, ssize_t *sent,
+                                unsigned long long *calls) {
+    enum { GATHER_BATCH = 16, GATHER_PER_MESSAGE = 64 };
+    Controls cm;
+    controls_init(&cm, tos, head + chunk);
+    struct mmsghdr msgs[GATHER_BATCH];
+    struct iovec iov[GATHER_BATCH * 2 * GATHER_PER_MESSAGE];
+    ssize_t at = 0;
+    *sent = 0;
+    if (per_message > GATHER_PER_MESSAGE)
+        per_message = GATHER_PER_MESSAGE;
+    while (at < n) {
+        int k = 0;
+        size_t v = 0;
+        for (ssize_t pos = at; k < GATHER_BATCH && pos < n; k++) {
+            ssize_t count = n - pos < per_message ? n - pos : per_message;
+            memset(&msgs[k], 0, sizeof msgs[k]);
+            msgs[k].msg_hdr.msg_name = (void *)addr;
+            msgs[k].msg_hdr.msg_namelen = sizeof *addr;
+            msgs[k].msg_hdr.msg_iov = &iov[v];
+            msgs[k].msg_hdr.msg_iovlen = (size_t)(2 * count);
+            for (ssize_t i = pos; i < pos + count; i++) {
+                iov[v++] = (struct iovec){(char *)heads + i * head, (size_t)head};
+                iov[v++] = (struct iovec){(char *)payload + seqs[i] * chunk,
+                                          (size_t)(i == short_at ? short_plen : chunk)};
+            }
+            if (count > 1) {
+                msgs[k].msg_hdr.msg_control = cm.both.space; /* read-only for the kernel */
+                msgs[k].msg_hdr.msg_controllen = sizeof cm.both.space;
+            } else {
+                msgs[k].msg_hdr.msg_control = cm.tos_only.space;
+                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+            }
+            pos += count;
+        }
+        int r = sendmmsg(fd, msgs, (unsigned)k, 0);
+        (*calls)++;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        for (int i = 0; i < r; i++) {
+            at += (ssize_t)msgs[i].msg_hdr.msg_iovlen / 2;
+            *sent += (ssize_t)msgs[i].msg_hdr.msg_iovlen / 2;
         }
     }
     return 0;

@@ -342,7 +342,69 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(sent);
 }
 
+/* send_gathered(fd, heads, head, payload, chunk, per_message, host, port, tos) -> sent:
+ * datagram i is header i (the `head` bytes at heads + i * head) followed by chunk i
+ * of payload (`chunk` bytes from i * chunk; the last chunk may be shorter), one
+ * datagram per header; nothing is copied into a send buffer (see send_gathered in
+ * _sendmmsg.h). */
+static PyObject *send_gathered_py(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd, port, tos;
+    Py_buffer heads, payload;
+    Py_ssize_t head, chunk, per_message;
+    const char *host;
+    if (!PyArg_ParseTuple(args, "iy*ny*nnsii:send_gathered", &fd, &heads, &head, &payload, &chunk,
+                          &per_message, &host, &port, &tos))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *seqs = NULL;
+    struct sockaddr_in addr;
+    if (destination(&addr, host, port) < 0)
+        goto done;
+    Py_ssize_t count = head > 0 ? heads.len / head : 0;
+    Py_ssize_t tail = payload.len - (count - 1) * chunk; /* the last datagram's payload */
+    if (head <= 0 || head > 64 || chunk <= 0 || head + chunk > 65535 || count < 1 ||
+        heads.len != count * head || tail <= 0 || tail > chunk || per_message <= 0 ||
+        per_message > 65535 / (head + chunk)) {
+        PyErr_Format(PyExc_ValueError,
+                     "send_gathered: %zd bytes of %zd-byte headers and a %zd-byte payload "
+                     "do not make datagrams of %zd-byte chunks",
+                     heads.len, head, payload.len, chunk);
+        goto done;
+    }
+    seqs = PyMem_Malloc(sizeof(int64_t) * (size_t)count);
+    if (seqs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        seqs[i] = i;
+    ssize_t sent = 0;
+    unsigned long long calls = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = send_gathered(fd, &addr, (const char *)heads.buf, head, (const char *)payload.buf, seqs,
+                        chunk, count, tail < chunk ? count - 1 : -1, tail, per_message, tos, &sent,
+                        &calls);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromSsize_t(sent);
+done:
+    PyMem_Free(seqs);
+    PyBuffer_Release(&heads);
+    PyBuffer_Release(&payload);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"send_gathered", send_gathered_py, METH_VARARGS,
+     "send_gathered(fd, heads, head, payload, chunk, per_message, host, port, tos) -> sent: "
+     "datagrams gathered from a header each and consecutive chunks of payload (see the "
+     "module source)."},
     {"send_batch", send_batch, METH_VARARGS,
      "send_batch(fd, data, segment_size, per_message, host, port, tos) -> sent: the datagrams "
      "of a batch, per_message per (GSO) message, many messages per sendmmsg call (see the "

@@ -237,10 +237,17 @@ class Endpoint:
         layers: Segments | None = None,
         p: float | None = None,
         bfloat16: bool = False,
+        borrow: bool = False,
     ) -> Future[SendReport]:
         """Send ``array`` (flattened) to rank ``to``; its bytes are copied before
         this returns. The future gives the :class:`SendReport` once the receiver
-        has it within its bound."""
+        has it within its bound.
+
+        ``borrow=True`` lends ``array`` instead, on the native engine and without
+        authentication (elsewhere it is copied as usual): the engine reads each
+        datagram's payload from it while the message lasts, which saves the
+        copy into packets. Write it only where the receiver has completed the
+        message (a collective's later steps), or after the future is done."""
         to = check_rank("to", to)  # bad arguments fail now, in the caller
         check_message(step, msg)
         message = f"message (step {step}, msg {msg}) to rank {to}"
@@ -248,8 +255,9 @@ class Endpoint:
         DType.of(flat, bfloat16=bfloat16)
         check_layers(layers, len(flat), message)
         self._resolve(to, message)
-        fut: TransferFuture[SendReport] = TransferFuture(f"rank {self.rank}: {message}",
-                                                         blocked=self._runs_io)
+        fut: TransferFuture[SendReport] = TransferFuture(
+            f"rank {self.rank}: {message}", blocked=self._runs_io
+        )
 
         def command() -> None:
             key = (to, step, msg)
@@ -263,8 +271,9 @@ class Endpoint:
             now = time.monotonic()
             try:
                 self._session.send_message(
-                    to, flat, step=step, msg=msg, now=now, segments=layers, p=p, bfloat16=bfloat16
-                )
+                    to, flat, step=step, msg=msg, now=now, segments=layers, p=p,
+                    bfloat16=bfloat16, borrow=borrow,
+                )  # fmt: skip
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
@@ -296,8 +305,9 @@ class Endpoint:
             check_out(out, message)
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
         self._resolve(src, message)
-        fut: TransferFuture[Received] = TransferFuture(f"rank {self.rank}: {message}",
-                                                       blocked=self._runs_io)
+        fut: TransferFuture[Received] = TransferFuture(
+            f"rank {self.rank}: {message}", blocked=self._runs_io
+        )
 
         def command() -> None:
             key = (src, step, msg)

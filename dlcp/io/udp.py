@@ -182,6 +182,35 @@ class DataSockets:
             sock.sendmsg([chunk], cmsgs, 0, addr)
         return count
 
+    def send_gathered(
+        self,
+        heads: npt.NDArray[np.uint8],
+        payload: npt.NDArray[np.uint8],
+        chunk: int,
+        *,
+        path: int,
+        tos: int,
+        addr: tuple[str, int],
+    ) -> int:
+        """Send one datagram per row of ``heads`` (2-D uint8), row ``i`` followed
+        by chunk ``i`` of ``payload`` (``chunk`` bytes; the last may be shorter),
+        gathered by the kernel from both: nothing is copied into a send buffer.
+        Returns datagrams sent; a full socket buffer blocks until it drains."""
+        count, head = int(heads.shape[0]), int(heads.shape[1])
+        sock = self.send_socks[path % len(self.send_socks)]
+        per_message = datagrams_per_gso_message(head + chunk) if self.use_gso else 1
+        if _udpio is not None:
+            host, port = addr
+            sent: int = _udpio.send_gathered(
+                sock.fileno(), heads, head, payload, chunk, per_message, host, port, tos
+            )
+            return sent
+        tos_msg = [(socket.IPPROTO_IP, socket.IP_TOS, struct.pack("=i", tos))]
+        for i in range(count):  # (without the extension: a sendmsg a datagram)
+            part = payload[i * chunk : (i + 1) * chunk]
+            sock.sendmsg([heads[i].data, part.data], tos_msg, 0, addr)
+        return count
+
     # ------------------------------------------------------------------ receive
 
     def receive(

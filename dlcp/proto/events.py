@@ -64,7 +64,14 @@ class RoundPost:
     them as the message's pacer allows, in the order the session's own pacing
     would (see ``dlcp.io._engine``), and reports the round with
     :meth:`Session.round_sent`. ``records`` stays valid until the driver has
-    acted on the message's :class:`RoundRelease`."""
+    acted on the message's :class:`RoundRelease`.
+
+    Where the sender lent the message's bytes (``payload`` not None), the
+    records are headers only, ``DATA_HEADER_LEN`` bytes apart, and datagram
+    ``i`` is record ``i`` followed by chunk ``seqs[i]`` of ``payload``
+    (``chunk_bytes`` from ``seqs[i] * chunk_bytes``; the short record's
+    ``short_len - DATA_HEADER_LEN``); ``stride`` is still the datagrams'
+    size on the wire."""
 
     dst: int
     step: int
@@ -81,6 +88,20 @@ class RoundPost:
     path: npt.NDArray[np.uint8]
     prio: npt.NDArray[np.uint8]
     breaks: npt.NDArray[np.int64]
+    payload: npt.NDArray[np.uint8] | None = None
+    seqs: npt.NDArray[np.int64] | None = None
+    chunk_bytes: int = 0
+
+    def datagram(self, i: int) -> bytes:
+        """Datagram ``i`` of the round as it goes on the wire: what a driver
+        sends (the reference for the native engine's gathered sends)."""
+        size = self.short_len if i == self.short else self.stride
+        if self.payload is None:
+            return bytes(self.records[i, :size])
+        assert self.seqs is not None
+        head = self.records.shape[1]
+        at = int(self.seqs[i]) * self.chunk_bytes
+        return bytes(self.records[i]) + bytes(self.payload[at : at + size - head])
 
 
 @dataclass(frozen=True, slots=True)

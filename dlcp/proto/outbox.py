@@ -54,6 +54,7 @@ from .packetizer import (
 from .paths import PathScheduler, path_loss_from_nack
 from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
 from .wire import (
+    DATA_HEADER_LEN,
     MAX_NACK_RANGES,
     Abort,
     AbortReason,
@@ -171,9 +172,16 @@ class Outbox(SessionSide):
         segments: Segments | None = None,
         p: float | None = None,
         bfloat16: bool = False,
+        borrow: bool = False,
     ) -> None:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
-        so the caller may reuse ``data`` as soon as this returns."""
+        so the caller may reuse ``data`` as soon as this returns, unless
+        ``borrow``: then, where rounds go whole to a driver (the native engine)
+        and nothing is authenticated, the records hold headers only and the
+        driver reads the payload from ``data`` itself, as long as the message
+        lasts (its :class:`RoundRelease`). A byte changed meanwhile goes out
+        changed: the caller writes ``data`` only where the receiver has already
+        completed the message (its datagrams then count as late there)."""
         check_message_key(step, msg)
         key = (dst, step, msg)
         peer = self.peer(dst)
@@ -202,14 +210,17 @@ class Outbox(SessionSide):
         stride = record_stride(table, authenticate=self.keys is not None)
         row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
         row_of_seq[order] = np.arange(table.n_chunks)
+        source = data.reshape(-1).view(np.uint8)
+        lent = borrow and self.whole_rounds and self.keys is None
         first = build_records(
-            data.reshape(-1).view(np.uint8),
+            source,
             table,
             order,
             ident,
             authenticate=self.keys is not None,
-            buffer=self._pool.take((table.n_chunks, stride)),
+            buffer=self._pool.take((table.n_chunks, DATA_HEADER_LEN if lent else stride)),
             row_of_seq=row_of_seq,
+            payload=source if lent else None,
         )
         self._may_send = True
         self._sent_messages += 1
@@ -341,7 +352,8 @@ class Outbox(SessionSide):
             authenticate=self.keys is not None,
             retransmit=True,
             source_rows=out.row_of_seq,
-            source_stride=out.first.stride,
+            source_stride=out.first.records.shape[1],
+            payload=out.first.payload,
         )
         out.cursor = 0
         self._may_send = True
@@ -536,6 +548,7 @@ class Outbox(SessionSide):
         return RoundPost(
             dst, key[1], key[2], rec.round, o.order, run.records, run.stride, n, short,
             int(run.lengths[short]) if short >= 0 else 0, tos, path, run.prio, run.breaks,
+            run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize,
         )  # fmt: skip
 
     def round_sent(

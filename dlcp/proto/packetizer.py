@@ -240,7 +240,16 @@ class RecordRun:
     """
 
     __slots__ = (
-        "_breaks", "_flat", "_short", "drop", "headers", "lengths", "prio", "records", "seq",
+        "_breaks",
+        "_flat",
+        "_short",
+        "drop",
+        "headers",
+        "lengths",
+        "payload",
+        "prio",
+        "records",
+        "seq",
         "stride",
     )
 
@@ -254,15 +263,20 @@ class RecordRun:
         stride: int,
         *,
         short: int | None = None,
+        payload: UInt8Array | None = None,
     ) -> None:
         """``short``: the record shorter than ``stride`` (-1: none), if the
-        caller knows it (else it is looked up in ``lengths``)."""
+        caller knows it (else it is looked up in ``lengths``). ``payload``: the
+        records hold headers only, and record ``i``'s payload is chunk
+        ``seq[i]`` of these bytes (the message's own, lent by the caller: see
+        :func:`build_records`); ``stride`` is still the datagrams' spacing on the
+        wire."""
         self.records, self.lengths, self.seq = records, lengths, seq
         self.prio, self.drop, self.stride = prio, drop, stride
+        #: the message's bytes, where the records are headers only (else None)
+        self.payload = payload
         #: structured view (no copy) of the records' headers
-        self.headers: npt.NDArray[np.void] = records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[
-            :, 0
-        ]
+        self.headers: npt.NDArray[np.void] = records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]
         self._flat = memoryview(records.reshape(-1))  # type: ignore[arg-type]
         if short is None:
             (shorter,) = np.nonzero(lengths != stride)
@@ -306,6 +320,7 @@ class RecordRun:
 
     def view(self, start: int, stop: int) -> memoryview:
         """The datagrams of records ``[start, stop)``, back to back."""
+        assert self.payload is None, "a run of headers only is sent by the native engine"
         at = start * self.stride
         return self._flat[at : at + self.batch_nbytes(start, stop)]
 
@@ -331,6 +346,7 @@ def build_records(
     source_stride: int = 0,
     buffer: UInt8Array | None = None,
     row_of_seq: Int64Array | None = None,
+    payload: UInt8Array | None = None,
 ) -> RecordRun:
     """Records for chunks ``seqs`` (already in send order).
 
@@ -340,16 +356,25 @@ def build_records(
     so that a sender reuses memory across steps instead of faulting in new pages.
     ``row_of_seq`` (optional, when ``seqs`` is the whole message): the record each
     chunk goes to, if the caller has it already.
+
+    ``payload`` (the message's bytes) makes a run of headers only: its records
+    are ``DATA_HEADER_LEN`` bytes apart and no payload is copied; whoever sends
+    the run reads each datagram's payload from ``payload`` (the native engine
+    gathers header and payload in one ``sendmmsg``). Unauthenticated messages
+    only (a tag covers the payload and follows it).
     """
     itemsize = table.dtype.itemsize
     chunk_bytes = table.chunk_elems * itemsize
     tag = AUTH_TAG_LEN if authenticate else 0
     stride = DATA_HEADER_LEN + chunk_bytes + tag
+    if payload is not None and authenticate:
+        raise ValueError("a run of headers only is not authenticated (a tag covers the payload)")
+    row_bytes = DATA_HEADER_LEN if payload is not None else stride
     n = len(seqs)
-    if buffer is not None and buffer.shape == (n, stride) and buffer.dtype == np.uint8:
+    if buffer is not None and buffer.shape == (n, row_bytes) and buffer.dtype == np.uint8:
         records = buffer
     else:
-        records = np.empty((n, stride), dtype=np.uint8)
+        records = np.empty((n, row_bytes), dtype=np.uint8)
     last_seq = table.n_chunks - 1
     # the record of the message's last chunk, if among seqs (-1 if not): the only one
     # flagged LAST, and the only one that can be short
@@ -371,7 +396,8 @@ def build_records(
     if source_rows is not None:
         rows = source_rows[seqs]
         src2d = source.reshape(-1, source_stride)
-        records[:, : DATA_HEADER_LEN + chunk_bytes] = src2d[rows, : DATA_HEADER_LEN + chunk_bytes]
+        copied = DATA_HEADER_LEN + (chunk_bytes if payload is None else 0)
+        records[:, :copied] = src2d[rows, :copied]
         records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
     else:
         # the fields every packet of the message shares come from one template
@@ -394,12 +420,12 @@ def build_records(
         }
         _gather(
             source, records, seqs, short_row, chunk_bytes, table.n_chunks, template, per_record,
-            row_of_seq,
-        )
-    if short_row >= 0:
+            row_of_seq, with_payload=payload is None,
+        )  # fmt: skip
+    if short_row >= 0 and payload is None:
         records[short_row, DATA_HEADER_LEN + tail_bytes :] = 0
     lengths = DATA_HEADER_LEN + payload_len + tag
-    return RecordRun(records, lengths, seqs, prio, drop, stride, short=short_row)
+    return RecordRun(records, lengths, seqs, prio, drop, stride, short=short_row, payload=payload)
 
 
 def _gather(
@@ -412,10 +438,12 @@ def _gather(
     template: npt.NDArray[np.void],
     per_record: dict[str, npt.NDArray[np.integer]],
     row_of_seq: Int64Array | None,
+    *,
+    with_payload: bool = True,
 ) -> None:
     """Record ``i``: its header and chunk ``seqs[i]`` of ``source`` (see
     :func:`.kernels.gather_records`), the short last chunk of a message (record
-    ``short_row``, -1 if none) apart.
+    ``short_row``, -1 if none) apart. Without payload, the header alone.
 
     The source is read in ascending chunk order and the records written wherever
     the send order puts them: sequential reads stream from memory, and scattered
@@ -435,13 +463,30 @@ def _gather(
         n_copy -= 1
         seq = int(seqs[short_row])
         gather_records(
-            records, HEADER_DTYPE, template, per_record, np.array([short_row], np.int64), source,
-            chunk_bytes, np.array([seq], np.int64), 1, len(source) - seq * chunk_bytes,
+            records,
+            HEADER_DTYPE,
+            template,
+            per_record,
+            np.array([short_row], np.int64),
+            source,
+            chunk_bytes,
+            np.array([seq], np.int64),
+            1,
+            len(source) - seq * chunk_bytes if with_payload else 0,
         )
     if n_copy:
         gather_records(
-            records, HEADER_DTYPE, template, per_record, row_of_seq, source, chunk_bytes,
-            in_order, n_copy, chunk_bytes, stream=streams(records.nbytes),
+            records,
+            HEADER_DTYPE,
+            template,
+            per_record,
+            row_of_seq,
+            source,
+            chunk_bytes,
+            in_order,
+            n_copy,
+            chunk_bytes if with_payload else 0,
+            stream=streams(records.nbytes),
         )
 
 

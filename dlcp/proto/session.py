@@ -121,9 +121,7 @@ class Session:
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)
-        self._outbox = Outbox(
-            self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds
-        )
+        self._outbox = Outbox(self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds)
         self._now = 0.0  # latest time a caller passed in (for get_timer)
 
     # ------------------------------------------------------------------ application
@@ -139,14 +137,17 @@ class Session:
         segments: Segments | None = None,
         p: float | None = None,
         bfloat16: bool = False,
+        borrow: bool = False,
     ) -> None:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
-        so the caller may reuse ``data`` as soon as this returns."""
+        so the caller may reuse ``data`` as soon as this returns, unless
+        ``borrow`` (see :meth:`Outbox.send`)."""
         self._now = max(self._now, now)
         self._check_peer(dst, "send to")
         self._outbox.send(
-            dst, data, step=step, msg=msg, now=now, segments=segments, p=p, bfloat16=bfloat16
-        )
+            dst, data, step=step, msg=msg, now=now, segments=segments, p=p, bfloat16=bfloat16,
+            borrow=borrow,
+        )  # fmt: skip
 
     def expect_message(
         self,

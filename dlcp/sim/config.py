@@ -11,11 +11,11 @@ FINISH timeout of 200 ms), a 100 Gbit/s fabric has a round trip of ~10 us.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from dlcp.proto.config import ProtocolConfig
+from dlcp.switch.policy import SwitchPolicy
 
 __all__ = ["ABLATIONS", "TRANSPORTS", "WORKLOADS", "SimConfig", "SimConfigError", "switch_policy"]
 
@@ -45,7 +45,7 @@ class SimConfig:
     """One run. Sizes in bytes, rates in Gbit/s, times in microseconds."""
 
     hosts: int = 144
-    #: a testbed topology TOML (dlcp.testbed.topology format); None = the regular
+    #: a testbed topology TOML (testbed.topology format); None = the regular
     #: leaf-spine of hosts / hosts_per_leaf / spines
     topology: str | None = None
     hosts_per_leaf: int = 16
@@ -139,13 +139,15 @@ class SimConfig:
             raise SimConfigError("background_flows must be >= 0 and background_bytes >= 1")
         self.protocol_config()  # validates the overrides
         if self.topology is not None:
-            self._check_topology()
+            self._check_topology(self.topology)
 
-    def _check_topology(self) -> None:
-        mod = importlib.import_module("dlcp.testbed.topology")
+    def _check_topology(self, path: str) -> None:
+        # the topology format is the testbed's: imported only when a topology file is given
+        from testbed.topology import Topology, TopologyError
+
         try:
-            topo = mod.Topology.load(self.topology)
-        except mod.TopologyError as e:
+            topo = Topology.load(path)
+        except TopologyError as e:
             raise SimConfigError(f"topology: {e}") from e
         if len(topo.hosts) != self.hosts:
             raise SimConfigError(
@@ -241,16 +243,16 @@ class SimConfig:
         return cls(**d)
 
 
-def switch_policy(cfg: SimConfig) -> Any:
-    """The testbed's :class:`SwitchPolicy` for this fabric (classes, TOS map,
-    per-class thresholds); the simulated switch reads its thresholds from it."""
-    mod = importlib.import_module("dlcp.testbed.switch_profile")
-    default = mod.SwitchPolicy()
+def switch_policy(cfg: SimConfig) -> SwitchPolicy:
+    """The :class:`SwitchPolicy` for this fabric (classes, TOS map, per-class
+    thresholds), as the testbed applies it; the simulated switch reads its
+    thresholds from it."""
+    default = SwitchPolicy()
     de = cfg.drop_eligible_packets
     if de is None:
         ratio = default.drop_eligible_packets / default.queue_packets
         de = max(1, min(cfg.buffer_packets - 1, round(cfg.buffer_packets * ratio)))
-    return mod.SwitchPolicy(
+    return SwitchPolicy(
         n_classes=8,
         tos=cfg.protocol_config().tos,
         link_rate_mbit=cfg.link_gbps * 1000,

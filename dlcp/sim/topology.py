@@ -1,7 +1,7 @@
 """The simulated fabric as a testbed topology description.
 
 The simulation reads the same leaf-spine description as the namespace testbed
-(:class:`dlcp.testbed.topology.Topology`, TOML or built here): hosts, the leaf
+(:class:`testbed.topology.Topology`, TOML or built here): hosts, the leaf
 each hangs off, spines; every leaf links to every spine. :func:`leaf_spine`
 builds the regular one a :class:`SimConfig` asks for (``h1..hN`` on
 ``leaf1..leafL``, ``spine1..spineS``); :func:`host_leaf_indices` is what the
@@ -10,24 +10,27 @@ ns-3 builder needs from any description.
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .config import SimConfig, SimConfigError
 
+if TYPE_CHECKING:
+    from testbed.topology import Topology
+
 __all__ = ["host_leaf_indices", "leaf_spine", "load_topology"]
 
+# The description's format is the testbed's (testbed.topology): it is imported in the
+# functions that build or read one, so that importing dlcp.sim does not import the testbed.
 
-def _topology_cls() -> Any:
-    return importlib.import_module("dlcp.testbed.topology").Topology
 
-
-def leaf_spine(cfg: SimConfig) -> Any:
+def leaf_spine(cfg: SimConfig) -> Topology:
     """The regular leaf-spine of ``cfg`` as a testbed ``Topology``."""
     leaves = [f"leaf{i + 1}" for i in range(cfg.leaves)]
     hosts = {f"h{h + 1}": {"leaf": leaves[h // cfg.hosts_per_leaf]} for h in range(cfg.hosts)}
-    return _topology_cls().from_dict(
+    from testbed.topology import Topology
+
+    return Topology.from_dict(
         {
             "name": f"leaf_spine_{cfg.hosts}h",
             "mtu": cfg.protocol_config().mtu,
@@ -40,12 +43,14 @@ def leaf_spine(cfg: SimConfig) -> Any:
     )
 
 
-def load_topology(path: str | os.PathLike[str]) -> Any:
+def load_topology(path: str | os.PathLike[str]) -> Topology:
     """A testbed TOML topology file (raises TopologyError naming the bad field)."""
-    return _topology_cls().load(path)
+    from testbed.topology import Topology
+
+    return Topology.load(path)
 
 
-def host_leaf_indices(topology: Any) -> tuple[list[int], int, int]:
+def host_leaf_indices(topology: Topology) -> tuple[list[int], int, int]:
     """(leaf index of every host in file order, number of leaves, number of spines)."""
     index = {name: i for i, name in enumerate(topology.leaves)}
     leaf_of = [index[h.leaf] for h in topology.hosts]

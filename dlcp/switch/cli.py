@@ -13,13 +13,15 @@ testbed's policy for the topology's link rate and buffer size.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .policy import PolicyError, SwitchPolicy, load_policy, on_link
+
+if TYPE_CHECKING:
+    from testbed.topology import Topology
 
 TARGETS = ("bmv2", "linux", "sonic")
 
@@ -47,12 +49,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
-def _topology(path: str | None) -> Any:
-    topo = importlib.import_module("dlcp.testbed.topology")
-    return topo.Topology.load(path) if path else topo.Topology.default()
+def _topology(path: str | None) -> Topology:
+    # the topology format is the testbed's: imported when a command needs it, so that
+    # importing dlcp.switch does not import the testbed
+    from testbed.topology import Topology
+
+    return Topology.load(path) if path else Topology.default()
 
 
-def _switches(t: Any, only: str | None) -> list[str]:
+def _switches(t: Topology, only: str | None) -> list[str]:
     switches = [*t.leaves, *t.spines]
     if only is None:
         return switches
@@ -64,12 +69,12 @@ def _switches(t: Any, only: str | None) -> list[str]:
 def render(args: argparse.Namespace) -> str:
     """The text ``dlcp switch config`` prints for ``args``."""
     needs_topology = args.target == "bmv2" or (args.target == "linux" and not args.dev)
-    t: Any = _topology(args.topology) if needs_topology or not args.policy else None
-    policy: SwitchPolicy = (
-        load_policy(args.policy)
-        if args.policy
-        else SwitchPolicy.for_link(t.link_rate_mbit, t.buffer_packets)
-    )
+    t = _topology(args.topology) if needs_topology or not args.policy else None
+    if args.policy:
+        policy = load_policy(args.policy)
+    else:
+        assert t is not None  # loaded above when no policy is given
+        policy = SwitchPolicy.for_link(t.link_rate_mbit, t.buffer_packets)
     if args.target == "sonic":
         from .sonic import sonic_config
 
@@ -80,6 +85,7 @@ def render(args: argparse.Namespace) -> str:
 
         if args.dev:
             return "\n".join(shlex.join(c) for c in tc_commands(policy, args.dev))
+        assert t is not None  # needs_topology
         lines = []
         for node in _switches(t, args.switch):
             for dev in _neighbours(t, node):
@@ -93,6 +99,7 @@ def render(args: argparse.Namespace) -> str:
         return "\n".join(lines)
     from .controller import fabric_config
 
+    assert t is not None  # needs_topology
     configs = fabric_config(t, policy)
     chosen = _switches(t, args.switch)
     if args.format == "text":
@@ -106,17 +113,18 @@ def render(args: argparse.Namespace) -> str:
     return json.dumps({n: configs[n].to_json() for n in chosen}, indent=2)
 
 
-def _neighbours(t: Any, node: str) -> list[str]:
+def _neighbours(t: Topology, node: str) -> list[str]:
     from .controller import switch_ports
 
     return list(switch_ports(t, node))
 
 
 def main(args: argparse.Namespace) -> int:
-    topo = importlib.import_module("dlcp.testbed.topology")
+    from testbed.topology import TopologyError
+
     try:
         print(render(args))
-    except (PolicyError, topo.TopologyError) as e:
+    except (PolicyError, TopologyError) as e:
         print(f"dlcp switch: {e}", file=sys.stderr)
         return 2
     return 0

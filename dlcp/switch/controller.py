@@ -1,7 +1,7 @@
 """Controller: the P4Runtime entries of every switch of a leaf-spine topology, and
 pushing them to a device.
 
-Topology: the testbed's :class:`~dlcp.testbed.topology.Topology` (any object with
+Topology: the testbed's :class:`~testbed.topology.Topology` (any object with
 its ``hosts`` / ``leaves`` / ``spines`` / ``nodes`` / ``host_addr`` / ``links``), the
 same addressing as the Linux backends (``route_commands``). Conventions shared with
 the BMv2 testbed backend (``dlcp testbed up --switch bmv2``):
@@ -65,7 +65,7 @@ class _Host(Protocol):
 
 
 class FabricTopology(Protocol):
-    """What the controller needs of ``dlcp.testbed.topology.Topology``."""
+    """What the controller needs of ``testbed.topology.Topology``."""
 
     @property
     def hosts(self) -> Sequence[_Host]: ...

@@ -45,15 +45,14 @@ def build() -> nn.Module:
 def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    from dlcp.shims.ddp import DLCPState, dlcp_hook
-
     from dlcp.rendezvous import connect
+    from shims.ddp import DLCPState, dlcp_hook
 
     torch.manual_seed(0)
     template = build()
     replicas: dict[str, nn.parallel.DistributedDataParallel] = {}
     states: dict[str, DLCPState] = {}
-    from dlcp.shims.tcp_ps import TcpPsState, tcp_ps_hook
+    from shims.tcp_ps import TcpPsState, tcp_ps_hook
 
     for name in ("gloo", "ring", "direct", "halving", "ps", "tcp_ps"):
         model = build()

@@ -53,7 +53,7 @@ def all_reduce_sum_float32_vs_gloo() -> dict[str, Any]:
         a, b = both(lambda t, g: dist.all_reduce(t, group=g), data((n,), i, integer=True))
         assert torch.equal(a, b), f"n={n}"
         same_on_every_rank(a)
-    from dlcp.shims.process_group import dlcp_group
+    from shims.process_group import dlcp_group
 
     reports = {}
     # random floats (sums in another order): a small tensor goes in one round (311 KB
@@ -253,7 +253,7 @@ def reduce_scatter_gather_scatter_reduce() -> None:
 def every_tensor_of_an_operation_is_reported() -> None:
     """An operation on several tensors runs a collective per tensor; each one's
     report is kept (the group kept only the last one's)."""
-    from dlcp.shims.process_group import dlcp_group
+    from shims.process_group import dlcp_group
 
     pg = dlcp_group()
     before = len(pg.reports)
@@ -291,7 +291,7 @@ def a_failure_before_its_call_keeps_the_ranks_paired() -> None:
     allocation would raise), before its all-reduce took a call number; the other
     ranks' all-reduce times out. The next all-reduce must pair up on every rank:
     rank 0's took the failed one's number and summed the others' old values."""
-    import dlcp.shims.pg_transport as pgt
+    import shims.pg_transport as pgt
 
     short = dist.new_group(backend="dlcp", timeout=datetime.timedelta(seconds=2))
     real = pgt.HostTensor
@@ -340,7 +340,7 @@ def coalescing_manager_and_functional_collectives() -> None:
     assert c.eq(w).all(), c
     # a failure inside the manager is raised (torch waits on _end_coalescing's work
     # alone, which succeeded whatever the operations did)
-    from dlcp.shims.process_group import dlcp_group
+    from shims.process_group import dlcp_group
 
     pg = dlcp_group()
     real = pg._transport.allreduce
@@ -425,7 +425,7 @@ def main() -> int:
     dist.init_process_group("dlcp", timeout=TIMEOUT)
     C.rank, C.world = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "dlcp"
-    from dlcp.shims.process_group import DLCPProcessGroup
+    from shims.process_group import DLCPProcessGroup
 
     assert isinstance(dist.distributed_c10d._get_default_group(), DLCPProcessGroup)
     C.gloo = dist.new_group(backend="gloo", timeout=TIMEOUT)

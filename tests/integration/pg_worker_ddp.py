@@ -41,7 +41,7 @@ def net() -> nn.Module:
 
 @check
 def ddp_matches_gloo() -> dict[str, Any]:
-    from dlcp.shims.process_group import dlcp_group
+    from shims.process_group import dlcp_group
 
     before = len(dlcp_group().reports)
     torch.manual_seed(C.rank)  # different on every rank: DDP must broadcast rank 0's
@@ -128,7 +128,7 @@ def ddp_find_unused_parameters_matches_gloo() -> None:
 
 @check
 def bounded_loss_group_keeps_replicas_identical() -> dict[str, Any]:
-    from dlcp.shims.process_group import DLCPOptions, dlcp_group
+    from shims.process_group import DLCPOptions, dlcp_group
 
     # this group's endpoint drops 2 % of its received data datagrams (EMULATION,
     # read from the environment when the group is created): loss really happens

@@ -381,7 +381,7 @@ def monitored_barrier_names_the_ranks_that_did_not_arrive() -> dict[str, str]:
     """All ranks pass it; then rank 2 stays away: rank 0 names it in Gloo's
     words, rank 1 (never answered) names rank 0. Its own group: the absent
     rank's barrier count falls behind."""
-    from dlcp.shims.process_group import dlcp_group
+    from shims.process_group import dlcp_group
 
     pg = dlcp_group(dist.new_group(backend="dlcp"))
     pg.monitored_barrier(datetime.timedelta(seconds=10))

@@ -1,4 +1,4 @@
-"""``python -m bench.allreduce`` and ``python -m bench.messages``, run as a user
+"""``python -m dlcp.bench.allreduce`` and ``python -m dlcp.bench.messages``, run as a user
 would, with few calls.
 
 Checks their contract (exit 0, one JSON object on the last stdout line with the
@@ -22,7 +22,7 @@ from tests.integration.bench_helpers import positive, run_json
 
 
 def test_allreduce_benchmark_json_on_the_loopback() -> None:
-    argv = [sys.executable, "-m", "bench.allreduce", "--json", "--loopback",
+    argv = [sys.executable, "-m", "dlcp.bench.allreduce", "--json", "--loopback",
             "--iters", "2", "--rounds", "1"]  # fmt: skip
     r = run_json(argv, 180.0)
     assert r["bench"] == "allreduce" and r["path"] == "loopback"
@@ -54,7 +54,7 @@ def test_allreduce_benchmark_json_on_the_loopback() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the floor runs as root only: nothing to leave out")
 def test_allreduce_benchmark_without_the_floor() -> None:
-    argv = [sys.executable, "-m", "bench.allreduce", "--json", "--loopback", "--no-udp-floor",
+    argv = [sys.executable, "-m", "dlcp.bench.allreduce", "--json", "--loopback", "--no-udp-floor",
             "--iters", "1", "--rounds", "1"]  # fmt: skip
     r = run_json(argv, 180.0)
     assert r["floor_ms"] is None and r["ratio_floor"] is None
@@ -67,7 +67,7 @@ def test_a_floor_refused_its_buffers_is_left_out_and_the_rest_stands() -> None:
     # root without CAP_NET_ADMIN (as in many containers): SO_RCVBUFFORCE fails, the
     # floor's buffers stay small, and it would drop a burst it never resends
     argv = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin",
-            sys.executable, "-m", "bench.allreduce", "--json", "--loopback",
+            sys.executable, "-m", "dlcp.bench.allreduce", "--json", "--loopback",
             "--iters", "1", "--rounds", "1"]  # fmt: skip
     r = run_json(argv, 180.0)
     assert r["floor_ms"] is None and r["ring_over_floor_cpu"] is None
@@ -76,7 +76,7 @@ def test_a_floor_refused_its_buffers_is_left_out_and_the_rest_stands() -> None:
 
 
 def test_messages_benchmark_json() -> None:
-    r = run_json([sys.executable, "-m", "bench.messages", "--json"], 120.0)
+    r = run_json([sys.executable, "-m", "dlcp.bench.messages", "--json"], 120.0)
     assert r["bench"] == "messages" and r["sizes"]
     for phases in r["sizes"].values():
         for key in phases:

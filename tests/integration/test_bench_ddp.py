@@ -1,4 +1,4 @@
-"""``python -m bench.ddp``, run as a user would, on a tiny model.
+"""``python -m dlcp.bench.ddp``, run as a user would, on a tiny model.
 
 Checks the benchmark's contract (exit 0, one JSON object on the last stdout
 line with the figures docs/benchmarks.md uses) and that its figures are
@@ -21,7 +21,7 @@ from tests.integration.bench_helpers import positive, run_json
 TIMEOUT = 300.0  # seconds: up to nine jobs of four ranks, each importing torch
 
 ARGV = [
-    sys.executable, "-m", "bench.ddp", "--json", "--emulated",
+    sys.executable, "-m", "dlcp.bench.ddp", "--json", "--emulated",
     "--iters", "3", "--warmup", "1", "--width", "64", "--depth", "2", "--inputs", "32",
     "--rounds", "2",
 ]

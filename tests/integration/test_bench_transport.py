@@ -1,4 +1,4 @@
-"""``python -m bench.transport``, run as a user would: small, on loopback.
+"""``python -m dlcp.bench.transport``, run as a user would: small, on loopback.
 
 The benchmark's contract with its users (and with the scripts that collect its
 figures) is its command line and the last line of its stdout with ``--json``:
@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 import pytest
-from dlcp.testbed import netns
 
+from testbed import netns
 from tests.integration.bench_helpers import positive, run_json
 
 SIZE_MIB = 4
@@ -29,7 +29,7 @@ TIMEOUT = 120.0  # seconds; a run this small takes about one
 ARGV = [
     sys.executable,
     "-m",
-    "bench.transport",
+    "dlcp.bench.transport",
     "--json",
     "--loopback",
     "--size-mib",

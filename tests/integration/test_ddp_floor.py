@@ -1,4 +1,4 @@
-"""The DDP benchmark's UDP floor (``bench/ddp_floor.py``) averages correctly.
+"""The DDP benchmark's UDP floor (``dlcp/bench/ddp_floor.py``) averages correctly.
 
 Its figure is only a floor if it does the ring's whole work: every rank must
 end with the mean of every rank's array, bit for bit the same on each rank.
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ddp_floor
-from bench.ddp_floor import FloorError, UdpRingFloor
+from dlcp.bench import ddp_floor
+from dlcp.bench.ddp_floor import FloorError, UdpRingFloor
 
 
 def _ranks(world: int) -> list[UdpRingFloor]:
@@ -80,18 +80,18 @@ def test_every_rank_ends_with_the_mean_of_all_ranks_arrays(n_elems: int) -> None
 def test_a_lost_datagram_fails_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ddp_floor, "FLOOR_TIMEOUT_S", 0.5)
     ranks = _ranks(2)
-    real_send = ranks[0]._socks[0].send
+    real_send = ranks[0]._socks[0].send_gathered
     dropped = []
 
-    def send_losing_the_first(data: memoryview, seg: int, count: int, **kw: Any) -> int:
+    def send_losing_the_first(heads: Any, payload: Any, chunk: int, **kw: Any) -> int:
         if not dropped:  # rank 0's first datagram never leaves
-            dropped.append(seg)
-            data, count = data[seg:], count - 1
-            if count == 0:
+            dropped.append(chunk)
+            heads, payload = heads[1:], payload[chunk:]
+            if len(heads) == 0:
                 return 0
-        return real_send(data, seg, count, **kw)
+        return int(real_send(heads, payload, chunk, **kw))
 
-    monkeypatch.setattr(ranks[0]._socks[0], "send", send_losing_the_first)
+    monkeypatch.setattr(ranks[0]._socks[0], "send_gathered", send_losing_the_first)
     try:
         arrays = [np.ones(50_000, np.float32) for _ in ranks]
         results = _in_threads(ranks, lambda f: f.allreduce(arrays[f.rank]))

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed import netns
 
 from dlcp.errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
+from testbed import netns
 from tests.integration.endpoint_helpers import (
     JOB,
     MARGIN,

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dlcp.shims.ddp import DLCPState, dlcp_hook
 
 from dlcp.io import Endpoint, EndpointConfig
+from shims.ddp import DLCPState, dlcp_hook
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
 

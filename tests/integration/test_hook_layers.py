@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dlcp.shims.ddp import DLCPState, _layer_index, dlcp_hook
 from torch import nn
 
 from dlcp.io import Endpoint, EndpointConfig
+from shims.ddp import DLCPState, _layer_index, dlcp_hook
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
 # module path prefix -> layer: the modules that own parameters, in model order

@@ -192,7 +192,7 @@ def test_destroy_stops_every_dlcp_thread(ranks: list[dict[str, Any]]) -> None:
 
 
 def test_options_are_validated() -> None:
-    from dlcp.shims.process_group import DLCPOptions
+    from shims.process_group import DLCPOptions
 
     with pytest.raises(ConfigError, match=r"p=0\.5"):
         DLCPOptions(p=0.5)
@@ -230,10 +230,10 @@ def test_import_dlcp_registers_without_importing_torch() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("first", ["dlcp.shims.pg_options", "dlcp.shims.ddp",
-                                   "dlcp.shims.process_group", "dlcp.shims.metrics"])
+@pytest.mark.parametrize("first", ["shims.pg_options", "shims.ddp",
+                                   "shims.process_group", "shims.metrics"])
 def test_the_backend_is_registered_whichever_dlcp_module_comes_first(first: str) -> None:
-    """A module of the shims imported first (``from dlcp.shims.pg_options import
+    """A module of the shims imported first (``from shims.pg_options import
     DLCPOptions``) loads torch, or has it loaded later; the backend must be
     registered either way, with no warning."""
     script = (
@@ -289,7 +289,7 @@ def test_the_ddp_hook_starts_from_an_init_method_without_env_variables() -> None
     script = (
         "import torch, torch.distributed as dist\n"
         "from torch import nn\n"
-        "from dlcp.shims.ddp import DLCPState, dlcp_hook\n"
+        "from shims.ddp import DLCPState, dlcp_hook\n"
         f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}',\n"
         "                        rank=0, world_size=1)\n"
         "torch.manual_seed(0)\n"

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import torch
-from dlcp.shims.ddp import DLCPState
 
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.threads import OS_NAME_MAX, name_os_thread
+from shims.ddp import DLCPState
 from tests.integration.endpoint_helpers import JOB, LocalStore
 
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dlcp.shims.metrics import StepMetrics, Tracer, rank_path
 
 from dlcp.collectives import CollectiveReport, Communicator, ring_allreduce
 from dlcp.collectives.comm import ReportBuilder
 from dlcp.io import Endpoint, EndpointConfig
+from shims.metrics import StepMetrics, Tracer, rank_path
 from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
 N = 200_000

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from dlcp.testbed.bmv2 import Bmv2Switch, bmv2_switch, in_netns, missing_bmv2, program_paths
-from dlcp.testbed.netns import run_prefix
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from dlcp.inspect import DLCPData
+from testbed.bmv2 import Bmv2Switch, bmv2_switch, in_netns, missing_bmv2, program_paths
+from testbed.netns import run_prefix
 
 MISSING = missing_bmv2()
 pytestmark = [

@@ -1,5 +1,5 @@
 """Junk floods against live endpoints on loopback, with the C flooder
-(``bench/flooder.c``, ``sendmmsg`` as fast as one core goes) aimed at the
+(``dlcp/bench/flooder.c``, ``sendmmsg`` as fast as one core goes) aimed at the
 receiver's data port: random bytes, then datagrams that start like a data header
 of the job (right version, type and job id, the rest random). Both send engines,
 authentication on and off.
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from bench.flooder import Flooder
+from dlcp.bench.flooder import Flooder
 from dlcp.errors import PeerTimeout
 from dlcp.io import Endpoint, EndpointConfig, udp
 from dlcp.proto.config import ProtocolConfig

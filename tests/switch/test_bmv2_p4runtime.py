@@ -18,7 +18,7 @@ pytestmark = pytest.mark.root
 
 
 def _missing() -> list[str]:
-    from dlcp.testbed.bmv2 import missing_bmv2
+    from testbed.bmv2 import missing_bmv2
 
     missing = missing_bmv2(grpc=True)
     if not COMMITTED_P4INFO.exists() or not COMMITTED_JSON.exists():
@@ -37,11 +37,10 @@ def test_configure_and_read_a_real_bmv2(tmp_path: Path) -> None:
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     protos()
-    from dlcp.testbed.bmv2 import bmv2_switch
-    from dlcp.testbed.topology import Topology
-
     from dlcp.switch.p4info import P4InfoHelper
     from dlcp.switch.p4runtime import CounterValue, P4RuntimeClient, P4RuntimeWriteError
+    from testbed.bmv2 import bmv2_switch
+    from testbed.topology import Topology
 
     addr = f"127.0.0.1:{_free_port()}"
     entries = fabric_config(Topology.default(), SwitchPolicy())["leaf1"].entries
@@ -76,12 +75,12 @@ def test_controller_entries_route_and_count_packets(tmp_path: Path) -> None:
     import subprocess
     import time
 
-    from dlcp.testbed.bmv2 import bmv2_switch
-    from dlcp.testbed.topology import Topology
     from scapy.all import IP, UDP, AsyncSniffer, Ether, Raw, sendp
 
     from dlcp.switch.p4info import P4InfoHelper
     from dlcp.switch.p4runtime import CounterValue, P4RuntimeClient
+    from testbed.bmv2 import bmv2_switch
+    from testbed.topology import Topology
 
     tag = f"sw{os.getpid() % 100000}"
     ns, outer = f"{tag}ns", [f"{tag}x1", f"{tag}x2"]

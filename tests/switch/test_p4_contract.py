@@ -64,7 +64,7 @@ def test_actions_and_counters_match(helper: Any) -> None:
 
 @pytest.mark.parametrize("policy", [SwitchPolicy(), load_policy(CUSTOM)], ids=["default", "custom"])
 def test_every_computed_entry_encodes(helper: Any, policy: SwitchPolicy) -> None:
-    from dlcp.testbed.topology import Topology
+    from testbed.topology import Topology
 
     for node, cfg in fabric_config(Topology.default(), policy).items():
         updates = helper.updates(cfg.entries)
@@ -74,7 +74,7 @@ def test_every_computed_entry_encodes(helper: Any, policy: SwitchPolicy) -> None
 def test_configure_with_the_committed_pipeline(
     fake_server: FakeServer, device: FakeDevice, helper: Any
 ) -> None:
-    from dlcp.testbed.topology import Topology
+    from testbed.topology import Topology
 
     if not COMMITTED_JSON.exists():
         pytest.skip("the BMv2 JSON is not committed")
@@ -123,7 +123,7 @@ def test_committed_and_fixture_p4info_give_the_same_requests(
 ) -> None:
     """The fake-device tests run on the fixture P4Info; with the committed one, every
     request is the same up to the (compiler-chosen) table and action ids."""
-    from dlcp.testbed.topology import Topology
+    from testbed.topology import Topology
 
     blob = tmp_path / "dlcp.json"
     blob.write_text("{}")

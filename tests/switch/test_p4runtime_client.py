@@ -27,7 +27,7 @@ from dlcp.switch.p4runtime import (
 
 
 def _topology() -> Any:
-    from dlcp.testbed.topology import Topology
+    from testbed.topology import Topology
 
     return Topology.default()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from dlcp.testbed.topology import Topology
 
 from dlcp.switch.controller import (
     entry_changes,
@@ -14,6 +13,7 @@ from dlcp.switch.controller import (
 )
 from dlcp.switch.p4entries import Lpm, P4Names
 from dlcp.switch.policy import SwitchPolicy
+from testbed.topology import Topology
 
 N = P4Names
 

@@ -31,7 +31,7 @@ def test_defaults_and_empty_file(tmp_path: Path) -> None:
 
 
 def test_testbed_module_reexports_the_same_classes() -> None:
-    from dlcp.testbed import switch_profile
+    from testbed import switch_profile
 
     assert switch_profile.SwitchPolicy is SwitchPolicy
     assert switch_profile.tc_commands is tc_commands

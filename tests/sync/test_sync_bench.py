@@ -1,4 +1,4 @@
-"""``python -m bench.sync`` / ``dlcp sync``: settings refused with a clear message,
+"""``python -m dlcp.bench.sync`` / ``dlcp sync``: settings refused with a clear message,
 the slow rank's share of iterations, the per-scheme medians; one tiny real run
 (two ranks, a few iterations) whose JSON carries every figure."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import sync as bench_sync
+from dlcp.bench import sync as bench_sync
 from dlcp.cli import main as cli_main
 
 

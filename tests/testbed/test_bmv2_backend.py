@@ -8,12 +8,12 @@ import sys
 import time
 
 import pytest
-from dlcp.testbed import cli as testbed_cli
-from dlcp.testbed.bmv2 import Bmv2Error, missing_bmv2
-from dlcp.testbed.bmv2_backend import build_bmv2
-from dlcp.testbed.topology import Topology
 
 from dlcp.switch.policy import SwitchPolicy
+from testbed import cli as testbed_cli
+from testbed.bmv2 import Bmv2Error, missing_bmv2
+from testbed.bmv2_backend import build_bmv2
+from testbed.topology import Topology
 
 MISSING = missing_bmv2(grpc=True)
 

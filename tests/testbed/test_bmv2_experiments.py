@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed import cli as testbed_cli
-from dlcp.testbed import experiments as ex
-from dlcp.testbed.bmv2 import missing_bmv2
-from dlcp.testbed.bmv2_backend import bmv2_counters, bmv2_link_down, build_bmv2
-from dlcp.testbed.topology import Topology
 
 from dlcp.switch.policy import SwitchPolicy
+from testbed import cli as testbed_cli
+from testbed import experiments as ex
+from testbed.bmv2 import missing_bmv2
+from testbed.bmv2_backend import bmv2_counters, bmv2_link_down, build_bmv2
+from testbed.topology import Topology
 
 MISSING = missing_bmv2(grpc=True)
 needs_bmv2 = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (BMv2 switch)")
@@ -33,9 +33,9 @@ def test_bmv2_run_name() -> None:
 
 def test_bmv2_arguments_are_rejected_before_building() -> None:
     with pytest.raises(ValueError, match="unknown switch"):
-        ex.run_experiment("clean", "dlcp", switch="tofino")
+        ex.ExperimentConfig("clean", "dlcp", switch="tofino")
     with pytest.raises(ValueError, match="BMv2 links are not shaped"):
-        ex.run_experiment("clean", "dlcp", switch="bmv2", link_rate_mbit=100)
+        ex.ExperimentConfig("clean", "dlcp", switch="bmv2", link_rate_mbit=100)
 
 
 def _counters(fwd: int, dropped: int, taken: int, sent: int, injected: int) -> dict[str, Any]:
@@ -144,10 +144,11 @@ def test_loss_run_over_bmv2(tmp_path: Path) -> None:
     training completes, the program's counter saw the drops (spine1 only), and the
     results say they come from BMv2 and are functional."""
     log = io.StringIO()
-    r = ex.run_experiment(
-        "loss", "dlcp", epochs=1, batch_size=32, results=tmp_path, out=log, switch="bmv2",
+    config = ex.ExperimentConfig(
+        "loss", "dlcp", epochs=1, batch_size=32, results=tmp_path, switch="bmv2",
         prefix="dlcpbml", plot_after=False,
     )  # fmt: skip
+    r = ex.run_experiment(config, out=log)
     assert "[testbed] loss-dlcp-bmv2-batch32: epoch 1/1 done" in log.getvalue()
     assert f"[testbed] loss-dlcp-bmv2-batch32: {ex.FUNCTIONAL_NOTE}" in log.getvalue()
     # beside a Linux run's, not over it

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed import experiments as ex
-from dlcp.testbed.netns import missing_tools
+
+from testbed import experiments as ex
+from testbed.netns import missing_tools
 
 MISSING = missing_tools(loss=True, offloads=True)
 needs_root = pytest.mark.skipif(
@@ -75,22 +76,22 @@ def test_runs_of_other_settings_keep_their_own_results(tmp_path: Path) -> None:
 def test_run_settings_are_validated() -> None:
     for kw in ({"epochs": 0}, {"batch_size": 0}, {"hidden": 0}, {"link_rate_mbit": -5.0}):
         with pytest.raises(ValueError, match="must be >= 1"):
-            ex.run_experiment("clean", "dlcp", **kw)  # type: ignore[arg-type]
+            ex.ExperimentConfig("clean", "dlcp", **kw)  # type: ignore[arg-type]
 
 
 def test_bad_arguments_are_rejected_before_building() -> None:
     with pytest.raises(ValueError, match="unknown profile 'wred'"):
-        ex.run_experiment("clean", "gloo", profile="wred")
+        ex.ExperimentConfig("clean", "gloo", profile="wred")
     with pytest.raises(ValueError, match="BMv2 runs the P4 program"):
-        ex.run_experiment("clean", "gloo", switch="bmv2", profile="fifo")
+        ex.ExperimentConfig("clean", "gloo", switch="bmv2", profile="fifo")
     with pytest.raises(ValueError, match="gloo_profile='dlcp'"):
         ex.suite(["clean"], switch="bmv2", gloo_profile="dlcp")
     with pytest.raises(ValueError, match="unknown scenario"):
-        ex.run_experiment("nope", "dlcp")
+        ex.ExperimentConfig("nope", "dlcp")
     with pytest.raises(ValueError, match="unknown ablation"):
-        ex.run_experiment("clean", "dlcp", ablate=("fast",))
+        ex.ExperimentConfig("clean", "dlcp", ablate=("fast",))
     with pytest.raises(ValueError, match="dlcp only"):
-        ex.run_experiment("clean", "gloo", ablate=("spray",))
+        ex.ExperimentConfig("clean", "gloo", ablate=("spray",))
 
 
 def test_a_suite_runs_every_run_with_its_model_width(
@@ -100,9 +101,9 @@ def test_a_suite_runs_every_run_with_its_model_width(
     included, trains the wide model (a fake stands in for the runs here)."""
     seen: list[tuple[str, str, tuple[str, ...], int]] = []
 
-    def fake_run(scenario: str, transport: str, *, ablate: tuple[str, ...] = (),
-                 hidden: int = ex.HIDDEN, **_: Any) -> dict[str, Any]:  # fmt: skip
-        seen.append((scenario, transport, tuple(ablate), hidden))
+    def fake_run(config: ex.ExperimentConfig, **_: Any) -> dict[str, Any]:
+        scenario, transport, ablate = config.scenario, config.transport, config.ablate
+        seen.append((scenario, transport, ablate, config.hidden))
         return dict.fromkeys(ex.CSV_FIELDS, 0) | {
             "scenario": scenario, "transport": transport, "ablation": ",".join(ablate),
             "router_drops": "", "switch": "linux", "profile": "dlcp",
@@ -184,9 +185,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
     out: dict[str, dict[str, Any]] = {}
     for transport in ("gloo", "dlcp"):
         log = io.StringIO()
-        out[transport] = ex.run_experiment(
-            "clean", transport, epochs=1, batch_size=32, results=res, out=log
-        )
+        config = ex.ExperimentConfig("clean", transport, epochs=1, batch_size=32, results=res)
+        out[transport] = ex.run_experiment(config, out=log)
         # (batch 32 is not the default: the run's name says so)
         assert f"[testbed] clean-{transport}-batch32: epoch 1/1 done" in log.getvalue()
         assert "[rank3]:" in log.getvalue()  # every rank's output is streamed, prefixed
@@ -273,10 +273,10 @@ def test_spine_down_fails_the_link_mid_run(tmp_path: Path) -> None:
     """spine-down over 2 epochs: leaf1--spine1 goes down when rank 0 reports its
     first epoch, the routes re-converge while the ranks train, and training ends."""
     log = io.StringIO()
-    r = ex.run_experiment(
-        "spine-down", "dlcp", epochs=2, batch_size=32, results=tmp_path, out=log,
-        plot_after=False,
-    )  # fmt: skip
+    config = ex.ExperimentConfig(
+        "spine-down", "dlcp", epochs=2, batch_size=32, results=tmp_path, plot_after=False
+    )
+    r = ex.run_experiment(config, out=log)
     text = log.getvalue()
     down = text.index("[testbed] spine-down-dlcp-batch32: leaf1--spine1 down after epoch 1")
     assert text.index("[testbed] spine-down-dlcp-batch32: epoch 1/2 done") < down
@@ -292,10 +292,10 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
     (the loss rules dropped packets, the cross traffic flowed, the parameter
     server took the pushes), training finished, and any gradient loss stayed
     within the bound (p = 0.05)."""
-    r = ex.run_experiment(
-        scenario, "dlcp", epochs=1, batch_size=32, results=tmp_path, out=io.StringIO(),
-        plot_after=False,
-    )  # fmt: skip
+    config = ex.ExperimentConfig(
+        scenario, "dlcp", epochs=1, batch_size=32, results=tmp_path, plot_after=False
+    )
+    r = ex.run_experiment(config, out=io.StringIO())
     assert r["final_accuracy"] > 10.0 and len(r["train"]["epochs"]) == 1
     assert r["lost_fraction"] <= 0.05
     setup = r["setup"]
@@ -319,7 +319,7 @@ def test_rows_name_the_code_they_were_measured_with(tmp_path: Path) -> None:
     import re
     import subprocess
 
-    from dlcp.testbed.results import code_revision
+    from testbed.results import code_revision
 
     root = Path(ex.__file__).resolve().parent.parent
     git = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,

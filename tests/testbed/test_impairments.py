@@ -8,10 +8,11 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from dlcp.testbed import impairments as im
-from dlcp.testbed.netns import missing_tools
-from dlcp.testbed.switch_profile import SwitchPolicy
-from dlcp.testbed.topology import Network, Topology, build
+
+from testbed import impairments as im
+from testbed.netns import missing_tools
+from testbed.switch_profile import SwitchPolicy
+from testbed.topology import Network, Topology, build
 
 MISSING = missing_tools(loss=True, offloads=True)
 pytestmark = [

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from dlcp.testbed.mininet_backend import build_mininet, mininet_missing
-from dlcp.testbed.topology import Topology, route_commands
+
+from testbed.mininet_backend import build_mininet, mininet_missing
+from testbed.topology import Topology, route_commands
 
 MISSING = mininet_missing()
 needs_mininet = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}")

@@ -11,11 +11,11 @@ import sys
 import threading
 
 import pytest
-from dlcp.testbed import netns
-from dlcp.testbed.impairments import _loss_table
-from dlcp.testbed.netns import NetnsError, _ifname, prefix_lock
 
 from dlcp.launch import signals_ignored
+from testbed import netns
+from testbed.impairments import _loss_table
+from testbed.netns import NetnsError, _ifname, prefix_lock
 
 
 def test_a_signal_during_a_cleanup_is_ignored() -> None:

@@ -10,8 +10,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from dlcp.testbed.netns import NetnsLine, missing_tools, netns_line
-from dlcp.testbed.switch_profile import (
+
+from dlcp.proto.wire import TosMap
+from testbed.netns import NetnsLine, missing_tools, netns_line
+from testbed.switch_profile import (
     FifoPolicy,
     SwitchPolicy,
     apply,
@@ -19,8 +21,6 @@ from dlcp.testbed.switch_profile import (
     remove,
     tc_commands,
 )
-
-from dlcp.proto.wire import TosMap
 
 MISSING = missing_tools(offloads=True)
 needs_root = pytest.mark.skipif(

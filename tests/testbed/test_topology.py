@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dlcp.testbed.netns import missing_tools
-from dlcp.testbed.topology import DEFAULT_TOPOLOGY, Network, Topology, TopologyError, build
+
+from testbed.netns import missing_tools
+from testbed.topology import DEFAULT_TOPOLOGY, Network, Topology, TopologyError, build
 
 MISSING = missing_tools(offloads=True)
 needs_root = pytest.mark.skipif(
@@ -283,8 +284,8 @@ def test_links_override_rate_and_buffer(tmp_path: Path) -> None:
     t = Topology.load(p)
     assert t.link_spec("leaf2", "spine1") == t.link_spec("spine1", "leaf2")
     assert t.link_spec("leaf1", "spine1") is None
-    from dlcp.testbed.impairments import link_policy
-    from dlcp.testbed.switch_profile import SwitchPolicy
+    from testbed.impairments import link_policy
+    from testbed.switch_profile import SwitchPolicy
 
     base = SwitchPolicy(link_rate_mbit=200, queue_packets=100, drop_eligible_packets=20)
     slow = link_policy(base, t.link_spec("leaf2", "spine1"))
@@ -322,8 +323,8 @@ def test_link_override_errors_name_the_field(tmp_path: Path, links: str, match: 
 @pytest.mark.root
 @needs_root
 def test_a_link_override_reaches_the_routers_queues(tmp_path: Path) -> None:
-    from dlcp.testbed.impairments import apply_profile
-    from dlcp.testbed.switch_profile import SwitchPolicy
+    from testbed.impairments import apply_profile
+    from testbed.switch_profile import SwitchPolicy
 
     p = tmp_path / "t.toml"
     p.write_text(
@@ -341,7 +342,7 @@ def test_a_link_override_reaches_the_routers_queues(tmp_path: Path) -> None:
 
 
 def test_segmentation_left_on_reads_ethtool() -> None:
-    from dlcp.testbed.netns import NetnsError, require_segmentation_off, segmentation_left_on
+    from testbed.netns import NetnsError, require_segmentation_off, segmentation_left_on
 
     out = (
         "Features for h1-leaf1:\n"

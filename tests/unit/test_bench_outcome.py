@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from dlcp.testbed.netns import NetnsError
 
-from bench.outcome import finish
+from dlcp.bench.outcome import finish
+from testbed.netns import NetnsError
 
 
 class JobFailed(RuntimeError):

@@ -5,12 +5,14 @@ option, before anything starts (they came out as a traceback per rank, or ran:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dlcp.cli import _parser, main
+from dlcp.train_demo import example_script
 
 
 @pytest.mark.parametrize(
@@ -55,10 +57,13 @@ def test_a_results_path_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFix
 def test_the_examples_bad_values_are_usage_errors(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from examples.train_digits import main as train_main
-
+    # examples/ are scripts, not a package: loaded by path
+    spec = importlib.util.spec_from_file_location("train_digits", example_script("train_digits.py"))
+    assert spec is not None and spec.loader is not None
+    train_digits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_digits)
     with pytest.raises(SystemExit) as stop:
-        train_main(argv)
+        train_digits.main(argv)
     assert stop.value.code == 2
     assert says in capsys.readouterr().err
 

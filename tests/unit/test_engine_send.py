@@ -247,3 +247,91 @@ def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> 
                 engine.add_peer(2, "localhost", 5, _pacer(unpaced=True))
         finally:
             engine.close()
+
+
+def _lent_round(count: int, head: int, chunk: int, tail: int, seed: int = 0) -> dict[str, Any]:
+    """A round whose records are ``head``-byte headers and whose payload is lent:
+    datagram ``i`` is header ``i`` then chunk ``seqs[i]`` of the payload (the
+    message's last chunk ``tail`` bytes, sent last), in a shuffled send order."""
+    rng = np.random.default_rng(seed)
+    payload = rng.integers(0, 256, (count - 1) * chunk + tail, dtype=np.uint8)
+    seqs = np.concatenate((rng.permutation(count - 1), [count - 1])).astype(np.int64)
+    r = _round(count, head + chunk, head + tail if tail < chunk else head + chunk, seed)
+    r["records"] = rng.integers(0, 256, (count, head), dtype=np.uint8)
+    return {**r, "payload": payload, "seqs": seqs, "chunk_bytes": chunk}
+
+
+def _expected(r: dict[str, Any], i: int) -> bytes:
+    chunk = r["chunk_bytes"]
+    seq = int(r["seqs"][i])
+    return r["records"][i].tobytes() + r["payload"][seq * chunk : (seq + 1) * chunk].tobytes()
+
+
+@pytest.mark.parametrize(("per_message", "batch_packets"), [(1, 352), (8, 5), (44, 7)])
+@pytest.mark.parametrize("tail", [1000, 123])
+def test_a_lent_round_gathers_each_datagram_from_its_header_and_the_payload(
+    per_message: int, batch_packets: int, tail: int
+) -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()], batch_packets)
+        try:
+            engine.add_peer(3, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            r = _lent_round(count=50, head=32, chunk=1000, tail=tail)
+            report = _post(engine, dst=3, step=7, msg=2, order=1,
+                           **{**r, "per_message": per_message})  # fmt: skip
+            got = _receive(rx, 50)
+        finally:
+            engine.close()
+    assert [len(d) for d, _ in got] == [1032] * 49 + [32 + tail]
+    for i, (data, _) in enumerate(got):
+        assert data == _expected(r, i), f"datagram {i} (chunk {r['seqs'][i]})"
+    assert report[0][3:5] == (0, 0)
+
+
+def test_a_lent_round_reads_the_payload_when_it_sends() -> None:
+    # the engine holds the payload, not a copy: what the lender's memory holds
+    # when a batch goes is what goes (hence the lender's promise: no writes
+    # where the receiver may still need the bytes)
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            pacer = _pacer(initial_rate=1e6, min_rate=1e3, burst_bytes=100_000)
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
+            pacer.on_sent(2_000_000, now=time.monotonic())  # 2 s of debt: nothing goes yet
+            r = _lent_round(count=6, head=32, chunk=1000, tail=1000)
+            assert engine.post(dst=1, step=0, msg=0, order=1, **r) is None
+            r["payload"][:] = 7
+            got = _receive(rx, 6)
+            _wait_report(engine)
+        finally:
+            engine.close()
+    assert all(d[32:] == bytes([7]) * 1000 for d, _ in got)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"seqs": np.array([0, 1, 2, 9], np.int64)}, "record 3's chunk 9 .* lies outside"),
+        ({"seqs": np.array([0, 1, 2, -1], np.int64)}, "record 3's chunk -1"),
+        ({"seqs": np.arange(4, dtype=np.int32)}, "seqs must be 4 int64"),
+        ({"seqs": np.arange(3, dtype=np.int64)}, "seqs must be 4 int64"),
+        ({"chunk_bytes": 1032}, "1 <= chunk_bytes < stride"),
+        ({"chunk_bytes": 0}, "1 <= chunk_bytes < stride"),
+        ({"payload": np.zeros(3999, np.uint8)}, "record 3's chunk 3 .* outside the 3999-byte"),
+        ({"records": np.zeros((4, 1032), np.uint8)}, "records has 4128 bytes, expected 128"),
+    ],
+)
+def test_a_lent_round_that_reaches_outside_its_payload_is_refused(
+    change: dict[str, Any], words: str
+) -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()])
+        try:
+            engine.add_peer(0, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            r = _lent_round(count=4, head=32, chunk=1000, tail=1000)
+            r["seqs"] = np.arange(4, dtype=np.int64)
+            with pytest.raises(ValueError, match=words):
+                engine.post(dst=0, step=0, msg=0, order=1, **{**r, **change})
+            assert engine.stats()["engine_datagrams"] == 0
+        finally:
+            engine.close()

@@ -17,10 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dlcp.shims.pg_p2p import MAX_TAG, PointToPoint, message_key  # noqa: E402
-from dlcp.shims.pg_timeouts import DLCPTimeout  # noqa: E402
-
 from dlcp.errors import PeerTimeout  # noqa: E402
+from shims.pg_p2p import MAX_TAG, PointToPoint, message_key  # noqa: E402
+from shims.pg_timeouts import DLCPTimeout  # noqa: E402
 
 WAIT = timedelta(seconds=10)
 

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from dlcp.shims.pg_serve import KEPT, OrderedServers
+
+from shims.pg_serve import KEPT, OrderedServers
 
 
 def test_items_run_one_at_a_time_in_queue_order() -> None:

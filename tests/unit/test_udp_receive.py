@@ -179,3 +179,35 @@ def test_c_send_batch_refuses_a_message_count_that_overflows_the_size_check() ->
         pytest.skip("dlcp.io._udpio not built")
     with pytest.raises(ValueError, match="does not fit one UDP GSO message"):
         udp._udpio.send_batch(-1, b"x" * 100, 4, 1 << 62, "127.0.0.1", 9, 0)
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+@pytest.mark.parametrize("tail", [700, 123])
+def test_gathered_datagrams_are_each_header_then_its_chunk(
+    accelerated: bool, tail: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlcp.io import udp
+
+    if accelerated and udp._udpio is None:
+        pytest.skip("the C extension was not built")
+    if not accelerated:
+        monkeypatch.setattr(udp, "_udpio", None)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(5.0)
+    sockets = udp.DataSockets(
+        "127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=1 << 20, sndbuf=1 << 20
+    )
+    try:
+        rng = np.random.default_rng(3)
+        heads = rng.integers(0, 256, (5, 32), dtype=np.uint8)
+        payload = rng.integers(0, 256, 4 * 700 + tail, dtype=np.uint8)
+        sent = sockets.send_gathered(heads, payload, 700, path=0, tos=0, addr=rx.getsockname())
+        got = [rx.recv(65536) for _ in range(5)]
+    finally:
+        sockets.close()
+        rx.close()
+    assert sent == 5
+    assert got == [
+        bytes(heads[i]) + bytes(payload[i * 700 : (i + 1) * 700]) for i in range(5)
+    ]

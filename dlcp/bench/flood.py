@@ -1,12 +1,12 @@
 """Junk-flood benchmark: DLCP transfers with and without a flood at the receiver.
 
-    python -m bench.flood --json
+    python -m dlcp.bench.flood --json
 
 Two endpoints (loopback), the receiver in a process of its own, move
 ``--size``-byte float32 messages back to back, each checked bit for bit by the
 receiver, which confirms it over a pipe before the next is sent. Phases
 alternate, ``--rounds`` times: ``--seconds`` unflooded, then ``--seconds``
-while the C flooder (``bench/flooder.c``, a process of its own) sends junk of
+while the C flooder (``dlcp/bench/flooder.c``, a process of its own) sends junk of
 ``--kind`` to the receiver's data port at ``--rate`` datagrams a second (0: as
 fast as its core goes). The first ``--settle`` seconds of each flood, when the
 receiver's socket buffer fills with junk and the pacer meets the loss that
@@ -232,7 +232,7 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _junk(kind: str, n: int, rng: np.random.Generator) -> list[bytes]:
-    """``n`` datagrams as the flooder draws them (bench/flooder.c)."""
+    """``n`` datagrams as the flooder draws them (dlcp/bench/flooder.c)."""
     out = []
     for _ in range(n):
         if kind == "header":
@@ -322,7 +322,7 @@ def table(r: dict[str, Any]) -> str:
     )
 
 
-def _parser(prog: str = "python -m bench.flood") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.flood") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=1 << 20, help="message bytes (default 1 MiB)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per phase (default 3)")
@@ -341,7 +341,7 @@ def _parser(prog: str = "python -m bench.flood") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.flood") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.flood") -> int:
     args = _parser(prog).parse_args(argv)
     if args.size <= 0 or args.size % 4:
         _parser(prog).error(f"--size {args.size}: a positive multiple of 4 bytes (float32)")

@@ -6,8 +6,10 @@ it (``n - 1`` reduce-scatter steps, each a chunk to the right neighbour while
 the left neighbour's chunk is added in; ``n - 1`` all-gather steps), in
 datagrams of DLCP's size (its MTU, 32-byte header, its payload per datagram)
 sent and read through DLCP's own UDP layer
-(:class:`~dlcp.io.udp.DataSockets`: ``sendmmsg`` with GSO, ``recvmmsg`` with
-GRO, in C), from a transport thread that overlaps backward as DLCP's hook does.
+(:class:`~dlcp.io.udp.DataSockets`: ``sendmmsg`` with GSO, each datagram
+gathered from its header and the bucket as DLCP's native engine sends,
+``recvmmsg`` with GRO, in C), from a transport thread that overlaps backward as
+DLCP's hook does.
 
 Everything above that is left out: no classification, pacing, control
 channel, acknowledgement, loss recovery or validation beyond a header of
@@ -77,8 +79,8 @@ class UdpRingFloor:
         self._bucket = 0
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="floor-ring", daemon=True)
-        # reused send buffer, DLCP-sized datagrams back to back
-        self._out = np.zeros(0, np.uint8)
+        # reused datagram headers (the payload is read from the bucket)
+        self._heads = np.zeros((0, self.header), np.uint8)
 
     def buffers_granted(self) -> bool:
         """Whether the kernel gave every receive socket the buffer asked for: a
@@ -166,31 +168,25 @@ class UdpRingFloor:
     def _send(
         self, payload: npt.NDArray[np.uint8], tag: int, to: tuple[str, int], inbox: _Inbox
     ) -> None:
-        """``payload`` in DLCP-sized datagrams to ``to``, reading between slices."""
+        """``payload`` in DLCP-sized datagrams to ``to``, reading between slices:
+        each datagram gathered by the kernel from its header and its chunk of
+        ``payload`` (no copy into a send buffer, as DLCP's native engine sends)."""
         size, step = len(payload), self.payload
         count = -(-size // step)
         if count == 0:
             return
-        need = count * self.segment
-        if len(self._out) < need:
-            self._out = np.zeros(need, np.uint8)
-        rows = self._out[: count * self.segment].reshape(count, self.segment)
-        heads = rows[:, : _HEADER.itemsize].view(_HEADER).reshape(count)
-        heads["tag"] = tag
-        heads["offset"] = np.arange(count, dtype=np.uint32) * step
-        full = size // step
-        rows[:full, self.header :] = payload[: full * step].reshape(full, step)
-        tail = size - full * step
-        if tail:
-            rows[full, self.header : self.header + tail] = payload[full * step :]
-        wire = memoryview(self._out)  # type: ignore[arg-type]
-        end = (count - 1) * self.segment + self.header + (tail or step)
+        if len(self._heads) < count:
+            self._heads = np.zeros((count, self.header), np.uint8)
+        heads = self._heads[:count]
+        fields = heads[:, : _HEADER.itemsize].view(_HEADER).reshape(count)
+        fields["tag"] = tag
+        fields["offset"] = np.arange(count, dtype=np.uint32) * step
         per_slice = max(1, _SEND_SLICE // self.segment)
         sock = inbox.sockets
         for first in range(0, count, per_slice):
             last = min(count, first + per_slice)
-            start, stop = first * self.segment, min(end, last * self.segment)
-            sock.send(wire[start:stop], self.segment, last - first, path=0, tos=0, addr=to)
+            part = payload[first * step : min(size, last * step)]
+            sock.send_gathered(heads[first:last], part, step, path=0, tos=0, addr=to)
             inbox.poll()
 
 

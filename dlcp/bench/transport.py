@@ -1,9 +1,9 @@
 """Transport benchmark: DLCP vs plain TCP between two processes, lossless and under loss.
 
-    python -m bench.transport --json        # or: dlcp bench transport --json
+    python -m dlcp.bench.transport --json        # or: dlcp bench transport --json
 
 Two worker processes (this module with ``--worker send|recv``, code in
-``bench/transport_worker.py``) move the same float32 tensor (default 64 MiB)
+``dlcp/bench/transport_worker.py``) move the same float32 tensor (default 64 MiB)
 with DLCP (an :class:`~dlcp.io.Endpoint` pair kept for the whole run, a new
 (step, msg) per repetition) and with plain TCP (``sendall`` / ``recv_into`` on
 one persistent connection).
@@ -223,7 +223,7 @@ def _free_port_bases(requested: int | None) -> tuple[int, int]:
 @contextlib.contextmanager
 def _placement(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
     """(path, namespace pair or None): namespaces when root, unless --loopback."""
-    from dlcp.testbed.netns import missing_tools, netns_line, netns_pair
+    from testbed.netns import missing_tools, netns_line, netns_pair
 
     if args.loopback or missing_tools(loss=True, offloads=True):
         yield "loopback", None
@@ -271,6 +271,8 @@ def _worker_argv(
     ]
     if args.instrument:
         argv.append("--instrument")
+    if args.copy_send:
+        argv.append("--copy-send")
     if args.profile:
         argv += ["--profile", os.path.abspath(args.profile)]
     return argv
@@ -379,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary(args, path, pair is not None, ready, res)
 
 
-def _parser(prog: str = "python -m bench.transport") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.transport") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=prog,
         description=__doc__,
@@ -447,6 +449,12 @@ def _parser(prog: str = "python -m bench.transport") -> argparse.ArgumentParser:
         metavar="DIR",
         help="cProfile the DLCP I/O threads into DIR/{send,recv}.rank*.job*",
     )
+    ap.add_argument(
+        "--copy-send",
+        action="store_true",
+        help="DLCP copies the tensor into packets (default: lends it to the native engine, "
+        "which reads each datagram's payload from it, as TCP sends from it)",
+    )
     ap.add_argument("--raw", metavar="FILE", help="write every transfer's raw answers here")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -460,7 +468,7 @@ def _parser(prog: str = "python -m bench.transport") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.transport") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.transport") -> int:
     args = _parser(prog).parse_args(argv)
     if args.worker:
         return worker_main(args)

@@ -1,6 +1,6 @@
 """DDP benchmark: 4 local ranks train an MLP of ~10M parameters over DLCP and over Gloo.
 
-    python -m bench.ddp --json        # or: dlcp bench ddp --json
+    python -m dlcp.bench.ddp --json        # or: dlcp bench ddp --json
 
 Each configuration is one job of ``--nproc`` ranks started by
 :func:`dlcp.launch.launch` (this module with ``--worker``): DDP over a Gloo
@@ -38,7 +38,7 @@ over Gloo's iteration under loss) is the lowest ``ratio_loss`` any transport
 could reach, one that cost nothing.
 
 As root, with the ring and ``--p`` above 0, the two lossless phases also run
-the **UDP floor** (``udpfloor``, :mod:`bench.ddp_floor`; ``--no-udp-floor``
+the **UDP floor** (``udpfloor``, :mod:`dlcp.bench.ddp_floor`; ``--no-udp-floor``
 skips it): the same ring all-reduce in bare datagrams of DLCP's size through
 DLCP's own UDP layer, each sent once, with no protocol above it, making the
 copies DLCP makes. ``udp_floor_ratio`` (over Gloo, lossless) and
@@ -123,7 +123,7 @@ def worker(args: argparse.Namespace) -> int:
     ddp = nn.parallel.DistributedDataParallel(model)
     state = None
     if args.transport == "dlcp":
-        from dlcp.shims.ddp import DLCPState, dlcp_hook
+        from shims.ddp import DLCPState, dlcp_hook
 
         state = DLCPState(model=ddp, collective=args.collective, p=args.p)
         ddp.register_comm_hook(state, dlcp_hook)
@@ -145,7 +145,8 @@ def worker(args: argparse.Namespace) -> int:
     for _ in range(args.warmup + args.iters):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(ddp(x), y).backward()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]  # (Tensor.backward: unannotated in torch)
         opt.step()
         times.append(time.perf_counter() - t0)
     # every replica must end with the same parameters (the no-communication job's
@@ -251,7 +252,7 @@ def _progress(args: argparse.Namespace, what: str, fig: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _lossy_place(args: argparse.Namespace) -> Iterator[Any]:
-    from dlcp.testbed.netns import missing_tools, netns_loopback
+    from testbed.netns import missing_tools, netns_loopback
 
     if args.emulated or missing_tools(loss=True, offloads=True):
         yield None
@@ -422,7 +423,7 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
         "ratio_loss_rounds": _round_ratios(dl, gl),
         "floor_ratio_loss": _ratio(floor, gl["iter_s"]) if gl else None,
-        # the UDP floor (bench/ddp_floor.py): the same ring in bare DLCP-sized datagrams
+        # the UDP floor (dlcp/bench/ddp_floor.py): the same ring in bare DLCP-sized datagrams
         "udp_floor_iter_s": _r(uf["iter_s"]) if uf else None,
         "udp_floor_ratio": _ratio(uf["iter_s"], g["iter_s"]) if uf else None,
         "udp_floor_iter_s_netns_lossless": _r(ufn["iter_s"]) if ufn else None,
@@ -488,7 +489,7 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser(prog: str = "python -m bench.ddp") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
@@ -506,7 +507,7 @@ def _parser(prog: str = "python -m bench.ddp") -> argparse.ArgumentParser:
     ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
     ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
-                    help="skip the UDP floor's jobs (root only; see bench/ddp_floor.py)")
+                    help="skip the UDP floor's jobs (root only; see dlcp/bench/ddp_floor.py)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm", "udpfloor"],
@@ -515,7 +516,7 @@ def _parser(prog: str = "python -m bench.ddp") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.ddp") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.ddp") -> int:
     args = _parser(prog).parse_args(argv)
     if args.worker:
         code = worker(args)

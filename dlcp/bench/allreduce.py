@@ -1,6 +1,6 @@
 """All-reduce benchmark: one small array on 4 ranks, DLCP's collectives against Gloo's.
 
-    python -m bench.allreduce --json        # or: dlcp bench allreduce --json
+    python -m dlcp.bench.allreduce --json        # or: dlcp bench allreduce --json
 
 The testbed's training iterations are short (the digits CNN has 38,282
 parameters), so what decides them is what one all-reduce of ~150 KB costs, in
@@ -22,7 +22,7 @@ Where:
 * otherwise (``path = "loopback"``): 4 local ranks on the loopback.
 
 On the loopback as root (``--loopback``), a fifth kind takes its turn too: the
-**UDP floor** (``floor``, :class:`bench.ddp_floor.UdpRingFloor`), the ring's
+**UDP floor** (``floor``, :class:`dlcp.bench.ddp_floor.UdpRingFloor`), the ring's
 all-reduce in bare datagrams of DLCP's size through DLCP's own UDP layer, each
 sent once, with no protocol above it (no classes, pacing, control messages or
 recovery) and the same copies: what DLCP's ring would cost if its protocol cost
@@ -55,10 +55,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .outcome import finish
+
+if TYPE_CHECKING:
+    from .ddp_floor import UdpRingFloor
 
 KINDS = ("gloo", "ring", "hd", "ps")
 #: the UDP floor's kind (loopback, root): see the module docstring
@@ -90,7 +94,12 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from dlcp.collectives import Communicator, halving_doubling_allreduce, ps_allreduce
+    from dlcp.collectives import (
+        CollectiveReport,
+        Communicator,
+        halving_doubling_allreduce,
+        ps_allreduce,
+    )
     from dlcp.collectives.ring import ring_allreduce
     from dlcp.rendezvous import connect
 
@@ -123,18 +132,20 @@ def worker(args: argparse.Namespace) -> int:
         dist.all_reduce(tensor)
         tensor.div_(job.world_size)
 
-    calls = {
+    calls: dict[str, Callable[[], CollectiveReport | None]] = {
         "gloo": gloo,
         "ring": lambda: ring_allreduce(comm, data, segments=segments, p=args.p, average=True),
         "hd": lambda: halving_doubling_allreduce(
             comm, data, segments=segments, p=args.p, average=True
         ),
         "ps": lambda: ps_allreduce(comm, data, segments=segments, p_push=args.p, average=True),
-        FLOOR: lambda: floor.allreduce(floor_data) if floor is not None else None,
-        RING_PYTHON: lambda: ring_allreduce(
-            py_comm, data, segments=segments, p=args.p, average=True
-        ),
     }
+    if floor is not None:
+        calls[FLOOR] = lambda: floor.allreduce(floor_data)
+    if py_comm is not None:
+        calls[RING_PYTHON] = lambda: ring_allreduce(
+            py_comm, data, segments=segments, p=args.p, average=True
+        )
     times: dict[str, list[float]] = {k: [] for k in kinds}
     busy: dict[str, int] = dict.fromkeys(kinds, 0)
     lost: list[float] = []  # each DLCP call's CollectiveReport.lost_fraction
@@ -147,7 +158,7 @@ def worker(args: argparse.Namespace) -> int:
                 report = calls[kind]()
                 if round_no:
                     times[kind].append(time.perf_counter() - t0)
-                    if kind not in ("gloo", FLOOR):
+                    if report is not None:  # a DLCP call (Gloo and the floor report none)
                         lost.append(report.lost_fraction)
             dist.barrier()  # every rank's calls are done: all their CPU is in the window
             if round_no:
@@ -172,7 +183,7 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floor(rank: int, world: int) -> tuple[Any, str | None]:
+def _floor(rank: int, world: int) -> tuple[UdpRingFloor | None, str | None]:
     """This rank's UDP floor ring, connected to the others' (a collective call);
     (None, why) on every rank if any rank's kernel refused its receive buffers
     (the floor would then fail on the first burst it drops, and take the other
@@ -257,11 +268,10 @@ def _run_loopback(args: argparse.Namespace, out: Path) -> None:
 def _run_testbed(args: argparse.Namespace, out: Path) -> None:
     import dataclasses
 
-    from dlcp.testbed.experiments import MASTER_PORT, switch_policy
-    from dlcp.testbed.impairments import apply_profile
-    from dlcp.testbed.topology import Topology, build
-
     from dlcp.launch import launch
+    from testbed.experiments import MASTER_PORT, switch_policy
+    from testbed.impairments import apply_profile
+    from testbed.topology import Topology, build
 
     t = dataclasses.replace(Topology.default(), link_rate_mbit=args.link_rate)
     with build(t) as net:
@@ -296,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # (the worker's flag: the floor runs on the loopback as root, unless told not to)
     args.floor = args.udp_floor and not testbed and os.geteuid() == 0
     if testbed:
-        from dlcp.testbed.netns import require_tools
+        from testbed.netns import require_tools
 
         require_tools("the all-reduce benchmark's testbed", offloads=True)
     with tempfile.TemporaryDirectory(prefix="dlcp-bench-allreduce-") as tmp:
@@ -386,7 +396,7 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser(prog: str = "python -m bench.allreduce") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.allreduce") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument(
         "--elems",
@@ -410,7 +420,7 @@ def _parser(prog: str = "python -m bench.allreduce") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.allreduce") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.allreduce") -> int:
     args = _parser(prog).parse_args(argv)
     if args.elems < 4:
         raise SystemExit(f"--elems={args.elems}: at least one element per rank (4)")

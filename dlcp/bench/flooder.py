@@ -1,4 +1,4 @@
-"""The junk flooder (``bench/flooder.c``): built with the C compiler on first use,
+"""The junk flooder (``dlcp/bench/flooder.c``): built with the C compiler on first use,
 run as a process of its own, so that it has a core to itself and none of this
 process's GIL.
 
@@ -43,13 +43,13 @@ def build() -> Path:
         return exe
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise FlooderError("no C compiler (cc, gcc or $CC) to build bench/flooder.c")
+        raise FlooderError("no C compiler (cc, gcc or $CC) to build dlcp/bench/flooder.c")
     partial = exe.with_name(f"{exe.name}.{os.getpid()}")
     done = subprocess.run(
         [cc, "-O2", "-Wall", "-o", str(partial), str(SOURCE)], capture_output=True, text=True
     )
     if done.returncode != 0:
-        raise FlooderError(f"building bench/flooder.c failed: {done.stderr.strip()}")
+        raise FlooderError(f"building dlcp/bench/flooder.c failed: {done.stderr.strip()}")
     partial.replace(exe)  # (atomic: a concurrent build finds one or the other)
     return exe
 

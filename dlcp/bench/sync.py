@@ -1,12 +1,12 @@
 """Synchronisation schemes benchmark: the digits CNN trained by each scheme of
 :mod:`dlcp.sync` (and by Gloo's all-reduce) on ``--workers`` local ranks.
 
-    python -m bench.sync --schemes allreduce,ssp,ripples --workers 4 --json
+    python -m dlcp.bench.sync --schemes allreduce,ssp,ripples --workers 4 --json
     dlcp sync run --scheme ssp --workers 4 --slow-rank 3 --slowdown 3
     dlcp sync suite --out results/sync        # every scheme, 3 seeds
 
 Heterogeneous links (root): ``--testbed-cross-mbit R`` runs the 4 ranks on the
-namespace testbed (``dlcp.testbed``: 4 hosts, two per leaf), the halves joined
+namespace testbed (``testbed``: 4 hosts, two per leaf), the halves joined
 only by leaf-spine links shaped to ``R`` Mbit/s while host-leaf links run at
 1000 Mbit/s (FIFO queues).
 
@@ -87,7 +87,8 @@ def _steps_of(cfg: dict[str, Any], rank: int) -> int:
         gen = GroupGenerator(cfg["workers"], 2, seed=cfg["seed"],
                              slowdown={rank: cfg["slowdown"]})  # fmt: skip
         return gen.steps_of(rank, steps)
-    return max(1, math.ceil(steps / cfg["slowdown"]))
+    slowdown: float = cfg["slowdown"]
+    return max(1, math.ceil(steps / slowdown))
 
 
 def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
@@ -151,7 +152,7 @@ def worker(cfg: dict[str, Any]) -> None:  # pragma: no cover - runs in the ranks
     for t in range(steps):
         x, y = batch(t + 1000 * cfg["seed"])
         opt.zero_grad()
-        loss_of(x, y).backward()
+        loss_of(x, y).backward()  # type: ignore[no-untyped-call]  # (unannotated in torch)
         time.sleep(delay)  # the injected compute time (an accelerator's share)
         if scheme == "local":  # no synchronisation at all: the throughput ceiling
             opt.step()
@@ -188,8 +189,8 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="dlcp-bench-sync-") as tmp:
         job = {**cfg, "result_dir": tmp}
-        cmd = [sys.executable, "-m", "bench.sync", "--worker", json.dumps(job)]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        cmd = [sys.executable, "-m", "dlcp.bench.sync", "--worker", json.dumps(job)]
+        env = dict(os.environ)
         if cfg.get("cross_mbit"):
             result = _launch_on_testbed(cmd, cfg, env)
         else:
@@ -220,11 +221,10 @@ def _launch_on_testbed(cmd: list[str], cfg: dict[str, Any], env: dict[str, str])
     links, fast within a half and slow between them."""
     import dataclasses
 
-    from dlcp.testbed.impairments import apply_profile
-    from dlcp.testbed.topology import LinkSpec, Topology, build
-
     from dlcp.launch import launch
     from dlcp.switch.policy import FifoPolicy
+    from testbed.impairments import apply_profile
+    from testbed.topology import LinkSpec, Topology, build
 
     t = Topology.default()
     if cfg["workers"] != len(t.host_names):
@@ -244,7 +244,7 @@ def _launch_on_testbed(cmd: list[str], cfg: dict[str, Any], env: dict[str, str])
         for rank, host in enumerate(t.host_names):
             argv = ["env", f"MASTER_ADDR={master}", f"MASTER_PORT={port}", f"RANK={rank}",
                     f"WORLD_SIZE={world}", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
-                    f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}", f"PYTHONPATH={env['PYTHONPATH']}",
+                    f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
                     "OMP_NUM_THREADS=1", *cmd]  # fmt: skip
             cmds[rank] = net.exec_argv(host, argv)
         return launch(cmds[0], world, rank_cmd=cmds, master_port=port, env=env,
@@ -294,7 +294,7 @@ def _plots(out: Path, jobs: list[dict[str, Any]], rows: list[dict[str, Any]]) ->
     plt.close("all")
 
 
-def _parser(prog: str = "python -m bench.sync") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m dlcp.bench.sync") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--schemes", default=",".join(ALL), help="comma-separated")
     ap.add_argument("--scheme", help="one scheme (instead of --schemes)")
@@ -322,7 +322,7 @@ def _parser(prog: str = "python -m bench.sync") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.sync") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.sync") -> int:
     args = _parser(prog).parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.sync") -> i
     try:
         return _run(args)
     except ConfigError as exc:
-        print(f"bench.sync: {exc}", file=sys.stderr)
+        print(f"dlcp.bench.sync: {exc}", file=sys.stderr)
         return 2
 
 
@@ -363,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
             t0 = time.monotonic()
             job = run_job({**base, "scheme": scheme, "seed": seed})
             jobs.append(job)
-            print(f"[bench.sync] {scheme} seed {seed}: wall {job['wall_s']:.2f} s, "
+            print(f"[dlcp.bench.sync] {scheme} seed {seed}: wall {job['wall_s']:.2f} s, "
                   f"{job['iter_s'] * 1000:.1f} ms/iter, acc {job['final_acc']:.3f} "
                   f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     rows = summarise(jobs)

@@ -1,4 +1,4 @@
-"""Results of ``bench.transport``: the JSON summary and the human table.
+"""Results of ``dlcp.bench.transport``: the JSON summary and the human table.
 
 Medians and the 99th percentile come from numpy (``np.percentile``, linear
 interpolation): with 20 samples the p99 lies between the two largest, so it is
@@ -81,6 +81,9 @@ def summary(
         "repetitions_lossless": args.lossless_repetitions,
         "timing": "on the sender, from the start of sending to the receiver's "
         "acknowledgement of the whole message (DLCP STOP, TCP ack byte)",
+        # lent: the native engine reads the payload from the tensor, as TCP does
+        # (the Python engine, and authenticated sends, copy it whatever this says)
+        "dlcp_send": "copied" if args.copy_send else "lent",
         "dlcp_lossless_gbps": _gbps(nbytes, _median(dl)),
         "tcp_lossless_gbps": _gbps(nbytes, _median(tl)),
         "ratio_lossless": round(_median(tl) / _median(dl), 3),

@@ -1,7 +1,7 @@
-"""Worker side of ``bench.transport``: one process, one role (``send`` or ``recv``).
+"""Worker side of ``dlcp.bench.transport``: one process, one role (``send`` or ``recv``).
 
 Started by the parent as ``python -m dlcp.bench.transport --worker ROLE ...``;
-see ``bench/transport.py`` for the line protocol. A worker owns:
+see ``dlcp/bench/transport.py`` for the line protocol. A worker owns:
 
 * DLCP endpoints, each on its own (data, control) ports from ``--port-base``:
   ``plain`` (lossless and kernel-loss runs), ``auth`` (authenticated), and
@@ -201,6 +201,8 @@ class Worker:
         self.timers = timers
         self.timeout = args.dlcp_timeout
         self.data = tensor(args.size_bytes)
+        #: lend the tensor to the engine (nothing writes it while it is sent)
+        self.lend = not args.copy_send
         self.out = np.empty_like(self.data) if self.role == "recv" else None
         key = bytes.fromhex(os.environ[KEY_ENV])
         base = EndpointConfig.from_env(timeout=args.dlcp_timeout)
@@ -339,9 +341,8 @@ class Worker:
             ep = self.endpoints[endpoint]
             before = ep.stats()["packets_out"]
             t0 = time.perf_counter()
-            report = ep.send(self.data, to=self.peer, msg=msg, step=step, p=p).result(
-                timeout=self.timeout
-            )
+            report = ep.send(self.data, to=self.peer, msg=msg, step=step, p=p, borrow=self.lend)
+            report = report.result(timeout=self.timeout)
             seconds = time.perf_counter() - t0
             extra = {
                 **self._take_timers(endpoint),
@@ -431,7 +432,7 @@ class Worker:
         GIL), then a byte on the TCP connection that says so; timed until the
         receiver's acknowledgement."""
         assert self.tcp is not None, "connect first"
-        records = memoryview(self._records())
+        records = self._records().data
         seg, n = self.floor_segment, self.floor_datagrams
         parts = len(self.floor.send_socks)
         bounds = [n * i // parts for i in range(parts + 1)]

@@ -1,6 +1,6 @@
-"""The worker processes of ``bench.transport`` as the parent sees them: each
+"""The worker processes of ``dlcp.bench.transport`` as the parent sees them: each
 started with its stdout split into JSON messages, waited on together, stopped
-by its process handle (see the line protocol in ``bench/transport.py``)."""
+by its process handle (see the line protocol in ``dlcp/bench/transport.py``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ back to back in its record buffer, so a run is a view of them, up to that size
 (the kernel's copy into the receive buffer is not core work and is not timed; the
 transport benchmark measures it with everything else).
 
-    python -m bench.core --json           # last line: one JSON object
+    python -m dlcp.bench.core --json           # last line: one JSON object
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ from dlcp.io.udp import RECEIVE_BUFFER_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import ControlDatagram, DataBatch, MessageReceived, Session, Transmit
+
+
+def as_control(item: Transmit) -> ControlDatagram:
+    """``item``, a control datagram: what a session sends besides data batches when it
+    was not made to hand whole rounds to a native engine (``whole_rounds``)."""
+    if not isinstance(item, ControlDatagram):
+        raise TypeError(f"a {type(item).__name__} from a session without whole rounds")
+    return item
 
 
 def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int) -> float:
@@ -61,9 +69,8 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
                 rx.receive_batch(item[0], item[1], now=now)
             core += clock() - t0
         t0 = clock()
-        for item in rx.datagrams_to_send(now=now):
-            assert isinstance(item, ControlDatagram)
-            tx.receive_datagram(item.data, now=now)
+        for reply in rx.datagrams_to_send(now=now):
+            tx.receive_datagram(as_control(reply).data, now=now)
         while (ev := rx.next_event()) is not None:
             if isinstance(ev, MessageReceived):
                 done = ev
@@ -107,7 +114,7 @@ def _as_received(
     for item in items:
         if not isinstance(item, DataBatch):
             close()
-            out.append(item)
+            out.append(as_control(item))
             continue
         arr = np.frombuffer(item.data, np.uint8)
         if run and not (
@@ -130,7 +137,7 @@ def memcpy_time(data: np.ndarray, out: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.core") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core") -> int:
     ap = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )

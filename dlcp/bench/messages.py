@@ -1,10 +1,10 @@
 """Per-message cost of the protocol core: small messages through two sessions.
 
-    python -m bench.messages --json        # or: dlcp bench messages --json
+    python -m dlcp.bench.messages --json        # or: dlcp bench messages --json
 
 Training with small buckets sends many small messages, and then what a
 message costs regardless of its size decides the iteration (see
-``bench.allreduce``). This times, per message, what two in-process
+``dlcp.bench.allreduce``). This times, per message, what two in-process
 :class:`~dlcp.proto.session.Session` objects do, with no sockets, no loss and
 no pacing limit, for each size in ``--sizes`` (float32 elements; two layers,
 8 paths as in the testbed, loss bound ``--p``):
@@ -34,6 +34,8 @@ import numpy as np
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
+
+from .core import as_control
 
 PHASES = ("send_us", "hand_out_us", "receive_us", "control_us")
 
@@ -67,12 +69,12 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
                 controls.append(item)
         t3 = clock()
         for item in controls:
-            receiver.receive_datagram(item.data, now=now)
+            receiver.receive_datagram(as_control(item).data, now=now)
         received = delivered = False
         while (ev := receiver.next_event()) is not None:
             received = received or isinstance(ev, MessageReceived)
         for item in receiver.datagrams_to_send(now=now, max_batches=64):
-            sender.receive_datagram(item.data, now=now)
+            sender.receive_datagram(as_control(item).data, now=now)
         while (ev := sender.next_event()) is not None:
             delivered = delivered or isinstance(ev, MessageDelivered)
         t4 = clock()
@@ -90,7 +92,7 @@ def measure(n_elems: int, *, p: float, messages: int, warmup: int) -> dict[str, 
     return {phase: round(1e6 * total / messages, 1) for phase, total in totals.items()}
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.messages") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.messages") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,9570,38282", help="float32 elements, comma-separated")
     ap.add_argument("--p", type=float, default=0.05, help="loss bound of the messages")

@@ -1,7 +1,7 @@
 /*
  * A junk flooder for DLCP's receive path: sends UDP datagrams to one address as
  * fast as one core can (or at a given rate) with sendmmsg, until its time is up
- * or it gets SIGTERM / SIGINT. Built and run by bench/flooder.py.
+ * or it gets SIGTERM / SIGINT. Built and run by dlcp/bench/flooder.py.
  *
  *   flooder HOST PORT SECONDS KIND JOB SEED [RATE]
  *

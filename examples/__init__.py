@@ -1,1 +1,0 @@
-"""Examples, installed as dlcp.examples (run them with torchrun or `dlcp launch`)."""
