@@ -197,6 +197,8 @@ def _bench_main(which: str) -> Callable[..., int]:
         from .bench.allreduce import main
     elif which == "messages":
         from .bench.messages import main
+    elif which == "flood":
+        from .bench.flood import main
     else:
         raise ValueError(f"no benchmark {which!r}")
     return main
