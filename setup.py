@@ -69,7 +69,8 @@ with_crypto: dict[str, list[Any]] = (
 extensions = [
     Extension("dlcp.proto._kernels", ["dlcp/proto/_kernels.c"], extra_compile_args=["-O2"],
               optional=True),
-    Extension("dlcp.io._udpio", ["dlcp/io/_udpio.c"], depends=["dlcp/io/_sendmmsg.h"],
+    Extension("dlcp.io._udpio", ["dlcp/io/_udpio.c"],
+              depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_prefilter.h"],
               extra_compile_args=["-O2"], optional=True),
     Extension("dlcp.io._engine", ["dlcp/io/_engine.c"],
               depends=["dlcp/io/_sendmmsg.h", "dlcp/proto/gmac.h"],

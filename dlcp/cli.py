@@ -147,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
     bench.add_argument(
         "which",
-        choices=["core", "transport", "ddp", "allreduce", "messages", "auth"],
+        choices=["core", "transport", "ddp", "allreduce", "messages", "auth", "flood"],
         help="the benchmark (docs/benchmarks.md); `dlcp bench NAME --help` lists its options",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
@@ -198,6 +198,8 @@ def _bench_main(which: str) -> Callable[..., int]:
         from .bench.allreduce import main
     elif which == "messages":
         from .bench.messages import main
+    elif which == "flood":
+        from .bench.flood import main
     else:
         raise UsageError(f"no benchmark {which!r}")
     return main

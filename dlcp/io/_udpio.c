@@ -34,6 +34,13 @@
  *   system call, each into a read_size slot, moved down to the end of the data
  *   (a small copy; a system call per datagram costs more). A coalesced read
  *   switches back to one recvmsg per read, which needs no move.
+ *
+ * filter_runs(buf, runs, job, require_auth, tag_len, counts) -> runs
+ *   The receive pre-filter (_prefilter.h) over the runs recv_runs returned: each
+ *   run's datagrams that break a header rule of spec §6.1 (all but the tag's) are
+ *   dropped, counts[reason] (an int64 array of 16) counting them; the rest move
+ *   down within their run. Returns the runs that kept a datagram, as
+ *   (start, end, segment_size) in buf.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +51,7 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include "_prefilter.h"
 #include "_sendmmsg.h"
 
 #ifndef SOL_UDP
@@ -226,6 +234,65 @@ static PyObject *recv_runs(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nnnnii)", list, total, reads, empty, more, err);
 }
 
+static PyObject *filter_runs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buf_obj, *runs_in, *counts_obj;
+    unsigned job;
+    int require_auth;
+    Py_ssize_t tag_len;
+    if (!PyArg_ParseTuple(args, "OO!IpnO:filter_runs", &buf_obj, &PyList_Type, &runs_in, &job,
+                          &require_auth, &tag_len, &counts_obj))
+        return NULL;
+    if (tag_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "tag_len must be >= 0");
+        return NULL;
+    }
+    Py_buffer view, counts;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (counts.len < (Py_ssize_t)(sizeof(int64_t) * PF_REASONS)) {
+        PyErr_Format(PyExc_ValueError, "counts holds %zd bytes, needs %d int64", counts.len,
+                     PF_REASONS);
+        goto done;
+    }
+    PfRules rules = {job, require_auth, (size_t)tag_len};
+    int64_t *count = (int64_t *)counts.buf;
+    out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < PyList_GET_SIZE(runs_in); i++) {
+        PyObject *run = PyList_GET_ITEM(runs_in, i);
+        Py_ssize_t start, end, seg;
+        if (!PyArg_ParseTuple(run, "nnn:filter_runs run", &start, &end, &seg)) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (start < 0 || end < start || end > view.len || seg <= 0) {
+            PyErr_Format(PyExc_ValueError, "run (%zd, %zd, %zd) does not lie in a %zd-byte buffer",
+                         start, end, seg, view.len);
+            Py_CLEAR(out);
+            break;
+        }
+        size_t kept = pf_filter_run((unsigned char *)view.buf + start, (size_t)(end - start),
+                                    (size_t)seg, &rules, count);
+        if (kept == 0)
+            continue;
+        PyObject *t = (Py_ssize_t)kept == end - start
+                          ? (Py_INCREF(run), run)
+                          : Py_BuildValue("(nnn)", start, start + (Py_ssize_t)kept, seg);
+        if (t == NULL || PyList_Append(out, t) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+done:
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* An IPv4 destination from Python's (host, port); -1 with ValueError if bad. */
 static int destination(struct sockaddr_in *addr, const char *host, int port) {
     memset(addr, 0, sizeof *addr);
@@ -345,6 +412,10 @@ static PyMethodDef methods[] = {
     {"recv_runs", recv_runs, METH_VARARGS,
      "recv_runs(fd, buf, budget, max_reads, read_size) -> (runs, nbytes, reads, empty, more, "
      "errno): drain a UDP socket into buf as runs of same-size datagrams (see the source)."},
+    {"filter_runs", filter_runs, METH_VARARGS,
+     "filter_runs(buf, runs, job, require_auth, tag_len, counts) -> runs: drop the datagrams "
+     "of each run that break a header rule of spec 6.1, counting them by reason (see the "
+     "source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -185,6 +185,9 @@ class ControlChannel:
         self.keys = keys
         #: nonces of the authenticated hellos accepted so far (one per connection)
         self._nonces: set[bytes] = set()
+        #: inbound connections closed at their hello (another job, no valid proof
+        #: of the key, a replayed nonce): nothing they sent after it was read
+        self.hellos_refused = 0
         self.connect_timeout = connect_timeout
         #: seconds: minimum retransmission timeout of every control socket (module doc)
         self.rto_min = rto_min
@@ -346,10 +349,12 @@ class ControlChannel:
             magic, job, rank = HELLO.unpack_from(conn.buf)
             if magic != _MAGIC or job != self.job:
                 why = f"sent a bad hello (magic {magic!r}, job {job}; this is job {self.job})"
+                self.hellos_refused += 1
                 return [], self._close_inbound(conn, why)
             if self.keys is not None:
                 refused = self._check_proof(bytes(conn.buf[:size]), rank)
                 if refused is not None:
+                    self.hellos_refused += 1
                     return [], self._close_inbound(conn, refused)
             conn.rank = rank
             del conn.buf[:size]

@@ -60,7 +60,7 @@ from ..proto.session import (
     SendReport,
     Session,
 )
-from ..proto.wire import DType, PacketType, bound_to_wire
+from ..proto.wire import AUTH_TRAILER_LEN, DType, PacketType, bound_to_wire
 from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
 from .control import ControlChannel, LostPeer
@@ -79,6 +79,12 @@ log = logging.getLogger("dlcp.io")
 #: seconds the I/O thread stops watching the control listener after the kernel
 #: refused a connection (out of file descriptors, ...)
 _ACCEPT_PAUSE = 0.1
+#: seconds a data backlog may hold control messages and timers back (_take_input)
+_BACKLOG_HOLD = 0.1
+#: seconds the I/O thread waits at most for callers to take the lock (_give_way),
+#: once one has waited _GIVE_WAY_AFTER for it
+_GIVE_WAY = 0.05
+_GIVE_WAY_AFTER = 0.002
 
 Segments = Sequence[tuple[int, int, int]]
 
@@ -156,6 +162,8 @@ class Endpoint:
                 address_of=self._control_address,
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
+            # junk is dropped, and counted, before it reaches the session's parser
+            self._data.screen(job=job, require_auth=protocol.authenticate, tag_len=AUTH_TRAILER_LEN)
             self._peers.publish(self.address)  # (the store may fail)
             self._wake_r, self._wake_w = socket.socketpair()
         except BaseException:
@@ -168,6 +176,11 @@ class Endpoint:
         #: guards the session, the sockets and the tables below (module docstring);
         #: re-entrant: a future's callback may send or receive
         self._lock = threading.RLock()
+        #: threads waiting to take the lock for a command, and their signal to the
+        #: I/O thread once they have it (_give_way)
+        self._callers = 0
+        self._callers_since = math.inf  # when the first of them began to wait
+        self._lock_wanted = threading.Condition(threading.Lock())
         #: the application thread running a command under the lock (callbacks of
         #: the futures it settles run there too), if one is
         self._holder: int | None = None
@@ -175,6 +188,12 @@ class Endpoint:
         self._sleep_until = -math.inf
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
+        #: when control messages and timers last had their turn (_take_input)
+        self._control_turn = -math.inf
+        #: bytes the current receive handed to the session (the rest was junk)
+        self._delivered = 0
+        #: the last receive dropped junk (its backlog is not all data)
+        self._junk_read = False
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
             self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
@@ -343,6 +362,7 @@ class Endpoint:
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
+                    "hellos_refused": self._control.hellos_refused,
                     "peers_gone": dict(self._gone),
                     "gso": self._data.use_gso,
                     "gro": self._data.use_gro,
@@ -401,7 +421,14 @@ class Endpoint:
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``command`` (a session operation that settles ``fut`` or leaves it
         pending) in this thread, then send what it produced."""
+        with self._lock_wanted:  # the I/O thread lets this caller in (_give_way)
+            if not self._callers:
+                self._callers_since = time.monotonic()
+            self._callers += 1
         with self._lock:
+            with self._lock_wanted:
+                self._callers -= 1
+                self._lock_wanted.notify_all()
             if self._closing:
                 fut.set_exception(EndpointClosed(f"rank {self.rank}: endpoint is closed"))
                 return
@@ -437,6 +464,7 @@ class Endpoint:
             sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
         try:
             while not self._closing:
+                self._give_way()
                 with self._lock:
                     before = time.monotonic()
                     timer = self._session.get_timer()
@@ -471,6 +499,19 @@ class Endpoint:
                 self._close_sockets()
             self._closed.set()
 
+    def _give_way(self) -> None:
+        """Between turns, let the threads that have waited :data:`_GIVE_WAY_AFTER`
+        or more to run a command take the lock first (for at most
+        :data:`_GIVE_WAY` seconds). Python's lock is not fair: an I/O thread with
+        input at every turn (a flood) takes it back before a woken caller runs,
+        which then waits many turns: a ``recv`` posted, and its timeout started,
+        seconds late. A caller that gets the lock soon anyway is not waited for:
+        that costs a transfer of 1 MB a fifth of its rate on a busy machine."""
+        if not self._callers or time.monotonic() - self._callers_since < _GIVE_WAY_AFTER:
+            return  # (read without the condition's lock: a stale view costs a turn)
+        with self._lock_wanted:
+            self._lock_wanted.wait_for(lambda: not self._callers, timeout=_GIVE_WAY)
+
     def _take_input(
         self,
         sel: selectors.BaseSelector,
@@ -481,21 +522,41 @@ class Endpoint:
         it ready (data may have come while this thread waited for the lock); then
         the other ready sockets; then ``timer``, the session's timer as it was
         before this turn's input (a timer that input set runs next turn: that
-        turn's wait is then short or none).
+        turn's wait is then short or none). The data socket's share is bounded
+        (:meth:`DataSockets.receive`'s budget), so every turn ends.
 
-        While the data socket keeps a backlog (the receive budget ran out),
-        neither control messages nor timers: a FINISH or a reorder grace judged
-        before the queued data is read would NACK, or complete by the bound,
-        data that has arrived. The sockets stay readable: the next turn comes
-        at once."""
+        While the data socket keeps a backlog of data (the receive budget ran
+        out, and its reads dropped no junk), control messages and timers wait,
+        for at most :data:`_BACKLOG_HOLD` since their last turn: a FINISH or a
+        reorder grace judged before the queued data is read would NACK, or
+        complete by the bound, data that has arrived. A burst drains within
+        that; a backlog that lasts still lets them run that often, and one with
+        junk in it (a flood) holds nothing back, so hellos are read, lost data
+        is asked for again and timeouts fire on time whatever the data socket
+        holds. The sockets stay readable: the next turn comes at once."""
         self._on_ready(sel, self._data.recv_sock, "data")
-        backlog = self._data.backlog
+        hold = self._holds_back(time.monotonic())
         for key, _ in ready:
-            if key.data != "data" and not (backlog and key.data == "control"):
+            if key.data != "data" and not (hold and key.data == "control"):
                 self._on_ready(sel, key.fileobj, key.data)
         now = time.monotonic()
-        if timer is not None and timer <= now and not backlog:
+        if timer is not None and timer <= now and not hold:
             self._session.handle_timer(now=now)
+
+    def _holds_back(self, now: float) -> bool:
+        """Whether this turn holds control messages and timers back: the data
+        socket has a backlog of data (its last read dropped no junk: waiting for
+        junk to drain saves no NACK), and they last had their turn less than
+        :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
+        back that long at most)."""
+        if (
+            self._data.backlog
+            and not self._junk_read
+            and now - self._control_turn < _BACKLOG_HOLD
+        ):
+            return True
+        self._control_turn = now
+        return False
 
     def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
         """Watch the listener again after a pause; drop inbound connections that
@@ -522,7 +583,19 @@ class Endpoint:
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
         if what == "data":
             self._stats.receive_calls += 1
-            self._data.receive(self._deliver)
+            start, self._delivered = time.monotonic(), 0
+            read = self._data.receive(self._deliver)
+            screened = self._data.take_screened()  # the pre-filter's drops
+            self._junk_read = bool(screened)
+            if screened:
+                for reason, count in screened.items():
+                    self._session.stats.reject(reason, count)
+                # the share of the receive spent on junk was capacity for data: the
+                # rate meter counts it as a wait, as it counts select()'s, so that a
+                # flood does not hold the senders to the rate that got through it
+                now = time.monotonic()
+                junk = (now - start) * (read - self._delivered) / max(read, 1)
+                self._session.note_idle(max(0.0, junk), now=now)
         elif what == "engine":
             self._rounds_sent()
         elif what == "wake":
@@ -587,6 +660,7 @@ class Endpoint:
             )
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        self._delivered += len(buf)
         if self._emulator is not None:
             buf = self._emulator.filter(buf, segment_size)
             if len(buf) == 0:

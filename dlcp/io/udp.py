@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from ..proto.wire import Reason
 
 try:
     from . import _udpio as _udpio_c  # type: ignore[attr-defined]
@@ -59,6 +60,9 @@ _GSO_MAX_BYTES = 65000  # stay under the 64 KB IP datagram limit with headers
 _GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS on older kernels
 _READ_SIZE = 65536
 _MAX_READS = 4096  # reads per receive() call, so that sending gets its turn
+#: reads per receive() call with junk the pre-filter dropped (4 x _MAX_READS: some
+#: 25 ms at 1.5 us a junk datagram, longer on a busy machine)
+_MAX_ALL_READS = 4 * _MAX_READS
 #: bytes of same-size datagrams gathered into one batch for the session at most
 RECEIVE_BUFFER_BYTES = 8 << 20
 
@@ -117,6 +121,29 @@ class DataSockets:
         self.empty_datagrams = 0
         #: the last receive() stopped at its budget with datagrams still queued
         self.backlog = False
+        #: datagrams the pre-filter dropped, by reason code (dlcp.proto.wire.Reason;
+        #: 16 slots, as _prefilter.h counts them)
+        self.screened = np.zeros(16, dtype=np.int64)
+        self._screen: tuple[int, bool, int] | None = None
+
+    def screen(self, *, job: int, require_auth: bool, tag_len: int) -> bool:
+        """Drop, from now on, the received datagrams that break a header rule of
+        spec §6.1 for a receiver of ``job`` (``require_auth``: untagged ones too;
+        ``tag_len``: the bytes a tag adds) before they are delivered, counting
+        them in :attr:`screened`. Only the C receive loop filters: False if it
+        was not built (the session's parser then rejects them, as it would)."""
+        self._screen = (job, require_auth, tag_len)
+        return _udpio is not None
+
+    def take_screened(self) -> dict[str, int]:
+        """The pre-filter's drops since the last call, by reason name (as the
+        session's ``rejected`` counters name them)."""
+        counts = self.screened
+        if not counts.any():
+            return {}
+        taken = {Reason(int(c)).name.lower(): int(counts[c]) for c in np.flatnonzero(counts)}
+        counts[:] = 0
+        return taken
 
     def close(self) -> None:
         for s in [self.recv_sock, *self.send_socks]:
@@ -208,24 +235,42 @@ class DataSockets:
         return self._receive_py(deliver, budget)
 
     def _receive_c(self, deliver: Deliver, budget: int) -> int:
+        """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
+        what was delivered: the datagrams the pre-filter dropped (and empty ones)
+        cost a few microseconds each, and reading past them to the data queued
+        behind keeps a FINISH from being judged before that data is read. They
+        are bounded too, by :data:`_MAX_ALL_READS` reads a call."""
         assert _udpio is not None
         buf, fd = self._buf, self.recv_sock.fileno()
-        total: int = 0
-        reads: int = 0
+        total = reads = 0  # everything read
+        counted_bytes = counted_reads = 0  # what was delivered
         while True:
+            byte_room = budget - counted_bytes
+            read_room = min(_MAX_READS - counted_reads, _MAX_ALL_READS - reads)
             runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
-                fd, buf, budget - total, _MAX_READS - reads, _READ_SIZE
+                fd, buf, byte_room, read_room, _READ_SIZE
             )
             total += int(nbytes)
             reads += int(n_reads)
             self.empty_datagrams += int(empty)
+            junk = int(empty)
+            if self._screen is not None:
+                dropped = int(self.screened.sum())
+                runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
+                junk += int(self.screened.sum()) - dropped
             for start, end, seg in runs:
+                counted_bytes += end - start
                 deliver(buf[start:end], seg)
+            counted_reads += int(n_reads) - junk
             if err:
                 raise OSError(err, os.strerror(err))
-            if not more:
-                self.backlog = total >= budget or reads >= _MAX_READS
+            if counted_bytes >= budget or counted_reads >= _MAX_READS or reads >= _MAX_ALL_READS:
+                self.backlog = True
                 return total
+            if not more and n_reads < read_room and nbytes < byte_room:  # drained
+                self.backlog = False
+                return total
+            # buf was full (its runs are consumed), or junk used this call's room
 
     def _receive_py(self, deliver: Deliver, budget: int) -> int:
         buf = self._buf

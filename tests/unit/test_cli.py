@@ -110,7 +110,7 @@ def test_help_shows_the_defaults(
     assert says in " ".join(capsys.readouterr().out.split())
 
 
-@pytest.mark.parametrize("which", ["core", "messages", "transport", "allreduce", "ddp"])
+@pytest.mark.parametrize("which", ["core", "messages", "transport", "allreduce", "ddp", "flood"])
 def test_a_benchmarks_help_names_the_command_that_ran_it(
     which: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

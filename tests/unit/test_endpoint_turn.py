@@ -1,17 +1,21 @@
 """The order of one I/O turn's input (``Endpoint._take_input``): the data socket
 first even when ``select`` did not report it, and no control message nor timer
-while the data socket keeps a backlog. A FINISH or a reorder grace judged before
-queued data is read makes the receiver NACK (or complete by the bound) data that
-has arrived: on 4 ranks sharing 2 cores that cost hundreds of needless
-retransmissions per DDP iteration. Fakes stand in for the session and sockets."""
+while the data socket keeps a backlog younger than ``_BACKLOG_HOLD``. A FINISH or
+a reorder grace judged before queued data is read makes the receiver NACK (or
+complete by the bound) data that has arrived: on 4 ranks sharing 2 cores that
+cost hundreds of needless retransmissions per DDP iteration. A backlog that lasts
+(a flood) holds nothing back: hellos must be read and timers run. Fakes stand in
+for the session and sockets."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from dlcp.io import endpoint as endpoint_module
 from dlcp.io.endpoint import Endpoint
 
 
@@ -22,6 +26,8 @@ class _Turn:
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=lambda now: self.log.append("timer"))
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
+        ep._control_turn = time.monotonic()  # control and timers just had their turn
+        ep._junk_read = False
         self.endpoint = ep
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
@@ -43,3 +49,29 @@ def test_a_timer_not_yet_due_does_not_run() -> None:
 def test_a_data_backlog_holds_back_control_and_timers() -> None:
     log = _Turn(backlog=True).run(["control", "wake", "accept"], timer=0.0)
     assert log == ["data", "wake", "accept"]
+
+
+def test_a_lasting_backlog_holds_control_and_timers_back_for_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(endpoint_module.time, "monotonic", lambda: clock[0])
+    turn = _Turn(backlog=False)
+    assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
+    turn.endpoint._data.backlog = True  # a backlog, then one that lasts
+    hold = endpoint_module._BACKLOG_HOLD
+    for _ in range(3):
+        clock[0] += hold / 4
+        assert turn.run(["control"], timer=0.0)[-1] == "data"
+    clock[0] += hold / 2  # their turn comes, backlog or not
+    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
+    clock[0] += hold / 4
+    assert turn.run(["control"], timer=0.0)[-2:] == ["timer", "data"]  # held again
+    turn.endpoint._data.backlog = False  # drained: nothing held
+    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
+
+
+def test_a_backlog_with_junk_in_it_holds_nothing_back() -> None:
+    turn = _Turn(backlog=True)
+    turn.endpoint._junk_read = True  # the pre-filter dropped some of what was read
+    assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
