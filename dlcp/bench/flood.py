@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcp.errors import BenchError
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.peers import PeerAddress
 from dlcp.io.records import Received
@@ -68,10 +69,6 @@ JOB = 0x2A7
 #: flood sent to the receiver
 PHASES = ("unflooded", "decoy", "flooded")
 KEY = bytes(range(100, 132))
-
-
-class BenchError(RuntimeError):
-    """A transfer failed or differed: the run has no figure."""
 
 
 class _Addresses(dict[str, bytes]):

@@ -23,13 +23,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dlcp.errors import BenchError
+
 __all__ = ["Flooder", "FlooderError", "build"]
 
 SOURCE = Path(__file__).with_name("flooder.c")
 KINDS = ("random", "header")
 
 
-class FlooderError(RuntimeError):
+class FlooderError(BenchError):
     """The flooder could not be built or did not run as it should."""
 
 
