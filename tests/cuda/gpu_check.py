@@ -121,6 +121,9 @@ def train(rank: int, world: int, mode: str, device: torch.device, steps: int) ->
         sync()
         times.append(time.perf_counter() - start)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
+    # every rank's last bucket done before any closes its endpoint (as
+    # examples/train_digits.py ends): a peer still finishing a send needs it open
+    dist.barrier()
     if state is not None:
         state.close()
     numel = params.size

@@ -46,6 +46,11 @@ else
   for pkg in shims testbed bench examples; do ln -s "$PWD/$pkg" "$stage/dlcp/$pkg"; done
   export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
 fi
+if ! "$PY" -c "import dlcp.shims.process_group, dlcp.shims.ddp, dlcp.examples.train_digits" \
+    >>"$OUT/install.log" 2>&1; then
+  echo "DLCP does not import (install.log)" | tee -a "$OUT/summary.txt"; tail -20 "$OUT/install.log"
+  exit 1
+fi
 "$PY" -c "import dlcp.io._engine, dlcp.io._udpio, dlcp.proto._kernels" 2>&1 \
   && echo "C parts built" | tee -a "$OUT/summary.txt" \
   || echo "C parts NOT built: DLCP runs its Python fallbacks" | tee -a "$OUT/summary.txt"

@@ -30,14 +30,13 @@ AS_GLOO = [
     "test_send_recv_any_source",
     "test_batch_isend_irecv_gloo_tags",
     "test_all_reduce_sum",
-    "test_all_reduce_group_max",
+    "test_all_reduce_max",
     "test_broadcast",
     "test_all_gather_coalesced_simple",
     "test_reduce_product",
     "test_scatter",
     "test_barrier_full_group",
     "test_barrier_timeout_full_group",
-    "test_monitored_barrier_gloo",
 ]
 #: shown to the harness as MPI (DRESS_AS_MPI=1): it runs its CPU all-to-all tests
 #: for MPI only
