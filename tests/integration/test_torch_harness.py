@@ -37,6 +37,7 @@ AS_GLOO = [
     "test_scatter",
     "test_barrier_full_group",
     "test_barrier_timeout_full_group",
+    "test_monitored_barrier_gloo_rank_0_timeout",
 ]
 #: shown to the harness as MPI (DRESS_AS_MPI=1): it runs its CPU all-to-all tests
 #: for MPI only

@@ -23,10 +23,12 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -63,9 +65,13 @@ def collect(mode: str) -> list[str]:
 
 
 #: decorators (by the code name of their wrapper) whose wrapper exits each rank
-#: as skipped on this machine: no GPU, or a world size under 8 (torch's
-#: ``skip_if_small_worldsize`` for every backend but MPI)
-SKIPPING_WRAPPERS = ("skip_if_no_gpu.", "skip_if_small_worldsize.", "require_n_gpus_for_nccl")
+#: as skipped on a machine without a GPU
+SKIPPING_WRAPPERS = ("skip_if_no_gpu.", "require_n_gpus_for_nccl")
+
+
+def small_world() -> bool:
+    """torch's ``skip_if_small_worldsize`` skips under 8 ranks, but for MPI."""
+    return os.environ["BACKEND"] != "mpi" and int(os.environ["WORLD_SIZE"]) < 8
 
 
 def static_skip(test: object) -> str | None:
@@ -76,7 +82,9 @@ def static_skip(test: object) -> str | None:
     while fn is not None:
         code = getattr(fn, "__code__", None)
         name = code.co_qualname if code is not None else ""
-        if name.startswith(SKIPPING_WRAPPERS):
+        if name.startswith(SKIPPING_WRAPPERS) or (
+            name.startswith("skip_if_small_worldsize.") and small_world()
+        ):
             return name.split(".")[0]
         if name.startswith(("skip_if_lt_x_gpu.", "nccl_skip_if_lt_x_gpu.")):
             closure = fn.__closure__ or ()
@@ -127,6 +135,13 @@ def run(args: argparse.Namespace) -> int:
     chunk_dir.mkdir(parents=True, exist_ok=True)
     planned = plan(args.mode)
     (chunk_dir / "plan.json").write_text(json.dumps(planned, indent=1) + "\n")
+    command = {
+        "argv": ["python", "tests/torch_suite/full_run.py", *sys.argv[1:]],
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+    }
+    with (chunk_dir / "commands.jsonl").open("a") as f:
+        f.write(json.dumps(command) + "\n")
     names = [n for n, why in planned.items() if why is None]
     if args.only:
         keep = passed_in(Path(args.only))
@@ -156,13 +171,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: a rank's error line in a failure's text ("E   SomeError: ..."), not the
+#: harness's "Process N exited" that wraps it
+RANK_ERROR = re.compile(r"^E\s+(\w+(?:Error|Exception|Timeout)\b.*)$")
+
+
 def outcome(case: ET.Element) -> tuple[str, str]:
+    """(passed / failed / error / skipped, the most telling line of its message)."""
     for tag in ("failure", "error", "skipped"):
         node = case.find(tag)
         if node is not None:
-            text = (node.get("message") or node.text or "").strip()
-            first = text.splitlines()[0] if text else ""
-            return ("failed" if tag == "failure" else tag), first[:300]
+            text = node.text or ""
+            errors = [
+                m.group(1)
+                for line in text.splitlines()
+                if (m := RANK_ERROR.match(line)) and "exited with error code" not in line
+            ]
+            first = (node.get("message") or text).strip().splitlines()
+            line = errors[-1] if errors else (first[0] if first else "")
+            return ("failed" if tag == "failure" else tag), line.strip()[:300]
     return "passed", ""
 
 
@@ -188,11 +215,15 @@ def merge(args: argparse.Namespace) -> int:
                     "seconds": round(float(case.get("time", "0")), 1),
                     "message": message,
                 }
+        planned = json.loads((chunk_dir / "plan.json").read_text())
+        not_started = {n: why for n, why in planned.items() if why is not None}
         counts: dict[str, int] = {}
         for r in tests.values():
             counts[str(r["outcome"])] = counts.get(str(r["outcome"]), 0) + 1
+        counts["not started"] = len(not_started)
+        commands = [json.loads(line) for line in (chunk_dir / "commands.jsonl").open()]
         summary = {
-            "command": f"python tests/torch_suite/full_run.py run --mode {mode} --out {args.out}",
+            "commands": commands,
             "environment": MODES[mode] | {"WORLD_SIZE": os.environ.get("WORLD_SIZE", "3")},
             "merged": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": git_commit(),
@@ -200,6 +231,9 @@ def merge(args: argparse.Namespace) -> int:
             "python": sys.version.split()[0],
             "counts": counts,
             "tests": dict(sorted(tests.items())),
+            # skipped by their decorators (read without starting their ranks), or
+            # by unittest's skip before any rank starts: the reason
+            "not_started": not_started,
         }
         (Path(args.out) / f"{mode}.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(mode, counts)
@@ -207,18 +241,24 @@ def merge(args: argparse.Namespace) -> int:
 
 
 def table(args: argparse.Namespace) -> int:
+    """Markdown: every test Gloo passes, with each other mode's outcome."""
     out = Path(args.out)
     gloo = json.loads((out / "gloo.json").read_text())["tests"]
     others = {
-        mode: json.loads((out / f"{mode}.json").read_text())["tests"]
-        for mode in ("dressed", "dlcp")
+        mode: json.loads((out / f"{mode}.json").read_text())
+        for mode in ("dressed", "dlcp", "dressed-mpi")
         if (out / f"{mode}.json").exists()
     }
+
+    def cell(data: dict[str, Any], name: str) -> str:
+        if name in data["tests"]:
+            return str(data["tests"][name]["outcome"])
+        return "skipped (unstarted)" if name in data["not_started"] else "not run"
+
     print("| test (Gloo passes) | " + " | ".join(others) + " |")
     print("|---|" + "---|" * len(others))
     for name in sorted(n for n, r in gloo.items() if r["outcome"] == "passed"):
-        cells = [others[m].get(name, {"outcome": "not run"})["outcome"] for m in others]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"| {name} | " + " | ".join(cell(d, name) for d in others.values()) + " |")
     return 0
 
 
