@@ -148,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
         names = [n for n in names if n in keep]
     if args.match:
         names = [n for n in names if args.match in n]
+    if args.names:
+        wanted = set(args.names.split(","))
+        names = [n for n in names if n in wanted]
     # the collectives and point-to-point first, DDP's tests (the slowest) last
     names.sort(key=lambda n: ("ddp" in n.lower() or "DistributedDataParallel" in n, n))
     done = done_in(chunk_dir)
@@ -224,7 +227,9 @@ def merge(args: argparse.Namespace) -> int:
         commands = [json.loads(line) for line in (chunk_dir / "commands.jsonl").open()]
         summary = {
             "commands": commands,
-            "environment": MODES[mode] | {"WORLD_SIZE": os.environ.get("WORLD_SIZE", "3")},
+            "environment": MODES[mode]
+            | {"WORLD_SIZE": os.environ.get("WORLD_SIZE", "3")}
+            | {k: os.environ[k] for k in ("INIT_METHOD",) if k in os.environ},
             "merged": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": git_commit(),
             "torch": torch.__version__,
@@ -269,6 +274,7 @@ def main() -> int:
     p_run.add_argument("--mode", choices=sorted(MODES), required=True)
     p_run.add_argument("--only", help="a merged JSON: run only the tests it passed")
     p_run.add_argument("--match", help="only the tests whose name contains this")
+    p_run.add_argument("--names", help="only these tests (comma-separated names)")
     p_run.add_argument("--fork", action="store_true", help="fork the ranks (TORCH_SUITE_FORK=1)")
     p_run.add_argument("--chunk", type=int, default=4, help="tests per pytest process")
     p_run.add_argument("--test-timeout", type=int, default=180, help="seconds per test")
