@@ -251,14 +251,15 @@ def table(args: argparse.Namespace) -> int:
     gloo = json.loads((out / "gloo.json").read_text())["tests"]
     others = {
         mode: json.loads((out / f"{mode}.json").read_text())
-        for mode in ("dressed", "dlcp", "dressed-mpi")
+        for mode in ("dressed", "dlcp")
         if (out / f"{mode}.json").exists()
     }
 
     def cell(data: dict[str, Any], name: str) -> str:
         if name in data["tests"]:
             return str(data["tests"][name]["outcome"])
-        return "skipped (unstarted)" if name in data["not_started"] else "not run"
+        why = data["not_started"].get(name)
+        return f"not run: {why[:60]}" if why else "not run"
 
     print("| test (Gloo passes) | " + " | ".join(others) + " |")
     print("|---|" + "---|" * len(others))
