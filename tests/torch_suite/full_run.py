@@ -55,15 +55,6 @@ def mode_env(mode: str, test_timeout: int) -> dict[str, str]:
     return env
 
 
-def collect(mode: str) -> list[str]:
-    """The harness's test names, as pytest collects them for this mode."""
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", SUITE, "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=ROOT, env=mode_env(mode, 300), capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return [line.rsplit("::", 1)[1] for line in out.splitlines() if f"::{CLASS}::" in line]
-
-
 #: decorators (by the code name of their wrapper) whose wrapper exits each rank
 #: as skipped on a machine without a GPU
 SKIPPING_WRAPPERS = ("skip_if_no_gpu.", "require_n_gpus_for_nccl")
@@ -150,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         names = [n for n in names if args.match in n]
     if args.names:
         wanted = set(args.names.split(","))
+        unknown = sorted(wanted - set(planned))
+        if unknown:
+            raise SystemExit(f"--names: no such test in the harness: {', '.join(unknown)}")
         names = [n for n in names if n in wanted]
     # the collectives and point-to-point first, DDP's tests (the slowest) last
     names.sort(key=lambda n: ("ddp" in n.lower() or "DistributedDataParallel" in n, n))

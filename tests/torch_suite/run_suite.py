@@ -13,8 +13,9 @@ prefix). The harness runs some CPU tests only when BACKEND is "gloo", by name:
 ``DRESS_AS_GLOO=1`` sets BACKEND to "gloo" and has ``init_process_group``
 create "dlcp" wherever the harness asks for "gloo", so those run too (tests that
 check the backend's name then fail on it). It runs its CPU all-to-all tests only
-when BACKEND is "mpi": ``DRESS_AS_MPI=1`` does the same for "mpi" (name those
-tests: the harness's other tests assume more of an MPI group than DLCP is).
+when BACKEND is "mpi": ``DRESS_AS_MPI=1`` does the same for "mpi" (select those
+tests, ``-k all_to_all``: the rest of the harness has not been run dressed as MPI).
+``TORCH_SUITE_FORK=1`` forks the ranks instead of spawning them.
 
 ``full_run.py`` runs the whole harness in chunks and merges the results.
 """
