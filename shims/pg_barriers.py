@@ -12,7 +12,9 @@ waits up to ``timeout`` for a token from every other rank, then answers each;
 the others wait up to ``timeout`` for that answer. Rank 0 raises naming the
 first rank that did not arrive (every such rank with ``wait_all_ranks``), in
 the words Gloo uses ("Rank 2 failed to pass monitoredBarrier in 2000 ms"), and
-then does not answer, so the others fail too. It runs at once in the caller's
+then does not answer, so the others fail too. A timeout of 0 fails rank 0 at
+once ("Rank 0 timed out in monitoredBarrier after 0 ms", as Gloo, which checks
+the time left before waiting for each rank). It runs at once in the caller's
 thread, outside the collectives' order, on its own message channel. (torch's
 ``dist.monitored_barrier`` refuses every backend but Gloo by name; code that
 calls the group's method reaches this one.)
@@ -96,8 +98,8 @@ class Barriers:
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False
     ) -> None:
         seconds = timeout.total_seconds() if timeout is not None else self.comm.timeout
-        if not seconds > 0:
-            raise UsageError(f"monitored_barrier: timeout={timeout!r} must be above 0")
+        if not seconds >= 0:  # (NaN too)
+            raise UsageError(f"monitored_barrier: timeout={timeout!r} must not be negative")
         with self._monitored_lock:
             step = self._monitored
             self._monitored = step + 1
@@ -115,6 +117,14 @@ class Barriers:
         incoming = {
             q: self.endpoint.recv(src=q, step=step, msg=arrive, p=0.0) for q in range(1, self._size)
         }
+        if seconds == 0 and not wait_all_ranks:
+            # Gloo's rank 0 checks the time left before it waits for each rank:
+            # with none from the start it times out at once, whoever has arrived
+            cancel_all(list(incoming.values()))
+            raise timed_out(
+                "monitored_barrier", 0, [q for q, f in incoming.items() if not f.done()], 0,
+                "Rank 0 timed out in monitoredBarrier after 0 ms",
+            )  # fmt: skip
         missing, error = _wait_all(incoming, seconds, first_only=not wait_all_ranks)
         if missing:
             cancel_all(list(incoming.values()))
