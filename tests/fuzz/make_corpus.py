@@ -88,8 +88,12 @@ def scatter_seed(records: list[bytes], chunk_elems: int, msg_elems: int, itemsiz
         mode |= 0x08
         geometry[6:] = [min(msg_elems * itemsize, 2**16 - 1), min(n_chunks, 2**16 - 1)]
     head = bytes([mode, DATA_HEADER_LEN]) + _RUN_LAYOUT
-    return head + _geometry(geometry[:6], wide) + _geometry(geometry[6:], False) + bytes(8) + (
-        SHARED_HEADER_MASK + body
+    return (
+        head
+        + _geometry(geometry[:6], wide)
+        + _geometry(geometry[6:], False)
+        + bytes(8)
+        + (SHARED_HEADER_MASK + body)
     )
 
 
@@ -114,9 +118,11 @@ PLAIN, GRO, ERROR, BAD_CONTROL, EMPTY = range(5)
 
 
 def _event(kind: int, length: int, value: int = 0, repeat: int = 1) -> bytes:
-    return bytes([kind | (repeat - 1) << 3]) + struct.pack(">H", length) + (
-        value & 0xFFFFFF
-    ).to_bytes(3, "big")
+    return (
+        bytes([kind | (repeat - 1) << 3])
+        + struct.pack(">H", length)
+        + (value & 0xFFFFFF).to_bytes(3, "big")
+    )
 
 
 def recv_seed(lengths: list[int], gro_at: int) -> bytes:

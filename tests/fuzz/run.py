@@ -79,7 +79,9 @@ def fuzz(binary: Path, target: str, seconds: int, out: Path) -> Outcome:
             [str(binary), *map(str, regressions)], capture_output=True, text=True, check=False
         )
         if run.returncode:
-            return Outcome(target, False, 0, 0, 0, 0, 0.0, "a regression input fails:\n" + run.stderr[-3000:])
+            return Outcome(
+                target, False, 0, 0, 0, 0, 0.0, "a regression input fails:\n" + run.stderr[-3000:]
+            )
     cmd = [
         str(binary),
         f"-max_total_time={seconds}",
@@ -139,7 +141,9 @@ def main() -> int:
     share = max(1, args.seconds // rounds)
     with ThreadPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(lambda t: fuzz(binaries[t], t, share, out), args.targets))
-    print(f"{'target':14} {'result':7} {'execs':>11} {'exec/s':>8} {'cov':>5} {'ft':>6} {'corpus':>6}")
+    print(
+        f"{'target':14} {'result':7} {'execs':>11} {'exec/s':>8} {'cov':>5} {'ft':>6} {'corpus':>6}"
+    )
     for o in outcomes:
         rate = o.execs / o.seconds if o.seconds else 0
         print(

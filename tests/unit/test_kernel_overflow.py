@@ -90,7 +90,11 @@ def test_scatter_run_counts_the_chunks_of_a_huge_chunk_size_without_overflow() -
     record[f_offset : f_offset + 4] = 0
     record[f_len : f_len + 2] = [0, 64]
     record[HL:] = payload
-    out, received, received_class = np.zeros(64, np.uint8), np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+    out, received, received_class = (
+        np.zeros(64, np.uint8),
+        np.zeros(1, np.uint8),
+        np.zeros(1, np.uint8),
+    )
     result = c_module.scatter_run(
         record,
         1,
