@@ -11,6 +11,8 @@ describes at the top of its source:
   order, reversed, and with a duplicate; the ``bad`` vectors as one-record runs.
 * ``swap_records``: the same runs as batches of headers, with the wire header's
   swapped fields and the shared-header mask the receive path uses.
+* ``engine_round``: the rounds the native send engine is posted for those
+  messages (breaks at each quarter), with narrow and wide numbers;
 * ``recv_runs``: the vectors' lengths as plain datagrams, GRO reads of a run of
   them, short last datagrams, empty datagrams and receive errors.
 
@@ -113,6 +115,17 @@ def swap_seed(records: list[bytes]) -> bytes:
     )
 
 
+def engine_seed(records: list[bytes], *, wide: bool, limit: int) -> bytes:
+    """The round the native engine would be posted for these records: count,
+    stride, the short last record, a break after each quarter and at the end."""
+    stride, count = max(len(r) for r in records), len(records)
+    short = count - 1 if len(records[-1]) < stride else -1
+    breaks = sorted({max(1, count * k // 4) for k in (1, 2, 3)} | {count})
+    geometry = [count, stride, 1, short if wide else short + 1, len(records[-1]), limit, 0]
+    body = bytes([0x01 * wide | 0x02 * wide]) + _geometry(geometry, wide)
+    return body + bytes([len(breaks)]) + _geometry(breaks, wide)
+
+
 # recv_runs event kinds (see fuzz_recv_runs.c)
 PLAIN, GRO, ERROR, BAD_CONTROL, EMPTY = range(5)
 
@@ -163,6 +176,8 @@ def main(out: Path) -> dict[str, int]:
         for run in (records, records[::-1], records + records[:1]):
             write(out, "scatter_run", scatter_seed(run, chunk_elems, msg_elems, itemsize), counts)
             write(out, "swap_records", swap_seed(run), counts)
+        for wide, limit in ((False, 3), (True, 64)):
+            write(out, "engine_round", engine_seed(records, wide=wide, limit=limit), counts)
     for vector in golden["bad"]:
         record = bytes.fromhex(vector["hex"])
         if vector["kind"] == "data" and record:

@@ -1,4 +1,4 @@
-"""The C kernels' argument checks hold for numbers whose products overflow 64 bits.
+"""The compiled code's argument checks hold for numbers whose products overflow 64 bits.
 
 libFuzzer (``tests/fuzz/``, ``make fuzz``) found that ``scatter_run`` and
 ``swap_records`` in ``dlcp/proto/_kernels.c`` multiplied the caller's geometry
@@ -9,10 +9,14 @@ a 32-byte buffer passed the checks and read past it, and ``swap_records`` asked
 for 2**62 + 1 records of a 4-byte buffer wrote past it. Each case here passed the
 old checks; the checks now divide instead of multiplying, and each is refused
 with the error that names it. The inputs that found them are in
-``tests/fuzz/regressions/``, and ``make fuzz`` runs them first.
+``tests/fuzz/regressions/``, and ``make fuzz`` runs them first. The native send
+engine's ``post()`` (``dlcp/io/_engine.c``) had the same kind of check, found while
+writing its fuzz target: the record buffer was compared with ``stride * count``.
 """
 
 from __future__ import annotations
+
+import socket
 
 import numpy as np
 import pytest
@@ -22,7 +26,7 @@ from dlcp.proto.batch import SHARED_HEADER_MASK
 from dlcp.proto.reassembler import _RUN_LAYOUT
 from dlcp.proto.wire import DATA_HEADER_LEN
 
-pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+needs_kernels = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 
 HL = DATA_HEADER_LEN
 
@@ -52,6 +56,7 @@ def _scatter(
     )
 
 
+@needs_kernels
 def test_scatter_run_takes_a_plain_run() -> None:
     """The baseline the cases below break: one 32-byte record of a 16-element
     message is a legal call (a header that is no packet of it: nothing taken)."""
@@ -65,18 +70,21 @@ def test_scatter_run_takes_a_plain_run() -> None:
     )
 
 
+@needs_kernels
 def test_scatter_run_refuses_a_record_count_whose_span_overflows() -> None:
     # (2**59 + 1) * 32 wraps to 32: the old check saw one record's worth of bytes
     with pytest.raises(ValueError, match="the last record ending inside its stride"):
         _scatter(n=2**59 + 1, stride=HL, total=HL, chunk_elems=16, msg_elems=16, itemsize=4)
 
 
+@needs_kernels
 def test_scatter_run_refuses_a_message_whose_byte_size_overflows() -> None:
     # 2**62 elements of 4 bytes wrap to 0 bytes: any out passed the old check
     with pytest.raises(ValueError, match="buffers too small"):
         _scatter(n=1, stride=HL, total=HL, chunk_elems=2**62, msg_elems=2**62, itemsize=4)
 
 
+@needs_kernels
 def test_scatter_run_counts_the_chunks_of_a_huge_chunk_size_without_overflow() -> None:
     # 16 + (2**63 - 1) - 1 overflowed into a negative chunk count, so the one chunk
     # of this message was never taken; it is one chunk, and its packet lands
@@ -115,6 +123,7 @@ def test_scatter_run_counts_the_chunks_of_a_huge_chunk_size_without_overflow() -
     assert (out == payload).all() and received[0] == 1
 
 
+@needs_kernels
 def test_swap_records_refuses_a_record_count_whose_span_overflows() -> None:
     c_module = kernels._accel
     assert c_module is not None
@@ -122,3 +131,31 @@ def test_swap_records_refuses_a_record_count_whose_span_overflows() -> None:
     # (2**62 + 1 - 1) * 4 + 4 wraps to 4: the old check let 2**62 + 1 records through
     with pytest.raises(IndexError, match="records do not fit"):
         c_module.swap_records(dst, 4, src, 4, 2**62 + 1, 4, bytes([0, 4]))
+
+
+def test_engine_post_refuses_records_whose_size_overflows() -> None:
+    _engine = pytest.importorskip("dlcp.io._engine")
+    count = 2**62 + 1  # 4 * count wraps to 4: a 4-byte buffer passed for the records
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        engine = _engine.Engine([tx.fileno()], 64, "dlcp-overflow-test")
+        try:
+            engine.add_peer(1, "127.0.0.1", 9, _engine.Pacer(unpaced=True))
+            with pytest.raises(ValueError, match="records has 4 bytes"):
+                engine.post(
+                    dst=1,
+                    step=0,
+                    msg=0,
+                    order=1,
+                    records=np.zeros(4, np.uint8),
+                    stride=4,
+                    per_message=1,
+                    count=count,
+                    short=-1,
+                    short_len=4,
+                    tos=np.zeros(1, np.uint8),
+                    path=np.zeros(1, np.uint8),
+                    prio=np.zeros(1, np.uint8),
+                    breaks=np.array([count], np.int64),
+                )
+        finally:
+            engine.close()
