@@ -46,9 +46,10 @@ from dlcp.io import udp as udp_module
 from dlcp.io.records import Received
 from dlcp.keyring import KeyRing, new_run_nonce
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.session import DataBatch, Session
+from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
 from tests.integration.endpoint_helpers import LocalStore
+from tests.security.sent_datagrams import data_datagrams
 
 JOB = 0x5EED
 SECRET = bytes(range(40, 72))
@@ -85,12 +86,7 @@ def genuine_datagrams(
     with rank 0's configuration and keys."""
     s = Session(rank=0, job=JOB, config=proto, key=ring, peers=(0, 1, 2))
     s.send_message(1, x, step=step, msg=msg, now=0.0, p=P)
-    out: list[bytes] = []
-    for item in s.datagrams_to_send(now=0.0, max_batches=100_000):
-        if isinstance(item, DataBatch):
-            raw, seg = bytes(item.data), item.segment_size
-            out += [raw[i : i + seg] for i in range(0, len(raw), seg)]
-    return out
+    return data_datagrams(s)
 
 
 class Junk:
