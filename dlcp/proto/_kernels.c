@@ -539,9 +539,9 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
     if (scatter_check_buffers(&a) != SCATTER_OK || recv.view.itemsize != 1 ||
         cls.view.itemsize != 1) {
         PyErr_Format(PyExc_ValueError,
-                     "buffers too small: buf %zd < %zd bytes, out %zd < %zd, or the chunk maps "
-                     "(%zd, %zd) hold fewer than %zd one-byte items",
-                     buf.view.len, total, out.view.len, msg_elems * itemsize, recv.view.len,
+                     "buffers too small: buf %zd < %zd bytes, out %zd < %zd elements of %zd "
+                     "bytes, or the chunk maps (%zd, %zd) hold fewer than %zd one-byte items",
+                     buf.view.len, total, out.view.len, msg_elems, itemsize, recv.view.len,
                      cls.view.len, scatter_chunks(&a));
         goto done;
     }
