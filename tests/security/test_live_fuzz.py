@@ -2,7 +2,8 @@
 sockets, and junk on the TCP control channel, while genuine transfers run.
 
 Three endpoints (ranks 0, 1, 2) on loopback, with and without authentication.
-Rank 0 sends rank 1 messages with a loss bound (p = 0.05); rank 1 drops 8 % of
+Rank 0 sends rank 1 messages with a loss bound (p = 0.05), two at a time (one
+received into a buffer of the caller's, one not); rank 1 drops 8 % of
 the data datagrams it receives (emulated loss), so its NACKs and rank 0's
 retransmissions run too. Meanwhile the test sends rank 1's data port, seeded:
 
@@ -303,7 +304,12 @@ def test_live_endpoints_deliver_exact_data_under_junk_and_forgeries(
                 genuine = [
                     g for msg in MSGS for g in genuine_datagrams(proto, ring, xs[msg], step, msg)
                 ]
-                received = {m: eps[1].recv(src=0, step=step, msg=m, p=P, fill="zero") for m in MSGS}
+                # the first into a buffer of the caller's (NaN until written), the other not
+                outs = {MSGS[0]: np.full(ELEMS, np.nan, np.float32), MSGS[1]: None}
+                received = {
+                    m: eps[1].recv(src=0, step=step, msg=m, p=P, fill="zero", out=outs[m])
+                    for m in MSGS
+                }
                 # before the first genuine datagram: forgeries for the keys, junk
                 picks = rng.integers(0, len(genuine), JUNK_PER_PHASE)
                 before = [mutate(genuine[int(k)]) for k in picks]
@@ -323,7 +329,9 @@ def test_live_endpoints_deliver_exact_data_under_junk_and_forgeries(
                 _send_udp(udp, port, [during[int(k)] for k in order], rng)
                 _junk_control(eps[1].address.control_port, rng, authenticated=authenticated)
                 for m in MSGS:
-                    check_received(received[m].result(timeout=30), xs[m], f"{at}, msg {m}")
+                    got = received[m].result(timeout=30)
+                    check_received(got, xs[m], f"{at}, msg {m}")
+                    assert outs[m] is None or got.data is outs[m], f"{at}: not into out="
                 for fut in sent:
                     assert fut.result(timeout=30) is not None, at
         assert _rejected(eps[1]) >= TRANSFERS * JUNK_PER_PHASE, where
