@@ -9,11 +9,12 @@ retransmissions run too. Meanwhile the test sends rank 1's data port, seeded:
 
 * random bytes of random lengths, alone and as GSO batches (which the receiver's
   GRO may coalesce with each other: its C receive loop and batch parser see runs);
-* mutations of the genuine datagrams of the message in flight (made by a session
-  of rank 0's with rank 0's keys: byte for byte what rank 0 sends), forged for its
-  key (src, step, msg). Authenticated: any mutation (bit flips, byte overwrites,
-  header fields, truncation, extension) before and during the transfer, and
-  datagrams for the same key tagged with another run's keys, carrying other data.
+* mutations of the genuine datagrams of the messages in flight (made by a
+  protocol ``Session`` with rank 0's configuration and keys: byte for byte what
+  rank 0 sends), forged for their keys (src, step, msg). Authenticated: any
+  mutation (bit flips, byte overwrites, header fields, truncation, extension)
+  before and during the transfer, and datagrams for the same keys tagged with
+  another run's keys, carrying other data.
   Unauthenticated, where a well-formed datagram for a message *is* its data,
   mutations that break a rule of spec §6.1 on their own (header, length, bounds);
 * the same mutations moved to keys not in flight (messages nobody asked for), and
@@ -83,8 +84,8 @@ def _get(d: bytes, field: tuple[int, int]) -> int:
 def genuine_datagrams(
     proto: ProtocolConfig, ring: KeyRing | None, x: np.ndarray, step: int, msg: int
 ) -> list[bytes]:
-    """The data datagrams rank 0 sends rank 1 for this message, made by a session
-    with rank 0's configuration and keys."""
+    """The data datagrams rank 0 sends rank 1 for this message, made by a protocol
+    ``Session`` with rank 0's configuration and keys."""
     s = Session(rank=0, job=JOB, config=proto, key=ring, peers=(0, 1, 2))
     s.send_message(1, x, step=step, msg=msg, now=0.0, p=P)
     return data_datagrams(s)
