@@ -11,8 +11,8 @@ PIP    := $(BIN)/pip install --progress-bar on --disable-pip-version-check
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-demo sysdeps demo demo-transport test test-python-engine sanitize lint \
-	bench clean
+.PHONY: setup setup-demo sysdeps demo demo-transport test test-python-engine sanitize fuzz \
+	lint bench clean
 
 $(BIN)/python:
 	@echo "==> [1/3] creating $(VENV)"
@@ -104,6 +104,14 @@ sanitize: setup
 	  $(BIN)/pytest -q tests/unit/test_engine_send.py tests/unit/test_engine_pacer.py \
 	  tests/unit/test_gmac.py tests/integration/test_engines.py tests/integration/test_endpoint.py \
 	  tests/integration/test_halving.py
+
+# libFuzzer targets of the compiled code that reads network input (tests/fuzz/: the
+# receive kernels and the UDP receive loop), built with clang and ASan/UBSan, seeded from
+# the golden vectors, FUZZ_SECONDS of fuzzing in all; fails on any crash or oracle
+# mismatch. A long campaign: tests/security/README.md
+FUZZ_SECONDS ?= 60
+fuzz: $(DEMO_STAMP)
+	$(BIN)/python tests/fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 bench: $(DEMO_STAMP)
 	$(BIN)/python -m dlcp.bench.core --json

@@ -67,13 +67,13 @@ with_crypto: dict[str, list[Any]] = (
 )
 
 extensions = [
-    Extension("dlcp.proto._kernels", ["dlcp/proto/_kernels.c"], extra_compile_args=["-O2"],
-              optional=True),
+    Extension("dlcp.proto._kernels", ["dlcp/proto/_kernels.c"],
+              depends=["dlcp/proto/_kernels_core.h"], extra_compile_args=["-O2"], optional=True),
     Extension("dlcp.io._udpio", ["dlcp/io/_udpio.c"],
-              depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_prefilter.h"],
+              depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_prefilter.h", "dlcp/io/_recv_runs.h"],
               extra_compile_args=["-O2"], optional=True),
     Extension("dlcp.io._engine", ["dlcp/io/_engine.c"],
-              depends=["dlcp/io/_sendmmsg.h", "dlcp/proto/gmac.h"],
+              depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_round_geometry.h", "dlcp/proto/gmac.h"],
               extra_compile_args=["-O2", *WARNINGS], extra_link_args=["-lpthread"],
               optional=True, **with_crypto),
 ]  # fmt: skip

@@ -69,6 +69,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_round_geometry.h" /* post()'s checks and the batches of a round */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h"
@@ -379,39 +380,21 @@ static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round
         *datagrams += (unsigned long long)sent;
         return err;
     }
-    Py_ssize_t end = stop * r->stride;
-    if (r->short_index >= start && r->short_index < stop)
-        end -= r->stride - r->short_len; /* (the short record is the run's last) */
-    int err = send_datagrams(fd, addr,
-                             (const char *)r->records.buf + start * r->stride,
-                             end - start * r->stride, r->stride, r->per_message, tos, &sent,
-                             calls);
+    /* (the short record, if among them, is the run's last) */
+    Py_ssize_t len = round_batch_bytes(r->stride, r->short_index, r->short_len, start, stop);
+    int err = send_datagrams(fd, addr, (const char *)r->records.buf + start * r->stride, len,
+                             r->stride, r->per_message, tos, &sent, calls);
     *datagrams += (unsigned long long)sent;
     return err;
 }
 
 /* Rule 2: where the batch starting at `start` ends. */
 static Py_ssize_t batch_end(const Round *r, Py_ssize_t start, Py_ssize_t limit) {
-    const int64_t *b = (const int64_t *)r->breaks.buf;
-    Py_ssize_t lo = 0, hi = r->n_breaks; /* first break > start */
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (b[mid] <= start)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    Py_ssize_t brk = lo < r->n_breaks ? (Py_ssize_t)b[lo] : r->count;
-    if (brk > r->count) /* (post() checked them; a cap costs nothing) */
-        brk = r->count;
-    return start + limit < brk ? start + limit : brk;
+    return round_batch_end((const int64_t *)r->breaks.buf, r->n_breaks, r->count, start, limit);
 }
 
 static Py_ssize_t batch_nbytes(const Round *r, Py_ssize_t start, Py_ssize_t stop) {
-    Py_ssize_t size = (stop - start) * r->stride;
-    if (r->short_index >= start && r->short_index < stop)
-        size -= r->stride - r->short_len;
-    return size;
+    return round_batch_bytes(r->stride, r->short_index, r->short_len, start, stop);
 }
 
 /* Rule 1. */
@@ -1048,9 +1031,9 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ss
                       const char *what, int writable) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    if (view->len != itemsize * n) {
-        PyErr_Format(PyExc_ValueError, "post: %s has %zd bytes, expected %zd", what, view->len,
-                     itemsize * n);
+    if (!round_buffer_fits(view->len, itemsize, n)) {
+        PyErr_Format(PyExc_ValueError, "post: %s has %zd bytes, expected %zd of %zd", what,
+                     view->len, n, itemsize);
         PyBuffer_Release(view);
         return -1;
     }
@@ -1099,17 +1082,14 @@ static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
 static int check_breaks(Round *r) {
     const int64_t *b = (const int64_t *)r->breaks.buf;
     Py_ssize_t n = r->breaks.len / 8;
-    int after_short = r->short_index < 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (b[i] <= (i ? b[i - 1] : 0) || b[i] > r->count) {
-            PyErr_Format(PyExc_ValueError,
-                         "post: breaks must increase within 1..%zd (break %zd is %lld)", r->count,
-                         i, (long long)b[i]);
-            return -1;
-        }
-        after_short |= b[i] == r->short_index + 1;
+    Py_ssize_t bad = round_bad_break(b, n, r->count, r->short_index);
+    if (bad >= 0 && bad < n) {
+        PyErr_Format(PyExc_ValueError,
+                     "post: breaks must increase within 1..%zd (break %zd is %lld)", r->count,
+                     bad, (long long)b[bad]);
+        return -1;
     }
-    if (n == 0 || b[n - 1] != r->count || !after_short) {
+    if (bad == n) {
         PyErr_Format(PyExc_ValueError,
                      "post: breaks must end at the count (%zd) and follow the short record",
                      r->count);
@@ -1202,10 +1182,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "post: rank %d has no peer entry (add_peer first)", dst);
         return NULL;
     }
-    if (count < 1 || stride < 1 || stride > 65535 || per_message < 1 || per_message > 64 ||
-        per_message > 65535 / stride ||
-        short_index < -1 || short_index >= count ||
-        (short_index >= 0 && (short_len < 1 || short_len > stride))) {
+    if (!round_geometry_ok(count, stride, per_message, short_index, short_len)) {
         PyErr_Format(PyExc_ValueError,
                      "post: bad geometry (count %zd, stride %zd, short %zd of %zd bytes)", count,
                      stride, short_index, short_len);

@@ -52,65 +52,8 @@
 #include <sys/socket.h>
 
 #include "_prefilter.h"
+#include "_recv_runs.h" /* the receive loop, without Python */
 #include "_sendmmsg.h"
-
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-
-#define MAX_RUNS 4096
-#define MMSG_BATCH 64
-#define MMSG_SMALL 9216
-
-typedef struct {
-    Py_ssize_t start, end, seg;
-} Run;
-
-/* Where the reads of recv_runs stand: buf filled up to `fill`, the open run
- * starting at `start` with datagrams of `seg_size`. */
-typedef struct {
-    Run *runs;
-    Py_ssize_t n_runs, fill, start, seg_size;
-} Runs;
-
-/* The UDP_GRO segment size of a received message, or n (one plain datagram). */
-static Py_ssize_t gro_segment(struct msghdr *msg, Py_ssize_t n) {
-    Py_ssize_t seg = n;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
-        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
-            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-            int gso;
-            memcpy(&gso, CMSG_DATA(c), sizeof gso);
-            seg = gso;
-        }
-    }
-    return seg <= 0 ? n : seg;
-}
-
-/* Account n bytes (segment size seg) just placed at r->fill. */
-static void add_read(Runs *r, Py_ssize_t n, Py_ssize_t seg) {
-    if (r->fill > r->start && seg != r->seg_size) { /* a different size starts a new run */
-        r->runs[r->n_runs++] = (Run){r->start, r->fill, r->seg_size};
-        r->start = r->fill;
-    }
-    r->seg_size = seg;
-    r->fill += n;
-    if (n % seg) { /* short last datagram: the run cannot continue after it */
-        r->runs[r->n_runs++] = (Run){r->start, r->fill, r->seg_size};
-        r->start = r->fill;
-    }
-}
-
-typedef union {
-    char space[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-} GroControl;
 
 static PyObject *recv_runs(PyObject *self, PyObject *args) {
     (void)self;
@@ -128,93 +71,21 @@ static PyObject *recv_runs(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
     Run *runs = PyMem_Malloc(sizeof(Run) * MAX_RUNS);
-    if (runs == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    Runs r = {runs, 0, 0, 0, 0};
-    Py_ssize_t total = 0, reads = 0, empty = 0;
-    int more = 0, err = 0, batched = 0;
-    char *buf = (char *)view.buf;
-    Py_ssize_t len = view.len;
-    struct mmsghdr *mm = PyMem_Malloc(sizeof(struct mmsghdr) * MMSG_BATCH);
-    struct iovec *iovs = PyMem_Malloc(sizeof(struct iovec) * MMSG_BATCH);
-    GroControl *ctl = PyMem_Malloc(sizeof(GroControl) * MMSG_BATCH);
-    if (mm == NULL || iovs == NULL || ctl == NULL) {
-        PyMem_Free(mm);
-        PyMem_Free(iovs);
-        PyMem_Free(ctl);
+    RecvScratch *scratch = PyMem_Malloc(sizeof(RecvScratch));
+    if (runs == NULL || scratch == NULL) {
         PyMem_Free(runs);
+        PyMem_Free(scratch);
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-
+    RecvRuns got;
     Py_BEGIN_ALLOW_THREADS
-    while (total < budget && reads < max_reads) {
-        if (len - r.fill < read_size || r.n_runs >= MAX_RUNS - 2) {
-            more = 1;
-            break;
-        }
-        /* datagrams this call may take: buffer slots, reads, runs (two per datagram
-         * at most) and one more than the budget needs */
-        Py_ssize_t k = batched ? (len - r.fill) / read_size : 1;
-        if (k > MMSG_BATCH)
-            k = MMSG_BATCH;
-        if (k > max_reads - reads)
-            k = max_reads - reads;
-        if (k > (MAX_RUNS - 2 - r.n_runs) / 2)
-            k = (MAX_RUNS - 2 - r.n_runs) / 2;
-        if (k < 1)
-            k = 1;
-        memset(mm, 0, sizeof(struct mmsghdr) * (size_t)k);
-        for (Py_ssize_t i = 0; i < k; i++) {
-            iovs[i] = (struct iovec){buf + r.fill + i * read_size, (size_t)read_size};
-            mm[i].msg_hdr.msg_iov = &iovs[i];
-            mm[i].msg_hdr.msg_iovlen = 1;
-            mm[i].msg_hdr.msg_control = ctl[i].space;
-            mm[i].msg_hdr.msg_controllen = sizeof ctl[i].space;
-        }
-        int got;
-        if (k == 1) {
-            ssize_t n = recvmsg(fd, &mm[0].msg_hdr, MSG_DONTWAIT);
-            got = n < 0 ? -1 : 1;
-            if (n >= 0)
-                mm[0].msg_len = (unsigned int)n;
-        } else {
-            got = recvmmsg(fd, mm, (unsigned int)k, MSG_DONTWAIT, NULL);
-        }
-        if (got < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                err = errno;
-            break;
-        }
-        Py_ssize_t base = r.fill;
-        for (int i = 0; i < got; i++) {
-            Py_ssize_t n = (Py_ssize_t)mm[i].msg_len;
-            reads++;
-            total += n;
-            if (n == 0) { /* an empty datagram carries nothing; the session never sees it */
-                empty++;
-                continue;
-            }
-            Py_ssize_t seg = gro_segment(&mm[i].msg_hdr, n);
-            char *at = buf + base + i * read_size;
-            if (at != buf + r.fill)
-                memmove(buf + r.fill, at, (size_t)n); /* down to the end of the data */
-            add_read(&r, n, seg);
-            batched = seg == n && n <= MMSG_SMALL;
-        }
-        if (got < k) /* drained */
-            break;
-    }
-    if (r.fill > r.start)
-        r.runs[r.n_runs++] = (Run){r.start, r.fill, r.seg_size};
+    recv_runs_loop(fd, (char *)view.buf, view.len, budget, max_reads, read_size, runs, scratch,
+                   &got);
     Py_END_ALLOW_THREADS
 
-    PyMem_Free(mm);
-    PyMem_Free(iovs);
-    PyMem_Free(ctl);
-    Py_ssize_t n_runs = r.n_runs;
+    PyMem_Free(scratch);
+    Py_ssize_t n_runs = got.n_runs;
     PyBuffer_Release(&view);
     PyObject *list = PyList_New(n_runs);
     if (list == NULL) {
@@ -231,7 +102,7 @@ static PyObject *recv_runs(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(list, i, t);
     }
     PyMem_Free(runs);
-    return Py_BuildValue("(Nnnnii)", list, total, reads, empty, more, err);
+    return Py_BuildValue("(Nnnnii)", list, got.total, got.reads, got.empty, got.more, got.err);
 }
 
 static PyObject *filter_runs(PyObject *self, PyObject *args) {

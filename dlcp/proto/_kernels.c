@@ -22,45 +22,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
-/* With stream set, rows are written with streaming (non-temporal) stores where the
- * CPU has them, as glibc's memcpy does for one large copy: for buffers much larger
- * than the cache the rows are not read again soon, and streaming skips reading
- * every destination line first, which otherwise doubles the memory traffic of a
- * row-by-row copy. The caller decides, as it knows the size of the whole buffer. */
-
-static void copy_row(char *d, const char *s, size_t n, int stream) {
-#if defined(__SSE2__)
-    if (stream && n >= 64) {
-        /* head: up to the first 16-byte aligned destination address */
-        size_t head = (size_t)(-(uintptr_t)d & 15);
-        memcpy(d, s, head);
-        d += head;
-        s += head;
-        n -= head;
-        for (; n >= 64; n -= 64, d += 64, s += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)s);
-            __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-            _mm_stream_si128((__m128i *)d, a);
-            _mm_stream_si128((__m128i *)(d + 16), b);
-            _mm_stream_si128((__m128i *)(d + 32), c);
-            _mm_stream_si128((__m128i *)(d + 48), e);
-        }
-        for (; n >= 16; n -= 16, d += 16, s += 16)
-            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-        memcpy(d, s, n);
-        return;
-    }
-#else
-    (void)stream;
-#endif
-    memcpy(d, s, n);
-}
+#include "_kernels_core.h" /* copy_row, and the Python-free cores of scatter_run and swap_records */
 
 typedef struct {
     Py_buffer view;
@@ -361,16 +324,6 @@ done:
     return result;
 }
 
-/* Records or chunks a datagram apart are too sparse for the hardware prefetcher
- * within a page; the loops below ask for the line this many bytes ahead (measured:
- * sampling a 64 MiB message took 2.0 ms prefetching 23 KB ahead, 1.1 ms at 184 KB,
- * 1.6 ms at 740 KB). */
-#define PREFETCH_BYTES (192 * 1024)
-
-static Py_ssize_t prefetch_ahead(Py_ssize_t stride) {
-    return stride > 0 && stride < PREFETCH_BYTES ? PREFETCH_BYTES / stride : 1;
-}
-
 /*
  * swap_records(dst, dst_stride, src, src_stride, n, record_bytes, fields[, mask])
  *     copies n records of record_bytes from src to dst (strided, like copy_rows
@@ -393,25 +346,23 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
                           &src_stride, &n, &record_bytes, &fields, &fields_len, &mask,
                           &mask_len))
         return NULL;
-    if (mask != NULL && mask_len != record_bytes) {
+    SwapArgs a = {NULL, 0, dst_stride, NULL, 0, src_stride, n, record_bytes, fields,
+                  fields_len, mask, mask_len};
+    ssize_t bad = 0;
+    switch (swap_check_args(&a, &bad)) {
+    case SWAP_BAD_MASK:
         PyErr_Format(PyExc_ValueError, "mask has %zd bytes, records %zd", mask_len, record_bytes);
         return NULL;
-    }
-    if (n < 0 || record_bytes < 0 || dst_stride < record_bytes || src_stride < record_bytes) {
+    case SWAP_BAD_GEOMETRY:
         PyErr_SetString(PyExc_ValueError, "n must be >= 0 and strides >= record_bytes");
         return NULL;
-    }
-    if (fields_len % 2) {
+    case SWAP_ODD_FIELDS:
         PyErr_SetString(PyExc_ValueError, "fields must be (offset, size) byte pairs");
         return NULL;
-    }
-    for (Py_ssize_t f = 0; f < fields_len; f += 2) {
-        int size = fields[f + 1];
-        if ((size != 2 && size != 4 && size != 8) || fields[f] + size > record_bytes) {
-            PyErr_Format(PyExc_ValueError, "field at %d of %d bytes does not fit a %zd-byte record",
-                         fields[f], size, record_bytes);
-            return NULL;
-        }
+    case SWAP_BAD_FIELD:
+        PyErr_Format(PyExc_ValueError, "field at %d of %d bytes does not fit a %zd-byte record",
+                     fields[bad], fields[bad + 1], record_bytes);
+        return NULL;
     }
     Buf dst = {0}, src = {0};
     PyObject *result = NULL;
@@ -420,41 +371,18 @@ static PyObject *swap_records(PyObject *self, PyObject *args) {
         goto done;
     if (buf_get(src_obj, 0, &src) < 0)
         goto done;
-    if (n > 0 && ((n - 1) * dst_stride + record_bytes > dst.view.len ||
-                  (n - 1) * src_stride + record_bytes > src.view.len)) {
+    a.dst = (unsigned char *)dst.view.buf;
+    a.dst_len = dst.view.len;
+    a.src = (const unsigned char *)src.view.buf;
+    a.src_len = src.view.len;
+    if (swap_check_buffers(&a) != SWAP_OK) {
         PyErr_Format(PyExc_IndexError, "%zd records do not fit dst (%zd bytes) or src (%zd bytes)",
                      n, dst.view.len, src.view.len);
         goto done;
     }
-    {
-        unsigned char *d = (unsigned char *)dst.view.buf;
-        const unsigned char *s = (const unsigned char *)src.view.buf;
-        Py_ssize_t ahead = prefetch_ahead(src_stride);
-        same = 1;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            unsigned char *dr = d + i * dst_stride;
-            const unsigned char *sr = s + i * src_stride;
-#if defined(__GNUC__)
-            /* headers a datagram apart: too sparse for the hardware prefetcher */
-            if (i + ahead < n)
-                __builtin_prefetch(sr + ahead * src_stride);
-#endif
-            memcpy(dr, sr, (size_t)record_bytes);
-            if (mask != NULL && same)
-                for (Py_ssize_t k = 0; k < record_bytes; k++)
-                    if ((sr[k] ^ s[k]) & mask[k]) {
-                        same = 0;
-                        break;
-                    }
-            for (Py_ssize_t f = 0; f < fields_len; f += 2) {
-                int at = fields[f], size = fields[f + 1];
-                for (int k = 0; k < size; k++)
-                    dr[at + k] = sr[at + size - 1 - k];
-            }
-        }
-        Py_END_ALLOW_THREADS
-    }
+    Py_BEGIN_ALLOW_THREADS
+    same = swap_records_loop(&a);
+    Py_END_ALLOW_THREADS
     result = mask == NULL ? Py_NewRef(Py_None) : PyBool_FromLong(same);
 done:
     buf_release(&src);
@@ -561,14 +489,6 @@ done:
  *     of them were drop-eligible or retransmissions, and the payload bytes of all
  *     taken records (duplicates too: they crossed the network).
  */
-static inline uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static inline uint32_t be16(const unsigned char *p) { return ((uint32_t)p[0] << 8) | p[1]; }
-
-#define MAX_HEADER 64
-
 static PyObject *scatter_run(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *buf_obj, *out_obj, *recv_obj, *cls_obj;
@@ -586,28 +506,26 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "trailer of %zd bytes: 0..64", trailer);
         return NULL;
     }
-    Py_ssize_t hl = tmpl_len;
-    if (hl <= 0 || hl > MAX_HEADER || hl % 8 || mask_len != hl) {
+    ScatterArgs a = {NULL, 0, n, stride, total, tmpl, mask, layout, tmpl_len, mask_len,
+                     layout_len, NULL, 0, chunk_elems, msg_elems, itemsize, NULL, NULL, 0, 0,
+                     stream, trailer};
+    switch (scatter_check_args(&a)) {
+    case SCATTER_BAD_HEADER:
         PyErr_Format(PyExc_ValueError,
                      "template and mask must have the same length, a multiple of 8 up to %d "
-                     "(got %zd and %zd)", MAX_HEADER, tmpl_len, mask_len);
+                     "(got %zd and %zd)", SCATTER_MAX_HEADER, tmpl_len, mask_len);
         return NULL;
-    }
-    if (layout_len != 8 || layout[0] >= hl || layout[1] + 4 > hl || layout[2] + 4 > hl ||
-        layout[3] + 2 > hl || layout[4] >= hl) {
+    case SCATTER_BAD_LAYOUT:
         PyErr_SetString(PyExc_ValueError,
                         "layout must be 8 bytes: flags, seq, offset, payload_len, tclass offsets "
                         "inside the header, then the last, retransmit and drop bits");
         return NULL;
-    }
-    if (n < 0 || stride < hl || chunk_elems <= 0 || msg_elems <= 0 || itemsize <= 0 ||
-        total > n * stride || (n > 0 && total <= (n - 1) * stride)) {
+    case SCATTER_BAD_GEOMETRY:
         PyErr_SetString(PyExc_ValueError,
                         "need n >= 0, stride >= header, positive geometry, and the last record "
                         "ending inside its stride");
         return NULL;
     }
-    Py_ssize_t n_chunks = (msg_elems + chunk_elems - 1) / chunk_elems;
     Buf buf = {0}, out = {0}, recv = {0}, cls = {0};
     PyObject *result = NULL;
     if (buf_get(buf_obj, 0, &buf) < 0)
@@ -618,79 +536,29 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
         goto done;
     if (buf_get(cls_obj, 1, &cls) < 0)
         goto done;
-    if (buf.view.len < total || out.view.len < msg_elems * itemsize ||
-        recv.view.len < n_chunks || cls.view.len < n_chunks || recv.view.itemsize != 1 ||
+    a.buf = (const unsigned char *)buf.view.buf;
+    a.buf_len = buf.view.len;
+    a.out = (unsigned char *)out.view.buf;
+    a.out_len = out.view.len;
+    a.received = (unsigned char *)recv.view.buf;
+    a.received_len = recv.view.len;
+    a.received_class = (unsigned char *)cls.view.buf;
+    a.received_class_len = cls.view.len;
+    if (scatter_check_buffers(&a) != SCATTER_OK || recv.view.itemsize != 1 ||
         cls.view.itemsize != 1) {
         PyErr_Format(PyExc_ValueError,
-                     "buffers too small: buf %zd < %zd bytes, out %zd < %zd, or the chunk maps "
-                     "(%zd, %zd) hold fewer than %zd one-byte items",
-                     buf.view.len, total, out.view.len, msg_elems * itemsize, recv.view.len,
-                     cls.view.len, n_chunks);
+                     "buffers too small: buf %zd < %zd bytes, out %zd < %zd elements of %zd "
+                     "bytes, or the chunk maps (%zd, %zd) hold fewer than %zd one-byte items",
+                     buf.view.len, total, out.view.len, msg_elems, itemsize, recv.view.len,
+                     cls.view.len, scatter_chunks(&a));
         goto done;
     }
-    {
-        const unsigned char *s = (const unsigned char *)buf.view.buf;
-        unsigned char *o = (unsigned char *)out.view.buf;
-        unsigned char *rcv = (unsigned char *)recv.view.buf;
-        unsigned char *rcls = (unsigned char *)cls.view.buf;
-        const int f_flags = layout[0], f_seq = layout[1], f_off = layout[2], f_len = layout[3],
-                  f_cls = layout[4];
-        const unsigned last_bit = layout[5], retx_bit = layout[6], drop_bit = layout[7];
-        uint64_t want[MAX_HEADER / 8], bits[MAX_HEADER / 8];
-        const int words = (int)(hl / 8);
-        for (int w = 0; w < words; w++) {
-            uint64_t t, m;
-            memcpy(&t, tmpl + 8 * w, 8);
-            memcpy(&m, mask + 8 * w, 8);
-            want[w] = t & m;
-            bits[w] = m;
-        }
-        Py_ssize_t i = 0, fresh = 0, fresh_drop = 0, fresh_retx = 0;
-        long long fresh_elems = 0, payload_bytes = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (; i < n; i++) {
-            const unsigned char *r = s + i * stride;
-            Py_ssize_t len = i + 1 < n ? stride : total - i * stride;
-            if (len < hl)
-                break;
-            int same = 1;
-            for (int w = 0; w < words; w++) {
-                uint64_t v;
-                memcpy(&v, r + 8 * w, 8);
-                same &= (v & bits[w]) == want[w];
-            }
-            if (!same)
-                break;
-            uint32_t seq = be32(r + f_seq);
-            if ((Py_ssize_t)seq >= n_chunks)
-                break;
-            long long start = (long long)seq * chunk_elems;
-            long long elems = msg_elems - start < chunk_elems ? msg_elems - start : chunk_elems;
-            uint32_t payload = be16(r + f_len);
-            unsigned flags = r[f_flags];
-            if ((long long)be32(r + f_off) != start || (long long)payload != elems * itemsize ||
-                len != hl + (Py_ssize_t)payload + trailer ||
-                ((flags & last_bit) != 0) != ((Py_ssize_t)seq == n_chunks - 1))
-                break;
-            payload_bytes += payload;
-            if (rcv[seq])
-                continue; /* a duplicate: counted by the caller, never rewritten */
-            copy_row((char *)o + start * itemsize, (const char *)r + hl, payload, stream);
-            rcv[seq] = 1;
-            rcls[seq] = (unsigned char)(r[f_cls] >> 4);
-            fresh++;
-            fresh_elems += elems;
-            fresh_drop += (r[f_cls] & drop_bit) != 0;
-            fresh_retx += (flags & retx_bit) != 0;
-        }
-#if defined(__SSE2__)
-        if (stream)
-            _mm_sfence();
-#endif
-        Py_END_ALLOW_THREADS
-        result = Py_BuildValue("nnLnnL", i, fresh, fresh_elems, fresh_drop, fresh_retx,
-                               payload_bytes);
-    }
+    ScatterResult r;
+    Py_BEGIN_ALLOW_THREADS
+    scatter_records(&a, &r);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nnLnnL", r.taken, r.fresh, r.fresh_elems, r.fresh_drop, r.fresh_retx,
+                           r.payload_bytes);
 done:
     buf_release(&cls);
     buf_release(&recv);

@@ -15,8 +15,9 @@ import numpy as np
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.keyring import KeyRing, new_run_nonce
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.session import DataBatch, Session
+from dlcp.proto.session import Session
 from tests.integration.endpoint_helpers import LocalStore
+from tests.security.sent_datagrams import data_datagrams
 
 SECRET = bytes(range(7, 39))
 JOB = 0x1D5
@@ -33,12 +34,7 @@ def _run(ring: KeyRing) -> list[Endpoint]:
 def _datagrams_of_rank_0_to_rank_2(ring: KeyRing) -> list[bytes]:
     s = Session(rank=0, job=JOB, config=AUTH, key=ring, peers=(0, 1, 2))
     s.send_message(2, X, step=5, msg=9, now=0.0)
-    out: list[bytes] = []
-    for item in s.datagrams_to_send(now=0.0, max_batches=10_000):
-        if isinstance(item, DataBatch):
-            raw, seg = bytes(item.data), item.segment_size
-            out += [raw[i : i + seg] for i in range(0, len(raw), seg)]
-    return out
+    return data_datagrams(s)
 
 
 def _replay(grams: list[bytes], to: Endpoint) -> None:

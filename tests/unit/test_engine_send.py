@@ -318,7 +318,7 @@ def test_a_lent_round_reads_the_payload_when_it_sends() -> None:
         ({"chunk_bytes": 1032}, "1 <= chunk_bytes < stride"),
         ({"chunk_bytes": 0}, "1 <= chunk_bytes < stride"),
         ({"payload": np.zeros(3999, np.uint8)}, "record 3's chunk 3 .* outside the 3999-byte"),
-        ({"records": np.zeros((4, 1032), np.uint8)}, "records has 4128 bytes, expected 128"),
+        ({"records": np.zeros((4, 1032), np.uint8)}, "records has 4128 bytes, expected 4 of 32"),
     ],
 )
 def test_a_lent_round_that_reaches_outside_its_payload_is_refused(
