@@ -7,7 +7,8 @@
  *   mode      1 byte: bit 0 the template is the first record's header (as the
  *             endpoint calls it), bit 1 streaming stores, bit 2 geometry as 8-byte
  *             signed numbers (else 2-byte unsigned), bit 3 n and total as given
- *             (else derived from the records' length, as dlcp/proto/kernels.py does)
+ *             (else derived from the records' length, as dlcp/proto/kernels.py does),
+ *             bit 4 a 24-byte authentication trailer after each payload
  *   hl        1 byte: header length (template and mask bytes)
  *   layout    8 bytes
  *   geometry  stride, chunk_elems, msg_elems, itemsize, n, total, out_len, maps_len
@@ -38,7 +39,8 @@ static int64_t take_geometry(FuzzInput *in, int wide) {
 /* The reference verdict: whether the arguments are sound, in exact arithmetic. */
 static int sound(const ScatterArgs *a) {
     i128 hl = a->tmpl_len;
-    if (hl <= 0 || hl > 64 || hl % 8 || a->mask_len != hl || a->layout_len != 8)
+    if (hl <= 0 || hl > 64 || hl % 8 || a->mask_len != hl || a->layout_len != 8 ||
+        a->trailer < 0 || a->trailer > 64)
         return 0;
     const unsigned char *l = a->layout;
     if (l[0] >= hl || l[1] + 4 > hl || l[2] + 4 > hl || l[3] + 2 > hl || l[4] >= hl)
@@ -84,7 +86,7 @@ static ScatterResult reference(const ScatterArgs *a, unsigned char *out, unsigne
         i128 payload = get_be(r + l[3], 2);
         int last = (r[l[0]] & l[5]) != 0;
         if (get_be(r + l[2], 4) != start || payload != elems * a->itemsize ||
-            len != a->tmpl_len + payload || last != (seq == chunks - 1))
+            len != a->tmpl_len + payload + a->trailer || last != (seq == chunks - 1))
             break;
         res.payload_bytes += (long long)payload;
         if (rcv[seq])
@@ -145,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ScatterArgs a = {buf,         (ssize_t)records_len, n,         stride,   total,  tmpl, mask,
                      lay,         hl,                   hl,        8,        out,    out_len,
                      chunk_elems, msg_elems,            itemsize,  rcv,      cls,    maps_len,
-                     maps_len,    (mode & 2) != 0};
+                     maps_len,    (mode & 2) != 0, /* trailer: */ (mode & 16) ? 24 : 0};
     int verdict = scatter_check_args(&a);
     if (verdict == SCATTER_OK)
         verdict = scatter_check_buffers(&a);
