@@ -56,6 +56,24 @@ static void controls_init(Controls *cm, int tos, ssize_t seg) {
     memcpy(CMSG_DATA(c), &tos, sizeof tos);
 }
 
+/* Message m to `addr` over iovecs [iov, iov + iovlen), with the ancillary data of
+ * a GSO message of several datagrams (`gso`) or of a plain datagram. */
+static inline void message_init(struct mmsghdr *m, const struct sockaddr_in *addr,
+                                struct iovec *iov, size_t iovlen, Controls *cm, int gso) {
+    memset(m, 0, sizeof *m);
+    m->msg_hdr.msg_name = (void *)addr;
+    m->msg_hdr.msg_namelen = sizeof *addr;
+    m->msg_hdr.msg_iov = iov;
+    m->msg_hdr.msg_iovlen = iovlen;
+    if (gso) {
+        m->msg_hdr.msg_control = cm->both.space; /* read-only for the kernel */
+        m->msg_hdr.msg_controllen = sizeof cm->both.space;
+    } else {
+        m->msg_hdr.msg_control = cm->tos_only.space;
+        m->msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+    }
+}
+
 /*
  * Sends the `len` bytes at `buf` to `addr` as datagrams of `seg` bytes (the last
  * may be shorter), `per_message` datagrams per message: more than one goes as one
@@ -80,18 +98,7 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
             ssize_t n = len - pos < step ? len - pos : step;
             iov[k].iov_base = (char *)buf + pos;
             iov[k].iov_len = (size_t)n;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = (void *)addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof *addr;
-            msgs[k].msg_hdr.msg_iov = &iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 1;
-            if (n > seg) {
-                msgs[k].msg_hdr.msg_control = cm.both.space; /* read-only for the kernel */
-                msgs[k].msg_hdr.msg_controllen = sizeof cm.both.space;
-            } else {
-                msgs[k].msg_hdr.msg_control = cm.tos_only.space;
-                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
-            }
+            message_init(&msgs[k], addr, &iov[k], 1, &cm, n > seg);
             pos += n;
         }
         int r = sendmmsg(fd, msgs, (unsigned)k, 0);
@@ -127,31 +134,19 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
     controls_init(&cm, tos, head + chunk);
     struct mmsghdr msgs[GATHER_BATCH];
     struct iovec iov[GATHER_BATCH * 2 * GATHER_PER_MESSAGE];
-    ssize_t at = 0;
     *sent = 0;
     if (per_message > GATHER_PER_MESSAGE)
         per_message = GATHER_PER_MESSAGE;
-    while (at < n) {
+    while (*sent < n) {
         int k = 0;
         size_t v = 0;
-        for (ssize_t pos = at; k < GATHER_BATCH && pos < n; k++) {
+        for (ssize_t pos = *sent; k < GATHER_BATCH && pos < n; k++) {
             ssize_t count = n - pos < per_message ? n - pos : per_message;
-            memset(&msgs[k], 0, sizeof msgs[k]);
-            msgs[k].msg_hdr.msg_name = (void *)addr;
-            msgs[k].msg_hdr.msg_namelen = sizeof *addr;
-            msgs[k].msg_hdr.msg_iov = &iov[v];
-            msgs[k].msg_hdr.msg_iovlen = (size_t)(2 * count);
+            message_init(&msgs[k], addr, &iov[v], (size_t)(2 * count), &cm, count > 1);
             for (ssize_t i = pos; i < pos + count; i++) {
                 iov[v++] = (struct iovec){(char *)heads + i * head, (size_t)head};
                 iov[v++] = (struct iovec){(char *)payload + seqs[i] * chunk,
                                           (size_t)(i == short_at ? short_plen : chunk)};
-            }
-            if (count > 1) {
-                msgs[k].msg_hdr.msg_control = cm.both.space; /* read-only for the kernel */
-                msgs[k].msg_hdr.msg_controllen = sizeof cm.both.space;
-            } else {
-                msgs[k].msg_hdr.msg_control = cm.tos_only.space;
-                msgs[k].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
             }
             pos += count;
         }
@@ -162,10 +157,8 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
                 continue;
             return errno;
         }
-        for (int i = 0; i < r; i++) {
-            at += (ssize_t)msgs[i].msg_hdr.msg_iovlen / 2;
+        for (int i = 0; i < r; i++)
             *sent += (ssize_t)msgs[i].msg_hdr.msg_iovlen / 2;
-        }
     }
     return 0;
 }
