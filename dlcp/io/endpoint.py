@@ -186,6 +186,8 @@ class Endpoint:
         self._holder: int | None = None
         #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
         self._sleep_until = -math.inf
+        #: the I/O thread's selector, once it runs
+        self._selector: selectors.BaseSelector | None = None
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
         #: when control messages and timers last had their turn (_take_input)
@@ -456,7 +458,7 @@ class Endpoint:
 
     def _run(self) -> None:
         name_os_thread(f"dlcp-io-{self.rank}")
-        sel = selectors.DefaultSelector()
+        sel = self._selector = selectors.DefaultSelector()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -614,30 +616,37 @@ class Endpoint:
                 sel.unregister(sock)
                 self._accept_resume = now + _ACCEPT_PAUSE
         else:
-            inbound = self._control.inbound[sock]
-            frames, ended = self._control.read(sock)
-            if ended is not None:
-                sel.unregister(sock)
-            now = time.monotonic()
-            for peer, datagram in frames:
-                self._stats.control_in += 1
-                if not datagram or datagram[0] & 0x0F == PacketType.DATA:
-                    self._stats.control_rejected += 1  # data travels over UDP only
-                    continue
-                claimed = control_source(datagram)
-                if claimed is not None and claimed != peer:
-                    self._stats.control_rejected += 1  # claims another rank than its hello
-                    continue
-                stats = self._session.stats
-                rejected, stale = stats.rejected_total(), stats.stale_control
-                self._session.receive_datagram(datagram, now=now)
-                if stats.rejected_total() != rejected:
-                    self._stats.control_rejected += 1
-                elif stats.stale_control == stale:
-                    # (a stale message proves nothing: a replay of an old one is stale)
-                    inbound.trusted = True
-            if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
-                self._peer_gone(gone)
+            self._read_control(sel, sock)
+
+    def _read_control(self, sel: selectors.BaseSelector, sock: Any) -> bool:
+        """One read of inbound control connection ``sock``: its frames handed to
+        the session, its end (if it ended) to :meth:`_peer_gone`. Whether the
+        read found anything (frames or the end)."""
+        inbound = self._control.inbound[sock]
+        frames, ended = self._control.read(sock)
+        if ended is not None:
+            sel.unregister(sock)
+        now = time.monotonic()
+        for peer, datagram in frames:
+            self._stats.control_in += 1
+            if not datagram or datagram[0] & 0x0F == PacketType.DATA:
+                self._stats.control_rejected += 1  # data travels over UDP only
+                continue
+            claimed = control_source(datagram)
+            if claimed is not None and claimed != peer:
+                self._stats.control_rejected += 1  # claims another rank than its hello
+                continue
+            stats = self._session.stats
+            rejected, stale = stats.rejected_total(), stats.stale_control
+            self._session.receive_datagram(datagram, now=now)
+            if stats.rejected_total() != rejected:
+                self._stats.control_rejected += 1
+            elif stats.stale_control == stale:
+                # (a stale message proves nothing: a replay of an old one is stale)
+                inbound.trusted = True
+        if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
+            self._peer_gone(gone)
+        return bool(frames) or ended is not None
 
     def _pacer_for(self, dst: int) -> Pacer:
         assert self._sender is not None
@@ -734,7 +743,22 @@ class Endpoint:
         gone = self._control.send(item.dst, (addr.host, addr.control_port), item.data)
         self._stats.control_out += 1
         if gone is not None:
+            # the peer may have answered before it left: its STOP for the message
+            # this FINISH was about can wait unread in its connection to us (a
+            # turn that held control back, or a peer that closed as soon as its
+            # receive completed). What it said counts first; what is still
+            # pending with it then fails.
+            self._read_control_from(gone.rank)
             self._peer_gone(gone)
+
+    def _read_control_from(self, peer: int) -> None:
+        """Everything waiting on ``peer``'s inbound control connections, handled
+        and matched to its transfers now (not at the next turn)."""
+        if self._selector is None:
+            return
+        for sock in [s for s, c in self._control.inbound.items() if c.rank == peer]:
+            while sock in self._control.inbound and self._read_control(self._selector, sock):
+                pass
 
     def _control_address(self, peer: int) -> tuple[str, int] | None:
         """A peer's control address if known (no waiting, no failing the peer)."""
@@ -759,6 +783,9 @@ class Endpoint:
         return addr
 
     def _peer_gone(self, gone: LostPeer) -> None:
+        # what the peer said before it went (a STOP read in the same turn) is
+        # matched to its transfers first: only what is still pending fails
+        self._transfers.dispatch(defer=True)
         if gone.rank not in self._gone:
             waiting = self._transfers.waits_on(gone.rank)
             # a peer that leaves while nothing is pending with it is a normal shutdown

@@ -10,12 +10,14 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from dlcp.io import Endpoint, EndpointConfig
+from dlcp.io.control import LostPeer
 from dlcp.proto.config import ProtocolConfig
 from tests.integration.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore
 
@@ -133,5 +135,44 @@ def test_transfers_in_flight_when_the_connection_resets_complete(kill: object) -
         _exchange(a, b, 3)
         assert a.stats()["peers_gone"] == {} and b.stats()["peers_gone"] == {}
     finally:
+        a.close()
+        b.close()
+
+
+def test_a_receiver_that_answered_and_left_completes_the_send() -> None:
+    """A receiver sends its STOP once its message is whole and may close at once
+    (the last step of a job). Its sender may not have read that STOP yet (a turn
+    that holds control back behind a data backlog, a busy core) when it next
+    sends the peer a control message (a FINISH again) and finds it gone: the
+    STOP waiting unread counts first, and the send succeeds instead of failing
+    with "connection refused". Here the sender's control reads are held back
+    until a control send to the receiver has failed."""
+    a, b = _pair(False)
+    held = threading.Event()
+    real_read, real_send = a._control.read, a._control.send
+
+    def read(sock: socket.socket) -> tuple[list[tuple[int, bytes]], str | None]:
+        return ([], None) if held.is_set() else real_read(sock)
+
+    def send(peer: int, addr: tuple[str, int], data: bytes) -> LostPeer | None:
+        gone = real_send(peer, addr, data)
+        if gone is not None:
+            held.clear()
+        return gone
+
+    try:
+        _exchange(a, b, 1)  # both control connections up
+        with a._lock:
+            a._control.read, a._control.send = read, send  # type: ignore[method-assign]
+            held.set()
+        got = b.recv(src=0, msg=2)
+        sent = a.send(X, to=1, msg=2)
+        assert np.array_equal(got.result(timeout=15).data, X)
+        b.close()
+        sent.result(timeout=15)  # (it failed here: "... failed: Connection refused")
+        assert not held.is_set(), "no control send found the receiver gone"
+        assert 1 in a.stats()["peers_gone"]  # gone it is, with nothing pending
+    finally:
+        held.clear()
         a.close()
         b.close()
