@@ -79,6 +79,10 @@ class SimConfig:
     pacing_target: float = 0.95
     finish_timeout_us: float = 500.0
     reorder_grace_us: float = 20.0
+    #: a receiver repeats an unanswered NACK after this long (ProtocolConfig.nack_timeout
+    #: at the simulation's time scale); it also caps how long a NACK waits for a
+    #: sender that keeps streaming
+    nack_timeout_us: float = 500.0
     seed: int = 1
     time_limit_s: float = 10.0
     protocol: dict[str, Any] = field(default_factory=dict)  # ProtocolConfig overrides
@@ -123,7 +127,8 @@ class SimConfig:
         if self.workload.startswith("ps-") and not 1 <= self.servers < self.hosts:
             raise bad("servers", f"a parameter server needs 1..{self.hosts - 1} servers")
         for name in ("link_gbps", "link_delay_us", "scale", "time_limit_s", "tcp_min_rto_us",
-                     "rate_interval_us", "finish_timeout_us", "reorder_grace_us"):  # fmt: skip
+                     "rate_interval_us", "finish_timeout_us", "reorder_grace_us",
+                     "nack_timeout_us"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise bad(name, "must be > 0")
         if not 0 < self.pacing_target <= 1:

@@ -12,6 +12,10 @@ before the run and reads the per-flow CSV after it.
 ``DLCP_SIM_TRACE_TCP=1`` in the environment records every TCP sender's state
 so that connections left with undelivered data are described in the result
 (``tcp_stuck``); it costs time and changes nothing else.
+``DLCP_SIM_TRACE_RECEIVER=PATH`` writes every DLCP receiver's inputs (data,
+FINISH, the reorder grace's end) and decisions (NACK, completion) to ``PATH``
+as CSV (``DlcpTransport::WriteReceiverTrace``): the differential test against
+``dlcp.proto`` reads it.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ def _dlcp_params(g: Any, cfg: SimConfig, transport: Any) -> None:
     prm.finishTimeoutUs = cfg.finish_timeout_us
     prm.finishRetries = pc.finish_retries
     prm.reorderGraceUs = cfg.reorder_grace_us
+    prm.nackTimeoutUs = cfg.nack_timeout_us
     prm.maxRounds = pc.max_rounds
     prm.dropFraction = float(pc.classifier_kwargs().get("drop_fraction", 0.8))
     prm.senderPriority = cfg.enabled("priority")
@@ -149,9 +154,11 @@ def run_in_process(cfg: SimConfig, flows_csv: Path) -> dict[str, Any]:
     ns3.RngSeedManager.SetSeed(cfg.seed)
     ns3.RngSeedManager.SetRun(1)
     wl = build_workload(cfg)
+    receiver_trace = os.environ.get("DLCP_SIM_TRACE_RECEIVER")
     if cfg.transport == "dlcp":
         transport = g.dlcpsim.DlcpTransport()
         _dlcp_params(g, cfg, transport)
+        transport.traceReceiver = bool(receiver_trace)
     else:
         _tcp_defaults(g, cfg)
         transport = g.dlcpsim.TcpTransport()
@@ -183,6 +190,8 @@ def run_in_process(cfg: SimConfig, flows_csv: Path) -> dict[str, Any]:
         "iterations": [f.iteration for f in wl.flows],
     }
     if cfg.transport == "dlcp":
+        if receiver_trace and not transport.WriteReceiverTrace(receiver_trace):
+            raise OSError(f"cannot write {receiver_trace}")
         out.update(
             drops_drop_eligible=int(sc.fabric.DlcpDrops(True)),
             drops_protected=int(sc.fabric.DlcpDrops(False)),

@@ -76,13 +76,22 @@ class DlcpSender : public Transport
         uint32_t nackRound = 0;
     };
 
+    // a message being received; its recovery follows dlcp.proto.recovery's
+    // ReceiverRecovery (NACK once the data behind a FINISH had its reorder grace,
+    // complete by the bound once quiet for the grace, unless NACKed before)
     struct In
     {
         uint32_t npkts = 0, nGot = 0, nProtGot = 0, finishProt = 0, round = 0;
         uint64_t gotBytes = 0, requiredBytes = 0;  // the bound counts bytes (elements)
         std::vector<uint8_t> got;
-        bool finishSeen = false, graceOver = false, done = false;
-        EventId nackEv;
+        bool finishSeen = false, done = false;
+        Time lastActivity;              // its last data packet (duplicates too)
+        bool finishWaiting = false;     // a FINISH of a round not NACKed yet came at finishAt
+        Time finishAt;
+        bool nacked = false;            // some round was NACKed (nackRound, the latest)
+        uint32_t nackRound = 0;
+        EventId nackEv;                 // the NACK (or its repeat) is due
+        EventId settleEv;               // complete by the bound, waiting out the grace
     };
 
     // pacing state of a (sender, receiver) pair: the receiver's latest rate
@@ -97,6 +106,7 @@ class DlcpSender : public Transport
         std::unordered_map<uint32_t, Peer> peers;              // sender side, by receiver
         std::unordered_map<uint32_t, uint32_t> activeSenders;  // receiver side: messages
         std::unordered_map<uint32_t, double> lastRate;         // receiver side: last RATE
+        std::unordered_map<uint32_t, Time> lastData;  // receiver side: last data packet, by sender
         Ptr<Socket> sock;
         std::vector<uint32_t> active;  // outgoing messages not DONE
         EventId pumpEv;

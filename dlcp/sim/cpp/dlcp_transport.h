@@ -6,11 +6,15 @@
 // at most at line rate, picks the highest-class message allowed by its pacing
 // rate, sends FINISH(round, protected chunks) when a round is out (in the
 // message's class, so it queues behind the data) and repeats it on a timeout.
-// Receiver: completes a message once every chunk arrived, or -- reorder_grace
-// after FINISH, so data still in flight is not declared lost -- once all
-// protected chunks and at least (1-p) of the bytes arrived; then it sends STOP
-// and accounts the missing bytes as zero-filled loss. Otherwise it NACKs the
-// missing ranges and how many chunks the bound still needs; the sender resends
+// Receiver (the rules of dlcp.proto.recovery's ReceiverRecovery): completes a
+// message once every chunk arrived, or, after FINISH, once all protected chunks
+// and at least (1-p) of the bytes arrived and no data came for reorder_grace (so
+// data still in flight is not declared lost; at once if it NACKed before); then
+// it sends STOP and accounts the missing bytes as zero-filled loss. A FINISH that
+// leaves it short arms a NACK reorder_grace later, sent once the message and its
+// sender were quiet that long (the sender's wait capped at nack_timeout after
+// the FINISH) and repeated every nack_timeout: the missing ranges and how many
+// chunks the bound still needs; the sender resends
 // the missing protected chunks plus enough drop-eligible ones (as protected
 // packets). Other control packets (STOP, NACK, RATE) use the top class.
 // Receiver-driven pacing, per (sender, receiver) pair as in dlcp.proto: each
@@ -19,6 +23,8 @@
 // per rate interval when the share moved by > 10 %; a sender paces all its
 // messages to that receiver together, starting new ones at the pair's rate.
 #pragma once
+#include <cstdio>
+#include <string>
 #include "dlcp_sender.h"
 
 namespace dlcpsim
@@ -45,7 +51,60 @@ class DlcpTransport : public DlcpSender
         Simulator::Schedule(MicroSeconds(1), &Scenario::Begin, sc);
     }
 
+    // The receivers' inputs and decisions, kept when traceReceiver is set, so that
+    // dlcp.proto's receiver can be driven through the same inputs at the same times
+    // and its decisions compared (tests/sim/test_sim_differential.py; its timers are
+    // its own). One row per event:
+    //   'D' data arrived:       a = seq, b = header flags (1 protected, 2 RETRANSMIT)
+    //   'F' FINISH arrived:     a = round, b = protected chunks, c = total chunks
+    //   'N' NACK sent:          a = round, b = chunks still needed, c = chunks missing
+    //   'S' completed (STOP):   c = bytes lost
+    struct RxEvent
+    {
+        int64_t ns;
+        uint32_t host, flow;
+        char kind;
+        uint32_t a, b;
+        uint64_t c;
+    };
+
+    bool traceReceiver = false;
+    std::vector<RxEvent> rxTrace;
+
+    // The trace as CSV (with each traced flow's src, dst, bytes and p first, kind 'M');
+    // false if the file cannot be written.
+    bool WriteReceiverTrace(const std::string& path) const
+    {
+        FILE* f = std::fopen(path.c_str(), "w");
+        if (!f)
+        {
+            return false;
+        }
+        std::fprintf(f, "ns,host,flow,kind,a,b,c,p\n");
+        for (uint32_t id = 0; id < m_sc->flows.size(); id++)
+        {
+            const Flow& fl = m_sc->flows[id];
+            std::fprintf(f, "0,%u,%u,M,%u,%u,%llu,%.9g\n", fl.dst, id, fl.src, fl.dst,
+                         (unsigned long long)fl.bytes, fl.p);
+        }
+        for (const RxEvent& e : rxTrace)
+        {
+            std::fprintf(f, "%lld,%u,%u,%c,%u,%u,%llu,\n", (long long)e.ns, e.host, e.flow,
+                         e.kind, e.a, e.b, (unsigned long long)e.c);
+        }
+        return std::fclose(f) == 0;
+    }
+
   private:
+    void Trace(uint32_t h, uint32_t id, char kind, uint32_t a = 0, uint32_t b = 0,
+               uint64_t c = 0)
+    {
+        if (traceReceiver)
+        {
+            rxTrace.push_back({Simulator::Now().GetNanoSeconds(), h, id, kind, a, b, c});
+        }
+    }
+
     // ---- receiving -------------------------------------------------------------
 
     void OnRecv(Ptr<Socket> s)
@@ -121,8 +180,15 @@ class DlcpTransport : public DlcpSender
 
     void OnData(uint32_t h, const DlcpHdr& hd)
     {
+        Trace(h, hd.flow, 'D', hd.seq, hd.flags);
+        m_hosts[h].lastData[m_sc->flows[hd.flow].src] = Simulator::Now();
         In& r = Incoming(h, hd.flow);
-        if (r.done || hd.seq >= r.npkts || r.got[hd.seq])
+        if (r.done || hd.seq >= r.npkts)
+        {
+            return;
+        }
+        r.lastActivity = Simulator::Now();
+        if (r.got[hd.seq])
         {
             return;
         }
@@ -136,8 +202,13 @@ class DlcpTransport : public DlcpSender
         CheckComplete(h, hd.flow, r);
     }
 
+    Time Grace() const { return NanoSeconds(int64_t(std::llround(prm.reorderGraceUs * 1e3))); }
+
+    Time NackTimeout() const { return NanoSeconds(int64_t(std::llround(prm.nackTimeoutUs * 1e3))); }
+
     void OnFinish(uint32_t h, const DlcpHdr& hd)
     {
+        Trace(h, hd.flow, 'F', hd.finish.round, hd.finish.protectedChunks, hd.totalChunks);
         In& r = Incoming(h, hd.flow);
         const Flow& f = m_sc->flows[hd.flow];
         if (r.done)
@@ -148,43 +219,102 @@ class DlcpTransport : public DlcpSender
         r.finishSeen = true;
         r.finishProt = hd.finish.protectedChunks;
         r.round = hd.finish.round;
-        if (CheckComplete(h, hd.flow, r))
+        if (!r.finishWaiting)
         {
-            return;
+            r.finishWaiting = true;
+            r.finishAt = Simulator::Now();
         }
-        if (!r.nackEv.IsPending())
+        if (CheckComplete(h, hd.flow, r) || r.settleEv.IsPending())
         {
-            r.nackEv = Simulator::Schedule(NanoSeconds(int64_t(std::llround(prm.reorderGraceUs * 1e3))),
-                                           &DlcpTransport::OnGrace, this, h, hd.flow);
+            return;  // (settling: complete by the bound, no NACK)
+        }
+        bool roundNacked = r.nacked && hd.finish.round <= r.nackRound;
+        if (!r.nackEv.IsPending() || !roundNacked)
+        {  // the data behind this FINISH gets its grace before the NACK
+            r.nackEv.Cancel();
+            r.nackEv = Simulator::Schedule(Grace(), &DlcpTransport::OnNackDue, this, h, hd.flow);
+        }
+        else
+        {  // the round's NACK went out: its repeat timer stands
+            r.finishWaiting = false;
         }
     }
 
-    // reorder_grace after FINISH: what is still missing is lost or must be NACKed
-    void OnGrace(uint32_t h, uint32_t id)
+    // the NACK is due: sent once the message and its sender were quiet for the grace
+    // (the sender's wait capped at nack_timeout after the FINISH), then repeated
+    // every nack_timeout until the sender answers with a new round
+    void OnNackDue(uint32_t h, uint32_t id)
     {
         In& r = m_hosts[h].in[id];
         if (r.done)
         {
             return;
         }
-        r.graceOver = true;
-        if (!CheckComplete(h, id, r))
+        const Flow& f = m_sc->flows[id];
+        auto active = m_hosts[h].lastData.find(f.src);
+        Time quiet = r.lastActivity + Grace();
+        if (active != m_hosts[h].lastData.end())
         {
-            SendNack(h, id);
+            Time sender = active->second + Grace();
+            if (r.finishWaiting)
+            {
+                sender = std::min(sender, r.finishAt + NackTimeout());
+            }
+            quiet = std::max(quiet, sender);
+        }
+        if (Simulator::Now() < quiet)
+        {
+            r.nackEv = Simulator::Schedule(quiet - Simulator::Now(), &DlcpTransport::OnNackDue,
+                                           this, h, id);
+            return;
+        }
+        r.nacked = true;
+        r.nackRound = r.round;
+        r.finishWaiting = false;
+        SendNack(h, id);
+        if (r.nGot == 0)
+        {  // NACKed whole: as dlcp.proto's receiver (orphans.py), which knows nothing
+            // of a message it has no data of, it keeps no FINISH and repeats nothing
+            // (the sender's next FINISH asks again)
+            r.finishSeen = false;
+            return;
+        }
+        r.nackEv = Simulator::Schedule(NackTimeout(), &DlcpTransport::OnNackDue, this, h, id);
+    }
+
+    void OnSettled(uint32_t h, uint32_t id)
+    {
+        In& r = m_hosts[h].in[id];
+        if (!r.done)
+        {
+            CheckComplete(h, id, r);
         }
     }
 
+    // complete: every chunk; or, after FINISH, every protected chunk and the bound's
+    // share of the bytes, once no data came for the reorder grace (so that data
+    // still in flight lands) unless a NACK was sent (it waited the grace before)
     bool CheckComplete(uint32_t h, uint32_t id, In& r)
     {
-        bool all = r.nGot == r.npkts;
-        if (!all &&
-            !(r.finishSeen && r.graceOver && r.gotBytes >= r.requiredBytes &&
-              r.nProtGot >= r.finishProt))
+        if (r.nGot != r.npkts)
         {
-            return false;
+            if (!(r.finishSeen && r.gotBytes >= r.requiredBytes && r.nProtGot >= r.finishProt))
+            {
+                return false;
+            }
+            Time quiet = r.lastActivity + Grace();
+            if (!r.nacked && Simulator::Now() < quiet)
+            {
+                r.nackEv.Cancel();  // the bound is met: no NACK while settling
+                r.settleEv.Cancel();
+                r.settleEv = Simulator::Schedule(quiet - Simulator::Now(),
+                                                 &DlcpTransport::OnSettled, this, h, id);
+                return false;
+            }
         }
         r.done = true;
         r.nackEv.Cancel();
+        r.settleEv.Cancel();
         const Flow& f = m_sc->flows[id];
         Control(f.dst, f.src, StopHdr(id));
         uint64_t lost = 0;
@@ -203,6 +333,7 @@ class DlcpTransport : public DlcpSender
         }
         act.erase(std::remove(act.begin(), act.end(), id), act.end());
         RateChanged(h);
+        Trace(h, id, 'S', 0, 0, lost);
         m_sc->FlowDone(id, lost, false);
         std::vector<uint8_t>().swap(r.got);
         return true;
@@ -233,9 +364,17 @@ class DlcpTransport : public DlcpSender
             ranges.push_back(e - s);
             s = e;
         }
-        // chunks still needed for the bound (full-size chunks: conservative)
+        // chunks still needed for the bound (full-size chunks: conservative); with no
+        // data yet, everything (a real receiver knows the message's size only from
+        // its data: dlcp.proto's orphan FINISH NACK asks for all of it)
         uint64_t missing = r.requiredBytes > r.gotBytes ? r.requiredBytes - r.gotBytes : 0;
-        uint32_t needed = uint32_t((missing + prm.payload - 1) / prm.payload);
+        uint32_t needed = r.nGot == 0 ? r.npkts : uint32_t((missing + prm.payload - 1) / prm.payload);
+        uint64_t missingChunks = 0;
+        for (uint32_t i = 1; i < ranges.size(); i += 2)
+        {
+            missingChunks += ranges[i];
+        }
+        Trace(h, id, 'N', r.round, needed, missingChunks);
         const uint32_t perPart = 170;  // wire.MAX_NACK_RANGES
         uint32_t nRanges = ranges.size() / 2;
         for (uint32_t first = 0; first < nRanges || first == 0; first += perPart)

@@ -21,6 +21,7 @@ struct DlcpParams
     double finishTimeoutUs = 500;
     uint32_t finishRetries = 10;
     double reorderGraceUs = 20;
+    double nackTimeoutUs = 500;    // NACK repeat; caps a NACK's wait for a streaming sender
     uint32_t maxRounds = 64;
     double dropFraction = 0.8;     // share of chunks classified drop-eligible
     bool senderPriority = true;    // the pump serves higher classes first
