@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..proto.wire import DATA_HEADER_LEN, VERSION, Flags, PacketType
+from ..proto.wire import DATA_HEADER_LEN, VERSION, DType, Flags, PacketType
 
 __all__ = ["Instruction", "attach", "data_filter", "drop_count"]
 
@@ -48,19 +48,19 @@ _FLAGS_RESERVED = 0xF8
 #: bits of the dtype byte that must be clear: the low nibble and the type code's
 #: high two bits (codes 0-3)
 _DTYPE_RESERVED = 0xCF
-#: log2 of the element size of type codes 3, 2, 1, 0 (uint8, bfloat16, float16,
-#: float32), a nibble each: code c's is (table >> 4c) & 0xF
-_LOG2_SIZE_BY_CODE = 0x0112
+assert max(DType) == 3
+#: log2 of each type code's element size, a nibble each: code c's is
+#: (table >> 4c) & 0xF (0x0112: uint8 1 byte, bfloat16 and float16 2, float32 4)
+_LOG2_SIZE_BY_CODE = sum((t.itemsize.bit_length() - 1) << 4 * t for t in DType)
 
 # classic BPF opcodes (linux/filter.h, linux/bpf_common.h)
 _LD, _LDX, _ST, _ALU, _JMP, _RET, _MISC = 0x00, 0x01, 0x02, 0x04, 0x05, 0x06, 0x07
 _W, _H, _B = 0x00, 0x08, 0x10
 _IMM, _ABS, _MEM, _LEN = 0x00, 0x20, 0x60, 0x80
-_ADD, _SUB, _AND, _LSH, _RSH = 0x00, 0x10, 0x50, 0x60, 0x70
+_ADD, _SUB, _MUL, _AND, _LSH, _RSH = 0x00, 0x10, 0x20, 0x50, 0x60, 0x70
 _K, _X = 0x00, 0x08
 _JEQ, _JGT, _JGE, _JSET = 0x10, 0x20, 0x30, 0x40
 _TAX = 0x00
-_MUL = 0x20
 
 _ACCEPT_ALL = 0xFFFFFFFF  # the return value that keeps the whole datagram
 _DROP, _ACCEPT = "drop", "accept"
