@@ -158,25 +158,25 @@ def test_junk_flood_during_transfer(tmp_path: Path, kernel_filter: bool) -> None
         assert_exact(rx["results"][i], tx["results"][i], op)
     assert during > 0, "no junk arrived while the transfer was running"
     rejected = rx["stats"]["rejected"]
-    caused = sent + control_caused
     assert rx["stats"]["kernel_filter"] is kernel_filter
+    reaching = sent  # the junk that reaches user space
     if kernel_filter:
         # the header junk never reached the socket's queue: counted in its kernel
         # drops only (with any datagram that found the buffer full: none at this rate)
         header_junk = sum(sent[r] for r in _HEADER_JUNK)
         assert 0 < rx["stats"]["socket_drops"] <= header_junk, (rx["stats"], sent)
         assert rx["stats"]["empty_datagrams"] == 0
-        assert not set(rejected) & (_HEADER_JUNK - set(control_caused)), rejected
-        caused = Counter({r: n for r, n in sent.items() if r not in _HEADER_JUNK})
-        caused += control_caused
+        reaching = Counter({r: n for r, n in sent.items() if r not in _HEADER_JUNK})
     else:
         assert rx["stats"]["socket_drops"] == 0
         assert rx["stats"]["empty_datagrams"] > 0
-    for reason in set(caused) - {"empty"}:
-        # every kind of junk was counted under its reason, and never more often
-        # than it was sent: no genuine packet was rejected alongside it
-        assert 0 < rejected.get(reason, 0) <= caused[reason], (reason, rejected, caused)
-    assert set(rejected) <= set(caused), rejected
+    caused = reaching + control_caused
+    for reason in set(reaching) - {"empty"}:
+        # every kind of junk that reached user space was counted under its reason
+        assert rejected.get(reason, 0) > 0, (reason, rejected, caused)
+    for reason, count in rejected.items():
+        # and never more often than it was sent: no genuine packet was rejected with it
+        assert count <= caused[reason], (reason, rejected, caused)
 
 
 # ----------------------------------------------------------------------------- 8. auth
@@ -238,10 +238,12 @@ def test_authenticated_transfer_rejects_forgeries(tmp_path: Path) -> None:
             ctrl.close()
     assert_exact(rx["results"][0], tx["results"][0], op)
     rejected = rx["stats"]["rejected"]
-    assert rejected.get("auth_required", 0) > 0
-    assert rejected.get("auth_failed", 0) > 0
+    # untagged forgeries never reach the socket's queue: its kernel filter drops them
+    assert rx["stats"]["kernel_filter"]
+    assert 0 < rx["stats"]["socket_drops"] <= sent["auth_required"], (rx["stats"], sent)
+    assert rejected.get("auth_failed", 0) > 0  # (a tag only the session can check)
     assert rejected["auth_failed"] <= sent["auth_failed"] + 1  # + the forged ABORT
-    assert set(rejected) <= {"auth_failed", "auth_required"}
+    assert set(rejected) <= {"auth_failed"}
 
 
 def test_endpoints_with_different_keys_cannot_talk(tmp_path: Path) -> None:
