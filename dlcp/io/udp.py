@@ -128,14 +128,11 @@ class DataSockets:
         self._screen: tuple[int, bool, int] | None = None
         #: whether the receive socket has the kernel filter (dlcp.io.kernel_filter)
         self.kernel_filter = False
-        #: the socket's kernel drop counter (a u32) when last read, and the drops
-        #: counted up to then
-        self._drops_read = kernel_filter.drop_count(self.recv_sock)
-        self._drops = 0
+        #: the socket's kernel drop counter (a u32: a new socket's is 0) when last
+        #: read, and the drops counted up to then
+        self._drops_read = self._drops = 0
 
-    def screen(
-        self, *, job: int, require_auth: bool, tag_len: int, in_kernel: bool
-    ) -> bool:
+    def screen(self, *, job: int, require_auth: bool, tag_len: int, in_kernel: bool) -> bool:
         """Drop, from now on, the received datagrams that break a header rule of
         spec §6.1 for a receiver of ``job`` (``require_auth``: untagged ones too;
         ``tag_len``: the bytes a tag adds).
