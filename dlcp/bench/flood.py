@@ -17,14 +17,17 @@ both alike; the target is at least 0.5. A third phase sends the same flood
 to a socket nobody reads (``decoy``): the flooder's load on the machine without
 junk at the receiver. ``ratio_decoy`` (decoy over unflooded) is what the
 flooder's use of the CPUs costs by itself, ``ratio_to_decoy`` (flooded over
-decoy) what the junk costs the receiver beyond that. The flooder's rate and the receiver's
-rejection counts say how much junk the receiver saw and dropped.
+decoy) what the junk costs the receiver beyond that. The flooder's rate, the receiver's
+rejection counts and its data socket's kernel drops (``socket_drops``: junk its kernel
+filter dropped, ``DLCP_KERNEL_FILTER``, and datagrams that found the buffer full) say how
+much junk the receiver saw and dropped, and where.
 
 A second figure isolates the receive path's cost of one junk datagram:
 ``--junk`` datagrams of the flood's kind are queued in a data socket, then
 drained by ``DataSockets.receive`` into a session, once with the C pre-filter
 (``reject_us_prefilter``) and once without, every datagram parsed by the session
-(``reject_us_parser``), alternately ``--rounds`` times, the median of each. It
+(``reject_us_parser``), alternately ``--rounds`` times, the median of each, both without
+the kernel filter (which would drop the junk before it could be read). It
 is the draining thread's CPU time (system calls included) per datagram, not
 wall time, so that other processes on a shared machine do not inflate it.
 
@@ -223,7 +226,9 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_decoy": round(gbps["decoy"] / gbps["unflooded"], 3),
         "ratio_to_decoy": round(gbps["flooded"] / gbps["decoy"], 3),
         "flood_rate": round(statistics.median(rates)) if rates else None,
+        "kernel_filter": stats["kernel_filter"],
         "rejected": stats["rejected"],
+        "socket_drops": stats["socket_drops"],
         "peers_gone": stats["peers_gone"],
     }
 
@@ -260,7 +265,9 @@ def _reject_cost(args: argparse.Namespace) -> dict[str, float]:
     def drain(screened: bool) -> float:
         rx._screen = None  # (the parser's turn: every datagram reaches the session)
         if screened:
-            rx.screen(job=JOB, require_auth=args.auth, tag_len=AUTH_TRAILER_LEN)
+            # the user-space pre-filter's cost: the kernel filter would drop the junk
+            # before it could be read
+            rx.screen(job=JOB, require_auth=args.auth, tag_len=AUTH_TRAILER_LEN, in_kernel=False)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             for d in junk:  # (loopback: queued once sendto returns)
                 s.sendto(d, rx.address)
@@ -307,12 +314,15 @@ def table(r: dict[str, Any]) -> str:
         [
             f"junk flood ({r['kind']}, asked {rate}, sent {r['flood_rate']}/s), "
             f"{r['size']} B messages, engine {r['engine']}, "
-            f"auth {'on' if r['auth'] else 'off'}, {r['cpus']} cpus",
+            f"auth {'on' if r['auth'] else 'off'}, kernel filter "
+            f"{'on' if r['kernel_filter'] else 'off'}, {r['cpus']} cpus",
             f"  unflooded {r['unflooded_gbps']:.3f} GB/s  flooded {r['flooded_gbps']:.3f} GB/s  "
             f"ratio {r['ratio']:.2f} (target >= 0.5)",
             f"  flooding a decoy socket instead {r['decoy_gbps']:.3f} GB/s: ratio "
             f"{r['ratio_decoy']:.2f} (the flooder's share of the machine); flooded / decoy "
             f"{r['ratio_to_decoy']:.2f} (the junk's cost at the receiver)",
+            f"  receiver: {sum(r['rejected'].values())} rejected in user space, "
+            f"{r['socket_drops']} dropped by the kernel (its filter, or a full buffer)",
             f"  one junk datagram: {r['reject_us_prefilter']:.2f} us CPU with the pre-filter, "
             f"{r['reject_us_parser']:.2f} us through the parser ({r['reject_speedup']}x)",
         ]

@@ -37,6 +37,11 @@ class EndpointConfig:
     #: "auto" (use when the kernel has it), "on" (fail without it) or "off"
     gso: str = "auto"
     gro: str = "auto"
+    #: drop junk data datagrams in the kernel, before they are queued: a classic
+    #: BPF filter on the data socket checks the header rules of spec §6.1 that
+    #: need no key (dlcp.io.kernel_filter); off, the receive loop's pre-filter
+    #: alone drops them, after reading each
+    kernel_filter: bool = True
     #: socket buffer sizes (root may exceed net.core.{r,w}mem_max)
     rcvbuf: int = 32 << 20
     sndbuf: int = 4 << 20
@@ -60,6 +65,8 @@ class EndpointConfig:
                 raise ConfigError(f"{f.name}={value!r} is not a number")
             if kind == "str" and not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} is not a string")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ConfigError(f"{f.name}={value!r} is not True or False")
         try:
             host = ipaddress.IPv4Address(self.host)
         except ValueError:

@@ -163,7 +163,12 @@ class Endpoint:
             )
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
             # junk is dropped, and counted, before it reaches the session's parser
-            self._data.screen(job=job, require_auth=protocol.authenticate, tag_len=AUTH_TRAILER_LEN)
+            self._data.screen(
+                job=job,
+                require_auth=protocol.authenticate,
+                tag_len=AUTH_TRAILER_LEN,
+                in_kernel=cfg.kernel_filter,
+            )
             self._peers.publish(self.address)  # (the store may fail)
             self._wake_r, self._wake_w = socket.socketpair()
         except BaseException:
@@ -364,6 +369,10 @@ class Endpoint:
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
+                    # the kernel's drops at the data socket: junk its filter dropped,
+                    # and datagrams that found the receive buffer full
+                    "kernel_filter": self._data.kernel_filter,
+                    "socket_drops": self._data.socket_drops(),
                     "hellos_refused": self._control.hellos_refused,
                     "peers_gone": dict(self._gone),
                     "gso": self._data.use_gso,
@@ -587,6 +596,7 @@ class Endpoint:
             self._stats.receive_calls += 1
             start, self._delivered = time.monotonic(), 0
             read = self._data.receive(self._deliver)
+            self._data.socket_drops()  # (read every turn: the kernel's counter wraps)
             screened = self._data.take_screened()  # the pre-filter's drops
             self._junk_read = bool(screened)
             if screened:

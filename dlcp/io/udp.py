@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ..errors import ConfigError
 from ..proto.wire import Reason
+from . import kernel_filter
 
 try:
     from . import _udpio as _udpio_c  # type: ignore[attr-defined]
@@ -125,15 +126,44 @@ class DataSockets:
         #: 16 slots, as _prefilter.h counts them)
         self.screened = np.zeros(16, dtype=np.int64)
         self._screen: tuple[int, bool, int] | None = None
+        #: whether the receive socket has the kernel filter (dlcp.io.kernel_filter)
+        self.kernel_filter = False
+        #: the socket's kernel drop counter (a u32: a new socket's is 0) when last
+        #: read, and the drops counted up to then
+        self._drops_read = self._drops = 0
 
-    def screen(self, *, job: int, require_auth: bool, tag_len: int) -> bool:
+    def screen(self, *, job: int, require_auth: bool, tag_len: int, in_kernel: bool) -> bool:
         """Drop, from now on, the received datagrams that break a header rule of
         spec §6.1 for a receiver of ``job`` (``require_auth``: untagged ones too;
-        ``tag_len``: the bytes a tag adds) before they are delivered, counting
-        them in :attr:`screened`. Only the C receive loop filters: False if it
-        was not built (the session's parser then rejects them, as it would)."""
+        ``tag_len``: the bytes a tag adds).
+
+        With ``in_kernel`` the kernel drops them before they are queued (a BPF
+        filter, :mod:`dlcp.io.kernel_filter`; a ConfigError if it cannot be
+        attached), counted in :meth:`socket_drops`; what it lets through (the
+        later datagrams of a GRO super-packet) is screened as without it. The C
+        receive loop drops them before they are delivered, counting them in
+        :attr:`screened`. Returns whether that loop screens: False if it was not
+        built (the session's parser then rejects them, as it would)."""
+        if in_kernel:
+            program = kernel_filter.data_filter(
+                job, require_auth=require_auth, tag_len=tag_len, gro=self.use_gro
+            )
+            kernel_filter.attach(
+                self.recv_sock, program, setting="kernel_filter=False / DLCP_KERNEL_FILTER=0"
+            )
+            self.kernel_filter = True
         self._screen = (job, require_auth, tag_len)
         return _udpio is not None
+
+    def socket_drops(self) -> int:
+        """Datagrams the kernel dropped at the receive socket since it was opened:
+        those the kernel filter dropped and those that found the receive buffer
+        full (the kernel counts both in one counter). Exact if read at least once
+        every 2**32 drops (the kernel's counter wraps there)."""
+        now = kernel_filter.drop_count(self.recv_sock)
+        self._drops += (now - self._drops_read) % (1 << 32)
+        self._drops_read = now
+        return self._drops
 
     def take_screened(self) -> dict[str, int]:
         """The pre-filter's drops since the last call, by reason name (as the

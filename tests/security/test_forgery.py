@@ -5,8 +5,10 @@ With authentication:
 
 * forged data datagrams for the message in flight (right geometry, tagged with
   another key, or untagged) and control messages sent as datagrams to the data
-  port: each rejected and counted under its reason, exactly as many as were
-  sent; the transfer completes bit-exact;
+  port: each rejected and counted, exactly as many as were sent: the tagged ones
+  by the session (``auth_failed``: a kernel filter cannot check a tag), the
+  others by the data socket's kernel filter (its drops), or with that filter off
+  by the receive pre-filter under their reasons; the transfer completes bit-exact;
 * forged STOP, ABORT, NACK, RATE and FINISH over TCP (a connection that says
   hello as the peer, with a proof made without the key): the connection is
   closed at its hello (``hellos_refused``), nothing after it is read, the
@@ -23,6 +25,7 @@ STOP ends a send as delivered that nobody received, a forged ABORT fails it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import struct
@@ -140,11 +143,15 @@ def _sender(engine: str, auth: bool, peer: PeerAddress) -> Endpoint:
 # ------------------------------------------------------------------ with authentication
 
 
+@pytest.mark.parametrize("kernel_filter", [True, False], ids=["kernel-filter", "no-kernel-filter"])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_forged_data_and_control_datagrams_are_rejected_and_counted(engine: str) -> None:
+def test_forged_data_and_control_datagrams_are_rejected_and_counted(
+    engine: str, kernel_filter: bool
+) -> None:
     store = LocalStore()
-    tx = Endpoint(0, store=store, world_size=2, job=JOB, config=_config(engine, True), key=KEY)
-    rx = Endpoint(1, store=store, world_size=2, job=JOB, config=_config(engine, True), key=KEY)
+    cfg = dataclasses.replace(_config(engine, True), kernel_filter=kernel_filter)
+    tx = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=KEY)
+    rx = Endpoint(1, store=store, world_size=2, job=JOB, config=cfg, key=KEY)
     wrong_tag = _forged_data(N, key=OUTSIDER_KEY)
     untagged = _forged_data(N, key=None)
     control = [
@@ -166,11 +173,16 @@ def test_forged_data_and_control_datagrams_are_rejected_and_counted(engine: str)
         rx.close()
     assert np.array_equal(received.data, x)
     assert report is not None
-    assert stats["rejected"] == {
-        "auth_failed": len(wrong_tag),
-        "auth_required": len(untagged),
-        "bad_type": len(control),
-    }
+    if kernel_filter:  # untagged data and control datagrams never reach the socket
+        assert stats["rejected"] == {"auth_failed": len(wrong_tag)}
+        assert stats["socket_drops"] == len(untagged) + len(control)
+    else:
+        assert stats["rejected"] == {
+            "auth_failed": len(wrong_tag),
+            "auth_required": len(untagged),
+            "bad_type": len(control),
+        }
+        assert stats["socket_drops"] == 0
     assert stats["peers_gone"] == {}
 
 

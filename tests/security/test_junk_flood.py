@@ -5,10 +5,12 @@ of the job (right version, type and job id, the rest random). Both send engines,
 authentication on and off.
 
 * a stream of 1 MB transfers completes bit-exact under the flood, no rank is
-  declared gone and nothing times out: the receive pre-filter drops the junk in C
-  (counted under the session's rejection names, never more often than it was
-  sent), and the I/O loop still reads the control channel (the first transfer's
-  hello arrives during the flood) and runs its timers;
+  declared gone and nothing times out: the data socket's kernel filter drops the
+  junk before it is queued (counted in the socket's drops), or, with the filter
+  off (``kernel_filter=False``), the receive pre-filter drops it in C (counted
+  under the session's rejection names, never more often than it was sent); the
+  I/O loop still reads the control channel (the first transfer's hello arrives
+  during the flood) and runs its timers;
 * a receive nobody answers fails by its 20 s timeout within ``TIMEOUT_SLACK`` of
   20 s while flooded (earlier, a flood made it fire 8-11 s late).
 """
@@ -38,8 +40,15 @@ TIMEOUT_SLACK = 1.5
 ENGINES = ["native", "python"]
 
 
-def _pair(engine: str, auth: bool, timeout: float = 20.0) -> tuple[Endpoint, Endpoint]:
-    cfg = EndpointConfig(protocol=ProtocolConfig(authenticate=auth), timeout=timeout, engine=engine)
+def _pair(
+    engine: str, auth: bool, timeout: float = 20.0, kernel_filter: bool = True
+) -> tuple[Endpoint, Endpoint]:
+    cfg = EndpointConfig(
+        protocol=ProtocolConfig(authenticate=auth),
+        timeout=timeout,
+        engine=engine,
+        kernel_filter=kernel_filter,
+    )
     store = LocalStore()
     key = KEY if auth else None
     sender = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=key)
@@ -51,10 +60,16 @@ def _pair(engine: str, auth: bool, timeout: float = 20.0) -> tuple[Endpoint, End
     return sender, receiver
 
 
-@pytest.mark.parametrize("auth", [False, True], ids=["plain", "auth"])
+@pytest.mark.parametrize(
+    ("auth", "kernel_filter"),
+    [(False, True), (True, True), (False, False)],
+    ids=["plain", "auth", "plain-no-kernel-filter"],
+)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_transfers_complete_exactly_under_a_junk_flood(engine: str, auth: bool) -> None:
-    tx, rx = _pair(engine, auth)
+def test_transfers_complete_exactly_under_a_junk_flood(
+    engine: str, auth: bool, kernel_filter: bool
+) -> None:
+    tx, rx = _pair(engine, auth, kernel_filter=kernel_filter)
     rng = np.random.default_rng(7)
     sent: dict[str, int] = {}
     step = 0
@@ -78,9 +93,16 @@ def test_transfers_complete_exactly_under_a_junk_flood(engine: str, auth: bool) 
     assert rx_stats["peers_gone"] == {} and tx_stats["peers_gone"] == {}
     rejected = rx_stats["rejected"]
     junk_rejected = sum(rejected.values())
+    drops = rx_stats["socket_drops"]
+    assert rx_stats["kernel_filter"] is kernel_filter
     # the junk reached the receiver and was counted, never more often than it was
     # sent (no genuine datagram was rejected with it)
-    assert 0 < junk_rejected <= sum(sent.values()), (rejected, sent)
+    assert junk_rejected <= sum(sent.values()), (rejected, sent)
+    if kernel_filter:  # in the kernel: the socket's drops (and any genuine datagram
+        # that found the buffer full, at most every one sent)
+        assert 0 < drops <= sum(sent.values()) + tx_stats["packets_out"], (drops, sent)
+    else:
+        assert junk_rejected > 0, (rejected, sent)
     if auth:  # a header that passed every other rule still lacks a valid tag
         assert set(rejected) <= {
             "truncated",
@@ -93,7 +115,7 @@ def test_transfers_complete_exactly_under_a_junk_flood(engine: str, auth: bool) 
             "auth_required",
             "auth_failed",
         }
-    print(f"{engine} auth={auth}: flood {sent}, rejected {rejected}")
+    print(f"{engine} auth={auth}: flood {sent}, rejected {rejected}, socket drops {drops}")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -116,7 +138,8 @@ def test_a_timeout_fires_on_time_under_a_junk_flood(engine: str) -> None:
         tx.close()
         rx.close()
     assert flood.result is not None and flood.result["sent"] > 0
-    assert sum(stats["rejected"].values()) > 0  # the flood reached the receiver
+    # the flood reached the receiver (its kernel filter dropped it, or the pre-filter)
+    assert sum(stats["rejected"].values()) + stats["socket_drops"] > 0
     assert -0.05 <= late <= TIMEOUT_SLACK, f"the 20 s timeout fired {late:+.2f} s off"
     assert stats["peers_gone"] == {}
     print(f"{engine}: timeout {late:+.3f} s late under {flood.result['rate']:.0f} datagrams/s")

@@ -150,7 +150,7 @@ def test_bad_runs_and_a_short_counts_array_are_refused(
 def test_the_socket_screens_junk_before_delivering_and_counts_it_by_reason() -> None:
     rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=1 << 22, sndbuf=1 << 20)
     try:
-        assert rx.screen(job=JOB, require_auth=False, tag_len=AUTH_TRAILER_LEN)
+        assert rx.screen(job=JOB, require_auth=False, tag_len=AUTH_TRAILER_LEN, in_kernel=False)
         sent = [_genuine(0), b"\x21" + bytes(40), _genuine(1), b"x", _genuine(2)]
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
             for d in sent:
@@ -180,7 +180,7 @@ def test_a_receive_reads_past_junk_to_the_data_queued_behind_it() -> None:
     more junk than _MAX_READS arrives in the same call."""
     rx = DataSockets("127.0.0.1", 0, 1, gso="auto", gro="auto", rcvbuf=64 << 20, sndbuf=1 << 20)
     try:
-        rx.screen(job=JOB, require_auth=False, tag_len=AUTH_TRAILER_LEN)
+        rx.screen(job=JOB, require_auth=False, tag_len=AUTH_TRAILER_LEN, in_kernel=False)
         junk = udp._MAX_READS + 500
         assert junk < udp._MAX_ALL_READS
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
