@@ -11,9 +11,8 @@ itself, on top of the ring all-reduce.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,12 +21,8 @@ from dlcp.collectives.comm import ReportBuilder
 from dlcp.errors import UsageError
 
 from .pg_checks import check_gather_list, root_rank
+from .pg_mixin import GroupMixin
 from .pg_tensors import ROLE_STRIDE, DLCPWork, HostTensor, TensorList, check_tensors
-
-if TYPE_CHECKING:
-    from dlcp.collectives import Communicator
-
-    from .pg_transport import GroupTransport
 
 __all__ = ["ByteCollectives"]
 
@@ -37,21 +32,8 @@ def _output_label(j: int, r: int) -> str:
     return f"output_lists[{r}][{j}]"
 
 
-class ByteCollectives:
+class ByteCollectives(GroupMixin):
     """Mixed into DLCPProcessGroup, before torch's ProcessGroup (see the module)."""
-
-    if TYPE_CHECKING:
-        _rank: int
-        _size: int
-        comm: Communicator
-        _transport: GroupTransport
-
-        def _submit(
-            self, name: str, run: Any, result: TensorList, touched: TensorList, *,
-            calls: int = 1,
-        ) -> DLCPWork: ...  # fmt: skip
-
-        def _checks(self, name: str) -> contextlib.AbstractContextManager[None]: ...
 
     def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         root = root_rank(opts, "broadcast", self._size)
@@ -176,15 +158,7 @@ class ByteCollectives:
     ) -> DLCPWork:
         root = root_rank(opts, "gather", self._size)
         with self._checks("gather"):
-            check_tensors(input_tensors, "gather")
-            if len(input_tensors) != 1:
-                raise UsageError(f"gather takes one input tensor, got {len(input_tensors)}")
-            if self._rank == root:
-                if len(output_tensors) != 1:
-                    raise UsageError("gather: the root needs one output list")
-                check_gather_list(output_tensors[0], input_tensors[0], "gather", self._size)
-            elif output_tensors and output_tensors[0]:
-                raise UsageError(f"gather: only the root (rank {root}) passes output tensors")
+            self._check_rooted("gather", root, input_tensors, "input", output_tensors, "output")
         inp = input_tensors[0]
 
         def run() -> CollectiveReport | None:
@@ -210,15 +184,7 @@ class ByteCollectives:
     ) -> DLCPWork:
         root = root_rank(opts, "scatter", self._size)
         with self._checks("scatter"):
-            check_tensors(output_tensors, "scatter")
-            if len(output_tensors) != 1:
-                raise UsageError(f"scatter takes one output tensor, got {len(output_tensors)}")
-            if self._rank == root:
-                if len(input_tensors) != 1:
-                    raise UsageError("scatter: the root needs one input list")
-                check_gather_list(input_tensors[0], output_tensors[0], "scatter", self._size)
-            elif input_tensors and input_tensors[0]:
-                raise UsageError(f"scatter: only the root (rank {root}) passes input tensors")
+            self._check_rooted("scatter", root, output_tensors, "output", input_tensors, "input")
         out = output_tensors[0]
 
         def run() -> CollectiveReport | None:
@@ -237,3 +203,20 @@ class ByteCollectives:
 
         ins = input_tensors[0] if input_tensors else []
         return self._submit("scatter", run, [out], [out, *ins])
+
+    def _check_rooted(
+        self, op: str, root: int, own: TensorList, own_word: str, lists: list[TensorList],
+        list_word: str,
+    ) -> None:  # fmt: skip
+        """The checks of ``gather`` and ``scatter``: every rank passes one tensor of its
+        own (``own``: gather's input, scatter's output); the root alone passes one list
+        (``lists``) of a tensor like it per rank, the others none."""
+        check_tensors(own, op)
+        if len(own) != 1:
+            raise UsageError(f"{op} takes one {own_word} tensor, got {len(own)}")
+        if self._rank == root:
+            if len(lists) != 1:
+                raise UsageError(f"{op}: the root needs one {list_word} list")
+            check_gather_list(lists[0], own[0], op, self._size)
+        elif lists and lists[0]:
+            raise UsageError(f"{op}: only the root (rank {root}) passes {list_word} tensors")
