@@ -104,6 +104,9 @@ _GROUP_FDS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], int] = weakref.We
 
 
 def hold_group(proc: subprocess.Popen[bytes]) -> None:
+    """Keep a pidfd of ``proc``, just started as the leader of its own process
+    group, so that :func:`stop_groups` reaches that group after ``proc`` is reaped
+    (nothing where the kernel has no pidfds: then by pid)."""
     if not hasattr(os, "pidfd_open"):
         return
     try:
