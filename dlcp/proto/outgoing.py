@@ -31,6 +31,8 @@ __all__ = ["Destination", "OutgoingMessage"]
 
 @dataclass(slots=True)
 class OutgoingMessage:
+    """One message being sent: its records, recovery state and current round."""
+
     ident: MessageId
     table: ChunkTable
     recovery: SenderRecovery
@@ -57,6 +59,8 @@ class OutgoingMessage:
 
 @dataclass(slots=True)
 class Destination:
+    """One receiving rank: its pacer, its paths and the messages going to it."""
+
     pacer: Pacer
     paths: PathScheduler
     outgoing: dict[Key, OutgoingMessage] = field(default_factory=dict)
