@@ -18,12 +18,15 @@ non-zero (or is killed), the others are terminated by their ``Popen`` handles
 that rank and its exit code. Ctrl-C (or SIGTERM to the launcher) terminates the
 children the same way. Children also get SIGKILL if the launcher itself dies
 (Linux ``PR_SET_PDEATHSIG``).
+
+Starting children tied to this process, stopping their process groups and the
+signal handling are :mod:`dlcp.processes`; ``die_with_parent``, ``end_process``
+and ``sigterm_interrupts`` are also importable from here, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import selectors
 import signal
@@ -32,15 +35,24 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from .errors import DLCPError, UsageError
+from .errors import UsageError
 from .keyring import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .ports import free_port
+from .processes import (
+    Interrupted,
+    die_with_parent,
+    end_process,
+    exited_unreaped,
+    hold_group,
+    install_stop_handlers,
+    signals_ignored,
+    sigterm_interrupts,
+    stop_groups,
+)
 
 __all__ = [
     "LaunchResult",
@@ -76,22 +88,6 @@ class LaunchResult:
             raise KeyboardInterrupt(self.message)
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """While inside, SIGTERM raises KeyboardInterrupt (in the main thread): a
-    command unwinds on it as on Ctrl-C, and its ``finally`` blocks remove what it
-    built."""
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def rank_env(
     rank: int, nproc: int, master_port: int, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -125,32 +121,6 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
-
-
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited but is not reaped yet (a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # (reaped meanwhile)
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """A ``preexec_fn``: the child gets SIGKILL when its parent dies, even by
-    SIGKILL (``PR_SET_PDEATHSIG``; it survives the ``execve`` of ``ip netns
-    exec``, which runs the command in the same process). Only the child itself:
-    what it starts in turn is left behind if the launcher is SIGKILLed (as
-    under torchrun); the launcher's own exit stops whole rank groups."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class _Interrupted(DLCPError):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 #: a rank's line longer than this (bytes) is written in pieces of this size
@@ -261,96 +231,11 @@ def launch(
                     preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
             )
-            _hold_group(procs[-1])
+            hold_group(procs[-1])
     except BaseException:
-        _stop(procs, grace)
+        stop_groups(procs, grace)
         raise
     return _Watch(procs, prefix, out_sink, err_sink, grace, timeout).run()
-
-
-def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
-    """Terminate every rank's process group (the rank and what it started); kill
-    what outlives ``grace``. Each group is named by its rank's pid, the id this
-    launcher got from starting it."""
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-    for proc in procs:  # what a rank started and left behind
-        _signal_group(proc, signal.SIGKILL)
-
-
-def end_process(proc: subprocess.Popen[Any], grace: float) -> None:
-    """Terminate ``proc`` (by its handle), and kill it if it outlives ``grace``
-    seconds; returns once it is reaped."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-#: pidfd_send_signal flag (Linux 6.9+): signal the pidfd's process group
-_PIDFD_SIGNAL_PROCESS_GROUP = 4
-#: a pidfd per rank, opened right after the start: it names that process (and
-#: through it its group) even after the rank is reaped and its pid reused
-_GROUP_FDS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], int] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _hold_group(proc: subprocess.Popen[bytes]) -> None:
-    if not hasattr(os, "pidfd_open"):
-        return
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:
-        return  # (pidfds refused: _signal_group falls back to the pid)
-    _GROUP_FDS[proc] = fd
-    weakref.finalize(proc, os.close, fd)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the rank's process group. Through the rank's pidfd where the
-    kernel can (6.9+), which reaches the group the rank led even after the rank
-    was reaped, and nothing else; else by pid, while the rank is not reaped or
-    its group still has members (a reaped rank's pid with an empty group may
-    name someone else's group by now)."""
-    fd = _GROUP_FDS.get(proc)
-    if fd is not None:
-        try:
-            signal.pidfd_send_signal(fd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
-            return
-        except ProcessLookupError:
-            return  # the group is empty
-        except OSError:
-            pass  # (an older kernel: no group flag)
-    if proc.returncode is None or _group_has_members(proc.pid):
-        # (a pid that is some process's group id is not given to a new process, so
-        # while the group has members the pid still names the rank's group)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-
-
-def _group_has_members(pgid: int) -> bool:
-    """Whether a process in process group ``pgid`` runs (from /proc)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 class _Watch:
@@ -390,13 +275,13 @@ class _Watch:
             self.wake_w.send(b"x")
 
     def run(self) -> LaunchResult:
-        previous = _install_term_handlers()
+        previous = install_stop_handlers()
         try:
             return self._loop()
-        except (KeyboardInterrupt, _Interrupted) as exc:
-            signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
+        except (KeyboardInterrupt, Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             with signals_ignored():  # a second Ctrl-C must not cut the stopping short
-                _stop(self.procs, self.grace)
+                stop_groups(self.procs, self.grace)
                 self._drain()
             return self._result(
                 128 + signum,
@@ -406,7 +291,7 @@ class _Watch:
             )
         finally:
             with signals_ignored():
-                _stop(self.procs, self.grace)
+                stop_groups(self.procs, self.grace)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.sel.close()
@@ -430,8 +315,8 @@ class _Watch:
                     self._drain(only=rank)
                     others = [r for r in range(len(self.procs)) if self.procs[r].poll() is None]
                     # (one the reaper has not marked yet may have exited by itself)
-                    running = [r for r in others if not _exited(self.procs[r].pid)]
-                    _stop(self.procs, self.grace)
+                    running = [r for r in others if not exited_unreaped(self.procs[r].pid)]
+                    stop_groups(self.procs, self.grace)
                     self._drain()
                     return self._result(_exit_status(code), rank, self._ended(rank, running))
             if seen == len(self.procs):
@@ -442,7 +327,7 @@ class _Watch:
                 wait = self.deadline - time.monotonic()
                 if wait <= 0:
                     running = [r for r, p in enumerate(self.procs) if p.poll() is None]
-                    _stop(self.procs, self.grace)
+                    stop_groups(self.procs, self.grace)
                     self._drain()
                     return self._result(
                         124, None, f"timed out; terminated ranks {', '.join(map(str, running))}"
@@ -511,52 +396,6 @@ class _Watch:
         return LaunchResult(
             code, rank, tuple(p.returncode for p in self.procs), message, interrupted
         )
-
-
-#: signals that stop the ranks as Ctrl-C does (a closed terminal: SIGHUP)
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _install_term_handlers() -> dict[int, Any]:
-    """SIGTERM and SIGHUP raise in the main thread, so the children are stopped as
-    on Ctrl-C. Returns the handlers replaced (to restore); from another thread,
-    where a handler was installed from C, or where the signal is ignored (``nohup``
-    ignores SIGHUP so that the job outlives the terminal), it is left alone."""
-
-    def on_term(signum: int, frame: object) -> None:
-        raise _Interrupted(signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous: dict[int, Any] = {}
-    for signum in _STOP_SIGNALS:
-        handler = signal.getsignal(signum)
-        if handler is None or handler is signal.SIG_IGN:  # from C (not restorable), or nohup
-            continue
-        previous[signum] = handler
-        signal.signal(signum, on_term)
-    return previous
-
-
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP ignored while the block runs (in the main
-    thread; elsewhere nothing changes), then their handlers back: a second
-    Ctrl-C must not cut the stopping of the ranks short and leave some running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    changed: dict[int, Any] = {}
-    try:
-        for s in (signal.SIGINT, *_STOP_SIGNALS):
-            handler = signal.getsignal(s)
-            if handler is not None:  # (None: installed from C, left alone)
-                signal.signal(s, signal.SIG_IGN)
-                changed[s] = handler
-        yield
-    finally:  # every handler changed comes back, also if a signal came in between
-        for signum, old in changed.items():
-            signal.signal(signum, old)
 
 
 def _dlcp_settings_error(env: Mapping[str, str]) -> str | None:

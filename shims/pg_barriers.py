@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -35,12 +35,9 @@ from dlcp.collectives.comm import ReportBuilder, cancel_all
 from dlcp.errors import PeerTimeout, UsageError
 from dlcp.proto.config import FillPolicy
 
-from .pg_tensors import DLCPWork, TensorList
+from .pg_mixin import GroupMixin
+from .pg_tensors import DLCPWork
 from .pg_timeouts import DLCPTimeout, timed_out
-
-if TYPE_CHECKING:
-    from dlcp.collectives import Communicator
-    from dlcp.io.endpoint import Endpoint
 
 __all__ = ["MONITORED_CHANNEL", "Barriers"]
 
@@ -49,19 +46,8 @@ MONITORED_CHANNEL = 4
 _TOKEN = np.zeros(1, dtype=np.uint8)
 
 
-class Barriers:
+class Barriers(GroupMixin):
     """Mixed into DLCPProcessGroup, before torch's ProcessGroup (see the module)."""
-
-    if TYPE_CHECKING:
-        _rank: int
-        _size: int
-        comm: Communicator
-        endpoint: Endpoint
-
-        def _submit(
-            self, name: str, run: Any, result: TensorList, touched: TensorList, *,
-            calls: int = 1,
-        ) -> DLCPWork: ...  # fmt: skip
 
     _monitored = 0
     _monitored_lock = threading.Lock()

@@ -16,12 +16,13 @@ from torch.distributed.distributed_c10d import GroupName
 
 from dlcp.errors import UsageError, UsageStateError
 
+from .pg_mixin import GroupMixin
 from .pg_tensors import DLCPWork, TensorList
 
 __all__ = ["CoalescingAndNames"]
 
 
-class CoalescingAndNames:
+class CoalescingAndNames(GroupMixin):
     """Mixed into DLCPProcessGroup, before torch's ProcessGroup (see the module)."""
 
     if TYPE_CHECKING:
@@ -33,11 +34,6 @@ class CoalescingAndNames:
         def reduce_scatter_single(
             self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
         ) -> DLCPWork: ...
-
-        def _submit(
-            self, name: str, run: Any, result: TensorList, touched: TensorList, *,
-            calls: int = 1,
-        ) -> DLCPWork: ...  # fmt: skip
 
     def _set_group_name(self, name: GroupName) -> None:
         """torch names each group it makes. A pure-Python group has no device

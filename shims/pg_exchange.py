@@ -13,8 +13,7 @@ every rank, so every rank holds the same bytes.
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._C._distributed_c10d import ReduceOp
@@ -23,13 +22,8 @@ from dlcp.collectives import CollectiveReport
 from dlcp.collectives.comm import ReportBuilder
 from dlcp.errors import UsageError
 
-from .pg_p2p import PointToPoint
+from .pg_mixin import GroupMixin
 from .pg_tensors import DLCPWork, HostTensor, TensorList, check_tensors
-
-if TYPE_CHECKING:
-    from dlcp.collectives import Communicator
-
-    from .pg_transport import GroupTransport
 
 __all__ = ["Exchanges"]
 
@@ -52,22 +46,8 @@ def _splits(sizes: list[int], rows: int, world: int, what: str) -> list[int]:
     return sizes
 
 
-class Exchanges:
+class Exchanges(GroupMixin):
     """Mixed into DLCPProcessGroup, before torch's ProcessGroup (see the module)."""
-
-    if TYPE_CHECKING:
-        _rank: int
-        _size: int
-        _p2p: PointToPoint
-        comm: Communicator
-        _transport: GroupTransport
-
-        def _submit(
-            self, name: str, run: Any, result: TensorList, touched: TensorList, *,
-            calls: int = 1,
-        ) -> DLCPWork: ...  # fmt: skip
-
-        def _checks(self, name: str) -> contextlib.AbstractContextManager[None]: ...
 
     # ------------------------------------------------------------------ point-to-point
 

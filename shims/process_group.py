@@ -30,7 +30,7 @@ What travels how:
   reduction in rank order on every rank.
 * ``broadcast``, ``all_gather``, ``all_gather_into_tensor``, ``gather``,
   ``scatter``: the tensors' raw bytes as uint8 messages with ``p = 0`` (any
-  dtype; bitwise exact).
+  dtype; bitwise exact; :mod:`.pg_bytes`).
 * ``reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``: on top of all-reduce.
 * ``barrier``: a token to and from every other rank, queued behind every
   operation issued before it; ``monitored_barrier`` as Gloo's (:mod:`.pg_barriers`).
@@ -86,13 +86,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from dlcp.collectives import CollectiveReport, Communicator
-from dlcp.collectives.comm import ReportBuilder
 from dlcp.errors import ArgumentTypeError, DLCPError, PeerTimeout, UsageError
 from dlcp.io.endpoint import Endpoint
 from dlcp.rendezvous import attempt, connect
 
 from . import BACKEND, register
 from .pg_barriers import Barriers
+from .pg_bytes import ByteCollectives
 from .pg_checks import check_gather_list, check_reducible, reduce_op, root_rank
 from .pg_coalesced import CoalescingAndNames
 from .pg_exchange import Exchanges
@@ -100,9 +100,7 @@ from .pg_options import DLCPOptions, job_world_size, rendezvous_env
 from .pg_p2p import PointToPoint
 from .pg_serve import OrderedServers
 from .pg_tensors import (
-    ROLE_STRIDE,
     DLCPWork,
-    HostTensor,
     Job,
     TensorList,
     check_tensors,
@@ -130,17 +128,16 @@ CHANNEL = 2
 SHUTDOWN_GRACE = 30.0
 
 
-def _output_label(j: int, r: int) -> str:
-    """How all_gather_coalesced names output ``j`` of rank ``r``."""
-    return f"output_lists[{r}][{j}]"
-
-
-class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGroup):
+class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: see below)
+    ByteCollectives, Barriers, Exchanges, CoalescingAndNames, dist.ProcessGroup
+):
     """A process group over one DLCP endpoint. Created by torch through the
     registered backend; see the module docstring.
 
     (The collectives carry ``# type: ignore[override]``: torch's stub declares each as
-    overloads of the C++ signatures, and torch calls a backend with the options form.)"""
+    overloads of the C++ signatures, and torch calls a backend with the options form.
+    Those of :class:`~shims.pg_bytes.ByteCollectives` differ from the stub's the same
+    way, which mypy reports on this class statement.)"""
 
     def __init__(
         self,
@@ -225,124 +222,6 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
     def allreduce_coalesced(self, tensors: TensorList, opts: Any = None) -> DLCPWork:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: TensorList, opts: Any = None) -> DLCPWork:  # type: ignore[override]
-        root = root_rank(opts, "broadcast", self._size)
-        check_tensors(tensors, "broadcast")
-        if len(tensors) >= ROLE_STRIDE:
-            raise UsageError(f"broadcast takes at most {ROLE_STRIDE - 1} tensors per call")
-
-        def run() -> CollectiveReport | None:
-            call = self.comm.next_call()
-            report = ReportBuilder("broadcast", call, sum(t.numel() for t in tensors))
-            hosts = [HostTensor(t) for t in tensors]
-            if self._rank == root:
-                sends = [
-                    (peer, i, h.bytes())
-                    for i, h in enumerate(hosts)
-                    for peer in range(self._size)
-                    if peer != root
-                ]
-                self._transport.transfer(call, sends, [], report)
-            else:
-                self._transport.transfer(
-                    call, [], [(root, i, h.bytes()) for i, h in enumerate(hosts)], report
-                )
-                for h in hosts:
-                    h.write_back()
-            return report.build()
-
-        return self._submit("broadcast", run, tensors, tensors)
-
-    def allgather(  # type: ignore[override]
-        self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
-    ) -> DLCPWork:
-        check_tensors(input_tensors, "allgather")
-        if len(output_tensors) != len(input_tensors):
-            raise UsageError(
-                f"allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs"
-            )
-        if len(input_tensors) >= ROLE_STRIDE:
-            raise UsageError(f"allgather takes at most {ROLE_STRIDE - 1} tensors per call")
-        for outs, inp in zip(output_tensors, input_tensors, strict=True):
-            check_gather_list(outs, inp, "allgather", self._size)
-
-        def run() -> CollectiveReport | None:
-            call = self.comm.next_call()
-            report = ReportBuilder("allgather", call, sum(t.numel() for t in input_tensors))
-            sends, recvs, outs_host = [], [], []
-            for i, (outs, inp) in enumerate(zip(output_tensors, input_tensors, strict=True)):
-                mine = HostTensor(inp).bytes()
-                hosts = [HostTensor(o) for o in outs]
-                outs_host.extend(hosts)
-                for peer in range(self._size):
-                    if peer == self._rank:
-                        hosts[peer].bytes()[:] = mine
-                    else:
-                        sends.append((peer, i, mine))
-                        recvs.append((peer, i, hosts[peer].bytes()))
-            self._transport.transfer(call, sends, recvs, report)
-            for h in outs_host:
-                h.write_back()
-            return report.build()
-
-        flat_out = [t for outs in output_tensors for t in outs]
-        return self._submit("allgather", run, flat_out, [*flat_out, *input_tensors])
-
-    def allgather_coalesced(
-        self, output_lists: list[TensorList], input_list: TensorList, opts: Any = None
-    ) -> DLCPWork:
-        """``all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's input j
-        (rank first, unlike ``allgather``'s ``output_tensors[j][r]``)."""
-        if len(output_lists) != self._size:
-            raise UsageError(
-                f"all_gather_coalesced: {len(output_lists)} output lists for "
-                f"{self._size} ranks (it takes one list per rank)"
-            )
-        check_tensors(input_list, "all_gather_coalesced")
-        for r, outs in enumerate(output_lists):
-            if len(outs) != len(input_list):
-                raise UsageError(
-                    f"all_gather_coalesced: the output list of rank {r} holds "
-                    f"{len(outs)} tensors for {len(input_list)} inputs"
-                )
-        by_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
-        for j, (outs_j, like) in enumerate(zip(by_input, input_list, strict=True)):
-            check_gather_list(outs_j, like, "all_gather_coalesced", self._size,
-                              label=functools.partial(_output_label, j))  # fmt: skip
-        return self.allgather(by_input, input_list, opts)
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> DLCPWork:
-        """``all_gather_into_tensor``: rank r's input lands in the r-th slice of output."""
-        check_tensors([output, input], "all_gather_into_tensor")
-        if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
-            raise UsageError(
-                f"all_gather_into_tensor: output {output.dtype}{list(output.shape)} must hold "
-                f"{self._size} x input {input.dtype}{list(input.shape)}"
-            )
-
-        def run() -> CollectiveReport | None:
-            call = self.comm.next_call()
-            report = ReportBuilder("all_gather_into_tensor", call, input.numel())
-            mine = HostTensor(input).bytes()
-            out = HostTensor(output)
-            rows = out.bytes().reshape(self._size, -1)
-            rows[self._rank] = mine
-            peers = [q for q in range(self._size) if q != self._rank]
-            self._transport.transfer(
-                call, [(q, 0, mine) for q in peers], [(q, 0, rows[q]) for q in peers], report
-            )
-            out.write_back()
-            return report.build()
-
-        return self._submit("all_gather_into_tensor", run, [output], [output, input])
-
-    def _allgather_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> DLCPWork:
-        return self.all_gather_single(output, input, opts)
-
     def reduce(self, tensors: TensorList, opts: Any = None) -> DLCPWork:  # type: ignore[override]
         red = reduce_op(opts, "reduce")
         root = root_rank(opts, "reduce", self._size)
@@ -414,73 +293,6 @@ class DLCPProcessGroup(Barriers, Exchanges, CoalescingAndNames, dist.ProcessGrou
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> DLCPWork:
         return self.reduce_scatter_single(output, input, opts)
-
-    def gather(  # type: ignore[override]
-        self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
-    ) -> DLCPWork:
-        root = root_rank(opts, "gather", self._size)
-        with self._checks("gather"):
-            check_tensors(input_tensors, "gather")
-            if len(input_tensors) != 1:
-                raise UsageError(f"gather takes one input tensor, got {len(input_tensors)}")
-            if self._rank == root:
-                if len(output_tensors) != 1:
-                    raise UsageError("gather: the root needs one output list")
-                check_gather_list(output_tensors[0], input_tensors[0], "gather", self._size)
-            elif output_tensors and output_tensors[0]:
-                raise UsageError(f"gather: only the root (rank {root}) passes output tensors")
-        inp = input_tensors[0]
-
-        def run() -> CollectiveReport | None:
-            call = self.comm.next_call()
-            report = ReportBuilder("gather", call, inp.numel())
-            mine = HostTensor(inp).bytes()
-            if self._rank != root:
-                self._transport.transfer(call, [(root, 0, mine)], [], report)
-                return report.build()
-            hosts = [HostTensor(o) for o in output_tensors[0]]
-            hosts[root].bytes()[:] = mine
-            peers = [q for q in range(self._size) if q != root]
-            self._transport.transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
-            for h in hosts:
-                h.write_back()
-            return report.build()
-
-        outs = output_tensors[0] if output_tensors else []
-        return self._submit("gather", run, list(outs), [*outs, inp])
-
-    def scatter(  # type: ignore[override]
-        self, output_tensors: TensorList, input_tensors: list[TensorList], opts: Any = None
-    ) -> DLCPWork:
-        root = root_rank(opts, "scatter", self._size)
-        with self._checks("scatter"):
-            check_tensors(output_tensors, "scatter")
-            if len(output_tensors) != 1:
-                raise UsageError(f"scatter takes one output tensor, got {len(output_tensors)}")
-            if self._rank == root:
-                if len(input_tensors) != 1:
-                    raise UsageError("scatter: the root needs one input list")
-                check_gather_list(input_tensors[0], output_tensors[0], "scatter", self._size)
-            elif input_tensors and input_tensors[0]:
-                raise UsageError(f"scatter: only the root (rank {root}) passes input tensors")
-        out = output_tensors[0]
-
-        def run() -> CollectiveReport | None:
-            call = self.comm.next_call()
-            report = ReportBuilder("scatter", call, out.numel())
-            host = HostTensor(out)
-            if self._rank == root:
-                pieces = [HostTensor(t).bytes() for t in input_tensors[0]]
-                host.bytes()[:] = pieces[root]
-                sends = [(q, 0, pieces[q]) for q in range(self._size) if q != root]
-                self._transport.transfer(call, sends, [], report)
-            else:
-                self._transport.transfer(call, [], [(root, 0, host.bytes())], report)
-            host.write_back()
-            return report.build()
-
-        ins = input_tensors[0] if input_tensors else []
-        return self._submit("scatter", run, [out], [out, *ins])
 
     def shutdown(self) -> None:
         """Finish queued operations, stop the transport threads, close the endpoint."""

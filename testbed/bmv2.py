@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from dlcp.errors import DLCPError
-from dlcp.launch import die_with_parent, end_process
+from dlcp.processes import die_with_parent, end_process
 
 __all__ = [
     "CLI",

@@ -17,7 +17,7 @@ import sys
 from types import FrameType
 
 from dlcp.errors import DLCPError
-from dlcp.launch import sigterm_interrupts
+from dlcp.processes import sigterm_interrupts
 from dlcp.switch.policy import PolicyError
 
 from .backend import backend_class

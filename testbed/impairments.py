@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlcp.errors import UsageError
-from dlcp.launch import die_with_parent
+from dlcp.processes import die_with_parent
 from dlcp.switch.policy import on_link
 
 from . import switch_profile

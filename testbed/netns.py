@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlcp.errors import DLCPError
-from dlcp.launch import signals_ignored
+from dlcp.processes import signals_ignored
 
 __all__ = [
     "SEGMENTATION_FEATURES",

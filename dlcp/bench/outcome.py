@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dlcp.launch import sigterm_interrupts
+from dlcp.processes import sigterm_interrupts
 
 __all__ = ["engine_of_run", "finish"]
 

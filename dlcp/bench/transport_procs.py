@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from dlcp.errors import DLCPError
-from dlcp.launch import die_with_parent, end_process
+from dlcp.processes import die_with_parent, end_process
 
 __all__ = ["WorkerError", "WorkerProc", "collect"]
 

@@ -22,6 +22,11 @@ be scheduled (two context switches per message on a busy machine). The caller
 wakes the I/O thread only when the session now needs it earlier than it planned
 to wake: the rest of a paced message, or a timer.
 
+The I/O thread's loop, the order of its turn and the sending of what the
+session produced are the endpoint's base class, :class:`~dlcp.io.io_loop.IOLoop`
+(:mod:`dlcp.io.io_loop`); this module holds the endpoint's construction, its
+public API and the commands callers run under the lock.
+
 Buffers: ``send`` copies the array into packets before it returns (as
 :meth:`Session.send_message` does), so the caller may change or reuse it at
 once; the collectives rely on that (a ring scales, and later receives into,
@@ -36,7 +41,6 @@ import dataclasses
 import functools
 import logging
 import math
-import selectors
 import socket
 import threading
 import time
@@ -44,31 +48,24 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
-from ..proto.control import control_source
-from ..proto.pacing import Pacer
 from ..proto.session import (
-    ControlDatagram,
-    DataBatch,
-    RoundPost,
-    RoundRelease,
     SendReport,
     Session,
 )
-from ..proto.wire import AUTH_TRAILER_LEN, DType, PacketType, bound_to_wire
+from ..proto.wire import AUTH_TRAILER_LEN, DType, bound_to_wire
 from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
-from .control import ControlChannel, LostPeer
+from .control import ControlChannel
 from .emulation import LossEmulator
-from .engine import NativeSender, RoundReport, choose_engine
+from .engine import NativeSender, choose_engine
+from .io_loop import IOLoop
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
-from .threads import name_os_thread
 from .transfers import Key, Transfers
 from .udp import DataSockets
 
@@ -76,20 +73,10 @@ __all__ = ["Endpoint", "PeerAddress", "Received", "Store"]
 
 log = logging.getLogger("dlcp.io")
 
-#: seconds the I/O thread stops watching the control listener after the kernel
-#: refused a connection (out of file descriptors, ...)
-_ACCEPT_PAUSE = 0.1
-#: seconds a data backlog may hold control messages and timers back (_take_input)
-_BACKLOG_HOLD = 0.1
-#: seconds the I/O thread waits at most for callers to take the lock (_give_way),
-#: once one has waited _GIVE_WAY_AFTER for it
-_GIVE_WAY = 0.05
-_GIVE_WAY_AFTER = 0.002
-
 Segments = Sequence[tuple[int, int, int]]
 
 
-class Endpoint:
+class Endpoint(IOLoop):
     """DLCP endpoint of one rank. See the module docstring."""
 
     def __init__(
@@ -191,16 +178,7 @@ class Endpoint:
         self._holder: int | None = None
         #: when the waiting I/O thread wakes up by itself (-inf: it is not waiting)
         self._sleep_until = -math.inf
-        #: the I/O thread's selector, once it runs
-        self._selector: selectors.BaseSelector | None = None
-        #: when to watch the control listener again after a refused accept
-        self._accept_resume: float | None = None
-        #: when control messages and timers last had their turn (_take_input)
-        self._control_turn = -math.inf
-        #: bytes the current receive handed to the session (the rest was junk)
-        self._delivered = 0
-        #: the last receive dropped junk (its backlog is not all data)
-        self._junk_read = False
+        self._init_turn_state()
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
             self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
@@ -224,15 +202,6 @@ class Endpoint:
     def _runs_io(self) -> bool:
         """Whether this thread is the I/O thread or holds the lock for a command."""
         return threading.get_ident() in (self._thread.ident, self._holder)
-
-    def _close_sockets(self) -> None:
-        """Every socket this endpoint opened, of those it got to open (the native
-        engine's thread first: it sends on the data sockets)."""
-        if self._sender is not None:
-            self._sender.close()
-        for name in ("_data", "_control", "_wake_r", "_wake_w"):
-            if (sock := getattr(self, name, None)) is not None:
-                sock.close()
 
     # ------------------------------------------------------------------ API
 
@@ -403,7 +372,7 @@ class Endpoint:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ plumbing
+    # ------------------------------------------------------------------ commands
 
     def _on_cancel(self, key: Key, outgoing: bool, fut: Future[Any]) -> None:
         """Its caller cancelled ``fut``: forget the transfer (the session stops
@@ -462,348 +431,3 @@ class Endpoint:
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # already awake (buffer full), or closing
             self._wake_w.send(b"\0")
-
-    # ------------------------------------------------------------------ I/O thread
-
-    def _run(self) -> None:
-        name_os_thread(f"dlcp-io-{self.rank}")
-        sel = self._selector = selectors.DefaultSelector()
-        sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
-        sel.register(self._control.listener, selectors.EVENT_READ, "accept")
-        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        if self._sender is not None:
-            sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
-        try:
-            while not self._closing:
-                self._give_way()
-                with self._lock:
-                    before = time.monotonic()
-                    timer = self._session.get_timer()
-                    self._sleep_until = self._next_time(before, timer)
-                ready = sel.select(max(0.0, self._sleep_until - before))
-                with self._lock:
-                    self._sleep_until = -math.inf
-                    now = time.monotonic()
-                    self._session.note_idle(now - before, now=now)  # receive capacity
-                    self._take_input(sel, ready, timer)
-                    now = time.monotonic()
-                    # events are matched to their transfers before sending (a send may
-                    # find a peer gone, failing what is still pending with it) and
-                    # settled after it (a receive's STOP is on the wire before its
-                    # future's callbacks run: one may end the process)
-                    self._transfers.dispatch(defer=True)
-                    self._flush(now)
-                    self._transfers.dispatch()
-                    self._transfers.expire(now)
-                    self._tend_listener(sel, now)
-        except BaseException as exc:  # keep the endpoint's users from hanging
-            log.exception("dlcp rank %d: I/O thread failed", self.rank)
-            failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
-            with self._lock:  # (callers change the tables under it)
-                self._transfers.fail_all(failed)
-            raise
-        finally:
-            with self._lock:
-                self._closing = True  # after a crash too: later calls fail instead of hanging
-                self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
-                sel.close()
-                self._close_sockets()
-            self._closed.set()
-
-    def _give_way(self) -> None:
-        """Between turns, let the threads that have waited :data:`_GIVE_WAY_AFTER`
-        or more to run a command take the lock first (for at most
-        :data:`_GIVE_WAY` seconds). Python's lock is not fair: an I/O thread with
-        input at every turn (a flood) takes it back before a woken caller runs,
-        which then waits many turns: a ``recv`` posted, and its timeout started,
-        seconds late. A caller that gets the lock soon anyway is not waited for:
-        that costs a transfer of 1 MB a fifth of its rate on a busy machine."""
-        if not self._callers or time.monotonic() - self._callers_since < _GIVE_WAY_AFTER:
-            return  # (read without the condition's lock: a stale view costs a turn)
-        with self._lock_wanted:
-            self._lock_wanted.wait_for(lambda: not self._callers, timeout=_GIVE_WAY)
-
-    def _take_input(
-        self,
-        sel: selectors.BaseSelector,
-        ready: list[tuple[selectors.SelectorKey, int]],
-        timer: float | None,
-    ) -> None:
-        """One turn's input: the data socket first, whether or not ``select`` saw
-        it ready (data may have come while this thread waited for the lock); then
-        the other ready sockets; then ``timer``, the session's timer as it was
-        before this turn's input (a timer that input set runs next turn: that
-        turn's wait is then short or none). The data socket's share is bounded
-        (:meth:`DataSockets.receive`'s budget), so every turn ends.
-
-        While the data socket keeps a backlog of data (the receive budget ran
-        out, and its reads dropped no junk), control messages and timers wait,
-        for at most :data:`_BACKLOG_HOLD` since their last turn: a FINISH or a
-        reorder grace judged before the queued data is read would NACK, or
-        complete by the bound, data that has arrived. A burst drains within
-        that; a backlog that lasts still lets them run that often, and one with
-        junk in it (a flood) holds nothing back, so hellos are read, lost data
-        is asked for again and timeouts fire on time whatever the data socket
-        holds. The sockets stay readable: the next turn comes at once."""
-        self._on_ready(sel, self._data.recv_sock, "data")
-        hold = self._holds_back(time.monotonic())
-        for key, _ in ready:
-            if key.data != "data" and not (hold and key.data == "control"):
-                self._on_ready(sel, key.fileobj, key.data)
-        now = time.monotonic()
-        if timer is not None and timer <= now and not hold:
-            self._session.handle_timer(now=now)
-
-    def _holds_back(self, now: float) -> bool:
-        """Whether this turn holds control messages and timers back: the data
-        socket has a backlog of data (its last read dropped no junk: waiting for
-        junk to drain saves no NACK), and they last had their turn less than
-        :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
-        back that long at most)."""
-        if (
-            self._data.backlog
-            and not self._junk_read
-            and now - self._control_turn < _BACKLOG_HOLD
-        ):
-            return True
-        self._control_turn = now
-        return False
-
-    def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
-        """Watch the listener again after a pause; drop inbound connections that
-        have not said hello within the timeout (each holds a descriptor)."""
-        if self._accept_resume is not None and now >= self._accept_resume:
-            self._accept_resume = None
-            sel.register(self._control.listener, selectors.EVENT_READ, "accept")
-        for sock in self._control.silent_since(now - self.config.timeout):
-            sel.unregister(sock)
-            self._control.drop(sock, f"said no hello within {self.config.timeout:g} s")
-
-    def _next_time(self, now: float, timer: float | None) -> float:
-        """When the I/O thread has something to do without input: the session's
-        ``timer``, a deadline or the listener's pause, at most a second from ``now``."""
-        times = [now + 1.0]
-        if timer is not None:
-            times.append(timer)
-        if self._accept_resume is not None:
-            times.append(self._accept_resume)
-        if (deadline := self._transfers.next_deadline()) is not None:
-            times.append(deadline)
-        return min(times)
-
-    def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
-        if what == "data":
-            self._stats.receive_calls += 1
-            start, self._delivered = time.monotonic(), 0
-            read = self._data.receive(self._deliver)
-            self._data.socket_drops()  # (read every turn: the kernel's counter wraps)
-            screened = self._data.take_screened()  # the pre-filter's drops
-            self._junk_read = bool(screened)
-            if screened:
-                for reason, count in screened.items():
-                    self._session.stats.reject(reason, count)
-                # the share of the receive spent on junk was capacity for data: the
-                # rate meter counts it as a wait, as it counts select()'s, so that a
-                # flood does not hold the senders to the rate that got through it
-                now = time.monotonic()
-                junk = (now - start) * (read - self._delivered) / max(read, 1)
-                self._session.note_idle(max(0.0, junk), now=now)
-        elif what == "engine":
-            self._rounds_sent()
-        elif what == "wake":
-            try:
-                while self._wake_r.recv(4096):
-                    pass
-            except (BlockingIOError, InterruptedError):
-                pass
-        elif what == "accept":
-            now = time.monotonic()
-            while (conn := self._control.accept(now)) is not None:  # every pending one
-                sel.register(conn, selectors.EVENT_READ, "control")
-            if self._control.accept_error is not None:
-                # the refused connection stays queued and the listener readable: stop
-                # watching it for a while instead of spinning (turns resume it)
-                sel.unregister(sock)
-                self._accept_resume = now + _ACCEPT_PAUSE
-        else:
-            self._read_control(sel, sock)
-
-    def _read_control(self, sel: selectors.BaseSelector, sock: Any) -> bool:
-        """One read of inbound control connection ``sock``: its frames handed to
-        the session, its end (if it ended) to :meth:`_peer_gone`. Whether the
-        read found anything (frames or the end)."""
-        inbound = self._control.inbound[sock]
-        frames, ended = self._control.read(sock)
-        if ended is not None:
-            sel.unregister(sock)
-        now = time.monotonic()
-        for peer, datagram in frames:
-            self._stats.control_in += 1
-            if not datagram or datagram[0] & 0x0F == PacketType.DATA:
-                self._stats.control_rejected += 1  # data travels over UDP only
-                continue
-            claimed = control_source(datagram)
-            if claimed is not None and claimed != peer:
-                self._stats.control_rejected += 1  # claims another rank than its hello
-                continue
-            stats = self._session.stats
-            rejected, stale = stats.rejected_total(), stats.stale_control
-            self._session.receive_datagram(datagram, now=now)
-            if stats.rejected_total() != rejected:
-                self._stats.control_rejected += 1
-            elif stats.stale_control == stale:
-                # (a stale message proves nothing: a replay of an old one is stale)
-                inbound.trusted = True
-        if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
-            self._peer_gone(gone)
-        return bool(frames) or ended is not None
-
-    def _pacer_for(self, dst: int) -> Pacer:
-        assert self._sender is not None
-        return self._sender.pacer_for(dst)
-
-    def _rounds_sent(self) -> None:
-        """The native engine's reports: rounds sent (their FINISH is due) or
-        failed (the peer's sends fail, as a failed send fails them here)."""
-        assert self._sender is not None
-        for report in self._sender.reap():
-            self._round_ended(report)
-
-    def _round_ended(self, r: RoundReport) -> None:
-        assert self._sender is not None
-        if r.error is not None:
-            self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
-        else:
-            self._session.round_sent(
-                r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=time.monotonic()
-            )
-
-    def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
-        self._delivered += len(buf)
-        if self._emulator is not None:
-            buf = self._emulator.filter(buf, segment_size)
-            if len(buf) == 0:
-                return
-        self._session.receive_batch(buf, segment_size, now=time.monotonic())
-
-    def _flush(self, now: float) -> None:
-        # bounded, so that receiving gets its turn between bursts of sending
-        for _ in range(8):
-            items = self._session.datagrams_to_send(now=now, max_batches=64)
-            if not items:
-                return
-            for item in items:
-                if isinstance(item, DataBatch):
-                    addr = self._address_of(item.dst)
-                    if addr is None:
-                        continue
-                    try:
-                        self._data.send(
-                            item.data,
-                            item.segment_size,
-                            item.count,
-                            path=item.path,
-                            tos=item.tos,
-                            addr=(addr.host, addr.data_port),
-                        )
-                    except (OSError, ValueError) as exc:  # fail this peer's transfers only
-                        self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
-                        continue
-                    self._stats.data_batches_out += 1
-                elif isinstance(item, ControlDatagram):
-                    self._send_control(item)
-                elif isinstance(item, RoundPost):
-                    self._post_round(item)
-                elif isinstance(item, RoundRelease):
-                    assert self._sender is not None
-                    self._sender.cancel(item.dst, item.step, item.msg)
-                    self._session.release_round(item.dst, step=item.step, msg=item.msg)
-            now = time.monotonic()
-
-    def _post_round(self, item: RoundPost) -> None:
-        assert self._sender is not None
-        addr = self._address_of(item.dst)
-        if addr is None:  # (nothing went, as a Python-engine batch would not: its
-            # FINISH still goes, and the receiver's NACK asks for it again)
-            now = time.monotonic()
-            self._session.round_sent(
-                item.dst, step=item.step, msg=item.msg, began=(now, 0), last=(now, 0), now=now
-            )
-            return
-        try:
-            ended = self._sender.post(item, (addr.host, addr.data_port))
-        except ValueError as exc:  # (an address the engine cannot send to)
-            self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
-            return
-        self._stats.data_batches_out += 1
-        if ended is not None:  # all of it went at once: its FINISH is due now
-            self._round_ended(ended)
-
-    def _send_failed(self, dst: int, where: str, why: object) -> None:
-        """Sending data to ``dst`` failed: its sends fail (this peer's only)."""
-        self._stats.data_send_errors += 1
-        self._transfers.fail_peer(dst, f"sending data to {where} failed: {why}", receives=False)
-
-    def _send_control(self, item: ControlDatagram) -> None:
-        if item.dst in self._gone:
-            return
-        addr = self._address_of(item.dst)
-        if addr is None:
-            return
-        gone = self._control.send(item.dst, (addr.host, addr.control_port), item.data)
-        self._stats.control_out += 1
-        if gone is not None:
-            # the peer may have answered before it left: its STOP for the message
-            # this FINISH was about can wait unread in its connection to us (a
-            # turn that held control back, or a peer that closed as soon as its
-            # receive completed). What it said counts first; what is still
-            # pending with it then fails.
-            self._read_control_from(gone.rank)
-            self._peer_gone(gone)
-
-    def _read_control_from(self, peer: int) -> None:
-        """Everything waiting on ``peer``'s inbound control connections, handled
-        and matched to its transfers now (not at the next turn)."""
-        if self._selector is None:
-            return
-        for sock in [s for s, c in self._control.inbound.items() if c.rank == peer]:
-            while sock in self._control.inbound and self._read_control(self._selector, sock):
-                pass
-
-    def _control_address(self, peer: int) -> tuple[str, int] | None:
-        """A peer's control address if known (no waiting, no failing the peer)."""
-        with contextlib.suppress(Exception):
-            if (addr := self._peers.known(peer)) is not None:
-                return addr.host, addr.control_port
-        return None
-
-    def _address_of(self, peer: int) -> PeerAddress | None:
-        """A peer's address, under the lock, without waiting: a peer that sent
-        us something has published its address already. A rank that has not
-        (a stray or forged datagram named it) gets nothing sent, and the I/O
-        thread does not wait on the store for it (it did, for the store's own
-        timeout, with the lock held)."""
-        try:
-            addr = self._peers.known(peer)
-        except Exception as exc:
-            self._peer_gone(LostPeer(peer, f"rank {peer} has no known address: {exc}"))
-            return None
-        if addr is None:
-            self._stats.unroutable += 1
-        return addr
-
-    def _peer_gone(self, gone: LostPeer) -> None:
-        # what the peer said before it went (a STOP read in the same turn) is
-        # matched to its transfers first: only what is still pending fails
-        self._transfers.dispatch(defer=True)
-        if gone.rank not in self._gone:
-            waiting = self._transfers.waits_on(gone.rank)
-            # a peer that leaves while nothing is pending with it is a normal shutdown
-            log.log(
-                logging.WARNING if waiting else logging.INFO,
-                "dlcp rank %d: %s",
-                self.rank,
-                gone.why,
-            )
-        self._gone[gone.rank] = gone.why
-        self._transfers.fail_peer(gone.rank, gone.why)

@@ -2,9 +2,10 @@
 
 :class:`Outbox` holds, per destination, the pacer, the path scheduler and every
 message being sent: its chunk table, its records (built once, in send order),
-and its recovery state. It hands out data batches as the pacers allow (the
-earliest message of a step with data to send first, of those the highest
-priority class: :meth:`Outbox._first_to_send`), sprayed over the paths; it
+and its recovery state (those records: :mod:`dlcp.proto.outgoing`). It hands out
+data batches as the pacers allow (the earliest message of a step with data to
+send first, of those the highest priority class:
+:meth:`~dlcp.proto.outgoing.Destination.first_to_send`), sprayed over the paths; it
 acts on the receiver's STOP, NACK and ABORT (retransmitting what a NACK names,
 from the first round's records), and reports each message delivered or failed.
 
@@ -23,7 +24,6 @@ import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -41,12 +41,11 @@ from .events import (
     SendReport,
     Transmit,
 )
+from .outgoing import Destination, OutgoingMessage
 from .pacing import Pacer, make_pacer
 from .packetizer import (
     BufferPool,
-    ChunkTable,
     MessageId,
-    RecordRun,
     Segments,
     build_records,
     plan_message,
@@ -70,51 +69,6 @@ __all__ = ["LOSS_SIGNAL_CHUNKS", "Outbox"]
 #: (one lost chunk of 8 is 12 %); a longer one's loss is congestion above the
 #: pacer's ``loss_tolerance``
 LOSS_SIGNAL_CHUNKS = 32
-
-
-@dataclass(slots=True)
-class _Outgoing:
-    ident: MessageId
-    table: ChunkTable
-    recovery: SenderRecovery
-    first: RecordRun  # round 0, in send order; source of every retransmission
-    row_of_seq: npt.NDArray[np.int64]
-    run: RecordRun
-    #: the message's place in the send order (the native engine's rule 1)
-    order: int = 0
-    cursor: int = 0
-    path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
-    round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
-    nack_parts: list[Nack] = field(default_factory=list)
-    #: (time, bytes sent to the peer before it) of this round's first batch and of
-    #: its latest batch, and the rate the peer was sent at between the two (at
-    #: most the pacer's; the pacer's if the round went at once; 0: unknown)
-    round_began: tuple[float, int] | None = None
-    round_last: tuple[float, int] | None = None
-    round_rate: float = 0.0
-
-    @property
-    def pending(self) -> bool:
-        return self.recovery.phase is SendPhase.SENDING and self.cursor < len(self.run)
-
-
-@dataclass(slots=True)
-class _Peer:
-    pacer: Pacer
-    paths: PathScheduler
-    outgoing: dict[Key, _Outgoing] = field(default_factory=dict)
-    planned: list[int] = field(default_factory=list)  # paths of the next batches
-    sent_bytes: int = 0  # data bytes sent to this peer in all
-
-    def next_path(self) -> int:
-        if self.paths.n_paths == 1:
-            return 0
-        if not self.planned:  # plan a few batches ahead: one scheduler call per 32 batches
-            self.planned = self.paths.assign(32).tolist()[::-1]
-        return self.planned.pop()
-
-    def replan(self) -> None:
-        self.planned.clear()
 
 
 class Outbox(SessionSide):
@@ -144,7 +98,7 @@ class Outbox(SessionSide):
             self.config.classifier, **self.config.classifier_kwargs()
         )
         #: per destination rank: pacer, paths and the messages to it
-        self.peers: dict[int, _Peer] = {}
+        self.peers: dict[int, Destination] = {}
         self._next_peer = 0
         self._pool = BufferPool()
         #: the messages that ended lately, oldest first: their keys are not reused
@@ -220,7 +174,7 @@ class Outbox(SessionSide):
         )
         self._may_send = True
         self._sent_messages += 1
-        peer.outgoing[key] = _Outgoing(
+        peer.outgoing[key] = OutgoingMessage(
             ident=ident,
             table=table,
             recovery=SenderRecovery(table, self.config, now=now),
@@ -302,7 +256,7 @@ class Outbox(SessionSide):
             out.recovery.on_abort(why)
             self._finish_outgoing(key, out, now=now)
 
-    def _on_nack(self, key: Key, out: _Outgoing, nack: Nack, *, now: float) -> None:
+    def _on_nack(self, key: Key, out: OutgoingMessage, nack: Nack, *, now: float) -> None:
         rec = out.recovery
         if nack.more or out.nack_parts:
             # a NACK in parts: gather the ranges of this round, act on the last part
@@ -358,14 +312,14 @@ class Outbox(SessionSide):
             self._round_sent(key, out, now=now)
 
     def _round_lost(
-        self, dst: int, out: _Outgoing, lost: float, chunks: int, *, now: float
+        self, dst: int, out: OutgoingMessage, lost: float, chunks: int, *, now: float
     ) -> None:
         """A round of ``chunks`` chunks to ``dst`` lost this fraction of them on the
         way: congestion, for the pacer, if the round was long enough to say."""
         if chunks >= LOSS_SIGNAL_CHUNKS and out.round_rate > 0:
             self.peers[dst].pacer.on_loss(lost, out.round_rate, now=now)
 
-    def _finish_outgoing(self, key: Key, out: _Outgoing, *, now: float) -> None:
+    def _finish_outgoing(self, key: Key, out: OutgoingMessage, *, now: float) -> None:
         rec = out.recovery
         del self.peers[key[0]].outgoing[key]
         self._remember_ended(key)
@@ -399,7 +353,8 @@ class Outbox(SessionSide):
 
     def batches(self, out: list[Transmit], *, now: float, max_batches: int) -> None:
         """Append up to ``max_batches`` data batches the pacers allow to ``out``,
-        one destination after another (for each, see :meth:`_first_to_send`);
+        one destination after another (for each, see
+        :meth:`~dlcp.proto.outgoing.Destination.first_to_send`);
         with whole rounds, every round that has records to send, whole, after
         the releases of messages that ended."""
         if self._releases:
@@ -434,45 +389,14 @@ class Outbox(SessionSide):
                     still.append(dst)
             active = still
 
-    @staticmethod
-    def _first_to_send(peer: _Peer) -> tuple[Key, _Outgoing] | None:
-        """The message whose batch goes next to ``peer``: of each step, only the
-        earliest sent message that has data to send; of those, the one with the
-        highest priority class at its cursor (the earliest sent on a tie).
-
-        A collective call is one step, and its later messages depend on its
-        earlier ones (a ring's all-gather needs its reduce-scatter done): a
-        later message of the call that overtook an earlier one, for a higher
-        class of its chunks, stalled every rank waiting on the earlier one. A
-        later message still goes while an earlier one waits for its STOP, and
-        the earlier one's retransmissions then go first. Priority orders
-        messages of different steps (an application's own messages, or the
-        calls of two communicators sharing one endpoint: two such calls with
-        the same number count as one step, and go in send order)."""
-        best: tuple[int, Key, _Outgoing] | None = None
-        steps: set[int] = set()  # steps whose earliest pending message was seen
-        for key, o in peer.outgoing.items():
-            if o.pending and key[1] not in steps:
-                steps.add(key[1])
-                prio = int(o.run.prio[o.cursor])
-                if best is None or prio > best[0]:
-                    best = (prio, key, o)
-        return None if best is None else best[1:]
-
-    def _batch_end(self, peer: _Peer, o: _Outgoing) -> int:
-        """Where the next batch of ``o`` ends: ``batch_packets`` records, fewer if
-        the pacer allows a shorter burst (never none)."""
-        most = min(self.config.batch_packets, max(1, peer.pacer.burst // o.run.stride))
-        return o.run.batch_end(o.cursor, most)
-
     def _next_batch(self, dst: int, out: list[Transmit], *, now: float) -> bool:
         peer = self.peers[dst]
-        first = self._first_to_send(peer)
+        first = peer.first_to_send()
         if first is None:
             return False
         key, o = first
         run, start = o.run, o.cursor
-        stop = self._batch_end(peer, o)
+        stop = peer.batch_end(o, self.config.batch_packets)
         nbytes = run.batch_nbytes(start, stop)
         if peer.pacer.next_send_time(nbytes, now=now) > now:
             return False
@@ -518,7 +442,7 @@ class Outbox(SessionSide):
             self._round_sent(key, o, now=now)
         return True
 
-    def _post_round(self, dst: int, peer: _Peer, key: Key, o: _Outgoing) -> RoundPost:
+    def _post_round(self, dst: int, peer: Destination, key: Key, o: OutgoingMessage) -> RoundPost:
         """The whole round of ``o`` for the driver to pace and send (see the
         module docstring): what :meth:`_next_batch` does per batch, for all of
         its records at once."""
@@ -565,7 +489,7 @@ class Outbox(SessionSide):
         o.round_began, o.round_last = began, last
         self._round_sent(key, o, now=now)
 
-    def _round_sent(self, key: Key, o: _Outgoing, *, now: float) -> None:
+    def _round_sent(self, key: Key, o: OutgoingMessage, *, now: float) -> None:
         o.recovery.round_sent(now=now)
         pacer = self.peers[key[0]].pacer
         allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
@@ -596,10 +520,10 @@ class Outbox(SessionSide):
                 some_pending = some_pending or o.pending
             if some_pending and self.whole_rounds:  # (the driver paces: post it now)
                 return now
-            first = self._first_to_send(peer) if some_pending else None
+            first = peer.first_to_send() if some_pending else None
             if first is not None:  # the batch _next_batch would send, not another one
                 o = first[1]
-                stop = self._batch_end(peer, o)
+                stop = peer.batch_end(o, self.config.batch_packets)
                 t = peer.pacer.next_send_time(o.run.batch_nbytes(o.cursor, stop), now=now)
                 if best is None or t < best:
                     best = t
@@ -626,7 +550,7 @@ class Outbox(SessionSide):
         """The share of batches each path to ``dst`` gets now (loss-aware)."""
         return self.peer(dst).paths.effective_weights
 
-    def peer(self, dst: int) -> _Peer:
+    def peer(self, dst: int) -> Destination:
         peer = self.peers.get(dst)
         if peer is None:
             cfg = self.config
@@ -635,7 +559,7 @@ class Outbox(SessionSide):
                 if self._pacer_factory is not None
                 else make_pacer(cfg.pacer, **cfg.pacer_kwargs())
             )
-            peer = _Peer(
+            peer = Destination(
                 pacer,
                 PathScheduler(cfg.n_paths, cfg.path_weights),
             )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DLCPError
-from ..launch import die_with_parent
+from ..processes import die_with_parent
 from .config import SimConfig, SimConfigError
 from .engine import NS3_MISSING
 from .results import read_flows, summarize

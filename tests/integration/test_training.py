@@ -235,7 +235,7 @@ def test_launch_stops_what_the_ranks_started(
     import dlcp.launch as launcher
 
     if not pidfds:
-        monkeypatch.setattr(launcher, "_hold_group", lambda proc: None)
+        monkeypatch.setattr(launcher, "hold_group", lambda proc: None)
     (scripts / "started").mkdir()
     cmd = [sys.executable, str(scripts / "wrapper.py"), str(scripts / "wait.py"),
            str(scripts / "started")]  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 from testbed import experiments as ex
 from testbed.backend import NamespacesBackend, TestbedBackend, backend_class
 from testbed.bmv2_backend import Bmv2Backend
+from testbed.experiment_config import SWITCHES
 from testbed.mininet_backend import MininetBackend, mininet_missing
 from testbed.netns import missing_tools
 from testbed.switch_profile import FifoPolicy, SwitchPolicy
@@ -58,7 +59,7 @@ def test_a_combination_without_a_backend_is_refused(switch: str, network: str, s
 def test_every_backend_implements_the_whole_interface(kind: type[TestbedBackend]) -> None:
     assert not inspect.isabstract(kind), kind.__abstractmethods__
     backend = kind(Topology.default(), SwitchPolicy())
-    assert backend.switch in ex.SWITCHES
+    assert backend.switch in SWITCHES
     with pytest.raises(RuntimeError, match="the network is not built"):
         backend.counters()
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from testbed import experiments as ex
+from testbed.experiment_config import dlcp_settings
 from testbed.netns import missing_tools
 
 MISSING = missing_tools(loss=True, offloads=True)
@@ -24,14 +25,14 @@ needs_root = pytest.mark.skipif(
 
 def test_ablation_mapping() -> None:
     # data to the protocol's port, the one the P4 program parses as DLCP
-    env, flags = ex.dlcp_settings("clean", ())
+    env, flags = dlcp_settings("clean", ())
     assert env == {"DLCP_N_PATHS": "8", "DLCP_DATA_PORT": "9400"} and flags == ["--p", "0.05"]
-    env, flags = ex.dlcp_settings("incast", ("spray", "bound"))
+    env, flags = dlcp_settings("incast", ("spray", "bound"))
     assert env == {"DLCP_N_PATHS": "1", "DLCP_DATA_PORT": "9400"}
     assert flags == ["--p", "0", "--collective", "ps"]
-    assert ex.dlcp_settings("clean", ("priority",))[0]["DLCP_CLASSIFIER"] == "magnitude"
-    assert ex.dlcp_settings("clean", ("drop",))[0]["DLCP_CLASSIFIER"] == "layer"
-    assert ex.dlcp_settings("clean", ("drop", "priority"))[0]["DLCP_CLASSIFIER"] == "none"
+    assert dlcp_settings("clean", ("priority",))[0]["DLCP_CLASSIFIER"] == "magnitude"
+    assert dlcp_settings("clean", ("drop",))[0]["DLCP_CLASSIFIER"] == "layer"
+    assert dlcp_settings("clean", ("drop", "priority"))[0]["DLCP_CLASSIFIER"] == "none"
     assert ex.run_name("loss", "dlcp", ("spray", "bound")) == "loss-dlcp-no-bound+spray"
     assert ex.run_name("loss", "gloo") == "loss-gloo"
 

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from dlcp.launch import signals_ignored
+from dlcp.processes import signals_ignored
 from testbed import netns
 from testbed.impairments import _loss_table
 from testbed.netns import NetnsError, _ifname, prefix_lock

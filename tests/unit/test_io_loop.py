@@ -1,5 +1,5 @@
-"""The order of one I/O turn's input (``Endpoint._take_input``): the data socket
-first even when ``select`` did not report it, and no control message nor timer
+"""The order of one I/O turn's input (``IOLoop._take_input``, an ``Endpoint``'s):
+the data socket first even when ``select`` did not report it, and no control message nor timer
 while the data socket keeps a backlog younger than ``_BACKLOG_HOLD``. A FINISH or
 a reorder grace judged before queued data is read makes the receiver NACK (or
 complete by the bound) data that has arrived: on 4 ranks sharing 2 cores that
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dlcp.io import endpoint as endpoint_module
+from dlcp.io import io_loop
 from dlcp.io.endpoint import Endpoint
 
 
@@ -55,11 +55,11 @@ def test_a_lasting_backlog_holds_control_and_timers_back_for_a_bounded_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr(endpoint_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(io_loop.time, "monotonic", lambda: clock[0])
     turn = _Turn(backlog=False)
     assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
     turn.endpoint._data.backlog = True  # a backlog, then one that lasts
-    hold = endpoint_module._BACKLOG_HOLD
+    hold = io_loop._BACKLOG_HOLD
     for _ in range(3):
         clock[0] += hold / 4
         assert turn.run(["control"], timer=0.0)[-1] == "data"

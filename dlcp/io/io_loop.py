@@ -1,0 +1,447 @@
+"""The I/O thread of an :class:`~dlcp.io.endpoint.Endpoint`, and the turn it runs.
+
+:class:`IOLoop` is the endpoint's base class. It owns what happens between the
+sockets and the session: the loop of the I/O thread (wait in ``select`` until
+the session's timer or the next deadline, take the lock, read the input, run
+the due timer, match events to transfers, send what the session produced,
+expire what ran past the timeout), the order of one turn's input
+(:meth:`IOLoop._take_input`: data first, control and timers held back by a data
+backlog for a bounded time), the fairness towards callers waiting for the lock
+(:meth:`IOLoop._give_way`), the control listener's tending, and the sending of
+the session's output (:meth:`IOLoop._flush`, also run by a caller's command)
+with what follows from a send that fails or a peer that is gone.
+
+The public API, the commands callers run under the lock and the endpoint's
+construction live in :mod:`dlcp.io.endpoint`; the state both sides share is
+declared here and set up by ``Endpoint.__init__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import selectors
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import EndpointClosed, TransferFailed
+from ..proto.control import control_source
+from ..proto.pacing import Pacer
+from ..proto.session import ControlDatagram, DataBatch, RoundPost, RoundRelease, Session
+from ..proto.wire import PacketType
+from .config import EndpointConfig
+from .control import ControlChannel, LostPeer
+from .emulation import LossEmulator
+from .engine import NativeSender, RoundReport
+from .peers import PeerAddress, PeerBook
+from .records import DriverStats
+from .threads import name_os_thread
+from .transfers import Transfers
+from .udp import DataSockets
+
+__all__ = ["IOLoop"]
+
+log = logging.getLogger("dlcp.io")
+
+#: seconds the I/O thread stops watching the control listener after the kernel
+#: refused a connection (out of file descriptors, ...)
+_ACCEPT_PAUSE = 0.1
+#: seconds a data backlog may hold control messages and timers back (_take_input)
+_BACKLOG_HOLD = 0.1
+#: seconds the I/O thread waits at most for callers to take the lock (_give_way),
+#: once one has waited _GIVE_WAY_AFTER for it
+_GIVE_WAY = 0.05
+_GIVE_WAY_AFTER = 0.002
+
+
+class IOLoop:
+    """The I/O thread's side of an endpoint. See the module docstring."""
+
+    # set up by Endpoint.__init__ (dlcp.io.endpoint), shared with its commands
+    rank: int
+    config: EndpointConfig
+    _session: Session
+    _data: DataSockets
+    _control: ControlChannel
+    _sender: NativeSender | None
+    _peers: PeerBook
+    _transfers: Transfers
+    _stats: DriverStats
+    _emulator: LossEmulator | None
+    _wake_r: socket.socket
+    _wake_w: socket.socket
+    _lock: threading.RLock
+    _lock_wanted: threading.Condition
+    _callers: int
+    _callers_since: float
+    _sleep_until: float
+    _gone: dict[int, str]
+    _closing: bool
+    _closed: threading.Event
+
+    def _init_turn_state(self) -> None:
+        """The I/O thread's own state, before it starts."""
+        #: the I/O thread's selector, once it runs
+        self._selector: selectors.BaseSelector | None = None
+        #: when to watch the control listener again after a refused accept
+        self._accept_resume: float | None = None
+        #: when control messages and timers last had their turn (_take_input)
+        self._control_turn = -math.inf
+        #: bytes the current receive handed to the session (the rest was junk)
+        self._delivered = 0
+        #: the last receive dropped junk (its backlog is not all data)
+        self._junk_read = False
+
+    def _close_sockets(self) -> None:
+        """Every socket this endpoint opened, of those it got to open (the native
+        engine's thread first: it sends on the data sockets)."""
+        if self._sender is not None:
+            self._sender.close()
+        for name in ("_data", "_control", "_wake_r", "_wake_w"):
+            if (sock := getattr(self, name, None)) is not None:
+                sock.close()
+
+    def _run(self) -> None:
+        name_os_thread(f"dlcp-io-{self.rank}")
+        sel = self._selector = selectors.DefaultSelector()
+        sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
+        sel.register(self._control.listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self._sender is not None:
+            sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
+        try:
+            while not self._closing:
+                self._give_way()
+                with self._lock:
+                    before = time.monotonic()
+                    timer = self._session.get_timer()
+                    self._sleep_until = self._next_time(before, timer)
+                ready = sel.select(max(0.0, self._sleep_until - before))
+                with self._lock:
+                    self._sleep_until = -math.inf
+                    now = time.monotonic()
+                    self._session.note_idle(now - before, now=now)  # receive capacity
+                    self._take_input(sel, ready, timer)
+                    now = time.monotonic()
+                    # events are matched to their transfers before sending (a send may
+                    # find a peer gone, failing what is still pending with it) and
+                    # settled after it (a receive's STOP is on the wire before its
+                    # future's callbacks run: one may end the process)
+                    self._transfers.dispatch(defer=True)
+                    self._flush(now)
+                    self._transfers.dispatch()
+                    self._transfers.expire(now)
+                    self._tend_listener(sel, now)
+        except BaseException as exc:  # keep the endpoint's users from hanging
+            log.exception("dlcp rank %d: I/O thread failed", self.rank)
+            failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
+            with self._lock:  # (callers change the tables under it)
+                self._transfers.fail_all(failed)
+            raise
+        finally:
+            with self._lock:
+                self._closing = True  # after a crash too: later calls fail instead of hanging
+                self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
+                sel.close()
+                self._close_sockets()
+            self._closed.set()
+
+    def _give_way(self) -> None:
+        """Between turns, let the threads that have waited :data:`_GIVE_WAY_AFTER`
+        or more to run a command take the lock first (for at most
+        :data:`_GIVE_WAY` seconds). Python's lock is not fair: an I/O thread with
+        input at every turn (a flood) takes it back before a woken caller runs,
+        which then waits many turns: a ``recv`` posted, and its timeout started,
+        seconds late. A caller that gets the lock soon anyway is not waited for:
+        that costs a transfer of 1 MB a fifth of its rate on a busy machine."""
+        if not self._callers or time.monotonic() - self._callers_since < _GIVE_WAY_AFTER:
+            return  # (read without the condition's lock: a stale view costs a turn)
+        with self._lock_wanted:
+            self._lock_wanted.wait_for(lambda: not self._callers, timeout=_GIVE_WAY)
+
+    def _take_input(
+        self,
+        sel: selectors.BaseSelector,
+        ready: list[tuple[selectors.SelectorKey, int]],
+        timer: float | None,
+    ) -> None:
+        """One turn's input: the data socket first, whether or not ``select`` saw
+        it ready (data may have come while this thread waited for the lock); then
+        the other ready sockets; then ``timer``, the session's timer as it was
+        before this turn's input (a timer that input set runs next turn: that
+        turn's wait is then short or none). The data socket's share is bounded
+        (:meth:`DataSockets.receive`'s budget), so every turn ends.
+
+        While the data socket keeps a backlog of data (the receive budget ran
+        out, and its reads dropped no junk), control messages and timers wait,
+        for at most :data:`_BACKLOG_HOLD` since their last turn: a FINISH or a
+        reorder grace judged before the queued data is read would NACK, or
+        complete by the bound, data that has arrived. A burst drains within
+        that; a backlog that lasts still lets them run that often, and one with
+        junk in it (a flood) holds nothing back, so hellos are read, lost data
+        is asked for again and timeouts fire on time whatever the data socket
+        holds. The sockets stay readable: the next turn comes at once."""
+        self._on_ready(sel, self._data.recv_sock, "data")
+        hold = self._holds_back(time.monotonic())
+        for key, _ in ready:
+            if key.data != "data" and not (hold and key.data == "control"):
+                self._on_ready(sel, key.fileobj, key.data)
+        now = time.monotonic()
+        if timer is not None and timer <= now and not hold:
+            self._session.handle_timer(now=now)
+
+    def _holds_back(self, now: float) -> bool:
+        """Whether this turn holds control messages and timers back: the data
+        socket has a backlog of data (its last read dropped no junk: waiting for
+        junk to drain saves no NACK), and they last had their turn less than
+        :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
+        back that long at most)."""
+        if self._data.backlog and not self._junk_read and now - self._control_turn < _BACKLOG_HOLD:
+            return True
+        self._control_turn = now
+        return False
+
+    def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
+        """Watch the listener again after a pause; drop inbound connections that
+        have not said hello within the timeout (each holds a descriptor)."""
+        if self._accept_resume is not None and now >= self._accept_resume:
+            self._accept_resume = None
+            sel.register(self._control.listener, selectors.EVENT_READ, "accept")
+        for sock in self._control.silent_since(now - self.config.timeout):
+            sel.unregister(sock)
+            self._control.drop(sock, f"said no hello within {self.config.timeout:g} s")
+
+    def _next_time(self, now: float, timer: float | None) -> float:
+        """When the I/O thread has something to do without input: the session's
+        ``timer``, a deadline or the listener's pause, at most a second from ``now``."""
+        times = [now + 1.0]
+        if timer is not None:
+            times.append(timer)
+        if self._accept_resume is not None:
+            times.append(self._accept_resume)
+        if (deadline := self._transfers.next_deadline()) is not None:
+            times.append(deadline)
+        return min(times)
+
+    def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
+        if what == "data":
+            self._stats.receive_calls += 1
+            start, self._delivered = time.monotonic(), 0
+            read = self._data.receive(self._deliver)
+            self._data.socket_drops()  # (read every turn: the kernel's counter wraps)
+            screened = self._data.take_screened()  # the pre-filter's drops
+            self._junk_read = bool(screened)
+            if screened:
+                for reason, count in screened.items():
+                    self._session.stats.reject(reason, count)
+                # the share of the receive spent on junk was capacity for data: the
+                # rate meter counts it as a wait, as it counts select()'s, so that a
+                # flood does not hold the senders to the rate that got through it
+                now = time.monotonic()
+                junk = (now - start) * (read - self._delivered) / max(read, 1)
+                self._session.note_idle(max(0.0, junk), now=now)
+        elif what == "engine":
+            self._rounds_sent()
+        elif what == "wake":
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+        elif what == "accept":
+            now = time.monotonic()
+            while (conn := self._control.accept(now)) is not None:  # every pending one
+                sel.register(conn, selectors.EVENT_READ, "control")
+            if self._control.accept_error is not None:
+                # the refused connection stays queued and the listener readable: stop
+                # watching it for a while instead of spinning (turns resume it)
+                sel.unregister(sock)
+                self._accept_resume = now + _ACCEPT_PAUSE
+        else:
+            self._read_control(sel, sock)
+
+    def _read_control(self, sel: selectors.BaseSelector, sock: Any) -> bool:
+        """One read of inbound control connection ``sock``: its frames handed to
+        the session, its end (if it ended) to :meth:`_peer_gone`. Whether the
+        read found anything (frames or the end)."""
+        inbound = self._control.inbound[sock]
+        frames, ended = self._control.read(sock)
+        if ended is not None:
+            sel.unregister(sock)
+        now = time.monotonic()
+        for peer, datagram in frames:
+            self._stats.control_in += 1
+            if not datagram or datagram[0] & 0x0F == PacketType.DATA:
+                self._stats.control_rejected += 1  # data travels over UDP only
+                continue
+            claimed = control_source(datagram)
+            if claimed is not None and claimed != peer:
+                self._stats.control_rejected += 1  # claims another rank than its hello
+                continue
+            stats = self._session.stats
+            rejected, stale = stats.rejected_total(), stats.stale_control
+            self._session.receive_datagram(datagram, now=now)
+            if stats.rejected_total() != rejected:
+                self._stats.control_rejected += 1
+            elif stats.stale_control == stale:
+                # (a stale message proves nothing: a replay of an old one is stale)
+                inbound.trusted = True
+        if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
+            self._peer_gone(gone)
+        return bool(frames) or ended is not None
+
+    def _pacer_for(self, dst: int) -> Pacer:
+        assert self._sender is not None
+        return self._sender.pacer_for(dst)
+
+    def _rounds_sent(self) -> None:
+        """The native engine's reports: rounds sent (their FINISH is due) or
+        failed (the peer's sends fail, as a failed send fails them here)."""
+        assert self._sender is not None
+        for report in self._sender.reap():
+            self._round_ended(report)
+
+    def _round_ended(self, r: RoundReport) -> None:
+        assert self._sender is not None
+        if r.error is not None:
+            self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
+        else:
+            self._session.round_sent(
+                r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=time.monotonic()
+            )
+
+    def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        self._delivered += len(buf)
+        if self._emulator is not None:
+            buf = self._emulator.filter(buf, segment_size)
+            if len(buf) == 0:
+                return
+        self._session.receive_batch(buf, segment_size, now=time.monotonic())
+
+    def _flush(self, now: float) -> None:
+        # bounded, so that receiving gets its turn between bursts of sending
+        for _ in range(8):
+            items = self._session.datagrams_to_send(now=now, max_batches=64)
+            if not items:
+                return
+            for item in items:
+                if isinstance(item, DataBatch):
+                    addr = self._address_of(item.dst)
+                    if addr is None:
+                        continue
+                    try:
+                        self._data.send(
+                            item.data,
+                            item.segment_size,
+                            item.count,
+                            path=item.path,
+                            tos=item.tos,
+                            addr=(addr.host, addr.data_port),
+                        )
+                    except (OSError, ValueError) as exc:  # fail this peer's transfers only
+                        self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
+                        continue
+                    self._stats.data_batches_out += 1
+                elif isinstance(item, ControlDatagram):
+                    self._send_control(item)
+                elif isinstance(item, RoundPost):
+                    self._post_round(item)
+                elif isinstance(item, RoundRelease):
+                    assert self._sender is not None
+                    self._sender.cancel(item.dst, item.step, item.msg)
+                    self._session.release_round(item.dst, step=item.step, msg=item.msg)
+            now = time.monotonic()
+
+    def _post_round(self, item: RoundPost) -> None:
+        assert self._sender is not None
+        addr = self._address_of(item.dst)
+        if addr is None:  # (nothing went, as a Python-engine batch would not: its
+            # FINISH still goes, and the receiver's NACK asks for it again)
+            now = time.monotonic()
+            self._session.round_sent(
+                item.dst, step=item.step, msg=item.msg, began=(now, 0), last=(now, 0), now=now
+            )
+            return
+        try:
+            ended = self._sender.post(item, (addr.host, addr.data_port))
+        except ValueError as exc:  # (an address the engine cannot send to)
+            self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
+            return
+        self._stats.data_batches_out += 1
+        if ended is not None:  # all of it went at once: its FINISH is due now
+            self._round_ended(ended)
+
+    def _send_failed(self, dst: int, where: str, why: object) -> None:
+        """Sending data to ``dst`` failed: its sends fail (this peer's only)."""
+        self._stats.data_send_errors += 1
+        self._transfers.fail_peer(dst, f"sending data to {where} failed: {why}", receives=False)
+
+    def _send_control(self, item: ControlDatagram) -> None:
+        if item.dst in self._gone:
+            return
+        addr = self._address_of(item.dst)
+        if addr is None:
+            return
+        gone = self._control.send(item.dst, (addr.host, addr.control_port), item.data)
+        self._stats.control_out += 1
+        if gone is not None:
+            # the peer may have answered before it left: its STOP for the message
+            # this FINISH was about can wait unread in its connection to us (a
+            # turn that held control back, or a peer that closed as soon as its
+            # receive completed). What it said counts first; what is still
+            # pending with it then fails.
+            self._read_control_from(gone.rank)
+            self._peer_gone(gone)
+
+    def _read_control_from(self, peer: int) -> None:
+        """Everything waiting on ``peer``'s inbound control connections, handled
+        and matched to its transfers now (not at the next turn)."""
+        if self._selector is None:
+            return
+        for sock in [s for s, c in self._control.inbound.items() if c.rank == peer]:
+            while sock in self._control.inbound and self._read_control(self._selector, sock):
+                pass
+
+    def _control_address(self, peer: int) -> tuple[str, int] | None:
+        """A peer's control address if known (no waiting, no failing the peer)."""
+        with contextlib.suppress(Exception):
+            if (addr := self._peers.known(peer)) is not None:
+                return addr.host, addr.control_port
+        return None
+
+    def _address_of(self, peer: int) -> PeerAddress | None:
+        """A peer's address, under the lock, without waiting: a peer that sent
+        us something has published its address already. A rank that has not
+        (a stray or forged datagram named it) gets nothing sent, and the I/O
+        thread does not wait on the store for it (it did, for the store's own
+        timeout, with the lock held)."""
+        try:
+            addr = self._peers.known(peer)
+        except Exception as exc:
+            self._peer_gone(LostPeer(peer, f"rank {peer} has no known address: {exc}"))
+            return None
+        if addr is None:
+            self._stats.unroutable += 1
+        return addr
+
+    def _peer_gone(self, gone: LostPeer) -> None:
+        # what the peer said before it went (a STOP read in the same turn) is
+        # matched to its transfers first: only what is still pending fails
+        self._transfers.dispatch(defer=True)
+        if gone.rank not in self._gone:
+            waiting = self._transfers.waits_on(gone.rank)
+            # a peer that leaves while nothing is pending with it is a normal shutdown
+            log.log(
+                logging.WARNING if waiting else logging.INFO,
+                "dlcp rank %d: %s",
+                self.rank,
+                gone.why,
+            )
+        self._gone[gone.rank] = gone.why
+        self._transfers.fail_peer(gone.rank, gone.why)
