@@ -46,8 +46,11 @@
  *     atomic add (the cell Python's NonceCounter and every other thread draw
  *     from, so no nonce is drawn twice), and each record gets its nonce and its
  *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
- *     sent again (a new round) gets new nonces. Built without libcrypto (SEALS
- *     is 0), post() refuses a key.
+ *     sent again (a new round) gets new nonces. A lent round seals too: its
+ *     records are the data header and the trailer, the tag covers header, lent
+ *     payload and nonce where they lie, and each datagram goes out gathered from
+ *     three iovecs (header, payload, trailer), so authentication costs no copy
+ *     of the payload. Built without libcrypto (SEALS is 0), post() refuses a key.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -276,9 +279,11 @@ typedef struct Round {
     unsigned long long order;
     Py_buffer records, tos, path, prio, breaks;
     /* a lent round: records are headers of `head` bytes and the payloads are
-       chunks of `payload` (chunk_bytes each, seqs[i] for record i); else empty */
+       chunks of `payload` (chunk_bytes each, seqs[i] for record i); else empty.
+       Sealed, a record is the header, then the trailer (`trailer` bytes, which
+       go out after the payload) */
     Py_buffer payload, seqs;
-    Py_ssize_t head, chunk_bytes;
+    Py_ssize_t head, trailer, chunk_bytes;
     Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
     int busy, cancelled, started, status, err;
     double began_t, last_t;
@@ -350,8 +355,20 @@ static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
         return EOVERFLOW;
     uint8_t *base = (uint8_t *)r->records.buf;
     for (Py_ssize_t i = start; i < stop; i++) {
-        size_t len = (size_t)(i == r->short_index ? r->short_len : r->stride);
-        if (gmac_seal_data(&r->gmac, base + i * r->stride, len, first + (uint64_t)(i - start)) < 0)
+        uint64_t nonce = first + (uint64_t)(i - start);
+        int bad;
+        if (r->head) { /* lent: header and trailer here, the payload in the sender's memory */
+            uint8_t *record = base + i * r->head;
+            Py_ssize_t plen = i == r->short_index ? r->short_len - r->head : r->chunk_bytes;
+            const uint8_t *payload =
+                (const uint8_t *)r->payload.buf + ((const int64_t *)r->seqs.buf)[i] * r->chunk_bytes;
+            bad = gmac_seal_gathered(&r->gmac, record, payload, (size_t)plen,
+                                     record + r->head - r->trailer, nonce) < 0;
+        } else {
+            size_t len = (size_t)(i == r->short_index ? r->short_len : r->stride);
+            bad = gmac_seal_data(&r->gmac, base + i * r->stride, len, nonce) < 0;
+        }
+        if (bad)
             return EIO;
     }
 #else
@@ -373,7 +390,7 @@ static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round
     if (r->head) { /* lent: header from the records, payload from the sender's memory */
         int has_short = r->short_index >= start && r->short_index < stop;
         int err = send_gathered(fd, addr, (const char *)r->records.buf + start * r->head, r->head,
-                                (const char *)r->payload.buf, (const int64_t *)r->seqs.buf + start,
+                                r->trailer, (const char *)r->payload.buf, (const int64_t *)r->seqs.buf + start,
                                 r->chunk_bytes, stop - start,
                                 has_short ? r->short_index - start : -1,
                                 r->short_len - r->head, r->per_message, tos, &sent, calls);
@@ -1159,10 +1176,6 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
                                      &nonces, &payload, &seqs, &chunk_bytes))
         return NULL;
     int sealed = key != Py_None;
-    if (sealed && payload != Py_None) { /* (a tag covers the payload and follows it) */
-        PyErr_SetString(PyExc_ValueError, "post: a lent payload cannot be sealed");
-        return NULL;
-    }
 #ifndef DLCP_LIBCRYPTO
     if (sealed) {
         PyErr_SetString(PyExc_ValueError,
@@ -1202,6 +1215,15 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->short_len = short_len;
     if (payload != Py_None && lend(r, payload, seqs, chunk_bytes) < 0)
         goto fail;
+    if (r->head && sealed) { /* (a record: data header, then the trailer) */
+        if (r->head != 32 + 24) {
+            PyErr_Format(PyExc_ValueError,
+                         "post: a sealed lent round needs records of a data header and an "
+                         "authentication trailer (56 bytes), got %zd", r->head);
+            goto fail;
+        }
+        r->trailer = 24;
+    }
     if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records", sealed) <
         0)
         goto fail;

@@ -64,19 +64,40 @@ static inline uint64_t gmac_load_be64(const uint8_t *at) {
     return v;
 }
 
-/* The tag of `len` covered bytes under the IV of (domain, src, nonce): 0 or -1. */
-static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
-                        const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
+/* Bytes the tag covers, in order: one piece of several (a datagram gathered from
+ * separate places is tagged where its pieces lie). */
+typedef struct {
+    const uint8_t *at;
+    size_t len;
+} GmacPiece;
+
+/* The tag of the covered bytes (the pieces, in order) under the IV of (domain,
+ * src, nonce): 0 or -1. The pieces go to GCM as additional data one after the
+ * other, which gives the tag of their concatenation. */
+static inline int gmac_compute_pieces(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+                                      const GmacPiece *pieces, int n_pieces,
+                                      uint8_t tag[GMAC_TAG_LEN]) {
     uint8_t iv[GMAC_IV_LEN] = {(uint8_t)domain, 0, src[0], src[1]};
     gmac_store_be64(iv + 4, nonce);
     uint8_t none[GMAC_TAG_LEN];
     int out_len;
-    if (len > INT32_MAX || EVP_EncryptInit_ex(g->ctx, NULL, NULL, NULL, iv) != 1 ||
-        EVP_EncryptUpdate(g->ctx, NULL, &out_len, covered, (int)len) != 1 ||
-        EVP_EncryptFinal_ex(g->ctx, none, &out_len) != 1 ||
+    if (EVP_EncryptInit_ex(g->ctx, NULL, NULL, NULL, iv) != 1)
+        return -1;
+    for (int i = 0; i < n_pieces; i++)
+        if (pieces[i].len > INT32_MAX ||
+            EVP_EncryptUpdate(g->ctx, NULL, &out_len, pieces[i].at, (int)pieces[i].len) != 1)
+            return -1;
+    if (EVP_EncryptFinal_ex(g->ctx, none, &out_len) != 1 ||
         EVP_CIPHER_CTX_ctrl(g->ctx, EVP_CTRL_GCM_GET_TAG, GMAC_TAG_LEN, tag) != 1)
         return -1;
     return 0;
+}
+
+/* The tag of `len` covered bytes in one place: 0 or -1. */
+static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+                               const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
+    GmacPiece whole = {covered, len};
+    return gmac_compute_pieces(g, domain, src, nonce, &whole, 1, tag);
 }
 
 /* A data record of `len` bytes (trailer included): writes its nonce and tag. 0 or -1. */
@@ -85,6 +106,20 @@ static inline int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t 
     gmac_store_be64(trailer, nonce);
     return gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET, nonce, record,
                         len - GMAC_TAG_LEN, trailer + GMAC_NONCE_LEN);
+}
+
+/* A data datagram that goes out gathered from three places (a lent payload): its
+ * GMAC_DATA_HEADER_LEN-byte header, `payload_len` bytes of payload and its trailer.
+ * Writes the trailer's nonce and tag, the same bytes gmac_seal_data writes into the
+ * datagram laid out in one place. 0 or -1. */
+static inline int gmac_seal_gathered(Gmac *g, const uint8_t *header, const uint8_t *payload,
+                                     size_t payload_len, uint8_t trailer[GMAC_TRAILER_LEN],
+                                     uint64_t nonce) {
+    gmac_store_be64(trailer, nonce);
+    GmacPiece pieces[3] = {
+        {header, GMAC_DATA_HEADER_LEN}, {payload, payload_len}, {trailer, GMAC_NONCE_LEN}};
+    return gmac_compute_pieces(g, GMAC_DOMAIN_DATA, header + GMAC_DATA_SRC_OFFSET, nonce, pieces,
+                               3, trailer + GMAC_NONCE_LEN);
 }
 
 /* 1 when a data record's tag is right (compared in constant time), 0 when not, -1 when
