@@ -278,3 +278,68 @@ def test_the_native_engine_seals_a_lent_round_where_its_pieces_lie(
         forged[0, wire.DATA_HEADER_LEN] ^= 1  # one payload bit: the tag no longer fits
         assert not auth.verify_records(forged, np.array([len(d)]), np.array([0]), key).any()
     assert counter.next == 5 + count
+
+
+def _received(n: int, stride: int, tail: int, key: bytes) -> Any:
+    """``n`` sealed records of ``stride`` bytes back to back, the last ``tail``
+    bytes long (as one receive hands datagrams over), as one 1-D buffer."""
+    records, lengths = _records(11, n, stride, short=tail if tail < stride else None)
+    auth.seal_records(records, lengths, 0, n, key, NonceCounter(9), accelerated=False)
+    return np.concatenate([records[i, : lengths[i]] for i in range(n)])
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("stride", "tail", "spoil", "want"),
+    [
+        (1472, 1472, None, 12),  # every datagram whole and right
+        (1472, 300, None, 12),  # a short last one
+        (1472, 1472, 5, 5),  # a wrong tag stops the prefix where it is
+        (1472, 300, 11, 11),  # ... the short last one's too
+        (1472, 1472, 0, 0),
+        (56, 56, None, 12),  # datagrams of a header and a trailer alone
+    ],
+)
+def test_verified_prefix_in_c_agrees_with_the_reference(
+    stride: int, tail: int, spoil: int | None, want: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = bytes(range(40, 72))
+    buf = _received(12, stride, tail, key)
+    if spoil is not None:
+        buf[spoil * stride + wire.DATA_HEADER_LEN] ^= 0x80  # one payload bit
+    got = auth.verified_prefix(buf, stride, key)
+    monkeypatch.setattr(auth, "_accel", None)  # the reference: AESGCM record by record
+    assert got == auth.verified_prefix(buf, stride, key) == want
+
+
+@needs_c
+def test_verified_prefix_skips_a_tail_too_short_for_a_trailer_and_a_wrong_key() -> None:
+    key = bytes(range(16))
+    buf = _received(4, 700, 700, key)
+    runt = np.concatenate((buf, np.zeros(40, np.uint8)))  # 40 bytes: no header and trailer
+    assert auth.verified_prefix(runt, 700, key) == 4
+    assert auth.verified_prefix(buf, 700, bytes(16)) == 0
+    assert auth.verified_prefix(buf, 40, key) == 0  # (a segment cannot hold a trailer)
+    with pytest.raises(ValueError, match="must be 16, 24 or 32 bytes"):
+        auth.verified_prefix(buf, 700, b"short")
+
+
+@needs_c
+def test_threads_verifying_under_one_key_at_once_each_get_the_right_answer() -> None:
+    key = bytes(range(1, 33))
+    good = _received(30, 1000, 1000, key)
+    bad = good.copy()
+    bad[17 * 1000 + 40] ^= 1
+    answers: list[list[int]] = []
+    start = threading.Barrier(4)
+
+    def verify(k: int) -> None:
+        start.wait()
+        answers.append([auth.verified_prefix(good if k % 2 else bad, 1000, key) for _ in range(200)])
+
+    threads = [threading.Thread(target=verify, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(tuple(set(a)) for a in answers) == [(17,), (17,), (30,), (30,)]
