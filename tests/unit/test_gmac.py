@@ -335,7 +335,8 @@ def test_threads_verifying_under_one_key_at_once_each_get_the_right_answer() -> 
 
     def verify(k: int) -> None:
         start.wait()
-        answers.append([auth.verified_prefix(good if k % 2 else bad, 1000, key) for _ in range(200)])
+        buf = good if k % 2 else bad
+        answers.append([auth.verified_prefix(buf, 1000, key) for _ in range(200)])
 
     threads = [threading.Thread(target=verify, args=(k,)) for k in range(4)]
     for t in threads:
