@@ -195,10 +195,11 @@ out_args:
 /* ------------------------------------------------------------------ Verifier */
 
 /* A key expanded once, for the receive path's many short calls (one per receive).
- * Not for two threads at once: dlcp/proto/auth.py keeps one per key and thread. */
+ * Threads take turns with it (its lock, taken without the GIL). */
 typedef struct {
     PyObject_HEAD
     Gmac gmac;
+    PyThread_type_lock lock;
 } Verifier;
 
 static int Verifier_init(Verifier *self, PyObject *args, PyObject *kw) {
@@ -206,6 +207,11 @@ static int Verifier_init(Verifier *self, PyObject *args, PyObject *kw) {
     Py_buffer key;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*:Verifier", names, &key))
         return -1;
+    if (self->lock == NULL && (self->lock = PyThread_allocate_lock()) == NULL) {
+        PyBuffer_Release(&key);
+        PyErr_NoMemory();
+        return -1;
+    }
     gmac_free(&self->gmac);
     int bad = key_of(&key, &self->gmac);
     PyBuffer_Release(&key);
@@ -214,6 +220,8 @@ static int Verifier_init(Verifier *self, PyObject *args, PyObject *kw) {
 
 static void Verifier_dealloc(Verifier *self) {
     gmac_free(&self->gmac);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -243,14 +251,16 @@ static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
     Py_ssize_t segment_size;
     if (!PyArg_ParseTuple(args, "y*n:verified_prefix", &buf, &segment_size))
         return NULL;
-    if (self->gmac.gcm == NULL) {
+    if (self->gmac.gcm == NULL || self->lock == NULL) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "verified_prefix: the Verifier has no key");
         return NULL;
     }
     Py_ssize_t n;
     Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
     n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size);
+    PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (n < 0) {

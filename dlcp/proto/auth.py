@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import hmac
 import struct
-import threading
 from types import ModuleType
 from typing import Any, Final
 
@@ -215,22 +214,19 @@ def verify_records(
     return ok
 
 
-#: per thread: the C accelerator's verifiers (a key expanded once), by key. A
-#: verifier is not for two threads at once, and the receive path calls once per
-#: receive, too often to expand the key each time
-_verifiers = threading.local()
+#: the C accelerator's verifiers (a key expanded once), by key: the receive path
+#: calls once per receive, too often to expand the key each time (threads sharing
+#: one take turns, in C)
+_verifiers: dict[bytes, Any] = {}
 
 
 def _verifier(key: bytes) -> Any:
-    table: dict[bytes, Any] | None = getattr(_verifiers, "by_key", None)
-    if table is None:
-        table = _verifiers.by_key = {}
-    verifier = table.get(key)
+    verifier = _verifiers.get(key)
     if verifier is None:
         assert _accel is not None
-        if len(table) >= 64:  # keys of past runs: forget them all
-            table.clear()
-        verifier = table[key] = _accel.Verifier(check_auth_key(key))
+        if len(_verifiers) >= 64:  # keys of past runs: forget them all
+            _verifiers.clear()
+        verifier = _verifiers[key] = _accel.Verifier(check_auth_key(key))
     return verifier
 
 
@@ -238,8 +234,8 @@ def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
     """How many leading datagrams of ``buf`` (``segment_size`` apart, the last
     possibly shorter, as one receive hands them over) carry the right tag under
     ``key``; a short last one counts only if it holds a data header and a
-    trailer. With the C accelerator one call, under the key expanded once per
-    thread; else one batch call for the whole ones, one more for a short last one."""
+    trailer. With the C accelerator one call, under the key expanded once; else
+    one batch call for the whole ones, one more for a short last one."""
     if _accel is not None:
         return int(_verifier(key).verified_prefix(buf, segment_size))
     least = _DATA_HEADER_LEN + AUTH_TRAILER_LEN

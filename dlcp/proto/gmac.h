@@ -25,7 +25,6 @@
 #include <openssl/evp.h>
 #include <openssl/modes.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 enum {
@@ -66,7 +65,7 @@ static inline void gmac_free(Gmac *g) {
         CRYPTO_gcm128_release(g->gcm);
     if (g->block) {
         EVP_CIPHER_CTX_free(g->block->ecb);
-        free(g->block);
+        OPENSSL_free(g->block);
     }
     g->gcm = NULL;
     g->block = NULL;
@@ -79,7 +78,7 @@ static inline int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
                                : key_len == 32 ? EVP_aes_256_ecb()
                                                : NULL;
     g->gcm = NULL;
-    g->block = cipher ? calloc(1, sizeof(GmacBlock)) : NULL;
+    g->block = cipher ? OPENSSL_zalloc(sizeof(GmacBlock)) : NULL;
     if (g->block == NULL)
         return -1;
     g->block->ecb = EVP_CIPHER_CTX_new();
