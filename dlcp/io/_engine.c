@@ -46,8 +46,11 @@
  *     atomic add (the cell Python's NonceCounter and every other thread draw
  *     from, so no nonce is drawn twice), and each record gets its nonce and its
  *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
- *     sent again (a new round) gets new nonces. Built without libcrypto (SEALS
- *     is 0), post() refuses a key.
+ *     sent again (a new round) gets new nonces. A lent round seals too: its
+ *     records are the data header and the trailer, the tag covers header, lent
+ *     payload and nonce where they lie, and each datagram goes out gathered from
+ *     three iovecs (header, payload, trailer), so authentication costs no copy
+ *     of the payload. Built without libcrypto (SEALS is 0), post() refuses a key.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -276,9 +279,11 @@ typedef struct Round {
     unsigned long long order;
     Py_buffer records, tos, path, prio, breaks;
     /* a lent round: records are headers of `head` bytes and the payloads are
-       chunks of `payload` (chunk_bytes each, seqs[i] for record i); else empty */
+       chunks of `payload` (chunk_bytes each, seqs[i] for record i); else empty.
+       Sealed, a record is the header, then the trailer (`trailer` bytes, which
+       go out after the payload) */
     Py_buffer payload, seqs;
-    Py_ssize_t head, chunk_bytes;
+    Py_ssize_t head, trailer, chunk_bytes;
     Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
     int busy, cancelled, started, status, err;
     double began_t, last_t;
@@ -339,6 +344,24 @@ static void release_round(Round *r) {
     PyMem_RawFree(r);
 }
 
+/* The bytes the tag of record i of r covers beyond a lent round's record row:
+ * its chunk of the lent payload (*len bytes), or (not lent) the whole record. */
+static const uint8_t *sealed_bytes(const Round *r, Py_ssize_t i, Py_ssize_t *len) {
+    if (r->head) {
+        *len = i == r->short_index ? r->short_len - r->head : r->chunk_bytes;
+        return (const uint8_t *)r->payload.buf + ((const int64_t *)r->seqs.buf)[i] * r->chunk_bytes;
+    }
+    *len = i == r->short_index ? r->short_len : r->stride;
+    return (const uint8_t *)r->records.buf + i * r->stride;
+}
+
+/* Datagrams sealed ahead of their bytes being asked for from memory: the tag is
+ * the first to read a lent chunk, and a 64 MiB tensor is not in the cache (the
+ * kernel's copy then finds it there). Measured, sealing 1,432-byte datagrams of a
+ * 64 MiB buffer: 458 ns a datagram without, 300 asking two ahead (CPU time, best
+ * of 4 runs on a busy 2-core VM). */
+#define SEAL_PREFETCH_AHEAD 2
+
 /* Rule 8: the nonces and tags of records [start, stop) of r, without the lock:
  * 0, or an errno (EOVERFLOW: the nonce counter is spent; EIO: libcrypto failed). */
 static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
@@ -350,8 +373,23 @@ static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
         return EOVERFLOW;
     uint8_t *base = (uint8_t *)r->records.buf;
     for (Py_ssize_t i = start; i < stop; i++) {
-        size_t len = (size_t)(i == r->short_index ? r->short_len : r->stride);
-        if (gmac_seal_data(&r->gmac, base + i * r->stride, len, first + (uint64_t)(i - start)) < 0)
+        uint64_t nonce = first + (uint64_t)(i - start);
+        Py_ssize_t len, ahead_len;
+        if (i + SEAL_PREFETCH_AHEAD < stop) {
+            const uint8_t *ahead = sealed_bytes(r, i + SEAL_PREFETCH_AHEAD, &ahead_len);
+            for (Py_ssize_t at = 0; at < ahead_len; at += 64)
+                __builtin_prefetch(ahead + at);
+        }
+        const uint8_t *bytes = sealed_bytes(r, i, &len);
+        int bad;
+        if (r->head) { /* lent: header and trailer here, the payload in the sender's memory */
+            uint8_t *record = base + i * r->head;
+            bad = gmac_seal_gathered(&r->gmac, record, bytes, (size_t)len,
+                                     record + r->head - r->trailer, nonce) < 0;
+        } else {
+            bad = gmac_seal_data(&r->gmac, base + i * r->stride, (size_t)len, nonce) < 0;
+        }
+        if (bad)
             return EIO;
     }
 #else
@@ -373,7 +411,7 @@ static int send_run(const Engine *e, const struct sockaddr_in *addr, const Round
     if (r->head) { /* lent: header from the records, payload from the sender's memory */
         int has_short = r->short_index >= start && r->short_index < stop;
         int err = send_gathered(fd, addr, (const char *)r->records.buf + start * r->head, r->head,
-                                (const char *)r->payload.buf, (const int64_t *)r->seqs.buf + start,
+                                r->trailer, (const char *)r->payload.buf, (const int64_t *)r->seqs.buf + start,
                                 r->chunk_bytes, stop - start,
                                 has_short ? r->short_index - start : -1,
                                 r->short_len - r->head, r->per_message, tos, &sent, calls);
@@ -1159,10 +1197,6 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
                                      &nonces, &payload, &seqs, &chunk_bytes))
         return NULL;
     int sealed = key != Py_None;
-    if (sealed && payload != Py_None) { /* (a tag covers the payload and follows it) */
-        PyErr_SetString(PyExc_ValueError, "post: a lent payload cannot be sealed");
-        return NULL;
-    }
 #ifndef DLCP_LIBCRYPTO
     if (sealed) {
         PyErr_SetString(PyExc_ValueError,
@@ -1202,6 +1236,15 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->short_len = short_len;
     if (payload != Py_None && lend(r, payload, seqs, chunk_bytes) < 0)
         goto fail;
+    if (r->head && sealed) { /* (a record: data header, then the trailer) */
+        if (r->head != 32 + 24) {
+            PyErr_Format(PyExc_ValueError,
+                         "post: a sealed lent round needs records of a data header and an "
+                         "authentication trailer (56 bytes), got %zd", r->head);
+            goto fail;
+        }
+        r->trailer = 24;
+    }
     if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records", sealed) <
         0)
         goto fail;

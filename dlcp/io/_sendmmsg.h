@@ -117,23 +117,26 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
 }
 
 /*
- * As send_datagrams, but each datagram is gathered from two places (no copy into
- * a send buffer): datagram i of the n is the `head` bytes at heads + i * head,
- * then chunk seqs[i] of `payload`: `chunk` bytes from seqs[i] * chunk, or
- * `short_plen` for datagram `short_at` (the run's last; -1: none). `seg` is
- * head + chunk. GSO messages of `per_message` datagrams, two iovecs a datagram.
- * The caller checked that every chunk lies within the payload.
+ * As send_datagrams, but each datagram is gathered from two or three places (no
+ * copy into a send buffer): datagram i of the n is the first head - trailer bytes
+ * of its record (`head` bytes at heads + i * head), then chunk seqs[i] of
+ * `payload`: `chunk` bytes from seqs[i] * chunk, or `short_plen` for datagram
+ * `short_at` (the run's last; -1: none), then, when `trailer` > 0, the record's
+ * last `trailer` bytes (an authentication trailer: 0 <= trailer < head). `seg` is
+ * head + chunk. GSO messages of `per_message` datagrams, two or three iovecs a
+ * datagram. The caller checked that every chunk lies within the payload.
  */
 static inline int send_gathered(int fd, const struct sockaddr_in *addr, const char *heads,
-                                ssize_t head, const char *payload, const int64_t *seqs,
-                                ssize_t chunk, ssize_t n, ssize_t short_at, ssize_t short_plen,
-                                ssize_t per_message, int tos, ssize_t *sent,
+                                ssize_t head, ssize_t trailer, const char *payload,
+                                const int64_t *seqs, ssize_t chunk, ssize_t n, ssize_t short_at,
+                                ssize_t short_plen, ssize_t per_message, int tos, ssize_t *sent,
                                 unsigned long long *calls) {
     enum { GATHER_BATCH = 16, GATHER_PER_MESSAGE = 64 };
     Controls cm;
     controls_init(&cm, tos, head + chunk);
     struct mmsghdr msgs[GATHER_BATCH];
-    struct iovec iov[GATHER_BATCH * 2 * GATHER_PER_MESSAGE];
+    struct iovec iov[GATHER_BATCH * 3 * GATHER_PER_MESSAGE];
+    const size_t parts = trailer > 0 ? 3 : 2, front = (size_t)(head - trailer);
     *sent = 0;
     if (per_message > GATHER_PER_MESSAGE)
         per_message = GATHER_PER_MESSAGE;
@@ -142,11 +145,14 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
         size_t v = 0;
         for (ssize_t pos = *sent; k < GATHER_BATCH && pos < n; k++) {
             ssize_t count = n - pos < per_message ? n - pos : per_message;
-            message_init(&msgs[k], addr, &iov[v], (size_t)(2 * count), &cm, count > 1);
+            message_init(&msgs[k], addr, &iov[v], parts * (size_t)count, &cm, count > 1);
             for (ssize_t i = pos; i < pos + count; i++) {
-                iov[v++] = (struct iovec){(char *)heads + i * head, (size_t)head};
+                char *record = (char *)heads + i * head;
+                iov[v++] = (struct iovec){record, front};
                 iov[v++] = (struct iovec){(char *)payload + seqs[i] * chunk,
                                           (size_t)(i == short_at ? short_plen : chunk)};
+                if (trailer > 0)
+                    iov[v++] = (struct iovec){record + front, (size_t)trailer};
             }
             pos += count;
         }
@@ -158,7 +164,7 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
             return errno;
         }
         for (int i = 0; i < r; i++)
-            *sent += (ssize_t)msgs[i].msg_hdr.msg_iovlen / 2;
+            *sent += (ssize_t)(msgs[i].msg_hdr.msg_iovlen / parts);
     }
     return 0;
 }

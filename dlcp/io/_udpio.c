@@ -254,8 +254,8 @@ static PyObject *send_gathered_py(PyObject *self, PyObject *args) {
     unsigned long long calls = 0;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = send_gathered(fd, &addr, (const char *)heads.buf, head, (const char *)payload.buf, seqs,
-                        chunk, count, tail < chunk ? count - 1 : -1, tail, per_message, tos, &sent,
+    err = send_gathered(fd, &addr, (const char *)heads.buf, head, 0, (const char *)payload.buf,
+                        seqs, chunk, count, tail < chunk ? count - 1 : -1, tail, per_message, tos, &sent,
                         &calls);
     Py_END_ALLOW_THREADS
     if (err) {

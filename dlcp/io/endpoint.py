@@ -221,11 +221,12 @@ class Endpoint(IOLoop):
         this returns. The future gives the :class:`SendReport` once the receiver
         has it within its bound.
 
-        ``borrow=True`` lends ``array`` instead, on the native engine and without
-        authentication (elsewhere it is copied as usual): the engine reads each
-        datagram's payload from it while the message lasts, which saves the
-        copy into packets. Write it only where the receiver has completed the
-        message (a collective's later steps), or after the future is done."""
+        ``borrow=True`` lends ``array`` instead, on the native engine (the
+        Python engine copies it as usual): the engine reads each datagram's
+        payload from it while the message lasts (authenticating, it tags the
+        datagram there too), which saves the copy into packets. Write it only
+        where the receiver has completed the message (a collective's later
+        steps), or after the future is done."""
         to = check_rank("to", to)  # bad arguments fail now, in the caller
         check_message(step, msg)
         message = f"message (step {step}, msg {msg}) to rank {to}"

@@ -8,6 +8,9 @@
  *                                           nonce and tag of records [start, stop)
  *   verify_data(records, lengths, rows, key, ok) -> failed
  *                                           ok[i] = tag of record rows[i] is right
+ *   Verifier(key).verified_prefix(buf, segment_size) -> n
+ *                                           leading datagrams of one receive whose
+ *                                           tags are right, under a key expanded once
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -189,6 +192,103 @@ out_args:
     return result;
 }
 
+/* ------------------------------------------------------------------ Verifier */
+
+/* A key expanded once, for the receive path's many short calls (one per receive).
+ * Threads take turns with it (its lock, taken without the GIL). */
+typedef struct {
+    PyObject_HEAD
+    Gmac gmac;
+    PyThread_type_lock lock;
+} Verifier;
+
+static int Verifier_init(Verifier *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"key", NULL};
+    Py_buffer key;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*:Verifier", names, &key))
+        return -1;
+    if (self->lock == NULL && (self->lock = PyThread_allocate_lock()) == NULL) {
+        PyBuffer_Release(&key);
+        PyErr_NoMemory();
+        return -1;
+    }
+    gmac_free(&self->gmac);
+    int bad = key_of(&key, &self->gmac);
+    PyBuffer_Release(&key);
+    return bad;
+}
+
+static void Verifier_dealloc(Verifier *self) {
+    gmac_free(&self->gmac);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* How many leading datagrams of `buf` (segment_size apart, the last possibly
+ * shorter, as one receive hands them over) carry the right tag; a short last one
+ * counts only if it can hold a data header and a trailer. -1: libcrypto failed. */
+static Py_ssize_t prefix_of(Gmac *g, const uint8_t *buf, Py_ssize_t len, Py_ssize_t segment_size) {
+    const Py_ssize_t least = GMAC_DATA_HEADER_LEN + GMAC_TRAILER_LEN;
+    if (segment_size < least)
+        return 0;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t at = 0; at < len; at += segment_size, n++) {
+        Py_ssize_t size = len - at < segment_size ? len - at : segment_size;
+        if (size < least)
+            break;
+        int right = gmac_verify_data(g, buf + at, (size_t)size);
+        if (right < 0)
+            return -1;
+        if (!right)
+            break;
+    }
+    return n;
+}
+
+static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t segment_size;
+    if (!PyArg_ParseTuple(args, "y*n:verified_prefix", &buf, &segment_size))
+        return NULL;
+    if (self->gmac.gcm == NULL || self->lock == NULL) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "verified_prefix: the Verifier has no key");
+        return NULL;
+    }
+    Py_ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    if (n < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef Verifier_methods[] = {
+    {"verified_prefix", (PyCFunction)Verifier_verified_prefix, METH_VARARGS,
+     "verified_prefix(buf, segment_size) -> n: how many leading datagrams of buf (segment_size "
+     "apart, the last possibly shorter) carry the right tag"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject VerifierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlcp.proto._gmac.Verifier",
+    .tp_basicsize = sizeof(Verifier),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Verifier(key): AES-GMAC verification of received runs under one key, expanded "
+              "once",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Verifier_init,
+    .tp_dealloc = (destructor)Verifier_dealloc,
+    .tp_methods = Verifier_methods,
+};
+
 static PyMethodDef methods[] = {
     {"take_nonces", take_nonces, METH_VARARGS,
      "take_nonces(cell, n) -> first: reserve n nonces of a uint64 counter cell, atomically"},
@@ -206,4 +306,15 @@ static struct PyModuleDef module = {
     methods,
 };
 
-PyMODINIT_FUNC PyInit__gmac(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__gmac(void) {
+    if (PyType_Ready(&VerifierType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Verifier", (PyObject *)&VerifierType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

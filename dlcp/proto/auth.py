@@ -25,7 +25,7 @@ import enum
 import hmac
 import struct
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -214,10 +214,30 @@ def verify_records(
     return ok
 
 
+#: the C accelerator's verifiers (a key expanded once), by key: the receive path
+#: calls once per receive, too often to expand the key each time (threads sharing
+#: one take turns, in C)
+_verifiers: dict[bytes, Any] = {}
+
+
+def _verifier(key: bytes) -> Any:
+    verifier = _verifiers.get(key)
+    if verifier is None:
+        assert _accel is not None
+        if len(_verifiers) >= 64:  # keys of past runs: forget them all
+            _verifiers.clear()
+        verifier = _verifiers[key] = _accel.Verifier(check_auth_key(key))
+    return verifier
+
+
 def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
     """How many leading datagrams of ``buf`` (``segment_size`` apart, the last
     possibly shorter, as one receive hands them over) carry the right tag under
-    ``key``: one batch call for the whole ones, one more for a short last one."""
+    ``key``; a short last one counts only if it holds a data header and a
+    trailer. With the C accelerator one call, under the key expanded once; else
+    one batch call for the whole ones, one more for a short last one."""
+    if _accel is not None:
+        return int(_verifier(key).verified_prefix(buf, segment_size))
     least = _DATA_HEADER_LEN + AUTH_TRAILER_LEN
     n, tail = divmod(len(buf), segment_size) if segment_size >= least else (0, 0)
     if n:

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .reassembler import LossReport
+from .wire import DATA_HEADER_LEN
 
 __all__ = [
     "ControlDatagram",
@@ -67,17 +68,20 @@ class RoundPost:
     acted on the message's :class:`RoundRelease`.
 
     Where the sender lent the message's bytes (``payload`` not None), the
-    records are headers only, ``DATA_HEADER_LEN`` bytes apart, and datagram
-    ``i`` is record ``i`` followed by chunk ``seqs[i]`` of ``payload``
+    records are headers only, ``DATA_HEADER_LEN`` bytes apart (with ``key``:
+    header and trailer, ``DATA_HEADER_LEN + AUTH_TRAILER_LEN`` apart), and
+    datagram ``i`` is record ``i``'s header, chunk ``seqs[i]`` of ``payload``
     (``chunk_bytes`` from ``seqs[i] * chunk_bytes``; the short record's
-    ``short_len - DATA_HEADER_LEN``); ``stride`` is still the datagrams'
-    size on the wire.
+    ``short_len`` minus the record's bytes), then record ``i``'s trailer if
+    any; ``stride`` is still the datagrams' size on the wire.
 
     With ``key`` (an authenticating session) the records carry the AUTH flag and
     room for their trailers but no nonces or tags yet: the driver seals each batch
     as it sends it (spec §3), with nonces from the counter cell ``nonces`` (the
     session's :attr:`~dlcp.proto.auth.NonceCounter.cell`, shared by every thread
-    that tags its data). A lent round is never sealed."""
+    that tags its data). A lent round is sealed where its pieces lie: the
+    tag covers header, lent payload and nonce, and goes into the record's
+    trailer."""
 
     dst: int
     step: int
@@ -111,8 +115,14 @@ class RoundPost:
             return bytes(self.records[i, :size])
         assert self.seqs is not None
         head = self.records.shape[1]
+        front = DATA_HEADER_LEN if self.key is not None else head  # (then the trailer)
         at = int(self.seqs[i]) * self.chunk_bytes
-        return bytes(self.records[i]) + bytes(self.payload[at : at + size - head])
+        record = self.records[i]
+        return (
+            bytes(record[:front])
+            + bytes(self.payload[at : at + size - head])
+            + bytes(record[front:])
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,21 @@
  * 16-byte tag: AES-GCM's tag over an empty plaintext, every byte before the tag
  * being the additional data, with the IV
  *     domain (1 byte) | 0 | src (16 bits) | nonce (64 bits).
+ *
+ * The tag is computed with libcrypto's GCM mode functions (openssl/modes.h,
+ * CRYPTO_gcm128_*: the code EVP's AES-GCM runs underneath, with the same
+ * carry-less-multiply GHASH), whose one block encryption per datagram (the IV's
+ * counter block) is AES-ECB through EVP (AES-NI where the CPU has it). EVP's
+ * AES-GCM interface gives the same tags but costs about 260 ns a 1,432-byte
+ * datagram against 150 here (one core, CPU time): OpenSSL 3's provider layer
+ * looks parameters up by name on every IV set and tag read.
  */
 #ifndef DLCP_GMAC_H
 #define DLCP_GMAC_H
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/modes.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -28,24 +37,55 @@ enum {
     GMAC_DOMAIN_DATA = 0x44,   /* "D" */
 };
 
-/* One key, expanded once: the IV is set per datagram. Not for two threads at once. */
+/* The block cipher GCM runs on: AES-ECB under the key, and whether a block failed. */
 typedef struct {
-    EVP_CIPHER_CTX *ctx;
+    EVP_CIPHER_CTX *ecb;
+    int failed;
+} GmacBlock;
+
+/* One key, expanded once (AES key schedule and GHASH tables): the IV is set per
+ * datagram. Not for two threads at once. */
+typedef struct {
+    GmacBlock *block;
+    GCM128_CONTEXT *gcm;
 } Gmac;
 
+static inline void gmac_encrypt_block(const unsigned char in[16], unsigned char out[16],
+                               const void *key) {
+    GmacBlock *b = (GmacBlock *)key;
+    int len = 0;
+    if (EVP_EncryptUpdate(b->ecb, out, &len, in, 16) != 1 || len != 16) {
+        memset(out, 0, 16);
+        b->failed = 1;
+    }
+}
+
 static inline void gmac_free(Gmac *g) {
-    EVP_CIPHER_CTX_free(g->ctx);
-    g->ctx = NULL;
+    if (g->gcm)
+        CRYPTO_gcm128_release(g->gcm);
+    if (g->block) {
+        EVP_CIPHER_CTX_free(g->block->ecb);
+        OPENSSL_free(g->block);
+    }
+    g->gcm = NULL;
+    g->block = NULL;
 }
 
 /* 0, or -1 when the key is not 16, 24 or 32 bytes or libcrypto failed. */
 static inline int gmac_init(Gmac *g, const uint8_t *key, size_t key_len) {
-    const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_gcm()
-                               : key_len == 24 ? EVP_aes_192_gcm()
-                               : key_len == 32 ? EVP_aes_256_gcm()
+    const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_ecb()
+                               : key_len == 24 ? EVP_aes_192_ecb()
+                               : key_len == 32 ? EVP_aes_256_ecb()
                                                : NULL;
-    g->ctx = cipher ? EVP_CIPHER_CTX_new() : NULL;
-    if (g->ctx == NULL || EVP_EncryptInit_ex(g->ctx, cipher, NULL, key, NULL) != 1) {
+    g->gcm = NULL;
+    g->block = cipher ? OPENSSL_zalloc(sizeof(GmacBlock)) : NULL;
+    if (g->block == NULL)
+        return -1;
+    g->block->ecb = EVP_CIPHER_CTX_new();
+    if (g->block->ecb == NULL || EVP_EncryptInit_ex(g->block->ecb, cipher, NULL, key, NULL) != 1 ||
+        EVP_CIPHER_CTX_set_padding(g->block->ecb, 0) != 1 ||
+        (g->gcm = CRYPTO_gcm128_new(g->block, gmac_encrypt_block)) == NULL ||
+        g->block->failed) {
         gmac_free(g);
         return -1;
     }
@@ -64,19 +104,34 @@ static inline uint64_t gmac_load_be64(const uint8_t *at) {
     return v;
 }
 
-/* The tag of `len` covered bytes under the IV of (domain, src, nonce): 0 or -1. */
-static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
-                        const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
+/* Bytes the tag covers, in order: one piece of several (a datagram gathered from
+ * separate places is tagged where its pieces lie). */
+typedef struct {
+    const uint8_t *at;
+    size_t len;
+} GmacPiece;
+
+/* The tag of the covered bytes (the pieces, in order) under the IV of (domain,
+ * src, nonce): 0 or -1. The pieces go to GCM as additional data one after the
+ * other, which gives the tag of their concatenation. */
+static inline int gmac_compute_pieces(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+                                      const GmacPiece *pieces, int n_pieces,
+                                      uint8_t tag[GMAC_TAG_LEN]) {
     uint8_t iv[GMAC_IV_LEN] = {(uint8_t)domain, 0, src[0], src[1]};
     gmac_store_be64(iv + 4, nonce);
-    uint8_t none[GMAC_TAG_LEN];
-    int out_len;
-    if (len > INT32_MAX || EVP_EncryptInit_ex(g->ctx, NULL, NULL, NULL, iv) != 1 ||
-        EVP_EncryptUpdate(g->ctx, NULL, &out_len, covered, (int)len) != 1 ||
-        EVP_EncryptFinal_ex(g->ctx, none, &out_len) != 1 ||
-        EVP_CIPHER_CTX_ctrl(g->ctx, EVP_CTRL_GCM_GET_TAG, GMAC_TAG_LEN, tag) != 1)
-        return -1;
-    return 0;
+    CRYPTO_gcm128_setiv(g->gcm, iv, GMAC_IV_LEN);
+    for (int i = 0; i < n_pieces; i++)
+        if (CRYPTO_gcm128_aad(g->gcm, pieces[i].at, pieces[i].len) != 0)
+            return -1;
+    CRYPTO_gcm128_tag(g->gcm, tag, GMAC_TAG_LEN);
+    return g->block->failed ? -1 : 0;
+}
+
+/* The tag of `len` covered bytes in one place: 0 or -1. */
+static inline int gmac_compute(Gmac *g, int domain, const uint8_t src[2], uint64_t nonce,
+                               const uint8_t *covered, size_t len, uint8_t tag[GMAC_TAG_LEN]) {
+    GmacPiece whole = {covered, len};
+    return gmac_compute_pieces(g, domain, src, nonce, &whole, 1, tag);
 }
 
 /* A data record of `len` bytes (trailer included): writes its nonce and tag. 0 or -1. */
@@ -85,6 +140,20 @@ static inline int gmac_seal_data(Gmac *g, uint8_t *record, size_t len, uint64_t 
     gmac_store_be64(trailer, nonce);
     return gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET, nonce, record,
                         len - GMAC_TAG_LEN, trailer + GMAC_NONCE_LEN);
+}
+
+/* A data datagram that goes out gathered from three places (a lent payload): its
+ * GMAC_DATA_HEADER_LEN-byte header, `payload_len` bytes of payload and its trailer.
+ * Writes the trailer's nonce and tag, the same bytes gmac_seal_data writes into the
+ * datagram laid out in one place. 0 or -1. */
+static inline int gmac_seal_gathered(Gmac *g, const uint8_t *header, const uint8_t *payload,
+                                     size_t payload_len, uint8_t trailer[GMAC_TRAILER_LEN],
+                                     uint64_t nonce) {
+    gmac_store_be64(trailer, nonce);
+    GmacPiece pieces[3] = {
+        {header, GMAC_DATA_HEADER_LEN}, {payload, payload_len}, {trailer, GMAC_NONCE_LEN}};
+    return gmac_compute_pieces(g, GMAC_DOMAIN_DATA, header + GMAC_DATA_SRC_OFFSET, nonce, pieces,
+                               3, trailer + GMAC_NONCE_LEN);
 }
 
 /* 1 when a data record's tag is right (compared in constant time), 0 when not, -1 when

@@ -14,13 +14,15 @@ Admission: how data datagrams get into a reassembler
 them) by one of three paths, chosen by what the buffer starts with:
 
 * **run** (:meth:`Inbox._receive_run`): the leading datagrams of a message
-  already under way, unauthenticated, carrying no flag beyond LAST and
-  RETRANSMIT, checked and written in one pass by the C kernel ``scatter_run``;
+  already under way, carrying no flag beyond LAST and RETRANSMIT (and AUTH where
+  the session authenticates: then only those whose tags verify, one C call),
+  checked and written in one pass by the C kernel ``scatter_run``;
 * **first** (:meth:`Inbox._receive_first`): the first datagram of a message
   neither under way nor ended, unauthenticated and valid as it stands, read with
   plain integers (a parsed batch costs more than a small message's transfer);
-* **general** (:meth:`Inbox._receive_parsed`): everything else (authenticated
-  datagrams, bad or foreign ones, batches that mix messages) parsed by
+* **general** (:meth:`Inbox._receive_parsed`): everything else (the first
+  datagram of an authenticated message, bad or foreign ones, batches that mix
+  messages) parsed by
   :func:`~dlcp.proto.batch.parse_batch`, which gives each its exact reason, and
   grouped by message.
 
@@ -264,11 +266,14 @@ class Inbox(SessionSide):
         admission rules for the paths they take."""
         if segment_size >= DATA_HEADER_LEN:
             taken = self._receive_run(buf, segment_size, now=now)
-            if not taken and not self.config.authenticate and self._opens_message(buf):
+            if not taken and self._opens_message(buf):
                 # the first datagram of a message starts it (which checks it and
                 # learns the geometry); the rest can then take the run path,
-                # however long the run that arrived in one read
-                if not self._receive_first(buf, segment_size, now=now):
+                # however long the run that arrived in one read. Authenticated,
+                # the general path takes the first alone (it verifies its tag)
+                if self.config.authenticate or not self._receive_first(
+                    buf, segment_size, now=now
+                ):
                     self._receive_parsed(buf[:segment_size], segment_size, now=now)
                 taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
             if taken:

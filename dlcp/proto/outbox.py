@@ -55,6 +55,7 @@ from .packetizer import (
 from .paths import PathScheduler, path_loss_from_nack
 from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
 from .wire import (
+    AUTH_TRAILER_LEN,
     DATA_HEADER_LEN,
     MAX_NACK_RANGES,
     DType,
@@ -126,8 +127,8 @@ class Outbox(SessionSide):
     ) -> None:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
         so the caller may reuse ``data`` as soon as this returns, unless
-        ``borrow``: then, where rounds go whole to a driver (the native engine)
-        and nothing is authenticated, the records hold headers only and the
+        ``borrow``: then, where rounds go whole to a driver (the native engine),
+        the records hold headers (and, authenticating, trailers) only and the
         driver reads the payload from ``data`` itself, as long as the message
         lasts (its :class:`RoundRelease`). A byte changed meanwhile goes out
         changed: the caller writes ``data`` only where the receiver has already
@@ -161,14 +162,15 @@ class Outbox(SessionSide):
         row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
         row_of_seq[order] = np.arange(table.n_chunks)
         source = data.reshape(-1).view(np.uint8)
-        lent = borrow and self.whole_rounds and self.keys is None
+        lent = borrow and self.whole_rounds
+        tag = AUTH_TRAILER_LEN if self.keys is not None else 0
         first = build_records(
             source,
             table,
             order,
             ident,
             authenticate=self.keys is not None,
-            buffer=self._pool.take((table.n_chunks, DATA_HEADER_LEN if lent else stride)),
+            buffer=self._pool.take((table.n_chunks, DATA_HEADER_LEN + tag if lent else stride)),
             row_of_seq=row_of_seq,
             payload=source if lent else None,
         )

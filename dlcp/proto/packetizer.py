@@ -359,18 +359,17 @@ def build_records(
     chunk goes to, if the caller has it already.
 
     ``payload`` (the message's bytes) makes a run of headers only: its records
-    are ``DATA_HEADER_LEN`` bytes apart and no payload is copied; whoever sends
-    the run reads each datagram's payload from ``payload`` (the native engine
-    gathers header and payload in one ``sendmmsg``). Unauthenticated messages
-    only (a tag covers the payload and follows it).
+    are ``DATA_HEADER_LEN`` bytes apart (authenticated, a header and room for
+    the trailer after it, ``DATA_HEADER_LEN + AUTH_TRAILER_LEN`` apart) and no
+    payload is copied; whoever sends the run reads each datagram's payload from
+    ``payload`` (the native engine gathers header, payload and trailer in one
+    ``sendmmsg``, and seals each datagram where its pieces lie).
     """
     itemsize = table.dtype.itemsize
     chunk_bytes = table.chunk_elems * itemsize
     tag = AUTH_TRAILER_LEN if authenticate else 0
     stride = DATA_HEADER_LEN + chunk_bytes + tag
-    if payload is not None and authenticate:
-        raise UsageError("a run of headers only is not authenticated (a tag covers the payload)")
-    row_bytes = DATA_HEADER_LEN if payload is not None else stride
+    row_bytes = DATA_HEADER_LEN + tag if payload is not None else stride
     n = len(seqs)
     if buffer is not None and buffer.shape == (n, row_bytes) and buffer.dtype == np.uint8:
         records = buffer

@@ -217,6 +217,130 @@ def test_the_native_engine_refuses_a_bad_key_or_cell_by_name() -> None:
         small = {**base, "records": np.zeros((2, 40), np.uint8), "stride": 40}
         with pytest.raises(ValueError, match="cannot hold a data header and an authentication"):
             engine.post(**small, key=bytes(16), nonces=NonceCounter().cell)
+        lent = {**base, "records": np.zeros((2, 32), np.uint8), "payload": np.zeros(136, np.uint8),
+                "seqs": np.arange(2, dtype=np.int64), "chunk_bytes": 68}  # fmt: skip
+        with pytest.raises(ValueError, match=r"sealed lent round needs .* \(56 bytes\), got 32"):
+            engine.post(**lent, key=bytes(16), nonces=NonceCounter().cell)
     finally:
         engine.close()
         tx.close()
+
+
+@pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+@pytest.mark.parametrize(("per_message", "tail"), [(1, 700), (8, 123), (44, 1)])
+def test_the_native_engine_seals_a_lent_round_where_its_pieces_lie(
+    per_message: int, tail: int
+) -> None:
+    """A lent round's records are header and trailer; each datagram goes out as
+    header, lent chunk, trailer (three iovecs), and the tag the engine wrote
+    over those pieces is the one the reference computes over the datagram."""
+    from dlcp.io import _engine  # type: ignore[attr-defined]
+
+    key, counter = bytes(range(7, 39)), NonceCounter(5)
+    count, chunk, head = 30, 700, wire.DATA_HEADER_LEN + AUTH_TRAILER_LEN
+    rng = np.random.default_rng(per_message)
+    payload = rng.integers(0, 256, (count - 1) * chunk + tail, dtype=np.uint8)
+    seqs = np.concatenate((rng.permutation(count - 1), [count - 1])).astype(np.int64)
+    records, _ = _records(per_message, count, head)
+    short = head + tail if tail < chunk else head + chunk
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    engine = _engine.Engine([tx.fileno()], 9, "dlcp-seal-test")
+    try:
+        engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _engine.Pacer(unpaced=True))
+        engine.post(
+            dst=1, step=0, msg=0, order=1, records=records, stride=head + chunk,
+            per_message=per_message, count=count, short=count - 1 if tail < chunk else -1,
+            short_len=short if tail < chunk else 0, tos=np.zeros(count, np.uint8),
+            path=np.zeros(count, np.uint8), prio=np.zeros(count, np.uint8),
+            breaks=np.array([10, count], np.int64), key=key, nonces=counter.cell,
+            payload=payload, seqs=seqs, chunk_bytes=chunk,
+        )  # fmt: skip
+        rx.settimeout(10.0)
+        got = [rx.recv(65536) for _ in range(count)]
+    finally:
+        engine.close()
+        rx.close()
+        tx.close()
+    assert [len(d) for d in got] == [head + chunk] * (count - 1) + [short]
+    for i, d in enumerate(got):
+        at = int(seqs[i]) * chunk
+        lent = payload[at : at + len(d) - head].tobytes()
+        assert d[: wire.DATA_HEADER_LEN] == records[i, : wire.DATA_HEADER_LEN].tobytes()
+        assert d[wire.DATA_HEADER_LEN : len(d) - AUTH_TRAILER_LEN] == lent, f"datagram {i}"
+        assert _nonce_of(np.frombuffer(d, np.uint8), len(d)) == 5 + i
+        row = np.frombuffer(d, np.uint8).reshape(1, -1)
+        ok = auth.verify_records(row, np.array([len(d)]), np.array([0]), key, accelerated=False)
+        assert ok.all(), f"datagram {i}: the reference does not verify the engine's tag"
+        forged = row.copy()
+        forged[0, wire.DATA_HEADER_LEN] ^= 1  # one payload bit: the tag no longer fits
+        assert not auth.verify_records(forged, np.array([len(d)]), np.array([0]), key).any()
+    assert counter.next == 5 + count
+
+
+def _received(n: int, stride: int, tail: int, key: bytes) -> Any:
+    """``n`` sealed records of ``stride`` bytes back to back, the last ``tail``
+    bytes long (as one receive hands datagrams over), as one 1-D buffer."""
+    records, lengths = _records(11, n, stride, short=tail if tail < stride else None)
+    auth.seal_records(records, lengths, 0, n, key, NonceCounter(9), accelerated=False)
+    return np.concatenate([records[i, : lengths[i]] for i in range(n)])
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("stride", "tail", "spoil", "want"),
+    [
+        (1472, 1472, None, 12),  # every datagram whole and right
+        (1472, 300, None, 12),  # a short last one
+        (1472, 1472, 5, 5),  # a wrong tag stops the prefix where it is
+        (1472, 300, 11, 11),  # ... the short last one's too
+        (1472, 1472, 0, 0),
+        (56, 56, None, 12),  # datagrams of a header and a trailer alone
+    ],
+)
+def test_verified_prefix_in_c_agrees_with_the_reference(
+    stride: int, tail: int, spoil: int | None, want: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = bytes(range(40, 72))
+    buf = _received(12, stride, tail, key)
+    if spoil is not None:
+        buf[spoil * stride + wire.DATA_HEADER_LEN] ^= 0x80  # one payload bit
+    got = auth.verified_prefix(buf, stride, key)
+    monkeypatch.setattr(auth, "_accel", None)  # the reference: AESGCM record by record
+    assert got == auth.verified_prefix(buf, stride, key) == want
+
+
+@needs_c
+def test_verified_prefix_skips_a_tail_too_short_for_a_trailer_and_a_wrong_key() -> None:
+    key = bytes(range(16))
+    buf = _received(4, 700, 700, key)
+    runt = np.concatenate((buf, np.zeros(40, np.uint8)))  # 40 bytes: no header and trailer
+    assert auth.verified_prefix(runt, 700, key) == 4
+    assert auth.verified_prefix(buf, 700, bytes(16)) == 0
+    assert auth.verified_prefix(buf, 40, key) == 0  # (a segment cannot hold a trailer)
+    with pytest.raises(ValueError, match="must be 16, 24 or 32 bytes"):
+        auth.verified_prefix(buf, 700, b"short")
+
+
+@needs_c
+def test_threads_verifying_under_one_key_at_once_each_get_the_right_answer() -> None:
+    key = bytes(range(1, 33))
+    good = _received(30, 1000, 1000, key)
+    bad = good.copy()
+    bad[17 * 1000 + 40] ^= 1
+    answers: list[list[int]] = []
+    start = threading.Barrier(4)
+
+    def verify(k: int) -> None:
+        start.wait()
+        buf = good if k % 2 else bad
+        answers.append([auth.verified_prefix(buf, 1000, key) for _ in range(200)])
+
+    threads = [threading.Thread(target=verify, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(tuple(set(a)) for a in answers) == [(17,), (17,), (30,), (30,)]

@@ -11,7 +11,7 @@ import pytest
 
 from dlcp.linkemu import LossyLink
 from dlcp.proto.session import MessageDelivered, MessageReceived, RoundPost, Session
-from dlcp.proto.wire import DATA_HEADER_LEN
+from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN
 from tests.unit.session_helpers import (
     JOB,
     KEY,
@@ -55,18 +55,39 @@ def test_a_lent_round_is_the_copied_round_byte_for_byte(elems: int) -> None:
     ]
 
 
-def test_a_session_that_paces_itself_or_authenticates_copies_what_it_is_lent() -> None:
+def test_a_session_that_paces_itself_copies_what_it_is_lent() -> None:
     data = np.arange(1000, dtype=np.float32)
-    cfg = config(authenticate=True)
-    tagged = _round_of(
-        Session(rank=0, job=JOB, config=cfg, key=KEY, whole_rounds=True),
-        data=data, step=0, msg=0, borrow=True,
-    )  # fmt: skip
-    assert tagged.payload is None  # (a tag covers the payload: the records carry it)
     paced = Session(rank=0, job=JOB, config=config())
     paced.send_message(1, data, step=0, msg=0, now=0.0, borrow=True)
     batches = paced.datagrams_to_send(now=0.0)
     assert batches and all(not isinstance(b, RoundPost) for b in batches)
+
+
+@pytest.mark.parametrize("elems", [1000, 1024])  # a short last chunk, and none
+def test_an_authenticated_lent_round_is_the_copied_round_but_for_the_seal(elems: int) -> None:
+    # the records hold header and trailer; the driver seals each datagram where
+    # its pieces lie (tests/unit/test_gmac.py checks the engine's tags)
+    data = np.random.default_rng(3).standard_normal(elems).astype(np.float32)
+    cfg = config(authenticate=True)
+    copied = _round_of(
+        Session(rank=0, job=JOB, config=cfg, key=KEY, whole_rounds=True),
+        data=data, step=0, msg=0,
+    )  # fmt: skip
+    lent = _round_of(
+        Session(rank=0, job=JOB, config=cfg, key=KEY, whole_rounds=True),
+        data=data, step=0, msg=0, borrow=True,
+    )  # fmt: skip
+    assert copied.payload is None and lent.payload is not None
+    assert lent.payload.ctypes.data == data.ctypes.data
+    assert lent.records.shape == (lent.count, DATA_HEADER_LEN + AUTH_TRAILER_LEN)
+    assert lent.key == copied.key is not None and lent.nonces is not None
+    assert (lent.count, lent.stride, lent.short, lent.short_len) == (
+        copied.count, copied.stride, copied.short, copied.short_len,
+    )  # fmt: skip
+    for i in range(lent.count):
+        ours, theirs = lent.datagram(i), copied.datagram(i)
+        assert len(ours) == len(theirs)
+        assert ours[:-AUTH_TRAILER_LEN] == theirs[:-AUTH_TRAILER_LEN], f"datagram {i}"
 
 
 @pytest.mark.parametrize("p", [0.0, 0.05])

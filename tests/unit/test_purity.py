@@ -138,7 +138,7 @@ PY_MODULES = [m for m in MODULES if _source_of(m).suffix == ".py"]
 #: thread or the clock
 C_INCLUDES_ALLOWED = {
     "Python.h", "math.h", "stdint.h", "string.h", "emmintrin.h", "openssl/evp.h",
-    "openssl/crypto.h", "gmac.h", "sys/types.h", "_kernels_core.h",
+    "openssl/crypto.h", "openssl/modes.h", "gmac.h", "sys/types.h", "_kernels_core.h",
 }  # fmt: skip
 
 

@@ -114,10 +114,10 @@ def test_clean_message_is_taken_by_the_fast_path(
         if i == 300:  # nothing, or less than a header: counted as truncated either way
             pair.feed([b""], seg)
             pair.feed([grams[i][:20]], seg)
-    # everything after the first datagram went through the kernel (authenticating,
-    # everything after the first run: a new message's first datagram, verified on
-    # its own, would cost what the run costs on the general path)
-    assert pair.taken == len(grams) - (1 if key is None else 300)
+    # everything after the first datagram went through the kernel (authenticating
+    # too: the general path verifies the first alone, and the run path takes the
+    # rest of its run)
+    assert pair.taken == len(grams) - 1
     assert pair.fast.next_event() is not None and pair.fast.next_event() is None
     assert pair.outs[0] is not None
     want = np.random.default_rng(1).standard_normal(n).astype(np.float32)
@@ -187,3 +187,26 @@ def test_mutated_runs_end_in_the_same_state(
     # the kernel did take part; what it did not take went the general way (with
     # tags, a mutated datagram also ends the verified prefix of its run)
     assert pair.taken > len(grams) // (2 if key is None else 4)
+
+
+def test_a_forged_first_datagram_opens_nothing_and_the_rest_of_its_run_still_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # authenticated, the general path verifies a new message's first datagram
+    # alone; a forged one is rejected there, the rest of its read takes the
+    # general path, where the datagram after it opens the message (the same end
+    # state as without the run path), and later reads take the run path
+    n = 5_000
+    grams = message_datagrams(n, seed=4, key=KEY)
+    seg = len(grams[0])
+    forged = bytearray(grams[0])
+    forged[DATA_HEADER_LEN] ^= 0x01
+    pair = Pair(monkeypatch, n, expect=True, key=KEY)
+    pair.feed([bytes(forged), *grams[1:40]], seg)
+    stats = pair.fast._inbox.stats
+    assert stats.datagrams_in == 40 and sum(stats.rejected.values()) == 1
+    assert pair.taken == 0
+    pair.feed(grams[:1] + grams[40:], seg)
+    assert pair.taken == len(grams) - 39
+    want = np.random.default_rng(4).standard_normal(n).astype(np.float32)
+    assert pair.outs[0] is not None and pair.outs[0].tobytes() == want.tobytes()
