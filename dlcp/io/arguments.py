@@ -142,6 +142,7 @@ def check_auth(config: EndpointConfig, key: object, rank: int) -> None:
         "dlcp: rank %d runs without authentication: anyone who can send to its UDP and "
         "TCP ports, or guess the 16-bit job id, can inject data into its messages, forge "
         "control messages that end or stall its transfers, and cut it off from its peers; "
-        "turn authentication on (DLCP_AUTHENTICATE=1 with DLCP_JOB_SECRET) on a shared network",
+        "on a shared network give the job a secret (DLCP_JOB_SECRET, the same on every "
+        "rank; `dlcp launch` makes one): its ranks then authenticate",
         rank,
     )

@@ -25,7 +25,10 @@ READER = Path(__file__).with_name("store_reader.py")
 
 def _env(rank: int, port: int) -> dict[str, str]:
     return {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "DLCP_TIMEOUT": "10",
+            "MASTER_PORT": str(port),
+            # the awaited receive must outlive the reader (a process that imports
+            # torch: tens of seconds on a loaded machine)
+            "DLCP_TIMEOUT": "120",
             "TORCHELASTIC_USE_AGENT_STORE": "True",  # the test serves the store
             "DLCP_JOB_SECRET": SECRET.hex()}  # fmt: skip
 

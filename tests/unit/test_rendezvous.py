@@ -301,3 +301,28 @@ def test_rank_0_of_a_job_without_its_other_ranks_says_what_it_waited_for(
     said = str(err.value)
     assert said.startswith("rank 0: Timed out after")
     assert "1/3 clients joined" in said and "WORLD_SIZE=3: 3 ranks must start" in said
+
+
+@pytest.mark.parametrize(
+    ("extra", "drop_secret", "argument", "want"),
+    [
+        ({}, False, None, True),  # a job with a secret authenticates by default
+        ({"DLCP_AUTHENTICATE": "0"}, False, None, False),  # unless told not to
+        ({}, False, False, False),
+        ({}, True, None, False),  # no secret: off (and the log says what that exposes)
+        ({"DLCP_AUTHENTICATE": "1"}, False, None, True),
+    ],
+    ids=["secret", "secret-but-env-off", "secret-but-argument-off", "no-secret", "env-on"],
+)
+def test_an_endpoint_authenticates_when_its_job_has_a_secret(
+    extra: dict[str, str], drop_secret: bool, argument: bool | None, want: bool
+) -> None:
+    env = {**_env(0), "WORLD_SIZE": "1", **extra}
+    if drop_secret:
+        del env["DLCP_JOB_SECRET"]
+    endpoint, _ = rendezvous.connect(group="auth", store=LocalStore(), env=env,
+                                     authenticate=argument)  # fmt: skip
+    try:
+        assert endpoint.config.protocol.authenticate is want
+    finally:
+        endpoint.close()
