@@ -177,23 +177,6 @@ def _release(group: str, rank: int) -> None:
 _chosen: dict[str, tuple[str, str]] = {}
 
 
-def _authenticates(
-    config: EndpointConfig, authenticate: bool | None, env: Mapping[str, str]
-) -> bool:
-    """Whether the endpoint authenticates: as ``authenticate`` says if given, or
-    ``DLCP_AUTHENTICATE`` if set; otherwise whenever the job has a secret
-    (``DLCP_JOB_SECRET`` or ``DLCP_JOB_SECRET_FILE``; ``dlcp launch`` gives each
-    job one). With it on, a lossless transfer kept 0.63-0.82 of its throughput on
-    these 2-core machines (docs/benchmarks.md, 2026-11-28; 0.73 the median with
-    lent sends): cheap enough to leave on. Without a secret it stays off, and the
-    endpoint says in the log what that exposes."""
-    if authenticate is not None:
-        return authenticate
-    if config.protocol.authenticate or "DLCP_AUTHENTICATE" in env:
-        return config.protocol.authenticate
-    return job_secret(env) is not None
-
-
 def connect(
     *,
     group: str = "default",
@@ -231,10 +214,14 @@ def connect(
         config = dataclasses.replace(
             config, host=local_address(job.master_addr, hosts_beyond=beyond)
         )
-    auth = _authenticates(config, authenticate, env)
-    if auth and not config.protocol.authenticate:
+    # off unless asked for, also for a job with a secret: with it on, a lossless
+    # transfer kept 0.63-0.82 of its throughput on 2-core machines and a 25 MB ring
+    # all-reduce 0.74 (docs/benchmarks.md, 2026-11-28), short of the 0.75 that
+    # would make it cheap enough to leave on
+    auth = config.protocol.authenticate if authenticate is None else authenticate
+    if auth != config.protocol.authenticate:  # (the argument over DLCP_AUTHENTICATE)
         config = dataclasses.replace(
-            config, protocol=dataclasses.replace(config.protocol, authenticate=True)
+            config, protocol=dataclasses.replace(config.protocol, authenticate=auth)
         )
     secret = job_secret(env) if auth else None
     if auth and secret is None:

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlcp.errors import BenchError
 
-from .outcome import finish
+from .outcome import finish, ranks_authenticate
 
 if TYPE_CHECKING:
     from .ddp_floor import UdpRingFloor
@@ -300,6 +300,7 @@ def _run_testbed(args: argparse.Namespace, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    authenticated = ranks_authenticate(args.auth)
     testbed = os.geteuid() == 0 and not args.loopback
     # (the worker's flag: the floor runs on the loopback as root, unless told not to)
     args.floor = args.udp_floor and not testbed and os.geteuid() == 0
@@ -320,6 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "allreduce",
         "path": "testbed" if testbed else "loopback",
+        "authenticated": authenticated,
         "link_rate_mbit": args.link_rate if testbed else None,
         "n_paths": args.paths if testbed else None,
         "world_size": 4,
@@ -413,6 +415,11 @@ def _parser(prog: str = "python -m dlcp.bench.allreduce") -> argparse.ArgumentPa
     ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="DLCP ranks authenticate (default: not, as Gloo does not)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap

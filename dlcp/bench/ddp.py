@@ -77,7 +77,7 @@ from typing import Any
 
 from dlcp.errors import BenchError
 
-from .outcome import finish
+from .outcome import finish, ranks_authenticate
 
 # ---------------------------------------------------------------------- worker (one rank)
 
@@ -332,6 +332,7 @@ def _turns(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    authenticated = ranks_authenticate(args.auth)
     res: dict[str, Any] = {}
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
     res["nocomm"] = _combined([run_job(args, "nocomm", p=args.p)])
@@ -368,7 +369,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             emulated = _turns(args, "emulated loss", ("dlcp",),
                               lambda t: run_job(args, t, env_extra=env))  # fmt: skip
             res["dlcp_loss"] = emulated["dlcp"]
-    return summary(args, res, kernel=box is not None)
+    return {**summary(args, res, kernel=box is not None), "authenticated": authenticated}
 
 
 def _round_ratios(
@@ -491,6 +492,11 @@ def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="DLCP ranks authenticate (default: not, as Gloo does not)",
+    )
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
     ap.add_argument("--warmup", type=int, default=3)

@@ -10,7 +10,7 @@ from typing import Any
 
 from dlcp.processes import sigterm_interrupts
 
-__all__ = ["engine_of_run", "finish"]
+__all__ = ["engine_of_run", "finish", "ranks_authenticate"]
 
 
 def engine_of_run() -> str:
@@ -22,6 +22,23 @@ def engine_of_run() -> str:
 
     config = EndpointConfig.from_env()
     return choose_engine(config.engine, authenticate=config.protocol.authenticate)
+
+
+def ranks_authenticate(asked: bool) -> bool:
+    """Whether the ranks a benchmark launches authenticate. It sets DLCP against
+    Gloo and TCP, which do not: its ranks run unauthenticated (``DLCP_AUTHENTICATE=0``,
+    set here for them to inherit, whatever the default) unless ``asked``
+    (``--auth``) or ``DLCP_AUTHENTICATE`` in the environment says otherwise. The
+    JSON's ``authenticated`` is the answer."""
+    import os
+
+    from dlcp.io.config import EndpointConfig
+
+    if asked:
+        os.environ["DLCP_AUTHENTICATE"] = "1"
+    else:
+        os.environ.setdefault("DLCP_AUTHENTICATE", "0")
+    return EndpointConfig.from_env().protocol.authenticate
 
 
 def finish(

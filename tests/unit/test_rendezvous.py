@@ -306,15 +306,15 @@ def test_rank_0_of_a_job_without_its_other_ranks_says_what_it_waited_for(
 @pytest.mark.parametrize(
     ("extra", "drop_secret", "argument", "want"),
     [
-        ({}, False, None, True),  # a job with a secret authenticates by default
-        ({"DLCP_AUTHENTICATE": "0"}, False, None, False),  # unless told not to
-        ({}, False, False, False),
-        ({}, True, None, False),  # no secret: off (and the log says what that exposes)
+        ({}, False, None, False),  # a secret alone does not turn it on (not cheap enough)
         ({"DLCP_AUTHENTICATE": "1"}, False, None, True),
+        ({}, False, True, True),
+        ({"DLCP_AUTHENTICATE": "1"}, False, False, False),  # the argument wins
+        ({}, True, None, False),
     ],
-    ids=["secret", "secret-but-env-off", "secret-but-argument-off", "no-secret", "env-on"],
+    ids=["secret", "env-on", "argument-on", "argument-off", "no-secret"],
 )
-def test_an_endpoint_authenticates_when_its_job_has_a_secret(
+def test_an_endpoint_authenticates_when_asked(
     extra: dict[str, str], drop_secret: bool, argument: bool | None, want: bool
 ) -> None:
     env = {**_env(0), "WORLD_SIZE": "1", **extra}
