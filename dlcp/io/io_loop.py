@@ -269,8 +269,12 @@ class IOLoop:
     def _read_control(self, sel: selectors.BaseSelector, sock: Any) -> bool:
         """One read of inbound control connection ``sock``: its frames handed to
         the session, its end (if it ended) to :meth:`_peer_gone`. Whether the
-        read found anything (frames or the end)."""
-        inbound = self._control.inbound[sock]
+        read found anything (frames or the end). A connection that ended since
+        ``select()`` saw it ready (a command's control send read its peer's last
+        words and closed it, see :meth:`_read_control_from`) is nothing to read."""
+        inbound = self._control.inbound.get(sock)
+        if inbound is None:
+            return False
         frames, ended = self._control.read(sock)
         if ended is not None:
             sel.unregister(sock)

@@ -176,3 +176,23 @@ def test_a_receiver_that_answered_and_left_completes_the_send() -> None:
         held.clear()
         a.close()
         b.close()
+
+
+def test_a_connection_closed_since_select_saw_it_is_skipped() -> None:
+    """A command (the application's thread, under the lock) can read a departed
+    peer's connection to its end and close it while the I/O thread waits in
+    ``select()`` with that connection in its ready list; the I/O thread then
+    skips it (it raised KeyError and died, failing every transfer)."""
+    a, b = _pair(False)
+    try:
+        _exchange(a, b, 1)
+        with a._lock:
+            sock = next(iter(a._control.inbound))
+            assert a._selector is not None
+            a._control.drop(sock, "closed by the test")  # (gone from the table)
+            a._selector.unregister(sock)  # (as the drain does after a connection's end)
+            assert a._read_control(a._selector, sock) is False
+        _exchange(a, b, 2)  # the I/O thread lives on
+    finally:
+        a.close()
+        b.close()
