@@ -124,3 +124,36 @@ def test_an_interface_below_the_protocols_minimum_is_refused_by_name() -> None:
         assert "interface d0 (address 10.213.98.1) has MTU 500" in out.stderr, out.stderr
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=True)
+
+
+def test_ranks_whose_datagram_sizes_differ_still_talk() -> None:
+    """A receiver takes each message's datagram size from its headers: jumbo
+    datagrams reach an endpoint configured for 1500 bytes, and back, exact."""
+    import numpy as np
+
+    from dlcp.proto.config import ProtocolConfig
+    from tests.integration.endpoint_helpers import JOB, LocalStore
+
+    store = LocalStore()
+    jumbo = Endpoint(
+        0,
+        store=store,
+        world_size=2,
+        job=JOB,
+        config=EndpointConfig(protocol=ProtocolConfig(mtu=9000), timeout=20.0),
+    )
+    plain = Endpoint(1, store=store, world_size=2, job=JOB, config=EndpointConfig(timeout=20.0))
+    try:
+        x = np.random.default_rng(7).standard_normal(300_001).astype(np.float32)
+        for src, dst, step in ((jumbo, plain, 1), (plain, jumbo, 2)):
+            before = dst.stats()["datagrams_in"]
+            sent = src.send(x, to=dst.rank, msg=1, step=step)
+            got = dst.recv(src=src.rank, msg=1, step=step).result(20)
+            assert sent.result(20).acknowledged_elems == x.size
+            assert np.array_equal(got.data, x)
+            chunk = src.config.protocol.chunk_bytes
+            assert dst.stats()["datagrams_in"] - before >= -(-x.nbytes // chunk)
+            assert sent.result().chunks == -(-x.nbytes // chunk)
+    finally:
+        jumbo.close()
+        plain.close()
