@@ -413,7 +413,8 @@ def _parser(prog: str = "python -m dlcp.bench.allreduce") -> argparse.ArgumentPa
     ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
                     help="skip the UDP floor's calls (loopback as root only)")
     ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds one job of 4 ranks may take (default 600)")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument(
         "--auth",

@@ -497,16 +497,18 @@ def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
         action="store_true",
         help="DLCP ranks authenticate (default: not, as Gloo does not)",
     )
-    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--nproc", type=int, default=4, help="local ranks (default 4)")
     ap.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="iterations before the measured ones (default 3)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="jobs per transport and phase, Gloo and DLCP in turn (default 3)")
-    ap.add_argument("--width", type=int, default=1664)
+    ap.add_argument("--width", type=int, default=1664, help="units of each hidden layer")
     ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
-    ap.add_argument("--inputs", type=int, default=1024)
+    ap.add_argument("--inputs", type=int, default=1024, help="input features")
     ap.add_argument("--batch", type=int, default=32, help="per rank")
-    ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring")
+    ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring",
+                    help="DLCP's all-reduce (default ring)")
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
     ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
