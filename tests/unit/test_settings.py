@@ -86,7 +86,8 @@ def test_an_unreadable_secret_file_is_named_before_any_rank_starts(
     [
         ({"DLCP_ENGINE": "fast"}, "DLCP_ENGINE=fast: use 'auto', 'native' or 'python'"),
         ({"DLCP_AUTHENTICATE": "maybe"},
-         "DLCP_AUTHENTICATE='maybe' is not a valid bool: use 1, true, yes, on or 0, false, no, off"),
+         "DLCP_AUTHENTICATE='maybe' is not a valid bool: "
+         "use 1, true, yes, on or 0, false, no, off"),
         ({"DLCP_DEFAULT_FILL": "mean"},
          "DLCP_DEFAULT_FILL='mean' is not a valid fill: use 'zero', 'previous', 'rescale'"),
     ],
