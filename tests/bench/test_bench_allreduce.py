@@ -18,7 +18,9 @@ import sys
 import pytest
 
 from dlcp.io.engine import native_available
-from tests.integration.bench_helpers import positive, run_json
+from tests.bench.bench_helpers import positive, run_json
+
+pytestmark = pytest.mark.integration
 
 
 def test_allreduce_benchmark_json_on_the_loopback() -> None:

@@ -16,7 +16,11 @@ import os
 import sys
 from typing import Any
 
-from tests.integration.bench_helpers import positive, run_json
+import pytest
+
+from tests.bench.bench_helpers import positive, run_json
+
+pytestmark = pytest.mark.integration
 
 TIMEOUT = 300.0  # seconds: up to nine jobs of four ranks, each importing torch
 

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from testbed import netns
-from tests.integration.bench_helpers import positive, run_json
+from tests.bench.bench_helpers import positive, run_json
+
+pytestmark = pytest.mark.integration
 
 SIZE_MIB = 4
 TIMEOUT = 120.0  # seconds; a run this small takes about one

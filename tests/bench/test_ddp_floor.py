@@ -20,6 +20,8 @@ import pytest
 from dlcp.bench import ddp_floor
 from dlcp.bench.ddp_floor import FloorError, UdpRingFloor
 
+pytestmark = pytest.mark.integration
+
 
 def _ranks(world: int) -> list[UdpRingFloor]:
     ranks = [UdpRingFloor(r, world) for r in range(world)]

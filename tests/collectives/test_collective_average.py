@@ -26,7 +26,9 @@ from dlcp.collectives import (
     ps_serve,
     ring_allreduce,
 )
-from tests.integration.test_ps_dedicated import endpoints
+from tests.collectives.test_ps_dedicated import endpoints
+
+pytestmark = pytest.mark.integration
 
 WORLD = 4
 N = 30_001

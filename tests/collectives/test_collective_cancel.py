@@ -170,7 +170,7 @@ def test_a_call_that_fails_before_taking_its_numbers_still_uses_them_up() -> Non
     the number is skipped, so this rank's next call pairs with the other ranks'
     next call (it took the failed one's number and met their old messages)."""
     from dlcp.collectives import Communicator
-    from tests.integration.endpoint_helpers import local_endpoint
+    from tests.io.endpoint_helpers import local_endpoint
 
     with local_endpoint() as (ep, _):
         comm = Communicator(ep, 2)

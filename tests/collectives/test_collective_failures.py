@@ -10,11 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import pytest
 
 from dlcp.collectives import Communicator, ps_allreduce, ps_serve, ring_allreduce
 from dlcp.errors import PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 
 @contextlib.contextmanager

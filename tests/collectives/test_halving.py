@@ -27,7 +27,9 @@ from dlcp.collectives import (
 from dlcp.collectives.halving import _splits, is_power_of_two
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import FillPolicy
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -25,7 +25,9 @@ import pytest
 
 from dlcp.collectives import CollectiveReport, Communicator, ps_allreduce, ps_serve
 from dlcp.io import Endpoint, EndpointConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 N = 100_003  # not a multiple of the number of servers: shards of unequal length
 TIMEOUT = 10.0

@@ -15,7 +15,7 @@ import pytest
 
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.peers import MB4, digest, make_data
+from tests.io.peers import MB4, digest, make_data
 
 JOB = 0x2A7
 KEY = bytes(range(32))

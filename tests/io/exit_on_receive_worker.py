@@ -1,4 +1,4 @@
-"""Run by ``test_endpoint_faults.py`` as ``python -m tests.integration.exit_on_receive_worker
+"""Run by ``test_endpoint_faults.py`` as ``python -m tests.io.exit_on_receive_worker
 '<plan json>'`` (from the repository root; the plan: ``rank``, ``job``, ``n``,
 ``timeout``): the receiving rank of a two-rank job, an application that leaves the
 moment it has its data. Its receive's done-callback ends the process at once
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dlcp.io import Endpoint, EndpointConfig
-from tests.integration.peers import LineStore
+from tests.io.peers import LineStore
 
 EXIT_RECEIVED = 0
 EXIT_FAILED = 3

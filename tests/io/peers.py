@@ -1,6 +1,6 @@
 """Worker processes for the endpoint integration tests, and the parent's handle on them.
 
-A worker is ``python -m tests.integration.peers '<plan json>'`` (run from the
+A worker is ``python -m tests.io.peers '<plan json>'`` (run from the
 repository root). It owns one :class:`dlcp.io.Endpoint` and talks to the test
 over a line protocol; nothing in it sleeps for readiness:
 
@@ -316,7 +316,7 @@ class Peer:
     another ``module`` that takes the plan the same way and prints such lines."""
 
     def __init__(self, plan: dict[str, Any], log: Path,
-                 prefix: Sequence[str] = (), module: str = "tests.integration.peers") -> None:
+                 prefix: Sequence[str] = (), module: str = "tests.io.peers") -> None:
         self.plan = plan
         self.rank: int = plan["rank"]
         self.log = log

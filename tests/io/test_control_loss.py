@@ -19,6 +19,8 @@ from dlcp.io.config import EndpointConfig
 from dlcp.io.control import TCP_DELACK_MAX_US, TCP_RTO_MIN_US, ControlChannel, set_fast_timers
 from testbed import netns
 
+pytestmark = pytest.mark.integration
+
 WORKER = Path(__file__).with_name("control_drop_worker.py")
 MISSING = netns.missing_tools(loss=True)
 

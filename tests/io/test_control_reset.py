@@ -19,7 +19,9 @@ import pytest
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.control import LostPeer
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore
+from tests.io.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore
+
+pytestmark = pytest.mark.integration
 
 X = np.arange(50_000, dtype=np.float32)
 

@@ -1,6 +1,6 @@
 """``dlcp.io.Endpoint`` on real sockets between real processes.
 
-Workers (``tests/integration/peers.py``) bind ephemeral ports and report them on
+Workers (``tests/io/peers.py``) bind ephemeral ports and report them on
 a ``ready`` line; nothing here sleeps for readiness. Every wait has a timeout,
 every child is killed by its Popen handle in a ``finally``. Data is regenerated
 from a seed on both sides, so a receiver checks every element against what was
@@ -24,7 +24,7 @@ from dlcp.errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
 from testbed import netns
-from tests.integration.endpoint_helpers import (
+from tests.io.endpoint_helpers import (
     JOB,
     MARGIN,
     LocalStore,
@@ -37,7 +37,9 @@ from tests.integration.endpoint_helpers import (
     recv,
     send,
 )
-from tests.integration.peers import MB4, digest, make_data, transfer, workers
+from tests.io.peers import MB4, digest, make_data, transfer, workers
+
+pytestmark = pytest.mark.integration
 
 # ----------------------------------------------------------------------------- 1. exact
 

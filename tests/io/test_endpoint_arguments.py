@@ -20,7 +20,9 @@ from dlcp.errors import ConfigError
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
-from tests.integration.endpoint_helpers import JOB, KEY, LocalStore
+from tests.io.endpoint_helpers import JOB, KEY, LocalStore
+
+pytestmark = pytest.mark.integration
 
 X = np.arange(1000, dtype=np.float32)
 

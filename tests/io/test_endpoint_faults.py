@@ -37,9 +37,11 @@ from dlcp.errors import PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.engine import native_available
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
-from tests.integration.exit_on_receive_worker import EXIT_RECEIVED
-from tests.integration.peers import Peer
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.exit_on_receive_worker import EXIT_RECEIVED
+from tests.io.peers import Peer
+
+pytestmark = pytest.mark.integration
 
 
 def test_a_blackholed_data_path_fails_that_peer_fast_and_names_it() -> None:
@@ -261,7 +263,7 @@ def test_a_receiver_that_exits_in_its_receives_callback_has_stopped_the_sender(
     n = 1 << 20  # 4 MB of float32: hundreds of datagrams
     timeout = 10.0
     receiver = Peer({"rank": 1, "job": JOB, "n": n, "timeout": timeout},
-                    tmp_path / "receiver.stderr", module="tests.integration.exit_on_receive_worker")
+                    tmp_path / "receiver.stderr", module="tests.io.exit_on_receive_worker")
     store = LocalStore()
     sender = Endpoint(0, store=store, world_size=2, job=JOB, config=EndpointConfig(timeout=timeout))
     try:

@@ -18,9 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
+
 from dlcp.io import Endpoint, EndpointConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
-from tests.integration.peers import digest, make_data
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.peers import digest, make_data
+
+pytestmark = pytest.mark.integration
 
 IDLE_S = 2.0  # wall time each endpoint pair is left idle
 MAX_CPU_S = 0.2  # process CPU allowed over it (a spinning I/O thread takes ~IDLE_S)

@@ -20,7 +20,9 @@ from dlcp.errors import ConfigError, PeerTimeout, TransferFailed
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.control import HELLO
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.endpoint_helpers import JOB, KEY, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, KEY, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 X = np.arange(1000, dtype=np.float32)
 

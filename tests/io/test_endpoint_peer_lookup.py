@@ -13,6 +13,8 @@ import pytest
 from dlcp.errors import PeerTimeout
 from dlcp.io import Endpoint, EndpointConfig
 
+pytestmark = pytest.mark.integration
+
 dist = pytest.importorskip("torch.distributed")
 
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.endpoint_helpers import plan, recv, send
-from tests.integration.peers import workers
+import pytest
+
+from tests.io.endpoint_helpers import plan, recv, send
+from tests.io.peers import workers
+
+pytestmark = pytest.mark.integration
 
 N = 2 << 20  # float32 elements: 8 MiB a message
 MESSAGES = 12  # 96 MiB sent, nobody asking for it

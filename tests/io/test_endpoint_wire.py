@@ -26,7 +26,7 @@ from dlcp.proto.batch import decode_data
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.control import Abort, AbortReason, Finish, Stop, encode_control
 from dlcp.proto.wire import DATA_HEADER_LEN, DataHeader, DType, Flags, TosMap, encode_data
-from tests.integration.endpoint_helpers import (
+from tests.io.endpoint_helpers import (
     JOB,
     KEY,
     MARGIN,
@@ -40,7 +40,9 @@ from tests.integration.endpoint_helpers import (
     root_only,
     send,
 )
-from tests.integration.peers import MB4, digest, make_data, transfer, workers
+from tests.io.peers import MB4, digest, make_data, transfer, workers
+
+pytestmark = pytest.mark.integration
 
 # ----------------------------------------------------------------------------- 7. junk
 

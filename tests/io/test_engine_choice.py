@@ -63,7 +63,7 @@ def test_without_the_build_auto_runs_python_and_says_so(
 def test_an_endpoint_without_the_build_sends_with_python(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from tests.integration.test_engines import pair
+    from tests.io.test_engines import pair
 
     monkeypatch.setattr(engine, "_native", None)
     with pair(("auto", "auto")) as (a, b):

@@ -17,9 +17,12 @@ import pytest
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.engine import native_available, native_seals
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
-pytestmark = pytest.mark.skipif(not native_available(), reason="native engine not built")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not native_available(), reason="native engine not built"),
+]
 
 N = 1_000_003  # ~4 MB of float32: ~2,800 datagrams at MTU 1500, a short last chunk
 TIMEOUT = 20.0

@@ -17,7 +17,7 @@ from dlcp.io import EndpointConfig, kernel_filter, udp
 from dlcp.io.udp import UDP_GRO, UDP_SEGMENT, DataSockets
 from dlcp.proto.batch import parse_batch
 from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, DType, Flags, Reason
-from tests.unit.test_prefilter import JOB, KEY, _genuine, _mutants
+from tests.io.test_prefilter import JOB, KEY, _genuine, _mutants
 
 #: sends per drain of the receiving socket: far below what its buffer holds
 _CHUNK = 200

@@ -31,20 +31,20 @@ from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.batch import decode_data
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags
-from tests.integration.endpoint_helpers import (
+from tests.io.endpoint_helpers import (
     JOB,
     LocalStore,
     LoopbackCapture,
     dlcp_threads,
     root_only,
 )
-from tests.integration.peers import MB4, digest, make_data
+from tests.io.peers import MB4, digest, make_data
 
 N_PATHS = 4
 SPRAY = 8
 BATCH = 64  # > SPRAY: each pacing batch is sprayed as 8 GSO sends
 
-pytestmark = [pytest.mark.root, root_only]
+pytestmark = [pytest.mark.integration, pytest.mark.root, root_only]
 
 
 @contextlib.contextmanager

@@ -9,12 +9,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.threads import OS_NAME_MAX, name_os_thread
 from shims.ddp import DLCPState
-from tests.integration.endpoint_helpers import JOB, LocalStore
+from tests.io.endpoint_helpers import JOB, LocalStore
+
+pytestmark = pytest.mark.integration
 
 
 def _os_name(thread: threading.Thread) -> str:

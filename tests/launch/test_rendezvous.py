@@ -11,7 +11,7 @@ import pytest
 
 from dlcp import rendezvous
 from dlcp.errors import ConfigError
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 
 SECRET = "5e" * 32
 

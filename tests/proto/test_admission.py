@@ -16,8 +16,8 @@ from dlcp.proto.control import Abort, AbortReason, decode_control
 from dlcp.proto.inbox import OPEN_MESSAGE_BYTES, Ended, Outcome
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
-from tests.unit.session_helpers import JOB, config
-from tests.unit.test_receive_run import MSG, STEP, message_datagrams
+from tests.proto.session_helpers import JOB, config
+from tests.proto.test_receive_run import MSG, STEP, message_datagrams
 
 KEY = (0, STEP, MSG)
 N_ELEMS = 3000  # float32: 12000 bytes, several datagrams

@@ -7,8 +7,8 @@ import pytest
 
 from dlcp.proto.batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
 from dlcp.proto.wire import DATA_HEADER_LEN, DType
-from tests.unit.session_helpers import JOB
-from tests.unit.test_receive_run import MSG, STEP, message_datagrams
+from tests.proto.session_helpers import JOB
+from tests.proto.test_receive_run import MSG, STEP, message_datagrams
 
 
 def _buf(datagram: bytes) -> np.ndarray:

@@ -13,7 +13,7 @@ from dlcp.proto.outbox import LOSS_SIGNAL_CHUNKS
 from dlcp.proto.pacing import MIN_BURST, ReceiverDrivenPacer
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
-from tests.unit.session_helpers import (
+from tests.proto.session_helpers import (
     CHUNK,
     config,
     gradient,

@@ -13,7 +13,7 @@ import numpy as np
 from dlcp.proto.control import Finish, Stop, decode_control
 from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
-from tests.unit.session_helpers import JOB, config, sessions
+from tests.proto.session_helpers import JOB, config, sessions
 
 T0 = 10.0
 

@@ -11,7 +11,7 @@ from dlcp.proto.config import FillPolicy
 from dlcp.proto.control import Abort, AbortReason, decode_control
 from dlcp.proto.inbox import OPEN_MESSAGE_BYTES
 from dlcp.proto.session import Session
-from tests.unit.session_helpers import JOB, config
+from tests.proto.session_helpers import JOB, config
 
 
 def _first_datagram(sender: Session, data: np.ndarray, msg: int) -> tuple[bytes, int]:

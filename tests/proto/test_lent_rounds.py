@@ -12,7 +12,7 @@ import pytest
 from dlcp.linkemu import LossyLink
 from dlcp.proto.session import MessageDelivered, MessageReceived, RoundPost, Session
 from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN
-from tests.unit.session_helpers import (
+from tests.proto.session_helpers import (
     JOB,
     KEY,
     config,
@@ -66,7 +66,7 @@ def test_a_session_that_paces_itself_copies_what_it_is_lent() -> None:
 @pytest.mark.parametrize("elems", [1000, 1024])  # a short last chunk, and none
 def test_an_authenticated_lent_round_is_the_copied_round_but_for_the_seal(elems: int) -> None:
     # the records hold header and trailer; the driver seals each datagram where
-    # its pieces lie (tests/unit/test_gmac.py checks the engine's tags)
+    # its pieces lie (tests/proto/test_gmac.py checks the engine's tags)
     data = np.random.default_rng(3).standard_normal(elems).astype(np.float32)
     cfg = config(authenticate=True)
     copied = _round_of(

@@ -12,8 +12,8 @@ from dlcp.proto.config import FillPolicy
 from dlcp.proto.control import Finish, encode_control
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags
-from tests.unit.session_helpers import JOB, config
-from tests.unit.test_receive_run import MSG, STEP, Pair, message_datagrams
+from tests.proto.session_helpers import JOB, config
+from tests.proto.test_receive_run import MSG, STEP, Pair, message_datagrams
 
 
 class FirstPair(Pair):

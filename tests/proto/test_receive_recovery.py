@@ -13,7 +13,7 @@ from dlcp.proto.control import Finish
 from dlcp.proto.reassembler import Reassembler
 from dlcp.proto.recovery import ReceivePhase, ReceiverRecovery
 from dlcp.proto.wire import DType, allowed_loss
-from tests.unit.session_helpers import config
+from tests.proto.session_helpers import config
 
 CHUNKS, CHUNK = 10, 10  # ten chunks of ten float32 elements
 CFG = config(reorder_grace=0.01, nack_timeout=0.1, recv_idle_timeout=5.0)

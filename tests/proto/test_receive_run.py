@@ -14,7 +14,7 @@ from dlcp.proto import kernels
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags
-from tests.unit.session_helpers import JOB, KEY, config
+from tests.proto.session_helpers import JOB, KEY, config
 
 pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 

@@ -11,7 +11,7 @@ import numpy as np
 from dlcp.linkemu import LossyLink
 from dlcp.proto.control import Abort, AbortReason, decode_control
 from dlcp.proto.session import MessageFailed, MessageReceived
-from tests.unit.session_helpers import JOB, config, events, sessions
+from tests.proto.session_helpers import JOB, config, events, sessions
 
 
 def _drop_first_copy(msg: int, seq: int) -> Callable[[bytes], bool]:

@@ -17,7 +17,7 @@ import pytest
 
 from dlcp.linkemu import LossyLink
 from dlcp.proto.session import MessageDelivered, MessageReceived, Session
-from tests.unit.session_helpers import JOB, config, events, has_event
+from tests.proto.session_helpers import JOB, config, events, has_event
 
 DRIVERS = ("batches", "rounds", "lent rounds")
 

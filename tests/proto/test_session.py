@@ -21,7 +21,7 @@ from dlcp.proto.session import (
 from dlcp.proto.wire import (
     bound_to_wire,
 )
-from tests.unit.session_helpers import (
+from tests.proto.session_helpers import (
     CHUNK,
     cls_of,
     config,

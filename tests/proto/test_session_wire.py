@@ -27,7 +27,7 @@ from dlcp.proto.session import (
     Session,
 )
 from dlcp.proto.wire import MAX_NACK_RANGES, DataHeader, Flags, TosMap, encode_data
-from tests.unit.session_helpers import (
+from tests.proto.session_helpers import (
     CHUNK,
     JOB,
     KEY,

@@ -1,4 +1,4 @@
-"""One rank of the process-group tests: ``python -m tests.integration.pg_worker <scenario>``.
+"""One rank of the process-group tests: ``python -m tests.shims.pg_worker <scenario>``.
 
 Started by ``test_process_group.py`` the way ``torchrun`` starts ranks: RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment, and the store hosted
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from tests.integration.pg_worker_common import (  # noqa: E402
+from tests.shims.pg_worker_common import (  # noqa: E402
     CHECKS,
     TIMEOUT,
     C,
@@ -415,7 +415,7 @@ def mismatched_shapes_fail_loudly() -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- DDP, bounded loss
 
-from tests.integration import pg_worker_ddp  # noqa: E402, F401 - registers its checks here
+from tests.shims import pg_worker_ddp  # noqa: E402, F401 - registers its checks here
 
 # ----------------------------------------------------------------------------- main
 

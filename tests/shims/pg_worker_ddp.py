@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
-from tests.integration.pg_worker_common import C, check, data, same_on_every_rank
+from tests.shims.pg_worker_common import C, check, data, same_on_every_rank
 
 # ----------------------------------------------------------------------------- DDP
 

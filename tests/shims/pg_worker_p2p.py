@@ -1,5 +1,5 @@
 """One rank of the point-to-point, all-to-all and sparse tests of the dlcp
-process group: ``python -m tests.integration.pg_worker_p2p``, started by
+process group: ``python -m tests.shims.pg_worker_p2p``, started by
 ``test_pg_p2p.py`` as ``pg_worker`` is started by ``test_process_group.py``
 (torchrun's env:// variables, the store hosted by the parent). Every check runs
 on every rank in the same order, compared with the same operation over Gloo in
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import dlcp  # noqa: F401  - registers the backend
-from tests.integration.pg_worker_common import CHECKS, TIMEOUT, C, check, data
+from tests.shims.pg_worker_common import CHECKS, TIMEOUT, C, check, data
 
 # ----------------------------------------------------------------------------- point-to-point
 

@@ -16,7 +16,9 @@ import torch
 
 from dlcp.io import Endpoint, EndpointConfig
 from shims.ddp import DLCPState, dlcp_hook
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 
 class _Bucket:

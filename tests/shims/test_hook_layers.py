@@ -25,7 +25,9 @@ from torch import nn
 
 from dlcp.io import Endpoint, EndpointConfig
 from shims.ddp import DLCPState, _layer_index, dlcp_hook
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 # module path prefix -> layer: the modules that own parameters, in model order
 LAYER_OF_MODULE = {"0": 0, "2.0": 1, "2.1": 2, "3": 3, "5": 4}

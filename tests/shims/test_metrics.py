@@ -27,7 +27,9 @@ from dlcp.collectives import CollectiveReport, Communicator, ring_allreduce
 from dlcp.collectives.comm import ReportBuilder
 from dlcp.io import Endpoint, EndpointConfig
 from shims.metrics import StepMetrics, Tracer, rank_path
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
+
+pytestmark = pytest.mark.integration
 
 N = 200_000
 

@@ -1,6 +1,6 @@
 """Point-to-point, all-to-all and sparse all-reduce over the ``"dlcp"`` backend,
 and the state of its works: three real ranks on loopback
-(``tests/integration/pg_worker_p2p.py``, started as ``test_process_group.py``
+(``tests/shims/pg_worker_p2p.py``, started as ``test_process_group.py``
 starts its ranks), every result compared with the same operation over Gloo."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.integration.test_process_group import WORLD, outcome, run_ranks
+from tests.shims.test_process_group import WORLD, outcome, run_ranks
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return run_ranks(WORLD, tmp_path_factory.mktemp("p2p"), "tests.integration.pg_worker_p2p")
+    return run_ranks(WORLD, tmp_path_factory.mktemp("p2p"), "tests.shims.pg_worker_p2p")
 
 
 @pytest.mark.parametrize("name", [

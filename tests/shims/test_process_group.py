@@ -4,7 +4,7 @@ Three ranks are started the way ``torchrun`` starts them (env:// variables); the
 parent hosts the TCPStore on a port the kernel picked and the ranks join it as
 clients (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), so no port is guessed
 and nothing sleeps for readiness. Every rank runs every check of
-``tests/integration/pg_worker.py`` once (a torch import costs seconds); each test
+``tests/shims/pg_worker.py`` once (a torch import costs seconds); each test
 here asserts one check's outcome on every rank. References come from the same
 operation over Gloo in a second group, or from computed expectations.
 """
@@ -28,13 +28,15 @@ dist = pytest.importorskip("torch.distributed")
 
 from dlcp.errors import ConfigError  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 3
 DEADLINE = 150.0  # seconds for the whole run, imports included
 
 
 def run_ranks(world: int, logdir: Path,
-              module: str = "tests.integration.pg_worker") -> list[dict[str, Any]]:
+              module: str = "tests.shims.pg_worker") -> list[dict[str, Any]]:
     """Start ``world`` ranks of ``module``; each one's ``results`` line, parsed."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=DEADLINE))

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("torch.distributed")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""One rank of the DDP hook tests: ``python -m tests.integration.ddp_worker``.
+"""One rank of the DDP hook tests: ``python -m tests.training.ddp_worker``.
 
 Started by :func:`dlcp.launch.launch` (torchrun's ``env://`` variables). Builds
 three replicas of one multi-layer model with identical initial weights: one

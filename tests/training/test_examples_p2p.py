@@ -25,6 +25,8 @@ pytest.importorskip("sklearn")
 
 from dlcp.launch import launch
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 

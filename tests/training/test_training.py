@@ -30,6 +30,8 @@ import pytest
 from dlcp.launch import LaunchResult, free_port, launch, rank_env
 from tests.process_helpers import alive
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
 WORLD = 4
@@ -58,11 +60,11 @@ def _explain(result: LaunchResult, out: str, err: str) -> str:
 
 @pytest.mark.slow
 def test_hook_gradients_equal_gloo_allreduce_ring_direct_and_ps() -> None:
-    """tests/integration/ddp_worker.py: a conv/linear/layer-norm model (11
+    """tests/training/ddp_worker.py: a conv/linear/layer-norm model (11
     parameter tensors) under DDP over Gloo, with the DLCP hook over a ring, in
     one round (direct), by halving-doubling, and over a PS, and with the TCP parameter-server
     baseline hook (server rank 1); assert_close of every gradient, 4 iterations."""
-    cmd = [sys.executable, "-u", "-m", "tests.integration.ddp_worker"]
+    cmd = [sys.executable, "-u", "-m", "tests.training.ddp_worker"]
     result, out, err = _launch(cmd, _env(DLCP_TIMEOUT="20"), timeout=150)
     assert result.returncode == 0, _explain(result, out, err)
     line = next(x for x in out.splitlines() if "RESULT " in x)
