@@ -11,8 +11,8 @@ PIP    := $(BIN)/pip install --progress-bar on --disable-pip-version-check
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-demo sysdeps demo demo-transport test test-python-engine sanitize fuzz \
-	lint bench clean
+.PHONY: setup setup-demo sysdeps demo demo-transport test test-quick test-python-engine \
+	sanitize fuzz lint bench clean
 
 $(BIN)/python:
 	@echo "==> [1/3] creating $(VENV)"
@@ -74,6 +74,13 @@ lint: setup
 test: lint
 	$(BIN)/pytest -q
 	$(MAKE) test-python-engine sanitize
+
+# The quick tests (tests/README.md): the package folders' in-process tests, without those
+# marked integration (whole endpoints, processes or programs on loopback)
+QUICK_TESTS := tests/proto tests/io tests/collectives tests/shims tests/bench tests/launch \
+	tests/cli tests/tree
+test-quick: $(TEST_STAMP)
+	$(BIN)/pytest -q -m "not integration" $(QUICK_TESTS)
 
 # The tests of what sends data (endpoint, engines, collectives, process group, training)
 # once more on the Python engine; the whole suite above ran on the native one where built
