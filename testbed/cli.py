@@ -84,6 +84,10 @@ _HIDDEN_HELP = (
     "units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
     "a gradient that outweighs the computation)"
 )
+_MTU_HELP = (
+    "every link's MTU in bytes (default 1500; 9000: jumbo frames); DLCP's datagrams "
+    "follow it (DLCP_MTU=auto)"
+)
 
 
 def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,6 +111,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
     run.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
+    run.add_argument("--mtu", type=int, default=1500, help=_MTU_HELP)
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
     run.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
@@ -130,6 +135,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
         help="also run each DLCP ablation on these scenarios (comma-separated, or 'all')",
     )
     suite.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
+    suite.add_argument("--mtu", type=int, default=1500, help=_MTU_HELP)
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     suite.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
@@ -275,6 +281,7 @@ def _experiments(args: argparse.Namespace) -> int:
                 gloo_profile=args.gloo_profile,
                 hidden=args.hidden,
                 backend=args.backend,
+                mtu=args.mtu,
             )
         except ValueError as e:  # refused before any run
             print(f"dlcp testbed suite: {e}", file=sys.stderr)
@@ -288,6 +295,7 @@ def _experiments(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             batch_size=args.batch_size,
             hidden=args.hidden,
+            mtu=args.mtu,
             results=args.results,
             prefix=args.prefix,
             switch=args.switch,

@@ -51,7 +51,7 @@ from pathlib import Path
 from dlcp.errors import UsageError
 from dlcp.proto.wire import DEFAULT_PORT
 
-from .results import BATCH_SIZE, HIDDEN, LINK_RATE_MBIT, default_profile, settings_label
+from .results import BATCH_SIZE, HIDDEN, LINK_RATE_MBIT, MTU, default_profile, settings_label
 
 __all__ = [
     "ABLATIONS",
@@ -94,11 +94,12 @@ def run_name(
     link_rate_mbit: float = LINK_RATE_MBIT,
     batch_size: int = BATCH_SIZE,
     hidden: int = HIDDEN,
+    mtu: int = MTU,
 ) -> str:
     """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>][-<rate>mbit]
-    [-batch<n>][-hidden<n>]``: the profile only if not the transport's default, the
-    link rate (Linux routers only), batch size and model width only if not the
-    defaults."""
+    [-batch<n>][-hidden<n>][-mtu<n>]``: the profile only if not the transport's
+    default, the link rate (Linux routers only), batch size, model width and link
+    MTU only if not the defaults."""
     label = ablation_label(ablate)
     odd = profile is not None and switch == "linux" and profile != default_profile(transport)
     rate = link_rate_mbit if switch == "linux" else LINK_RATE_MBIT  # BMv2 links: unshaped
@@ -107,7 +108,7 @@ def run_name(
         + (f"-{label}" if label else "")
         + ("-bmv2" if switch == "bmv2" else "")
         + (f"-on-{profile}" if odd else "")
-        + settings_label(rate, batch_size, hidden)
+        + settings_label(rate, batch_size, hidden, mtu)
     )
 
 
@@ -115,11 +116,13 @@ def dlcp_settings(scenario: str, ablate: Iterable[str]) -> tuple[dict[str, str],
     """(``DLCP_*`` environment, extra example flags) of a DLCP run. Data goes to
     the protocol's port (one rank per host), the one the P4 program parses as
     DLCP: on an ephemeral port the BMv2 switches would see plain UDP, classify it
-    by DSCP alone and never drop drop-eligible packets first."""
+    by DSCP alone and never drop drop-eligible packets first. Datagrams are as
+    large as the hosts' links allow (``DLCP_MTU=auto``: the topology's MTU)."""
     off = set(ablate)
     env = {
         "DLCP_N_PATHS": "1" if "spray" in off else str(N_PATHS),
         "DLCP_DATA_PORT": str(DEFAULT_PORT),
+        "DLCP_MTU": "auto",
     }
     if {"priority", "drop"} <= off:
         env["DLCP_CLASSIFIER"] = "none"
@@ -149,6 +152,8 @@ class ExperimentConfig:
     epochs: int = 2
     batch_size: int = BATCH_SIZE
     hidden: int = HIDDEN
+    #: every link's MTU (bytes); DLCP's datagrams follow it, TCP's segments too
+    mtu: int = MTU
     results: str | Path = "results"
     link_rate_mbit: float = LINK_RATE_MBIT
     prefix: str | None = None
@@ -190,6 +195,8 @@ class ExperimentConfig:
                 "(BMv2 queues have per-priority rates only)"
             )
         rate = self.link_rate_mbit
+        if not 576 <= self.mtu <= 65535:
+            raise UsageError(f"mtu={self.mtu} outside 576..65535 bytes")
         if self.epochs < 1 or self.batch_size < 1 or self.hidden < 1 or not 0 < rate < math.inf:
             raise UsageError(
                 f"epochs={self.epochs}, batch_size={self.batch_size} and hidden={self.hidden} "
@@ -202,7 +209,7 @@ class ExperimentConfig:
         return run_name(
             self.scenario, self.transport, self.ablate, self.switch, self.profile,
             link_rate_mbit=self.link_rate_mbit, batch_size=self.batch_size,
-            hidden=self.hidden,
+            hidden=self.hidden, mtu=self.mtu,
         ) + ("-mininet" if self.backend == "mininet" else "")  # fmt: skip
 
     @property

@@ -96,6 +96,7 @@ from .results import (
     FUNCTIONAL_NOTE,
     HIDDEN,
     LINK_RATE_MBIT,
+    MTU,
     PNG_NAME,
     append_csv,
     bmv2_class_totals,
@@ -121,6 +122,7 @@ __all__ = [
     "FUNCTIONAL_NOTE",
     "HIDDEN",
     "LINK_RATE_MBIT",
+    "MTU",
     "PNG_NAME",
     "SCENARIOS",
     "ExperimentConfig",
@@ -261,7 +263,9 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     name = config.name
     train_json = (res_dir / f"{name}.train.json").resolve()
     train_json.unlink(missing_ok=True)
-    t = dataclasses.replace(Topology.default(), link_rate_mbit=config.link_rate_mbit)
+    t = dataclasses.replace(
+        Topology.default(), link_rate_mbit=config.link_rate_mbit, mtu=config.mtu
+    )
     env, flags = config.example_settings()
     timeout = config.timeout if config.timeout is not None else 300.0 + 240.0 * config.epochs
     backend = backend_for(config, t)
@@ -370,6 +374,7 @@ def _result(
         "link_rate_mbit": rate,
         "batch_size": config.batch_size,
         "hidden": config.hidden,
+        "mtu": config.mtu,
         "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "code_rev": code_revision(),
     }
@@ -383,6 +388,7 @@ def _result(
             "link_rate_mbit": rate,
             "batch_size": config.batch_size,
             "hidden": config.hidden,
+            "mtu": config.mtu,
             "parameters": train.get("parameters"),
             "env": env,
             "flags": flags,
@@ -412,13 +418,14 @@ def suite(
     gloo_profile: str | None = None,
     hidden: int = HIDDEN,
     backend: str = "namespaces",
+    mtu: int = MTU,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
     over Linux on ``gloo_profile`` (default: a FIFO). ``hidden`` sizes the
     model's hidden layer for every run (1024: a gradient the fabric's links
-    feel). Failed runs are reported and skipped. Returns (number of failures,
-    summaries)."""
+    feel), ``mtu`` every link's MTU. Failed runs are reported and skipped.
+    Returns (number of failures, summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
         raise UsageError(
             f"gloo_profile={gloo_profile!r} chooses the Linux routers' queueing; "
@@ -445,6 +452,7 @@ def suite(
             backend=backend,
             profile=gloo_profile if tr == "gloo" else None,
             hidden=hidden,
+            mtu=mtu,
         )
         for s, tr, ab in plan
     ]

@@ -20,6 +20,7 @@ __all__ = [
     "FUNCTIONAL_NOTE",
     "HIDDEN",
     "LINK_RATE_MBIT",
+    "MTU",
     "PNG_NAME",
     "append_csv",
     "bmv2_class_totals",
@@ -54,6 +55,7 @@ CSV_FIELDS = (
     "link_rate_mbit",
     "batch_size",
     "hidden",
+    "mtu",
     "finished_utc",
     "code_rev",
 )
@@ -61,6 +63,7 @@ CSV_FIELDS = (
 LINK_RATE_MBIT = 200.0
 BATCH_SIZE = 16
 HIDDEN = 64  # units of the digits model's hidden layer (~38k parameters)
+MTU = 1500  # bytes, every link
 
 
 def bmv2_class_totals(
@@ -206,33 +209,39 @@ def _profile_of(row: Mapping[str, Any]) -> str:
     return str(row.get("profile") or ("p4" if _switch_of(row) == "bmv2" else "dlcp"))
 
 
-def _settings_of(row: Mapping[str, Any]) -> tuple[float, int, int]:
-    """(link rate in Mbit/s, batch size, hidden units) of a row; rows from before
-    the columns used the defaults. BMv2 rows have no link rate (its links are not
-    shaped)."""
+def _settings_of(row: Mapping[str, Any]) -> tuple[float, int, int, int]:
+    """(link rate in Mbit/s, batch size, hidden units, link MTU) of a row; rows
+    from before the columns used the defaults. BMv2 rows have no link rate (its
+    links are not shaped)."""
     rate = row.get("link_rate_mbit")
     batch = row.get("batch_size")
     hidden = row.get("hidden")
+    mtu = row.get("mtu")
     return (
         float(rate) if rate not in (None, "") else LINK_RATE_MBIT,
         int(batch) if batch not in (None, "") else BATCH_SIZE,
         int(hidden) if hidden not in (None, "") else HIDDEN,
+        int(mtu) if mtu not in (None, "") else MTU,
     )
 
 
-def settings_label(link_rate_mbit: float, batch_size: int, hidden: int = HIDDEN) -> str:
+def settings_label(
+    link_rate_mbit: float, batch_size: int, hidden: int = HIDDEN, mtu: int = MTU
+) -> str:
     """What a run's name and plot label add for settings other than the defaults:
-    ``-<rate>mbit``, ``-batch<n>``, ``-hidden<n>`` (empty for the defaults)."""
+    ``-<rate>mbit``, ``-batch<n>``, ``-hidden<n>``, ``-mtu<n>`` (empty for the
+    defaults)."""
     return (
         (f"-{link_rate_mbit:g}mbit" if link_rate_mbit != LINK_RATE_MBIT else "")
         + (f"-batch{batch_size}" if batch_size != BATCH_SIZE else "")
         + (f"-hidden{hidden}" if hidden != HIDDEN else "")
+        + (f"-mtu{mtu}" if mtu != MTU else "")
     )
 
 
 def read_csv(results: str | Path) -> list[dict[str, str]]:
     """The newest row of every (scenario, transport, ablation, switch, profile,
-    link rate, batch size, hidden units), in first-seen order."""
+    link rate, batch size, hidden units, MTU), in first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []

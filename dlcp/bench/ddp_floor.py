@@ -63,10 +63,12 @@ class UdpRingFloor:
 
     def __init__(self, rank: int, world: int, *, host: str = "127.0.0.1") -> None:
         from dlcp.io import EndpointConfig
+        from dlcp.io.path_mtu import sized_for_interface
         from dlcp.io.udp import DataSockets
         from dlcp.proto.wire import DATA_HEADER_LEN
 
-        cfg = EndpointConfig.from_env()
+        # (DLCP's datagram size as its endpoints resolve it: DLCP_MTU=auto too)
+        cfg = sized_for_interface(EndpointConfig.from_env(host=host))
         self.rank, self.world = rank, world
         self.header = DATA_HEADER_LEN
         self.payload = cfg.protocol.chunk_bytes

@@ -229,11 +229,11 @@ def _placement(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
         yield "loopback", None
         return
     if args.topology == "line":
-        with netns_line(mtu=1500) as line:
-            yield "netns-router-veth-mtu1500", line
+        with netns_line(mtu=args.mtu) as line:
+            yield f"netns-router-veth-mtu{args.mtu}", line
         return
-    with netns_pair(mtu=1500) as pair:
-        yield "netns-veth-mtu1500", pair
+    with netns_pair(mtu=args.mtu) as pair:
+        yield f"netns-veth-mtu{args.mtu}", pair
 
 
 def _worker_argv(
@@ -297,6 +297,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     }
     with _placement(args) as (path, pair):
+        # DLCP sizes its datagrams from the links' MTU (DLCP_MTU=auto) unless told
+        # otherwise; loopback's 64 KiB MTU is not a link: it gets --mtu as it is
+        env.setdefault("DLCP_MTU", "auto" if pair is not None else str(args.mtu))
         # warm-ups, lossless, authenticated, loss; then (root) offloads off and the
         # UDP floor with both, or (not root) a skipped offloads-off phase
         if pair is None:
@@ -419,6 +422,13 @@ def _parser(prog: str = "python -m dlcp.bench.transport") -> argparse.ArgumentPa
         "(a control: drops then hit whole GSO/TSO batches)",
     )
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound under loss")
+    ap.add_argument(
+        "--mtu",
+        type=int,
+        default=1500,
+        help="MTU of the namespaces' links (default 1500; 9000: jumbo frames); DLCP "
+        "sizes its datagrams from it (DLCP_MTU=auto) unless DLCP_MTU is set",
+    )
     ap.add_argument("--loopback", action="store_true", help="use loopback even as root")
     ap.add_argument("--port-base", type=int, help="first of the ports the workers use")
     ap.add_argument(

@@ -88,6 +88,7 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     p = cfg.protocol
     return {
         "batch_packets": p.batch_packets,
+        "mtu": p.mtu,
         "payload_bytes": p.chunk_bytes,
         "pacer": p.pacer,
         "n_paths": p.n_paths,
@@ -253,7 +254,9 @@ class Worker:
             raise
         self.tcp_addr = (args.peer_host, args.peer_port_base + TCP_PORT)
         self.floor_addr = (args.peer_host, args.peer_port_base + FLOOR_PORT)
-        payload = base.protocol.chunk_bytes
+        # (DLCP's datagram size as its endpoint resolved it: DLCP_MTU=auto reads the
+        # interface's MTU)
+        payload = self.endpoints["plain"].config.protocol.chunk_bytes
         self.floor_segment = DATA_HEADER_LEN + payload
         self.floor_datagrams = -(-self.data.nbytes // payload)
         self._floor_records: np.ndarray | None = None

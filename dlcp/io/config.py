@@ -42,6 +42,9 @@ class EndpointConfig:
     #: need no key (dlcp.io.kernel_filter); off, the receive loop's pre-filter
     #: alone drops them, after reading each
     kernel_filter: bool = True
+    #: size datagrams from the MTU of the interface ``host`` is on (at most 9000:
+    #: dlcp.io.path_mtu) instead of ``protocol.mtu``; ``DLCP_MTU=auto`` sets it
+    mtu_from_interface: bool = False
     #: socket buffer sizes (root may exceed net.core.{r,w}mem_max)
     rcvbuf: int = 32 << 20
     sndbuf: int = 4 << 20
@@ -160,6 +163,9 @@ class EndpointConfig:
                 continue
             name = var[len(ENV_PREFIX) :].lower()
             if name in _NOT_CONFIG:
+                continue
+            if name == "mtu" and raw.strip().lower() == "auto":
+                endpoint_kw["mtu_from_interface"] = True
                 continue
             if name in ours:
                 endpoint_kw[name] = _parse(var, raw, cls.__dataclass_fields__[name].type)

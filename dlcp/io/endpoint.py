@@ -64,6 +64,7 @@ from .control import ControlChannel
 from .emulation import LossEmulator
 from .engine import NativeSender, choose_engine
 from .io_loop import IOLoop
+from .path_mtu import sized_for_interface
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
 from .transfers import Key, Transfers
@@ -90,7 +91,9 @@ class Endpoint(IOLoop):
         store: Store | None = None,
         world_size: int | None = None,
     ) -> None:
-        self.config = config if config is not None else EndpointConfig.from_env()
+        self.config = sized_for_interface(
+            config if config is not None else EndpointConfig.from_env()
+        )
         self.rank = rank = check_rank("rank", rank)
         self.job = job
         check_auth(self.config, key, rank)

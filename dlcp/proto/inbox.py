@@ -5,22 +5,24 @@ reassembler and recovery state of each, what the application said about messages
 that have not arrived yet, and a memory of ended ones (so that late packets and
 repeated FINISHes are recognised). The session dispatches FINISH and ABORT for
 incoming messages here and runs its timers (NACKs, completion after the reorder
-grace, orphan FINISHes, rate feedback).
+grace, orphan FINISHes, rate feedback). The paths that read data datagrams into
+the reassemblers are its base class, :class:`~dlcp.proto.receive_paths.ReceivePaths`;
+the rules they answer to, and the state they read, are here.
 
 Admission: how data datagrams get into a reassembler
 -----------------------------------------------------
 
-:meth:`Inbox.receive` takes a buffer of datagrams (one GRO read, or a run of
-them) by one of three paths, chosen by what the buffer starts with:
+:meth:`ReceivePaths.receive` takes a buffer of datagrams (one GRO read, or a run
+of them) by one of three paths, chosen by what the buffer starts with:
 
-* **run** (:meth:`Inbox._receive_run`): the leading datagrams of a message
+* **run** (:meth:`ReceivePaths._receive_run`): the leading datagrams of a message
   already under way, carrying no flag beyond LAST and RETRANSMIT (and AUTH where
   the session authenticates: then only those whose tags verify, one C call),
   checked and written in one pass by the C kernel ``scatter_run``;
-* **first** (:meth:`Inbox._receive_first`): the first datagram of a message
+* **first** (:meth:`ReceivePaths._receive_first`): the first datagram of a message
   neither under way nor ended, unauthenticated and valid as it stands, read with
   plain integers (a parsed batch costs more than a small message's transfer);
-* **general** (:meth:`Inbox._receive_parsed`): everything else (the first
+* **general** (:meth:`ReceivePaths._receive_parsed`): everything else (the first
   datagram of an authenticated message, bad or foreign ones, batches that mix
   messages) parsed by
   :func:`~dlcp.proto.batch.parse_batch`, which gives each its exact reason, and
@@ -89,33 +91,23 @@ import math
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
-from .auth import AUTH_TRAILER_LEN, verified_prefix
-from .batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
 from .config import FillPolicy
-from .context import Key, SessionContext, SessionSide
+from .context import Key, SessionContext
 from .control import Abort, AbortReason, Finish, RateFeedback, Stop
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
 from .pacing import RateMeter
 from .reassembler import GeometryError, Reassembler
+from .receive_paths import Geometry, ReceivePaths
 from .recovery import ReceivePhase, ReceiverRecovery
-from .wire import (
-    DATA_HEADER_LEN,
-    DType,
-    Flags,
-    Reason,
-    allowed_loss,
-    bound_from_wire,
-    bound_to_wire,
-    check_message_key,
-)
+from .wire import DType, allowed_loss, bound_from_wire, bound_to_wire, check_message_key
 
 __all__ = ["OPEN_MESSAGE_BYTES", "Ended", "Inbox", "Outcome"]
 
@@ -161,13 +153,6 @@ _ABORT_OF: Final = {
 #: ``max_unexpected_bytes`` with the buffer)
 OPEN_MESSAGE_BYTES = 1024
 
-_AUTH_FLAG = int(Flags.AUTH)
-
-
-#: a message's geometry as its first datagrams give it: dtype, elements, chunk
-#: elements, wire bound
-Geometry: TypeAlias = tuple[DType, int, int, int]
-
 
 @dataclass(slots=True)
 class _Incoming:
@@ -179,7 +164,7 @@ class _Incoming:
     expected: bool = False
 
 
-class Inbox(SessionSide):
+class Inbox(ReceivePaths[_Incoming]):
     """Receive state of one rank: every message coming in, from any peer."""
 
     def __init__(self, ctx: SessionContext, peers: Set[int] | None) -> None:
@@ -260,29 +245,8 @@ class Inbox(SessionSide):
 
     # ------------------------------------------------------------------ data
 
-    def receive(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
-        """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
-        or a run of them), the last one possibly shorter. See the module's
-        admission rules for the paths they take."""
-        if segment_size >= DATA_HEADER_LEN:
-            taken = self._receive_run(buf, segment_size, now=now)
-            if not taken and self._opens_message(buf):
-                # the first datagram of a message starts it (which checks it and
-                # learns the geometry); the rest can then take the run path,
-                # however long the run that arrived in one read. Authenticated,
-                # the general path takes the first alone (it verifies its tag)
-                if self.config.authenticate or not self._receive_first(
-                    buf, segment_size, now=now
-                ):
-                    self._receive_parsed(buf[:segment_size], segment_size, now=now)
-                taken = 1 + self._receive_run(buf[segment_size:], segment_size, now=now)
-            if taken:
-                if taken * segment_size >= len(buf):
-                    return
-                buf = buf[taken * segment_size :]
-        self._receive_parsed(buf, segment_size, now=now)
-
-    # the admission pipeline: one method per rule of the module docstring
+    # the admission pipeline: one method per rule of the module docstring (the
+    # receive paths call them)
 
     def _count_in(self, n: int, nbytes: int, *, fast: bool = False) -> None:
         """Rule 1: ``n`` datagrams of ``nbytes`` bytes in all were handed over."""
@@ -333,158 +297,6 @@ class Inbox(SessionSide):
         self._meter.on_bytes(key[0], wire_bytes, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
-
-    # the three paths
-
-    def _receive_parsed(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
-        """The general path: parse and validate every datagram (each gets its
-        exact reason), group them by message and admit each group."""
-        tail = len(buf) % segment_size if segment_size > 0 else 0
-        if tail and len(buf) > segment_size:
-            # a short last datagram: parse the full ones in place and the short one
-            # on its own, rather than copying the whole run into a padded array
-            self._receive_parsed(buf[: len(buf) - tail], segment_size, now=now)
-            self._receive_parsed(buf[len(buf) - tail :], segment_size, now=now)
-            return
-        parsed = parse_batch(
-            buf,
-            segment_size,
-            job=self.job,
-            key=self.keys.of if self.keys is not None else None,
-            require_auth=self.config.authenticate,
-        )
-        self._count_in(len(parsed.reasons), len(buf))
-        ok = parsed.ok
-        if not ok.all():
-            counts = np.bincount(parsed.reasons[~ok], minlength=len(Reason))
-            for code in np.flatnonzero(counts):
-                self.stats.reject(Reason(int(code)).name.lower(), int(counts[code]))
-            rows = np.flatnonzero(ok)
-            if len(rows) == 0:
-                return
-            headers, payloads = parsed.headers[rows], parsed.payloads[rows]
-        else:
-            headers, payloads = parsed.headers, parsed.payloads
-        src, step, msg = headers["src"], headers["step"], headers["msg"]
-        if len(headers) == 1 or (
-            (src == src[0]).all() and (step == step[0]).all() and (msg == msg[0]).all()
-        ):
-            self._receive_group(
-                (int(src[0]), int(step[0]), int(msg[0])), headers, payloads, now=now
-            )
-            return
-        composite = (src.astype(np.uint64) << 48) | (step.astype(np.uint64) << 16) | msg
-        keys, inverse = np.unique(composite, return_inverse=True)
-        for i, k in enumerate(keys.tolist()):
-            sel = inverse == i
-            key = (k >> 48, (k >> 16) & 0xFFFFFFFF, k & 0xFFFF)
-            self._receive_group(key, headers[sel], payloads[sel], now=now)
-
-    def _receive_group(
-        self,
-        key: Key,
-        headers: npt.NDArray[np.void],
-        payloads: npt.NDArray[np.uint8],
-        *,
-        now: float,
-    ) -> None:
-        """The general path for the accepted datagrams of one message."""
-        n = len(headers)
-        if not self._admit_peer(key[0], n, now=now):
-            return
-        state = self._message_for(key, n, now=now, headers=headers)
-        if state is None:
-            return
-        try:
-            fresh = state.reassembler.scatter(headers, payloads, now=now)
-        except GeometryError:
-            # only the packets that do not fit are dropped: a forged one batched
-            # with genuine packets (same GRO read) must not take them down with it
-            bad = state.reassembler.misfits(headers)
-            self.stats.reject("geometry", int(np.count_nonzero(bad)))
-            if bad.all():
-                return
-            headers, payloads = headers[~bad], payloads[~bad]
-            n = len(headers)
-            fresh = state.reassembler.scatter(headers, payloads, now=now)
-        wire_bytes = int(headers["payload_len"].astype(np.int64).sum()) + n * DATA_HEADER_LEN
-        self._landed(key, state, wire_bytes, fresh, now=now)
-
-    def _opens_message(self, buf: npt.NDArray[np.uint8]) -> bool:
-        """Whether ``buf`` starts with a datagram of a message not under way and not
-        ended, one that a longer run may follow."""
-        head = run_head(buf, self.job)
-        return head is not None and head.key not in self._incoming and (
-            head.key not in self._ended
-        )  # fmt: skip
-
-    def _receive_first(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> bool:
-        """The first path: the first datagram of ``buf``, a valid datagram of a
-        new message, with plain integers instead of a parsed batch. False, having
-        done nothing, for a datagram :func:`parse_batch` would not accept as it
-        is: the general path then gives it its exact reason."""
-        head = open_head(buf, segment_size, self.job)
-        if head is None:
-            return False
-        key, flags, seq, offset, elems, payload_len, tclass, code, bound, dtype = head
-        length = DATA_HEADER_LEN + payload_len
-        self._count_in(1, length)
-        if not self._admit_peer(key[0], 1, now=now):
-            return True
-
-        try:  # (a new message, by the run's head: its geometry is needed)
-            chunk_elems = Reassembler.chunk_elems_of_header(
-                seq, offset, payload_len, flags, elems, dtype
-            )
-            geometry: Geometry | None = (dtype, elems, chunk_elems, bound)
-        except GeometryError:
-            geometry = None
-        state = self._message_for(key, 1, now=now, geometry=geometry)
-        if state is None:
-            return True
-        r = state.reassembler
-        if not r.fits(seq, offset, elems, payload_len, code, flags):
-            self.stats.reject("geometry")
-            return True
-        fresh = r.scatter_one(seq, buf[DATA_HEADER_LEN:length], tclass, flags, now=now)
-        self._landed(key, state, length, fresh, now=now)
-        return True
-
-    def _receive_run(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> int:
-        """The run path: the leading datagrams of ``buf`` that belong to a message
-        under way and fit it, checked and written in one pass (the C kernel's
-        ``scatter_run``). Returns how many it took; it declines (0) anything
-        unusual (a new message, a bad or foreign datagram, a tag that does not
-        verify), which the general path then takes. Authenticating, only the
-        leading datagrams whose tags verify (one batch call) are offered."""
-        head = run_head(buf, self.job)
-        if head is None or head.flags & ~(PER_PACKET_FLAGS | _AUTH_FLAG):
-            return 0
-        key = head.key
-        src = key[0]
-        state = self._incoming.get(key)
-        if state is None or (self.peers is not None and src not in self.peers):
-            return 0  # (the general path rejects a foreign datagram: rule 2)
-        trailer = 0
-        if self.keys is not None or head.flags & _AUTH_FLAG:
-            tag_key = self.keys.of(src) if self.keys is not None else None
-            if tag_key is None or not head.flags & _AUTH_FLAG:
-                return 0
-            verified = verified_prefix(buf, segment_size, tag_key)
-            if not verified:
-                return 0
-            buf = buf[: verified * segment_size]
-            trailer = AUTH_TRAILER_LEN
-        taken, fresh, payload_bytes = state.reassembler.scatter_run(
-            buf, segment_size, dtype_byte=head.dtype_byte, msg_elems=head.msg_elems, now=now,
-            trailer=trailer,
-        )  # fmt: skip
-        if not taken:
-            return 0
-        self._count_in(taken, min(len(buf), taken * segment_size), fast=True)
-        self._admit_peer(key[0], taken, now=now)
-        self._landed(key, state, payload_bytes + taken * DATA_HEADER_LEN, fresh, now=now)
-        return taken
 
     def _open(
         self,

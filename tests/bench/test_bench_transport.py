@@ -69,6 +69,8 @@ def test_transport_benchmark_json_on_loopback() -> None:
     missing = KEYS - report.keys()
     assert not missing, f"keys missing from the JSON line: {sorted(missing)}"
     assert report["path"] == "loopback", report["path"]
+    # loopback's 64 KiB MTU is no link: DLCP keeps --mtu's 1500 there, not DLCP_MTU=auto's
+    assert report["dlcp_config"]["mtu"] == 1500, report["dlcp_config"]
     assert report["size_bytes"] == SIZE_MIB << 20, report["size_bytes"]
     for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", "ratio_lossless"):
         positive(report, key)
@@ -106,3 +108,18 @@ def test_transport_benchmark_in_namespaces_measures_the_udp_floor() -> None:
     assert 0.9 < delivered < 1.0, delivered
     assert report["udp_floor_loss_min_s"] <= report["udp_floor_loss_median_s"]
     assert report["udp_floor_senders"] == 1, report["udp_floor_senders"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bool(NETNS_MISSING), reason=f"needs {NETNS_MISSING} (network namespaces)")
+def test_transport_benchmark_on_jumbo_links_sizes_dlcp_datagrams_from_them() -> None:
+    """``--mtu 9000``: the namespaces' links carry jumbo frames and DLCP, left to
+    DLCP_MTU=auto, reads that MTU from its interface: 8,940-byte payloads (9000
+    less the IPv4, UDP and DLCP headers), every transfer exact."""
+    argv = [a for a in ARGV if a != "--loopback"] + ["--mtu", "9000"]
+    report = _run_benchmark(argv)
+    assert report["path"] == "netns-router-veth-mtu9000", report["path"]
+    assert report["dlcp_config"]["mtu"] == 9000, report["dlcp_config"]
+    assert report["dlcp_config"]["payload_bytes"] == 9000 - 20 - 8 - 32, report["dlcp_config"]
+    for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", *TCP_LOSS_FIELDS):
+        positive(report, key)

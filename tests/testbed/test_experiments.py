@@ -24,17 +24,28 @@ needs_root = pytest.mark.skipif(
 
 
 def test_ablation_mapping() -> None:
-    # data to the protocol's port, the one the P4 program parses as DLCP
+    # data to the protocol's port, the one the P4 program parses as DLCP, in
+    # datagrams as large as the links allow
+    base = {"DLCP_DATA_PORT": "9400", "DLCP_MTU": "auto"}
     env, flags = dlcp_settings("clean", ())
-    assert env == {"DLCP_N_PATHS": "8", "DLCP_DATA_PORT": "9400"} and flags == ["--p", "0.05"]
+    assert env == {"DLCP_N_PATHS": "8", **base} and flags == ["--p", "0.05"]
     env, flags = dlcp_settings("incast", ("spray", "bound"))
-    assert env == {"DLCP_N_PATHS": "1", "DLCP_DATA_PORT": "9400"}
+    assert env == {"DLCP_N_PATHS": "1", **base}
     assert flags == ["--p", "0", "--collective", "ps"]
     assert dlcp_settings("clean", ("priority",))[0]["DLCP_CLASSIFIER"] == "magnitude"
     assert dlcp_settings("clean", ("drop",))[0]["DLCP_CLASSIFIER"] == "layer"
     assert dlcp_settings("clean", ("drop", "priority"))[0]["DLCP_CLASSIFIER"] == "none"
     assert ex.run_name("loss", "dlcp", ("spray", "bound")) == "loss-dlcp-no-bound+spray"
     assert ex.run_name("loss", "gloo") == "loss-gloo"
+    assert ex.run_name("clean", "dlcp", mtu=9000) == "clean-dlcp-mtu9000"
+
+
+def test_the_link_mtu_reaches_the_topology_name_and_csv() -> None:
+    config = ex.ExperimentConfig("clean", "dlcp", mtu=9000)
+    assert config.name == "clean-dlcp-mtu9000"
+    assert "mtu" in ex.CSV_FIELDS
+    with pytest.raises(ValueError, match="mtu=100 outside 576..65535"):
+        ex.ExperimentConfig("clean", "gloo", mtu=100)
 
 
 def test_each_transport_gets_its_own_queueing_unless_told() -> None:
