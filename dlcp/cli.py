@@ -9,6 +9,10 @@ from collections.abc import Callable
 from .errors import UsageError
 from .proto.wire import MAX_LOSS_BOUND
 
+#: the benchmarks ``dlcp bench NAME`` runs (each a module of :mod:`dlcp.bench`
+#: with a ``main``, imported by :func:`_bench_main`)
+BENCHMARKS = ("core", "transport", "ddp", "allreduce", "messages", "auth", "flood")
+
 
 def _integer(text: str, low: int, high: int | None = None) -> int:
     try:
@@ -147,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (machine-readable last line)")
     bench.add_argument(
         "which",
-        choices=["core", "transport", "ddp", "allreduce", "messages", "auth", "flood"],
+        choices=BENCHMARKS,
         help="the benchmark (docs/benchmarks.md); `dlcp bench NAME --help` lists its options",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
@@ -198,6 +202,8 @@ def _bench_main(which: str) -> Callable[..., int]:
         from .bench.allreduce import main
     elif which == "messages":
         from .bench.messages import main
+    elif which == "auth":
+        from .bench.auth import main
     elif which == "flood":
         from .bench.flood import main
     else:

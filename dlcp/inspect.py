@@ -28,6 +28,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+try:
+    import scapy  # noqa: F401  (the dissector's layers are scapy's)
+except ModuleNotFoundError as exc:  # (the inspect extra; the data path never needs it)
+    raise ModuleNotFoundError(
+        "dlcp.inspect dissects DLCP packets with scapy, which is not installed: "
+        "pip install 'dlcp[inspect]' (or the dev extra)",
+        name=exc.name,
+    ) from None
+
 from scapy.fields import (
     AnyField,
     BitEnumField,

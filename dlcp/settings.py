@@ -3,7 +3,9 @@
 :meth:`dlcp.io.config.EndpointConfig.from_env` checks every ``DLCP_*`` variable and
 says which one the user set (``DLCP_EMULATED_LOSS=2 outside [0, 1)``);
 :func:`config_from_env` is that for the process's environment, and :func:`check_env`
-gives the error as one line for a launcher to print before it starts any rank.
+gives the error as one line for a launcher to print before it starts any rank
+(the job's secret, ``DLCP_JOB_SECRET`` or the file ``DLCP_JOB_SECRET_FILE`` names,
+is checked with the rest).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigError
 from .io.config import EndpointConfig
+from .keyring import job_secret
 
 __all__ = ["check_env", "config_from_env"]
 
@@ -28,6 +31,7 @@ def check_env(env: Mapping[str, str] | None = None) -> str | None:
     one line saying which variable is wrong and why."""
     try:
         config_from_env(env)
+        job_secret(env)
     except ConfigError as exc:
         return str(exc)
     return None

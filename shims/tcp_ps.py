@@ -11,18 +11,25 @@ of the process group (Gloo's TCP pairs):
   by the world size, and sends the average back to every rank.
 
 Every replica ends with the server's bytes (the hook returns them), so
-replicas stay identical. The hook waits for the exchange before it returns a
-completed future: the backward pass stalls for it, as in a synchronous
-parameter server (DLCP's hook instead completes its future from its own
-thread). Only CPU tensors: a CUDA bucket is copied to the host and back.
+replicas stay identical. As DLCP's hook does, it hands the bucket to a
+transport thread of its own and returns a future at once: the exchange
+overlaps the rest of the backward pass, and buckets are exchanged one at a
+time in the order DDP hands them over (the same on every rank). Only CPU
+tensors: a CUDA bucket is copied to the host and back.
 
-    ddp.register_comm_hook(TcpPsState(server=0), tcp_ps_hook)
+    state = TcpPsState(server=0)
+    ddp.register_comm_hook(state, tcp_ps_hook)
+    ...
+    state.close()  # (or leave it: its threads are daemons)
 """
 
 # no `from __future__ import annotations` here: DDP inspects the hook's annotations
 # at run time and wants the real dist.GradBucket / torch.futures.Future objects
 
-from dataclasses import dataclass
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -32,32 +39,76 @@ from torch._C._distributed_c10d import GradBucket
 
 from dlcp.errors import UsageError, UsageStateError
 
+from .pg_serve import OrderedServers
+
 __all__ = ["TcpPsState", "tcp_ps_hook"]
+
+#: a bucket's exchange: its buffer and the future the hook returned for it
+_Job = tuple[torch.Tensor, "torch.futures.Future[torch.Tensor]"]
 
 
 @dataclass
 class TcpPsState:
-    """Which rank serves, and in which process group (default: the default group)."""
+    """Which rank serves, and in which process group (default: the default
+    group); and the transport threads that exchange the buckets."""
 
     server: int = 0
     group: dist.ProcessGroup | None = None
+    _servers: "OrderedServers[_Job] | None" = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         world = dist.get_world_size(self.group)
         if not 0 <= self.server < world:
             raise UsageError(f"server={self.server} is not a rank of 0..{world - 1}")
 
+    def submit(self, buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+        """Queue ``buffer``'s exchange; the future completes with it averaged."""
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise UsageStateError("TcpPsState is closed: no more buckets")
+            if self._servers is None:  # (started by the first bucket)
+                self._servers = OrderedServers(
+                    self._run, name="tcp-ps-hook", os_name="tcp-ps-hook"
+                )
+            self._servers.put((buffer, fut))
+        return fut
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Refuse later buckets and let the queued ones finish (at most ``timeout`` s)."""
+        with self._lock:
+            self._closed = True
+            servers, self._servers = self._servers, None
+        if servers is not None:
+            servers.stop()
+            servers.join(timeout)
+
+    def _run(self, job: _Job) -> Callable[[], None]:
+        """Exchange one bucket (in its turn); what completes its future."""
+        buffer, fut = job
+        try:
+            host = buffer if buffer.device.type == "cpu" else buffer.cpu()
+            _exchange(self, host)
+            if host is not buffer:  # pragma: no cover - no GPU here
+                buffer.copy_(host)
+        except Exception as exc:  # surfaces in the training loop via the future
+            # (torch's stub types set_exception's argument as the future's value type)
+            return functools.partial(fut.set_exception, exc)  # type: ignore[arg-type]
+        return functools.partial(fut.set_result, buffer)
+
 
 def tcp_ps_hook(state: TcpPsState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Push the bucket to the server, pull the average back (module docstring)."""
-    buffer = bucket.buffer()
-    host = buffer if buffer.device.type == "cpu" else buffer.cpu()
-    _exchange(state, host)
-    if host is not buffer:  # pragma: no cover - no GPU here
-        buffer.copy_(host)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buffer)
-    return fut
+    """Push the bucket to the server, pull the average back (module docstring),
+    from the state's transport thread: the future is returned at once."""
+    return state.submit(bucket.buffer()).then(_unwrap)
+
+
+def _unwrap(fut: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
+    # (an exception set on the future reaches DDP's reducer re-raised, with its type
+    # and message, rather than as a value it cannot cast: see shims.ddp)
+    return fut.wait()
 
 
 def _exchange(state: TcpPsState, grad: torch.Tensor) -> None:

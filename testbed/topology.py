@@ -35,7 +35,12 @@ Spines route each host prefix to its leaf. Hosts turn segmentation offloads
 off (TCP's TSO and GSO, and UDP's) so that packets on the wire are real
 MTU-sized packets for every transport: with TSO on, a TCP sender's 64 KB
 segments would cross the fabric whole -- shaped by bytes, but forwarded, queued
-and dropped as one packet each (:func:`host_offloads_off`).
+and dropped as one packet each (:func:`host_offloads_off`). Hosts also give TCP
+the minimum retransmission timeout DLCP's control connections set on their own
+sockets (``control_rto_min``, 5 ms by default, through the namespace's
+``net.ipv4.tcp_rto_min_us`` where the kernel has it), so that Gloo's TCP does not
+wait Linux's 200 ms for a lost segment while DLCP's control messages wait 5 ms
+(:func:`host_tcp_timers`).
 
 Everything is removed by name on exit, on error and on Ctrl-C; namespaces with
 the same names left behind by a crashed run are removed before building.
@@ -423,8 +428,9 @@ def checked_prefix(prefix: str | None) -> str:
 
 
 def prepare_nodes(net: Network) -> None:
-    """Every node: IPv4 only (no stray IPv6 in the counters), loopback up; routers
-    also forward, hash ECMP on L4 ports, and accept asymmetric return paths."""
+    """Every node: IPv4 only (no stray IPv6 in the counters), loopback up; hosts
+    give TCP DLCP's minimum retransmission timeout; routers also forward, hash
+    ECMP on L4 ports, and accept asymmetric return paths."""
     t = net.topology
     for node in t.nodes:
         net.ifaces[node] = {}
@@ -432,6 +438,8 @@ def prepare_nodes(net: Network) -> None:
             net, node, "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"
         )
         net.run(node, ["ip", "link", "set", "lo", "up"])
+    for host in t.host_names:
+        host_tcp_timers(net, host)
     for node in (*t.leaves, *t.spines):
         _sysctl(
             net,
@@ -445,6 +453,26 @@ def prepare_nodes(net: Network) -> None:
 
 def _sysctl(net: Network, node: str, *settings: str) -> None:
     net.run(node, ["sysctl", "-qw", *settings])
+
+
+#: the namespace-wide minimum retransmission timeout of TCP (Linux 6.11+)
+TCP_RTO_MIN_SYSCTL = "net.ipv4.tcp_rto_min_us"
+
+
+def host_tcp_timers(net: Network, host: str) -> int | None:
+    """Give every TCP socket of ``host`` the minimum retransmission timeout that
+    DLCP's control connections set on theirs (``EndpointConfig.control_rto_min``
+    under the ``DLCP_*`` variables of this process), so that the transports'
+    TCP waits alike. Returns it in microseconds, or None where the kernel has no
+    such setting (TCP then keeps its 200 ms)."""
+    from dlcp.io import EndpointConfig
+
+    rto_min = EndpointConfig.from_env().control_rto_min
+    if rto_min <= 0:  # (DLCP's sockets keep the kernel's too)
+        return None
+    usec = max(1, round(rto_min * 1e6))
+    done = net.run(host, ["sysctl", "-qw", f"{TCP_RTO_MIN_SYSCTL}={usec}"], check=False)
+    return usec if done.returncode == 0 else None
 
 
 def host_offloads_off(net: Network, host: str, dev: str) -> None:

@@ -142,11 +142,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     ap = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("--size-mib", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--batch-packets", type=int, default=ProtocolConfig().batch_packets)
-    ap.add_argument("--spray-packets", type=int, default=ProtocolConfig().spray_packets)
-    ap.add_argument("--authenticate", action="store_true")
+    ap.add_argument("--size-mib", type=int, default=64,
+                    help="float32 tensor sent through the sessions, MiB (default 64)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="timed transfers and copies after the warm-up one; medians (default 5)")
+    ap.add_argument("--batch-packets", type=int, default=ProtocolConfig().batch_packets,
+                    help="datagrams the sender takes per pacing decision (default: the "
+                    "protocol's, %(default)s)")
+    ap.add_argument("--spray-packets", type=int, default=ProtocolConfig().spray_packets,
+                    help="datagrams per path choice (default: the protocol's, %(default)s)")
+    ap.add_argument("--authenticate", action="store_true",
+                    help="the sessions seal and verify every datagram (default: not)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args(argv)
 

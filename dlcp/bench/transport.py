@@ -397,7 +397,12 @@ def _parser(prog: str = "python -m dlcp.bench.transport") -> argparse.ArgumentPa
         default=20,
         help="transfers of each transport under loss (default 20)",
     )
-    ap.add_argument("--lossless-repetitions", type=int, default=5)
+    ap.add_argument(
+        "--lossless-repetitions",
+        type=int,
+        default=5,
+        help="transfers of each transport in each lossless phase (default 5)",
+    )
     ap.add_argument("--loss", type=float, default=1.0, help="loss rate in percent (default 1)")
     ap.add_argument(
         "--topology",
@@ -466,7 +471,7 @@ def _parser(prog: str = "python -m dlcp.bench.transport") -> argparse.ArgumentPa
         "which reads each datagram's payload from it, as TCP sends from it)",
     )
     ap.add_argument("--raw", metavar="FILE", help="write every transfer's raw answers here")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     # worker mode (internal)
     ap.add_argument("--worker", choices=["send", "recv"], help=argparse.SUPPRESS)

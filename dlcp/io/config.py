@@ -96,9 +96,7 @@ class EndpointConfig:
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
         if self.engine not in ("auto", "native", "python"):
-            raise ConfigError(
-                f"engine={self.engine!r} (DLCP_ENGINE): use 'auto', 'native' or 'python'"
-            )
+            raise ConfigError(f"engine={self.engine!r}: use 'auto', 'native' or 'python'")
         for name in ("rcvbuf", "sndbuf"):
             if not 65536 <= getattr(self, name) <= _INT_MAX:
                 raise ConfigError(
@@ -223,6 +221,13 @@ _PROTO_ENV: dict[str, str] = {
 }
 
 
+#: what a variable of each kind accepts, for the error that refuses a value
+_ACCEPTED: dict[str, str] = {
+    "bool": ": use 1, true, yes, on or 0, false, no, off",
+    "fill": ": use " + ", ".join(repr(f.value) for f in FillPolicy),
+}
+
+
 def _parse(var: str, raw: str, kind: object) -> Any:
     kind = str(kind)
     try:
@@ -240,5 +245,5 @@ def _parse(var: str, raw: str, kind: object) -> Any:
         if kind == "fill":
             return FillPolicy(raw.strip().lower())
     except ValueError:
-        raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
+        raise ConfigError(f"{var}={raw!r} is not a valid {kind}{_ACCEPTED.get(kind, '')}") from None
     return raw

@@ -35,3 +35,30 @@ def test_the_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["emulated"] is True
     assert [r["p"] for r in doc["results"]] == [0.05, 0.0]
     assert all(r["received_ms_mean"] > 0 for r in doc["results"])
+
+
+def test_the_main_jobs_plot_draws_the_loss_bound() -> None:
+    """The demo's plot named the loss bound in a title but did not draw it: the loss
+    panel has a line at ``100 p`` percent, inside its y range, labelled with it."""
+    from dlcp.train_demo import figure
+
+    epochs = [
+        {"epoch": e, "test_accuracy": 90.0, "iter_s": 0.02, "loss_fraction": 0.005,
+         "retransmitted_packets": 100}
+        for e in (1, 2)
+    ]  # fmt: skip
+    dlcp = {"epochs": epochs, "p": 0.05, "collective": "ring", "emulated_loss": 0.01,
+            "world_size": 4}  # fmt: skip
+    gloo = {"epochs": [{k: e[k] for k in ("epoch", "test_accuracy", "iter_s")} for e in epochs]}
+    fig = figure(dlcp, gloo)
+    try:
+        loss_panel = fig.axes[2]
+        bounds = [line for line in loss_panel.get_lines() if "loss bound" in line.get_label()]
+        assert len(bounds) == 1
+        assert list(bounds[0].get_ydata()) == [5.0, 5.0]  # percent, across the panel
+        assert loss_panel.get_ylim()[1] > 5.0
+        assert "p = 5% per message" in bounds[0].get_label()
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

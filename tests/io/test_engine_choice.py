@@ -79,7 +79,11 @@ def test_an_endpoint_without_the_build_sends_with_python(monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("value", ["fast", "Native", ""])
 def test_a_bad_setting_is_named(value: str) -> None:
-    with pytest.raises(ConfigError, match="DLCP_ENGINE"):
+    """As the user typed it: the keyword given to the configuration, the variable set
+    in the environment."""
+    with pytest.raises(ConfigError) as by_keyword:
         EndpointConfig(engine=value)
-    with pytest.raises(ConfigError, match="DLCP_ENGINE"):
+    assert str(by_keyword.value) == f"engine={value!r}: use 'auto', 'native' or 'python'"
+    with pytest.raises(ConfigError) as by_variable:
         EndpointConfig.from_env({"DLCP_ENGINE": value})
+    assert str(by_variable.value) == f"DLCP_ENGINE={value}: use 'auto', 'native' or 'python'"

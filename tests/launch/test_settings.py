@@ -61,3 +61,41 @@ def test_dlcp_train_demo_says_it_once(
     assert main(["train-demo", "--results", str(tmp_path)]) == 2
     said = capsys.readouterr().err.splitlines()
     assert said == ["dlcp train-demo: DLCP_N_PATHS=0 outside 1..256"]
+
+
+def test_an_unreadable_secret_file_is_named_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``DLCP_JOB_SECRET_FILE`` that names no file passed the launcher's check and
+    failed in every rank when it derived its keys: it is one line before any rank."""
+    missing = tmp_path / "no-such-secret"
+    says = f"DLCP_JOB_SECRET_FILE='{missing}' cannot be read"
+    message = check_env({"DLCP_JOB_SECRET_FILE": str(missing)})
+    assert message is not None and message.startswith(says)
+    script = tmp_path / "rank.py"
+    script.write_text("import pathlib, os\npathlib.Path(__file__ + os.environ['RANK']).touch()\n")
+    monkeypatch.setenv("DLCP_JOB_SECRET_FILE", str(missing))
+    assert run_cli(2, False, str(script), []) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dlcp launch: {says}")
+    assert list(tmp_path.iterdir()) == [script]  # no rank ran
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"DLCP_ENGINE": "fast"}, "DLCP_ENGINE=fast: use 'auto', 'native' or 'python'"),
+        ({"DLCP_AUTHENTICATE": "maybe"},
+         "DLCP_AUTHENTICATE='maybe' is not a valid bool: "
+         "use 1, true, yes, on or 0, false, no, off"),
+        ({"DLCP_DEFAULT_FILL": "mean"},
+         "DLCP_DEFAULT_FILL='mean' is not a valid fill: use 'zero', 'previous', 'rescale'"),
+    ],
+)  # fmt: skip
+def test_a_refused_value_is_named_first_and_the_accepted_ones_listed(
+    env: dict[str, str], says: str
+) -> None:
+    """``DLCP_ENGINE=fast`` was refused as ``engine='fast' (DLCP_ENGINE)``, the field's
+    name before the variable the user typed, and a bad boolean or fill did not say
+    what is accepted."""
+    assert check_env(env) == says

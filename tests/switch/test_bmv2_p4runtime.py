@@ -73,7 +73,7 @@ def test_controller_entries_route_and_count_packets(tmp_path: Path) -> None:
     protos()
     import os
     import subprocess
-    import time
+    import threading
 
     from scapy.all import IP, UDP, AsyncSniffer, Ether, Raw, sendp
 
@@ -102,9 +102,13 @@ def test_controller_entries_route_and_count_packets(tmp_path: Path) -> None:
         ports = {1: f"{tag}p1", 2: f"{tag}p2"}
         with bmv2_switch(ports, log_dir=tmp_path, ns=ns, grpc_addr=addr, thrift_port=_free_port()):
             configure_switch(addr, 0, COMMITTED_P4INFO, COMMITTED_JSON, entries, timeout=30)
-            sniff = AsyncSniffer(iface=outer[1], filter="udp")
+            # the capture stops at the 5th packet (or is stopped after 30 s); the packets
+            # are sent once its socket is open (started_callback), not after a guessed delay
+            capturing = threading.Event()
+            sniff = AsyncSniffer(iface=outer[1], filter="udp", count=5,
+                                 started_callback=capturing.set)  # fmt: skip
             sniff.start()
-            time.sleep(0.5)
+            assert capturing.wait(30), "the capture on the switch's port did not start"
             tos = SwitchPolicy().tos.tos(5, drop=False)
             pkt = (
                 Ether(dst="02:dc:00:06:00:04")
@@ -113,8 +117,8 @@ def test_controller_entries_route_and_count_packets(tmp_path: Path) -> None:
                 / Raw(b"x" * 100)
             )
             sendp([pkt] * 5, iface=outer[0], verbose=False)
-            time.sleep(1.0)
-            got = sniff.stop()
+            sniff.join(timeout=30)
+            got = sniff.stop() if sniff.running else sniff.results
             helper = P4InfoHelper.from_file(COMMITTED_P4INFO)
             with P4RuntimeClient(addr, 0, primary=False, timeout=30) as c:
                 forwarded = c.read_counter(helper, P4Names.FORWARDED)

@@ -44,7 +44,7 @@ def test_the_link_mtu_reaches_the_topology_name_and_csv() -> None:
     config = ex.ExperimentConfig("clean", "dlcp", mtu=9000)
     assert config.name == "clean-dlcp-mtu9000"
     assert "mtu" in ex.CSV_FIELDS
-    with pytest.raises(ValueError, match="mtu=100 outside 576..65535"):
+    with pytest.raises(ValueError, match=r"mtu=100 outside 576\.\.65535"):
         ex.ExperimentConfig("clean", "gloo", mtu=100)
 
 

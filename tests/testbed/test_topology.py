@@ -360,3 +360,22 @@ def test_segmentation_left_on_reads_ethtool() -> None:
 
     with pytest.raises(NetnsError, match="eth9 still has generic-segmentation-offload"):
         require_segmentation_off(lambda argv: _Done(), "eth9", "ns1")
+
+
+@pytest.mark.root
+@needs_root
+def test_hosts_give_tcp_the_minimum_rto_of_dlcps_control_connections() -> None:
+    """Gloo's TCP on the testbed waited Linux's 200 ms for a lost segment while DLCP's
+    control connections wait ``control_rto_min`` (5 ms): every host's namespace now
+    sets that minimum for all its TCP sockets; the routers keep the kernel's."""
+    if not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
+        pytest.skip("this kernel has no net.ipv4.tcp_rto_min_us")
+    from dlcp.io import EndpointConfig
+
+    want = str(round(EndpointConfig.from_env().control_rto_min * 1e6))
+    with build(Topology.default(), prefix="dlcpt7") as net:
+        for host in net.topology.host_names:
+            got = net.run(host, ["sysctl", "-n", "net.ipv4.tcp_rto_min_us"]).stdout.strip()
+            assert got == want, (host, got)
+        spine = net.run("spine1", ["sysctl", "-n", "net.ipv4.tcp_rto_min_us"]).stdout.strip()
+        assert spine == "200000"

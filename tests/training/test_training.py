@@ -45,9 +45,11 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _launch(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[LaunchResult, str, str]:
+def _launch(
+    cmd: list[str], env: dict[str, str], timeout: float, nproc: int = 0
+) -> tuple[LaunchResult, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    result = launch(cmd, WORLD, env=env, stdout=out, stderr=err, timeout=timeout)
+    result = launch(cmd, nproc or WORLD, env=env, stdout=out, stderr=err, timeout=timeout)
     return result, out.getvalue(), err.getvalue()
 
 
@@ -79,6 +81,22 @@ def test_hook_gradients_equal_gloo_allreduce_ring_direct_and_ps() -> None:
     assert summary["ring"]["ops"] == ["ring_allreduce"]
     assert summary["ps"]["ops"] == ["ps_allreduce"]
     assert summary["halving"]["ops"] == ["halving_doubling_allreduce"]
+
+
+def test_the_tcp_parameter_server_hook_returns_before_its_exchange() -> None:
+    """tests/training/tcp_ps_worker.py: the TCP baseline's hook hands the
+    bucket to its thread as DLCP's does (rank 0's future is not done when the
+    hook returns: rank 1 has not even called its hook yet); both ranks get the
+    average in their own buffer; a closed state refuses the next bucket."""
+    cmd = [sys.executable, "-u", "-m", "tests.training.tcp_ps_worker"]
+    result, out, err = _launch(cmd, _env(), timeout=120, nproc=2)
+    assert result.returncode == 0, _explain(result, out, err)
+    rows = [json.loads(x.split("RESULT ", 1)[1]) for x in out.splitlines() if "RESULT " in x]
+    assert sorted(r["rank"] for r in rows) == [0, 1], out
+    by_rank = {r["rank"]: r for r in rows}
+    assert by_rank[0]["done_at_return"] is False
+    for r in rows:
+        assert r["mean_ok"] and r["same_buffer"] and r["refused_after_close"], r
 
 
 # ---------------------------------------------------------------------------- loss
