@@ -11,8 +11,8 @@ PIP    := $(BIN)/pip install --progress-bar on --disable-pip-version-check
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-demo sysdeps demo demo-transport test test-python-engine sanitize fuzz \
-	lint bench clean
+.PHONY: setup setup-demo sysdeps demo demo-transport test test-quick test-python-engine \
+	sanitize fuzz lint bench clean
 
 $(BIN)/python:
 	@echo "==> [1/3] creating $(VENV)"
@@ -75,12 +75,19 @@ test: lint
 	$(BIN)/pytest -q
 	$(MAKE) test-python-engine sanitize
 
+# The quick tests (tests/README.md): the package folders' in-process tests, without those
+# marked integration (whole endpoints, processes or programs on loopback)
+QUICK_TESTS := tests/proto tests/io tests/collectives tests/shims tests/bench tests/launch \
+	tests/cli tests/tree
+test-quick: $(TEST_STAMP)
+	$(BIN)/pytest -q -m "not integration" $(QUICK_TESTS)
+
 # The tests of what sends data (endpoint, engines, collectives, process group, training)
 # once more on the Python engine; the whole suite above ran on the native one where built
-ENGINE_TESTS := tests/integration/test_endpoint.py tests/integration/test_engines.py \
-	tests/integration/test_halving.py tests/integration/test_ps_dedicated.py \
-	tests/integration/test_collective_failures.py tests/integration/test_process_group.py \
-	tests/integration/test_training.py
+ENGINE_TESTS := tests/io/test_endpoint.py tests/io/test_engines.py \
+	tests/collectives/test_halving.py tests/collectives/test_ps_dedicated.py \
+	tests/collectives/test_collective_failures.py tests/shims/test_process_group.py \
+	tests/training/test_training.py
 test-python-engine: setup
 	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
 
@@ -101,9 +108,9 @@ sanitize: setup
 	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
 	DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
-	  $(BIN)/pytest -q tests/unit/test_engine_send.py tests/unit/test_engine_pacer.py \
-	  tests/unit/test_gmac.py tests/integration/test_engines.py tests/integration/test_endpoint.py \
-	  tests/integration/test_halving.py
+	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
+	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
+	  tests/collectives/test_halving.py
 
 # libFuzzer targets of the compiled code that reads network input (tests/fuzz/: the
 # receive kernels and the UDP receive loop), built with clang and ASan/UBSan, seeded from

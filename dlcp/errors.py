@@ -1,7 +1,7 @@
 """The exceptions DLCP raises: one tree, rooted at :class:`DLCPError`.
 
 Every exception class defined in ``dlcp``, ``shims``, ``bench`` and ``testbed``
-descends from :class:`DLCPError` (``tests/unit/test_error_tree.py`` walks the
+descends from :class:`DLCPError` (``tests/tree/test_error_tree.py`` walks the
 packages and checks it), so ``except DLCPError`` catches whatever the library
 raises on purpose (``WireError`` is defined in :mod:`dlcp.proto.wire`,
 ``GeometryError`` in :mod:`dlcp.proto.reassembler`)::

@@ -21,7 +21,7 @@
  *     its last (what UDP GSO allows).
  *  3. A batch goes when the destination's pacer allows it (Pacer below: the
  *     receiver-driven token bucket of dlcp.proto.pacing.ReceiverDrivenPacer,
- *     ported line for line; tests/unit/test_engine_pacer.py drives both with
+ *     ported line for line; tests/io/test_engine_pacer.py drives both with
  *     the same calls and compares every answer).
  *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
  *     per_message datagrams (the round's) per (GSO) message, with the batch's

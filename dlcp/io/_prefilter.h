@@ -12,7 +12,7 @@
  * The rules and their order are those of §6.1, rows 1-8 (the tag itself, row 9,
  * is checked by the session): a datagram this filter keeps is one the session's
  * parser gives no reason but possibly AUTH_FAILED; one it drops gets the same
- * reason there. tests/unit/test_prefilter.py checks that on random datagrams.
+ * reason there. tests/io/test_prefilter.py checks that on random datagrams.
  */
 #ifndef DLCP_PREFILTER_H
 #define DLCP_PREFILTER_H

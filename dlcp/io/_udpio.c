@@ -2,7 +2,7 @@
  * dlcp.io._udpio: the UDP receive loop of dlcp/io/udp.py, in C.
  *
  * Optional accelerator: DataSockets.receive falls back to the same loop in Python
- * when this module was not built, and tests/unit/test_udp_receive.py checks that
+ * when this module was not built, and tests/io/test_udp_receive.py checks that
  * both hand over the same runs. A Python loop costs several microseconds per read;
  * when datagrams arrive one per read (GRO not aggregating, e.g. offloads off on
  * the path) that, not the kernel, bounds the receive rate. Here the loop runs

@@ -3,7 +3,7 @@ that drops a datagram breaking a header rule of spec §6.1 before the kernel
 queues it, so junk costs the receiving thread nothing (no read, no pre-filter).
 
 What the kernel runs the program on, measured on Linux 6.18 and checked by
-``tests/unit/test_kernel_filter.py``: the datagram from its **UDP header** on
+``tests/io/test_kernel_filter.py``: the datagram from its **UDP header** on
 (so DLCP's header starts at offset 8), and the length (``BPF_LEN``) counts the
 8-byte UDP header too. A filter needs no privilege and no loader; the kernel
 copies the program at attach time.

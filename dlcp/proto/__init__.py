@@ -1,7 +1,7 @@
 """The sans-I/O DLCP protocol core: bytes and events in, bytes and events out.
 
 No sockets, threads, asyncio, torch or clocks here: every method that depends on
-time takes ``now``. ``tests/unit/test_purity.py`` checks it.
+time takes ``now``. ``tests/tree/test_purity.py`` checks it.
 """
 
 from .config import FillPolicy, ProtocolConfig

@@ -2,7 +2,7 @@
  * dlcp.proto._kernels: the byte-moving loops of the data path, in C.
  *
  * Optional accelerator. dlcp/proto/kernels.py falls back to numpy when this module
- * was not built; both give the same bytes (tests/unit/test_kernels.py compares them).
+ * was not built; both give the same bytes (tests/proto/test_kernels.py compares them).
  * Rows must not overlap (dst and src are different buffers in every caller).
  * Pure computation on caller-owned buffers: no I/O, no global state, and the GIL is
  * released while bytes move, so the endpoint's I/O thread keeps running.

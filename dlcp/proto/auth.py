@@ -16,7 +16,7 @@ This module is the executable reference and the fast path in one: the batch
 functions hand a whole run of records to the C accelerator ``dlcp.proto._gmac``
 (OpenSSL's libcrypto, built when its headers are there; :data:`ACCELERATED`) and
 otherwise tag record by record with ``cryptography``'s AESGCM, which gives the
-same bytes (``tests/unit/test_gmac.py``).
+same bytes (``tests/proto/test_gmac.py``).
 """
 
 from __future__ import annotations

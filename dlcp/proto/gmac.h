@@ -2,7 +2,7 @@
  * AES-GMAC of DLCP datagrams (docs/spec.md §3) with OpenSSL's libcrypto, shared by
  * dlcp.proto._gmac (batch tagging and verifying for the Python engine and the
  * receive path) and dlcp.io._engine (tagging in the send thread). The reference
- * is dlcp/proto/auth.py; tests/unit/test_gmac.py checks that both give the same
+ * is dlcp/proto/auth.py; tests/proto/test_gmac.py checks that both give the same
  * bytes.
  *
  * An authenticated data record ends with an 8-byte nonce (big-endian) and a

@@ -80,7 +80,7 @@ the pipeline that all three paths call:
 
 A message's charge ends when it is handed over (expected), when it is released
 by the driver after being parked (unexpected, :meth:`Inbox.release`), or when it
-fails or is cancelled. ``tests/unit/test_admission.py`` checks each rule on
+fails or is cancelled. ``tests/proto/test_admission.py`` checks each rule on
 every path that can meet it.
 """
 

@@ -7,7 +7,7 @@ Two implementations give the same bytes: the C accelerator ``dlcp.proto._kernels
 (built by ``pip install`` when a C compiler is there; it copies each row with one
 ``memmove`` and releases the GIL while it does) and a numpy fallback (a fancy-index
 gather or scatter, which goes through a temporary when both sides are indexed).
-:data:`ACCELERATED` says which one is in use; ``tests/unit/test_kernels.py`` checks
+:data:`ACCELERATED` says which one is in use; ``tests/proto/test_kernels.py`` checks
 that they agree.
 """
 
@@ -223,7 +223,7 @@ def scatter_run(
 
     Without the C accelerator nothing is taken (``taken == 0``): the general path
     (:func:`dlcp.proto.batch.parse_batch` and ``Reassembler.scatter``) then does
-    the same work with numpy, and ``tests/unit/test_receive_run.py`` checks that
+    the same work with numpy, and ``tests/proto/test_receive_run.py`` checks that
     both paths end in the same state.
     """
     if _accel is None or not ACCELERATED:

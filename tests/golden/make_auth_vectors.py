@@ -7,8 +7,8 @@ again from them by the change each one names. Run from the repository root:
 
     .venv/bin/python tests/golden/make_auth_vectors.py
 
-then review the diff against docs/spec.md §3; tests/unit/test_wire.py and
-tests/unit/test_inspect.py check every vector against the codec and the scapy
+then review the diff against docs/spec.md §3; tests/proto/test_wire.py and
+tests/proto/test_inspect.py check every vector against the codec and the scapy
 layers.
 """
 

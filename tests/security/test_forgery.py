@@ -50,7 +50,7 @@ from dlcp.proto.control import (
     encode_control,
 )
 from dlcp.proto.session import DataBatch, Session
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 
 JOB = 0x3C1
 KEY = bytes(range(1, 33))

@@ -12,7 +12,7 @@ import pytest
 from dlcp import rendezvous
 from dlcp.errors import ConfigError
 from dlcp.launch import launch
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 
 PRINT_SECRET = [sys.executable, "-c", "import os; print(os.environ['DLCP_JOB_SECRET'])"]
 

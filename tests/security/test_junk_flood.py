@@ -26,7 +26,7 @@ from dlcp.bench.flooder import Flooder
 from dlcp.errors import PeerTimeout
 from dlcp.io import Endpoint, EndpointConfig, udp
 from dlcp.proto.config import ProtocolConfig
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 
 pytestmark = pytest.mark.skipif(udp._udpio is None, reason="dlcp.io._udpio not built")
 

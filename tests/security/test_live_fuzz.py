@@ -51,7 +51,7 @@ from dlcp.keyring import KeyRing, new_run_nonce
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 from tests.security.sent_datagrams import data_datagrams
 
 JOB = 0x5EED

@@ -16,7 +16,7 @@ from dlcp.io import Endpoint, EndpointConfig
 from dlcp.keyring import KeyRing, new_run_nonce
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
-from tests.integration.endpoint_helpers import LocalStore
+from tests.io.endpoint_helpers import LocalStore
 from tests.security.sent_datagrams import data_datagrams
 
 SECRET = bytes(range(7, 39))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dlcp.io import Endpoint, EndpointConfig
-from tests.integration.endpoint_helpers import JOB, LocalStore, dlcp_threads
+from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
 
 @contextlib.contextmanager

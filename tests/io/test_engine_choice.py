@@ -1,0 +1,89 @@
+"""Which engine an endpoint sends with: ``DLCP_ENGINE`` / ``EndpointConfig.engine``,
+``auto`` meaning native where it was built. A build without a C compiler (no
+``dlcp.io._engine``) runs the Python engine on ``auto`` and says so, and refuses
+``native`` by name; so does an engine built without libcrypto for an
+authenticating job (it cannot tag)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dlcp.errors import ConfigError
+from dlcp.io import engine
+from dlcp.io.config import EndpointConfig
+
+
+class _Build:
+    def __init__(self, seals: int) -> None:
+        self.SEALS = seals
+
+
+def test_auto_is_native_where_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_native", _Build(seals=1))
+    assert engine.choose_engine("auto") == "native"
+    assert engine.choose_engine("python") == "python"
+    # built with libcrypto, the native engine tags as it sends: auto keeps it
+    assert engine.choose_engine("auto", authenticate=True) == "native"
+    assert engine.choose_engine("native", authenticate=True) == "native"
+    assert engine.choose_engine("python", authenticate=True) == "python"
+
+
+def test_a_build_without_libcrypto_leaves_authentication_to_python(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(engine, "_native", _Build(seals=0))
+    assert engine.choose_engine("auto") == "native"
+    with caplog.at_level(logging.INFO, logger="dlcp.io"):
+        assert engine.choose_engine("auto", authenticate=True) == "python"
+    assert "built without libcrypto" in caplog.text
+    with pytest.raises(ConfigError, match=r"DLCP_ENGINE.*without OpenSSL's libcrypto"):
+        engine.choose_engine("native", authenticate=True)
+
+
+def test_this_build_seals_where_libcrypto_is() -> None:
+    from dlcp.proto import auth
+
+    # setup.py builds both with libcrypto or neither
+    assert engine.native_seals() == (engine.native_available() and auth.ACCELERATED)
+
+
+def test_without_the_build_auto_runs_python_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(engine, "_native", None)
+    with caplog.at_level(logging.INFO, logger="dlcp.io"):
+        assert engine.choose_engine("auto") == "python"
+    assert "native engine was not built" in caplog.text
+    with pytest.raises(ConfigError, match=r"DLCP_ENGINE.*not built"):
+        engine.choose_engine("native")
+
+
+def test_an_endpoint_without_the_build_sends_with_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from tests.io.test_engines import pair
+
+    monkeypatch.setattr(engine, "_native", None)
+    with pair(("auto", "auto")) as (a, b):
+        assert a.engine == b.engine == "python"
+        data = np.arange(100_000, dtype=np.float32)
+        out = np.empty_like(data)
+        got = b.recv(src=0, msg=3, out=out)
+        a.send(data, to=1, msg=3).result(10)
+        got.result(10)
+        assert np.array_equal(out, data)
+        assert a.stats()["engine"] == "python"
+
+
+@pytest.mark.parametrize("value", ["fast", "Native", ""])
+def test_a_bad_setting_is_named(value: str) -> None:
+    """As the user typed it: the keyword given to the configuration, the variable set
+    in the environment."""
+    with pytest.raises(ConfigError) as by_keyword:
+        EndpointConfig(engine=value)
+    assert str(by_keyword.value) == f"engine={value!r}: use 'auto', 'native' or 'python'"
+    with pytest.raises(ConfigError) as by_variable:
+        EndpointConfig.from_env({"DLCP_ENGINE": value})
+    assert str(by_variable.value) == f"DLCP_ENGINE={value}: use 'auto', 'native' or 'python'"
