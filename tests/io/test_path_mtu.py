@@ -71,15 +71,15 @@ def test_an_endpoint_with_mtu_auto_reports_the_size_it_uses() -> None:
 
 _MISSING = netns.missing_tools()
 _PROBE = "from dlcp.io.path_mtu import mtu_for_host as m; import sys; print(m(sys.argv[1]))"
+_ADDRESS = "10.213.99.1"
+needs_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or bool(_MISSING), reason=f"needs root and {_MISSING}"
+)
 
 
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0 or bool(_MISSING), reason=f"needs root and {_MISSING}")
-@pytest.mark.parametrize(("mtu", "want"), [(9000, 9000), (1450, 1450), (16000, MAX_AUTO_MTU)])
-def test_an_interface_in_a_namespace_gives_its_mtu(mtu: int, want: int) -> None:
-    """A veth interface of ``mtu`` with an address, in a namespace of this
-    test's own: the endpoint's address finds it (an overlay's 1450 as well as
-    jumbo frames; above 9000 the cap)."""
+def _probe_in_namespace(mtu: int) -> subprocess.CompletedProcess[str]:
+    """``mtu_for_host`` run in a namespace of this test's own, which holds a veth
+    interface ``d0`` of ``mtu`` with address :data:`_ADDRESS` (removed after)."""
     ns = f"dlcp-mtu-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
@@ -87,43 +87,36 @@ def test_an_interface_in_a_namespace_gives_its_mtu(mtu: int, want: int) -> None:
             ["link", "add", "d0", "type", "veth", "peer", "name", "d1"],
             ["link", "set", "d0", "mtu", str(mtu), "up"],
             ["link", "set", "d1", "up"],
-            ["addr", "add", "10.213.99.1/24", "dev", "d0"],
+            ["addr", "add", f"{_ADDRESS}/24", "dev", "d0"],
         ):
             subprocess.run(["ip", "-n", ns, *cmd], check=True)
-        out = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", _PROBE, "10.213.99.1"],
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", _PROBE, _ADDRESS],
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert out.returncode == 0, out.stderr
-        assert int(out.stdout.split()[-1]) == want
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=True)
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0 or bool(_MISSING), reason=f"needs root and {_MISSING}")
+@needs_namespaces
+@pytest.mark.parametrize(("mtu", "want"), [(9000, 9000), (1450, 1450), (16000, MAX_AUTO_MTU)])
+def test_an_interface_in_a_namespace_gives_its_mtu(mtu: int, want: int) -> None:
+    """The endpoint's address finds its interface (an overlay's 1450 as well as
+    jumbo frames; above 9000 the cap)."""
+    out = _probe_in_namespace(mtu)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == want
+
+
+@pytest.mark.root
+@needs_namespaces
 def test_an_interface_below_the_protocols_minimum_is_refused_by_name() -> None:
-    ns = f"dlcp-mtu-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        for cmd in (
-            ["link", "add", "d0", "type", "veth", "peer", "name", "d1"],
-            ["link", "set", "d0", "mtu", "500", "up"],
-            ["addr", "add", "10.213.98.1/24", "dev", "d0"],
-        ):
-            subprocess.run(["ip", "-n", ns, *cmd], check=True)
-        out = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", _PROBE, "10.213.98.1"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode != 0
-        assert "interface d0 (address 10.213.98.1) has MTU 500" in out.stderr, out.stderr
-    finally:
-        subprocess.run(["ip", "netns", "delete", ns], check=True)
+    out = _probe_in_namespace(500)
+    assert out.returncode != 0
+    assert f"interface d0 (address {_ADDRESS}) has MTU 500" in out.stderr, out.stderr
 
 
 def test_ranks_whose_datagram_sizes_differ_still_talk() -> None:
