@@ -58,7 +58,7 @@ from dlcp.proto.config import FillPolicy
 from dlcp.proto.wire import MAX_LOSS_BOUND
 
 from .metrics import StepMetrics, Tracer, rank_path
-from .pg_serve import OrderedServers
+from .pg_serve import OrderedServers, result_of
 
 __all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
 
@@ -347,14 +347,8 @@ def dlcp_hook(state: DLCPState, bucket: GradBucket) -> torch.futures.Future[torc
     """DDP comm hook: average the bucket across ranks over DLCP."""
     tensor = bucket.buffer()
     segments = state.segments_for(bucket.parameters())
-    # an exception set on a Python future is only a value to DDP's C++ reducer
-    # (it fails with "Unable to cast <message> to Tensor"); re-raised in a
-    # callback, it fails the chained future with the exception's type and message
-    return state.submit(tensor, segments, bucket.is_last()).then(_unwrap)
-
-
-def _unwrap(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-    return fut.wait()
+    # (the transport thread's exception re-raised in the chained future: result_of)
+    return state.submit(tensor, segments, bucket.is_last()).then(result_of)
 
 
 def _layer_index(model: nn.Module) -> dict[int, int]:

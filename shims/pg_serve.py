@@ -23,11 +23,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dlcp.io.threads import name_os_thread
 
-__all__ = ["OrderedServers"]
+__all__ = ["OrderedServers", "result_of"]
 
 log = logging.getLogger("dlcp.shims")
 
@@ -35,6 +35,15 @@ _Item = TypeVar("_Item")
 
 #: threads kept: one holding or waiting for the turn while another completes futures
 KEPT = 2
+
+
+def result_of(fut: Any) -> Any:
+    """A ``.then`` callback for the futures these threads complete: the result,
+    or the exception re-raised. An exception *set* on a torch future is only a
+    value to DDP's C++ reducer (it fails with "Unable to cast <message> to
+    Tensor"); raised in a callback, it fails the chained future with its type and
+    message."""
+    return fut.wait()
 
 
 class OrderedServers(Generic[_Item]):

@@ -21,6 +21,7 @@ from torch._C._distributed_c10d import ReduceOp, Work
 from dlcp.collectives import CollectiveReport
 from dlcp.errors import ArgumentTypeError, UsageError
 
+from .pg_serve import result_of
 from .pg_timeouts import DLCPTimeout
 
 __all__ = [
@@ -66,7 +67,7 @@ class DLCPWork(Work):
         # what get_future() hands out: an exception set on a Python future is only
         # a value to C++ callers (DDP's reducer took it for the result and crashed
         # the process); raised again in a callback, it fails the chained future
-        self._chained = future.then(_unwrap)
+        self._chained = future.then(result_of)
         self._done = threading.Event()  # (for wait(timeout): set once _chained is done)
         self._chained.add_done_callback(lambda _: self._done.set())
 
@@ -117,10 +118,6 @@ def _timeout(name: str, seconds: float) -> Exception:
     return DLCPTimeout(
         f"Timed out: dlcp {name} did not complete within the {seconds:g} s timeout given to wait()"
     )
-
-
-def _unwrap(fut: torch.futures.Future[Any]) -> Any:
-    return fut.wait()
 
 
 @dataclass(slots=True)

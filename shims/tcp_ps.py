@@ -39,7 +39,7 @@ from torch._C._distributed_c10d import GradBucket
 
 from dlcp.errors import UsageError, UsageStateError
 
-from .pg_serve import OrderedServers
+from .pg_serve import OrderedServers, result_of
 
 __all__ = ["TcpPsState", "tcp_ps_hook"]
 
@@ -102,13 +102,7 @@ class TcpPsState:
 def tcp_ps_hook(state: TcpPsState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Push the bucket to the server, pull the average back (module docstring),
     from the state's transport thread: the future is returned at once."""
-    return state.submit(bucket.buffer()).then(_unwrap)
-
-
-def _unwrap(fut: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
-    # (an exception set on the future reaches DDP's reducer re-raised, with its type
-    # and message, rather than as a value it cannot cast: see shims.ddp)
-    return fut.wait()
+    return state.submit(bucket.buffer()).then(result_of)
 
 
 def _exchange(state: TcpPsState, grad: torch.Tensor) -> None:
