@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlcp.errors import UsageError
+from dlcp.proto.config import MAX_MTU, MIN_MTU
 from dlcp.proto.wire import DEFAULT_PORT
 
 from .results import BATCH_SIZE, HIDDEN, LINK_RATE_MBIT, MTU, default_profile, settings_label
@@ -195,8 +196,8 @@ class ExperimentConfig:
                 "(BMv2 queues have per-priority rates only)"
             )
         rate = self.link_rate_mbit
-        if not 576 <= self.mtu <= 65535:
-            raise UsageError(f"mtu={self.mtu} outside 576..65535 bytes")
+        if not MIN_MTU <= self.mtu <= MAX_MTU:  # (DLCP's datagrams must fit)
+            raise UsageError(f"mtu={self.mtu} outside {MIN_MTU}..{MAX_MTU} bytes")
         if self.epochs < 1 or self.batch_size < 1 or self.hidden < 1 or not 0 < rate < math.inf:
             raise UsageError(
                 f"epochs={self.epochs}, batch_size={self.batch_size} and hidden={self.hidden} "

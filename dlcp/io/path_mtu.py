@@ -31,11 +31,11 @@ import socket
 import struct
 
 from ..errors import ConfigError
+from ..proto.config import MIN_MTU
 from .config import EndpointConfig
 
 __all__ = [
     "MAX_AUTO_MTU",
-    "MIN_MTU",
     "interface_mtu",
     "interface_of",
     "mtu_for_host",
@@ -44,8 +44,6 @@ __all__ = [
 
 #: the largest MTU ``auto`` picks (a jumbo frame; see the module docstring)
 MAX_AUTO_MTU = 9000
-#: the smallest MTU the protocol accepts (IPv4's minimum datagram size)
-MIN_MTU = 576
 
 _SIOCGIFCONF = 0x8912
 _SIOCGIFMTU = 0x8921

@@ -16,10 +16,13 @@ from ..errors import ConfigError
 from .classify import available_classifiers
 from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, MAX_LOSS_BOUND, TosMap
 
-__all__ = ["IPV4_UDP_OVERHEAD", "FillPolicy", "ProtocolConfig"]
+__all__ = ["IPV4_UDP_OVERHEAD", "MAX_MTU", "MIN_MTU", "FillPolicy", "ProtocolConfig"]
 
 #: IPv4 (20) + UDP (8) header bytes inside the MTU
 IPV4_UDP_OVERHEAD: Final = 28
+#: the MTUs the protocol accepts: IPv4's minimum datagram size, its largest
+MIN_MTU: Final = 576
+MAX_MTU: Final = 65535
 
 
 #: receiver-driven pacing starts at 10 Gbit/s, never goes below 8 Mbit/s, and lets
@@ -111,8 +114,8 @@ class ProtocolConfig:
     authenticate: bool = False
 
     def __post_init__(self) -> None:
-        if not 576 <= self.mtu <= 65535:
-            raise ConfigError(f"mtu={self.mtu} outside 576..65535")
+        if not MIN_MTU <= self.mtu <= MAX_MTU:
+            raise ConfigError(f"mtu={self.mtu} outside {MIN_MTU}..{MAX_MTU}")
         limit = self.max_payload_bytes
         if self.payload_bytes is not None and not 16 <= self.payload_bytes <= limit:
             raise ConfigError(
