@@ -29,6 +29,7 @@ from dlcp.processes import signals_ignored
 
 __all__ = [
     "SEGMENTATION_FEATURES",
+    "TCP_RTO_MIN_SYSCTL",
     "NetnsError",
     "NetnsLine",
     "NetnsLoopback",
@@ -39,6 +40,7 @@ __all__ = [
     "netns_pair",
     "require_segmentation_off",
     "segmentation_left_on",
+    "tcp_timers_like_dlcp",
 ]
 
 _counter = itertools.count()
@@ -84,6 +86,27 @@ def segmentation_left_on(ethtool_k: str) -> list[str]:
         if name in SEGMENTATION_FEATURES and state.strip().startswith("on"):
             on.append(name)
     return on
+
+
+#: the namespace-wide minimum retransmission timeout of TCP (Linux 6.11+)
+TCP_RTO_MIN_SYSCTL = "net.ipv4.tcp_rto_min_us"
+
+
+def tcp_timers_like_dlcp(run: Callable[[Sequence[str]], Any]) -> int | None:
+    """Give every TCP socket of a namespace (``run`` executes an argv there and
+    returns its completed process) the minimum retransmission timeout DLCP's
+    control connections set on theirs (``EndpointConfig.control_rto_min`` under
+    this process's ``DLCP_*`` variables), so that the transports' TCP waits
+    alike. Returns it in microseconds, or None where the kernel has no such
+    setting or DLCP keeps the kernel's too (TCP then keeps its 200 ms)."""
+    from dlcp.io import EndpointConfig
+
+    rto_min = EndpointConfig.from_env().control_rto_min
+    if rto_min <= 0:
+        return None
+    usec = max(1, round(rto_min * 1e6))
+    done = run(["sysctl", "-qw", f"{TCP_RTO_MIN_SYSCTL}={usec}"])
+    return usec if done.returncode == 0 else None
 
 
 def require_segmentation_off(run: Callable[[Sequence[str]], Any], dev: str, where: str) -> None:

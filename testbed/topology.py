@@ -40,7 +40,7 @@ the minimum retransmission timeout DLCP's control connections set on their own
 sockets (``control_rto_min``, 5 ms by default, through the namespace's
 ``net.ipv4.tcp_rto_min_us`` where the kernel has it), so that Gloo's TCP does not
 wait Linux's 200 ms for a lost segment while DLCP's control messages wait 5 ms
-(:func:`host_tcp_timers`).
+(:func:`~testbed.netns.tcp_timers_like_dlcp`).
 
 Everything is removed by name on exit, on error and on Ctrl-C; namespaces with
 the same names left behind by a crashed run are removed before building.
@@ -49,6 +49,7 @@ Readiness is checked (routes present, every host pings every other host).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -72,6 +73,7 @@ from .netns import (
     require_segmentation_off,
     require_tools,
     run_prefix,
+    tcp_timers_like_dlcp,
 )
 
 __all__ = [
@@ -439,7 +441,7 @@ def prepare_nodes(net: Network) -> None:
         )
         net.run(node, ["ip", "link", "set", "lo", "up"])
     for host in t.host_names:
-        host_tcp_timers(net, host)
+        tcp_timers_like_dlcp(functools.partial(net.run, host, check=False))
     for node in (*t.leaves, *t.spines):
         _sysctl(
             net,
@@ -453,26 +455,6 @@ def prepare_nodes(net: Network) -> None:
 
 def _sysctl(net: Network, node: str, *settings: str) -> None:
     net.run(node, ["sysctl", "-qw", *settings])
-
-
-#: the namespace-wide minimum retransmission timeout of TCP (Linux 6.11+)
-TCP_RTO_MIN_SYSCTL = "net.ipv4.tcp_rto_min_us"
-
-
-def host_tcp_timers(net: Network, host: str) -> int | None:
-    """Give every TCP socket of ``host`` the minimum retransmission timeout that
-    DLCP's control connections set on theirs (``EndpointConfig.control_rto_min``
-    under the ``DLCP_*`` variables of this process), so that the transports'
-    TCP waits alike. Returns it in microseconds, or None where the kernel has no
-    such setting (TCP then keeps its 200 ms)."""
-    from dlcp.io import EndpointConfig
-
-    rto_min = EndpointConfig.from_env().control_rto_min
-    if rto_min <= 0:  # (DLCP's sockets keep the kernel's too)
-        return None
-    usec = max(1, round(rto_min * 1e6))
-    done = net.run(host, ["sysctl", "-qw", f"{TCP_RTO_MIN_SYSCTL}={usec}"], check=False)
-    return usec if done.returncode == 0 else None
 
 
 def host_offloads_off(net: Network, host: str, dev: str) -> None:

@@ -265,22 +265,16 @@ def _lossy_place(args: argparse.Namespace) -> Iterator[Any]:
         yield box
 
 
-def _fast_tcp_timers(box: Any) -> int | None:
-    """Give every TCP socket in the namespace (Gloo's) the minimum retransmission
-    timeout DLCP's control channel sets on its own sockets (``control_rto_min``),
-    so that under loss both transports wait for the same kernel timer, not 200 ms
-    for Gloo (``net.ipv4.tcp_rto_min_us``, Linux 6.11+; None where it is missing)."""
+def _tcp_timers_like_dlcp(box: Any) -> int | None:
+    """Gloo's TCP in the namespace waits for a lost segment as DLCP's control
+    connections do, not 200 ms (:func:`testbed.netns.tcp_timers_like_dlcp`)."""
     import subprocess
 
-    from dlcp.io import EndpointConfig
+    from testbed.netns import tcp_timers_like_dlcp
 
-    usec = round(EndpointConfig.from_env().control_rto_min * 1e6)  # (the ranks' DLCP_*)
-    set_it = subprocess.run(
-        box.exec_argv(["sysctl", "-q", "-w", f"net.ipv4.tcp_rto_min_us={usec}"]),
-        capture_output=True,
-        text=True,
+    return tcp_timers_like_dlcp(
+        lambda argv: subprocess.run(box.exec_argv(list(argv)), capture_output=True, text=True)
     )
-    return usec if set_it.returncode == 0 else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -351,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       lambda t: run_job(args, t, p=args.p)))  # fmt: skip
     with _lossy_place(args) as box:
         if box is not None:
-            res["netns_tcp_rto_min_us"] = _fast_tcp_timers(box)
+            res["netns_tcp_rto_min_us"] = _tcp_timers_like_dlcp(box)
             prefix = box.exec_argv([])
             print(f"namespace {box.ns}: loopback MTU 1500, offloads off", file=sys.stderr)
             netns = _turns(args, "lossless netns", ("gloo", "dlcp", *floor),
