@@ -11,7 +11,7 @@ from .proto.wire import MAX_LOSS_BOUND
 
 #: the benchmarks ``dlcp bench NAME`` runs (each a module of :mod:`dlcp.bench`
 #: with a ``main``, imported by :func:`_bench_main`)
-BENCHMARKS = ("core", "transport", "ddp", "allreduce", "messages", "auth", "flood")
+BENCHMARKS = ("core", "transport", "ddp", "allreduce", "messages", "turns", "auth", "flood")
 
 
 def _integer(text: str, low: int, high: int | None = None) -> int:
@@ -202,6 +202,8 @@ def _bench_main(which: str) -> Callable[..., int]:
         from .bench.allreduce import main
     elif which == "messages":
         from .bench.messages import main
+    elif which == "turns":
+        from .bench.turns import main
     elif which == "auth":
         from .bench.auth import main
     elif which == "flood":

@@ -63,6 +63,7 @@ from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
 from dlcp.proto.wire import AUTH_TRAILER_LEN
 
+from . import Addresses
 from .flooder import KINDS, Flooder, FlooderError
 from .outcome import finish
 
@@ -74,22 +75,11 @@ PHASES = ("unflooded", "decoy", "flooded")
 KEY = bytes(range(100, 132))
 
 
-class _Addresses(dict[str, bytes]):
-    """The rendezvous store of two endpoints in one process (both publish before
-    either looks the other up)."""
-
-    def set(self, key: str, value: str | bytes) -> None:
-        self[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key: str) -> bytes:  # type: ignore[override]
-        return self[key]
-
-
 def _receiver(conn: Connection, cfg: EndpointConfig, sender: PeerAddress, size: int) -> None:
     """The receiving rank, in a process of its own: receives messages 0, 1, ...
     from rank 0, checks each against the sender's data and answers its step on
     ``conn``; on ``None`` from ``conn`` answers its stats and ends."""
-    store = _Addresses()
+    store = Addresses()
     store.set(f"dlcp/{JOB}/addr/0", f"{sender.host} {sender.data_port} {sender.control_port}")
     key = KEY if cfg.protocol.authenticate else None
     rx = Endpoint(1, store=store, world_size=2, job=JOB, config=cfg, key=key)
@@ -160,7 +150,7 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         cfg = dataclasses.replace(
             cfg, protocol=dataclasses.replace(cfg.protocol, authenticate=True)
         )
-    store = _Addresses()
+    store = Addresses()
     tx = Endpoint(0, store=store, world_size=2, job=JOB, config=cfg, key=KEY if args.auth else None)
     x = _message(args.size)
     moved = dict.fromkeys(PHASES, 0)

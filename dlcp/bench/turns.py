@@ -1,0 +1,144 @@
+"""Python wake-ups per message: the I/O threads' turns and the control frames.
+
+    python -m dlcp.bench.turns --json            # or: dlcp bench turns --json
+
+An endpoint's Python runs when its I/O thread takes a turn: ``select`` woke it
+for data, a control frame, a report of the native engine, a caller's command or
+a timer. This counts, per message sent one way between two endpoints of one
+process on loopback (lossless, no loss bound), for each size in ``--sizes``
+(float32 elements), on the engine ``DLCP_ENGINE`` selects (as for every
+benchmark; the JSON says which):
+
+* ``sender_turns`` and ``receiver_turns``: the I/O threads' turns (the driver's
+  ``receive_calls``: every turn reads the data socket once);
+* ``control_to_receiver`` and ``control_to_sender``: control frames each way
+  (FINISH; STOP, NACK and RATE);
+* ``datagrams``: data datagrams the receiver read, for scale;
+* ``ms``: milliseconds per message, for scale only (the two endpoints share the
+  machine's cores with everything else).
+
+A turn serves whatever is ready at once, so these are counts of wake-ups, not
+of messages handled: the figures say how often Python runs per message, on each
+side, and how much of it the control channel causes. No target and no baseline:
+a breakdown, for comparing versions and engines on one machine. The last stdout
+line (``--json``) is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from dlcp.errors import BenchError, DLCPError
+from dlcp.io import Endpoint, EndpointConfig
+
+from . import Addresses
+from .outcome import engine_of_run, finish
+
+#: the job id of the two endpoints
+JOB = 0x7A2
+#: the figures of one size and engine, in the table's order
+FIGURES = ("sender_turns", "receiver_turns", "control_to_receiver", "control_to_sender",
+           "datagrams", "ms")  # fmt: skip
+#: seconds one message may take before the run fails
+_TIMEOUT = 60.0
+
+
+def _transfer(tx: Endpoint, rx: Endpoint, data: np.ndarray, out: np.ndarray, msg: int) -> None:
+    incoming = rx.recv(src=tx.rank, msg=msg, out=out)
+    sent = tx.send(data, to=rx.rank, msg=msg, p=0.0)
+    incoming.result(_TIMEOUT)
+    sent.result(_TIMEOUT)
+
+
+def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[str, float]:
+    """The :data:`FIGURES` per message, for ``messages`` messages of ``n_elems``
+    float32 elements from rank 0 to rank 1 on ``engine``, after ``warmup``."""
+    store = Addresses()
+    config = EndpointConfig(timeout=_TIMEOUT, engine=engine)
+    eps: list[Endpoint] = []
+    try:
+        for rank in range(2):
+            eps.append(Endpoint(rank, store=store, world_size=2, job=JOB, config=config))
+        tx, rx = eps
+        data = np.random.default_rng(n_elems).standard_normal(n_elems).astype(np.float32)
+        out = np.empty_like(data)
+        for msg in range(warmup):
+            _transfer(tx, rx, data, out, msg)
+        before = [ep.stats() for ep in eps]
+        t0 = time.perf_counter()
+        for msg in range(warmup, warmup + messages):
+            _transfer(tx, rx, data, out, msg)
+        seconds = time.perf_counter() - t0
+        after = [ep.stats() for ep in eps]
+    finally:
+        for ep in eps:
+            ep.close()
+    if not np.array_equal(out, data):
+        raise BenchError(f"{n_elems} elements on {engine}: the last message arrived different")
+
+    def delta(rank: int, name: str) -> float:
+        return round(float(after[rank][name] - before[rank][name]) / messages, 2)
+
+    return {
+        "sender_turns": delta(0, "receive_calls"),
+        "receiver_turns": delta(1, "receive_calls"),
+        "control_to_receiver": delta(0, "control_out"),
+        "control_to_sender": delta(1, "control_out"),
+        "datagrams": delta(1, "datagrams_in"),
+        "ms": round(1e3 * seconds / messages, 3),
+    }
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"per message, rank 0 -> rank 1, loopback, lossless, {result['engine']} engine, "
+             f"{result['messages']} messages:",
+             f"  {'elements':>9}" + "".join(f"{f:>20}" for f in FIGURES)]  # fmt: skip
+    for n, fig in result["sizes"].items():
+        lines.append(f"  {n:>9}" + "".join(f"{fig[f]:20g}" for f in FIGURES))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.turns") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--sizes",
+        default="1,262144,6250000",
+        help="float32 elements, comma-separated (default: 4 B, 1 MB, 25 MB)",
+    )
+    ap.add_argument(
+        "--messages", type=int, default=40, help="measured messages of each size (default 40)"
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="messages of each size before the measured ones (default 5)",
+    )
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        args.sizes = [int(x) for x in args.sizes.split(",") if x]
+    except ValueError:
+        args.sizes = []
+    if not args.sizes or min(args.sizes) < 1:
+        ap.error("--sizes: positive element counts, comma-separated")
+    if args.messages < 1 or args.warmup < 0:
+        ap.error(f"--messages={args.messages} --warmup={args.warmup}: at least 1 and 0")
+
+    def run(args: argparse.Namespace) -> dict[str, Any]:
+        engine = engine_of_run()  # (DLCP_ENGINE chooses, as for the other benchmarks)
+        sizes = {str(n): measure(n, engine=engine, messages=args.messages, warmup=args.warmup)
+                 for n in args.sizes}  # fmt: skip
+        return {"bench": "turns", "engine": engine, "messages": args.messages, "sizes": sizes}
+
+    return finish("turns", run, _table, args, errors=(BenchError, DLCPError),
+                  cleaned_up="both endpoints were closed")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``python -m dlcp.bench.turns``, run as a user would, with few messages.
+
+Checks its contract (exit 0, one JSON object on the last stdout line with the
+figures docs/benchmarks.md quotes) and what the counts must be whatever the
+machine's load: every message's data arrived (a message arriving different ends
+the run non-zero), each side's I/O thread ran at least once per message, and a
+message takes at least one control frame each way (its STOP, and its FINISH
+unless the STOP came first). Not a performance check.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dlcp.io.engine import native_available
+from tests.bench.bench_helpers import positive, run_json
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_turns_benchmark_json(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "native" and not native_available():
+        pytest.skip("native engine not built")
+    monkeypatch.setenv("DLCP_ENGINE", engine)
+    argv = [sys.executable, "-m", "dlcp.bench.turns", "--json", "--sizes", "1,100000",
+            "--messages", "4", "--warmup", "1"]  # fmt: skip
+    r = run_json(argv, 120.0)
+    assert r["bench"] == "turns" and r["engine"] == engine and r["messages"] == 4
+    assert set(r["sizes"]) == {"1", "100000"}
+    for size, fig in r["sizes"].items():
+        for name in ("sender_turns", "receiver_turns", "control_to_sender", "ms"):
+            positive(fig, name)
+        assert fig["sender_turns"] >= 1 and fig["receiver_turns"] >= 1, (size, fig)
+        assert fig["control_to_sender"] >= 1, (size, fig)  # every message's STOP
+    # 100,000 float32 elements need at least 273 datagrams of MTU 1500
+    assert r["sizes"]["100000"]["datagrams"] >= 273
+
+
+def test_turns_benchmark_refuses_bad_sizes() -> None:
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlcp.bench.turns", "--sizes", "0,12"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--sizes" in proc.stderr, proc.stderr
