@@ -18,6 +18,17 @@ back to back in its record buffer, so a run is a view of them, up to that size
 (the kernel's copy into the receive buffer is not core work and is not timed; the
 transport benchmark measures it with everything else).
 
+On the native engine (the default where it was built; ``DLCP_ENGINE`` picks,
+as for every benchmark) the sending session is driven as that engine drives
+it: made with ``whole_rounds``, lent the tensor (``borrow=True``, as the
+collectives lend their sends), it builds each round's headers, and the
+datagrams are each header followed by its chunk of the tensor, which the
+engine hands the kernel as two iovecs: that gather is the kernel's copy, not
+core work, and the harness does it untimed, like the receive side's. The
+session's ``round_sent`` and ``release_round`` calls are timed. On the Python
+engine the sender copies every chunk into its record (timed): the sessions as
+the Python engine drives them.
+
     python -m dlcp.bench.core --json           # last line: one JSON object
 """
 
@@ -35,7 +46,18 @@ from dlcp.errors import ArgumentTypeError, BenchError
 from dlcp.io.udp import RECEIVE_BUFFER_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.session import ControlDatagram, DataBatch, MessageReceived, Session, Transmit
+from dlcp.proto.session import (
+    ControlDatagram,
+    DataBatch,
+    MessageReceived,
+    RoundPost,
+    RoundRelease,
+    Session,
+    Transmit,
+)
+from dlcp.proto.wire import DATA_HEADER_LEN
+
+from .outcome import engine_of_run
 
 
 def as_control(item: Transmit) -> ControlDatagram:
@@ -48,12 +70,13 @@ def as_control(item: Transmit) -> ControlDatagram:
 
 def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int) -> float:
     """One message from ``tx`` to ``rx``; returns the seconds spent inside the two
-    sessions' calls (the harness that carries datagrams between them is not timed)."""
+    sessions' calls (the harness that carries datagrams between them is not timed).
+    A ``tx`` made with ``whole_rounds`` is lent ``data`` and hands out rounds."""
     rx.expect_message(0, step=step, msg=0, out=out)
     clock = time.perf_counter
     now = 0.0
     t0 = clock()
-    tx.send_message(1, data, step=step, msg=0, now=now)
+    tx.send_message(1, data, step=step, msg=0, now=now, borrow=True)
     core = clock() - t0
     done = None
     while done is None:
@@ -66,6 +89,13 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
             t0 = clock()
             if isinstance(item, ControlDatagram):
                 rx.receive_datagram(item.data, now=now)
+            elif isinstance(item, RoundPost):  # its datagrams went (the runs before it)
+                tx.round_sent(item.dst, step=item.step, msg=item.msg, began=(now, 0),
+                              last=(now, 0), now=now)  # fmt: skip
+                for reply in tx.datagrams_to_send(now=now):  # its FINISH
+                    rx.receive_datagram(as_control(reply).data, now=now)
+            elif isinstance(item, RoundRelease):
+                tx.release_round(item.dst, step=item.step, msg=item.msg)
             else:
                 rx.receive_batch(item[0], item[1], now=now)
             core += clock() - t0
@@ -75,10 +105,49 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
         while (ev := rx.next_event()) is not None:
             if isinstance(ev, MessageReceived):
                 done = ev
+        for left in tx.datagrams_to_send(now=now):  # a RoundRelease once the STOP came
+            if not isinstance(left, RoundRelease):
+                raise BenchError(f"the sender handed out a {type(left).__name__} after the STOP")
+            tx.release_round(left.dst, step=left.step, msg=left.msg)
         core += clock() - t0
     if done.report.lost_elems or not np.array_equal(out, data):
         raise BenchError("core benchmark transfer was not bit-exact")
     return core
+
+
+def _wire_runs(post: RoundPost, limit: int) -> list[tuple[np.ndarray, int]]:
+    """The datagrams of lent round ``post`` as the receiver's GRO reads give them:
+    runs of back-to-back datagrams of ``post.stride`` bytes, at most ``limit``
+    bytes each, a short datagram ending its run. Each datagram is its header and
+    its chunk of the lent tensor: what the kernel gathers from the engine's two
+    iovecs (not core work, not timed)."""
+    if post.payload is None or post.seqs is None or post.key is not None:
+        raise BenchError("a round that is not lent, or sealed: the harness carries lent rounds")
+    count, stride, chunk = post.count, post.stride, post.chunk_bytes
+    wire = np.zeros((count, stride), np.uint8)
+    wire[:, :DATA_HEADER_LEN] = post.records[:, :DATA_HEADER_LEN]
+    full = np.arange(count) != post.short
+    whole = len(post.payload) // chunk  # chunks that are full
+    rows = post.payload[: whole * chunk].reshape(whole, chunk)
+    wire[full, DATA_HEADER_LEN:] = rows[post.seqs[full]]
+    flat = wire.reshape(-1)
+    ends = [count] if post.short < 0 else [post.short + 1, count]
+    runs: list[tuple[np.ndarray, int]] = []
+    start = 0
+    for end in ends:
+        if post.short >= 0 and end == post.short + 1:
+            at = int(post.seqs[post.short]) * chunk
+            tail = post.payload[at:]
+            size = DATA_HEADER_LEN + len(tail)
+            flat[post.short * stride + DATA_HEADER_LEN : post.short * stride + size] = tail
+            stop = post.short * stride + size
+        else:
+            stop = end * stride
+        step = max(stride, limit // stride * stride)
+        for a in range(start * stride, stop, step):
+            runs.append((flat[a : min(a + step, stop)], stride))
+        start = end
+    return runs
 
 
 def _owner(a: np.ndarray) -> np.ndarray:
@@ -96,11 +165,13 @@ def _owner(a: np.ndarray) -> np.ndarray:
 
 def _as_received(
     items: list[Transmit], limit: int = RECEIVE_BUFFER_BYTES
-) -> list[ControlDatagram | tuple[np.ndarray, int]]:
+) -> list[ControlDatagram | RoundPost | RoundRelease | tuple[np.ndarray, int]]:
     """``items`` as the endpoint's receive side delivers them: runs of data batches
     that lie back to back (same segment size, all but the last datagram full),
-    at most ``limit`` bytes each, as one array; control datagrams as they are."""
-    out: list[ControlDatagram | tuple[np.ndarray, int]] = []
+    at most ``limit`` bytes each, as one array; control datagrams as they are; a
+    round's datagrams (:func:`_wire_runs`), then the round itself (its report is
+    due once they went); a round's release as it is."""
+    out: list[ControlDatagram | RoundPost | RoundRelease | tuple[np.ndarray, int]] = []
     run: list[np.ndarray] = []
     seg = 0
 
@@ -113,6 +184,15 @@ def _as_received(
             run.clear()
 
     for item in items:
+        if isinstance(item, RoundPost):
+            close()
+            out.extend(_wire_runs(item, limit))
+            out.append(item)
+            continue
+        if isinstance(item, RoundRelease):
+            close()
+            out.append(item)
+            continue
         if not isinstance(item, DataBatch):
             close()
             out.append(as_control(item))
@@ -156,6 +236,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args(argv)
 
+    engine = engine_of_run()
+    if engine == "native" and args.authenticate:
+        ap.error("--authenticate runs on the Python engine's path only (DLCP_ENGINE=python): "
+                 "the native engine seals in its own thread, which this harness does not run")
     n = args.size_mib * (1 << 20) // 4
     data = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     out = np.empty_like(data)
@@ -167,7 +251,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     )
     key = b"k" * 32 if args.authenticate else None
     # one pair of sessions for all repeats, as a training job keeps its endpoints
-    tx = Session(rank=0, job=1, config=cfg, key=key)
+    tx = Session(rank=0, job=1, config=cfg, key=key, whole_rounds=engine == "native")
     rx = Session(rank=1, job=1, config=cfg, key=key)
     one_transfer(tx, rx, data, out, step=0)  # warm-up: first-touch page faults, imports
     core, copy = [], []
@@ -187,8 +271,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         "authenticate": args.authenticate,
         # the C kernels (dlcp.proto._kernels) or their numpy fallbacks
         "accelerated": kernels.ACCELERATED,
-        # two sessions driven in-process: they pace and cut batches themselves
-        "engine": "python",
+        # the sending session as that engine drives it (module doc)
+        "engine": engine,
         "core_s": round(core_s, 4),
         "memcpy_s": round(copy_s, 4),
         "core_gbps": round(nbytes / core_s / 1e9, 3),

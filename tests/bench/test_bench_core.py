@@ -1,38 +1,57 @@
 """``dlcp.bench.core``: its figures are what it says they are. The ratio is
-memcpy time over core time (higher is better), so a run that moved every byte
-at least twice (into packets, then into the output) cannot beat one copy; the
-throughputs follow from the times; a transfer that is not bit-exact fails the
-run instead of being timed."""
+memcpy time over core time (higher is better), so the Python engine's run, which
+moves every byte at least twice (into packets, then into the output), cannot
+beat one copy; the throughputs follow from the times; a transfer that is not
+bit-exact fails the run instead of being timed, on either engine's path."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dlcp.bench import core
+from dlcp.io.engine import native_available
+
+ENGINES = ["python", pytest.param("native", marks=pytest.mark.skipif(
+    not native_available(), reason="native engine not built"))]  # fmt: skip
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, float]:
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert core.main(["--size-mib", "2", "--repeat", "2", "--json", *argv]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_the_ratio_is_memcpy_over_core_and_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_ratio_is_memcpy_over_core(
+    engine: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLCP_ENGINE", engine)
     r = _run(capsys)
     assert r["size_bytes"] == 2 << 20
     # (the seconds are rounded to 0.1 ms, the rates to 1 MB/s: compare the rates)
     assert r["ratio"] == pytest.approx(r["core_gbps"] / r["memcpy_gbps"], rel=0.02, abs=0.002)
     assert r["core_s"] == pytest.approx(r["size_bytes"] / r["core_gbps"] / 1e9, abs=1e-4)
     assert r["memcpy_s"] == pytest.approx(r["size_bytes"] / r["memcpy_gbps"] / 1e9, abs=1e-4)
-    assert 0 < r["ratio"] < 1.0, "the core copies every byte twice: it cannot beat one memcpy"
-    assert r["engine"] == "python"
+    assert r["engine"] == engine
+    if engine == "python":
+        assert 0 < r["ratio"] < 1.0, "the core copies every byte twice: it cannot beat one memcpy"
 
 
+@pytest.mark.skipif(not native_available(), reason="native engine not built")
+def test_the_native_path_does_not_authenticate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLCP_ENGINE", "native")
+    with pytest.raises(SystemExit):  # (argparse's error: exit status 2, the reason on stderr)
+        core.main(["--size-mib", "1", "--authenticate"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_transfer_that_is_not_exact_fails_the_run(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("DLCP_ENGINE", engine)
     real = core.Session.receive_batch
 
     def flip_a_byte(self: core.Session, buf: np.ndarray, seg: int, *, now: float) -> None:
