@@ -453,9 +453,10 @@ class Inbox(ReceivePaths[_Incoming]):
         self._apply_finish(key, state, finish, now=now)
 
     def on_abort(self, key: Key, abort: Abort) -> bool:
-        """The sender aborted message ``key``: fail it if it is under way, or if
-        it is only expected (the application waiting for it must hear of it too).
-        False if this side knows no such message."""
+        """The sender aborted message ``key``: fail it, whether it is under way,
+        only expected (the application waiting for it must hear of it too), or
+        not yet known here (a receive posted later fails at once). False for a
+        message that already ended here (a stale ABORT)."""
         why = f"sender aborted the message ({abort.reason.name.lower()})"
         if abort.reason is AbortReason.GAVE_UP and self._orphan_finish.unheard(key):
             why += "; none of its data had arrived here (is the UDP data path blocked?)"
@@ -464,13 +465,19 @@ class Inbox(ReceivePaths[_Incoming]):
             state.recovery.on_abort()
             self.fail(key, state, why)
             return True
-        finish = self._orphan_finish.pop(key)  # (only its FINISH came, ahead of its data?)
+        self._orphan_finish.pop(key)  # (only its FINISH came, ahead of its data?)
         want = self._expected.pop(key, None)
         if want is not None:  # aborted before any of its data arrived (or fitted out=)
             self.fail(key, None, why if want.misfit is None else f"{want.misfit}; {why}")
-        elif finish is not None:  # the data still on the way must not start it; a
-            self.fail(key, None, why)  # receive posted later hears why, as above
-        return want is not None or finish is not None
+            return True
+        if key in self._ended:  # a message that ended here: a stale or repeated ABORT
+            return False
+        # aborted before anything of it came and before it was asked for (the
+        # sender's call failed while this rank had not reached it): a receive
+        # posted later hears why at once, instead of waiting out its timeout for
+        # data that will never come; and data still on the way must not start it
+        self.fail(key, None, why)
+        return True
 
     def expects(self, key: Key) -> bool:
         """Whether message ``key`` is expected and none of its data arrived yet."""

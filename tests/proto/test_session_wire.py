@@ -507,3 +507,29 @@ def test_a_nack_with_merged_ranges_is_not_taken_for_path_loss(ranges: int) -> No
     # by batch; the estimate moves a loss_alpha step towards that)
     loss = a._outbox.peers[1].paths.loss
     assert np.allclose(loss, 0.15, rtol=0.01), loss  # (0.3 when merged ranges counted whole)
+
+
+def test_an_abort_before_anything_of_the_message_fails_a_receive_posted_later() -> None:
+    """A sender whose call failed aborts a message the receiver has not asked for
+    yet and of which nothing arrived (the receiver is late to the call). The
+    ABORT used to be dropped as stale, and the receive posted later waited out
+    its whole timeout for data that never came."""
+    _, b = sessions(cfg=config(pacer="unpaced"))
+    abort = Abort(1, 1, 0, reason=AbortReason.CANCELLED)
+    b.receive_datagram(encode_control(abort, job=JOB), now=0.0)
+    assert b.stats.stale_control == 0
+    ev = b.next_event()
+    assert isinstance(ev, MessageFailed)
+    assert (ev.peer, ev.step, ev.msg, ev.outgoing) == (0, 1, 1, False)
+    assert "sender aborted the message (cancelled)" in ev.reason
+    # data of it still on the way does not start it again
+    a, _ = sessions(cfg=config(pacer="unpaced"))
+    a.send_message(1, gradient(3000, 35), step=1, msg=1, now=0.0)
+    grams = [d for bt in data_batches(a.datagrams_to_send(now=0.0)) for d in datagrams(bt)]
+    for d in grams:
+        b.receive_batch(np.frombuffer(d, np.uint8), len(d), now=0.001)
+    assert b.stats.late_packets == len(grams) > 0
+    assert b.next_event() is None
+    # a repeated ABORT of the ended message is stale
+    b.receive_datagram(encode_control(abort, job=JOB), now=0.002)
+    assert b.stats.stale_control == 1
