@@ -81,6 +81,9 @@
 #define MIN_BURST (16.0 * 1024.0)
 #define EPS 1e-6
 #define UNLIMITED ((double)(1LL << 62))
+/* send threads an engine may run (the key expansions of a sealed round, one per
+   batch in flight, are a 64-bit set: rule 8) */
+#define MAX_SEND_THREADS 32
 
 struct Engine;
 
@@ -284,13 +287,23 @@ typedef struct Round {
        go out after the payload) */
     Py_buffer payload, seqs;
     Py_ssize_t head, trailer, chunk_bytes;
+    /* cursor: the first record no batch has claimed yet (rule 1) */
     Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
-    int busy, cancelled, started, status, err;
+    /* in_flight: batches of it claimed and not yet sent (rules 5, 6); failed: one
+       of them failed, so no more are claimed and the round ends failed */
+    int in_flight, failed, cancelled, started, status, err;
     double began_t, last_t;
     unsigned long long began_b, last_b;
     int sealed; /* rule 8: each batch gets nonces and tags as it goes */
 #ifdef DLCP_LIBCRYPTO
-    Gmac gmac;         /* the key of the pair (sender, dst) */
+    /* the key of the pair (sender, dst), expanded once per batch that may be in
+       flight at once (a Gmac is for one thread at a time): seals[0] at post(), the
+       others when a batch first needs them; seals_used: which a batch holds */
+    Gmac *seals;
+    int n_seals;
+    uint64_t seals_used;
+    uint8_t key[32];
+    size_t key_len;
     Py_buffer nonces;  /* the session's data nonce counter: one uint64 */
 #endif
 } Round;
@@ -308,8 +321,11 @@ typedef struct Engine {
     pthread_mutex_t lock;
     pthread_cond_t cond;    /* wakes the send thread */
     pthread_cond_t settled; /* a batch's send ended (cancel waits on it) */
-    pthread_t thread;
-    int started, stop, efd, inited;
+    pthread_t *threads;     /* the send threads: n_threads asked, started of them running */
+    int n_threads, started, stop, efd, inited;
+    /* the deadline one idle thread waits for (INFINITY: none does); the other idle
+       threads wait for a signal, so that a deadline wakes one thread, not all */
+    double timed_wait;
     int *fds;
     int n_fds;
     Py_ssize_t batch_packets;
@@ -336,10 +352,11 @@ static void release_round(Round *r) {
     PyBuffer_Release(&r->payload); /* (no-ops on a round that lent nothing) */
     PyBuffer_Release(&r->seqs);
 #ifdef DLCP_LIBCRYPTO
-    if (r->sealed) {
-        gmac_free(&r->gmac);
-        PyBuffer_Release(&r->nonces);
-    }
+    for (int i = 0; i < r->n_seals; i++) /* (no-ops where nothing was set up) */
+        gmac_free(&r->seals[i]);
+    PyBuffer_Release(&r->nonces);
+    PyMem_RawFree(r->seals);
+    OPENSSL_cleanse(r->key, sizeof r->key);
 #endif
     PyMem_RawFree(r);
 }
@@ -362,13 +379,18 @@ static const uint8_t *sealed_bytes(const Round *r, Py_ssize_t i, Py_ssize_t *len
  * of 4 runs on a busy 2-core VM). */
 #define SEAL_PREFETCH_AHEAD 2
 
-/* Rule 8: the nonces and tags of records [start, stop) of r, without the lock:
- * 0, or an errno (EOVERFLOW: the nonce counter is spent; EIO: libcrypto failed). */
-static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
+/* Rule 8: the nonces and tags of records [start, stop) of r, with the key's
+ * expansion `seal` (r->seals[seal], which the batch holds: set up here the first
+ * time), without the lock: 0, or an errno (EOVERFLOW: the nonce counter is spent;
+ * EIO: libcrypto failed). */
+static int seal_batch(Round *r, int seal, Py_ssize_t start, Py_ssize_t stop) {
 #ifdef DLCP_LIBCRYPTO
     uint64_t first;
     if (!r->sealed)
         return 0;
+    Gmac *gmac = &r->seals[seal];
+    if (gmac->gcm == NULL && gmac_init(gmac, r->key, r->key_len) < 0)
+        return EIO;
     if (gmac_take_nonces((uint64_t *)r->nonces.buf, (uint64_t)(stop - start), &first) < 0)
         return EOVERFLOW;
     uint8_t *base = (uint8_t *)r->records.buf;
@@ -384,18 +406,43 @@ static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
         int bad;
         if (r->head) { /* lent: header and trailer here, the payload in the sender's memory */
             uint8_t *record = base + i * r->head;
-            bad = gmac_seal_gathered(&r->gmac, record, bytes, (size_t)len,
+            bad = gmac_seal_gathered(gmac, record, bytes, (size_t)len,
                                      record + r->head - r->trailer, nonce) < 0;
         } else {
-            bad = gmac_seal_data(&r->gmac, base + i * r->stride, (size_t)len, nonce) < 0;
+            bad = gmac_seal_data(gmac, base + i * r->stride, (size_t)len, nonce) < 0;
         }
         if (bad)
             return EIO;
     }
 #else
-    (void)r, (void)start, (void)stop;
+    (void)r, (void)seal, (void)start, (void)stop;
 #endif
     return 0;
+}
+
+/* Which of r's key expansions a batch claimed now seals with (rule 8), with the
+ * lock held: one no batch in flight holds (there are n_threads + 1 of them, and a
+ * batch in flight per sending thread at most); -1 for a round not sealed. */
+static int take_seal(Round *r) {
+#ifdef DLCP_LIBCRYPTO
+    if (!r->sealed)
+        return -1;
+    int seal = __builtin_ctzll(~r->seals_used);
+    r->seals_used |= 1ULL << seal;
+    return seal;
+#else
+    (void)r;
+    return -1;
+#endif
+}
+
+static void give_seal(Round *r, int seal) {
+#ifdef DLCP_LIBCRYPTO
+    if (seal >= 0)
+        r->seals_used &= ~(1ULL << seal);
+#else
+    (void)r, (void)seal;
+#endif
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -435,6 +482,12 @@ static Py_ssize_t batch_nbytes(const Round *r, Py_ssize_t start, Py_ssize_t stop
     return round_batch_bytes(r->stride, r->short_index, r->short_len, start, stop);
 }
 
+/* Whether r may have a batch claimed (rule 1): records left, and none of its
+ * batches failed. */
+static int claimable(const Round *r) {
+    return r->cursor < r->count && !r->failed;
+}
+
 /* Rule 1. */
 static Round *first_to_send(Peer *peer) {
     Round *best = NULL;
@@ -442,8 +495,9 @@ static Round *first_to_send(Peer *peer) {
     uint32_t seen[64];
     int n_seen = 0, overflow = 0;
     for (Round *r = peer->rounds; r; r = r->next) {
-        /* (a round whose batch another thread is sending holds its step) */
-        if (r->cursor >= r->count && !r->busy)
+        /* (a round with a batch in flight holds its step, even with nothing left
+           to claim: the next message of the step waits until it has gone) */
+        if (!claimable(r) && r->in_flight == 0)
             continue;
         int dup = 0;
         for (int i = 0; i < n_seen; i++)
@@ -451,7 +505,7 @@ static Round *first_to_send(Peer *peer) {
                 dup = 1;
         if (!dup && overflow) /* (more than 64 steps in flight: scan the earlier ones) */
             for (Round *q = peer->rounds; q != r; q = q->next)
-                if ((q->cursor < q->count || q->busy) && q->step == r->step)
+                if ((claimable(q) || q->in_flight > 0) && q->step == r->step)
                     dup = 1;
         if (dup)
             continue;
@@ -459,7 +513,7 @@ static Round *first_to_send(Peer *peer) {
             seen[n_seen++] = r->step;
         else
             overflow = 1;
-        if (r->busy)
+        if (!claimable(r))
             continue;
         int prio = ((const uint8_t *)r->prio.buf)[r->cursor];
         if (prio > best_prio) {
@@ -494,8 +548,11 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err)
     (void)w;
 }
 
-/* One batch of r to peer (rule 2-4). Called with the lock held; returns with it,
- * 1 when r has ended (sent or failed: r->status), for the caller to complete. */
+/* One batch of r to peer (rule 2-4): records [r->cursor, stop), claimed here
+ * (the cursor moves past them before the lock is released, so another thread may
+ * claim the next batch of r meanwhile). Called with the lock held; returns with
+ * it, 1 when r has ended (rule 5: every record claimed, or a batch failed, and no
+ * batch in flight; r->status says which), for the caller to complete. */
 static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
                          double now) {
     Py_ssize_t start = r->cursor;
@@ -515,9 +572,13 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     const uint8_t *paths = (const uint8_t *)r->path.buf;
     int tos = ((const uint8_t *)r->tos.buf)[start];
     struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
-    r->busy = 1;
+    r->cursor = stop;
+    r->in_flight++;
+    int seal = take_seal(r);
+    if (e->n_threads > 1) /* (an idle thread may send the next batch, of r or another) */
+        pthread_cond_signal(&e->cond);
     pthread_mutex_unlock(&e->lock);
-    int err = seal_batch(r, start, stop);
+    int err = seal_batch(r, seal, start, stop);
     unsigned long long datagrams = 0, calls = 0;
     for (Py_ssize_t s = start; s < stop && !err;) {
         Py_ssize_t t = s + 1;
@@ -529,15 +590,20 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     pthread_mutex_lock(&e->lock);
     e->datagrams += datagrams;
     e->send_calls += calls;
-    r->busy = 0;
-    pthread_cond_broadcast(&e->settled);
     e->batches++;
-    r->cursor = stop;
+    give_seal(r, seal);
+    r->in_flight--;
+    if (err && !r->failed) { /* (the first failure is the round's) */
+        r->failed = 1;
+        r->err = err;
+    }
+    pthread_cond_broadcast(&e->settled);
     if (r->cancelled) /* cancel() unlinked it and frees it */
         return 0;
-    r->status = err ? ROUND_FAILED : ROUND_SENT;
-    r->err = err;
-    return err || r->cursor >= r->count;
+    if (r->in_flight > 0 || claimable(r))
+        return 0;
+    r->status = r->failed ? ROUND_FAILED : ROUND_SENT;
+    return 1;
 }
 
 /* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
@@ -592,7 +658,9 @@ static void *send_thread(void *arg) {
         }
         if (sent || e->stop)
             continue;
-        if (isinf(wake)) {
+        /* idle: the thread with the earliest deadline waits for it, the others for
+           a signal (a post, a claimed batch, a new rate, a cancel) */
+        if (isinf(wake) || wake >= e->timed_wait) {
             pthread_cond_wait(&e->cond, &e->lock);
         } else {
             struct timespec ts;
@@ -603,7 +671,10 @@ static void *send_thread(void *arg) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
             }
+            e->timed_wait = wake;
             pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+            if (e->timed_wait == wake) /* (else a thread with an earlier one took over) */
+                e->timed_wait = INFINITY;
         }
     }
     pthread_mutex_unlock(&e->lock);
@@ -847,13 +918,19 @@ static PyTypeObject PacerType = {
 /* ------------------------------------------------------------------ Engine type */
 
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fds", "batch_packets", "name", NULL};
+    static char *names[] = {"fds", "batch_packets", "name", "threads", NULL};
     PyObject *fds;
     Py_ssize_t batch_packets;
     const char *name = "dlcp-send";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s:Engine", names, &fds, &batch_packets,
-                                     &name))
+    int n_threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$i:Engine", names, &fds, &batch_packets,
+                                     &name, &n_threads))
         return NULL;
+    if (n_threads < 1 || n_threads > MAX_SEND_THREADS) {
+        PyErr_Format(PyExc_ValueError, "Engine: threads=%d outside 1..%d", n_threads,
+                     MAX_SEND_THREADS);
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(fds, "fds must be a sequence of socket descriptors");
     if (seq == NULL)
         return NULL;
@@ -870,7 +947,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     e->efd = -1;
     e->fds = PyMem_RawCalloc((size_t)n, sizeof(int));
-    if (e->fds == NULL) {
+    e->threads = PyMem_RawCalloc((size_t)n_threads, sizeof(pthread_t));
+    if (e->fds == NULL || e->threads == NULL) {
         Py_DECREF(seq);
         Py_DECREF(e);
         return PyErr_NoMemory();
@@ -889,6 +967,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(seq);
     e->n_fds = (int)n;
     e->batch_packets = batch_packets;
+    e->n_threads = n_threads;
+    e->timed_wait = INFINITY;
     pthread_mutex_init(&e->lock, NULL);
     pthread_condattr_t attr; /* deadlines are CLOCK_MONOTONIC times, as Python's */
     pthread_condattr_init(&attr);
@@ -903,17 +983,24 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Py_DECREF(e);
         return NULL;
     }
-    int rc = pthread_create(&e->thread, NULL, send_thread, e);
-    if (rc != 0) {
-        errno = rc;
-        PyErr_SetFromErrno(PyExc_OSError);
-        Py_DECREF(e);
-        return NULL;
+    for (int i = 0; i < n_threads; i++) {
+        int rc = pthread_create(&e->threads[i], NULL, send_thread, e);
+        if (rc != 0) {
+            errno = rc;
+            PyErr_SetFromErrno(PyExc_OSError);
+            Py_DECREF(e); /* (stops the threads started) */
+            return NULL;
+        }
+        e->started++;
+        /* what the kernel keeps of a thread's name (top -H, perf): 15 bytes; the
+           first thread is `name`, the others `name`.1, `name`.2, ... */
+        char cut[16];
+        if (i == 0)
+            snprintf(cut, sizeof cut, "%s", name);
+        else
+            snprintf(cut, sizeof cut, "%.*s.%d", i < 10 ? 13 : 12, name, i);
+        pthread_setname_np(e->threads[i], cut);
     }
-    e->started = 1;
-    char cut[16]; /* what the kernel keeps of a thread's name (top -H, perf) */
-    snprintf(cut, sizeof cut, "%s", name);
-    pthread_setname_np(e->thread, cut);
     return (PyObject *)e;
 }
 
@@ -922,10 +1009,11 @@ static void engine_stop(Engine *e) {
         return;
     pthread_mutex_lock(&e->lock);
     e->stop = 1;
-    pthread_cond_signal(&e->cond);
+    pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
     Py_BEGIN_ALLOW_THREADS
-    pthread_join(e->thread, NULL);
+    for (int i = 0; i < e->started; i++)
+        pthread_join(e->threads[i], NULL);
     Py_END_ALLOW_THREADS
     e->started = 0;
 }
@@ -941,7 +1029,7 @@ static void engine_free_rounds(Engine *e) {
         busy = 0;
         for (int i = 0; i < e->n_peers; i++)
             for (Round *r = e->peers[i] ? e->peers[i]->rounds : NULL; r; r = r->next)
-                busy |= r->busy;
+                busy |= r->in_flight > 0;
         if (busy)
             pthread_cond_wait(&e->settled, &e->lock);
     }
@@ -974,6 +1062,7 @@ static void Engine_dealloc(Engine *e) {
     engine_free_rounds(e);
     PyMem_RawFree(e->peers);
     PyMem_RawFree(e->fds);
+    PyMem_RawFree(e->threads);
     if (e->efd >= 0)
         close(e->efd);
     if (e->inited) {
@@ -1079,20 +1168,28 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ss
 }
 
 /* Rule 8: r is sealed with `key` (bytes, 16, 24 or 32) and nonces from the counter
- * cell `nonces` (one aligned, writable uint64); else ValueError. */
-static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
+ * cell `nonces` (one aligned, writable uint64), by at most `n_seals` batches at
+ * once; else ValueError (or MemoryError). */
+static int seal_setup(Round *r, PyObject *key, PyObject *nonces, int n_seals) {
 #ifdef DLCP_LIBCRYPTO
     char *k;
     Py_ssize_t k_len;
+    r->seals = PyMem_RawCalloc((size_t)n_seals, sizeof(Gmac));
+    if (r->seals == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->n_seals = n_seals;
     if (!PyBytes_Check(key) || PyBytes_AsStringAndSize(key, &k, &k_len) < 0 ||
-        gmac_init(&r->gmac, (const uint8_t *)k, (size_t)k_len) < 0) {
+        (size_t)k_len > sizeof r->key || gmac_init(&r->seals[0], (const uint8_t *)k, (size_t)k_len) < 0) {
         PyErr_SetString(PyExc_ValueError,
                         "post: key must be bytes of 16, 24 or 32 (an AES key)");
         return -1;
     }
+    memcpy(r->key, k, (size_t)k_len); /* (the other expansions are made from it) */
+    r->key_len = (size_t)k_len;
     if (nonces == Py_None ||
         PyObject_GetBuffer(nonces, &r->nonces, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        gmac_free(&r->gmac);
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError,
@@ -1101,15 +1198,13 @@ static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
         return -1;
     }
     if (r->nonces.len != 8 || ((uintptr_t)r->nonces.buf & 7) != 0) {
-        PyBuffer_Release(&r->nonces);
-        gmac_free(&r->gmac);
         PyErr_SetString(PyExc_ValueError, "post: nonces must be one aligned uint64");
         return -1;
     }
     r->sealed = 1;
     return 0;
 #else
-    (void)r, (void)key, (void)nonces;
+    (void)r, (void)key, (void)nonces, (void)n_seals;
     PyErr_SetString(PyExc_ValueError, "post: built without libcrypto");
     return -1;
 #endif
@@ -1248,7 +1343,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records", sealed) <
         0)
         goto fail;
-    if (sealed && seal_setup(r, key, nonces) < 0)
+    if (sealed && seal_setup(r, key, nonces, e->n_threads + 1) < 0)
         goto fail;
     if (get_buffer(tos, &r->tos, 1, count, "tos", 0) < 0)
         goto fail;
@@ -1315,7 +1410,7 @@ static PyObject *Engine_cancel(Engine *e, PyObject *args) {
         if (found) {
             unlink_round(peer, found);
             found->cancelled = 1;
-            while (found->busy) /* rule 6 */
+            while (found->in_flight > 0) /* rule 6 */
                 pthread_cond_wait(&e->settled, &e->lock);
             pthread_cond_signal(&e->cond); /* (a later round of its step may go now) */
         }
