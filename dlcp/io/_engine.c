@@ -2,8 +2,8 @@
  * dlcp.io._engine: the native send engine of the DLCP endpoint.
  *
  * The protocol decides what goes (dlcp.proto: chunking, classes, records,
- * recovery); this module decides *when*, and puts it on the wire, in a thread of
- * its own that never takes the GIL. Python posts one transmission round of a
+ * recovery); this module decides *when*, and puts it on the wire, in threads of
+ * its own that never take the GIL (one by default; Engine(threads=N) runs N). Python posts one transmission round of a
  * message at a time (its records, built by the packetizer, with a TOS byte, a
  * path and a priority class per record) and hears back once, when the round's
  * last record has gone: one Python call per round instead of one per pacing
@@ -15,38 +15,50 @@
  *
  *  1. Per destination, of the rounds with records left, only the earliest
  *     posted message of each step may send; of those, the one whose next record
- *     has the highest priority class goes (the earliest message on a tie).
+ *     has the highest priority class goes (the earliest message on a tie). A
+ *     thread claims the batch it sends: the round's cursor moves past it before
+ *     the lock is released, so another thread may claim the round's next batch
+ *     meanwhile. A round with a batch on its way holds its step even when all
+ *     its records are claimed: the next message of the step waits until it has
+ *     gone. A round one of whose batches failed has no more claimed.
  *  2. A batch is at most batch_packets records, at most one burst of the pacer
  *     (never none), of one class, and the message's short last record only as
  *     its last (what UDP GSO allows).
  *  3. A batch goes when the destination's pacer allows it (Pacer below: the
  *     receiver-driven token bucket of dlcp.proto.pacing.ReceiverDrivenPacer,
  *     ported line for line; tests/io/test_engine_pacer.py drives both with
- *     the same calls and compares every answer).
+ *     the same calls and compares every answer). The pacer is asked and
+ *     charged under the engine's lock when the batch is claimed, so the rate
+ *     holds whatever the number of threads.
  *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
  *     per_message datagrams (the round's) per (GSO) message, with the batch's
- *     TOS byte, from the round's own memory (no copy).
- *  5. A round whose last batch went, or whose send failed, is complete: it is
- *     queued for reap() and the eventfd (fileno()) is written once.
- *  6. cancel() waits while a batch of the round is being sent (the lock is not
- *     held during the system calls), so that the round's memory can be reused
- *     as soon as cancel() returns.
+ *     TOS byte, from the round's own memory (no copy). One thread sends a
+ *     batch, in record order; with several threads, batches of one round may
+ *     leave side by side, their datagrams interleaved.
+ *  5. A round is complete when no batch of it is on its way and either every
+ *     record was claimed (sent) or a batch failed (failed, with the first
+ *     failure's errno, however many of its batches failed): it is queued for
+ *     reap() once and the eventfd (fileno()) is written once.
+ *  6. cancel() waits while any batch of the round is being sent (the lock is
+ *     not held during the system calls), so that the round's memory can be
+ *     reused as soon as cancel() returns.
  *  7. post() itself sends a round of one batch (a small message, most
  *     retransmissions) from the caller's thread, without the GIL, when the
  *     destination's pacer lets it go at once and it is next in line, and returns
  *     its report: the caller's FINISH then follows without a wake-up of either
- *     thread. A longer round goes to the engine's thread at once: sending its
+ *     thread. A longer round goes to the engine's threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
- *     A round one thread is sending a batch of holds its step for the other
- *     (rule 1).
+ *     post()'s batch is claimed as the threads' are (rule 1).
  *  8. An authenticated round (post()'s key and nonces) is sealed a batch at a
  *     time, in the thread that sends the batch, just before it goes: nonces for
  *     the batch's records are reserved from the session's counter cell with one
  *     atomic add (the cell Python's NonceCounter and every other thread draw
  *     from, so no nonce is drawn twice), and each record gets its nonce and its
  *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
- *     sent again (a new round) gets new nonces. A lent round seals too: its
+ *     sent again (a new round) gets new nonces. A Gmac (the expanded key) is
+ *     for one thread at a time: each batch on its way seals with one of the
+ *     round's n_threads + 1 expansions that no other batch holds. A lent round seals too: its
  *     records are the data header and the trailer, the tag covers header, lent
  *     payload and nonce where they lie, and each datagram goes out gathered from
  *     three iovecs (header, payload, trailer), so authentication costs no copy
@@ -54,7 +66,13 @@
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
- * the engine's thread (a new rate may let a batch go sooner).
+ * one of the engine's threads (a new rate may let a batch go sooner).
+ *
+ * With several send threads, all share the engine's lock and condition
+ * variable. A thread that claims a batch signals another (which may claim the
+ * next, of the same round or another peer's) before it sends; an idle thread
+ * waits for the pacer's earliest deadline if no other idle thread already does
+ * (Engine.timed_wait), else for a signal, so that a deadline wakes one thread.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
@@ -98,7 +116,7 @@ typedef struct {
         probe, probe_interval, cautious_burst, burst_time;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due;
     int cautious, has_last, has_last_active, backlogged, has_due;
-    /* guards the state above: the engine's thread and Python's calls take it, the
+    /* guards the state above: the engine's threads and Python's calls take it, a
        thread inside the engine's lock (never the other way round), each for a
        few arithmetic operations, so Python's calls wait with the GIL held */
     pthread_mutex_t lock;
@@ -746,7 +764,7 @@ static int check_time(double now) {
 
 static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
 
-/* A new rate may let a batch go sooner: the engine's thread re-plans its wait. */
+/* A new rate may let a batch go sooner: an idle send thread re-plans its wait. */
 static void pacer_unlock(Pacer *p, int wake) {
     struct Engine *e = p->engine;
     pthread_mutex_unlock(&p->lock);
@@ -1370,7 +1388,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->next = *at;
     *at = r;
     /* rule 7: a round that is one batch, if the pacer lets it go now and it is
-       next in line, goes from this thread, without waking the engine's thread */
+       next in line, goes from this thread, without waking the engine's threads */
     double wake = INFINITY, now = monotonic_now(), nbytes;
     Py_ssize_t stop;
     if (batch_end(r, 0, e->batch_packets) == r->count &&

@@ -45,8 +45,9 @@ def pair(
         assert [ep.engine for ep in eps] == [
             e if e != "auto" else ("native" if native_available() else "python") for e in engines
         ]
+        # (DLCP_ENGINE_THREADS, where set, replaces threads=1: tests/conftest.py)
         assert [ep.stats()["engine_threads"] for ep in eps] == [
-            threads if ep.engine == "native" else None for ep in eps
+            ep.config.engine_threads if ep.engine == "native" else None for ep in eps
         ]
         yield eps[0], eps[1]
     finally:
