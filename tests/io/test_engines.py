@@ -72,7 +72,9 @@ def _data(seed: int) -> np.ndarray:
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("engines", [("native", "python"), ("python", "native")])
 @pytest.mark.parametrize("loss", [0.0, 0.02])
-def test_engines_interoperate_both_ways(engines: tuple[str, str], loss: float, threads: int) -> None:
+def test_engines_interoperate_both_ways(
+    engines: tuple[str, str], loss: float, threads: int
+) -> None:
     with pair(engines, emulated_loss=loss, emulated_loss_seed=7, threads=threads) as (a, b):
         for msg, (src, dst) in enumerate([(a, b), (b, a), (a, b), (b, a)]):
             data = _data(msg)
