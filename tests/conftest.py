@@ -17,14 +17,17 @@ settings.load_profile("dlcp")
 
 
 @pytest.fixture(autouse=True)
-def _engine_threads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _engine_threads_from_the_environment(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``DLCP_ENGINE_THREADS=N pytest ...`` runs every native endpoint a test
     makes on N send threads, those whose ``EndpointConfig`` the test builds
     itself included (a config built directly reads no environment; only
     ``EndpointConfig.from_env`` does), unless the test chose a count other than 1
-    or the Python engine. Processes a test starts inherit the variable."""
+    or the Python engine, or is marked ``one_send_thread``. Processes a test
+    starts inherit the variable."""
     raw = os.environ.get("DLCP_ENGINE_THREADS")
-    if raw is None:
+    if raw is None or request.node.get_closest_marker("one_send_thread") is not None:
         return
     from dlcp.io import endpoint as endpoint_module
     from dlcp.io.config import EndpointConfig
