@@ -3,9 +3,10 @@
  *
  * The protocol decides what goes (dlcp.proto: chunking, classes, records,
  * recovery); this module decides *when*, and puts it on the wire, in threads of
- * its own that never take the GIL (one by default; Engine(threads=N) runs N). Python posts one transmission round of a
- * message at a time (its records, built by the packetizer, with a TOS byte, a
- * path and a priority class per record) and hears back once, when the round's
+ * its own that never take the GIL (one by default; Engine(threads=N) runs N).
+ * Python posts one transmission round of a message at a time (its records,
+ * built by the packetizer, with a TOS byte, a path and a priority class per
+ * record) and hears back once, when the round's
  * last record has gone: one Python call per round instead of one per pacing
  * decision (a 25 MB message at MTU 1500 was ~50 decisions, each ~100 Python
  * calls on the sending thread).
@@ -58,11 +59,12 @@
  *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
  *     sent again (a new round) gets new nonces. A Gmac (the expanded key) is
  *     for one thread at a time: each batch on its way seals with one of the
- *     round's n_threads + 1 expansions that no other batch holds. A lent round seals too: its
- *     records are the data header and the trailer, the tag covers header, lent
- *     payload and nonce where they lie, and each datagram goes out gathered from
- *     three iovecs (header, payload, trailer), so authentication costs no copy
- *     of the payload. Built without libcrypto (SEALS is 0), post() refuses a key.
+ *     round's n_threads + 1 expansions that no other batch holds. A lent round
+ *     seals too: its records are the data header and the trailer, the tag
+ *     covers header, lent payload and nonce where they lie, and each datagram
+ *     goes out gathered from three iovecs (header, payload, trailer), so
+ *     authentication costs no copy of the payload. Built without libcrypto
+ *     (SEALS is 0), post() refuses a key.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -1199,7 +1201,8 @@ static int seal_setup(Round *r, PyObject *key, PyObject *nonces, int n_seals) {
     }
     r->n_seals = n_seals;
     if (!PyBytes_Check(key) || PyBytes_AsStringAndSize(key, &k, &k_len) < 0 ||
-        (size_t)k_len > sizeof r->key || gmac_init(&r->seals[0], (const uint8_t *)k, (size_t)k_len) < 0) {
+        (size_t)k_len > sizeof r->key ||
+        gmac_init(&r->seals[0], (const uint8_t *)k, (size_t)k_len) < 0) {
         PyErr_SetString(PyExc_ValueError,
                         "post: key must be bytes of 16, 24 or 32 (an AES key)");
         return -1;
