@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import select
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -335,6 +337,25 @@ def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> 
                 engine.add_peer(2, "localhost", 5, _pacer(unpaced=True))
         finally:
             engine.close()
+
+
+def _thread_names() -> list[str]:
+    """The kernel's names of this process's threads."""
+    return sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip()
+                  for t in os.listdir("/proc/self/task"))  # fmt: skip
+
+
+def test_each_send_thread_is_named_and_stopped_by_close() -> None:
+    from dlcp.io import _engine as native  # type: ignore[attr-defined]
+
+    with _sockets() as (_, (tx,)):
+        engine = native.Engine([tx.fileno()], 8, "dlcp-send-7", threads=3)
+        try:
+            ours = [n for n in _thread_names() if n.startswith("dlcp-send-7")]
+            assert ours == ["dlcp-send-7", "dlcp-send-7.1", "dlcp-send-7.2"]
+        finally:
+            engine.close()
+        assert not [n for n in _thread_names() if n.startswith("dlcp-send-7")]
 
 
 @pytest.mark.parametrize("threads", [0, 33, -1])
