@@ -189,7 +189,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         "accelerated": kernels.ACCELERATED,
         # two sessions driven in-process: they pace and cut batches themselves
         "engine": "python",
-        "engine_threads": None,  # (no native engine, no send threads)
         "core_s": round(core_s, 4),
         "memcpy_s": round(copy_s, 4),
         "core_gbps": round(nbytes / core_s / 1e9, 3),
