@@ -92,8 +92,9 @@ test-python-engine: setup
 	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
 
 # The native engine built with AddressSanitizer and UBSan (any finding aborts), loaded in
-# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's;
-# with libcrypto (sealing, rule 8) when the normal build has it
+# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's
+# (its own tests run 1, 2 and 4 send threads; the endpoint's run again on 2:
+# DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8) when the normal build has it
 SANITIZED := build/sanitize/_engine.so
 sanitize: setup
 	@if ! $(CC) -print-file-name=libasan.so | grep -q /; then \
@@ -106,10 +107,12 @@ sanitize: setup
 	  -Wno-cast-function-type \
 	  -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
 	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
-	DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
-	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
+	export DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
+	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 && \
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
+	  tests/collectives/test_halving.py && \
+	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
 
 # libFuzzer targets of the compiled code that reads network input (tests/fuzz/: the

@@ -110,7 +110,7 @@ def worker(args: argparse.Namespace) -> int:
         import dataclasses
 
 
-        py_config = dataclasses.replace(endpoint.config, engine="python")
+        py_config = dataclasses.replace(endpoint.config, engine="python", engine_threads=1)
         py_endpoint, _ = connect(group="bench-allreduce-python", config=py_config)
         py_comm = Communicator(py_endpoint, job.world_size, channel=1)
     n = args.elems

@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.messag
     if args.json:
         print(
             # (sessions driven in-process: they pace and cut batches themselves)
-            json.dumps({"bench": "messages", "engine": "python", "p": args.p,
-                        "messages": args.messages, "sizes": rows})
+            json.dumps({"bench": "messages", "engine": "python", "engine_threads": None,
+                        "p": args.p, "messages": args.messages, "sizes": rows})
         )
     return 0
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from dlcp.processes import sigterm_interrupts
 
-__all__ = ["engine_of_run", "finish", "ranks_authenticate"]
+__all__ = ["engine_of_run", "engine_threads_of_run", "finish", "ranks_authenticate"]
 
 
 def engine_of_run() -> str:
@@ -22,6 +22,14 @@ def engine_of_run() -> str:
 
     config = EndpointConfig.from_env()
     return choose_engine(config.engine, authenticate=config.protocol.authenticate)
+
+
+def engine_threads_of_run(engine: str) -> int | None:
+    """The send threads of the native engine in this run's endpoints
+    (``DLCP_ENGINE_THREADS``), None when they run the Python ``engine``."""
+    from dlcp.io.config import EndpointConfig
+
+    return EndpointConfig.from_env().engine_threads if engine == "native" else None
 
 
 def ranks_authenticate(asked: bool) -> bool:
@@ -74,7 +82,15 @@ def finish(
     except KeyboardInterrupt:
         print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
         return 130
-    result = {**result, "engine": result.get("engine", engine_of_run())}
+    engine = result.get("engine", engine_of_run())
+    threads = result.get("engine_threads", engine_threads_of_run(engine))
+    placed: dict[str, Any] = {}  # (the thread count beside the engine)
+    for key, value in {**result, "engine": engine}.items():
+        if key != "engine_threads":
+            placed[key] = value
+        if key == "engine":
+            placed["engine_threads"] = threads
+    result = placed
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -74,6 +74,20 @@ def summary(
     lost_runs = sum(r["lost_runs"] for r in reports)
     lost_chunks = sum(sum(r["lost_chunks"]) for r in reports)
     packets = sum(r.sender["packets_out"] for r in res["dlcp_loss"])
+    # CPU seconds of each worker process (every thread) per lossless transfer,
+    # median: the sender's from send to acknowledgement, the receiver's from
+    # posting the receive to having it all
+    cpu = {
+        t: {
+            side: round(_median([getattr(r, side)["cpu_seconds"] for r in res[t]]), 4)
+            for side in ("sender", "receiver")
+        }
+        for t in ("dlcp", "tcp")
+    }
+    # of the datagrams the DLCP receiver took in the lossless transfers, the
+    # fraction its run path (scatter_run) took
+    fast = sum(r.receiver["datagrams_fast"] for r in res["dlcp"])
+    arrived = sum(r.receiver["datagrams_in"] for r in res["dlcp"])
     out: dict[str, Any] = {
         "path": path,
         "size_bytes": nbytes,
@@ -87,6 +101,8 @@ def summary(
         "dlcp_lossless_gbps": _gbps(nbytes, _median(dl)),
         "tcp_lossless_gbps": _gbps(nbytes, _median(tl)),
         "ratio_lossless": round(_median(tl) / _median(dl), 3),
+        "lossless_cpu_s": cpu,
+        "dlcp_lossless_run_path_fraction": round(fast / max(1, arrived), 4),
         "dlcp_auth_lossless_gbps": _gbps(nbytes, _median(au)),
         "auth_cost": round(1 - _median(dl) / _median(au), 3),
         "loss_method": "nftables" if kernel_loss else "emulated",

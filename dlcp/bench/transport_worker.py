@@ -340,6 +340,7 @@ class Worker:
         if transport == "floor":
             self._send_floor(counters)
             return
+        cpu = time.process_time()  # (this process's CPU, every thread's)
         if transport == "dlcp":
             ep = self.endpoints[endpoint]
             before = ep.stats()["packets_out"]
@@ -359,7 +360,8 @@ class Worker:
             if self.tcp.recv(1) != b"\x01":
                 raise ConnectionError("TCP receiver closed instead of acknowledging")
             seconds = time.perf_counter() - t0
-        self.emit(op="send", seconds=seconds, counters=_delta(counters), **extra)
+        cpu = time.process_time() - cpu
+        self.emit(op="send", seconds=seconds, cpu_seconds=cpu, counters=_delta(counters), **extra)
 
     def op_expect(self, transport: str, endpoint: str, step: int, msg: int, bound: float) -> None:
         if transport == "floor":
@@ -372,12 +374,21 @@ class Worker:
         counters = _snmp()
         if self.timers is not None:
             self.timers.reset()
+        cpu = time.process_time()  # (from the receive's posting: idle until data comes)
         if transport == "dlcp":
-            fut = self.endpoints[endpoint].recv(src=self.peer, msg=msg, step=step, out=out)
+            ep = self.endpoints[endpoint]
+            before = ep.stats()
+            fut = ep.recv(src=self.peer, msg=msg, step=step, out=out)
             self.emit(op="expect", event="expecting")
             loss = fut.result(timeout=self.timeout).report
             report = _report_dict(loss)
-            extra = self._take_timers(endpoint)
+            after = ep.stats()
+            # how many datagrams the receive's run path took (the rest, the general
+            # path: a new message's first, or datagrams it declined)
+            extra = {
+                **self._take_timers(endpoint),
+                **{k: after[k] - before[k] for k in ("datagrams_in", "datagrams_fast")},
+            }
             for offset, n in loss.lost_ranges:  # where the report says values were lost
                 reported[offset : offset + n] = True
         else:
@@ -393,6 +404,7 @@ class Worker:
             self.tcp.sendall(b"\x01")
             report = {"lost_elems": 0, "msg_elems": out.size}
             extra = {}
+        cpu = time.process_time() - cpu
         counters = _delta(counters)
         differs = out != self.data
         wrong = int(np.count_nonzero(differs))
@@ -410,6 +422,7 @@ class Worker:
             report=report,
             wrong_elems=wrong,
             verified=ok,
+            cpu_seconds=cpu,
             counters=counters,
             **extra,
         )

@@ -2,10 +2,11 @@
  * dlcp.io._engine: the native send engine of the DLCP endpoint.
  *
  * The protocol decides what goes (dlcp.proto: chunking, classes, records,
- * recovery); this module decides *when*, and puts it on the wire, in a thread of
- * its own that never takes the GIL. Python posts one transmission round of a
- * message at a time (its records, built by the packetizer, with a TOS byte, a
- * path and a priority class per record) and hears back once, when the round's
+ * recovery); this module decides *when*, and puts it on the wire, in threads of
+ * its own that never take the GIL (one by default; Engine(threads=N) runs N).
+ * Python posts one transmission round of a message at a time (its records,
+ * built by the packetizer, with a TOS byte, a path and a priority class per
+ * record) and hears back once, when the round's
  * last record has gone: one Python call per round instead of one per pacing
  * decision (a 25 MB message at MTU 1500 was ~50 decisions, each ~100 Python
  * calls on the sending thread).
@@ -15,46 +16,65 @@
  *
  *  1. Per destination, of the rounds with records left, only the earliest
  *     posted message of each step may send; of those, the one whose next record
- *     has the highest priority class goes (the earliest message on a tie).
+ *     has the highest priority class goes (the earliest message on a tie). A
+ *     thread claims the batch it sends: the round's cursor moves past it before
+ *     the lock is released, so another thread may claim the round's next batch
+ *     meanwhile. A round with a batch on its way holds its step even when all
+ *     its records are claimed: the next message of the step waits until it has
+ *     gone. A round one of whose batches failed has no more claimed.
  *  2. A batch is at most batch_packets records, at most one burst of the pacer
  *     (never none), of one class, and the message's short last record only as
  *     its last (what UDP GSO allows).
  *  3. A batch goes when the destination's pacer allows it (Pacer below: the
  *     receiver-driven token bucket of dlcp.proto.pacing.ReceiverDrivenPacer,
  *     ported line for line; tests/io/test_engine_pacer.py drives both with
- *     the same calls and compares every answer).
+ *     the same calls and compares every answer). The pacer is asked and
+ *     charged under the engine's lock when the batch is claimed, so the rate
+ *     holds whatever the number of threads.
  *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
  *     per_message datagrams (the round's) per (GSO) message, with the batch's
- *     TOS byte, from the round's own memory (no copy).
- *  5. A round whose last batch went, or whose send failed, is complete: it is
- *     queued for reap() and the eventfd (fileno()) is written once.
- *  6. cancel() waits while a batch of the round is being sent (the lock is not
- *     held during the system calls), so that the round's memory can be reused
- *     as soon as cancel() returns.
+ *     TOS byte, from the round's own memory (no copy). One thread sends a
+ *     batch, in record order; with several threads, batches of one round may
+ *     leave side by side, their datagrams interleaved.
+ *  5. A round is complete when no batch of it is on its way and either every
+ *     record was claimed (sent) or a batch failed (failed, with the first
+ *     failure's errno, however many of its batches failed): it is queued for
+ *     reap() once and the eventfd (fileno()) is written once.
+ *  6. cancel() waits while any batch of the round is being sent (the lock is
+ *     not held during the system calls), so that the round's memory can be
+ *     reused as soon as cancel() returns.
  *  7. post() itself sends a round of one batch (a small message, most
  *     retransmissions) from the caller's thread, without the GIL, when the
  *     destination's pacer lets it go at once and it is next in line, and returns
  *     its report: the caller's FINISH then follows without a wake-up of either
- *     thread. A longer round goes to the engine's thread at once: sending its
+ *     thread. A longer round goes to the engine's threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
- *     A round one thread is sending a batch of holds its step for the other
- *     (rule 1).
+ *     post()'s batch is claimed as the threads' are (rule 1).
  *  8. An authenticated round (post()'s key and nonces) is sealed a batch at a
  *     time, in the thread that sends the batch, just before it goes: nonces for
  *     the batch's records are reserved from the session's counter cell with one
  *     atomic add (the cell Python's NonceCounter and every other thread draw
  *     from, so no nonce is drawn twice), and each record gets its nonce and its
  *     AES-GMAC tag (docs/spec.md §3; ../proto/gmac.h, with libcrypto). A batch
- *     sent again (a new round) gets new nonces. A lent round seals too: its
- *     records are the data header and the trailer, the tag covers header, lent
- *     payload and nonce where they lie, and each datagram goes out gathered from
- *     three iovecs (header, payload, trailer), so authentication costs no copy
- *     of the payload. Built without libcrypto (SEALS is 0), post() refuses a key.
+ *     sent again (a new round) gets new nonces. A Gmac (the expanded key) is
+ *     for one thread at a time: each batch on its way seals with one of the
+ *     round's n_threads + 1 expansions that no other batch holds. A lent round
+ *     seals too: its records are the data header and the trailer, the tag
+ *     covers header, lent payload and nonce where they lie, and each datagram
+ *     goes out gathered from three iovecs (header, payload, trailer), so
+ *     authentication costs no copy of the payload. Built without libcrypto
+ *     (SEALS is 0), post() refuses a key.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
- * the engine's thread (a new rate may let a batch go sooner).
+ * one of the engine's threads (a new rate may let a batch go sooner).
+ *
+ * With several send threads, all share the engine's lock and condition
+ * variable. A thread that claims a batch signals another (which may claim the
+ * next, of the same round or another peer's) before it sends; an idle thread
+ * waits for the pacer's earliest deadline if no other idle thread already does
+ * (Engine.timed_wait), else for a signal, so that a deadline wakes one thread.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
@@ -81,6 +101,9 @@
 #define MIN_BURST (16.0 * 1024.0)
 #define EPS 1e-6
 #define UNLIMITED ((double)(1LL << 62))
+/* send threads an engine may run (the key expansions of a sealed round, one per
+   batch in flight, are a 64-bit set: rule 8) */
+#define MAX_SEND_THREADS 32
 
 struct Engine;
 
@@ -95,7 +118,7 @@ typedef struct {
         probe, probe_interval, cautious_burst, burst_time;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due;
     int cautious, has_last, has_last_active, backlogged, has_due;
-    /* guards the state above: the engine's thread and Python's calls take it, the
+    /* guards the state above: the engine's threads and Python's calls take it, a
        thread inside the engine's lock (never the other way round), each for a
        few arithmetic operations, so Python's calls wait with the GIL held */
     pthread_mutex_t lock;
@@ -284,13 +307,23 @@ typedef struct Round {
        go out after the payload) */
     Py_buffer payload, seqs;
     Py_ssize_t head, trailer, chunk_bytes;
+    /* cursor: the first record no batch has claimed yet (rule 1) */
     Py_ssize_t count, stride, per_message, short_index, short_len, n_breaks, cursor;
-    int busy, cancelled, started, status, err;
+    /* in_flight: batches of it claimed and not yet sent (rules 5, 6); failed: one
+       of them failed, so no more are claimed and the round ends failed */
+    int in_flight, failed, cancelled, started, status, err;
     double began_t, last_t;
     unsigned long long began_b, last_b;
     int sealed; /* rule 8: each batch gets nonces and tags as it goes */
 #ifdef DLCP_LIBCRYPTO
-    Gmac gmac;         /* the key of the pair (sender, dst) */
+    /* the key of the pair (sender, dst), expanded once per batch that may be in
+       flight at once (a Gmac is for one thread at a time): seals[0] at post(), the
+       others when a batch first needs them; seals_used: which a batch holds */
+    Gmac *seals;
+    int n_seals;
+    uint64_t seals_used;
+    uint8_t key[32];
+    size_t key_len;
     Py_buffer nonces;  /* the session's data nonce counter: one uint64 */
 #endif
 } Round;
@@ -308,8 +341,11 @@ typedef struct Engine {
     pthread_mutex_t lock;
     pthread_cond_t cond;    /* wakes the send thread */
     pthread_cond_t settled; /* a batch's send ended (cancel waits on it) */
-    pthread_t thread;
-    int started, stop, efd, inited;
+    pthread_t *threads;     /* the send threads: n_threads asked, started of them running */
+    int n_threads, started, stop, efd, inited;
+    /* the deadline one idle thread waits for (INFINITY: none does); the other idle
+       threads wait for a signal, so that a deadline wakes one thread, not all */
+    double timed_wait;
     int *fds;
     int n_fds;
     Py_ssize_t batch_packets;
@@ -336,10 +372,11 @@ static void release_round(Round *r) {
     PyBuffer_Release(&r->payload); /* (no-ops on a round that lent nothing) */
     PyBuffer_Release(&r->seqs);
 #ifdef DLCP_LIBCRYPTO
-    if (r->sealed) {
-        gmac_free(&r->gmac);
-        PyBuffer_Release(&r->nonces);
-    }
+    for (int i = 0; i < r->n_seals; i++) /* (no-ops where nothing was set up) */
+        gmac_free(&r->seals[i]);
+    PyBuffer_Release(&r->nonces);
+    PyMem_RawFree(r->seals);
+    OPENSSL_cleanse(r->key, sizeof r->key);
 #endif
     PyMem_RawFree(r);
 }
@@ -362,13 +399,18 @@ static const uint8_t *sealed_bytes(const Round *r, Py_ssize_t i, Py_ssize_t *len
  * of 4 runs on a busy 2-core VM). */
 #define SEAL_PREFETCH_AHEAD 2
 
-/* Rule 8: the nonces and tags of records [start, stop) of r, without the lock:
- * 0, or an errno (EOVERFLOW: the nonce counter is spent; EIO: libcrypto failed). */
-static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
+/* Rule 8: the nonces and tags of records [start, stop) of r, with the key's
+ * expansion `seal` (r->seals[seal], which the batch holds: set up here the first
+ * time), without the lock: 0, or an errno (EOVERFLOW: the nonce counter is spent;
+ * EIO: libcrypto failed). */
+static int seal_batch(Round *r, int seal, Py_ssize_t start, Py_ssize_t stop) {
 #ifdef DLCP_LIBCRYPTO
     uint64_t first;
     if (!r->sealed)
         return 0;
+    Gmac *gmac = &r->seals[seal];
+    if (gmac->gcm == NULL && gmac_init(gmac, r->key, r->key_len) < 0)
+        return EIO;
     if (gmac_take_nonces((uint64_t *)r->nonces.buf, (uint64_t)(stop - start), &first) < 0)
         return EOVERFLOW;
     uint8_t *base = (uint8_t *)r->records.buf;
@@ -384,18 +426,43 @@ static int seal_batch(Round *r, Py_ssize_t start, Py_ssize_t stop) {
         int bad;
         if (r->head) { /* lent: header and trailer here, the payload in the sender's memory */
             uint8_t *record = base + i * r->head;
-            bad = gmac_seal_gathered(&r->gmac, record, bytes, (size_t)len,
+            bad = gmac_seal_gathered(gmac, record, bytes, (size_t)len,
                                      record + r->head - r->trailer, nonce) < 0;
         } else {
-            bad = gmac_seal_data(&r->gmac, base + i * r->stride, (size_t)len, nonce) < 0;
+            bad = gmac_seal_data(gmac, base + i * r->stride, (size_t)len, nonce) < 0;
         }
         if (bad)
             return EIO;
     }
 #else
-    (void)r, (void)start, (void)stop;
+    (void)r, (void)seal, (void)start, (void)stop;
 #endif
     return 0;
+}
+
+/* Which of r's key expansions a batch claimed now seals with (rule 8), with the
+ * lock held: one no batch in flight holds (there are n_threads + 1 of them, and a
+ * batch in flight per sending thread at most); -1 for a round not sealed. */
+static int take_seal(Round *r) {
+#ifdef DLCP_LIBCRYPTO
+    if (!r->sealed)
+        return -1;
+    int seal = __builtin_ctzll(~r->seals_used);
+    r->seals_used |= 1ULL << seal;
+    return seal;
+#else
+    (void)r;
+    return -1;
+#endif
+}
+
+static void give_seal(Round *r, int seal) {
+#ifdef DLCP_LIBCRYPTO
+    if (seal >= 0)
+        r->seals_used &= ~(1ULL << seal);
+#else
+    (void)r, (void)seal;
+#endif
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -435,6 +502,12 @@ static Py_ssize_t batch_nbytes(const Round *r, Py_ssize_t start, Py_ssize_t stop
     return round_batch_bytes(r->stride, r->short_index, r->short_len, start, stop);
 }
 
+/* Whether r may have a batch claimed (rule 1): records left, and none of its
+ * batches failed. */
+static int claimable(const Round *r) {
+    return r->cursor < r->count && !r->failed;
+}
+
 /* Rule 1. */
 static Round *first_to_send(Peer *peer) {
     Round *best = NULL;
@@ -442,8 +515,9 @@ static Round *first_to_send(Peer *peer) {
     uint32_t seen[64];
     int n_seen = 0, overflow = 0;
     for (Round *r = peer->rounds; r; r = r->next) {
-        /* (a round whose batch another thread is sending holds its step) */
-        if (r->cursor >= r->count && !r->busy)
+        /* (a round with a batch in flight holds its step, even with nothing left
+           to claim: the next message of the step waits until it has gone) */
+        if (!claimable(r) && r->in_flight == 0)
             continue;
         int dup = 0;
         for (int i = 0; i < n_seen; i++)
@@ -451,7 +525,7 @@ static Round *first_to_send(Peer *peer) {
                 dup = 1;
         if (!dup && overflow) /* (more than 64 steps in flight: scan the earlier ones) */
             for (Round *q = peer->rounds; q != r; q = q->next)
-                if ((q->cursor < q->count || q->busy) && q->step == r->step)
+                if ((claimable(q) || q->in_flight > 0) && q->step == r->step)
                     dup = 1;
         if (dup)
             continue;
@@ -459,7 +533,7 @@ static Round *first_to_send(Peer *peer) {
             seen[n_seen++] = r->step;
         else
             overflow = 1;
-        if (r->busy)
+        if (!claimable(r))
             continue;
         int prio = ((const uint8_t *)r->prio.buf)[r->cursor];
         if (prio > best_prio) {
@@ -494,8 +568,11 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err)
     (void)w;
 }
 
-/* One batch of r to peer (rule 2-4). Called with the lock held; returns with it,
- * 1 when r has ended (sent or failed: r->status), for the caller to complete. */
+/* One batch of r to peer (rule 2-4): records [r->cursor, stop), claimed here
+ * (the cursor moves past them before the lock is released, so another thread may
+ * claim the next batch of r meanwhile). Called with the lock held; returns with
+ * it, 1 when r has ended (rule 5: every record claimed, or a batch failed, and no
+ * batch in flight; r->status says which), for the caller to complete. */
 static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
                          double now) {
     Py_ssize_t start = r->cursor;
@@ -515,9 +592,13 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     const uint8_t *paths = (const uint8_t *)r->path.buf;
     int tos = ((const uint8_t *)r->tos.buf)[start];
     struct sockaddr_in addr = peer->addr; /* (add_peer may change it meanwhile) */
-    r->busy = 1;
+    r->cursor = stop;
+    r->in_flight++;
+    int seal = take_seal(r);
+    if (e->n_threads > 1) /* (an idle thread may send the next batch, of r or another) */
+        pthread_cond_signal(&e->cond);
     pthread_mutex_unlock(&e->lock);
-    int err = seal_batch(r, start, stop);
+    int err = seal_batch(r, seal, start, stop);
     unsigned long long datagrams = 0, calls = 0;
     for (Py_ssize_t s = start; s < stop && !err;) {
         Py_ssize_t t = s + 1;
@@ -529,15 +610,20 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     pthread_mutex_lock(&e->lock);
     e->datagrams += datagrams;
     e->send_calls += calls;
-    r->busy = 0;
-    pthread_cond_broadcast(&e->settled);
     e->batches++;
-    r->cursor = stop;
+    give_seal(r, seal);
+    r->in_flight--;
+    if (err && !r->failed) { /* (the first failure is the round's) */
+        r->failed = 1;
+        r->err = err;
+    }
+    pthread_cond_broadcast(&e->settled);
     if (r->cancelled) /* cancel() unlinked it and frees it */
         return 0;
-    r->status = err ? ROUND_FAILED : ROUND_SENT;
-    r->err = err;
-    return err || r->cursor >= r->count;
+    if (r->in_flight > 0 || claimable(r))
+        return 0;
+    r->status = r->failed ? ROUND_FAILED : ROUND_SENT;
+    return 1;
 }
 
 /* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
@@ -592,7 +678,9 @@ static void *send_thread(void *arg) {
         }
         if (sent || e->stop)
             continue;
-        if (isinf(wake)) {
+        /* idle: the thread with the earliest deadline waits for it, the others for
+           a signal (a post, a claimed batch, a new rate, a cancel) */
+        if (isinf(wake) || wake >= e->timed_wait) {
             pthread_cond_wait(&e->cond, &e->lock);
         } else {
             struct timespec ts;
@@ -603,7 +691,10 @@ static void *send_thread(void *arg) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
             }
+            e->timed_wait = wake;
             pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+            if (e->timed_wait == wake) /* (else a thread with an earlier one took over) */
+                e->timed_wait = INFINITY;
         }
     }
     pthread_mutex_unlock(&e->lock);
@@ -675,7 +766,7 @@ static int check_time(double now) {
 
 static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
 
-/* A new rate may let a batch go sooner: the engine's thread re-plans its wait. */
+/* A new rate may let a batch go sooner: an idle send thread re-plans its wait. */
 static void pacer_unlock(Pacer *p, int wake) {
     struct Engine *e = p->engine;
     pthread_mutex_unlock(&p->lock);
@@ -847,13 +938,19 @@ static PyTypeObject PacerType = {
 /* ------------------------------------------------------------------ Engine type */
 
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fds", "batch_packets", "name", NULL};
+    static char *names[] = {"fds", "batch_packets", "name", "threads", NULL};
     PyObject *fds;
     Py_ssize_t batch_packets;
     const char *name = "dlcp-send";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s:Engine", names, &fds, &batch_packets,
-                                     &name))
+    int n_threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$i:Engine", names, &fds, &batch_packets,
+                                     &name, &n_threads))
         return NULL;
+    if (n_threads < 1 || n_threads > MAX_SEND_THREADS) {
+        PyErr_Format(PyExc_ValueError, "Engine: threads=%d outside 1..%d", n_threads,
+                     MAX_SEND_THREADS);
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(fds, "fds must be a sequence of socket descriptors");
     if (seq == NULL)
         return NULL;
@@ -870,7 +967,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     e->efd = -1;
     e->fds = PyMem_RawCalloc((size_t)n, sizeof(int));
-    if (e->fds == NULL) {
+    e->threads = PyMem_RawCalloc((size_t)n_threads, sizeof(pthread_t));
+    if (e->fds == NULL || e->threads == NULL) {
         Py_DECREF(seq);
         Py_DECREF(e);
         return PyErr_NoMemory();
@@ -889,6 +987,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(seq);
     e->n_fds = (int)n;
     e->batch_packets = batch_packets;
+    e->n_threads = n_threads;
+    e->timed_wait = INFINITY;
     pthread_mutex_init(&e->lock, NULL);
     pthread_condattr_t attr; /* deadlines are CLOCK_MONOTONIC times, as Python's */
     pthread_condattr_init(&attr);
@@ -903,17 +1003,24 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Py_DECREF(e);
         return NULL;
     }
-    int rc = pthread_create(&e->thread, NULL, send_thread, e);
-    if (rc != 0) {
-        errno = rc;
-        PyErr_SetFromErrno(PyExc_OSError);
-        Py_DECREF(e);
-        return NULL;
+    for (int i = 0; i < n_threads; i++) {
+        int rc = pthread_create(&e->threads[i], NULL, send_thread, e);
+        if (rc != 0) {
+            errno = rc;
+            PyErr_SetFromErrno(PyExc_OSError);
+            Py_DECREF(e); /* (stops the threads started) */
+            return NULL;
+        }
+        e->started++;
+        /* what the kernel keeps of a thread's name (top -H, perf): 15 bytes; the
+           first thread is `name`, the others `name`.1, `name`.2, ... */
+        char cut[16];
+        if (i == 0)
+            snprintf(cut, sizeof cut, "%s", name);
+        else
+            snprintf(cut, sizeof cut, "%.*s.%d", i < 10 ? 13 : 12, name, i);
+        pthread_setname_np(e->threads[i], cut);
     }
-    e->started = 1;
-    char cut[16]; /* what the kernel keeps of a thread's name (top -H, perf) */
-    snprintf(cut, sizeof cut, "%s", name);
-    pthread_setname_np(e->thread, cut);
     return (PyObject *)e;
 }
 
@@ -922,10 +1029,11 @@ static void engine_stop(Engine *e) {
         return;
     pthread_mutex_lock(&e->lock);
     e->stop = 1;
-    pthread_cond_signal(&e->cond);
+    pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
     Py_BEGIN_ALLOW_THREADS
-    pthread_join(e->thread, NULL);
+    for (int i = 0; i < e->started; i++)
+        pthread_join(e->threads[i], NULL);
     Py_END_ALLOW_THREADS
     e->started = 0;
 }
@@ -941,7 +1049,7 @@ static void engine_free_rounds(Engine *e) {
         busy = 0;
         for (int i = 0; i < e->n_peers; i++)
             for (Round *r = e->peers[i] ? e->peers[i]->rounds : NULL; r; r = r->next)
-                busy |= r->busy;
+                busy |= r->in_flight > 0;
         if (busy)
             pthread_cond_wait(&e->settled, &e->lock);
     }
@@ -974,6 +1082,7 @@ static void Engine_dealloc(Engine *e) {
     engine_free_rounds(e);
     PyMem_RawFree(e->peers);
     PyMem_RawFree(e->fds);
+    PyMem_RawFree(e->threads);
     if (e->efd >= 0)
         close(e->efd);
     if (e->inited) {
@@ -1079,20 +1188,29 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ss
 }
 
 /* Rule 8: r is sealed with `key` (bytes, 16, 24 or 32) and nonces from the counter
- * cell `nonces` (one aligned, writable uint64); else ValueError. */
-static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
+ * cell `nonces` (one aligned, writable uint64), by at most `n_seals` batches at
+ * once; else ValueError (or MemoryError). */
+static int seal_setup(Round *r, PyObject *key, PyObject *nonces, int n_seals) {
 #ifdef DLCP_LIBCRYPTO
     char *k;
     Py_ssize_t k_len;
+    r->seals = PyMem_RawCalloc((size_t)n_seals, sizeof(Gmac));
+    if (r->seals == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->n_seals = n_seals;
     if (!PyBytes_Check(key) || PyBytes_AsStringAndSize(key, &k, &k_len) < 0 ||
-        gmac_init(&r->gmac, (const uint8_t *)k, (size_t)k_len) < 0) {
+        (size_t)k_len > sizeof r->key ||
+        gmac_init(&r->seals[0], (const uint8_t *)k, (size_t)k_len) < 0) {
         PyErr_SetString(PyExc_ValueError,
                         "post: key must be bytes of 16, 24 or 32 (an AES key)");
         return -1;
     }
+    memcpy(r->key, k, (size_t)k_len); /* (the other expansions are made from it) */
+    r->key_len = (size_t)k_len;
     if (nonces == Py_None ||
         PyObject_GetBuffer(nonces, &r->nonces, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        gmac_free(&r->gmac);
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError,
@@ -1101,15 +1219,13 @@ static int seal_setup(Round *r, PyObject *key, PyObject *nonces) {
         return -1;
     }
     if (r->nonces.len != 8 || ((uintptr_t)r->nonces.buf & 7) != 0) {
-        PyBuffer_Release(&r->nonces);
-        gmac_free(&r->gmac);
         PyErr_SetString(PyExc_ValueError, "post: nonces must be one aligned uint64");
         return -1;
     }
     r->sealed = 1;
     return 0;
 #else
-    (void)r, (void)key, (void)nonces;
+    (void)r, (void)key, (void)nonces, (void)n_seals;
     PyErr_SetString(PyExc_ValueError, "post: built without libcrypto");
     return -1;
 #endif
@@ -1248,7 +1364,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     if (get_buffer(records, &r->records, r->head ? r->head : stride, count, "records", sealed) <
         0)
         goto fail;
-    if (sealed && seal_setup(r, key, nonces) < 0)
+    if (sealed && seal_setup(r, key, nonces, e->n_threads + 1) < 0)
         goto fail;
     if (get_buffer(tos, &r->tos, 1, count, "tos", 0) < 0)
         goto fail;
@@ -1275,7 +1391,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->next = *at;
     *at = r;
     /* rule 7: a round that is one batch, if the pacer lets it go now and it is
-       next in line, goes from this thread, without waking the engine's thread */
+       next in line, goes from this thread, without waking the engine's threads */
     double wake = INFINITY, now = monotonic_now(), nbytes;
     Py_ssize_t stop;
     if (batch_end(r, 0, e->batch_packets) == r->count &&
@@ -1315,7 +1431,7 @@ static PyObject *Engine_cancel(Engine *e, PyObject *args) {
         if (found) {
             unlink_round(peer, found);
             found->cancelled = 1;
-            while (found->busy) /* rule 6 */
+            while (found->in_flight > 0) /* rule 6 */
                 pthread_cond_wait(&e->settled, &e->lock);
             pthread_cond_signal(&e->cond); /* (a later round of its step may go now) */
         }

@@ -14,9 +14,12 @@ from typing import Any
 from ..errors import ConfigError
 from ..proto.config import FillPolicy, ProtocolConfig
 
-__all__ = ["ENV_PREFIX", "EndpointConfig"]
+__all__ = ["ENV_PREFIX", "MAX_ENGINE_THREADS", "EndpointConfig"]
 
 ENV_PREFIX = "DLCP_"
+
+#: the most send threads the native engine runs (its MAX_SEND_THREADS)
+MAX_ENGINE_THREADS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,10 @@ class EndpointConfig:
     #: what sends the data: "native" (the compiled engine, dlcp.io.engine),
     #: "python", or "auto" (native where it was built)
     engine: str = "auto"
+    #: the native engine's send threads (dlcp.io.engine, docs/engine.md#threads):
+    #: 1..MAX_ENGINE_THREADS; more than 1 needs the native engine (engine="python"
+    #: refuses it; "auto" that runs the Python engine ignores it, and logs that)
+    engine_threads: int = 1
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
@@ -97,6 +104,15 @@ class EndpointConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
         if self.engine not in ("auto", "native", "python"):
             raise ConfigError(f"engine={self.engine!r}: use 'auto', 'native' or 'python'")
+        if not 1 <= self.engine_threads <= MAX_ENGINE_THREADS:
+            raise ConfigError(
+                f"engine_threads={self.engine_threads} outside 1..{MAX_ENGINE_THREADS}"
+            )
+        if self.engine == "python" and self.engine_threads != 1:
+            raise ConfigError(
+                f"engine_threads={self.engine_threads} with engine='python': send threads "
+                "are the native engine's (use engine='native' or 'auto', or 1 thread)"
+            )
         for name in ("rcvbuf", "sndbuf"):
             if not 65536 <= getattr(self, name) <= _INT_MAX:
                 raise ConfigError(

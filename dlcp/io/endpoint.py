@@ -136,7 +136,12 @@ class Endpoint(IOLoop):
         )
         try:
             if self.engine == "native":
-                self._sender = NativeSender(self._data, protocol, rank=rank)
+                self._sender = NativeSender(
+                    self._data, protocol, rank=rank, threads=cfg.engine_threads
+                )
+            elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)
+                log.info("dlcp: engine_threads=%d ignored: the Python engine runs",
+                         cfg.engine_threads)  # fmt: skip
             self._control = ControlChannel(
                 cfg.host,
                 cfg.control_port,
@@ -351,6 +356,8 @@ class Endpoint(IOLoop):
                     "gso": self._data.use_gso,
                     "gro": self._data.use_gro,
                     "engine": self.engine,
+                    # the native engine's send threads (None: the Python engine)
+                    "engine_threads": self._sender.threads if self._sender else None,
                     **(self._sender.stats() if self._sender is not None else {}),
                 }
             )

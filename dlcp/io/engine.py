@@ -15,6 +15,8 @@ datagram, and when a round, a NACK or a STOP is due):
 ``EndpointConfig.engine`` (``DLCP_ENGINE``) picks one: ``native``, ``python``, or
 ``auto`` (the default: native where it was built). A build without a C compiler
 has no ``_engine``; ``auto`` then runs the Python engine and says so in the log.
+``EndpointConfig.engine_threads`` (``DLCP_ENGINE_THREADS``) is how many send
+threads the native engine runs (docs/engine.md, "Threads").
 """
 
 from __future__ import annotations
@@ -144,14 +146,21 @@ class NativeSender:
     (feedback, loss) take the engine's lock. ``post`` hands a round over,
     ``cancel`` takes one back (its memory is free to reuse on return), ``reap``
     returns the rounds that ended; ``fileno`` is readable while there are some.
+    ``threads`` send threads pace and send (``dlcp-send-<rank>``, then
+    ``dlcp-send-<rank>.1``, ...).
     """
 
-    def __init__(self, data: DataSockets, protocol: ProtocolConfig, *, rank: int = 0) -> None:
+    def __init__(
+        self, data: DataSockets, protocol: ProtocolConfig, *, rank: int = 0, threads: int = 1
+    ) -> None:
         assert _native is not None
         self._protocol = protocol
         self._gso = data.use_gso
+        #: how many send threads the engine runs
+        self.threads = threads
         self._engine: Any = _native.Engine(
-            [s.fileno() for s in data.send_socks], protocol.batch_packets, f"dlcp-send-{rank}"
+            [s.fileno() for s in data.send_socks], protocol.batch_packets, f"dlcp-send-{rank}",
+            threads=threads,
         )
         self._pacers: dict[int, Any] = {}
         self._routed: dict[int, tuple[str, int]] = {}

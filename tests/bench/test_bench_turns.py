@@ -25,10 +25,17 @@ def test_turns_benchmark_json(engine: str, monkeypatch: pytest.MonkeyPatch) -> N
     if engine == "native" and not native_available():
         pytest.skip("native engine not built")
     monkeypatch.setenv("DLCP_ENGINE", engine)
+    if engine == "native":  # (its send threads: the JSON says how many, beside the engine)
+        monkeypatch.setenv("DLCP_ENGINE_THREADS", "2")
+    else:
+        monkeypatch.delenv("DLCP_ENGINE_THREADS", raising=False)
     argv = [sys.executable, "-m", "dlcp.bench.turns", "--json", "--sizes", "1,100000",
             "--messages", "4", "--warmup", "1"]  # fmt: skip
     r = run_json(argv, 120.0)
     assert r["bench"] == "turns" and r["engine"] == engine and r["messages"] == 4
+    assert r["engine_threads"] == (2 if engine == "native" else None)
+    keys = list(r)
+    assert keys.index("engine_threads") == keys.index("engine") + 1
     assert set(r["sizes"]) == {"1", "100000"}
     for size, fig in r["sizes"].items():
         for name in ("sender_turns", "receiver_turns", "control_to_sender", "ms"):

@@ -2,7 +2,9 @@
 ``auto`` meaning native where it was built. A build without a C compiler (no
 ``dlcp.io._engine``) runs the Python engine on ``auto`` and says so, and refuses
 ``native`` by name; so does an engine built without libcrypto for an
-authenticating job (it cannot tag)."""
+authenticating job (it cannot tag). The native engine's send threads
+(``DLCP_ENGINE_THREADS``): bad counts named as typed, refused with the Python
+engine, ignored (and said) where ``auto`` runs it."""
 
 from __future__ import annotations
 
@@ -87,3 +89,44 @@ def test_a_bad_setting_is_named(value: str) -> None:
     with pytest.raises(ConfigError) as by_variable:
         EndpointConfig.from_env({"DLCP_ENGINE": value})
     assert str(by_variable.value) == f"DLCP_ENGINE={value}: use 'auto', 'native' or 'python'"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("0", "DLCP_ENGINE_THREADS=0 outside 1..32"),
+        ("33", "DLCP_ENGINE_THREADS=33 outside 1..32"),
+        ("two", "DLCP_ENGINE_THREADS='two' is not a valid int"),
+        ("1.5", "DLCP_ENGINE_THREADS='1.5' is not a valid int"),
+    ],
+)
+def test_a_bad_thread_count_is_named_as_typed(value: str, said: str) -> None:
+    with pytest.raises(ConfigError) as by_variable:
+        EndpointConfig.from_env({"DLCP_ENGINE_THREADS": value})
+    assert str(by_variable.value) == said
+    with pytest.raises(ConfigError, match=r"^engine_threads=0 outside 1\.\.32$"):
+        EndpointConfig(engine_threads=0)
+    assert EndpointConfig.from_env({"DLCP_ENGINE_THREADS": "4"}).engine_threads == 4
+
+
+def test_send_threads_are_the_native_engines(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Python engine has none: asking for it and for threads is refused, naming
+    both settings; ``auto`` that runs the Python engine ignores the count and says so."""
+    with pytest.raises(ConfigError) as both:
+        EndpointConfig.from_env({"DLCP_ENGINE": "python", "DLCP_ENGINE_THREADS": "2"})
+    assert "engine_threads=2 with engine='python'" in str(both.value)
+    assert "(from DLCP_ENGINE=python, DLCP_ENGINE_THREADS=2)" in str(both.value)
+    with pytest.raises(ConfigError, match=r"^engine_threads=3 with engine='python'"):
+        EndpointConfig(engine="python", engine_threads=3)
+
+    from tests.io.test_engines import pair
+
+    monkeypatch.setattr(engine, "_native", None)
+    with (
+        caplog.at_level(logging.INFO, logger="dlcp.io"),
+        pair(("auto", "auto"), threads=2) as (a, _),
+    ):
+        assert a.engine == "python" and a.stats()["engine_threads"] is None
+    assert "engine_threads=2 ignored: the Python engine runs" in caplog.text

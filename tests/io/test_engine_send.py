@@ -2,17 +2,22 @@
 sockets: a posted round arrives as its records, in order, with the last record
 short; runs of records on other paths leave from other sockets; a round is
 reported once, when sent or when its send failed; ``cancel`` takes a round
-back; bad posts are refused by name. (The endpoint tests run on this engine by
-default; ``test_engines.py`` checks it against the Python engine.)"""
+back; bad posts are refused by name. The tests where it matters run the engine
+with 1, 2 and 4 send threads (``THREADS``): with more than one, several batches
+of one round may be on their way at once, and leave in any order. (The
+endpoint tests run on this engine by default; ``test_engines.py`` checks it
+against the Python engine.)"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import select
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +28,14 @@ from dlcp.io.engine import native_available
 pytestmark = pytest.mark.skipif(not native_available(), reason="native engine not built")
 
 
-def _engine(fds: list[int], batch_packets: int = 352) -> Any:
+#: the engine's send threads in the tests that run with each
+THREADS = [1, 2, 4]
+
+
+def _engine(fds: list[int], batch_packets: int = 352, threads: int = 1) -> Any:
     from dlcp.io import _engine  # type: ignore[attr-defined]
 
-    return _engine.Engine(fds, batch_packets, "dlcp-send-test")
+    return _engine.Engine(fds, batch_packets, "dlcp-send-test", threads=threads)
 
 
 def _pacer(**options: Any) -> Any:
@@ -88,10 +97,24 @@ def _receive(rx: socket.socket, n: int) -> list[tuple[bytes, int]]:
     return got
 
 
+def _record_index(r: dict[str, Any], got: list[tuple[bytes, int]]) -> list[int]:
+    """Which record of round ``r`` each received datagram is (every record of a
+    ``_round`` differs from the others), asserting that it is one."""
+    index = {r["records"][i, : r["short_len"] if i == r["short"] else r["stride"]].tobytes(): i
+             for i in range(r["count"])}  # fmt: skip
+    assert all(data in index for data, _ in got), "a datagram that is no record of the round"
+    return [index[data] for data, _ in got]
+
+
+@pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize(("per_message", "batch_packets"), [(1, 352), (8, 5), (44, 1)])
-def test_a_round_arrives_as_its_records_in_order(per_message: int, batch_packets: int) -> None:
+def test_a_round_arrives_as_its_records_in_order(
+    per_message: int, batch_packets: int, threads: int
+) -> None:
+    """Every record arrives once; in order with one send thread, and with more
+    in order within each batch (batches of one round may leave side by side)."""
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()], batch_packets)
+        engine = _engine([tx.fileno()], batch_packets, threads)
         try:
             engine.add_peer(3, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             r = _round(count=50, stride=1000, short_len=123)
@@ -100,18 +123,25 @@ def test_a_round_arrives_as_its_records_in_order(per_message: int, batch_packets
             got = _receive(rx, 50)
         finally:
             engine.close()
-    assert [len(d) for d, _ in got] == [1000] * 49 + [123]
-    for i, (data, _) in enumerate(got):
-        assert data == r["records"][i, : len(data)].tobytes(), f"record {i}"
+    order = _record_index(r, got)
+    assert sorted(order) == list(range(50))
+    if threads == 1:
+        assert order == list(range(50))
+    else:  # (one thread sends a batch: its records leave in order, perhaps between
+        # another thread's, as sendmmsg is a sendmsg per message)
+        for i in range(0, 50, batch_packets):
+            batch = [order.index(j) for j in range(i, min(i + batch_packets, 50))]
+            assert batch == sorted(batch), f"the batch of record {i}"
     ((dst, step, msg, failed, err, began_t, began_b, last_t, last_b),) = report
     assert (dst, step, msg, failed, err) == (3, 7, 2, 0, 0)
     assert began_b == 0 and last_b >= began_b and last_t >= began_t
 
 
-def test_paths_leave_from_their_own_sockets() -> None:
+@pytest.mark.parametrize("threads", THREADS)
+def test_paths_leave_from_their_own_sockets(threads: int) -> None:
     with _sockets(n_send=2) as (rx, txs):
         ports = [s.getsockname()[1] for s in txs]
-        engine = _engine([s.fileno() for s in txs])
+        engine = _engine([s.fileno() for s in txs], 3, threads)
         try:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             r = _round(count=12, stride=500, short_len=500)
@@ -120,13 +150,17 @@ def test_paths_leave_from_their_own_sockets() -> None:
             got = _receive(rx, 12)
         finally:
             engine.close()
-    assert [port for _, port in got] == [ports[p] for p in r["path"]]
+    order = _record_index(r, got)
+    assert sorted(order) == list(range(12))
+    assert [port for _, port in got] == [ports[r["path"][i]] for i in order]
 
 
-def test_a_paced_round_takes_its_time() -> None:
-    """1 MB at 20 MB/s with 64 KB bursts: no sooner than the pacer allows."""
+@pytest.mark.parametrize("threads", THREADS)
+def test_a_paced_round_takes_its_time(threads: int) -> None:
+    """1 MB at 20 MB/s with 64 KB bursts: no sooner than the pacer allows, with
+    any number of threads (each charges the pacer when it claims a batch)."""
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()])
+        engine = _engine([tx.fileno()], 8, threads)
         try:
             pacer = _pacer(initial_rate=20e6, min_rate=1e6, burst_bytes=65536)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
@@ -140,12 +174,13 @@ def test_a_paced_round_takes_its_time() -> None:
     assert last_b >= 1_000_000 - 65536
 
 
-def test_a_round_of_one_batch_goes_from_post_itself() -> None:
+@pytest.mark.parametrize("threads", THREADS)
+def test_a_round_of_one_batch_goes_from_post_itself(threads: int) -> None:
     """Rule 7: a round of one batch that the pacer lets go goes from post(),
-    which returns its report; the engine's thread, and its eventfd, have nothing
-    to do with it. A longer round is the thread's."""
+    which returns its report; the engine's threads, and its eventfd, have nothing
+    to do with it. A longer round is the threads'."""
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()], batch_packets=20)
+        engine = _engine([tx.fileno()], batch_packets=20, threads=threads)
         try:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             ended = engine.post(dst=1, step=3, msg=4, order=1, **_round(15, 1000, 10))
@@ -187,9 +222,10 @@ def test_the_earliest_message_of_each_step_goes_first_by_class() -> None:
     assert got == order
 
 
-def test_cancel_takes_a_round_back() -> None:
+@pytest.mark.parametrize("threads", THREADS)
+def test_cancel_takes_a_round_back(threads: int) -> None:
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()])
+        engine = _engine([tx.fileno()], threads=threads)
         try:
             pacer = _pacer(initial_rate=1e5, min_rate=1e3, burst_bytes=1000)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
@@ -204,9 +240,42 @@ def test_cancel_takes_a_round_back() -> None:
             engine.close()
 
 
-def test_a_failed_send_reports_the_round_failed() -> None:
+@pytest.mark.parametrize("threads", [2, 4])
+def test_cancel_waits_for_the_batches_on_their_way(threads: int) -> None:
+    """Rule 6 with several batches of a round on their way at once: when cancel()
+    returns, every datagram of the round the engine will ever send is in the
+    receiver's socket (loopback delivers within the send call), so the lent
+    payload, overwritten then, shows in none of them; a round of the same step
+    posted after it goes (it no longer holds the step)."""
     with _sockets() as (rx, (tx,)):
-        engine = _engine([tx.fileno()])
+        engine = _engine([tx.fileno()], batch_packets=4, threads=threads)
+        try:
+            pacer = _pacer(initial_rate=50e6, min_rate=1e6, burst_bytes=64 * 1032)
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
+            r = _lent_round(count=4000, head=32, chunk=1000, tail=1000, seed=4)
+            assert engine.post(dst=1, step=0, msg=0, order=1, **r) is None
+            rx.settimeout(10.0)
+            first = rx.recv(65536)  # (the round is under way)
+            assert engine.cancel(1, 0, 0) is True
+            r["payload"][:] = 7
+            marker = _round(1, 200, 200, seed=9)
+            ended = engine.post(dst=1, step=0, msg=1, order=2, **marker)
+            before = [first]
+            while (d := rx.recv(65536)) != marker["records"][0].tobytes():
+                before.append(d)
+            if ended is None:
+                _wait_report(engine)
+            sent = engine.stats()["engine_datagrams"]
+        finally:
+            engine.close()
+    assert len(before) == sent - 1 < 4000  # (all but the marker; cut short)
+    assert not any(d[32:] == bytes([7]) * 1000 for d in before)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_a_failed_send_reports_the_round_failed(threads: int) -> None:
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()], threads=threads)
         try:
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
             # more than a UDP datagram holds (65,507 bytes over IPv4): EMSGSIZE
@@ -216,6 +285,27 @@ def test_a_failed_send_reports_the_round_failed() -> None:
         finally:
             engine.close()
     assert (dst, step, msg, failed, err) == (1, 4, 5, 1, errno.EMSGSIZE)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_a_round_whose_batches_fail_side_by_side_is_reported_failed_once(threads: int) -> None:
+    """40 batches of one record each, every one refused (EMSGSIZE), several on
+    their way at once with more threads: one report, failed; a later message of
+    the same step, which waits until no batch of the first is on its way, is
+    reported after it, sent, and nothing else is."""
+    with _sockets() as (rx, (tx,)):
+        engine = _engine([tx.fileno()], batch_packets=1, threads=threads)
+        try:
+            engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _pacer(unpaced=True))
+            assert engine.post(dst=1, step=4, msg=5, order=1, **_round(40, 65535, 65535)) is None
+            assert engine.post(dst=1, step=4, msg=6, order=2, **_round(3, 1000, 10)) is None
+            reports: list[Any] = []
+            while not any(r[2] == 6 for r in reports):
+                reports += _wait_report(engine)
+            _receive(rx, 3)
+        finally:
+            engine.close()
+    assert [r[:5] for r in reports] == [(1, 4, 5, 1, errno.EMSGSIZE), (1, 4, 6, 0, 0)]
 
 
 @pytest.mark.parametrize(
@@ -247,6 +337,31 @@ def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> 
                 engine.add_peer(2, "localhost", 5, _pacer(unpaced=True))
         finally:
             engine.close()
+
+
+def _thread_names() -> list[str]:
+    """The kernel's names of this process's threads."""
+    return sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip()
+                  for t in os.listdir("/proc/self/task"))  # fmt: skip
+
+
+def test_each_send_thread_is_named_and_stopped_by_close() -> None:
+    from dlcp.io import _engine as native  # type: ignore[attr-defined]
+
+    with _sockets() as (_, (tx,)):
+        engine = native.Engine([tx.fileno()], 8, "dlcp-send-7", threads=3)
+        try:
+            ours = [n for n in _thread_names() if n.startswith("dlcp-send-7")]
+            assert ours == ["dlcp-send-7", "dlcp-send-7.1", "dlcp-send-7.2"]
+        finally:
+            engine.close()
+        assert not [n for n in _thread_names() if n.startswith("dlcp-send-7")]
+
+
+@pytest.mark.parametrize("threads", [0, 33, -1])
+def test_a_bad_thread_count_is_refused_by_name(threads: int) -> None:
+    with _sockets() as (_, (tx,)), pytest.raises(ValueError, match=f"threads={threads} outside"):
+        _engine([tx.fileno()], threads=threads)
 
 
 def _lent_round(count: int, head: int, chunk: int, tail: int, seed: int = 0) -> dict[str, Any]:

@@ -3,7 +3,8 @@ interoperate in both directions, and the same transfers, under the same seeded
 emulated loss, end the same way on both (the bytes delivered, what was lost
 within the bound, the failures), with retransmissions within a stated
 tolerance (which datagrams an emulated loss hits depends on how they were
-batched, so the counts differ by chance, not by rule)."""
+batched, so the counts differ by chance, not by rule). The native endpoints
+run with 1, 2 or 4 send threads (``threads``)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,23 @@ TIMEOUT = 20.0
 
 @contextlib.contextmanager
 def pair(
-    engines: tuple[str, str], *, key: Any = None, **config: Any
+    engines: tuple[str, str], *, key: Any = None, threads: int = 1, **config: Any
 ) -> Iterator[tuple[Endpoint, Endpoint]]:
+    """Two endpoints on ``engines``; the native ones (not "python") with
+    ``threads`` send threads."""
     store = LocalStore()
     eps: list[Endpoint] = []
     try:
         for rank, engine in enumerate(engines):
-            eps.append(Endpoint(rank, store=store, world_size=2, job=JOB, key=key,
-                                config=EndpointConfig(timeout=TIMEOUT, engine=engine, **config)))
+            cfg = EndpointConfig(timeout=TIMEOUT, engine=engine,
+                                 engine_threads=1 if engine == "python" else threads, **config)
+            eps.append(Endpoint(rank, store=store, world_size=2, job=JOB, key=key, config=cfg))
         assert [ep.engine for ep in eps] == [
             e if e != "auto" else ("native" if native_available() else "python") for e in engines
+        ]
+        # (DLCP_ENGINE_THREADS, where set, replaces threads=1: tests/conftest.py)
+        assert [ep.stats()["engine_threads"] for ep in eps] == [
+            ep.config.engine_threads if ep.engine == "native" else None for ep in eps
         ]
         yield eps[0], eps[1]
     finally:
@@ -61,10 +69,13 @@ def _data(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(N).astype(np.float32)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("engines", [("native", "python"), ("python", "native")])
 @pytest.mark.parametrize("loss", [0.0, 0.02])
-def test_engines_interoperate_both_ways(engines: tuple[str, str], loss: float) -> None:
-    with pair(engines, emulated_loss=loss, emulated_loss_seed=7) as (a, b):
+def test_engines_interoperate_both_ways(
+    engines: tuple[str, str], loss: float, threads: int
+) -> None:
+    with pair(engines, emulated_loss=loss, emulated_loss_seed=7, threads=threads) as (a, b):
         for msg, (src, dst) in enumerate([(a, b), (b, a), (a, b), (b, a)]):
             data = _data(msg)
             received, report, out = transfer(src, dst, data, msg=msg, p=0.0)
@@ -76,19 +87,21 @@ def test_engines_interoperate_both_ways(engines: tuple[str, str], loss: float) -
 
 
 @pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+@pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("loss", [0.0, 0.02])
-def test_authenticated_transfers_on_both_engines(loss: float) -> None:
+def test_authenticated_transfers_on_both_engines(loss: float, threads: int) -> None:
     """Per-pair keys (spec §3): the native engine seals each batch with the key of
-    (sender, receiver) as it sends it, the Python engine as it cuts it, and each
-    side verifies the other's; with loss, every retransmission is sealed again
-    under a fresh nonce and verifies too."""
+    (sender, receiver) as it sends it (from several threads at once with more
+    than one), the Python engine as it cuts it, and each side verifies the
+    other's; with loss, every retransmission is sealed again under a fresh nonce
+    and verifies too."""
 
     def pair_key(src: int, dst: int) -> bytes:
         return bytes([src, dst]) * 16
 
     auth = ProtocolConfig(authenticate=True)
     with pair(("auto", "python"), key=pair_key, protocol=auth, emulated_loss=loss,
-              emulated_loss_seed=11) as (a, b):  # fmt: skip
+              emulated_loss_seed=11, threads=threads) as (a, b):  # fmt: skip
         assert a.engine == "native"  # auto no longer falls back when authenticating
         for msg, (src, dst) in enumerate([(a, b), (b, a), (a, b)]):
             data = _data(50 + msg)
@@ -101,9 +114,12 @@ def test_authenticated_transfers_on_both_engines(loss: float) -> None:
         assert not any(rejected), rejected
 
 
-def _run(engine: str, *, loss: float, p: float, seed: int) -> list[dict[str, Any]]:
+def _run(
+    engine: str, *, loss: float, p: float, seed: int, threads: int = 1
+) -> list[dict[str, Any]]:
     results = []
-    with pair((engine, engine), emulated_loss=loss, emulated_loss_seed=seed) as (a, b):
+    with pair((engine, engine), emulated_loss=loss, emulated_loss_seed=seed,
+              threads=threads) as (a, b):  # fmt: skip
         for msg in range(4):
             data = _data(100 + msg)
             src, dst = (a, b) if msg % 2 == 0 else (b, a)
@@ -123,9 +139,10 @@ def _run(engine: str, *, loss: float, p: float, seed: int) -> list[dict[str, Any
     return results
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("loss", "p"), [(0.0, 0.0), (0.03, 0.0), (0.03, 0.05)])
-def test_same_outcomes_on_both_engines(loss: float, p: float) -> None:
-    native = _run("native", loss=loss, p=p, seed=11)
+def test_same_outcomes_on_both_engines(loss: float, p: float, threads: int) -> None:
+    native = _run("native", loss=loss, p=p, seed=11, threads=threads)
     python = _run("python", loss=loss, p=p, seed=11)
     for msg, (n, py) in enumerate(zip(native, python, strict=True)):
         for r in (n, py):

@@ -142,11 +142,13 @@ def test_threads_drawing_at_once_never_share_a_nonce() -> None:
 
 
 @pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
-def test_the_native_engine_seals_each_batch_as_it_sends_it() -> None:
+@pytest.mark.parametrize("engine_threads", [1, 2, 4])
+def test_the_native_engine_seals_each_batch_as_it_sends_it(engine_threads: int) -> None:
     """Rounds posted from several threads at once (rule 7 sends some from the
-    posting thread, the engine's thread the rest) draw from the counter the
-    session's own sealing shares: every datagram that arrives verifies with the
-    reference and no two carry the same nonce."""
+    posting thread, the engine's threads the rest, several batches of one round
+    at once where there are more than one) draw from the counter the session's
+    own sealing shares: every datagram that arrives verifies with the reference
+    and no two carry the same nonce."""
     from dlcp.io import _engine  # type: ignore[attr-defined]
 
     key, counter = bytes(range(100, 132)), NonceCounter(77)
@@ -155,7 +157,7 @@ def test_the_native_engine_seals_each_batch_as_it_sends_it() -> None:
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
     rx.bind(("127.0.0.1", 0))
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    engine = _engine.Engine([tx.fileno()], 5, "dlcp-seal-test")
+    engine = _engine.Engine([tx.fileno()], 5, "dlcp-seal-test", threads=engine_threads)
     total = n_threads * rounds * count
     try:
         engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _engine.Pacer(unpaced=True))
@@ -227,13 +229,16 @@ def test_the_native_engine_refuses_a_bad_key_or_cell_by_name() -> None:
 
 
 @pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+@pytest.mark.parametrize("engine_threads", [1, 4])
 @pytest.mark.parametrize(("per_message", "tail"), [(1, 700), (8, 123), (44, 1)])
 def test_the_native_engine_seals_a_lent_round_where_its_pieces_lie(
-    per_message: int, tail: int
+    per_message: int, tail: int, engine_threads: int
 ) -> None:
     """A lent round's records are header and trailer; each datagram goes out as
     header, lent chunk, trailer (three iovecs), and the tag the engine wrote
-    over those pieces is the one the reference computes over the datagram."""
+    over those pieces is the one the reference computes over the datagram. With
+    4 send threads the round's batches go side by side, in any order: each
+    datagram is checked against the record its header says it is."""
     from dlcp.io import _engine  # type: ignore[attr-defined]
 
     key, counter = bytes(range(7, 39)), NonceCounter(5)
@@ -247,7 +252,7 @@ def test_the_native_engine_seals_a_lent_round_where_its_pieces_lie(
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     rx.bind(("127.0.0.1", 0))
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    engine = _engine.Engine([tx.fileno()], 9, "dlcp-seal-test")
+    engine = _engine.Engine([tx.fileno()], 9, "dlcp-seal-test", threads=engine_threads)
     try:
         engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], _engine.Pacer(unpaced=True))
         engine.post(
@@ -264,19 +269,27 @@ def test_the_native_engine_seals_a_lent_round_where_its_pieces_lie(
         engine.close()
         rx.close()
         tx.close()
-    assert [len(d) for d in got] == [head + chunk] * (count - 1) + [short]
-    for i, d in enumerate(got):
+    by_header = {records[i, : wire.DATA_HEADER_LEN].tobytes(): i for i in range(count)}
+    which = [by_header[d[: wire.DATA_HEADER_LEN]] for d in got]  # (record i of the round)
+    assert sorted(which) == list(range(count))
+    if engine_threads == 1:
+        assert which == list(range(count))
+    assert [len(d) for d in got] == [short if i == count - 1 else head + chunk for i in which]
+    nonce = {}
+    for i, d in zip(which, got, strict=True):
         at = int(seqs[i]) * chunk
         lent = payload[at : at + len(d) - head].tobytes()
-        assert d[: wire.DATA_HEADER_LEN] == records[i, : wire.DATA_HEADER_LEN].tobytes()
         assert d[wire.DATA_HEADER_LEN : len(d) - AUTH_TRAILER_LEN] == lent, f"datagram {i}"
-        assert _nonce_of(np.frombuffer(d, np.uint8), len(d)) == 5 + i
+        nonce[i] = _nonce_of(np.frombuffer(d, np.uint8), len(d))
         row = np.frombuffer(d, np.uint8).reshape(1, -1)
         ok = auth.verify_records(row, np.array([len(d)]), np.array([0]), key, accelerated=False)
         assert ok.all(), f"datagram {i}: the reference does not verify the engine's tag"
         forged = row.copy()
         forged[0, wire.DATA_HEADER_LEN] ^= 1  # one payload bit: the tag no longer fits
         assert not auth.verify_records(forged, np.array([len(d)]), np.array([0]), key).any()
+    assert sorted(nonce.values()) == list(range(5, 5 + count))  # (each once)
+    if engine_threads == 1:
+        assert [nonce[i] for i in range(count)] == list(range(5, 5 + count))
     assert counter.next == 5 + count
 
 
