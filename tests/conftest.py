@@ -17,27 +17,36 @@ settings.load_profile("dlcp")
 
 
 @pytest.fixture(autouse=True)
-def _engine_threads_from_the_environment(
+def _engine_from_the_environment(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``DLCP_ENGINE_THREADS=N pytest ...`` runs every native endpoint a test
-    makes on N send threads, those whose ``EndpointConfig`` the test builds
-    itself included (a config built directly reads no environment; only
-    ``EndpointConfig.from_env`` does), unless the test chose a count other than 1
-    or the Python engine, or is marked ``one_send_thread``. Processes a test
-    starts inherit the variable."""
+    """``DLCP_ENGINE=python pytest ...`` runs every endpoint a test makes on that
+    engine, and ``DLCP_ENGINE_THREADS=N pytest ...`` every native one on N send
+    threads, those whose ``EndpointConfig`` the test builds itself included (a
+    config built directly reads no environment; only ``EndpointConfig.from_env``
+    does), unless the test chose the engine (anything but ``auto``) or a thread
+    count other than 1, or is marked ``one_send_thread`` (the thread count).
+    Processes a test starts inherit the variables."""
+    engine = os.environ.get("DLCP_ENGINE")
     raw = os.environ.get("DLCP_ENGINE_THREADS")
-    if raw is None or request.node.get_closest_marker("one_send_thread") is not None:
+    if request.node.get_closest_marker("one_send_thread") is not None:
+        raw = None
+    if engine is None and raw is None:
         return
     from dlcp.io import endpoint as endpoint_module
     from dlcp.io.config import EndpointConfig
 
-    threads = EndpointConfig.from_env({"DLCP_ENGINE_THREADS": raw}).engine_threads
+    chosen = EndpointConfig.from_env(
+        {k: v for k, v in (("DLCP_ENGINE", engine), ("DLCP_ENGINE_THREADS", raw)) if v is not None}
+    )
     made = endpoint_module.Endpoint.__init__
 
     def make(self: Any, *args: Any, config: EndpointConfig | None = None, **kw: Any) -> None:
-        if config is not None and config.engine != "python" and config.engine_threads == 1:
-            config = dataclasses.replace(config, engine_threads=threads)
+        if config is not None:
+            if engine is not None and config.engine == "auto":
+                config = dataclasses.replace(config, engine=chosen.engine)
+            if raw is not None and config.engine != "python" and config.engine_threads == 1:
+                config = dataclasses.replace(config, engine_threads=chosen.engine_threads)
         made(self, *args, config=config, **kw)
 
     monkeypatch.setattr(endpoint_module.Endpoint, "__init__", make)

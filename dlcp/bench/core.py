@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         "accelerated": kernels.ACCELERATED,
         # the sending session as that engine drives it (module doc)
         "engine": engine,
+        "engine_threads": None,  # (no send thread: the harness carries the datagrams)
         "core_s": round(core_s, 4),
         "memcpy_s": round(copy_s, 4),
         "core_gbps": round(nbytes / core_s / 1e9, 3),

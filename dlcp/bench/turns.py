@@ -59,7 +59,7 @@ def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[st
     """The :data:`FIGURES` per message, for ``messages`` messages of ``n_elems``
     float32 elements from rank 0 to rank 1 on ``engine``, after ``warmup``."""
     store = Addresses()
-    config = EndpointConfig(timeout=_TIMEOUT, engine=engine)
+    config = EndpointConfig.from_env(timeout=_TIMEOUT, engine=engine)  # (DLCP_* apply)
     eps: list[Endpoint] = []
     try:
         for rank in range(2):
