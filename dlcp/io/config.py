@@ -51,6 +51,10 @@ class EndpointConfig:
     #: what sends the data: "native" (the compiled engine, dlcp.io.engine),
     #: "python", or "auto" (native where it was built)
     engine: str = "auto"
+    #: DIAGNOSTIC: the receive loop scatters the runs of the messages under way
+    #: itself, in C (dlcp.io.native_receive), where it was built; off, the run
+    #: path runs in Python once per run of datagrams (``DLCP_NATIVE_RECEIVE=0``)
+    native_receive: bool = True
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0

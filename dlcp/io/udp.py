@@ -25,13 +25,16 @@ import socket
 import struct
 from collections.abc import Callable
 from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from ..proto.receive_paths import Taken
 from ..proto.wire import Reason
 from . import kernel_filter
+from .native_receive import TAKE_REST, TAKE_WHOLE, MessageRuns
 
 try:
     from . import _udpio as _udpio_c  # type: ignore[attr-defined]
@@ -53,6 +56,18 @@ log = logging.getLogger("dlcp.io")
 
 #: what receive() hands each run of datagrams to: (buffer, segment size)
 Deliver = Callable[[npt.NDArray[np.uint8], int], None]
+
+
+class TakenRuns(Protocol):
+    """Where :meth:`DataSockets.receive` hands what the native receive path
+    (:mod:`dlcp.io.native_receive`) did besides runs for ``deliver``."""
+
+    def taken(self, taken: list[Taken]) -> None:
+        """What the registered messages took since the last call (apply it before
+        anything else: the runs that follow were read after it)."""
+
+    def rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        """The datagrams of a run after the prefix its message took."""
 
 # Linux socket options (include/uapi/linux/udp.h); Python 3.11 does not name them
 UDP_SEGMENT = 103
@@ -131,6 +146,16 @@ class DataSockets:
         #: the socket's kernel drop counter (a u32: a new socket's is 0) when last
         #: read, and the drops counted up to then
         self._drops_read = self._drops = 0
+        #: the messages the receive loop scatters itself (take_runs), if it does
+        self.runs: MessageRuns | None = None
+
+    def take_runs(self, job: int) -> MessageRuns:
+        """The table of messages under way whose runs :meth:`receive` scatters
+        itself, in C, from now on (when it is given ``taken``;
+        :mod:`dlcp.io.native_receive`, which says when it is available)."""
+        if self.runs is None:
+            self.runs = MessageRuns(job)
+        return self.runs
 
     def screen(self, *, job: int, require_auth: bool, tag_len: int, in_kernel: bool) -> bool:
         """Drop, from now on, the received datagrams that break a header rule of
@@ -249,6 +274,7 @@ class DataSockets:
         *,
         budget: int = 4 << 20,
         accelerated: bool | None = None,
+        taken: TakenRuns | None = None,
     ) -> int:
         """Drain the receive socket (up to ``budget`` bytes) without blocking and
         hand runs of same-size datagrams to ``deliver(buf, segment_size)``, which
@@ -258,13 +284,37 @@ class DataSockets:
         ``deliver`` covers many GRO reads; a read that ends in a short datagram
         closes its run. Returns the bytes read. The loop runs in C
         (``dlcp.io._udpio``) when that was built, else in Python (``accelerated``
-        picks one, for tests)."""
+        picks one, for tests).
+
+        With ``taken`` and a table of messages (:meth:`take_runs`), the C loop
+        scatters the runs of registered messages itself and hands ``deliver``
+        only what they do not take, in arrival order: ``taken`` hears what they
+        took (before any later run is handed over) and the datagrams after a
+        taken prefix (:mod:`dlcp.io.native_receive`)."""
         use_c = _udpio is not None if accelerated is None else accelerated
         if use_c and _udpio is not None:
-            return self._receive_c(deliver, budget)
+            return self._receive_c(deliver, budget, taken if self.runs is not None else None)
         return self._receive_py(deliver, budget)
 
-    def _receive_c(self, deliver: Deliver, budget: int) -> int:
+    def _hand_over(self, deliver: Deliver, taken: TakenRuns) -> None:
+        """The native path's turn over the staged runs of the buffer: what the
+        registered messages took, and the runs (or rests of runs) they did not."""
+        assert self.runs is not None
+        table, buf = self.runs.table, self._buf
+        while True:
+            handover, took = table.next(buf)
+            if took is not None:
+                taken.taken(took)
+            if handover is None:
+                return
+            start, end, seg, kind = handover
+            if kind == TAKE_WHOLE:
+                deliver(buf[start:end], seg)
+            elif kind == TAKE_REST:
+                taken.rest(buf[start:end], seg)
+            # (TAKE_CHECK: what was taken, applied above, ran the completion check)
+
+    def _receive_c(self, deliver: Deliver, budget: int, taken: TakenRuns | None) -> int:
         """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
         cost a few microseconds each, and reading past them to the data queued
@@ -277,20 +327,30 @@ class DataSockets:
         while True:
             byte_room = budget - counted_bytes
             read_room = min(_MAX_READS - counted_reads, _MAX_ALL_READS - reads)
-            runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
-                fd, buf, byte_room, read_room, _READ_SIZE
-            )
+            dropped = int(self.screened.sum()) if self._screen is not None else 0
+            if taken is not None:
+                assert self.runs is not None
+                screen = None if self._screen is None else (*self._screen, self.screened)
+                nbytes, n_reads, empty, more, err, kept = self.runs.table.receive(
+                    fd, buf, byte_room, read_room, _READ_SIZE, screen
+                )
+                counted_bytes += kept
+                self._hand_over(deliver, taken)
+            else:
+                runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
+                    fd, buf, byte_room, read_room, _READ_SIZE
+                )
+                if self._screen is not None:
+                    runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
+                for start, end, seg in runs:
+                    counted_bytes += end - start
+                    deliver(buf[start:end], seg)
             total += int(nbytes)
             reads += int(n_reads)
             self.empty_datagrams += int(empty)
             junk = int(empty)
             if self._screen is not None:
-                dropped = int(self.screened.sum())
-                runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
                 junk += int(self.screened.sum()) - dropped
-            for start, end, seg in runs:
-                counted_bytes += end - start
-                deliver(buf[start:end], seg)
             counted_reads += int(n_reads) - junk
             if err:
                 raise OSError(err, os.strerror(err))
