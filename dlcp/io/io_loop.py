@@ -51,7 +51,7 @@ __all__ = ["IOLoop"]
 
 class _SessionRuns:
     """What the native receive path did besides runs for ``deliver``
-    (:class:`~dlcp.io.udp.TakenRuns`), handed to the I/O thread's session.
+    (:class:`~dlcp.io.native_receive.TakenRuns`), handed to the I/O thread's session.
 
     Time: what the C loop took is applied, and so metered by the session's rate
     meter, at the time Python applies it, after the C step that took it (the end

@@ -18,12 +18,18 @@ authenticate, and no loss is emulated (the emulator drops datagrams in Python).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from ..proto import kernels
 from ..proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from ..proto.context import Key
 from ..proto.reassembler import RUN_LAYOUT, Reassembler
+from ..proto.receive_paths import Taken
 from ..proto.wire import HEADER_DTYPE, VERSION, PacketType
 
 try:
@@ -33,7 +39,15 @@ try:
 except ImportError:  # not built: the run path stays in Python
     _udpio = None
 
-__all__ = ["TAKE_CHECK", "TAKE_REST", "TAKE_WHOLE", "MessageRuns", "available"]
+__all__ = [
+    "TAKE_CHECK",
+    "TAKE_REST",
+    "TAKE_WHOLE",
+    "MessageRuns",
+    "TakenRuns",
+    "available",
+    "hand_over",
+]
 
 #: the kinds of a handover (dlcp/io/_take_runs.h): a run Python receives whole,
 #: the datagrams after a taken prefix (general path), a completion check due
@@ -81,3 +95,39 @@ class MessageRuns:
 
     def __len__(self) -> int:
         return len(self.table)
+
+
+class TakenRuns(Protocol):
+    """Where the native path hands what it did besides runs for ``deliver``."""
+
+    def taken(self, taken: list[Taken]) -> None:
+        """What the registered messages took since the last call (applied before
+        anything else: the runs that follow were read after it)."""
+
+    def rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        """The datagrams of a run after the prefix its message took."""
+
+
+def hand_over(
+    table: Any,
+    buf: npt.NDArray[np.uint8],
+    deliver: Callable[[npt.NDArray[np.uint8], int], None],
+    taken: TakenRuns,
+) -> None:
+    """The native path's turn over the runs staged in ``table`` (a
+    :class:`MessageRuns`' C table) from ``buf``: it takes what the registered
+    messages take, and hands over, in arrival order, what they took (to
+    ``taken.taken``), the runs they do not take (to ``deliver``) and the
+    datagrams after a taken prefix (to ``taken.rest``)."""
+    while True:
+        handover, took = table.next(buf)
+        if took is not None:
+            taken.taken(took)
+        if handover is None:
+            return
+        start, end, seg, kind = handover
+        if kind == TAKE_WHOLE:
+            deliver(buf[start:end], seg)
+        elif kind == TAKE_REST:
+            taken.rest(buf[start:end], seg)
+        # (TAKE_CHECK: applying what was taken, above, ran the completion check)

@@ -25,16 +25,14 @@ import socket
 import struct
 from collections.abc import Callable
 from types import ModuleType
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
-from ..proto.receive_paths import Taken
 from ..proto.wire import Reason
 from . import kernel_filter
-from .native_receive import TAKE_REST, TAKE_WHOLE, MessageRuns
+from .native_receive import MessageRuns, TakenRuns, hand_over
 
 try:
     from . import _udpio as _udpio_c  # type: ignore[attr-defined]
@@ -56,18 +54,6 @@ log = logging.getLogger("dlcp.io")
 
 #: what receive() hands each run of datagrams to: (buffer, segment size)
 Deliver = Callable[[npt.NDArray[np.uint8], int], None]
-
-
-class TakenRuns(Protocol):
-    """Where :meth:`DataSockets.receive` hands what the native receive path
-    (:mod:`dlcp.io.native_receive`) did besides runs for ``deliver``."""
-
-    def taken(self, taken: list[Taken]) -> None:
-        """What the registered messages took since the last call (apply it before
-        anything else: the runs that follow were read after it)."""
-
-    def rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
-        """The datagrams of a run after the prefix its message took."""
 
 # Linux socket options (include/uapi/linux/udp.h); Python 3.11 does not name them
 UDP_SEGMENT = 103
@@ -296,24 +282,6 @@ class DataSockets:
             return self._receive_c(deliver, budget, taken if self.runs is not None else None)
         return self._receive_py(deliver, budget)
 
-    def _hand_over(self, deliver: Deliver, taken: TakenRuns) -> None:
-        """The native path's turn over the staged runs of the buffer: what the
-        registered messages took, and the runs (or rests of runs) they did not."""
-        assert self.runs is not None
-        table, buf = self.runs.table, self._buf
-        while True:
-            handover, took = table.next(buf)
-            if took is not None:
-                taken.taken(took)
-            if handover is None:
-                return
-            start, end, seg, kind = handover
-            if kind == TAKE_WHOLE:
-                deliver(buf[start:end], seg)
-            elif kind == TAKE_REST:
-                taken.rest(buf[start:end], seg)
-            # (TAKE_CHECK: what was taken, applied above, ran the completion check)
-
     def _receive_c(self, deliver: Deliver, budget: int, taken: TakenRuns | None) -> int:
         """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
@@ -335,7 +303,7 @@ class DataSockets:
                     fd, buf, byte_room, read_room, _READ_SIZE, screen
                 )
                 counted_bytes += kept
-                self._hand_over(deliver, taken)
+                hand_over(self.runs.table, buf, deliver, taken)
             else:
                 runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
                     fd, buf, byte_room, read_room, _READ_SIZE
