@@ -31,13 +31,10 @@ from ..proto.context import Key
 from ..proto.reassembler import RUN_LAYOUT, Reassembler
 from ..proto.receive_paths import Taken
 from ..proto.wire import HEADER_DTYPE, VERSION, PacketType
+from .extensions import load
 
-try:
-    from . import _udpio as _udpio_c  # type: ignore[attr-defined]
-
-    _udpio: ModuleType | None = _udpio_c
-except ImportError:  # not built: the run path stays in Python
-    _udpio = None
+# (not built: the run path stays in Python)
+_udpio: ModuleType | None = load("_udpio")
 
 __all__ = [
     "TAKE_CHECK",

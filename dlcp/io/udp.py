@@ -32,14 +32,11 @@ import numpy.typing as npt
 from ..errors import ConfigError
 from ..proto.wire import Reason
 from . import kernel_filter
+from .extensions import load
 from .native_receive import MessageRuns, TakenRuns, hand_over
 
-try:
-    from . import _udpio as _udpio_c  # type: ignore[attr-defined]
-
-    _udpio: ModuleType | None = _udpio_c
-except ImportError:  # not built: the same loop runs in Python
-    _udpio = None
+# (not built: the same loop runs in Python)
+_udpio: ModuleType | None = load("_udpio")
 
 __all__ = [
     "UDP_GRO",
