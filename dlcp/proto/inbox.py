@@ -29,8 +29,12 @@ of them) by one of three paths, chosen by what the buffer starts with:
   grouped by message.
 
 A fast path that cannot take a datagram as it is declines it, having done
-nothing, and the general path takes it. Whatever the path, a datagram lands in
-one of these cases, by the message it names:
+nothing, and the general path takes it. With a native receive loop attached
+(:meth:`ReceivePaths.take_runs_natively`) the run path of the messages under way
+runs in that loop (C); the inbox registers every message it opens and removes it
+on every way it leaves ``_incoming`` (:meth:`Inbox._leave`), and what the loop
+took is accounted for by the run path's rules (:meth:`ReceivePaths.receive_taken`).
+Whatever the path, a datagram lands in one of these cases, by the message it names:
 
 ========================  =====================================================
 case                      what happens
