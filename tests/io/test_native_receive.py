@@ -41,7 +41,7 @@ def message(
 ) -> tuple[list[bytes], list[bytes]]:
     """Every data datagram of one message in send order (classes mixed), and the
     sender's control datagrams that followed them (its FINISH)."""
-    tx = Session(rank=0, job=job, config=config(classifier="combined"))
+    tx = Session(rank=0, job=job, config=config(classifier="combined", pacer="unpaced"))
     data = np.random.default_rng(seed).standard_normal(n_elems).astype(np.float32)
     tx.send_message(1, data, step=STEP, msg=msg, now=0.0, p=p)
     grams: list[bytes] = []
@@ -441,3 +441,36 @@ def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(on: bool) ->
     finally:
         a.close()
         b.close()
+
+
+def test_no_write_after_unregister_returns_while_another_thread_takes() -> None:
+    """A thread takes a 25 MB run into a message while another removes it: once
+    ``unregister`` has returned, nothing more is written into the message's buffer
+    or chunk maps, whichever got the table first (it waits for a running step)."""
+    import threading
+
+    n = 6_250_000
+    grams, _ = message(n, seed=16)
+    seg = len(grams[0])
+    runs, session, out = registered(n)
+    session.receive_batch(np.frombuffer(grams[0], np.uint8), seg, now=NOW)
+    r = session._inbox._incoming[(0, STEP, MSG)].reassembler
+    raw = np.frombuffer(b"".join(grams[1:]), np.uint8).copy()
+    runs.table.stage(raw, [(0, len(raw), seg)])
+    started = threading.Event()
+
+    def take() -> None:
+        started.set()
+        runs.table.next(raw)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    started.wait()
+    while taker.is_alive() and not r.received[1:].any():
+        pass  # (until the step writes: the chunk map is the signal)
+    runs.unregister((0, STEP, MSG))
+    received = r.received.copy()  # (first: the chunk map is quick to copy)
+    snapshot = out.copy()
+    taker.join()
+    assert np.array_equal(r.received, received)
+    assert out.tobytes() == snapshot.tobytes()
