@@ -19,7 +19,14 @@ The first datagram of each message opens it (the same Python path for both) and
 is not timed; every message must complete on both, with the same bytes, or the
 run fails. Figures per D: ``python_ns`` and ``native_ns``, CPU time of this
 process per datagram (medians over the repeats), and ``ratio`` = native /
-python. The last stdout line (``--json``) is one JSON object.
+python.
+
+``copy``: what the native path's copy into the message's buffer costs, for one
+message of ``--copy-elems`` float32 in runs of 1,024: CPU per datagram of the
+native path taking its datagrams (all but the last run: the message stays under
+way) when they are new (``new_ns``: checked and copied) and then once more, as
+duplicates (``duplicate_ns``: checked, not copied). The last stdout line
+(``--json``) is one JSON object.
 """
 
 from __future__ import annotations
@@ -135,6 +142,39 @@ def _replay(grams: list[list[bytes]], datas: list[bytes], run: int, native: bool
     return spent
 
 
+def _copy_cost(elems: int, repeats: int) -> dict[str, float]:
+    """CPU per datagram of the native path over one message's datagrams, new and
+    then again as duplicates (see the module docstring)."""
+    grams, _ = _messages(1, elems)
+    buf, runs = _buffer(grams, 1024)
+    body = runs[:-1]  # (the last run would complete it: the second pass must find it open)
+    count = sum(-(-(end - start) // seg) for start, end, seg in body)
+    if not body:
+        raise BenchError(f"--copy-elems={elems}: fewer than two runs of 1024 datagrams")
+    new: list[float] = []
+    again: list[float] = []
+
+    def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
+        raise BenchError("the native path handed a run of a registered message back")
+
+    for _ in range(repeats):
+        s, table = _session(grams, True)
+        assert table is not None
+        sink = _Native(s)
+        for times in (new, again):
+            t0 = time.process_time()
+            for at in range(0, len(body), _STAGE):
+                table.table.stage(buf, body[at : at + _STAGE])
+                hand_over(table.table, buf, deliver, sink)
+            times.append(time.process_time() - t0)
+        r = s._inbox._incoming[(0, _STEP, 0)].reassembler
+        if r.duplicates != count:
+            raise BenchError(f"copy: {r.duplicates} duplicates counted, {count} sent twice")
+    return {"elems": elems, "datagrams": count,
+            "new_ns": round(statistics.median(new) / count * 1e9, 1),
+            "duplicate_ns": round(statistics.median(again) / count * 1e9, 1)}  # fmt: skip
+
+
 def measure(messages: int, elems: int, runs: list[int], repeats: int) -> dict[str, Any]:
     grams, datas = _messages(messages, elems)
     datagrams = sum(len(g) - 1 for g in grams)
@@ -158,6 +198,9 @@ def _table(result: dict[str, Any]) -> str:
              f"  {'run':>6}{'python ns':>12}{'native ns':>12}{'ratio':>8}"]  # fmt: skip
     for run, f in result["runs"].items():
         lines.append(f"  {run:>6}{f['python_ns']:>12.1f}{f['native_ns']:>12.1f}{f['ratio']:>8.3f}")
+    c = result["copy"]
+    lines.append(f"native path, one message of {c['elems']} float32, {c['datagrams']} datagrams: "
+                 f"{c['new_ns']:.1f} ns new, {c['duplicate_ns']:.1f} ns as duplicates")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -168,6 +211,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
     ap.add_argument("--runs", default="1,4,16,64,1024",
                     help="datagrams per run, comma-separated (default 1,4,16,64,1024)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=7, help="replays per path (default 7)")
+    ap.add_argument("--copy-elems", type=int, default=6_250_000,
+                    help="float32 of the copy figure's message (default 6250000)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
     try:
@@ -176,7 +221,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
         args.runs = []
     if not args.runs or min(args.runs) < 1:
         ap.error(f"--runs={','.join(map(str, args.runs))}: positive counts, comma-separated")
-    if args.messages < 1 or args.elems < 1 or args.repeats < 1:
+    if args.messages < 1 or args.elems < 1 or args.repeats < 1 or args.copy_elems < 1:
         ap.error(f"--messages={args.messages} --elems={args.elems} --repeats={args.repeats}: "
                  "each at least 1")  # fmt: skip
     if not native_receive.available():
@@ -184,7 +229,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
         return 1
 
     def run(args: argparse.Namespace) -> dict[str, Any]:
-        return measure(args.messages, args.elems, args.runs, args.repeats)
+        result = measure(args.messages, args.elems, args.runs, args.repeats)
+        result["copy"] = _copy_cost(args.copy_elems, args.repeats)
+        return result
 
     return finish("receive_path", run, _table, args, errors=(BenchError, DLCPError),
                   cleaned_up="nothing was left running")  # fmt: skip

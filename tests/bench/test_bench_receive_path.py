@@ -15,9 +15,12 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_figures_per_run_length(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--messages", "3", "--elems", "5000", "--runs", "1,7", "--repeats", "2", "--json"]
+    argv = ["--messages", "3", "--elems", "5000", "--runs", "1,7", "--repeats", "2",
+            "--copy-elems", "400000", "--json"]  # fmt: skip
     assert receive_path.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    copy = result["copy"]  # (400,000 float32: 1,112 datagrams, one run of 1,024 taken twice)
+    assert copy["datagrams"] == 1024 and copy["new_ns"] > 0 and copy["duplicate_ns"] > 0
     assert result["bench"] == "receive_path" and result["datagrams"] > 3
     assert set(result["runs"]) == {"1", "7"}
     for fig in result["runs"].values():
@@ -30,7 +33,8 @@ def test_a_path_that_loses_a_message_fails_the_run(
 ) -> None:
     # a table that takes nothing and hands nothing back: the messages never complete
     monkeypatch.setattr(receive_path, "hand_over", lambda *a: None)
-    assert receive_path.main(["--messages", "2", "--elems", "3000", "--runs", "4"]) == 1
+    argv = ["--messages", "2", "--elems", "3000", "--runs", "4", "--copy-elems", "400000"]
+    assert receive_path.main(argv) == 1
     assert "native path, runs of 4: 0 of 2 messages arrived exact" in capsys.readouterr().err
 
 
