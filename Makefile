@@ -91,27 +91,32 @@ ENGINE_TESTS := tests/io/test_endpoint.py tests/io/test_engines.py \
 test-python-engine: setup
 	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
 
-# The native engine built with AddressSanitizer and UBSan (any finding aborts), loaded in
-# place of the normal build (DLCP_ENGINE_BUILD), under its own tests and the endpoint's
-# (its own tests run 1, 2 and 4 send threads; the endpoint's run again on 2:
+# The native engine and the UDP receive loop (the native receive path) built with
+# AddressSanitizer and UBSan (any finding aborts), loaded in place of the normal builds
+# (DLCP_ENGINE_BUILD, DLCP_UDPIO_BUILD), under their own tests and the endpoint's (the
+# engine's own tests run 1, 2 and 4 send threads; the endpoint's run again on 2:
 # DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8) when the normal build has it
 SANITIZED := build/sanitize/_engine.so
+SANITIZED_UDPIO := build/sanitize/_udpio.so
+SANITIZE_FLAGS := -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+	-fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
+	-Wno-cast-function-type
 sanitize: setup
 	@if ! $(CC) -print-file-name=libasan.so | grep -q /; then \
 	  echo "sanitize: skipped ($(CC) has no AddressSanitizer runtime)"; exit 0; fi; \
 	mkdir -p $(dir $(SANITIZED)) && \
 	crypto="$$($(BIN)/python -c 'from dlcp.io.engine import native_seals; \
 	  print("-DDLCP_LIBCRYPTO -lcrypto" if native_seals() else "")')" && \
-	$(CC) -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
-	  -fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
-	  -Wno-cast-function-type \
-	  -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-	  dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
+	include="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" && \
+	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
+	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_udpio.c -o $(SANITIZED_UDPIO) -lpthread && \
 	export DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
+	  DLCP_UDPIO_BUILD=$(abspath $(SANITIZED_UDPIO)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 && \
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
-	  tests/collectives/test_halving.py && \
+	  tests/collectives/test_halving.py tests/io/test_native_receive.py \
+	  tests/io/test_udp_receive.py tests/io/test_prefilter.py && \
 	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
 

@@ -41,6 +41,32 @@
  *   dropped, counts[reason] (an int64 array of 16) counting them; the rest move
  *   down within their run. Returns the runs that kept a datagram, as
  *   (start, end, segment_size) in buf.
+ *
+ * MessageTable(job, data_vt, per_packet_flags, head_layout, mask, layout)
+ *   The native receive path (_take_runs.h): the messages under way that the
+ *   receive loop scatters itself, without calling back into Python per run.
+ *   register(src, step, msg, out, received, received_class, chunk_elems,
+ *            msg_elems, itemsize, dtype_byte, stream, received_elems,
+ *            received_protected, complete_elems, complete_protected)
+ *     adds (or replaces) a message: its reassembler's output bytes and chunk
+ *     maps (held, as Py_buffers, until it is removed), geometry, and the counts
+ *     that say when its completion check is due. sync(src, step, msg,
+ *     received_elems, received_protected, complete_elems, complete_protected)
+ *     updates those counts; unregister(src, step, msg) removes it. Each returns
+ *     once no receive step is running: a removed message's buffers are never
+ *     written after it returns.
+ *   receive(fd, buf, budget, max_reads, read_size, screen) -> (nbytes, reads,
+ *     empty, more, errno, kept): recv_runs into buf, then the pre-filter (screen:
+ *     None, or (job, require_auth, tag_len, counts) as filter_runs takes them),
+ *     and stages the runs left (kept: their bytes) for next(). stage(buf, runs)
+ *     stages given runs instead.
+ *   next(buf) -> (handover, taken): takes the staged runs into the registered
+ *     messages, without the GIL, until one needs Python: handover is None when
+ *     all were handled, else (start, end, segment_size, kind) with kind 1
+ *     (TAKE_WHOLE), 2 (TAKE_REST) or 3 (TAKE_CHECK) as _take_runs.h says. taken:
+ *     None, or what the registered messages took since the last call, a tuple
+ *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
+ *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -49,10 +75,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include "_prefilter.h"
-#include "_recv_runs.h" /* the receive loop, without Python */
+#include "_recv_runs.h"  /* the receive loop, without Python */
+#include "_take_runs.h" /* the native receive path, without Python */
 #include "_sendmmsg.h"
 
 static PyObject *recv_runs(PyObject *self, PyObject *args) {
@@ -271,6 +299,488 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ MessageTable */
+
+/* The Py_buffers a registered message's slot holds: its output bytes and chunk
+ * maps, released when it is removed or replaced. */
+typedef struct {
+    Py_buffer out, received, received_class;
+} HeldBuffers;
+
+typedef struct {
+    PyObject_HEAD
+    TakeTable t;
+    HeldBuffers *held; /* t.n_slots of them, for the live slots */
+    ssize_t n_held;
+    RecvScratch *scratch;
+    pthread_mutex_t lock; /* held by a receive step, and by every change of the table */
+    int ready;            /* __init__ done */
+} MessageTableObject;
+
+/* Takes the table's lock; waits for it without the GIL (a receive step holds it
+ * without the GIL). */
+static void table_lock(MessageTableObject *self) {
+    if (pthread_mutex_trylock(&self->lock) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static void table_unlock(MessageTableObject *self) { pthread_mutex_unlock(&self->lock); }
+
+static void held_release(HeldBuffers *h) {
+    PyBuffer_Release(&h->out);
+    PyBuffer_Release(&h->received);
+    PyBuffer_Release(&h->received_class);
+}
+
+static int table_ready(MessageTableObject *self) {
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "MessageTable was not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args;
+    (void)kwds;
+    MessageTableObject *self = (MessageTableObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    memset(&self->t, 0, sizeof self->t);
+    self->held = NULL;
+    self->n_held = 0;
+    self->scratch = NULL;
+    self->ready = 0;
+    pthread_mutex_init(&self->lock, NULL);
+    return (PyObject *)self;
+}
+
+static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"job", "data_vt", "per_packet_flags", "head_layout", "mask", "layout",
+                            NULL};
+    unsigned job, data_vt, per_packet;
+    const unsigned char *head, *mask, *layout;
+    Py_ssize_t head_len, mask_len, layout_len;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIy#y#y#:MessageTable", names, &job, &data_vt,
+                                     &per_packet, &head, &head_len, &mask, &mask_len, &layout,
+                                     &layout_len))
+        return -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "MessageTable is initialised once");
+        return -1;
+    }
+    if (job > 0xFFFF || data_vt > 0xFF || per_packet > 0xFF) {
+        PyErr_Format(PyExc_ValueError, "job %u, data_vt %u or per_packet_flags %u out of range",
+                     job, data_vt, per_packet);
+        return -1;
+    }
+    if (mask_len <= 0 || mask_len > SCATTER_MAX_HEADER || mask_len % 8) {
+        PyErr_Format(PyExc_ValueError, "mask of %zd bytes: a multiple of 8 up to %d", mask_len,
+                     SCATTER_MAX_HEADER);
+        return -1;
+    }
+    if (head_len != HEAD_LAYOUT_LEN || layout_len != 8) {
+        PyErr_Format(PyExc_ValueError, "head_layout (%zd bytes) and layout (%zd) must be 8 bytes",
+                     head_len, layout_len);
+        return -1;
+    }
+    /* (field sizes: ver_type 1, flags 1, job 2, step 4, msg 2, msg_elems 4, src 2, dtype 1) */
+    static const int size[HEAD_LAYOUT_LEN] = {1, 1, 2, 4, 2, 4, 2, 1};
+    for (int i = 0; i < HEAD_LAYOUT_LEN; i++)
+        if (head[i] + size[i] > mask_len) {
+            PyErr_Format(PyExc_ValueError, "head_layout field %d at byte %d leaves the %zd-byte header",
+                         i, head[i], mask_len);
+            return -1;
+        }
+    ScatterArgs probe = {NULL, 0, 0, mask_len, 0, mask, mask, layout, mask_len, mask_len, 8,
+                         NULL, 0, 1, 1, 1, NULL, NULL, 0, 0, 0, 0};
+    if (scatter_check_args(&probe) != SCATTER_OK) {
+        PyErr_SetString(PyExc_ValueError,
+                        "layout must name flags, seq, offset, payload_len and tclass inside the "
+                        "header, then the last, retransmit and drop bits (as scatter_run's)");
+        return -1;
+    }
+    self->t.job = job;
+    self->t.data_vt = data_vt;
+    self->t.per_packet_flags = per_packet;
+    self->t.head = (HeadLayout){head[0], head[1], head[2], head[3],
+                                head[4], head[5], head[6], head[7]};
+    memcpy(self->t.mask, mask, (size_t)mask_len);
+    memcpy(self->t.layout, layout, 8);
+    self->t.header_len = mask_len;
+    self->t.runs = PyMem_RawMalloc(sizeof(Run) * MAX_RUNS);
+    self->scratch = PyMem_RawMalloc(sizeof(RecvScratch));
+    if (self->t.runs == NULL || self->scratch == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static void table_dealloc(MessageTableObject *self) {
+    for (ssize_t i = 0; i < self->t.n_slots; i++)
+        if (self->t.slots[i].live)
+            held_release(&self->held[i]);
+    free(self->t.slots);
+    free(self->t.index);
+    free(self->t.touched);
+    PyMem_RawFree(self->t.runs);
+    PyMem_RawFree(self->scratch);
+    PyMem_Free(self->held);
+    pthread_mutex_destroy(&self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A message key from Python's (src, step, msg): -1 with ValueError if out of range. */
+static int key_of(unsigned long long src, unsigned long long step, unsigned long long msg,
+                  uint64_t *key) {
+    if (src > 0xFFFF || step > 0xFFFFFFFFULL || msg > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "message (src %llu, step %llu, msg %llu) out of range",
+                     src, step, msg);
+        return -1;
+    }
+    *key = take_key((unsigned)src, (unsigned)step, (unsigned)msg);
+    return 0;
+}
+
+static PyObject *table_register(MessageTableObject *self, PyObject *args) {
+    unsigned long long src, step, msg;
+    PyObject *out_obj, *recv_obj, *cls_obj;
+    Py_ssize_t chunk_elems, msg_elems, itemsize;
+    unsigned dtype_byte;
+    int stream;
+    long long received_elems, received_protected, complete_elems, complete_protected;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "KKKOOOnnnIpLLLL:register", &src, &step, &msg, &out_obj,
+                          &recv_obj, &cls_obj, &chunk_elems, &msg_elems, &itemsize, &dtype_byte,
+                          &stream, &received_elems, &received_protected, &complete_elems,
+                          &complete_protected))
+        return NULL;
+    uint64_t key;
+    if (key_of(src, step, msg, &key) < 0)
+        return NULL;
+    if (chunk_elems <= 0 || msg_elems <= 0 || itemsize <= 0 || itemsize > 8 || dtype_byte > 0xFF) {
+        PyErr_Format(PyExc_ValueError,
+                     "message (src %llu, step %llu, msg %llu): chunk_elems %zd, msg_elems %zd, "
+                     "itemsize %zd or dtype byte %u out of range",
+                     src, step, msg, chunk_elems, msg_elems, itemsize, dtype_byte);
+        return NULL;
+    }
+    HeldBuffers h;
+    memset(&h, 0, sizeof h);
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
+    if (PyObject_GetBuffer(out_obj, &h.out, flags) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(recv_obj, &h.received, flags | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&h.out);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(cls_obj, &h.received_class, flags | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&h.out);
+        PyBuffer_Release(&h.received);
+        return NULL;
+    }
+    ssize_t n_chunks = (msg_elems - 1) / chunk_elems + 1;
+    if (msg_elems > h.out.len / itemsize || h.received.itemsize != 1 ||
+        h.received_class.itemsize != 1 || h.received.len < n_chunks ||
+        h.received_class.len < n_chunks) {
+        PyErr_Format(PyExc_ValueError,
+                     "message (src %llu, step %llu, msg %llu): out holds %zd bytes for %zd "
+                     "elements of %zd, or received (%zd) / received_class (%zd) are not one "
+                     "byte for each of its %zd chunks",
+                     src, step, msg, h.out.len, msg_elems, itemsize, h.received.len,
+                     h.received_class.len, n_chunks);
+        held_release(&h);
+        return NULL;
+    }
+    TakenMessage m;
+    memset(&m, 0, sizeof m);
+    m.key = key;
+    m.out = h.out.buf;
+    m.out_len = h.out.len;
+    m.received = h.received.buf;
+    m.received_len = h.received.len;
+    m.received_class = h.received_class.buf;
+    m.received_class_len = h.received_class.len;
+    m.chunk_elems = chunk_elems;
+    m.msg_elems = msg_elems;
+    m.itemsize = itemsize;
+    m.dtype_byte = dtype_byte;
+    m.stream = stream;
+    m.received_elems = received_elems;
+    m.received_protected = received_protected;
+    m.complete_elems = complete_elems;
+    m.complete_protected = complete_protected;
+    table_lock(self);
+    ssize_t slot = -1;
+    HeldBuffers replaced;
+    int replacing = 0;
+    if (take_reserve(&self->t) == 0) {
+        if (self->n_held < self->t.n_slots) {
+            HeldBuffers *held = PyMem_Realloc(self->held, sizeof *held * (size_t)self->t.n_slots);
+            if (held != NULL) {
+                self->held = held;
+                self->n_held = self->t.n_slots;
+            }
+        }
+        if (self->n_held >= self->t.n_slots) {
+            ssize_t before = take_find(&self->t, key);
+            slot = take_register(&self->t, &m);
+            if (slot >= 0) {
+                if (before >= 0) { /* the buffers it replaces */
+                    replaced = self->held[slot];
+                    replacing = 1;
+                }
+                self->held[slot] = h;
+            }
+        }
+    }
+    table_unlock(self);
+    if (slot < 0) {
+        held_release(&h);
+        return PyErr_NoMemory();
+    }
+    if (replacing) /* (after the lock: releasing may run Python code) */
+        held_release(&replaced);
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_sync(MessageTableObject *self, PyObject *args) {
+    unsigned long long src, step, msg;
+    long long received_elems, received_protected, complete_elems, complete_protected;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "KKKLLLL:sync", &src, &step, &msg, &received_elems,
+                          &received_protected, &complete_elems, &complete_protected))
+        return NULL;
+    uint64_t key;
+    if (key_of(src, step, msg, &key) < 0)
+        return NULL;
+    table_lock(self);
+    ssize_t slot = take_find(&self->t, key);
+    if (slot >= 0) {
+        TakenMessage *m = &self->t.slots[slot];
+        m->received_elems = received_elems;
+        m->received_protected = received_protected;
+        m->complete_elems = complete_elems;
+        m->complete_protected = complete_protected;
+    }
+    table_unlock(self);
+    return PyBool_FromLong(slot >= 0);
+}
+
+static PyObject *table_unregister(MessageTableObject *self, PyObject *args) {
+    unsigned long long src, step, msg;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "KKK:unregister", &src, &step, &msg))
+        return NULL;
+    uint64_t key;
+    if (key_of(src, step, msg, &key) < 0)
+        return NULL;
+    table_lock(self);
+    ssize_t slot = take_unregister(&self->t, key);
+    HeldBuffers h;
+    if (slot >= 0)
+        h = self->held[slot];
+    table_unlock(self);
+    if (slot < 0)
+        Py_RETURN_FALSE;
+    held_release(&h); /* (after the lock: releasing may run Python code) */
+    Py_RETURN_TRUE;
+}
+
+static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
+    int fd;
+    PyObject *buf_obj, *screen;
+    Py_ssize_t budget, max_reads, read_size;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "iOnnnO:receive", &fd, &buf_obj, &budget,
+                                                &max_reads, &read_size, &screen))
+        return NULL;
+    if (read_size <= 0 || budget < 0 || max_reads < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_size must be positive, budget and max_reads >= 0");
+        return NULL;
+    }
+    PfRules rules = {0, 0, 0};
+    PyObject *counts_obj = NULL;
+    if (screen != Py_None) {
+        unsigned job;
+        int require_auth;
+        Py_ssize_t tag_len;
+        if (!PyArg_ParseTuple(screen, "IpnO:receive screen", &job, &require_auth, &tag_len,
+                              &counts_obj))
+            return NULL;
+        if (tag_len < 0) {
+            PyErr_SetString(PyExc_ValueError, "tag_len must be >= 0");
+            return NULL;
+        }
+        rules = (PfRules){job, require_auth, (size_t)tag_len};
+    }
+    Py_buffer view, counts;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    memset(&counts, 0, sizeof counts);
+    if (counts_obj != NULL) {
+        if (PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (counts.len < (Py_ssize_t)(sizeof(int64_t) * PF_REASONS)) {
+            PyErr_Format(PyExc_ValueError, "counts holds %zd bytes, needs %d int64", counts.len,
+                         PF_REASONS);
+            PyBuffer_Release(&counts);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
+    RecvRuns got;
+    ssize_t kept = 0;
+    table_lock(self);
+    TakeTable *t = &self->t;
+    Py_BEGIN_ALLOW_THREADS
+    recv_runs_loop(fd, (char *)view.buf, view.len, budget, max_reads, read_size, t->runs,
+                   self->scratch, &got);
+    ssize_t n = 0;
+    for (ssize_t i = 0; i < got.n_runs; i++) {
+        Run r = t->runs[i];
+        if (counts_obj != NULL)
+            r.end = r.start + (ssize_t)pf_filter_run((unsigned char *)view.buf + r.start,
+                                                     (size_t)(r.end - r.start), (size_t)r.seg,
+                                                     &rules, (int64_t *)counts.buf);
+        if (r.end > r.start) {
+            t->runs[n++] = r;
+            kept += r.end - r.start;
+        }
+    }
+    take_stage(t, t->runs, n, view.len); /* (the loop's runs lie in buf) */
+    Py_END_ALLOW_THREADS
+    table_unlock(self);
+    if (counts_obj != NULL)
+        PyBuffer_Release(&counts);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nnnini)", got.total, got.reads, got.empty, got.more, got.err, kept);
+}
+
+static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
+    PyObject *buf_obj, *runs_in;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "OO!:stage", &buf_obj, &PyList_Type, &runs_in))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(runs_in);
+    if (n > MAX_RUNS) {
+        PyErr_Format(PyExc_ValueError, "%zd runs: at most %d", n, MAX_RUNS);
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Run *runs = PyMem_Malloc(sizeof(Run) * (size_t)(n ? n : 1));
+    PyObject *result = NULL;
+    if (runs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t start, end, seg;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(runs_in, i), "nnn:stage run", &start, &end, &seg))
+            goto done;
+        runs[i] = (Run){start, end, seg};
+    }
+    table_lock(self);
+    int bad = take_stage(&self->t, runs, n, view.len);
+    table_unlock(self);
+    if (bad) {
+        PyErr_Format(PyExc_ValueError,
+                     "a run does not lie in the %zd-byte buffer (or has no positive segment size)",
+                     view.len);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(runs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static int report_taken(void *context, const TakenMessage *m) {
+    PyObject *t = Py_BuildValue("(KKKLLLLLLL)", (unsigned long long)(m->key >> 48),
+                                (unsigned long long)((m->key >> 16) & 0xFFFFFFFFULL),
+                                (unsigned long long)(m->key & 0xFFFF), m->datagrams, m->nbytes,
+                                m->fresh, m->fresh_elems, m->fresh_drop, m->fresh_retx,
+                                m->payload_bytes);
+    if (t == NULL)
+        return -1;
+    int err = PyList_Append((PyObject *)context, t);
+    Py_DECREF(t);
+    return err;
+}
+
+static PyObject *table_next(MessageTableObject *self, PyObject *args) {
+    PyObject *buf_obj;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "O:next", &buf_obj))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    Run handover = {0, 0, 0};
+    int kind;
+    table_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    kind = take_next(&self->t, (unsigned char *)view.buf, view.len, &handover);
+    Py_END_ALLOW_THREADS
+    PyObject *taken = Py_NewRef(Py_None);
+    if (self->t.n_touched) {
+        Py_SETREF(taken, PyList_New(0));
+        if (taken != NULL && take_report(&self->t, report_taken, taken) < 0)
+            Py_CLEAR(taken);
+    }
+    table_unlock(self);
+    PyBuffer_Release(&view);
+    if (taken == NULL)
+        return NULL;
+    if (kind == TAKE_DONE)
+        return Py_BuildValue("(ON)", Py_None, taken);
+    return Py_BuildValue("((nnni)N)", handover.start, handover.end, handover.seg, kind, taken);
+}
+
+static Py_ssize_t table_len(MessageTableObject *self) { return self->t.n_live; }
+
+static PyMethodDef table_methods[] = {
+    {"register", (PyCFunction)table_register, METH_VARARGS,
+     "register(src, step, msg, out, received, received_class, chunk_elems, msg_elems, "
+     "itemsize, dtype_byte, stream, received_elems, received_protected, complete_elems, "
+     "complete_protected): take this message's runs from now on (see the module source)."},
+    {"sync", (PyCFunction)table_sync, METH_VARARGS,
+     "sync(src, step, msg, received_elems, received_protected, complete_elems, "
+     "complete_protected) -> registered: the counts that say when its completion check is due."},
+    {"unregister", (PyCFunction)table_unregister, METH_VARARGS,
+     "unregister(src, step, msg) -> was registered: no more writes to its buffers."},
+    {"receive", (PyCFunction)table_receive, METH_VARARGS,
+     "receive(fd, buf, budget, max_reads, read_size, screen) -> (nbytes, reads, empty, more, "
+     "errno, kept): read, pre-filter and stage runs for next()."},
+    {"stage", (PyCFunction)table_stage, METH_VARARGS,
+     "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
+    {"next", (PyCFunction)table_next, METH_VARARGS,
+     "next(buf) -> (handover, taken): take staged runs until one needs Python."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods table_sequence = {.sq_length = (lenfunc)table_len};
+
+static PyTypeObject MessageTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlcp.io._udpio.MessageTable",
+    .tp_basicsize = sizeof(MessageTableObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The messages under way whose runs the receive loop scatters itself (see the "
+              "module source).",
+    .tp_new = table_new,
+    .tp_init = (initproc)table_init,
+    .tp_dealloc = (destructor)table_dealloc,
+    .tp_methods = table_methods,
+    .tp_as_sequence = &table_sequence,
+};
+
 static PyMethodDef methods[] = {
     {"send_gathered", send_gathered_py, METH_VARARGS,
      "send_gathered(fd, heads, head, payload, chunk, per_message, host, port, tos) -> sent: "
@@ -295,4 +805,15 @@ static struct PyModuleDef module = {
     "The UDP receive loop of the DLCP endpoint (optional C accelerator).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__udpio(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__udpio(void) {
+    if (PyType_Ready(&MessageTableType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "MessageTable", (PyObject *)&MessageTableType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

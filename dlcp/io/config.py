@@ -58,6 +58,10 @@ class EndpointConfig:
     #: 1..MAX_ENGINE_THREADS; more than 1 needs the native engine (engine="python"
     #: refuses it; "auto" that runs the Python engine ignores it, and logs that)
     engine_threads: int = 1
+    #: DIAGNOSTIC: the receive loop scatters the runs of the messages under way
+    #: itself, in C (dlcp.io.native_receive), where it was built; off, the run
+    #: path runs in Python once per run of datagrams (``DLCP_NATIVE_RECEIVE=0``)
+    native_receive: bool = True
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
@@ -203,12 +207,13 @@ class EndpointConfig:
 _FIELD = re.compile(r"^(?:protocol configuration: )?[a-z_]+=\S+?(:?) ")
 
 #: DLCP_* variables that are read elsewhere (simulator, golden-file tests, the
-#: sanitizer build of the native engine: dlcp.io.engine.BUILD_VARIABLE; the
-#: job's secret: dlcp.keyring), not config. (The job id is agreed through the
-#: store: a DLCP_JOB or DLCP_KEY would be ignored, so they are errors like any
-#: unknown name.)
+#: sanitizer builds of the native engine and the receive loop:
+#: dlcp.io.extensions.BUILD_VARIABLES; the job's secret: dlcp.keyring), not
+#: config. (The job id is agreed through the store: a DLCP_JOB or DLCP_KEY would
+#: be ignored, so they are errors like any unknown name.)
 _NOT_CONFIG = frozenset(
-    {"sim_trace_tcp", "regen_golden", "engine_build", "job_secret", "job_secret_file"}
+    {"sim_trace_tcp", "regen_golden", "engine_build", "udpio_build", "job_secret",
+     "job_secret_file"}
 )
 
 #: setsockopt's int: the largest socket buffer size one can ask for

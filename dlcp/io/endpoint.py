@@ -64,6 +64,7 @@ from .control import ControlChannel
 from .emulation import LossEmulator
 from .engine import NativeSender, choose_engine
 from .io_loop import IOLoop
+from .native_receive import available as native_receive_available
 from .path_mtu import sized_for_interface
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
@@ -197,6 +198,15 @@ class Endpoint(IOLoop):
             LossEmulator(cfg.emulated_loss, cfg.emulated_loss_seed, rank=rank)
             if cfg.emulated_loss
             else None
+        )
+        # the receive loop scatters the runs of the messages under way itself where
+        # it was built and nothing else must see each run in Python: authentication
+        # verifies tags there, the emulator drops datagrams there
+        self._init_native_receive(
+            cfg.native_receive
+            and native_receive_available()
+            and not protocol.authenticate
+            and self._emulator is None
         )
         self._closing = False
         self._closed = threading.Event()
@@ -358,6 +368,7 @@ class Endpoint(IOLoop):
                     "engine": self.engine,
                     # the native engine's send threads (None: the Python engine)
                     "engine_threads": self._sender.threads if self._sender else None,
+                    "native_receive": self.native_receive,
                     **(self._sender.stats() if self._sender is not None else {}),
                 }
             )

@@ -21,43 +21,22 @@ threads the native engine runs (docs/engine.md, "Threads").
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
 from ..proto.config import ProtocolConfig
 from ..proto.events import RoundPost
 from ..proto.pacing import Pacer, make_pacer
+from .extensions import BUILD_VARIABLES, load
 from .udp import DataSockets, datagrams_per_gso_message
 
 #: a path to another build of ``dlcp.io._engine`` to load instead (``make
 #: sanitize``: the same source built with AddressSanitizer and UBSan)
-BUILD_VARIABLE = "DLCP_ENGINE_BUILD"
-
-
-def _load() -> ModuleType | None:
-    build = os.environ.get(BUILD_VARIABLE)
-    if build:
-        loader = importlib.machinery.ExtensionFileLoader("dlcp.io._engine", build)
-        spec = importlib.util.spec_from_file_location("dlcp.io._engine", build, loader=loader)
-        if spec is None:
-            raise ConfigError(f"{BUILD_VARIABLE}={build!r} is not an extension module")
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return module
-    try:
-        from . import _engine  # type: ignore[attr-defined]
-    except ImportError:  # built without a C compiler
-        return None
-    return _engine  # type: ignore[no-any-return]
-
-
-_native = _load()
+BUILD_VARIABLE = BUILD_VARIABLES["_engine"]
+_native = load("_engine")
 
 __all__ = [
     "ENGINES",

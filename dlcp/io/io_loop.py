@@ -33,6 +33,7 @@ import numpy.typing as npt
 from ..errors import EndpointClosed, TransferFailed
 from ..proto.control import control_source
 from ..proto.pacing import Pacer
+from ..proto.receive_paths import Taken
 from ..proto.session import ControlDatagram, DataBatch, RoundPost, RoundRelease, Session
 from ..proto.wire import PacketType
 from .config import EndpointConfig
@@ -46,6 +47,22 @@ from .transfers import Transfers
 from .udp import DataSockets
 
 __all__ = ["IOLoop"]
+
+
+class _SessionRuns:
+    """What the native receive path did besides runs for ``deliver``
+    (:class:`~dlcp.io.native_receive.TakenRuns`), handed to the I/O thread's session.
+
+    Time: what the C loop took is applied, and so metered by the session's rate
+    meter, at the time Python applies it, after the C step that took it (the end
+    of the receive buffer's runs, or the handover that interrupted them), not at
+    a time per run as the Python run path meters it. A step takes at most one
+    receive buffer (8 MB, a few milliseconds of data); the meter's interval is
+    ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
+
+    def __init__(self, loop: IOLoop) -> None:
+        self.taken = loop._took
+        self.rest = loop._rest
 
 log = logging.getLogger("dlcp.io")
 
@@ -65,6 +82,7 @@ class IOLoop:
 
     # set up by Endpoint.__init__ (dlcp.io.endpoint), shared with its commands
     rank: int
+    native_receive: bool
     config: EndpointConfig
     _session: Session
     _data: DataSockets
@@ -97,6 +115,16 @@ class IOLoop:
         self._delivered = 0
         #: the last receive dropped junk (its backlog is not all data)
         self._junk_read = False
+
+    def _init_native_receive(self, on: bool) -> None:
+        """Whether the receive loop scatters the runs of the messages under way
+        itself (:mod:`dlcp.io.native_receive`): the session registers them with
+        the data sockets' table, whose results go to it."""
+        self.native_receive = on
+        #: where the native receive path's results go (None: it is off)
+        self._native_runs = _SessionRuns(self) if on else None
+        if on:
+            self._session.take_runs_natively(self._data.take_runs(self._session.job))
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
@@ -233,7 +261,7 @@ class IOLoop:
         if what == "data":
             self._stats.receive_calls += 1
             start, self._delivered = time.monotonic(), 0
-            read = self._data.receive(self._deliver)
+            read = self._data.receive(self._deliver, taken=self._native_runs)
             self._data.socket_drops()  # (read every turn: the kernel's counter wraps)
             screened = self._data.take_screened()  # the pre-filter's drops
             self._junk_read = bool(screened)
@@ -327,6 +355,17 @@ class IOLoop:
             if len(buf) == 0:
                 return
         self._session.receive_batch(buf, segment_size, now=time.monotonic())
+
+    def _took(self, taken: list[Taken]) -> None:
+        """The native receive path's counts (see :class:`_SessionRuns`)."""
+        for t in taken:
+            self._stats.datagrams_native += t[3]
+            self._delivered += t[4]
+        self._session.receive_taken(taken, now=time.monotonic())
+
+    def _rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        self._delivered += len(buf)
+        self._session.receive_rest(buf, segment_size, now=time.monotonic())
 
     def _flush(self, now: float) -> None:
         # bounded, so that receiving gets its turn between bursts of sending

@@ -100,5 +100,8 @@ class DriverStats:
     control_in: int = 0
     control_rejected: int = 0
     receive_calls: int = 0
+    #: data datagrams the receive loop scattered itself (dlcp.io.native_receive;
+    #: the session counts them in datagrams_fast too)
+    datagrams_native: int = 0
     #: sends to a rank with no published address (a stray or forged datagram's)
     unroutable: int = 0

@@ -32,13 +32,11 @@ import numpy.typing as npt
 from ..errors import ConfigError
 from ..proto.wire import Reason
 from . import kernel_filter
+from .extensions import load
+from .native_receive import MessageRuns, TakenRuns, hand_over
 
-try:
-    from . import _udpio as _udpio_c  # type: ignore[attr-defined]
-
-    _udpio: ModuleType | None = _udpio_c
-except ImportError:  # not built: the same loop runs in Python
-    _udpio = None
+# (not built: the same loop runs in Python)
+_udpio: ModuleType | None = load("_udpio")
 
 __all__ = [
     "UDP_GRO",
@@ -131,6 +129,16 @@ class DataSockets:
         #: the socket's kernel drop counter (a u32: a new socket's is 0) when last
         #: read, and the drops counted up to then
         self._drops_read = self._drops = 0
+        #: the messages the receive loop scatters itself (take_runs), if it does
+        self.runs: MessageRuns | None = None
+
+    def take_runs(self, job: int) -> MessageRuns:
+        """The table of messages under way whose runs :meth:`receive` scatters
+        itself, in C, from now on (when it is given ``taken``;
+        :mod:`dlcp.io.native_receive`, which says when it is available)."""
+        if self.runs is None:
+            self.runs = MessageRuns(job)
+        return self.runs
 
     def screen(self, *, job: int, require_auth: bool, tag_len: int, in_kernel: bool) -> bool:
         """Drop, from now on, the received datagrams that break a header rule of
@@ -249,6 +257,7 @@ class DataSockets:
         *,
         budget: int = 4 << 20,
         accelerated: bool | None = None,
+        taken: TakenRuns | None = None,
     ) -> int:
         """Drain the receive socket (up to ``budget`` bytes) without blocking and
         hand runs of same-size datagrams to ``deliver(buf, segment_size)``, which
@@ -258,13 +267,19 @@ class DataSockets:
         ``deliver`` covers many GRO reads; a read that ends in a short datagram
         closes its run. Returns the bytes read. The loop runs in C
         (``dlcp.io._udpio``) when that was built, else in Python (``accelerated``
-        picks one, for tests)."""
+        picks one, for tests).
+
+        With ``taken`` and a table of messages (:meth:`take_runs`), the C loop
+        scatters the runs of registered messages itself and hands ``deliver``
+        only what they do not take, in arrival order: ``taken`` hears what they
+        took (before any later run is handed over) and the datagrams after a
+        taken prefix (:mod:`dlcp.io.native_receive`)."""
         use_c = _udpio is not None if accelerated is None else accelerated
         if use_c and _udpio is not None:
-            return self._receive_c(deliver, budget)
+            return self._receive_c(deliver, budget, taken if self.runs is not None else None)
         return self._receive_py(deliver, budget)
 
-    def _receive_c(self, deliver: Deliver, budget: int) -> int:
+    def _receive_c(self, deliver: Deliver, budget: int, taken: TakenRuns | None) -> int:
         """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
         cost a few microseconds each, and reading past them to the data queued
@@ -277,20 +292,30 @@ class DataSockets:
         while True:
             byte_room = budget - counted_bytes
             read_room = min(_MAX_READS - counted_reads, _MAX_ALL_READS - reads)
-            runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
-                fd, buf, byte_room, read_room, _READ_SIZE
-            )
+            dropped = int(self.screened.sum()) if self._screen is not None else 0
+            if taken is not None:
+                assert self.runs is not None
+                screen = None if self._screen is None else (*self._screen, self.screened)
+                nbytes, n_reads, empty, more, err, kept = self.runs.table.receive(
+                    fd, buf, byte_room, read_room, _READ_SIZE, screen
+                )
+                counted_bytes += kept
+                hand_over(self.runs.table, buf, deliver, taken)
+            else:
+                runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
+                    fd, buf, byte_room, read_room, _READ_SIZE
+                )
+                if self._screen is not None:
+                    runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
+                for start, end, seg in runs:
+                    counted_bytes += end - start
+                    deliver(buf[start:end], seg)
             total += int(nbytes)
             reads += int(n_reads)
             self.empty_datagrams += int(empty)
             junk = int(empty)
             if self._screen is not None:
-                dropped = int(self.screened.sum())
-                runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
                 junk += int(self.screened.sum()) - dropped
-            for start, end, seg in runs:
-                counted_bytes += end - start
-                deliver(buf[start:end], seg)
             counted_reads += int(n_reads) - junk
             if err:
                 raise OSError(err, os.strerror(err))

@@ -29,8 +29,12 @@ of them) by one of three paths, chosen by what the buffer starts with:
   grouped by message.
 
 A fast path that cannot take a datagram as it is declines it, having done
-nothing, and the general path takes it. Whatever the path, a datagram lands in
-one of these cases, by the message it names:
+nothing, and the general path takes it. With a native receive loop attached
+(:meth:`ReceivePaths.take_runs_natively`) the run path of the messages under way
+runs in that loop (C); the inbox registers every message it opens and removes it
+on every way it leaves ``_incoming`` (:meth:`Inbox._leave`), and what the loop
+took is accounted for by the run path's rules (:meth:`ReceivePaths.receive_taken`).
+Whatever the path, a datagram lands in one of these cases, by the message it names:
 
 ========================  =====================================================
 case                      what happens
@@ -229,10 +233,12 @@ class Inbox(ReceivePaths[_Incoming]):
             r.replace_output(out)
             self._unexpected_bytes -= state.unexpected_bytes
             state.unexpected_bytes = 0
+        if self._native is not None:  # (a new buffer, or a bound that needs more)
+            self._native.register(key, r)
 
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
-        state = self._incoming.pop(key, None)
+        state = self._leave(key)
         expected = self._expected.pop(key, None)
         self._orphan_finish.pop(key)
         if state is None and expected is None:
@@ -297,6 +303,8 @@ class Inbox(ReceivePaths[_Incoming]):
         self._meter.on_bytes(key[0], wire_bytes, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
+            if self._native is not None and key in self._incoming:
+                self._native.sync(key, state.reassembler)
 
     def _open(
         self,
@@ -351,6 +359,8 @@ class Inbox(ReceivePaths[_Incoming]):
         recovery = ReceiverRecovery(r, self.config, nacked_round=nacked_round)
         state = _Incoming(r, recovery, charged, want is not None)
         self._incoming[key] = state
+        if self._native is not None:
+            self._native.register(key, r)
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)
         return state
@@ -360,7 +370,7 @@ class Inbox(ReceivePaths[_Incoming]):
         if not r.is_complete() or not state.recovery.on_complete(now=now):
             return  # (complete by the bound: SETTLING, data still in flight may land)
         report = r.complete(now=now)
-        del self._incoming[key]
+        self._leave(key)
         if state.expected or not state.unexpected_bytes:
             self._unexpected_bytes -= state.unexpected_bytes
         else:  # parked until the application claims it: still charged
@@ -368,6 +378,14 @@ class Inbox(ReceivePaths[_Incoming]):
         self._remember(key, Ended(_COMPLETED, r.received_elems, now))
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
+
+    def _leave(self, key: Key) -> _Incoming | None:
+        """Message ``key`` is no longer under way (whatever ended it): its state,
+        if it was. The native receive loop writes nothing more into it."""
+        state = self._incoming.pop(key, None)
+        if state is not None and self._native is not None:
+            self._native.unregister(key)
+        return state
 
     def _remember(self, key: Key, ended: Ended) -> None:
         self._ended[key] = ended
@@ -378,6 +396,8 @@ class Inbox(ReceivePaths[_Incoming]):
         if not state.reassembler.on_finish(finish):
             self.stats.reject("geometry")
             return
+        if self._native is not None:  # (the bound's completion rule applies now)
+            self._native.sync(key, state.reassembler)
         self._check_complete(key, state, now=now)
         if key in self._incoming:
             state.recovery.on_finish(finish.round, now=now)
@@ -460,7 +480,7 @@ class Inbox(ReceivePaths[_Incoming]):
         why = f"sender aborted the message ({abort.reason.name.lower()})"
         if abort.reason is AbortReason.GAVE_UP and self._orphan_finish.unheard(key):
             why += "; none of its data had arrived here (is the UDP data path blocked?)"
-        state = self._incoming.pop(key, None)
+        state = self._leave(key)
         if state is not None:
             state.recovery.on_abort()
             self.fail(key, state, why)
@@ -514,7 +534,7 @@ class Inbox(ReceivePaths[_Incoming]):
                 for part in nacks:
                     self._queue(key[0], part)
             elif state.recovery.phase is ReceivePhase.FAILED:
-                del self._incoming[key]
+                self._leave(key)
                 self._queue(
                     key[0],
                     Abort(

@@ -20,6 +20,7 @@ says exactly what was lost, where and of which class.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +32,7 @@ from .control import Finish
 from .kernels import copy_rows, flat_rows, scatter_run, streams
 from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
-__all__ = ["GeometryError", "LossReport", "Reassembler"]
+__all__ = ["RUN_LAYOUT", "GeometryError", "LossReport", "Reassembler", "RunTarget"]
 
 Int64Array = npt.NDArray[np.int64]
 UInt8Array = npt.NDArray[np.uint8]
@@ -60,6 +61,22 @@ def _run_layout() -> bytes:
 #: tclass bit of a drop-eligible packet (tclass's high nibble is prio * 2 + drop)
 _DROP_BIT = 0x10
 _RUN_LAYOUT = _run_layout()
+#: where ``scatter_run`` finds the per-packet fields (public for the native receive
+#: path, which runs the same kernel: dlcp.io.native_receive)
+RUN_LAYOUT = _RUN_LAYOUT
+
+
+class RunTarget(NamedTuple):
+    """What the run kernel writes into for a message (:meth:`Reassembler.run_target`)."""
+
+    out: UInt8Array
+    received: BoolArray
+    received_class: UInt8Array
+    chunk_elems: int
+    msg_elems: int
+    itemsize: int
+    dtype_byte: int
+    stream: bool
 
 
 class GeometryError(DLCPError, ValueError):
@@ -324,12 +341,45 @@ class Reassembler:
             trailer=trailer,
         )
         if taken:
-            self.last_activity = now
-            self.received_elems += elems
-            self.received_protected += fresh - droppable
-            self.retransmitted += retransmitted
-            self.duplicates += taken - fresh
+            self.count_taken(taken, fresh, elems, droppable, retransmitted, now=now)
         return taken, fresh, payload_bytes
+
+    def count_taken(
+        self, taken: int, fresh: int, elems: int, droppable: int, retransmitted: int, *, now: float
+    ) -> None:
+        """Counts what the run kernel wrote: ``taken`` datagrams, ``fresh`` of them
+        new chunks of ``elems`` elements in all, ``droppable`` of those
+        drop-eligible and ``retransmitted`` retransmissions (its buffers, chunk
+        maps and classes it set itself: :meth:`scatter_run`, or the native
+        receive path that runs the same kernel on :meth:`run_target`)."""
+        self.last_activity = now
+        self.received_elems += elems
+        self.received_protected += fresh - droppable
+        self.retransmitted += retransmitted
+        self.duplicates += taken - fresh
+
+    def run_target(self) -> RunTarget:
+        """The buffers and geometry the run kernel writes a datagram of this message
+        into (the same as :meth:`scatter_run` passes it; they change when
+        :meth:`replace_output` moves the message to a caller's buffer)."""
+        return RunTarget(
+            self._bytes, self.received, self.received_class, self.chunk_elems,
+            self.msg_elems, self._itemsize, self._dtype_byte, self._stream,
+        )  # fmt: skip
+
+    def completion_counts(self) -> tuple[int, int, int, int]:
+        """``(received_elems, received_protected, complete_elems, complete_protected)``:
+        :meth:`is_complete` is true when every element arrived, or when
+        ``received_elems >= complete_elems`` and ``received_protected >=
+        complete_protected`` (once the sender's FINISH came: the bound's required
+        elements and the protected chunks FINISH announced; before it, all
+        elements)."""
+        if self.finish is None:
+            return self.received_elems, self.received_protected, self.msg_elems, 0
+        return (
+            self.received_elems, self.received_protected, self.required_elems,
+            self.finish.protected_chunks,
+        )  # fmt: skip
 
     def fits(
         self, seq: int, offset: int, msg_elems: int, payload_len: int, dtype_byte: int, flags: int

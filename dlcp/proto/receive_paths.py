@@ -13,6 +13,16 @@ datagrams) to one of three paths, by what the buffer starts with:
 * the general path (:meth:`ReceivePaths._receive_parsed`): everything else, parsed
   by :func:`~dlcp.proto.batch.parse_batch` and grouped by message.
 
+With a :class:`NativeRuns` attached (:meth:`ReceivePaths.take_runs_natively`:
+the endpoint's receive loop, ``dlcp.io.native_receive``), the run path of the
+messages under way runs in the receive loop itself, in C: the inbox registers
+each message it opens and removes it when it ends, and the loop applies the run
+path's checks and kernel to every run it reads whose head is one of them. What it
+took comes back per message and call (:meth:`ReceivePaths.receive_taken`), what
+it did not take comes here as before, in arrival order (the datagrams after a
+taken prefix straight to the general path: :meth:`ReceivePaths.receive_rest`).
+The accounting is the run path's (:meth:`ReceivePaths._took`).
+
 The paths decide nothing about admission. What a datagram is counted as,
 whether its message opens, is late or is refused: the rule header of
 :mod:`dlcp.proto.inbox` says it, and every path defers to the admission
@@ -36,7 +46,7 @@ from .context import Key, SessionSide
 from .reassembler import GeometryError, Reassembler
 from .wire import DATA_HEADER_LEN, DType, Flags, Reason
 
-__all__ = ["Geometry", "MessageUnderWay", "ReceivePaths"]
+__all__ = ["Geometry", "MessageUnderWay", "NativeRuns", "ReceivePaths", "Taken"]
 
 _AUTH_FLAG = int(Flags.AUTH)
 
@@ -55,6 +65,29 @@ class MessageUnderWay(Protocol):
 #: the inbox's record of a message under way
 MessageT = TypeVar("MessageT", bound=MessageUnderWay)
 
+#: what a native receive loop took into one message since it last said:
+#: (src, step, msg, datagrams, bytes, fresh, fresh elements, fresh drop-eligible,
+#: fresh retransmitted, payload bytes)
+Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int]
+
+
+class NativeRuns(Protocol):
+    """A receive loop that runs the run path itself for registered messages (the
+    endpoint's, in C: ``dlcp.io.native_receive``). Between two of these calls it
+    writes only into registered messages' buffers, and none after ``unregister``
+    returned."""
+
+    def register(self, key: Key, reassembler: Reassembler) -> None:
+        """Take the runs of message ``key`` from now on (again, with its current
+        buffers, if it was registered)."""
+
+    def sync(self, key: Key, reassembler: Reassembler) -> None:
+        """Its counts changed here (data on another path, a FINISH, a bound):
+        the loop's copies of :meth:`Reassembler.completion_counts` follow."""
+
+    def unregister(self, key: Key) -> None:
+        """It ended: nothing more is written to its buffers."""
+
 
 class ReceivePaths(SessionSide, Generic[MessageT]):
     """The three receive paths, over an admission pipeline a subclass provides."""
@@ -65,6 +98,31 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
     _incoming: dict[Key, MessageT]
     #: the messages that ended here
     _ended: Container[Key]
+
+    #: the native receive loop that takes the runs of the messages under way, if any
+    _native: NativeRuns | None = None
+
+    def take_runs_natively(self, native: NativeRuns) -> None:
+        """From now on ``native`` runs the run path of the messages opened here
+        (unauthenticated ones: a tag is verified in Python), as the module
+        docstring says. Set before any message opens."""
+        if self.keys is None and not self.config.authenticate:
+            self._native = native
+
+    def receive_taken(self, taken: list[Taken], *, now: float) -> None:
+        """What the native receive loop took into the registered messages since it
+        last said, per message: accounted for as the run path accounts for what it
+        takes (each message is still under way: one that ends is unregistered)."""
+        for src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes in taken:
+            key = (src, step, msg)
+            state = self._incoming[key]
+            state.reassembler.count_taken(n, fresh, elems, droppable, retx, now=now)
+            self._took(key, state, n, nbytes, payload_bytes, fresh, now=now)
+
+    def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
+        """The datagrams of a run after the prefix the native loop took: the general
+        path takes them, as after the run path in :meth:`receive`."""
+        self._receive_parsed(buf, segment_size, now=now)
 
     def receive(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
@@ -259,7 +317,16 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         )  # fmt: skip
         if not taken:
             return 0
-        self._count_in(taken, min(len(buf), taken * segment_size), fast=True)
+        nbytes = min(len(buf), taken * segment_size)
+        self._took(key, state, taken, nbytes, payload_bytes, fresh, now=now)
+        return taken
+
+    def _took(self, key: Key, state: MessageT, taken: int, nbytes: int, payload_bytes: int,
+              fresh: int, *, now: float) -> None:  # fmt: skip
+        """The admission pipeline for ``taken`` datagrams (``nbytes`` bytes, their
+        payloads ``payload_bytes``, ``fresh`` new) that the run kernel wrote into
+        ``state``: rules 1, 2 and 5 (the message is under way and the peer was
+        checked: rules 3 and 4 have nothing to do)."""
+        self._count_in(taken, nbytes, fast=True)
         self._admit_peer(key[0], taken, now=now)
         self._landed(key, state, payload_bytes + taken * DATA_HEADER_LEN, fresh, now=now)
-        return taken

@@ -53,6 +53,7 @@ from .inbox import Inbox
 from .outbox import Outbox
 from .pacing import Pacer
 from .packetizer import Segments
+from .receive_paths import NativeRuns, Taken
 from .wire import PacketType, WireError
 
 __all__ = [
@@ -216,6 +217,24 @@ class Session:
         or a run of them), the last one possibly shorter."""
         self._now = max(self._now, now)
         self._inbox.receive(buf, segment_size, now=now)
+
+    def take_runs_natively(self, native: NativeRuns) -> None:
+        """Let a receive loop run the run path of the messages under way itself
+        (:class:`~dlcp.proto.receive_paths.NativeRuns`; ignored when this
+        session authenticates). Call before any data arrives."""
+        self._inbox.take_runs_natively(native)
+
+    def receive_taken(self, taken: list[Taken], *, now: float) -> None:
+        """What the native receive loop took into the messages under way since it
+        last said (:meth:`take_runs_natively`)."""
+        self._now = max(self._now, now)
+        self._inbox.receive_taken(taken, now=now)
+
+    def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
+        """The datagrams of a run after the prefix the native receive loop took
+        (back to back, ``segment_size`` apart, the last possibly shorter)."""
+        self._now = max(self._now, now)
+        self._inbox.receive_rest(buf, segment_size, now=now)
 
     def _on_control(self, ctrl: ControlMessage, *, now: float) -> None:
         if isinstance(ctrl, RateFeedback):

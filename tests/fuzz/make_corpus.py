@@ -15,6 +15,9 @@ describes at the top of its source:
   messages (breaks at each quarter), with narrow and wide numbers;
 * ``recv_runs``: the vectors' lengths as plain datagrams, GRO reads of a run of
   them, short last datagrams, empty datagrams and receive errors.
+* ``take_runs``: each small message registered (a second message beside it,
+  removed after the first handover), its chunks as the datagrams of the pool, read
+  one by one, as one GRO read, reversed, with a duplicate and a stray datagram.
 
 The golden vectors and the layouts come from the repository (``dlcp.proto``),
 so the seeds follow any change of the wire format.
@@ -150,6 +153,44 @@ def recv_seed(lengths: list[int], gro_at: int) -> bytes:
     return head + events
 
 
+def _registered(h: dict, chunk_elems: int, msg_elems: int, itemsize: int, *, held: int,
+                removed_after: int) -> bytes:  # fmt: skip
+    """A registered message of take_runs' input (fuzz_take_runs.c): the vector's
+    key and geometry, chunks ``held`` (a bit map) already in."""
+    dtype_byte = int(DType[h["dtype"]]) << 4
+    return (
+        struct.pack(">HIHH", h["src"], h["step"], h["msg"], chunk_elems)
+        + msg_elems.to_bytes(3, "big")
+        + bytes([itemsize.bit_length() - 1, dtype_byte, 0])
+        + struct.pack(">Q", held)
+        + msg_elems.to_bytes(3, "big")
+        + struct.pack(">HB", 0, removed_after)
+    )
+
+
+def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, itemsize: int,
+              stray: bytes) -> bytes:  # fmt: skip
+    """take_runs' input: the message registered with a neighbour (another msg,
+    removed after the first handover), its records (and a stray one) in the pool,
+    read one by one, reversed, with a duplicate, and as one GRO read."""
+    read_size, buf_len, budget, max_reads = 65536, 1 << 18, 1 << 22, 1024
+    head = struct.pack(">H", read_size - 1) + buf_len.to_bytes(3, "big")
+    head += budget.to_bytes(3, "big") + struct.pack(">HH", max_reads, h["job"])
+    other = dict(h, msg=(h["msg"] + 1) & 0xFFFF)
+    head += bytes([2]) + _registered(h, chunk_elems, msg_elems, itemsize, held=0b10,
+                                     removed_after=255)  # fmt: skip
+    head += _registered(other, chunk_elems, msg_elems, itemsize, held=0, removed_after=1)
+    pool = [*records[:15], stray]
+    head += bytes([len(pool)]) + b"".join(struct.pack(">H", len(r)) + r for r in pool)
+    n = len(pool) - 1
+    order = [*range(n), *reversed(range(n)), 0, n, 0]
+    events = b"".join(_event(PLAIN, len(pool[i]), 0) + bytes([i]) for i in order)
+    stride = len(records[0])
+    total = sum(len(r) for r in records[:n])
+    events += _event(GRO, total, stride) + bytes([0])
+    return head + events
+
+
 def write(out: Path, target: str, seed: bytes, counts: dict[str, int]) -> None:
     folder = out / target
     folder.mkdir(parents=True, exist_ok=True)
@@ -178,6 +219,9 @@ def main(out: Path) -> dict[str, int]:
             write(out, "swap_records", swap_seed(run), counts)
         for wide, limit in ((False, 3), (True, 64)):
             write(out, "engine_round", engine_seed(records, wide=wide, limit=limit), counts)
+        stray = bytes.fromhex(golden["data"][-1]["hex"])
+        write(out, "take_runs", take_seed(vector["header"], records, chunk_elems, msg_elems,
+                                          itemsize, stray), counts)  # fmt: skip
     for vector in golden["bad"]:
         record = bytes.fromhex(vector["hex"])
         if vector["kind"] == "data" and record:
