@@ -24,13 +24,16 @@ def _engine_from_the_environment(
     engine, and ``DLCP_ENGINE_THREADS=N pytest ...`` every native one on N send
     threads, those whose ``EndpointConfig`` the test builds itself included (a
     config built directly reads no environment; only ``EndpointConfig.from_env``
-    does), unless the test chose the engine (anything but ``auto``) or a thread
-    count other than 1, or is marked ``one_send_thread`` (the thread count).
+    does), unless the test chose the engine (anything but ``auto``, or more than
+    one send thread) or a thread count other than 1, or is marked
+    ``auto_engine`` (what ``auto`` picks is what it checks) or ``one_send_thread``.
     Processes a test starts inherit the variables."""
     engine = os.environ.get("DLCP_ENGINE")
     raw = os.environ.get("DLCP_ENGINE_THREADS")
     if request.node.get_closest_marker("one_send_thread") is not None:
         raw = None
+    if request.node.get_closest_marker("auto_engine") is not None:
+        engine = None
     if engine is None and raw is None:
         return
     from dlcp.io import endpoint as endpoint_module
@@ -43,7 +46,7 @@ def _engine_from_the_environment(
 
     def make(self: Any, *args: Any, config: EndpointConfig | None = None, **kw: Any) -> None:
         if config is not None:
-            if engine is not None and config.engine == "auto":
+            if engine is not None and config.engine == "auto" and config.engine_threads == 1:
                 config = dataclasses.replace(config, engine=chosen.engine)
             if raw is not None and config.engine != "python" and config.engine_threads == 1:
                 config = dataclasses.replace(config, engine_threads=chosen.engine_threads)

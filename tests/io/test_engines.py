@@ -87,6 +87,7 @@ def test_engines_interoperate_both_ways(
 
 
 @pytest.mark.skipif(not native_seals(), reason="native engine built without libcrypto")
+@pytest.mark.auto_engine
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("loss", [0.0, 0.02])
 def test_authenticated_transfers_on_both_engines(loss: float, threads: int) -> None:
