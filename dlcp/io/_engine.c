@@ -262,12 +262,12 @@ static void pacer_on_loss(Pacer *p, double lost, double sent_at, int queue, doub
         return;
     }
     double factor = p->backoff * (1.0 - lost);
-    if (!queue && factor < p->max_cut)
+    if (factor < p->max_cut)
         factor = p->max_cut;
-    double fallback = sent_at * factor;
+    double fallback = (queue && p->ceiling < INFINITY ? p->rate : sent_at) * factor;
     if (fallback < p->min_rate)
         fallback = p->min_rate;
-    double through = p->rate * p->backoff * (1.0 - lost);
+    double through = p->rate * factor;
     if (through < fallback)
         through = fallback;
     if (through < p->ceiling)
@@ -636,7 +636,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
            used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
            probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0,
-           ceiling_step = 0.01;
+           ceiling_step = 0.005;
     long long burst = 65536;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddddd:Pacer", names, &unpaced,
                                      &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,

@@ -244,15 +244,15 @@ class ReceiverDrivenPacer:
     receiver reported.
 
     :meth:`on_loss` (module doc): a round that lost more than ``loss_tolerance``
-    of its chunks sets ``rate = send_rate * max(max_cut, backoff * (1 - lost))``
-    if that is lower; a round that a switch's queue lost (``queue``), however
-    little, sets ``rate = send_rate * backoff * (1 - lost)`` (no ``max_cut``: a
-    queue's loss is no random burst). Either also sets a ceiling, ``rate_before *
-    backoff * (1 - lost)`` (the rate the pacer allowed, not the round's measured
-    one, which a sender slowed by its CPU keeps below it while its bursts still
-    go at it), at least the new rate and never higher than the ceiling before; a
-    round that arrives whole while the rate is at the ceiling raises it by
-    ``ceiling_step``. From then on, until the sender falls idle
+    of its chunks, or any that a switch's queue lost (``queue``) however little,
+    sets ``rate = send_rate * max(max_cut, backoff * (1 - lost))`` if that is
+    lower, and a ceiling: ``rate_before * max(max_cut, backoff * (1 - lost))``
+    (the rate the pacer allowed, not the round's measured one, which a sender
+    slowed by its CPU keeps below it while its bursts still go at it), at least
+    the new rate and never higher than the ceiling before. Once there is a
+    ceiling, a queue's loss cuts ``rate_before`` too, for the same reason. A
+    round that arrives whole while the rate is at the ceiling raises the ceiling
+    by ``ceiling_step``. From then on, until the sender falls idle
     (``idle_reset``, which also forgets the ceiling), a raise is at most
     ``1 + probe`` times the rate and at most the ceiling, once per
     ``probe_interval`` seconds, and only when the sender was held back by the
@@ -320,7 +320,7 @@ class ReceiverDrivenPacer:
         probe_interval: float = 0.005,
         cautious_burst: float = 0.002,
         burst_time: float = 0.0,
-        ceiling_step: float = 0.01,
+        ceiling_step: float = 0.005,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise UsageError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -518,10 +518,12 @@ class ReceiverDrivenPacer:
             if lost == 0.0 and self._rate >= self._ceiling:
                 self._ceiling *= 1.0 + self.ceiling_step
             return
-        # (a queue's loss is no random burst: the rate falls to what got through,
-        # however far; other loss at most halves it)
-        factor = self.backoff * (1.0 - lost)
-        fallback = max(sent_at * (factor if queue else max(self.max_cut, factor)), self.min_rate)
+        # (once a ceiling is known, a queue's loss is of the pacer's own rate: that
+        # rate was near the path's, and a round its sender's CPU held below it still
+        # went in bursts at it)
+        factor = max(self.max_cut, self.backoff * (1.0 - lost))
+        basis = self._rate if queue and self._ceiling < math.inf else sent_at
+        fallback = max(basis * factor, self.min_rate)
         # the ceiling: what got through of the rate the pacer allowed, a little less
         # (a sender its CPU held below that rate sent bursts at it: the round's
         # own rate says less), and never below where the rate falls to
