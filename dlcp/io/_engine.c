@@ -257,7 +257,7 @@ static void pacer_on_loss(Pacer *p, double lost, double sent_at, int queue, doub
         return;
     pacer_advance(p, now);
     if (lost <= p->loss_tolerance && !queue) {
-        if (lost == 0.0 && p->rate >= p->ceiling)
+        if (p->rate >= p->ceiling)
             p->ceiling *= 1.0 + p->ceiling_step;
         return;
     }

@@ -29,7 +29,7 @@ sender falls idle, raises its rate by at most ``probe`` per ``probe_interval``,
 only while it was held back by the pacer (a sender between messages says
 nothing about the path: raised then, it sent the next message into the
 switch's queue at up to twice what the path carried), and no higher than a
-ceiling just below the rate that lost, which each round that arrives whole at
+ceiling just below the rate that lost, which each round that is not congested at
 the ceiling raises by ``ceiling_step``. Random loss of a percent or two is not
 congestion and changes nothing.
 
@@ -87,7 +87,7 @@ UNLIMITED: Final = 2**62
 #: the least burst (bytes) a congested pacer allows: eleven 1500-byte packets
 MIN_BURST: Final = 16 * 1024
 #: a round whose drop-eligible chunks lost more than this fraction, ...
-QUEUE_TOLERANCE: Final = 0.01
+QUEUE_TOLERANCE: Final = 0.02
 #: ... and at least this many times the fraction of its protected chunks lost,
 #: overflowed a switch's drop-eligible threshold (:func:`queue_signal`)
 QUEUE_RATIO: Final = 4.0
@@ -251,8 +251,9 @@ class ReceiverDrivenPacer:
     slowed by its CPU keeps below it while its bursts still go at it), at least
     the new rate and never higher than the ceiling before. Once there is a
     ceiling, a queue's loss cuts ``rate_before`` too, for the same reason. A
-    round that arrives whole while the rate is at the ceiling raises the ceiling
-    by ``ceiling_step``. From then on, until the sender falls idle
+    round that was not congested (it lost no more than ``loss_tolerance``, and
+    not to a queue) while the rate was at the ceiling raises the ceiling by
+    ``ceiling_step``. From then on, until the sender falls idle
     (``idle_reset``, which also forgets the ceiling), a raise is at most
     ``1 + probe`` times the rate and at most the ceiling, once per
     ``probe_interval`` seconds, and only when the sender was held back by the
@@ -513,9 +514,10 @@ class ReceiverDrivenPacer:
         lost, sent_at = _check_loss(lost_fraction, send_rate)
         self._advance(now)
         if lost <= self.loss_tolerance and not queue:
-            # a round arrived whole while the rate was at the ceiling: the
-            # ceiling may go up a little
-            if lost == 0.0 and self._rate >= self._ceiling:
+            # a round that was not congested while the rate was at the ceiling:
+            # the ceiling may go up a little (random loss below the tolerance
+            # must not hold it down: it would only ever fall)
+            if self._rate >= self._ceiling:
                 self._ceiling *= 1.0 + self.ceiling_step
             return
         # (once a ceiling is known, a queue's loss is of the pacer's own rate: that

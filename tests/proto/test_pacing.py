@@ -403,8 +403,8 @@ def test_once_a_ceiling_is_known_a_queue_s_loss_cuts_the_pacer_s_own_rate() -> N
         (0.02, 0.02, False),  # random loss hits both classes alike
         (0.05, 0.0126, False),  # the drop-eligible lost less than 4x as often
         (0.05, 0.0125, True),
-        (0.02, 0.0, True),  # only drop-eligible chunks lost
-        (0.01, 0.0, False),  # ... but too few to say
+        (0.03, 0.0, True),  # only drop-eligible chunks lost
+        (0.02, 0.0, False),  # ... but too few to say
         (0.0, 0.0, False),
         (1.0, 1.0, False),
     ],
