@@ -27,7 +27,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dlcp.errors import UsageError, UsageStateError
@@ -39,7 +39,7 @@ from .impairments import (
     link_loss,
     profile_counters,
 )
-from .results import class_totals, per_link_packets
+from .results import class_totals, per_link_drops, per_link_packets
 from .switch_profile import FifoPolicy, SwitchPolicy
 from .topology import Network, Topology, build
 
@@ -66,6 +66,9 @@ class RouterTraffic:
     links: dict[str, dict[str, dict[str, int]]]
     #: packets the injected loss dropped, by where it acted (None: no loss injected)
     loss_drops: dict[str, int] | None
+    #: ``{router: {egress interface: {class: packets dropped}}}``, only where a queue
+    #: dropped (empty where the backend does not count drops per interface: BMv2)
+    link_drops: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
 
 class TestbedBackend(ABC):
@@ -200,4 +203,6 @@ class NamespacesBackend(TestbedBackend):
         loss_drops = link_dropped(self.net, *lossy_link) if lossy_link else None
         if loss_drops:  # the nftables rules' drops, which tc's counters do not see
             classes["loss-rule"] = {"packets": 0, "drops": sum(loss_drops.values())}
-        return RouterTraffic(classes, per_link_packets(before, after), loss_drops)
+        return RouterTraffic(
+            classes, per_link_packets(before, after), loss_drops, per_link_drops(before, after)
+        )

@@ -105,6 +105,7 @@ from .results import (
     code_revision,
     default_profile,
     drops_summary,
+    per_link_drops,
     per_link_packets,
     plot,
     read_csv,
@@ -135,6 +136,7 @@ __all__ = [
     "class_totals",
     "default_profile",
     "drops_summary",
+    "per_link_drops",
     "per_link_packets",
     "plot",
     "read_csv",
@@ -403,6 +405,7 @@ def _result(
         **({"note": backend.note} if backend.note else {}),
         "router_classes": routers.classes,
         "router_link_packets": routers.links,
+        "router_link_drops": routers.link_drops,
         "train": train,
     }
 

@@ -29,6 +29,7 @@ __all__ = [
     "code_revision",
     "default_profile",
     "drops_summary",
+    "per_link_drops",
     "per_link_packets",
     "plot",
     "read_csv",
@@ -124,22 +125,46 @@ def class_totals(
     return out
 
 
+def _per_link(
+    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+    counter: str,
+) -> dict[str, dict[str, dict[str, int]]]:
+    """``{router: {egress iface: {class: counter's increase}}}`` between two readings
+    (classes whose counter did not move left out)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for router, devs in after.items():
+        for dev, classes in devs.items():
+            b = before.get(router, {}).get(dev, {})
+            moved = {
+                name: c[counter] - b.get(name, {}).get(counter, 0)
+                for name, c in sorted(classes.items())
+            }
+            out.setdefault(router, {})[dev] = {k: v for k, v in moved.items() if v}
+    return out
+
+
 def per_link_packets(
     before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
     after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
 ) -> dict[str, dict[str, dict[str, int]]]:
     """``{router: {egress iface: {class: packets sent}}}`` between two
     :func:`~.impairments.profile_counters` (classes that sent nothing left out)."""
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for router, devs in after.items():
-        for dev, classes in devs.items():
-            b = before.get(router, {}).get(dev, {})
-            sent = {
-                name: c["packets"] - b.get(name, {}).get("packets", 0)
-                for name, c in sorted(classes.items())
-            }
-            out.setdefault(router, {})[dev] = {k: v for k, v in sent.items() if v}
-    return out
+    return _per_link(before, after, "packets")
+
+
+def per_link_drops(
+    before: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+    after: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]],
+) -> dict[str, dict[str, dict[str, int]]]:
+    """``{router: {egress iface: {class: packets dropped}}}`` between two
+    :func:`~.impairments.profile_counters`: where in the fabric the queues
+    dropped (classes that dropped nothing, and interfaces with no drops, left out)."""
+    return {
+        router: {dev: classes for dev, classes in devs.items() if classes}
+        for router, devs in _per_link(before, after, "drops").items()
+        if any(devs.values())
+    }
 
 
 def drops_summary(totals: Mapping[str, Mapping[str, int]]) -> str:

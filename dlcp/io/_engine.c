@@ -115,8 +115,8 @@ typedef struct {
     double initial_rate, min_rate, max_rate;
     long long burst_bytes;
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
-        probe, probe_interval, cautious_burst, burst_time;
-    double rate, raised_at, tokens, last, last_active, budget, wasted, due;
+        probe, probe_interval, cautious_burst, burst_time, ceiling_step;
+    double rate, raised_at, tokens, last, last_active, budget, wasted, due, ceiling;
     int cautious, has_last, has_last_active, backlogged, has_due;
     /* guards the state above: the engine's threads and Python's calls take it, a
        thread inside the engine's lock (never the other way round), each for a
@@ -189,6 +189,7 @@ static void pacer_advance(Pacer *p, double now) {
         p->has_last_active = 0;
         p->backlogged = 0;
         p->cautious = 0;
+        p->ceiling = INFINITY;
     }
 }
 
@@ -256,9 +257,14 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
                         p->wasted <= (1.0 - p->used_fraction) * p->budget;
     double at = p->last;
     if (p->cautious) {
-        if (target > p->rate && at - p->raised_at >= 0.8 * p->probe_interval) {
-            double up = p->rate * (1.0 + p->probe);
-            p->rate = target < up ? target : up;
+        /* (only while the rate held the sender back, never above the ceiling) */
+        double raised = p->rate * (1.0 + p->probe);
+        if (target < raised)
+            raised = target;
+        if (p->ceiling < raised)
+            raised = p->ceiling;
+        if (pacer_limited && raised > p->rate && at - p->raised_at >= 0.8 * p->probe_interval) {
+            p->rate = raised;
             p->raised_at = at;
         }
     } else if (target >= p->rate || pacer_limited) {
@@ -269,18 +275,26 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
     p->wasted = 0;
 }
 
-static void pacer_on_loss(Pacer *p, double lost, double sent_at, double now) {
+static void pacer_on_loss(Pacer *p, double lost, double sent_at, int queue, double now) {
     if (p->unpaced)
         return;
     pacer_advance(p, now);
-    if (lost <= p->loss_tolerance)
+    if (lost <= p->loss_tolerance && !queue) {
+        if (p->rate >= p->ceiling)
+            p->ceiling *= 1.0 + p->ceiling_step;
         return;
+    }
     double factor = p->backoff * (1.0 - lost);
     if (factor < p->max_cut)
         factor = p->max_cut;
-    double fallback = sent_at * factor;
+    double fallback = (queue && p->ceiling < INFINITY ? p->rate : sent_at) * factor;
     if (fallback < p->min_rate)
         fallback = p->min_rate;
+    double through = p->rate * factor;
+    if (through < fallback)
+        through = fallback;
+    if (through < p->ceiling)
+        p->ceiling = through;
     p->cautious = 1;
     if (fallback < p->rate) {
         p->rate = fallback;
@@ -708,16 +722,17 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                             "burst_bytes",    "gain",         "idle_reset",    "used_fraction",
                             "max_lateness",   "loss_tolerance", "backoff",     "max_cut",
                             "probe",          "probe_interval", "cautious_burst", "burst_time",
-                            NULL};
+                            "ceiling_step",   NULL};
     int unpaced = 0;
     double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
            used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
-           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0;
+           probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0,
+           ceiling_step = 0.005;
     long long burst = 65536;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLddddddddddd:Pacer", names, &unpaced,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddddd:Pacer", names, &unpaced,
                                      &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,
                                      &used, &lateness, &tolerance, &backoff, &max_cut, &probe,
-                                     &probe_interval, &cautious_burst, &burst_time))
+                                     &probe_interval, &cautious_burst, &burst_time, &ceiling_step))
         return NULL;
     if (!unpaced && !(min_rate > 0 && isfinite(initial) && initial >= min_rate &&
                       initial <= max_rate && burst >= 1)) {
@@ -746,6 +761,8 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->probe_interval = probe_interval;
     p->cautious_burst = cautious_burst;
     p->burst_time = burst_time;
+    p->ceiling_step = ceiling_step;
+    p->ceiling = INFINITY;
     p->rate = unpaced ? INFINITY : initial;
     p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
     return (PyObject *)p;
@@ -857,10 +874,17 @@ static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"lost_fraction", "send_rate", "now", NULL};
-    double lost, sent_at, now;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "dd$d:on_loss", names, &lost, &sent_at, &now))
+    static char *names[] = {"lost_fraction", "send_rate", "now", "queue", NULL};
+    double lost, sent_at, now = NAN;
+    int queue = 0;
+    /* (keyword-only arguments are optional to PyArg: `now` is required by hand) */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "dd|$dp:on_loss", names, &lost, &sent_at, &now,
+                                     &queue))
         return NULL;
+    if (kw == NULL || PyDict_GetItemString(kw, "now") == NULL) {
+        PyErr_SetString(PyExc_TypeError, "on_loss() missing required keyword argument 'now'");
+        return NULL;
+    }
     if (!(lost >= 0.0 && lost <= 1.0)) {
         PyErr_SetString(PyExc_ValueError, "lost_fraction outside [0, 1]");
         return NULL;
@@ -872,7 +896,7 @@ static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
     if (check_time(now) < 0)
         return NULL;
     pacer_lock(p);
-    pacer_on_loss(p, lost, sent_at, now);
+    pacer_on_loss(p, lost, sent_at, queue, now);
     pacer_unlock(p, 1);
     Py_RETURN_NONE;
 }
@@ -913,7 +937,7 @@ static PyMethodDef Pacer_methods[] = {
     {"on_feedback", (PyCFunction)(void (*)(void))Pacer_on_feedback,
      METH_VARARGS | METH_KEYWORDS, "on_feedback(bytes_per_s, *, now)"},
     {"on_loss", (PyCFunction)(void (*)(void))Pacer_on_loss, METH_VARARGS | METH_KEYWORDS,
-     "on_loss(lost_fraction, send_rate, *, now)"},
+     "on_loss(lost_fraction, send_rate, *, now, queue=False)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -42,7 +42,7 @@ from .events import (
     Transmit,
 )
 from .outgoing import Destination, OutgoingMessage
-from .pacing import Pacer, make_pacer
+from .pacing import Pacer, make_pacer, queue_signal
 from .packetizer import (
     BufferPool,
     MessageId,
@@ -70,6 +70,23 @@ __all__ = ["LOSS_SIGNAL_CHUNKS", "Outbox"]
 #: (one lost chunk of 8 is 12 %); a longer one's loss is congestion above the
 #: pacer's ``loss_tolerance``
 LOSS_SIGNAL_CHUNKS = 32
+
+
+def _queue_loss(
+    out: OutgoingMessage, sent: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]
+) -> bool:
+    """Whether the chunks ``missing`` of the round that sent ``sent`` were lost to a
+    switch's drop-eligible threshold (:func:`~.pacing.queue_signal`): only a first
+    round's drop-eligible chunks travel drop-eligible, a resent one is protected."""
+    if out.recovery.round > 0:
+        return False
+    drop = out.table.drop
+    eligible_sent = int(np.count_nonzero(drop[sent]))
+    eligible_lost = int(np.count_nonzero(drop[missing]))
+    eligible = eligible_lost / eligible_sent if eligible_sent else 0.0
+    protected_sent = len(sent) - eligible_sent
+    protected = (len(missing) - eligible_lost) / protected_sent if protected_sent else 0.0
+    return queue_signal(eligible, protected)
 
 
 class Outbox(SessionSide):
@@ -234,8 +251,14 @@ class Outbox(SessionSide):
             self.stats.stale_control += 1
         elif isinstance(ctrl, Stop):
             if out.recovery.phase is SendPhase.AWAITING and out.recovery.round == 0:
-                lost = 1.0 - min(ctrl.received_elems, out.table.msg_elems) / out.table.msg_elems
-                self._round_lost(key[0], out, lost, out.table.n_chunks, now=now)
+                table = out.table
+                missed = table.msg_elems - min(ctrl.received_elems, table.msg_elems)
+                lost = missed / table.msg_elems
+                # completing short of every element needs every protected chunk:
+                # what a first round's STOP says is missing was drop-eligible
+                eligible = int(table.chunk_len(np.flatnonzero(table.drop)).sum())
+                queue = missed > 0 and queue_signal(min(1.0, missed / max(1, eligible)), 0.0)
+                self._round_lost(key[0], out, lost, table.n_chunks, queue=queue, now=now)
             out.recovery.on_stop(ctrl.received_elems)
             self._finish_outgoing(key, out, now=now)
         elif isinstance(ctrl, Nack):
@@ -287,7 +310,8 @@ class Outbox(SessionSide):
             self.peers[key[0]].paths.on_loss_report(sent, lost)
             self.peers[key[0]].replan()
             self._round_lost(key[0], out, len(missing) / max(1, len(this_round)),
-                             len(this_round), now=now)  # fmt: skip
+                             len(this_round), queue=_queue_loss(out, this_round, missing),
+                             now=now)  # fmt: skip
         seqs = rec.on_nack(nack, now=now)
         if rec.phase is SendPhase.FAILED:
             self._queue(key[0], Abort(key[1], key[2], self.rank, reason=AbortReason.GAVE_UP))
@@ -314,12 +338,14 @@ class Outbox(SessionSide):
             self._round_sent(key, out, now=now)
 
     def _round_lost(
-        self, dst: int, out: OutgoingMessage, lost: float, chunks: int, *, now: float
+        self, dst: int, out: OutgoingMessage, lost: float, chunks: int, *, queue: bool,
+        now: float,
     ) -> None:
         """A round of ``chunks`` chunks to ``dst`` lost this fraction of them on the
-        way: congestion, for the pacer, if the round was long enough to say."""
+        way (``queue``: a switch's queue lost them, :func:`~.pacing.queue_signal`):
+        congestion, for the pacer, if the round was long enough to say."""
         if chunks >= LOSS_SIGNAL_CHUNKS and out.round_rate > 0:
-            self.peers[dst].pacer.on_loss(lost, out.round_rate, now=now)
+            self.peers[dst].pacer.on_loss(lost, out.round_rate, now=now, queue=queue)
 
     def _finish_outgoing(self, key: Key, out: OutgoingMessage, *, now: float) -> None:
         rec = out.recovery

@@ -25,8 +25,28 @@ knows what fraction of the round's chunks never arrived, and tells its pacer
 (:meth:`Pacer.on_loss`). More than ``loss_tolerance`` of them lost is
 congestion: the pacer falls to what got through, a little less (``backoff``;
 at most halving the rate the round was sent at), and from then on, until the
-sender falls idle, raises its rate by at most ``probe`` per ``probe_interval``.
-Random loss of a percent or two is not congestion and changes nothing.
+sender falls idle, raises its rate by at most ``probe`` per ``probe_interval``,
+only while it was held back by the pacer (a sender between messages says
+nothing about the path: raised then, it sent the next message into the
+switch's queue at up to twice what the path carried), and no higher than a
+ceiling just below the rate that lost, which each round that is not congested at
+the ceiling raises by ``ceiling_step``. Random loss of a percent or two is not
+congestion and changes nothing.
+
+A switch that drops selectively (``dlcp.switch.policy``: drop-eligible packets
+once a class's queue holds more than its threshold, protected ones only when the
+queue is full) says more: loss that falls on drop-eligible chunks far more than
+on protected ones is its queue overflowing the threshold, where random loss hits
+both classes alike. :func:`queue_signal` tells the two apart from each class's
+lost fraction, and a round it calls a queue's (``on_loss(..., queue=True)``)
+backs the pacer off however little it lost: a sender that only reacted above
+``loss_tolerance`` ran at 1.1-1.9 times what the testbed's ports carried and
+lost 1.2-1.8 % of its gradient values (docs/testbed.md, "Pacing against the
+drop-eligible threshold"). What a round's STOP reports missing is all
+drop-eligible (completing short of every element needs every protected chunk),
+so with random loss alone a first round that completes says "drop-eligible
+only" too: above :data:`QUEUE_TOLERANCE` of its drop-eligible chunks, random
+loss backs the pacer off as well.
 
 Rules of this module (it is part of the sans-I/O core):
 
@@ -50,6 +70,8 @@ from ..errors import UsageError
 
 __all__ = [
     "MIN_BURST",
+    "QUEUE_RATIO",
+    "QUEUE_TOLERANCE",
     "UNLIMITED",
     "Pacer",
     "RateMeter",
@@ -57,12 +79,18 @@ __all__ = [
     "Unpaced",
     "available_pacers",
     "make_pacer",
+    "queue_signal",
 ]
 
 #: what an unpaced sender is allowed to send at once (bytes)
 UNLIMITED: Final = 2**62
 #: the least burst (bytes) a congested pacer allows: eleven 1500-byte packets
 MIN_BURST: Final = 16 * 1024
+#: a round whose drop-eligible chunks lost more than this fraction, ...
+QUEUE_TOLERANCE: Final = 0.02
+#: ... and at least this many times the fraction of its protected chunks lost,
+#: overflowed a switch's drop-eligible threshold (:func:`queue_signal`)
+QUEUE_RATIO: Final = 4.0
 #: least slack for floating-point rounding when comparing tokens with a size (bytes)
 _EPS: Final = 1e-6
 
@@ -103,10 +131,26 @@ class Pacer(Protocol):
         """The receiver reported this receive rate."""
         ...
 
-    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+    def on_loss(
+        self, lost_fraction: float, send_rate: float, *, now: float, queue: bool = False
+    ) -> None:
         """A transmission round sent at ``send_rate`` bytes/s lost this fraction
-        of its chunks on the way."""
+        of its chunks on the way; ``queue``: the loss fell on the drop-eligible
+        chunks (:func:`queue_signal`), a switch's queue overflowing its threshold."""
         ...
+
+
+def queue_signal(eligible_lost: float, protected_lost: float) -> bool:
+    """Whether a round that lost these fractions of its drop-eligible and of its
+    protected chunks overflowed a selectively dropping switch's threshold: more
+    than :data:`QUEUE_TOLERANCE` of the drop-eligible chunks lost, and at least
+    :data:`QUEUE_RATIO` times the protected chunks' fraction. Random loss hits both
+    classes alike and is not a queue's (a round without drop-eligible chunks, or
+    sent protected as retransmissions are, has ``eligible_lost`` 0)."""
+    for name, value in (("eligible_lost", eligible_lost), ("protected_lost", protected_lost)):
+        if not 0.0 <= value <= 1.0:
+            raise UsageError(f"{name}={value} outside [0, 1]")
+    return eligible_lost > QUEUE_TOLERANCE and eligible_lost >= QUEUE_RATIO * protected_lost
 
 
 def _check_now(now: float) -> float:
@@ -167,7 +211,9 @@ class Unpaced:
         _check_reported(bytes_per_s)
         _check_now(now)
 
-    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+    def on_loss(
+        self, lost_fraction: float, send_rate: float, *, now: float, queue: bool = False
+    ) -> None:
         _check_loss(lost_fraction, send_rate)
         _check_now(now)
 
@@ -198,10 +244,21 @@ class ReceiverDrivenPacer:
     receiver reported.
 
     :meth:`on_loss` (module doc): a round that lost more than ``loss_tolerance``
-    of its chunks sets ``rate = send_rate * max(max_cut, backoff * (1 - lost))``
-    if that is lower; from then on, until the sender falls idle
-    (``idle_reset``), a raise is at most ``1 + probe`` times the rate, once per
-    ``probe_interval`` seconds, a burst (:attr:`burst`) holds only
+    of its chunks, or any that a switch's queue lost (``queue``) however little,
+    sets ``rate = send_rate * max(max_cut, backoff * (1 - lost))`` if that is
+    lower, and a ceiling: ``rate_before * max(max_cut, backoff * (1 - lost))``
+    (the rate the pacer allowed, not the round's measured one, which a sender
+    slowed by its CPU keeps below it while its bursts still go at it), at least
+    the new rate and never higher than the ceiling before. Once there is a
+    ceiling, a queue's loss cuts ``rate_before`` too, for the same reason. A
+    round that was not congested (it lost no more than ``loss_tolerance``, and
+    not to a queue) while the rate was at the ceiling raises the ceiling by
+    ``ceiling_step``. From then on, until the sender falls idle
+    (``idle_reset``, which also forgets the ceiling), a raise is at most
+    ``1 + probe`` times the rate and at most the ceiling, once per
+    ``probe_interval`` seconds, and only when the sender was held back by the
+    pacer since the previous feedback (as for lowering the rate), a burst
+    (:attr:`burst`) holds only
     ``cautious_burst`` seconds at the rate (and a late wake-up adds at most half
     of that), and feedback no longer lowers the
     rate (loss does: a window of the receiver's that caught the start or the end
@@ -220,6 +277,7 @@ class ReceiverDrivenPacer:
         "_backlogged",
         "_budget",
         "_cautious",
+        "_ceiling",
         "_due",
         "_last",
         "_last_active",
@@ -231,6 +289,7 @@ class ReceiverDrivenPacer:
         "burst_bytes",
         "burst_time",
         "cautious_burst",
+        "ceiling_step",
         "gain",
         "idle_reset",
         "initial_rate",
@@ -262,6 +321,7 @@ class ReceiverDrivenPacer:
         probe_interval: float = 0.005,
         cautious_burst: float = 0.002,
         burst_time: float = 0.0,
+        ceiling_step: float = 0.005,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise UsageError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -288,6 +348,8 @@ class ReceiverDrivenPacer:
                 raise UsageError(f"{name}={value} outside (0, 1)")
         if not (math.isfinite(probe) and probe > 0):
             raise UsageError(f"probe={probe} must be a finite fraction > 0")
+        if not (math.isfinite(ceiling_step) and ceiling_step >= 0):
+            raise UsageError(f"ceiling_step={ceiling_step} must be a finite fraction >= 0")
         for name, value in (("probe_interval", probe_interval),
                             ("cautious_burst", cautious_burst),
                             ("burst_time", burst_time)):  # fmt: skip
@@ -308,8 +370,10 @@ class ReceiverDrivenPacer:
         self.probe_interval = float(probe_interval)
         self.cautious_burst = float(cautious_burst)
         self.burst_time = float(burst_time)
+        self.ceiling_step = float(ceiling_step)
         self._rate = self.initial_rate
         self._cautious = False  # congestion seen since the sender was last idle
+        self._ceiling = math.inf  # what got through the last congested round
         self._raised_at = 0.0  # when a cautious raise was last taken
         self._tokens = float(self.burst)  # (the bucket starts full)
         self._last: float | None = None  # time the bucket was last brought up to date
@@ -378,6 +442,7 @@ class ReceiverDrivenPacer:
             self._last_active = None
             self._backlogged = False
             self._cautious = False
+            self._ceiling = math.inf
 
     def _slack(self) -> float:
         """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
@@ -426,9 +491,16 @@ class ReceiverDrivenPacer:
         assert at is not None
         if self._cautious:  # after congestion: loss lowers the rate, raises are small steps
             # (feedback comes about every probe_interval, a little early or late:
-            # a step may come a fifth of an interval early)
-            if target > self._rate and at - self._raised_at >= 0.8 * self.probe_interval:
-                self._rate = min(target, self._rate * (1.0 + self.probe))
+            # a step may come a fifth of an interval early), taken only while the
+            # rate held the sender back: one that sent less said nothing of the path;
+            # and never above the ceiling
+            raised = min(target, self._rate * (1.0 + self.probe), self._ceiling)
+            if (
+                pacer_limited
+                and raised > self._rate
+                and at - self._raised_at >= 0.8 * self.probe_interval
+            ):
+                self._rate = raised
                 self._raised_at = at
         elif target >= self._rate or pacer_limited:
             self._rate = target
@@ -436,12 +508,28 @@ class ReceiverDrivenPacer:
         self._budget = 0.0
         self._wasted = 0.0
 
-    def on_loss(self, lost_fraction: float, send_rate: float, *, now: float) -> None:
+    def on_loss(
+        self, lost_fraction: float, send_rate: float, *, now: float, queue: bool = False
+    ) -> None:
         lost, sent_at = _check_loss(lost_fraction, send_rate)
         self._advance(now)
-        if lost <= self.loss_tolerance:
+        if lost <= self.loss_tolerance and not queue:
+            # a round that was not congested while the rate was at the ceiling:
+            # the ceiling may go up a little (random loss below the tolerance
+            # must not hold it down: it would only ever fall)
+            if self._rate >= self._ceiling:
+                self._ceiling *= 1.0 + self.ceiling_step
             return
-        fallback = max(sent_at * max(self.max_cut, self.backoff * (1.0 - lost)), self.min_rate)
+        # (once a ceiling is known, a queue's loss is of the pacer's own rate: that
+        # rate was near the path's, and a round its sender's CPU held below it still
+        # went in bursts at it)
+        factor = max(self.max_cut, self.backoff * (1.0 - lost))
+        basis = self._rate if queue and self._ceiling < math.inf else sent_at
+        fallback = max(basis * factor, self.min_rate)
+        # the ceiling: what got through of the rate the pacer allowed, a little less
+        # (a sender its CPU held below that rate sent bursts at it: the round's
+        # own rate says less), and never below where the rate falls to
+        self._ceiling = min(self._ceiling, max(self._rate * factor, fallback))
         self._cautious = True
         if fallback < self._rate:  # (a round sent before an earlier cut may say more)
             assert self._last is not None  # (set by _advance)

@@ -3,7 +3,8 @@ driven by the same calls, at the same times, it gives the same answers, to the
 bit (the same IEEE operations in the same order; no fused multiply-add on the
 default x86-64 and AArch64 builds), so the engine paces exactly as the Python
 engine does. Random call sequences cover the token bucket, late wake-ups,
-feedback with and without backlog, loss and the cautious phase, idle reset."""
+feedback with and without backlog, loss (a queue's too) and the cautious phase
+with its ceiling, idle reset."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ OPTIONS = [
     {**ProtocolConfig().pacer_kwargs(), "burst_time": 0.0002},
     {"initial_rate": 2e7, "min_rate": 1e4, "burst_bytes": 1 << 20, "burst_time": 0.003,
      "cautious_burst": 0.01},
+    # a ceiling that never rises, and one that rises fast
+    {**ProtocolConfig().pacer_kwargs(), "burst_time": 0.0002, "ceiling_step": 0.0},
+    {"initial_rate": 3e7, "min_rate": 1e5, "burst_bytes": 65536, "ceiling_step": 0.2,
+     "probe": 0.1, "probe_interval": 0.001},
 ]
 
 
@@ -67,8 +72,13 @@ def test_same_answers_as_the_python_pacer(options: dict[str, Any], seed: int) ->
             c.on_feedback(rate, now=now)
         elif op == 4:
             lost, at = rng.choice([0.0, 0.01, 0.1, 0.5, 1.0]), rng.choice([1e5, 1e7, 1e9])
-            py.on_loss(lost, at, now=now)
-            c.on_loss(lost, at, now=now)
+            if rng.random() < 0.5:  # a queue's loss (queue_signal), or one of either class
+                queue = rng.random() < 0.5
+                py.on_loss(lost, at, now=now, queue=queue)
+                c.on_loss(lost, at, now=now, queue=queue)
+            else:
+                py.on_loss(lost, at, now=now)
+                c.on_loss(lost, at, now=now)
         elif op == 5:
             py.note_backlogged(now=now)
             c.note_backlogged(now=now)
@@ -103,3 +113,9 @@ def test_unpaced_never_waits() -> None:
 def test_bad_arguments_are_refused_by_name(call: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call(_native(**OPTIONS[0]))
+
+
+def test_on_loss_needs_now_as_the_python_pacer_does() -> None:
+    for p in (_native(**OPTIONS[0]), ReceiverDrivenPacer(**OPTIONS[0])):
+        with pytest.raises(TypeError, match="now"):
+            p.on_loss(0.5, 1e6)  # type: ignore[call-arg]

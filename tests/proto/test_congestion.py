@@ -26,7 +26,7 @@ from tests.proto.session_helpers import (
 )
 
 BURST = 32 * 1024
-Loss = tuple[float, float, float, float]
+Loss = tuple[float, float, float, float, bool]
 RATE = 2e6  # bytes/s: a 64 KB message takes ~30 ms to send
 
 
@@ -75,14 +75,16 @@ def send_with_round0_drops(
 @pytest.fixture
 def losses(monkeypatch: pytest.MonkeyPatch) -> list[Loss]:
     """Every ``on_loss`` a pacer is given: (lost fraction, round rate, the pacer's
-    rate before, and after)."""
+    rate before, and after, whether the loss was a queue's)."""
     seen: list[Loss] = []
     real = ReceiverDrivenPacer.on_loss
 
-    def spy(self: ReceiverDrivenPacer, lost: float, rate: float, *, now: float) -> None:
+    def spy(
+        self: ReceiverDrivenPacer, lost: float, rate: float, *, now: float, queue: bool = False
+    ) -> None:
         before = self.rate
-        real(self, lost, rate, now=now)
-        seen.append((lost, rate, before, self.rate))
+        real(self, lost, rate, now=now, queue=queue)
+        seen.append((lost, rate, before, self.rate, queue))
 
     monkeypatch.setattr(ReceiverDrivenPacer, "on_loss", spy)
     return seen
@@ -93,7 +95,7 @@ def test_a_round_that_lost_a_third_slows_the_pacer_and_shortens_its_bursts(
 ) -> None:
     a, dropped, resent = send_with_round0_drops(every=3)
     assert dropped == resent == 84  # the NACK named the lost third (seq 0, 3, ..., 249)
-    ((lost, round_rate, before, after),) = losses  # round 0 only: round 1 lost nothing
+    ((lost, round_rate, before, after, _),) = losses  # round 0 only: round 1 lost nothing
     assert lost == pytest.approx(84 / 250)
     # the round went out in paced batches: its rate is the pacer's (feedback may
     # have raised it from RATE), not more
@@ -106,8 +108,22 @@ def test_a_round_within_the_tolerance_leaves_the_pacer_alone(
     losses: list[Loss],
 ) -> None:
     a, _, _ = send_with_round0_drops(every=50)  # 2 %: random loss, not congestion
-    assert [lost for lost, *_ in losses] == [pytest.approx(5 / 250)]
+    # (seq 0, 50, ..., 200: protected chunks among them, as random loss takes them)
+    assert [(lost, queue) for lost, *_, queue in losses] == [(pytest.approx(5 / 250), False)]
     assert pacer_of(a).burst == BURST
+
+
+def test_drop_eligible_chunks_lost_below_the_tolerance_are_a_queue_s_loss(
+    losses: list[Loss],
+) -> None:
+    # one in 40 of the drop-eligible chunks dropped, p = 0.1: the STOP says 2-3 %
+    # of the elements are missing, below the 5 % tolerance, and all drop-eligible
+    a, dropped, resent = send_with_round0_drops(every=40, p=0.1, only_droppable=True)
+    assert resent == 0 and dropped > 0
+    ((lost, _, before, after, queue),) = losses
+    assert lost == pytest.approx(dropped * 64 / 16_000) and lost < 0.05
+    assert queue and after < before
+    assert pacer_of(a).burst < BURST  # cautious, as after any congestion
 
 
 def test_a_stop_after_finish_reports_what_the_bound_gave_up(
@@ -132,7 +148,7 @@ def test_a_round_sent_at_once_counts_as_sent_at_the_pacers_rate(
     losses: list[Loss],
 ) -> None:
     _, dropped, _ = send_with_round0_drops(every=3, n=64 * 100)  # one batch: 100 chunks
-    ((lost, round_rate, before, after),) = losses
+    ((lost, round_rate, before, after, _),) = losses
     assert lost == pytest.approx(dropped / 100)
     assert round_rate == before == RATE  # no feedback came before the NACK
     assert after == pytest.approx(0.9 * (1 - lost) * RATE)

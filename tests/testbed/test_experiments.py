@@ -148,6 +148,8 @@ def test_class_totals_sum_over_routers() -> None:
         "leaf1": {"spine1": {"c7-protected": 20}},
         "spine1": {"leaf2": {"c7-protected": 5}},
     }
+    # drops per egress: only the interface whose queue dropped
+    assert ex.per_link_drops(before, after) == {"leaf1": {"spine1": {"c7-protected": 1}}}
 
 
 def test_csv_newest_row_wins_and_plot(tmp_path: Path) -> None:
