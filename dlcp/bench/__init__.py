@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["Addresses"]
+import argparse
+
+__all__ = ["Addresses", "positive_counts"]
+
+
+def positive_counts(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated positive integers (``"1,16,1024"``)."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: positive whole numbers, comma-separated")
+    return counts
 
 
 class Addresses(dict[str, bytes]):

@@ -48,6 +48,7 @@ from dlcp.proto.events import DataBatch, MessageReceived
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 
+from . import positive_counts
 from .outcome import finish
 
 _JOB, _STEP = 9, 1
@@ -208,19 +209,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=4, help="messages at once (default 4)")
     ap.add_argument("--elems", type=int, default=250_000, help="float32 each (default 250000)")
-    ap.add_argument("--runs", default="1,4,16,64,1024",
+    ap.add_argument("--runs", type=positive_counts, default=[1, 4, 16, 64, 1024],
                     help="datagrams per run, comma-separated (default 1,4,16,64,1024)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=7, help="replays per path (default 7)")
     ap.add_argument("--copy-elems", type=int, default=6_250_000,
                     help="float32 of the copy figure's message (default 6250000)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
-    try:
-        args.runs = [int(x) for x in args.runs.split(",") if x]
-    except ValueError:
-        args.runs = []
-    if not args.runs or min(args.runs) < 1:
-        ap.error(f"--runs={','.join(map(str, args.runs))}: positive counts, comma-separated")
     if args.messages < 1 or args.elems < 1 or args.repeats < 1 or args.copy_elems < 1:
         ap.error(f"--messages={args.messages} --elems={args.elems} --repeats={args.repeats}: "
                  "each at least 1")  # fmt: skip

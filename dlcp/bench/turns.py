@@ -36,7 +36,7 @@ import numpy as np
 from dlcp.errors import BenchError, DLCPError
 from dlcp.io import Endpoint, EndpointConfig
 
-from . import Addresses
+from . import Addresses, positive_counts
 from .outcome import engine_of_run, finish
 
 #: the job id of the two endpoints
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.turns"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument(
         "--sizes",
-        default="1,262144,6250000",
+        type=positive_counts,
+        default=[1, 262144, 6250000],
         help="float32 elements, comma-separated (default: 4 B, 1 MB, 25 MB)",
     )
     ap.add_argument(
@@ -121,12 +122,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.turns"
     )
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
-    try:
-        args.sizes = [int(x) for x in args.sizes.split(",") if x]
-    except ValueError:
-        args.sizes = []
-    if not args.sizes or min(args.sizes) < 1:
-        ap.error("--sizes: positive element counts, comma-separated")
     if args.messages < 1 or args.warmup < 0:
         ap.error(f"--messages={args.messages} --warmup={args.warmup}: at least 1 and 0")
 

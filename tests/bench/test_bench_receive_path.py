@@ -41,4 +41,4 @@ def test_a_path_that_loses_a_message_fails_the_run(
 def test_bad_arguments_are_named(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         receive_path.main(["--runs", "0,4"])
-    assert "--runs=0,4" in capsys.readouterr().err
+    assert "argument --runs: '0,4'" in capsys.readouterr().err
