@@ -25,7 +25,7 @@ from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
-from tests.proto.session_helpers import JOB, config
+from tests.proto.session_helpers import JOB, assert_same_messages, config
 from tests.proto.test_receive_run import _mutate
 
 pytestmark = pytest.mark.skipif(
@@ -137,24 +137,7 @@ class Pair:
         assert f._incoming.keys() == s._incoming.keys()
         # every message under way is registered, and only those
         assert len(self.native.runs) == len(f._incoming)
-        for key, state in f._incoming.items():
-            a, b = state.reassembler, s._incoming[key].reassembler
-            assert np.array_equal(a.received, b.received)
-            assert np.array_equal(a.received_class, b.received_class)
-            for name in ("received_elems", "received_protected", "retransmitted", "duplicates",
-                         "last_activity"):  # fmt: skip
-                assert getattr(a, name) == getattr(b, name), name
-            assert state.recovery.phase == s._incoming[key].recovery.phase
-            for seq in np.flatnonzero(a.received):
-                at = slice(seq * a.chunk_elems, (seq + 1) * a.chunk_elems)
-                assert a.out[at].tobytes() == b.out[at].tobytes(), seq
-        events_f, events_s = list(f._events), list(s._events)
-        assert len(events_f) == len(events_s)
-        for ef, es in zip(events_f, events_s, strict=True):
-            assert type(ef) is type(es)
-            if hasattr(ef, "report"):
-                assert ef.report == es.report
-                assert ef.data.tobytes() == es.data.tobytes()
+        assert_same_messages(f, s, times=True)
         control = [[c.data for c in s._ctx.control] for s in self.sessions]
         assert control[0] == control[1]
 

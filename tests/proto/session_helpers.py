@@ -2,6 +2,7 @@
 shared by test_session.py and test_session_wire.py."""
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -107,3 +108,31 @@ def partial_then(link: LossyLink, b: Session, at_least: int = 1) -> float:
     )
     assert not events(link, MessageReceived)
     return now
+
+
+def assert_same_messages(f: Any, s: Any, *, times: bool = False) -> None:
+    """Inboxes ``f`` and ``s`` hold the same messages under way, in the same state
+    (what arrived, counts, ``times``: last activity and recovery phase too), and
+    queued the same events."""
+    assert f._incoming.keys() == s._incoming.keys()
+    counts = ["received_elems", "received_protected", "retransmitted", "duplicates"]
+    for key, state in f._incoming.items():
+        a, b = state.reassembler, s._incoming[key].reassembler
+        assert np.array_equal(a.received, b.received)
+        assert np.array_equal(a.received_class, b.received_class)
+        for name in counts + (["last_activity"] if times else []):
+            assert getattr(a, name) == getattr(b, name), name
+        if times:
+            assert state.recovery.phase == s._incoming[key].recovery.phase
+        # what arrived is the same (unwritten memory of an unexpected message is not)
+        for seq in np.flatnonzero(a.received):
+            at = slice(seq * a.chunk_elems, (seq + 1) * a.chunk_elems)
+            assert a.out[at].tobytes() == b.out[at].tobytes(), seq
+    events_f, events_s = list(f._events), list(s._events)
+    assert len(events_f) == len(events_s)
+    for ef, es in zip(events_f, events_s, strict=True):
+        assert type(ef) is type(es)
+        if hasattr(ef, "report"):
+            assert ef.report == es.report
+            assert ef.data.tobytes() == es.data.tobytes()
+

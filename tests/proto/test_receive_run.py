@@ -14,7 +14,7 @@ from dlcp.proto import kernels
 from dlcp.proto.events import DataBatch
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN, Flags
-from tests.proto.session_helpers import JOB, KEY, config
+from tests.proto.session_helpers import JOB, KEY, assert_same_messages, config
 
 pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 
@@ -77,24 +77,7 @@ class Pair:
         assert slow_stats.pop("datagrams_fast") == 0
         assert fast_stats == slow_stats
         assert f._meter._bytes == s._meter._bytes
-        assert f._incoming.keys() == s._incoming.keys()
-        for key, state in f._incoming.items():
-            a, b = state.reassembler, s._incoming[key].reassembler
-            assert np.array_equal(a.received, b.received)
-            assert np.array_equal(a.received_class, b.received_class)
-            for name in ("received_elems", "received_protected", "retransmitted", "duplicates"):
-                assert getattr(a, name) == getattr(b, name), name
-            # what arrived is the same (unwritten memory of an unexpected message is not)
-            for seq in np.flatnonzero(a.received):
-                at = slice(seq * a.chunk_elems, (seq + 1) * a.chunk_elems)
-                assert a.out[at].tobytes() == b.out[at].tobytes(), seq
-        events_f, events_s = list(f._events), list(s._events)
-        assert len(events_f) == len(events_s)
-        for ef, es in zip(events_f, events_s, strict=True):
-            assert type(ef) is type(es)
-            if hasattr(ef, "report"):
-                assert ef.report == es.report
-                assert ef.data.tobytes() == es.data.tobytes()
+        assert_same_messages(f, s)
 
 
 KEYS = [None, KEY]
