@@ -172,8 +172,12 @@ def test_rank_failure_raises_clear_error_without_hang(ranks: list[dict[str, Any]
     survivors = [r["rank_failure"] for r in ranks[:-1]]  # the last rank exited abruptly
     lost = (r"rank \d+ closed its control connection|control connection to rank \d+"
             r"|receiving from rank \d+: sender aborted the message")  # fmt: skip
+    # a TransferFailed, or one of its timeouts: a survivor whose reconnection to
+    # another survivor that already left was refused fails at once with a
+    # PeerTimeout, which the group words as its timeout (seen in 1 CI run of 3)
+    family = {"TransferFailed", "PeerTimeout", "DLCPTimeout"}
     for got in survivors:  # (each failure shows every survivor's outcome)
-        assert got["raised"] == "TransferFailed", survivors
+        assert got["raised"] in family, survivors
         assert re.search(lost, got["message"]), survivors
         assert got["seconds"] < 20.0, survivors  # well below the group's 30 s timeout
     assert any(
