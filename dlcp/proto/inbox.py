@@ -107,7 +107,7 @@ from .control import Abort, AbortReason, Finish, RateFeedback, Stop
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
-from .pacing import RateMeter
+from .rate_meter import RateMeter
 from .reassembler import GeometryError, Reassembler
 from .receive_paths import Geometry, ReceivePaths
 from .recovery import ReceivePhase, ReceiverRecovery
@@ -432,7 +432,7 @@ class Inbox(ReceivePaths[_Incoming]):
     def note_idle(self, seconds: float, *, now: float) -> None:
         """The driver's receive loop waited the ``seconds`` up to ``now`` for
         datagrams: the rate feedback then tells senders what this receiver could
-        take, not only what it got (see :class:`~dlcp.proto.pacing.RateMeter`)."""
+        take, not only what it got (see :class:`~dlcp.proto.rate_meter.RateMeter`)."""
         self._meter.on_idle(seconds, now=now)
 
     # ------------------------------------------------------------------ control

@@ -64,7 +64,6 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ..errors import UsageError
 
@@ -74,7 +73,6 @@ __all__ = [
     "QUEUE_TOLERANCE",
     "UNLIMITED",
     "Pacer",
-    "RateMeter",
     "ReceiverDrivenPacer",
     "Unpaced",
     "available_pacers",
@@ -539,123 +537,6 @@ class ReceiverDrivenPacer:
         self._tokens = min(self._tokens, float(self.burst))
         self._due = None
 
-
-# --------------------------------------------------------------------------- receiver
-
-
-class RateMeter:
-    """Receive rate per source, measured over consecutive intervals.
-
-    A window opens with the first bytes after an idle spell and is due
-    ``interval`` seconds later; :meth:`sample` reports bytes/s per source over
-    the time elapsed since the window opened (only sources that sent in it) and
-    opens the next window at once if anything arrived, so a steady stream is
-    measured without gaps. With nothing received, no window is open and
-    :meth:`next_deadline` is None.
-
-    What is reported is the rate the receiver could take, not only the rate it
-    saw: a driver that knows how long its receive loop sat idle (waiting for
-    datagrams) says so with :meth:`on_idle`, and the rate is measured over the
-    busy time only. A receiver that is busy all the time reports what arrived; one
-    that waits half the time could take twice that, and says so, so that a sender
-    is not held to the rate its own pacing produced. ``min_busy`` caps the claim
-    (at most ``1 / min_busy`` times the rate seen, twice by default): a receiver
-    process that was descheduled while it waited counts that time as idle too, so
-    the claim must stay modest.
-    """
-
-    __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
-
-    def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.5) -> None:
-        if not (math.isfinite(interval) and interval > 0):
-            raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
-        if not 0.0 < min_busy <= 1.0:
-            raise UsageError(f"min_busy={min_busy} outside (0, 1]")
-        self.interval = float(interval)
-        self.min_busy = float(min_busy)
-        self._start: float | None = None
-        self._bytes: dict[int, int] = {}
-        self._idle = 0.0
-
-    def __repr__(self) -> str:
-        return f"RateMeter(interval={self.interval}, window_start={self._start})"
-
-    def _open(self, now: float) -> None:
-        if self._start is None:
-            self._start = now
-
-    def on_bytes(self, src: int, nbytes: int, *, now: float) -> None:
-        """``nbytes`` arrived from ``src`` at ``now``."""
-        if isinstance(src, bool) or not isinstance(src, int | np.integer) or src < 0:
-            raise UsageError(f"src={src!r} must be a non-negative integer")
-        nbytes = _check_nbytes(nbytes)
-        self._open(_check_now(now))
-        key = int(src)
-        self._bytes[key] = self._bytes.get(key, 0) + nbytes
-
-    def on_batch(
-        self, srcs: NDArray[np.integer], nbytes: NDArray[np.integer], *, now: float
-    ) -> None:
-        """A batch of datagrams arrived at ``now``: ``nbytes[i]`` from ``srcs[i]``."""
-        s = np.asarray(srcs)
-        b = np.asarray(nbytes)
-        if s.shape != b.shape or s.ndim != 1:
-            raise UsageError(
-                f"srcs and nbytes must be 1-D of equal length, got shapes {s.shape} and {b.shape}"
-            )
-        now = _check_now(now)
-        if s.size == 0:
-            return
-        if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(b.dtype, np.integer)):
-            raise UsageError(f"srcs and nbytes must be integers, got {s.dtype} and {b.dtype}")
-        if int(s.min()) < 0 or int(b.min()) < 0:
-            raise UsageError("srcs and nbytes must be non-negative")
-        uniq, inverse = np.unique(s, return_inverse=True)
-        totals = np.bincount(inverse.reshape(-1), weights=b, minlength=len(uniq))
-        self._open(now)
-        for src, total in zip(uniq.tolist(), totals.tolist(), strict=True):
-            self._bytes[src] = self._bytes.get(src, 0) + int(total)
-
-    def on_idle(self, seconds: float, *, now: float) -> None:
-        """The receiver waited the ``seconds`` up to ``now`` for datagrams; only the
-        part inside the current window counts."""
-        # (plain comparisons, false for NaN: a driver calls this every turn)
-        if not 0.0 <= seconds < math.inf:
-            raise UsageError(f"seconds={seconds} must be a finite duration >= 0")
-        if not -math.inf < now < math.inf:
-            raise UsageError(f"now={now} must be a finite time in seconds")
-        if self._start is not None:
-            self._idle += max(0.0, min(seconds, now - self._start))
-
-    def due(self, *, now: float) -> bool:
-        """Whether the current window has lasted ``interval``."""
-        deadline = self.next_deadline()
-        return deadline is not None and _check_now(now) >= deadline
-
-    def next_deadline(self) -> float | None:
-        """When the current window is due; None when nothing is being measured."""
-        return None if self._start is None else self._start + self.interval
-
-    def sample(self, *, now: float) -> dict[int, float]:
-        """Bytes/s per source since the window opened, and start the next window.
-
-        Sampling before any time has elapsed returns ``{}`` and keeps the window.
-        """
-        now = _check_now(now)
-        if self._start is None:
-            return {}
-        elapsed = now - self._start
-        if elapsed <= 0:
-            return {}
-        busy = max(elapsed - self._idle, self.min_busy * elapsed)
-        rates = {src: n / busy for src, n in self._bytes.items()}
-        self._start = now if self._bytes else None
-        self._bytes = {}
-        self._idle = 0.0
-        return rates
-
-
-# --------------------------------------------------------------------------- registry
 
 _PACERS: Final[dict[str, Callable[..., Pacer]]] = {
     "unpaced": Unpaced,

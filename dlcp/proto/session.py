@@ -306,7 +306,7 @@ class Session:
     def note_idle(self, seconds: float, *, now: float) -> None:
         """The driver's receive loop waited the ``seconds`` up to ``now`` for
         datagrams: the rate feedback then tells senders what this receiver could
-        take, not only what it got (see :class:`~dlcp.proto.pacing.RateMeter`)."""
+        take, not only what it got (see :class:`~dlcp.proto.rate_meter.RateMeter`)."""
         self._inbox.note_idle(seconds, now=now)
 
     # ------------------------------------------------------------------ events

@@ -1,4 +1,5 @@
-"""Rate control: token-bucket pacer driven by receiver feedback, and the rate meter."""
+"""Rate control: the token-bucket pacer driven by receiver feedback (with the rate
+meter of tests/proto/test_rate_meter.py in its closed loops)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from hypothesis import strategies as st
 from dlcp.proto.pacing import (
     MIN_BURST,
     UNLIMITED,
-    RateMeter,
     ReceiverDrivenPacer,
     Unpaced,
     available_pacers,
     make_pacer,
     queue_signal,
 )
+from dlcp.proto.rate_meter import RateMeter
 
 PKT = 1452
 
@@ -267,24 +268,6 @@ def test_idle_receiver_does_not_talk_the_sender_down() -> None:
     assert _slow_window_run(report_idle=True) >= 10e6
 
 
-def test_rate_meter_reports_rate_over_busy_time() -> None:
-    meter = RateMeter(interval=0.1, min_busy=0.1)
-    meter.on_bytes(1, 1000, now=0.0)
-    meter.on_idle(0.05, now=0.1)  # half of the 0.1 s window spent waiting
-    assert meter.sample(now=0.1)[1] == pytest.approx(1000 / 0.05)
-    meter.on_bytes(1, 1000, now=0.1)
-    meter.on_idle(5.0, now=0.2)  # longer than the window: only the window counts...
-    assert meter.sample(now=0.2)[1] == pytest.approx(1000 / (0.1 * 0.1))  # ...capped
-
-
-def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
-    meter = RateMeter(interval=0.1)
-    meter.on_idle(1.0, now=1.0)  # no window open: nothing to charge it to
-    meter.on_bytes(1, 500, now=1.0)
-    meter.on_idle(0.5, now=1.02)  # only 0.02 s of it lies in the window
-    assert meter.sample(now=1.1)[1] == pytest.approx(500 / 0.08)
-
-
 # --------------------------------------------------------------------------- congestion
 
 
@@ -431,127 +414,6 @@ def test_idle_ends_the_caution() -> None:
     assert p.rate == pytest.approx(6.25e6)  # raises are whole again
 
 
-def _lossy_bottleneck_run(report_loss: bool) -> tuple[float, float]:
-    """A sender with endless data through a 25 MB/s bottleneck with a 150 KB queue,
-    sending in rounds of 500 KB, in batches no longer than the pacer's burst; the
-    receiver, idle half the time, claims twice what it gets. Returns (fraction of
-    bytes dropped at the queue, delivered rate / capacity) over the last 3 s."""
-    capacity, queue_cap, step, round_bytes = 25e6, 150_000.0, 1e-4, 500_000
-    p = pacer(initial_rate=1.25e9, min_rate=1e6, max_rate=1e12, burst_bytes=1 << 19)
-    meter = RateMeter(interval=0.005)
-    queue = 0.0
-    sent = dropped = delivered = 0.0
-    r_sent = r_dropped = 0.0
-    r_start = 0.0
-    for i in range(40_000):
-        t = i * step
-        n = min(p.allowance(now=t), p.burst)
-        n -= n % PKT
-        if n:
-            p.on_sent(n, now=t)
-            taken = min(float(n), queue_cap - queue)
-            queue += taken
-            r_sent += n
-            r_dropped += n - taken
-            if t >= 1.0:
-                sent += n
-                dropped += n - taken
-        else:
-            p.next_send_time(PKT, now=t)
-        out = min(queue, capacity * step)
-        queue -= out
-        if t >= 1.0:
-            delivered += out
-        meter.on_bytes(1, int(out), now=t)
-        meter.on_idle(step / 2, now=t)
-        if meter.due(now=t):
-            for _src, r in meter.sample(now=t).items():
-                p.on_feedback(r, now=t)
-        if r_sent >= round_bytes:
-            if report_loss:
-                p.on_loss(r_dropped / r_sent, r_sent / max(t - r_start, step), now=t)
-            r_sent = r_dropped = 0.0
-            r_start = t
-    return dropped / sent, delivered / (capacity * 3.0)
-
-
-def test_loss_keeps_a_sender_from_flooding_a_slower_link() -> None:
-    # the receiver's claims alone keep the sender far above the link: most is lost
-    lost, used = _lossy_bottleneck_run(report_loss=False)
-    assert lost > 0.4
-    # told of its rounds' loss, it settles near the link's rate and loses little
-    # (6.6 % with the default 5 % steps back up: one 20 ms round of overshoot per cut)
-    lost, used = _lossy_bottleneck_run(report_loss=True)
-    assert lost < 0.1 and used > 0.8
-
-
-def _selective_drop_run() -> tuple[float, float]:
-    """Rounds of 372 packets (a fifth protected, sent first, then drop-eligible)
-    with 10 ms of computation after each, through a 25 MB/s port with the
-    testbed's switch profile: protected packets queue up to 100, drop-eligible
-    ones in a queue of 40 served after them. The receiver, idle half the time,
-    claims twice what it gets. The sender tells its pacer each round's loss, as a
-    queue's when the drop-eligible chunks lost far more, as the outbox does.
-    Returns (fraction of the drop-eligible packets dropped, rounds sent / the
-    rounds a sender at the port's rate sends) over the last 3 s."""
-    capacity, step, n_round, n_protected, compute = 25e6, 1e-4, 372, 74, 0.01
-    limits = (100 * PKT, 40 * PKT)  # (protected, drop-eligible) queue sizes
-    p = pacer(initial_rate=1.25e9, min_rate=1e6, max_rate=1e12, burst_bytes=1 << 19)
-    meter = RateMeter(interval=0.005)
-    queues = [0.0, 0.0]
-    eligible_sent = eligible_dropped = rounds = 0
-    cursor, lost, r_start, resume = 0, [0, 0], 0.0, 0.0
-    for i in range(40_000):
-        t = i * step
-        late = t >= 1.0
-        if cursor == n_round and t >= resume:  # the next round
-            cursor, lost, r_start = 0, [0, 0], t
-        if cursor < n_round:
-            n = min(min(p.allowance(now=t), p.burst) // PKT, n_round - cursor)
-            if n:
-                p.on_sent(n * PKT, now=t)
-                for k in range(cursor, cursor + n):
-                    eligible = int(k >= n_protected)
-                    if queues[eligible] + PKT > limits[eligible]:
-                        lost[eligible] += 1
-                        eligible_dropped += eligible and late
-                    else:
-                        queues[eligible] += PKT
-                    eligible_sent += eligible and late
-                cursor += n
-            else:
-                p.next_send_time(PKT, now=t)
-            if cursor == n_round:  # the round's outcome, then computation
-                signal = queue_signal(lost[1] / (n_round - n_protected), lost[0] / n_protected)
-                # (a round sent in one step went at the pacer's rate, as the outbox says)
-                rate = min(n_round * PKT / max(t - r_start, step), p.rate)
-                p.on_loss(sum(lost) / n_round, rate, now=t, queue=signal)
-                resume = t + compute
-                rounds += late
-        room = capacity * step  # protected first, then drop-eligible
-        for c in (0, 1):
-            out = min(queues[c], room)
-            queues[c] -= out
-            room -= out
-        meter.on_bytes(1, int(capacity * step - room), now=t)
-        meter.on_idle(step / 2, now=t)
-        if meter.due(now=t):
-            for _src, r in meter.sample(now=t).items():
-                p.on_feedback(r, now=t)
-    at_port_rate = 3.0 / (n_round * PKT / capacity + compute)
-    return eligible_dropped / eligible_sent, rounds / at_port_rate
-
-
-def test_a_sender_paced_against_a_selectively_dropping_port_loses_little_and_keeps_up() -> None:
-    # after the first rounds at 1.25 GB/s, the rate settles just above the port's:
-    # a packet or two of a round's drop-eligible ones over the threshold (under
-    # QUEUE_TOLERANCE), and the rounds go as fast as the port allows (above 1: the
-    # queues hold part of a round while the sender computes)
-    eligible_lost, pace = _selective_drop_run()
-    assert eligible_lost < 0.01
-    assert pace > 0.95
-
-
 def test_a_cut_drops_the_tokens_saved_at_the_old_rate() -> None:
     p = pacer(initial_rate=5e7, max_rate=1e9, burst_bytes=1 << 19)
     assert p.allowance(now=1.0) == 1 << 19  # a full bucket, as after a wait for a NACK
@@ -631,76 +493,3 @@ def test_make_pacer() -> None:
         make_pacer("tcp")
     with pytest.raises(ValueError, match="bad options for pacer 'receiver'"):
         make_pacer("receiver", initial_rate=1e6, min_rate=1e3, bogus=1)
-
-
-# --------------------------------------------------------------------------- rate meter
-
-
-def test_rate_meter_measures_known_rates() -> None:
-    meter = RateMeter(interval=0.01)
-    samples: list[dict[int, float]] = []
-    for i in range(1000):  # 1 s: src 3 sends 1000 B/ms, src 7 500 B/ms
-        t = i * 1e-3
-        if meter.due(now=t):
-            samples.append(meter.sample(now=t))
-        meter.on_bytes(3, 1000, now=t)
-        meter.on_bytes(7, 500, now=t)
-    assert len(samples) >= 95
-    for s in samples:
-        assert s.keys() == {3, 7}
-        assert s[3] == pytest.approx(1e6, rel=0.01)
-        assert s[7] == pytest.approx(5e5, rel=0.01)
-
-
-def test_rate_meter_windows_and_deadlines() -> None:
-    meter = RateMeter(interval=0.1)
-    assert meter.next_deadline() is None
-    assert not meter.due(now=5.0)
-    assert meter.sample(now=5.0) == {}
-    meter.on_bytes(1, 1000, now=1.0)
-    assert meter.next_deadline() == pytest.approx(1.1)
-    assert not meter.due(now=1.05)
-    assert meter.due(now=1.1)
-    assert meter.sample(now=1.2) == {1: pytest.approx(5000.0)}
-    # traffic flowed: the next window opened at once; nothing arrives in it
-    assert meter.next_deadline() == pytest.approx(1.3)
-    assert meter.sample(now=1.3) == {}
-    assert meter.next_deadline() is None
-
-
-def test_rate_meter_only_reports_sources_that_sent() -> None:
-    meter = RateMeter(interval=0.1)
-    meter.on_bytes(1, 100, now=0.0)
-    meter.on_bytes(2, 100, now=0.0)
-    meter.sample(now=0.1)
-    meter.on_bytes(2, 300, now=0.15)
-    assert meter.sample(now=0.2) == {2: pytest.approx(3000.0)}
-
-
-def test_rate_meter_sample_at_window_start_keeps_window() -> None:
-    meter = RateMeter(interval=0.1)
-    meter.on_bytes(1, 100, now=2.0)
-    assert meter.sample(now=2.0) == {}
-    assert meter.sample(now=2.1) == {1: pytest.approx(1000.0)}
-
-
-def test_rate_meter_batch_equals_single() -> None:
-    a, b = RateMeter(0.1), RateMeter(0.1)
-    srcs = np.array([4, 1, 4, 4, 2], dtype=np.uint16)
-    sizes = np.array([100, 200, 300, 50, 7], dtype=np.int64)
-    a.on_batch(srcs, sizes, now=0.0)
-    for s, n in zip(srcs.tolist(), sizes.tolist(), strict=True):
-        b.on_bytes(s, n, now=0.0)
-    assert a.sample(now=0.1) == b.sample(now=0.1) == {4: 4500.0, 1: 2000.0, 2: 70.0}
-
-
-def test_rate_meter_errors() -> None:
-    with pytest.raises(ValueError, match="interval=0"):
-        RateMeter(0)
-    m = RateMeter(0.1)
-    with pytest.raises(ValueError, match="src=-1"):
-        m.on_bytes(-1, 10, now=0.0)
-    with pytest.raises(ValueError, match="nbytes=-10"):
-        m.on_bytes(1, -10, now=0.0)
-    with pytest.raises(ValueError, match="equal length"):
-        m.on_batch(np.array([1, 2]), np.array([1]), now=0.0)

@@ -1,0 +1,97 @@
+"""The receiver's rate meter (dlcp.proto.rate_meter): rates over busy time, windows
+and deadlines, batches equal to single calls, bad input named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlcp.proto.rate_meter import RateMeter
+
+
+def test_rate_meter_reports_rate_over_busy_time() -> None:
+    meter = RateMeter(interval=0.1, min_busy=0.1)
+    meter.on_bytes(1, 1000, now=0.0)
+    meter.on_idle(0.05, now=0.1)  # half of the 0.1 s window spent waiting
+    assert meter.sample(now=0.1)[1] == pytest.approx(1000 / 0.05)
+    meter.on_bytes(1, 1000, now=0.1)
+    meter.on_idle(5.0, now=0.2)  # longer than the window: only the window counts...
+    assert meter.sample(now=0.2)[1] == pytest.approx(1000 / (0.1 * 0.1))  # ...capped
+
+
+def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_idle(1.0, now=1.0)  # no window open: nothing to charge it to
+    meter.on_bytes(1, 500, now=1.0)
+    meter.on_idle(0.5, now=1.02)  # only 0.02 s of it lies in the window
+    assert meter.sample(now=1.1)[1] == pytest.approx(500 / 0.08)
+
+
+def test_rate_meter_measures_known_rates() -> None:
+    meter = RateMeter(interval=0.01)
+    samples: list[dict[int, float]] = []
+    for i in range(1000):  # 1 s: src 3 sends 1000 B/ms, src 7 500 B/ms
+        t = i * 1e-3
+        if meter.due(now=t):
+            samples.append(meter.sample(now=t))
+        meter.on_bytes(3, 1000, now=t)
+        meter.on_bytes(7, 500, now=t)
+    assert len(samples) >= 95
+    for s in samples:
+        assert s.keys() == {3, 7}
+        assert s[3] == pytest.approx(1e6, rel=0.01)
+        assert s[7] == pytest.approx(5e5, rel=0.01)
+
+
+def test_rate_meter_windows_and_deadlines() -> None:
+    meter = RateMeter(interval=0.1)
+    assert meter.next_deadline() is None
+    assert not meter.due(now=5.0)
+    assert meter.sample(now=5.0) == {}
+    meter.on_bytes(1, 1000, now=1.0)
+    assert meter.next_deadline() == pytest.approx(1.1)
+    assert not meter.due(now=1.05)
+    assert meter.due(now=1.1)
+    assert meter.sample(now=1.2) == {1: pytest.approx(5000.0)}
+    # traffic flowed: the next window opened at once; nothing arrives in it
+    assert meter.next_deadline() == pytest.approx(1.3)
+    assert meter.sample(now=1.3) == {}
+    assert meter.next_deadline() is None
+
+
+def test_rate_meter_only_reports_sources_that_sent() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_bytes(1, 100, now=0.0)
+    meter.on_bytes(2, 100, now=0.0)
+    meter.sample(now=0.1)
+    meter.on_bytes(2, 300, now=0.15)
+    assert meter.sample(now=0.2) == {2: pytest.approx(3000.0)}
+
+
+def test_rate_meter_sample_at_window_start_keeps_window() -> None:
+    meter = RateMeter(interval=0.1)
+    meter.on_bytes(1, 100, now=2.0)
+    assert meter.sample(now=2.0) == {}
+    assert meter.sample(now=2.1) == {1: pytest.approx(1000.0)}
+
+
+def test_rate_meter_batch_equals_single() -> None:
+    a, b = RateMeter(0.1), RateMeter(0.1)
+    srcs = np.array([4, 1, 4, 4, 2], dtype=np.uint16)
+    sizes = np.array([100, 200, 300, 50, 7], dtype=np.int64)
+    a.on_batch(srcs, sizes, now=0.0)
+    for s, n in zip(srcs.tolist(), sizes.tolist(), strict=True):
+        b.on_bytes(s, n, now=0.0)
+    assert a.sample(now=0.1) == b.sample(now=0.1) == {4: 4500.0, 1: 2000.0, 2: 70.0}
+
+
+def test_rate_meter_errors() -> None:
+    with pytest.raises(ValueError, match="interval=0"):
+        RateMeter(0)
+    m = RateMeter(0.1)
+    with pytest.raises(ValueError, match="src=-1"):
+        m.on_bytes(-1, 10, now=0.0)
+    with pytest.raises(ValueError, match="nbytes=-10"):
+        m.on_bytes(1, -10, now=0.0)
+    with pytest.raises(ValueError, match="equal length"):
+        m.on_batch(np.array([1, 2]), np.array([1]), now=0.0)
