@@ -1,8 +1,8 @@
-"""Rate control: sender-side pacers and the receiver's rate meter.
+"""Rate control: the sender-side pacers (the receiver's meter: dlcp.proto.rate_meter).
 
 DLCP's rate control is deliberately minimal (as in the MLT prototype): the
-receiver measures how fast it receives from each sender (:class:`~dlcp.proto.rate_meter.RateMeter`)
-every interval and feeds that back in a ``RateFeedback`` control message; the
+receiver measures how fast it receives from each sender
+(:class:`~dlcp.proto.rate_meter.RateMeter`) every interval and feeds that back in a ``RateFeedback`` control message; the
 sender paces to a little more than the reported rate
 (:class:`ReceiverDrivenPacer`), so it probes upward when the path has room and
 follows the receiver down when it does not.
