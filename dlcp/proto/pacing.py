@@ -2,7 +2,8 @@
 
 DLCP's rate control is deliberately minimal (as in the MLT prototype): the
 receiver measures how fast it receives from each sender
-(:class:`~dlcp.proto.rate_meter.RateMeter`) every interval and feeds that back in a ``RateFeedback`` control message; the
+(:class:`~dlcp.proto.rate_meter.RateMeter`) every interval and feeds that back
+in a ``RateFeedback`` control message; the
 sender paces to a little more than the reported rate
 (:class:`ReceiverDrivenPacer`), so it probes upward when the path has room and
 follows the receiver down when it does not.
@@ -17,7 +18,8 @@ accepted only if the sender said it was backlogged and used at least
 ``used_fraction`` of what it was allowed. Higher rates are always accepted.
 
 The reported rate measures the receiver, not the network: a receiver that
-waits for datagrams says it could take more (:meth:`~dlcp.proto.rate_meter.RateMeter.on_idle`), which
+waits for datagrams says it could take more
+(:meth:`~dlcp.proto.rate_meter.RateMeter.on_idle`), which
 lets a sender fill a fast path whose receiver is the bottleneck but cannot see
 a slower link between the two. Loss can: when a transmission round of a
 message ends (FINISH answered by a NACK, or by a STOP after it), the sender
