@@ -462,29 +462,27 @@ static inline double abs_sum(const float *chunk, const int64_t *st, Py_ssize_t n
 }
 
 #if defined(__SSE2__)
-/* Adds |value| of four values (v: one value of four chunks) to the sums of those
- * chunks: lo holds chunks 0 and 1, hi chunks 2 and 3. */
-#define ADD_ABS_VALUES(lo, hi, v)                                                         \
-    do {                                                                                  \
-        (lo) = _mm_add_pd((lo), _mm_and_pd(_mm_cvtps_pd(v), magnitude));                  \
-        (hi) = _mm_add_pd((hi), _mm_and_pd(_mm_cvtps_pd(_mm_movehl_ps((v), (v))), magnitude)); \
-    } while (0)
+/* Adds |value| of one value of four chunks (v, lane q: chunk q) to the sums of
+ * those chunks: *lo holds chunks 0 and 1, *hi chunks 2 and 3. */
+static inline void add_abs_values(__m128d *lo, __m128d *hi, __m128 v, __m128d magnitude) {
+    *lo = _mm_add_pd(*lo, _mm_and_pd(_mm_cvtps_pd(v), magnitude));
+    *hi = _mm_add_pd(*hi, _mm_and_pd(_mm_cvtps_pd(_mm_movehl_ps(v, v)), magnitude));
+}
 
-/* Adds |value| of values k..k+3 of the four chunks from b on (chunk_elems apart,
- * each at the same sample block) to their sums, value by value: loaded four of a
- * chunk at a time and transposed, so that one vector add takes the same value of
- * two chunks. */
-#define ADD_ABS_QUAD(lo, hi, b, chunk_elems)                                               \
-    do {                                                                                   \
-        __m128 v0 = _mm_loadu_ps(b), v1 = _mm_loadu_ps((b) + (chunk_elems)),               \
-               v2 = _mm_loadu_ps((b) + 2 * (chunk_elems)),                                 \
-               v3 = _mm_loadu_ps((b) + 3 * (chunk_elems));                                 \
-        _MM_TRANSPOSE4_PS(v0, v1, v2, v3); /* v0: value k of the four chunks, ... */       \
-        ADD_ABS_VALUES(lo, hi, v0);                                                        \
-        ADD_ABS_VALUES(lo, hi, v1);                                                        \
-        ADD_ABS_VALUES(lo, hi, v2);                                                        \
-        ADD_ABS_VALUES(lo, hi, v3);                                                        \
-    } while (0)
+/* Adds |value| of values k..k+3 of the four chunks from b on (b: value k of the
+ * first; chunk_elems apart) to their sums, value by value: loaded four of a chunk
+ * at a time and transposed, so that one vector add takes the same value of two
+ * chunks. */
+static inline void add_abs_quad(__m128d *lo, __m128d *hi, const float *b,
+                                Py_ssize_t chunk_elems, __m128d magnitude) {
+    __m128 v0 = _mm_loadu_ps(b), v1 = _mm_loadu_ps(b + chunk_elems),
+           v2 = _mm_loadu_ps(b + 2 * chunk_elems), v3 = _mm_loadu_ps(b + 3 * chunk_elems);
+    _MM_TRANSPOSE4_PS(v0, v1, v2, v3); /* v0: value k of the four chunks, v1: k + 1, ... */
+    add_abs_values(lo, hi, v0, magnitude);
+    add_abs_values(lo, hi, v1, magnitude);
+    add_abs_values(lo, hi, v2, magnitude);
+    add_abs_values(lo, hi, v3, magnitude);
+}
 
 /* Chunks that abs_sums sums at once. */
 #define SUMS_AT_ONCE 8
@@ -493,7 +491,10 @@ static inline double abs_sum(const float *chunk, const int64_t *st, Py_ssize_t n
  * each chunk's sum is its own lane of a double vector, which adds the chunk's
  * values in the same order as abs_sum does, so each sum has the same bits; the
  * four vectors are four independent chains of additions where abs_sum has one.
- * block is a multiple of 4. */
+ * block is a multiple of 4. Measured (one 16-value block per 1,440-byte chunk,
+ * CPU time on a busy 2-core VM): 6.3-7.5 ns a chunk against abs_sum's 7.9-9.3
+ * with the chunks in L2; over a 64 MiB message the memory's latency dominates
+ * both (1.44-1.75 ms against 1.57-1.91). */
 static inline void abs_sums(const float *chunk, Py_ssize_t chunk_elems, const int64_t *st,
                             Py_ssize_t n_starts, Py_ssize_t block, double sums[SUMS_AT_ONCE]) {
     const __m128d magnitude = _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffffLL));
@@ -502,8 +503,8 @@ static inline void abs_sums(const float *chunk, Py_ssize_t chunk_elems, const in
     for (Py_ssize_t j = 0; j < n_starts; j++)
         for (Py_ssize_t k = 0; k < block; k += 4) {
             const float *b = chunk + st[j] + k;
-            ADD_ABS_QUAD(s01, s23, b, chunk_elems);
-            ADD_ABS_QUAD(s45, s67, b + 4 * chunk_elems, chunk_elems);
+            add_abs_quad(&s01, &s23, b, chunk_elems, magnitude);
+            add_abs_quad(&s45, &s67, b + 4 * chunk_elems, chunk_elems, magnitude);
         }
     _mm_storeu_pd(sums, s01);
     _mm_storeu_pd(sums + 2, s23);
