@@ -492,9 +492,9 @@ static inline void add_abs_quad(__m128d *lo, __m128d *hi, const float *b,
  * values in the same order as abs_sum does, so each sum has the same bits; the
  * four vectors are four independent chains of additions where abs_sum has one.
  * block is a multiple of 4. Measured (one 16-value block per 1,440-byte chunk,
- * CPU time on a busy 2-core VM): 6.3-7.5 ns a chunk against abs_sum's 7.9-9.3
+ * CPU time on a busy 2-core VM): 6.5-7.5 ns a chunk against abs_sum's 7.9-9.3
  * with the chunks in L2; over a 64 MiB message the memory's latency dominates
- * both (1.44-1.75 ms against 1.57-1.91). */
+ * both (1.4-1.8 ms each). */
 static inline void abs_sums(const float *chunk, Py_ssize_t chunk_elems, const int64_t *st,
                             Py_ssize_t n_starts, Py_ssize_t block, double sums[SUMS_AT_ONCE]) {
     const __m128d magnitude = _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffffLL));
