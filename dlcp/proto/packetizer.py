@@ -450,9 +450,9 @@ def _gather(
     whole-row writes cost no more than sequential ones, whereas the other way round
     every row read would be a cache and TLB miss.
 
-    Without payload nothing of ``source`` is read, so the headers are written in
-    record order instead: the records and the per-record fields are then read and
-    written front to back, where chunk order would jump between them at random."""
+    Without payload nothing of ``source`` is read and no record is cut short, so
+    every header, the short last chunk's too, is written in one call in record
+    order, with no map from chunks to records."""
     n = len(seqs)
     if not with_payload:
         gather_records(
