@@ -448,8 +448,17 @@ def _gather(
     The source is read in ascending chunk order and the records written wherever
     the send order puts them: sequential reads stream from memory, and scattered
     whole-row writes cost no more than sequential ones, whereas the other way round
-    every row read would be a cache and TLB miss."""
+    every row read would be a cache and TLB miss.
+
+    Without payload nothing of ``source`` is read and no record is cut short, so
+    every header, the short last chunk's too, is written in one call in record
+    order, with no map from chunks to records."""
     n = len(seqs)
+    if not with_payload:
+        gather_records(
+            records, HEADER_DTYPE, template, per_record, None, source, chunk_bytes, None, n, 0
+        )
+        return
     in_order: Int64Array | None = None
     if n == n_chunks:  # a whole message: seqs is a permutation of 0..n-1
         if row_of_seq is None:

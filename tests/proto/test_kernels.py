@@ -164,6 +164,35 @@ def test_block_abs_mean_is_the_sampled_mean(accelerated: bool) -> None:
     assert np.isnan(got[4]) and np.isinf(got[5])
 
 
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+@pytest.mark.parametrize("block", [16, 6])  # vectorised (a multiple of 4), and not
+def test_c_block_abs_mean_adds_in_the_order_of_the_definition(block: int) -> None:
+    # each chunk's |values| summed one by one in double, block by block in the
+    # order of starts, then divided: the vectorised C sums several chunks at once
+    # and must give these bits exactly (the magnitude classes depend on them)
+    rng = np.random.default_rng(8)
+    full = (rng.standard_normal((45, 200)) * rng.lognormal(0, 4, (45, 1))).astype(np.float32)
+    full[3, 17], full[9, 2], full[12, 0], full[40, 1] = np.nan, -np.inf, -0.0, 1e-42
+    starts = np.array([0, 50, 200 - block, 97], np.int64)
+    # a row whose float32 mean depends on the order of the double additions: 64
+    # and 2**-18 first, then values each below half a double ulp of the sum (lost
+    # one by one), and the mean falls exactly between two float32 values; summed
+    # in another order (the small values first) the sum is one ulp higher and the
+    # mean rounds up
+    sampled = np.concatenate([np.arange(b, b + block) for b in starts.tolist()])
+    full[20, sampled] = -(2.0**-50)
+    full[20, sampled[:2]] = 64.0, 2.0**-18
+    want = np.empty(len(full), np.float32)
+    for c, row in enumerate(full.tolist()):
+        total = 0.0
+        for b in starts.tolist():
+            for value in row[b : b + block]:
+                total += abs(value)
+        want[c] = np.float32(total / (len(starts) * block))
+    got = block_abs_mean(full, starts, block, accelerated=True)
+    assert got.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("accelerated", IMPLS)
 def test_block_abs_mean_refuses_blocks_past_the_row(accelerated: bool) -> None:
     full = np.zeros((3, 20), np.float32)
@@ -239,6 +268,47 @@ def test_gather_records_writes_header_and_payload_of_each_record(
         assert (records[r, 32 + nbytes :] == 0xAA).all()  # past the payload: untouched
     untouched = np.setdiff1d(np.arange(n_rec), dst_rows)
     assert (records[untouched] == 0xAA).all()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("nbytes", [0, 72])  # headers only (lent rounds), and with payload
+def test_c_and_numpy_gather_the_same_records_over_many_header_blocks(
+    permuted: bool, nbytes: int
+) -> None:
+    # the C kernel builds headers a block of records at a time, field by field:
+    # more records than several blocks, not a multiple of one, every field of the
+    # header, from arrays of each item size, in record order and permuted
+    from dlcp.proto.wire import HEADER_DTYPE, NATIVE_HEADER_DTYPE
+
+    rng = np.random.default_rng(5)
+    n_rec = 203
+    stride = 32 + nbytes
+    template = np.zeros((), NATIVE_HEADER_DTYPE)
+    template["ver_type"], template["job"], template["msg_elems"] = 0x11, 0xBEEF, 123456
+    item_types = [np.uint8, np.uint16, np.uint32, np.int64]
+    fields = {}
+    for k, name in enumerate(n for n in NATIVE_HEADER_DTYPE.names or () if n != "ver_type"):
+        width = HEADER_DTYPE[name].itemsize
+        values = rng.integers(0, 2 ** (8 * width), n_rec, dtype=np.uint64)
+        item = item_types[k % len(item_types)]
+        if np.dtype(item).itemsize < width:
+            item = np.int64
+        fields[name] = values.astype(item)
+    src = rng.integers(0, 256, n_rec * max(nbytes, 1), dtype=np.uint8)
+    dst_rows = rng.permutation(n_rec).astype(np.int64) if permuted else None
+    src_rows = rng.permutation(n_rec).astype(np.int64) if permuted else None
+    built = []
+    for accelerated in (False, True):
+        records = np.full((n_rec, stride), 0xAA, np.uint8)
+        kernels.gather_records(
+            records, HEADER_DTYPE, template, fields, dst_rows, src, nbytes, src_rows, n_rec,
+            nbytes, accelerated=accelerated,
+        )  # fmt: skip
+        built.append(records)
+    np.testing.assert_array_equal(built[1], built[0])
+    headers = built[1][:, :32].copy().view(HEADER_DTYPE)[:, 0]
+    assert (headers["seq"] == fields["seq"]).all() and (headers["job"] == fields["job"]).all()
 
 
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")

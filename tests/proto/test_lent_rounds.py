@@ -32,7 +32,8 @@ def _round_of(session: Session, **send: object) -> RoundPost:
     return posts[0]
 
 
-@pytest.mark.parametrize("elems", [1000, 1024])  # a short last chunk, and none
+# a short last chunk, none, and headers built across several blocks of the C kernel
+@pytest.mark.parametrize("elems", [1000, 1024, 200_003])
 def test_a_lent_round_is_the_copied_round_byte_for_byte(elems: int) -> None:
     data = np.random.default_rng(1).standard_normal(elems).astype(np.float32)
     segments = [(0, elems // 3, 0), (elems // 3, elems - elems // 3, 1)]
