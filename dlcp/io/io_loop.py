@@ -222,7 +222,14 @@ class IOLoop:
                 self._on_ready(sel, key.fileobj, key.data)
         now = time.monotonic()
         if timer is not None and timer <= now and not hold:
-            self._session.handle_timer(now=now)
+            # (a backlog that held them back this long: its data may be what a
+            # NACK would ask for again)
+            self._session.handle_timer(now=now, data_pending=self._backlogged())
+
+    def _backlogged(self) -> bool:
+        """Whether datagrams of a backlog wait unread (not junk: a flood must not
+        hold repairs and verdicts back)."""
+        return bool(self._data.backlog) and not self._junk_read
 
     def _holds_back(self, now: float) -> bool:
         """Whether this turn holds control messages and timers back: the data
@@ -230,7 +237,7 @@ class IOLoop:
         junk to drain saves no NACK), and they last had their turn less than
         :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
         back that long at most)."""
-        if self._data.backlog and not self._junk_read and now - self._control_turn < _BACKLOG_HOLD:
+        if self._backlogged() and now - self._control_turn < _BACKLOG_HOLD:
             return True
         self._control_turn = now
         return False

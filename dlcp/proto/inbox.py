@@ -518,7 +518,13 @@ class Inbox(ReceivePaths[_Incoming]):
             best = deadline
         return best
 
-    def handle_timer(self, *, now: float) -> None:
+    def handle_timer(self, *, now: float, data_pending: bool = False) -> None:
+        """Timers due by ``now``. ``data_pending``: the driver runs them while
+        datagrams still wait unread in its socket (it has not caught up): any of
+        them may be the data a NACK or a verdict would call missing, so every
+        sender counts as active now, a NACK waits longer
+        (:func:`~dlcp.proto.recovery.sender_quiet`), and no data path is judged
+        silent."""
         for key, state in list(self._incoming.items()):
             if state.reassembler.is_complete():
                 self._check_complete(key, state, now=now)
@@ -528,7 +534,8 @@ class Inbox(ReceivePaths[_Incoming]):
                 step=key[1],
                 msg=key[2],
                 src=self.rank,
-                source_active=self._last_data.get(key[0], float("-inf")),
+                source_active=now if data_pending else self._last_data.get(key[0], float("-inf")),
+                data_pending=data_pending,
             )
             if nacks:
                 for part in nacks:
@@ -548,11 +555,16 @@ class Inbox(ReceivePaths[_Incoming]):
                 f = state.recovery.failure
                 assert f is not None  # (set with the FAILED phase)
                 self.fail(key, state, f.message, f.peer_timeout)
-        for key, abort in self._orphan_finish.silent(now=now, last_data=self._last_data):
+        silent = [] if data_pending else self._orphan_finish.silent(
+            now=now, last_data=self._last_data
+        )
+        for key, abort in silent:
             self._queue(key[0], abort)
             self._expected.pop(key, None)
             self.fail(key, None, SILENT_WHY.format(timeout=self.config.silent_path_timeout))
-        for src, nack in self._orphan_finish.due(now=now, last_data=self._last_data):
+        for src, nack in self._orphan_finish.due(
+            now=now, last_data=self._last_data, data_pending=data_pending
+        ):
             self._queue(src, nack)
         if self._meter.due(now=now):
             interval_us = int(self.config.rate_interval * 1e6)

@@ -119,12 +119,17 @@ class OrphanFinishes:
                 break  # (insertion order: the later ones started later)
         return out
 
-    def due(self, *, now: float, last_data: Mapping[int, float]) -> list[tuple[int, Nack]]:
+    def due(
+        self, *, now: float, last_data: Mapping[int, float], data_pending: bool = False
+    ) -> list[tuple[int, Nack]]:
         """The NACKs of every chunk due now, as (sender, NACK); those are forgotten.
-        ``last_data``: when each sender's data last came."""
+        ``last_data``: when each sender's data last came; ``data_pending``: data
+        waits unread in the receiver's socket (every sender counts as active now,
+        and the wait is longer: :func:`~dlcp.proto.recovery.sender_quiet`)."""
         out = []
         for key, (finish, deadline, first) in list(self._by_key.items()):
-            quiet = sender_quiet(self.config, last_data.get(key[0], float("-inf")), first)
+            active = now if data_pending else last_data.get(key[0], float("-inf"))
+            quiet = sender_quiet(self.config, active, first, data_pending=data_pending)
             if now < quiet:  # this sender's data is still arriving: ours may be behind it
                 self._by_key[key] = (finish, quiet, first)
                 continue

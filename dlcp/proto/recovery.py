@@ -231,14 +231,31 @@ class SenderRecovery:
         self.failure = Failure(message, peer_timeout)
 
 
-def sender_quiet(config: ProtocolConfig, sender_active: float, finish_at: float | None) -> float:
+#: how many ``nack_timeout`` a NACK waits after its FINISH, at most, while the
+#: receiver's driver says data is waiting unread (``data_pending``)
+PENDING_NACK_TIMEOUTS = 10
+
+
+def sender_quiet(
+    config: ProtocolConfig,
+    sender_active: float,
+    finish_at: float | None,
+    *,
+    data_pending: bool = False,
+) -> float:
     """When a NACK stops waiting for the sender's other data: the sender quiet
     for the reorder grace (a receiver working through a backlog, this message's
     data maybe behind another's), but at most ``nack_timeout`` after the FINISH
     (``finish_at``) that asks for the NACK: a sender that keeps streaming must not
-    starve a message's repair (docs/spec.md §8)."""
+    starve a message's repair (docs/spec.md §8). While datagrams wait unread in
+    the receiver's socket (``data_pending``: its driver has not caught up), the
+    message's own data may be among them, so the wait is up to
+    :data:`PENDING_NACK_TIMEOUTS` times as long."""
     quiet = sender_active + config.reorder_grace
-    return quiet if finish_at is None else min(quiet, finish_at + config.nack_timeout)
+    if finish_at is None:
+        return quiet
+    waits = PENDING_NACK_TIMEOUTS if data_pending else 1
+    return min(quiet, finish_at + waits * config.nack_timeout)
 
 
 class ReceivePhase(enum.Enum):
@@ -425,10 +442,18 @@ class ReceiverRecovery:
         self._nack_at = self._complete_at = None
 
     def on_timer(
-        self, *, now: float, step: int, msg: int, src: int, source_active: float = float("-inf")
+        self,
+        *,
+        now: float,
+        step: int,
+        msg: int,
+        src: int,
+        source_active: float = float("-inf"),
+        data_pending: bool = False,
     ) -> list[Nack]:
         """The parts of a NACK to send now (none: nothing to send). Moves to FAILED,
-        setting :attr:`failure`, on idle timeout."""
+        setting :attr:`failure`, on idle timeout. ``data_pending``: datagrams wait
+        unread in the receiver's socket, any sender's (:func:`sender_quiet`)."""
         self._require_live("timer")
         r = self.reassembler
         if now >= r.last_activity + self.config.recv_idle_timeout:
@@ -449,7 +474,7 @@ class ReceiverRecovery:
             return []
         quiet = max(
             r.last_activity + self.config.reorder_grace,
-            sender_quiet(self.config, source_active, self._finish_at),
+            sender_quiet(self.config, source_active, self._finish_at, data_pending=data_pending),
         )
         if now < quiet:
             self._nack_at = quiet

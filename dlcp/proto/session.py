@@ -298,10 +298,14 @@ class Session:
             return receive
         return send if receive is None or send < receive else receive
 
-    def handle_timer(self, *, now: float) -> None:
+    def handle_timer(self, *, now: float, data_pending: bool = False) -> None:
+        """Timers due by ``now``. ``data_pending``: datagrams still wait unread in
+        the driver's data socket (it runs timers before it has caught up); the
+        receive side then waits longer before it NACKs or judges a path silent
+        (:meth:`Inbox.handle_timer <dlcp.proto.inbox.Inbox.handle_timer>`)."""
         self._now = max(self._now, now)
         self._outbox.handle_timer(now=now)
-        self._inbox.handle_timer(now=now)
+        self._inbox.handle_timer(now=now, data_pending=data_pending)
 
     def note_idle(self, seconds: float, *, now: float) -> None:
         """The driver's receive loop waited the ``seconds`` up to ``now`` for

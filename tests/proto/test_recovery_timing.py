@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from dlcp.linkemu import LossyLink
-from dlcp.proto.control import Abort, AbortReason, decode_control
-from dlcp.proto.session import MessageFailed, MessageReceived
+from dlcp.proto.control import Abort, AbortReason, Nack, decode_control
+from dlcp.proto.events import ControlDatagram, DataBatch
+from dlcp.proto.recovery import PENDING_NACK_TIMEOUTS
+from dlcp.proto.session import MessageFailed, MessageReceived, Session
 from tests.proto.session_helpers import JOB, config, events, sessions
 
 
@@ -220,3 +223,67 @@ def test_a_small_message_on_a_silent_data_path_ends_by_the_senders_rounds_naming
     assert "gave_up" in failed[1].reason and "UDP data path blocked" in failed[1].reason, (
         failed[1].reason
     )
+
+
+def _finish_ahead_of_its_data(one_arrived: bool) -> tuple[Session, list[bytes], float]:
+    """Rank 0's whole message (1,024 float32, p = 0) is out; rank 1 has its FINISH and
+    none of its data (or only its first datagram: ``one_arrived``), the rest
+    waiting unread in rank 1's socket (returned, with the time the FINISH came)."""
+    a, b = sessions(2)
+    b.expect_message(0, step=1, msg=0)
+    a.send_message(1, np.arange(1024, dtype=np.float32), step=1, msg=0, now=0.0)
+    data: list[bytes] = []
+    now = 0.0
+    while True:  # until the FINISH goes (the round sent)
+        out = a.datagrams_to_send(now=now)
+        for t in out:
+            if isinstance(t, DataBatch):
+                raw = bytes(t.data)
+                data += [raw[i : i + t.segment_size] for i in range(0, len(raw), t.segment_size)]
+        finish = [t for t in out if isinstance(t, ControlDatagram)]
+        if finish:
+            break
+        timer = a.get_timer()
+        assert timer is not None
+        now = max(now, timer)
+        a.handle_timer(now=now)
+    assert len(data) > 1
+    if one_arrived:
+        b.receive_datagram(data.pop(0), now=now)
+    for t in finish:
+        b.receive_datagram(t.data, now=now)
+    return b, data, now
+
+
+def _nacks(s: Session, now: float) -> list[Nack]:
+    sent = [decode_control(t.data, job=JOB) for t in s.datagrams_to_send(now=now)
+            if isinstance(t, ControlDatagram)]  # fmt: skip
+    return [c for c in sent if isinstance(c, Nack)]
+
+
+@pytest.mark.parametrize("one_arrived", [False, True], ids=["orphan-finish", "under-way"])
+def test_a_nack_waits_while_data_waits_unread_in_the_receiver_s_socket(one_arrived: bool) -> None:
+    """A receiver whose driver runs its timers before it has read a backlog (it
+    holds them back 100 ms at most) must not NACK the data in that backlog: it
+    did, and a loaded 4-rank DDP job resent whole messages that had arrived."""
+    b, data, at = _finish_ahead_of_its_data(one_arrived)
+    nack_timeout = b.config.nack_timeout
+    # without a backlog: the NACK goes once nack_timeout has passed since the FINISH
+    plain = _finish_ahead_of_its_data(one_arrived)[0]
+    plain.handle_timer(now=at + 1.5 * nack_timeout)
+    assert len(_nacks(plain, at + 1.5 * nack_timeout)) == 1
+    # with data waiting unread, it waits (but not for ever: the pending limit)
+    for k in (1.5, 5.0, PENDING_NACK_TIMEOUTS - 0.5):
+        b.handle_timer(now=at + k * nack_timeout, data_pending=True)
+        assert _nacks(b, at + k * nack_timeout) == [], k
+    # the backlog read: the message completes, nothing asked for again
+    now = at + (PENDING_NACK_TIMEOUTS - 0.4) * nack_timeout
+    for d in data:
+        b.receive_datagram(d, now=now)
+    got = [e for e in iter(b.next_event, None) if isinstance(e, MessageReceived)]
+    assert len(got) == 1 and got[0].report.nack_rounds == 0
+    # a backlog that never drains still lets the NACK go after the pending limit
+    stuck = _finish_ahead_of_its_data(one_arrived)[0]
+    late = at + (PENDING_NACK_TIMEOUTS + 0.5) * nack_timeout
+    stuck.handle_timer(now=late, data_pending=True)
+    assert len(_nacks(stuck, late)) == 1
