@@ -64,7 +64,7 @@ from dlcp.proto.wire import MAX_LOSS_BOUND
 from .metrics import StepMetrics, Tracer, rank_path
 from .pg_serve import OrderedServers, result_of
 
-__all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
+__all__ = ["COLLECTIVES", "LANE_CHANNELS", "DLCPState", "dlcp_hook"]
 
 #: what ``DLCPState.collective`` may name
 COLLECTIVES = ("ring", "halving-doubling", "ps")
