@@ -6,9 +6,13 @@
     ddp_model.register_comm_hook(state, dlcp_hook)
 
 The hook hands the bucket to the state's transport threads and returns a future
-at once, so backward never waits on the network. They run the collectives one
-bucket at a time, in the order DDP hands them over (the same on every rank),
-average over the world size, and complete the future with the bucket tensor.
+at once, so backward never waits on the network. Buckets take turns over
+``lanes`` (default 2) independent lanes, bucket ``i`` on lane ``i % lanes``,
+each with its own communicator (message channel) and threads: a lane runs its
+buckets' collectives one at a time, in the order DDP hands them over (the same
+on every rank), so the buckets of two lanes are reduced at once, as Gloo's
+process group runs two operations at once. Each averages over the world size
+and completes its future with the bucket tensor.
 The thread that reduced a bucket passes the turn on before it completes the
 future (:class:`~shims.pg_serve.OrderedServers`, as the process group
 does), so a callback chained to the future may submit another bucket and wait
@@ -60,7 +64,7 @@ from dlcp.proto.wire import MAX_LOSS_BOUND
 from .metrics import StepMetrics, Tracer, rank_path
 from .pg_serve import OrderedServers, result_of
 
-__all__ = ["COLLECTIVES", "DLCPState", "dlcp_hook"]
+__all__ = ["COLLECTIVES", "LANE_CHANNELS", "DLCPState", "dlcp_hook"]
 
 #: what ``DLCPState.collective`` may name
 COLLECTIVES = ("ring", "halving-doubling", "ps")
@@ -71,6 +75,9 @@ log = logging.getLogger("dlcp.shims")
 
 #: how often close() looks up from waiting for the queued buckets (it waits for all)
 _JOIN_POLL_S = 60.0
+#: the message channel of each lane (lane 0 keeps channel 1, the hook's before
+#: it had lanes; process groups use 2, monitored barriers 4)
+LANE_CHANNELS = (1, 8, 9, 10)
 
 
 @dataclass(slots=True)
@@ -79,7 +86,32 @@ class _Job:
     segments: list[tuple[int, int, int]]
     future: torch.futures.Future[torch.Tensor]
     last: bool
+    #: the bucket's place in submission order; its lane is ``seq % lanes``
+    seq: int
     ready: Any = None  # CUDA event the host copy waits on
+
+
+class _InOrder:
+    """Bucket outcomes handed to :class:`StepMetrics` in submission order: lanes
+    finish out of order, and a step ends with the bucket DDP marks last."""
+
+    def __init__(self, metrics: StepMetrics) -> None:
+        self._metrics = metrics
+        self._next = 0
+        self._held: dict[int, tuple[CollectiveReport | None, bool]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, seq: int, report: CollectiveReport | None, *, last: bool) -> None:
+        """Bucket ``seq``'s report (None: its collective failed)."""
+        with self._lock:
+            self._held[seq] = (report, last)
+            while self._next in self._held:
+                done, is_last = self._held.pop(self._next)
+                self._next += 1
+                if done is None:
+                    self._metrics.add_failure(last_bucket=is_last)
+                else:
+                    self._metrics.add(done, last_bucket=is_last)
 
 
 @dataclass
@@ -106,6 +138,11 @@ class DLCPState:
     small buckets, and a ring pays it ``2 (n - 1)`` times); 0 turns this off.
     With ``p > 0`` buckets always take the ring, whose owner per chunk keeps
     replicas identical whatever was lost.
+    ``lanes``: how many buckets are reduced at once (1 to
+    ``len(LANE_CHANNELS)``); lane ``k`` uses message channel
+    ``LANE_CHANNELS[k]`` of the endpoint, so a state given an endpoint needs
+    those channels free. One lane reduces one bucket at a time, as the hook did
+    before it had lanes.
     ``trace_path``: a Chrome trace of the buckets' collectives, written at
     ``close()``; with several ranks each writes its own, ``name.rank<r>.json``.
     ``process_group``: the group DDP reduces over (taken from ``model`` when that
@@ -121,6 +158,7 @@ class DLCPState:
     fill: str = "zero"
     servers: list[int] | None = None
     direct_max_bytes: int = DIRECT_MAX_BYTES
+    lanes: int = 2
     endpoint: Endpoint | None = None
     world_size: int | None = None
     trace_path: str | None = None
@@ -134,6 +172,8 @@ class DLCPState:
             )
         if self.direct_max_bytes < 0:
             raise UsageError(f"direct_max_bytes={self.direct_max_bytes} must be >= 0")
+        if not 1 <= self.lanes <= len(LANE_CHANNELS):
+            raise UsageError(f"DLCPState: lanes={self.lanes} outside 1..{len(LANE_CHANNELS)}")
         if not 0.0 <= self.p <= MAX_LOSS_BOUND:
             raise UsageError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
         if not 0.0 <= self.p_gather <= self.p:
@@ -163,14 +203,23 @@ class DLCPState:
                 "DLCPState needs world_size= when given an endpoint outside "
                 "an initialised process group"
             )
+        self._comms: list[Communicator] = []
         try:
             self._check_ranks(self.world_size)
             self._check_group(self.world_size)
-        except ValueError:
+            for channel in LANE_CHANNELS[: self.lanes]:
+                self._comms.append(Communicator(self.endpoint, self.world_size, channel=channel))
+        except ValueError as exc:
+            if self._comms:  # (a channel of a later lane was taken)
+                exc.add_note(f"DLCPState(lanes={self.lanes}) uses channels "
+                             f"{', '.join(map(str, LANE_CHANNELS[: self.lanes]))}")  # fmt: skip
+            for comm in self._comms:
+                comm.close()
             if created:
                 self.endpoint.close()
             raise
-        self.comm = Communicator(self.endpoint, self.world_size, channel=1)
+        #: lane 0's communicator
+        self.comm = self._comms[0]
         self._layer_of: dict[int, int] = {}
         if self.model is not None:
             self._layer_of = _layer_index(self.model)
@@ -189,9 +238,14 @@ class DLCPState:
         self._owns_endpoint = created
         self._closed = False
         self._closing_lock = threading.Lock()  # submit's check-and-put against close
-        self._servers: OrderedServers[_Job] = OrderedServers(
-            self._run, name="dlcp-ddp-hook", os_name="dlcp-ddp-hook"
-        )
+        self._submitted = 0  # (under _closing_lock)
+        self._outcomes = _InOrder(self.metrics)
+        self._servers: list[OrderedServers[_Job]] = [
+            OrderedServers(
+                functools.partial(self._run, comm), name="dlcp-ddp-hook", os_name="dlcp-ddp-hook"
+            )
+            for comm in self._comms
+        ]
 
     def _check_group(self, world: int) -> None:
         group = self.process_group
@@ -245,7 +299,10 @@ class DLCPState:
         with self._closing_lock:  # a job put after close()'s stop marker would never run
             if self._closed:
                 raise UsageStateError("DLCPState is closed: the DDP hook cannot reduce a bucket")
-            self._servers.put(_Job(tensor, segments, fut, last, ready))
+            seq = self._submitted
+            self._submitted += 1
+            lane = self._servers[seq % len(self._servers)]
+            lane.put(_Job(tensor, segments, fut, last, seq, ready))
         return fut
 
     def close(self) -> None:
@@ -255,44 +312,48 @@ class DLCPState:
             if self._closed:
                 return
             self._closed = True
-            self._servers.stop()
+            for servers in self._servers:
+                servers.stop()
         # every queued bucket ends, reduced or failed within the endpoint's
         # timeout; a callback chained to a bucket's future may take longer
-        while not self._servers.join(timeout=_JOIN_POLL_S):
-            log.warning("DLCPState.close(): still waiting for %d transport thread(s) "
-                        "(a queued bucket, or a callback on a bucket's future)",
-                        self._servers.threads)  # fmt: skip
+        for servers in self._servers:
+            while not servers.join(timeout=_JOIN_POLL_S):
+                log.warning("DLCPState.close(): still waiting for %d transport thread(s) "
+                            "(a queued bucket, or a callback on a bucket's future)",
+                            servers.threads)  # fmt: skip
         try:
             if self._tracer is not None:
                 self._tracer.write()
         finally:  # a trace that cannot be written still releases the endpoint
-            self.comm.close()  # (its channel: a later state continues its call numbers)
+            for comm in self._comms:  # (their channels: a later state continues their calls)
+                comm.close()
             if self._owns_endpoint and self.endpoint is not None:
                 self.endpoint.close()
 
     # ------------------------------------------------------------------ transport threads
 
-    def _run(self, job: _Job) -> Callable[[], None]:
-        """Reduce ``job``'s bucket (in its turn: see :mod:`.pg_serve`); returns
-        what completes its future, run after the turn has passed on."""
+    def _run(self, comm: Communicator, job: _Job) -> Callable[[], None]:
+        """Reduce ``job``'s bucket over its lane's ``comm`` (in the lane's turn:
+        see :mod:`.pg_serve`); returns what completes its future, run after the
+        turn has passed on."""
         try:
             # a bucket that fails here before its collective took a call number
             # (staging it, say) still uses one up: later buckets stay paired
-            with self.comm.reserve(1):
-                report = self._reduce(job)
-            self.metrics.add(report, last_bucket=job.last)
+            with comm.reserve(1):
+                report = self._reduce(comm, job)
+            self._outcomes.add(job.seq, report, last=job.last)
             if self._tracer is not None:
                 self._tracer.add(report)
         except BaseException as exc:  # surfaces in the training loop via the future
             log.error("dlcp hook: %s", exc)
-            self.metrics.add_failure(last_bucket=job.last)
+            self._outcomes.add(job.seq, None, last=job.last)
             # (a torch future takes an Exception only: anything else killed this thread)
             error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
             # (torch's stub types set_exception's argument as the future's value type)
             return functools.partial(job.future.set_exception, error)  # type: ignore[arg-type]
         return functools.partial(job.future.set_result, job.tensor)
 
-    def _reduce(self, job: _Job) -> CollectiveReport:
+    def _reduce(self, comm: Communicator, job: _Job) -> CollectiveReport:
         t = job.tensor
         # bfloat16 travels and is summed as float32 (numpy has no bfloat16)
         wire = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
@@ -300,20 +361,20 @@ class DLCPState:
             job.ready.synchronize()
             host = torch.empty(t.shape, dtype=wire, pin_memory=True)
             host.copy_(t)
-            report = self._collective(host.numpy(), job.segments)
+            report = self._collective(comm, host.numpy(), job.segments)
             with torch.cuda.device(t.device):
                 t.copy_(host, non_blocking=True)
                 torch.cuda.current_stream(t.device).synchronize()
             return report
         if wire != t.dtype:
             staged = t.detach().to(wire)
-            report = self._collective(staged.numpy(), job.segments)
+            report = self._collective(comm, staged.numpy(), job.segments)
             t.copy_(staged)
             return report
-        return self._collective(t.detach().numpy(), job.segments)
+        return self._collective(comm, t.detach().numpy(), job.segments)
 
     def _collective(
-        self, data: np.ndarray, segments: list[tuple[int, int, int]]
+        self, comm: Communicator, data: np.ndarray, segments: list[tuple[int, int, int]]
     ) -> CollectiveReport:
         if self.collective != "ps":
             reduce = (
@@ -323,7 +384,7 @@ class DLCPState:
                 else functools.partial(allreduce, direct_max_bytes=self.direct_max_bytes)
             )
             return reduce(
-                self.comm,
+                comm,
                 data,
                 segments=segments,
                 p=self.p,
@@ -332,7 +393,7 @@ class DLCPState:
                 average=True,
             )
         return ps_allreduce(
-            self.comm,
+            comm,
             data,
             servers=self.servers,
             segments=segments,

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.integration
 class _Bucket:
     """What dlcp_hook reads of a torch.distributed.GradBucket."""
 
-    def __init__(self, tensor: torch.Tensor, params: list[torch.Tensor]) -> None:
-        self._tensor, self._params = tensor, params
+    def __init__(self, tensor: torch.Tensor, params: list[torch.Tensor], *,
+                 last: bool = True) -> None:  # fmt: skip
+        self._tensor, self._params, self._last = tensor, params, last
 
     def buffer(self) -> torch.Tensor:
         return self._tensor
@@ -34,7 +35,7 @@ class _Bucket:
         return self._params
 
     def is_last(self) -> bool:
-        return True
+        return self._last
 
 
 def test_the_hook_returns_before_the_all_reduce_and_the_future_completes_it() -> None:
@@ -59,10 +60,7 @@ def test_the_hook_returns_before_the_all_reduce_and_the_future_completes_it() ->
             assert np.array_equal(out.numpy(), np.full(20_100, 1.5, np.float32))  # mean of 1, 2
         assert all(s.metrics.history and s.metrics.history[-1].buckets == 1 for s in states)
     finally:
-        for s in states:
-            s.close()
-        for ep in eps:
-            ep.close()
+        _close(states, eps)
     assert dlcp_threads() == []
 
 
@@ -81,6 +79,14 @@ def test_close_refuses_later_buckets_and_closes_only_its_own_endpoint() -> None:
     finally:
         ep.close()
     assert dlcp_threads() == []
+
+
+def _close(states: list[DLCPState], eps: list[Endpoint]) -> None:
+    """The states first (their transport threads use the endpoints), then the endpoints."""
+    for s in states:
+        s.close()
+    for ep in eps:
+        ep.close()
 
 
 def _pair() -> tuple[list[Endpoint], list[torch.nn.Module]]:
@@ -150,6 +156,8 @@ def test_bfloat16_buckets_are_reduced_through_float32_and_float64_is_refused() -
         ({"collective": "ps", "servers": [1, 1]}, r"servers=\[1, 1\] must be distinct"),
         ({"collective": "ps", "servers": []}, r"servers=\[\] must be distinct"),
         ({"servers": [0]}, r"servers= is for collective='ps', not 'ring'"),
+        ({"lanes": 0}, r"DLCPState: lanes=0 outside 1\.\.4"),
+        ({"lanes": 5}, r"DLCPState: lanes=5 outside 1\.\.4"),
     ],
 )
 def test_state_options_are_checked_at_construction(options: dict[str, object],
@@ -221,15 +229,17 @@ def test_a_bucket_that_fails_before_its_collective_keeps_later_buckets_paired(
     cfg = EndpointConfig(timeout=5.0)
     eps = [Endpoint(r, store=store, world_size=2, job=JOB, config=cfg) for r in range(2)]
     models = [torch.nn.Linear(200, 100) for _ in range(2)]
-    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    # (one lane: rank 1 stands in for its own first bucket by taking lane 0's call number)
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0, lanes=1)
+              for r in range(2)]  # fmt: skip
     try:
         real = states[0]._collective
         failures = iter([SystemExit("injected: staging failed")])
 
-        def flaky(data: np.ndarray, segments: list[tuple[int, int, int]]) -> object:
+        def flaky(comm: object, data: np.ndarray, segments: list[tuple[int, int, int]]) -> object:
             if (exc := next(failures, None)) is not None:
                 raise exc
-            return real(data, segments)
+            return real(comm, data, segments)  # type: ignore[arg-type]
 
         monkeypatch.setattr(states[0], "_collective", flaky)
         bucket = _Bucket(torch.ones(20_100), list(models[0].parameters()))
@@ -322,3 +332,58 @@ def test_a_callback_on_the_hook_future_may_reduce_another_bucket_and_wait_for_it
         for ep in eps:
             ep.close()
     assert dlcp_threads() == []
+
+
+def test_two_lanes_reduce_two_buckets_at_once_and_the_step_counts_both() -> None:
+    """Bucket 0 goes to lane 0, bucket 1 to lane 1: on rank 0 the first two
+    buckets wait for each other inside their collectives (a barrier of two),
+    which only threads of two lanes can pass. Every result is the exact mean,
+    and the step, ended by the last bucket, holds both, whichever lane finished
+    first."""
+    eps, models = _pair()
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    both_inside = threading.Barrier(2, timeout=20)
+    real = states[0]._collective
+
+    def meeting(comm: object, data: np.ndarray, segments: list[tuple[int, int, int]]) -> object:
+        both_inside.wait()  # (BrokenBarrierError: the other bucket was not under way)
+        return real(comm, data, segments)  # type: ignore[arg-type]
+
+    states[0]._collective = meeting  # type: ignore[method-assign]
+    try:
+        futs = [
+            [
+                dlcp_hook(s, _Bucket(torch.full((20_100,), 10.0 * b + r), list(m.parameters()),  # type: ignore[arg-type]
+                                     last=b == 1))
+                for b in range(2)
+            ]
+            for r, (s, m) in enumerate(zip(states, models, strict=True))
+        ]  # fmt: skip
+        for rank_futs in futs:
+            for b, fut in enumerate(rank_futs):
+                assert torch.equal(fut.wait(), torch.full((20_100,), 10.0 * b + 0.5))
+        for s in states:
+            (step,) = s.metrics.history
+            assert step.buckets == 2 and step.failed_buckets == 0
+    finally:
+        _close(states, eps)
+    assert dlcp_threads() == []
+
+
+def test_bucket_outcomes_reach_the_metrics_in_submission_order() -> None:
+    """Lane 1's last bucket may finish before lane 0's first: the step waits for
+    it, instead of ending without it (and the next step starting with it)."""
+    from dlcp.collectives.comm import ReportBuilder
+    from shims.ddp import _InOrder
+    from shims.metrics import StepMetrics
+
+    metrics = StepMetrics()
+    outcomes = _InOrder(metrics)
+    outcomes.add(1, ReportBuilder("ring_allreduce", 0, 30).build(), last=True)
+    assert metrics.history == []
+    outcomes.add(0, ReportBuilder("ring_allreduce", 0, 70).build(), last=False)
+    outcomes.add(2, None, last=True)  # a failed bucket ends the next step
+    assert [(s.buckets, s.elems, s.failed_buckets) for s in metrics.history] == [
+        (2, 100, 0),
+        (0, 0, 1),
+    ]
