@@ -24,11 +24,14 @@ class _Turn:
         self.log: list[str] = []
         ep: Any = Endpoint.__new__(Endpoint)  # no sockets, no thread: only the turn's logic
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
-        ep._session = SimpleNamespace(handle_timer=lambda now: self.log.append("timer"))
+        ep._session = SimpleNamespace(handle_timer=self._timer)
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
         ep._junk_read = False
         self.endpoint = ep
+
+    def _timer(self, *, now: float, data_pending: bool = False) -> None:
+        self.log.append("timer, data pending" if data_pending else "timer")
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
         ready = [(SimpleNamespace(fileobj=f"{k}-socket", data=k), 1) for k in ready_kinds]
@@ -63,10 +66,11 @@ def test_a_lasting_backlog_holds_control_and_timers_back_for_a_bounded_time(
     for _ in range(3):
         clock[0] += hold / 4
         assert turn.run(["control"], timer=0.0)[-1] == "data"
-    clock[0] += hold / 2  # their turn comes, backlog or not
-    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
+    clock[0] += hold / 2  # their turn comes, backlog or not; the receive side is told
+    # the backlog is still unread (it must not NACK what may be in it)
+    assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer, data pending"]
     clock[0] += hold / 4
-    assert turn.run(["control"], timer=0.0)[-2:] == ["timer", "data"]  # held again
+    assert turn.run(["control"], timer=0.0)[-2:] == ["timer, data pending", "data"]  # held again
     turn.endpoint._data.backlog = False  # drained: nothing held
     assert turn.run(["control"], timer=0.0)[-3:] == ["data", "control", "timer"]
 
