@@ -24,7 +24,7 @@
 #include <string.h>
 
 #if defined(__SSE2__)
-#include <xmmintrin.h>
+#include <emmintrin.h> /* (SSE2: the sampled sums and the streaming stores) */
 #endif
 
 #include "_kernels_core.h" /* copy_row, and the Python-free cores of scatter_run and swap_records */
