@@ -215,6 +215,24 @@ def test_options_are_validated() -> None:
     assert DLCPOptions().p is None
 
 
+def test_a_timeout_says_how_long_the_operation_ran_when_it_ended_early() -> None:
+    """A peer's own timer (a sender's FINISH retries, say) can end an operation
+    long before the group's timeout: the error must not claim that timeout was
+    reached. Without ``elapsed``, or once it has passed, it is."""
+    from shims.pg_timeouts import timed_out
+
+    early = timed_out("allreduce", 1, [2], 30.0, "rank 1: why", elapsed=0.2149)
+    assert str(early) == (
+        "Timed out: dlcp allreduce on rank 1 gave up after 0.21 s, before its timeout "
+        "of 30 s: rank 2 did not arrive (rank 1: why)"
+    )
+    for elapsed in (None, 30.0, 31.5):
+        late = timed_out("allreduce", 1, [2], 30.0, elapsed=elapsed)
+        assert str(late) == (
+            "Timed out: dlcp allreduce on rank 1 reached its timeout of 30 s: rank 2 did not arrive"
+        )
+
+
 def test_backend_is_registered_by_import() -> None:
     import dlcp  # noqa: F401
 
