@@ -7,11 +7,13 @@ still found gone at once."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import pytest
@@ -214,25 +216,34 @@ def test_a_peer_whose_listener_closes_after_its_connections_is_gone_at_once() ->
     not necessarily first. The end of its connection makes the survivor check
     the peer's control port, which the kernel still accepts for the listener
     that is about to close: the peer looked alive, and a receive from it waited
-    out its whole timeout. The checking connection, queued at a listener that
-    then closes, is reset: that end is checked too, and the peer is gone."""
+    out its whole timeout. Here b dies in that order, its I/O thread held (a
+    dying process runs none): its connection to a ends, a checks and is
+    accepted, then b's listener closes and then b's connection from a. The
+    connections a opened are watched: their end is checked too, and b is gone."""
     a, b = _pair(False)
     try:
         _exchange(a, b, 1)
         pending = a.recv(src=1, msg=2)
-        with a._lock, b._lock:
-            first = {e.rank: set(e._control.inbound) for e in (a, b)}
-            for sock in b._control.outbound.values():  # b's connections end first ...
+        with b._lock:  # (b's I/O thread stops before its next turn)
+            first = set(a._control.inbound)
+            for sock in b._control.outbound.values():  # b's connection to a ends ...
                 sock.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + 10
-        while first[0] & set(a._control.inbound):  # a checked b: its port accepted
-            assert time.monotonic() < deadline, "a never handled the end of b's connection"
-            time.sleep(0.005)  # (polling what a's I/O thread did, not a readiness guess)
-        assert not pending.done() and a.stats()["peers_gone"] == {}
-        started = time.monotonic()
-        b.close()  # ... its listener closes after them
-        with pytest.raises(Exception, match=closed_endpoint(1)):
-            pending.result(timeout=8)
+            deadline = time.monotonic() + 10
+            while first & set(a._control.inbound):  # ... a checked b: its port accepted
+                assert time.monotonic() < deadline, "a never handled the end of b's connection"
+                time.sleep(0.005)  # (polling what a's I/O thread did, not a readiness guess)
+            assert not pending.done() and a.stats()["peers_gone"] == {}
+            started = time.monotonic()
+            # ... then its listener stops (shut down, not closed under b's I/O thread:
+            # the kernel resets the queued check and refuses new ones), then the rest
+            b._control.listener.shutdown(socket.SHUT_RDWR)
+            for sock in b._control.inbound:
+                sock.shutdown(socket.SHUT_RDWR)
+            try:
+                error = pending.exception(timeout=8)
+            except FutureTimeout:
+                pytest.fail("the receive from the departed peer was still waiting after 8 s")
+        assert error is not None and re.search(closed_endpoint(1), str(error)), error
         assert time.monotonic() - started < 5  # far sooner than the 10 s timeout
         assert 1 in a.stats()["peers_gone"]
     finally:
