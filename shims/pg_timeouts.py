@@ -26,9 +26,19 @@ def peers_named(error: BaseException) -> list[int]:
 
 
 def timed_out(
-    op: str, rank: int, peers: Iterable[int], seconds: float, why: str = ""
+    op: str,
+    rank: int,
+    peers: Iterable[int],
+    seconds: float,
+    why: str = "",
+    *,
+    elapsed: float | None = None,
 ) -> DLCPTimeout:
-    """The error of ``op`` on ``rank`` that waited ``seconds`` for ``peers``."""
+    """The error of ``op`` on ``rank`` that waited ``seconds`` (its timeout) for
+    ``peers``. ``elapsed``: how long the operation ran, when a timer of the
+    endpoint's may have ended it sooner (a sender whose receiver stopped
+    answering gives up after its FINISH retries): under ``seconds``, the text
+    says how long it ran instead of claiming the timeout was reached."""
     missing = sorted(set(peers))
     who = (
         f"rank {missing[0]} did not arrive"
@@ -38,5 +48,10 @@ def timed_out(
         else "the operation did not complete"
     )
     # (" timeout " between spaces: what torch's tests match, with "Timed out")
-    text = f"Timed out: dlcp {op} on rank {rank} reached its timeout of {seconds:g} s: {who}"
+    when = (
+        f"reached its timeout of {seconds:g} s"
+        if elapsed is None or elapsed >= seconds
+        else f"gave up after {elapsed:.2f} s, before its timeout of {seconds:g} s"
+    )
+    text = f"Timed out: dlcp {op} on rank {rank} {when}: {who}"
     return DLCPTimeout(f"{text} ({why})" if why else text)

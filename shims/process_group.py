@@ -76,6 +76,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -371,6 +372,7 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
 
     def _run(self, job: Job) -> Callable[[], None]:
         """Run ``job`` (in its turn: see :mod:`.pg_serve`); what completes its future."""
+        started = time.monotonic()
         try:
             # an operation that fails here before it took its call numbers (in
             # staging, say) still uses them up: later ones stay paired
@@ -379,12 +381,17 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
                     job.ready.synchronize()
                 report = job.run()
         except BaseException as exc:  # surfaces in the caller through the future
-            log.error("dlcp process group rank %d: %s failed: %s", self._rank, job.name, exc)
+            elapsed = time.monotonic() - started
+            log.error("dlcp process group rank %d: %s failed after %.2f s: %s: %s",
+                      self._rank, job.name, elapsed, type(exc).__name__, exc)  # fmt: skip
             error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
             if isinstance(error, PeerTimeout) and not isinstance(error, DLCPTimeout):
-                # worded as torch's backends word theirs (the peers, the timeout)
+                # worded as torch's backends word theirs (the peers, the timeout);
+                # a peer's own timer may have ended it before the group's timeout
                 peers = peers_named(error)
-                error = timed_out(job.name, self._rank, peers, self.comm.timeout, str(exc))
+                error = timed_out(
+                    job.name, self._rank, peers, self.comm.timeout, str(exc), elapsed=elapsed
+                )
             error.add_note(f"in dlcp process group operation {job.name} on rank {self._rank}")
             return functools.partial(job.future.set_exception, error)
         if report is not None:  # (a list: a collective per tensor, each reported)

@@ -18,6 +18,16 @@ only when it does not. The endpoint then fails what it was waiting for from
 that peer, and only that. A peer that is alive but silent is found by the
 endpoint's timeouts.
 
+The connections a rank opened are watched for their end too (a peer only
+reads them, so one that turns readable has ended:
+:meth:`ControlChannel.watch_ends`), and an end is checked the same way. That is
+what makes the check sound: a dying process closes its sockets one at a time,
+its listener not necessarily first, so the end of its connection can be
+checked while the kernel still accepts connections for the listener about to
+close. The check then says "alive", but the checking connection (or the one it
+kept) is reset when that listener closes; that end is checked again, and the
+port refuses.
+
 Loss on the control path: a control message is one small segment with nothing
 behind it, so when the network drops it TCP cannot recover by duplicate ACKs;
 it waits for its tail-loss probe or retransmission timer, which Linux bounds
@@ -37,6 +47,7 @@ import hashlib
 import hmac
 import logging
 import os
+import selectors
 import socket
 import struct
 import time
@@ -210,13 +221,36 @@ class ControlChannel:
         #: why the last accept failed (out of descriptors, ...), None once one works
         self.accept_error: str | None = None
         self.outbound: dict[int, socket.socket] = {}
+        #: the selector that watches the outbound connections for their end (data
+        #: ``"outbound"``), if one does (:meth:`watch_ends`)
+        self._ends: selectors.BaseSelector | None = None
         self._read_buf = bytearray(1 << 18)
 
     def close(self) -> None:
+        """Close every socket (a selector watching them must be let go first:
+        ``watch_ends(None)``)."""
         for s in [self.listener, *self.inbound, *self.outbound.values()]:
             s.close()
         self.inbound.clear()
         self.outbound.clear()
+
+    def watch_ends(self, selector: selectors.BaseSelector | None) -> None:
+        """Have ``selector`` watch every outbound connection for reading, with data
+        ``"outbound"``: those open now and those opened later, each until it is
+        dropped. A peer never writes on them, so one that turns readable has
+        ended: hand it to :meth:`outbound_ended`. None lets the selector go
+        (it stops watching them)."""
+        old, self._ends = self._ends, selector
+        for sock in self.outbound.values():
+            if old is not None:
+                old.unregister(sock)
+            if selector is not None:
+                selector.register(sock, selectors.EVENT_READ, "outbound")
+
+    def _add_outbound(self, peer: int, sock: socket.socket) -> None:
+        self.outbound[peer] = sock
+        if self._ends is not None:
+            self._ends.register(sock, selectors.EVENT_READ, "outbound")
 
     # ------------------------------------------------------------------ send
 
@@ -242,7 +276,7 @@ class ControlChannel:
         try:
             sock = self._connect(addr)
             sock.setblocking(False)
-            self.outbound[peer] = sock
+            self._add_outbound(peer, sock)
             self._send_all(sock, self._hello(peer) + frame)
         except OSError as exc:
             self._drop_outbound(peer)
@@ -291,6 +325,8 @@ class ControlChannel:
     def _drop_outbound(self, peer: int) -> None:
         sock = self.outbound.pop(peer, None)
         if sock is not None:
+            if self._ends is not None:  # (before its descriptor can be reused)
+                self._ends.unregister(sock)
             sock.close()
 
     # ------------------------------------------------------------------ receive
@@ -412,13 +448,47 @@ class ControlChannel:
             # reset between two live ranks (ss -K, a middlebox): it opens a new
             # connection when it next sends; a dead process's port refuses
             log.warning(
-                "dlcp: the control connection from rank %s ended (%s), but rank %s still "
-                "accepts connections: not gone, it reconnects when it next sends",
-                conn.rank, why, conn.rank,
+                "dlcp rank %d (control port %d): the control connection from rank %s "
+                "ended (%s), but rank %s still accepts connections: not gone, it "
+                "reconnects when it next sends",
+                self.rank, self.address[1], conn.rank, why, conn.rank,
             )  # fmt: skip
             return None
         self._drop_outbound(conn.rank)
         return LostPeer(conn.rank, f"rank {conn.rank} {why}")
+
+    def outbound_ended(self, sock: socket.socket) -> LostPeer | None:
+        """Outbound ``sock`` turned readable (see :meth:`watch_ends`): if its peer
+        closed or reset it, and the peer's control port no longer accepts a
+        connection, a LostPeer. None if it has not ended (what the peer wrongly
+        sent on it is read and dropped), if it is no longer this rank's
+        connection (dropped or replaced since), or if the peer answers (alive:
+        the checking connection replaces it, watched in turn)."""
+        peer = next((r for r, s in self.outbound.items() if s is sock), None)
+        if peer is None:
+            return None
+        try:
+            n = sock.recv_into(self._read_buf, len(self._read_buf), socket.MSG_DONTWAIT)
+            ended = None if n else "closed"
+        except (BlockingIOError, InterruptedError):
+            ended = None
+        except OSError as exc:
+            ended = str(exc)
+        if ended is None:
+            return None
+        self._drop_outbound(peer)
+        if self._answers(peer):
+            log.warning(
+                "dlcp rank %d (control port %d): the control connection to rank %s "
+                "ended (%s), but rank %s still accepts connections: not gone",
+                self.rank, self.address[1], peer, ended, peer,
+            )  # fmt: skip
+            return None
+        return LostPeer(
+            peer,
+            f"control connection to rank {peer} ended ({ended}) and rank {peer} "
+            "no longer accepts control connections",
+        )
 
     def _answers(self, rank: int) -> bool:
         """Whether ``rank``'s control port accepts a connection now (its process
@@ -443,5 +513,5 @@ class ControlChannel:
         if rank in self.outbound:
             sock.close()
         else:
-            self.outbound[rank] = sock
+            self._add_outbound(rank, sock)
         return True

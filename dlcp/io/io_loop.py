@@ -143,6 +143,8 @@ class IOLoop:
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self._sender is not None:
             sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
+        with self._lock:  # (a caller's command may have opened some already)
+            self._control.watch_ends(sel)
         try:
             while not self._closing:
                 self._give_way()
@@ -176,6 +178,7 @@ class IOLoop:
             with self._lock:
                 self._closing = True  # after a crash too: later calls fail instead of hanging
                 self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
+                self._control.watch_ends(None)
                 sel.close()
                 self._close_sockets()
             self._closed.set()
@@ -283,6 +286,8 @@ class IOLoop:
                 self._session.note_idle(max(0.0, junk), now=now)
         elif what == "engine":
             self._rounds_sent()
+        elif what == "outbound":
+            self._outbound_ready(sock)
         elif what == "wake":
             try:
                 while self._wake_r.recv(4096):
@@ -446,6 +451,16 @@ class IOLoop:
             # turn that held control back, or a peer that closed as soon as its
             # receive completed). What it said counts first; what is still
             # pending with it then fails.
+            self._read_control_from(gone.rank)
+            self._peer_gone(gone)
+
+    def _outbound_ready(self, sock: Any) -> None:
+        """A control connection this rank opened turned readable: it ended if its
+        peer closed or reset it; a peer whose control port then refuses is gone
+        (the end of a dying process's connection can be checked before its
+        listener closes: see :mod:`dlcp.io.control`)."""
+        gone = self._control.outbound_ended(sock)
+        if gone is not None:
             self._read_control_from(gone.rank)
             self._peer_gone(gone)
 

@@ -25,6 +25,18 @@ MARGIN = 1.5  # seconds an error may come after the configured timeout
 
 root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root")
 
+
+def closed_endpoint(rank: int) -> str:
+    """What a rank whose peer ``rank`` closed its endpoint (or died) says of it:
+    whichever end of their two control connections it handled first (the one
+    from the peer, or the one it opened to the peer: closed, or reset), each
+    checked against the peer's port, which refuses."""
+    return (
+        f"rank {rank} closed its control connection"
+        f"|control connection to rank {rank} ended \\(.+\\) and rank {rank} "
+        "no longer accepts control connections"
+    )
+
 ETH_P_ALL = 0x0003
 #: sll_pkttype of a frame this host sent (AF_PACKET address, third field)
 PACKET_OUTGOING = 4

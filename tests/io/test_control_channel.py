@@ -3,6 +3,7 @@ reading is declared gone after ``connect_timeout`` instead of stalling the sende
 
 from __future__ import annotations
 
+import selectors
 import socket
 import time
 
@@ -54,5 +55,45 @@ def test_a_peer_that_stops_reading_is_gone_after_the_timeout() -> None:
         assert elapsed < 10  # one timeout of 0.3 s, not one per frame
         assert 1 not in a.outbound  # a later send opens a new connection
     finally:
+        a.close()
+        b.close()
+
+
+def test_a_check_accepted_by_a_closing_listener_is_found_out_when_it_resets() -> None:
+    """A dying peer closed its connection before its listener: the check of that
+    end connects (the kernel queues it for the listener) and says "alive". When
+    the listener closes, the queued checking connection is reset; watched, that
+    end is checked again, and the closed port makes the peer gone."""
+    a = ControlChannel("127.0.0.1", 0, rank=0, job=9, connect_timeout=2.0)
+    b = ControlChannel("127.0.0.1", 0, rank=1, job=9, connect_timeout=2.0)
+    a.address_of = lambda rank: b.address if rank == 1 else None
+    sel = selectors.DefaultSelector()
+    try:
+        a.watch_ends(sel)
+        assert b.send(0, a.address, b"\x01" * 16) is None
+        conn = _accept(a)
+        deadline = time.monotonic() + 5
+        while not a.read(conn)[0]:
+            assert time.monotonic() < deadline, "the frame never arrived"
+        a.inbound[conn].trusted = True  # (the session accepted its frame)
+        inbound = a.inbound[conn]
+        b.outbound.pop(0).close()  # b dies: its connection ends first ...
+        while (ended := a.read(conn)[1]) is None:
+            assert time.monotonic() < deadline, "the end never arrived"
+        assert a.ended(inbound, ended) is None  # ... its listener still queues the check
+        assert 1 in a.outbound and not sel.select(0)
+        b.listener.close()  # ... then its listener closes: the queued check is reset
+        ready = sel.select(5)
+        assert [key.data for key, _ in ready] == ["outbound"]
+        gone = a.outbound_ended(ready[0][0].fileobj)  # type: ignore[arg-type]
+        assert isinstance(gone, LostPeer) and gone.rank == 1, gone
+        assert gone.why == (
+            "control connection to rank 1 ended ([Errno 104] Connection reset by peer) "
+            "and rank 1 no longer accepts control connections"
+        )
+        assert 1 not in a.outbound and sel.get_map() == {}
+    finally:
+        a.watch_ends(None)
+        sel.close()
         a.close()
         b.close()

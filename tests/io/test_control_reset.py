@@ -7,11 +7,13 @@ still found gone at once."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.io.control import LostPeer
 from dlcp.proto.config import ProtocolConfig
-from tests.io.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore
+from tests.io.endpoint_helpers import IS_ROOT, JOB, KEY, LocalStore, closed_endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +111,7 @@ def test_a_peer_whose_process_is_gone_is_still_gone_at_once() -> None:
         pending = b.recv(src=0, msg=2)
         started = time.monotonic()
         a.close()  # (its listener closes with it: the check is refused)
-        with pytest.raises(Exception, match="rank 0 closed its control connection"):
+        with pytest.raises(Exception, match=closed_endpoint(0)):
             pending.result(timeout=8)
         assert time.monotonic() - started < 5  # far sooner than the 10 s timeout
         assert 0 in b.stats()["peers_gone"]
@@ -148,10 +150,12 @@ def test_a_receiver_that_answered_and_left_completes_the_send() -> None:
     sends the peer a control message (a FINISH again) and finds it gone: the
     STOP waiting unread counts first, and the send succeeds instead of failing
     with "connection refused". Here the sender's control reads are held back
-    until a control send to the receiver has failed."""
+    until it found the receiver gone: a control send to it failed, or the
+    connection to it ended and its port refused."""
     a, b = _pair(False)
     held = threading.Event()
     real_read, real_send = a._control.read, a._control.send
+    real_ended = a._control.outbound_ended
 
     def read(sock: socket.socket) -> tuple[list[tuple[int, bytes]], str | None]:
         return ([], None) if held.is_set() else real_read(sock)
@@ -162,17 +166,24 @@ def test_a_receiver_that_answered_and_left_completes_the_send() -> None:
             held.clear()
         return gone
 
+    def outbound_ended(sock: socket.socket) -> LostPeer | None:
+        gone = real_ended(sock)
+        if gone is not None:
+            held.clear()
+        return gone
+
     try:
         _exchange(a, b, 1)  # both control connections up
         with a._lock:
             a._control.read, a._control.send = read, send  # type: ignore[method-assign]
+            a._control.outbound_ended = outbound_ended  # type: ignore[method-assign]
             held.set()
         got = b.recv(src=0, msg=2)
         sent = a.send(X, to=1, msg=2)
         assert np.array_equal(got.result(timeout=15).data, X)
         b.close()
         sent.result(timeout=15)  # (it failed here: "... failed: Connection refused")
-        assert not held.is_set(), "no control send found the receiver gone"
+        assert not held.is_set(), "the receiver was never found gone"
         assert 1 in a.stats()["peers_gone"]  # gone it is, with nothing pending
     finally:
         held.clear()
@@ -195,6 +206,46 @@ def test_a_connection_closed_since_select_saw_it_is_skipped() -> None:
             a._selector.unregister(sock)  # (as the drain does after a connection's end)
             assert a._read_control(a._selector, sock) is False
         _exchange(a, b, 2)  # the I/O thread lives on
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_peer_whose_listener_closes_after_its_connections_is_gone_at_once() -> None:
+    """A process that dies closes its sockets one by one, its control listener
+    not necessarily first. The end of its connection makes the survivor check
+    the peer's control port, which the kernel still accepts for the listener
+    that is about to close: the peer looked alive, and a receive from it waited
+    out its whole timeout. Here b dies in that order, its I/O thread held (a
+    dying process runs none): its connection to a ends, a checks and is
+    accepted, then b's listener closes and then b's connection from a. The
+    connections a opened are watched: their end is checked too, and b is gone."""
+    a, b = _pair(False)
+    try:
+        _exchange(a, b, 1)
+        pending = a.recv(src=1, msg=2)
+        with b._lock:  # (b's I/O thread stops before its next turn)
+            first = set(a._control.inbound)
+            for sock in b._control.outbound.values():  # b's connection to a ends ...
+                sock.shutdown(socket.SHUT_RDWR)
+            deadline = time.monotonic() + 10
+            while first & set(a._control.inbound):  # ... a checked b: its port accepted
+                assert time.monotonic() < deadline, "a never handled the end of b's connection"
+                time.sleep(0.005)  # (polling what a's I/O thread did, not a readiness guess)
+            assert not pending.done() and a.stats()["peers_gone"] == {}
+            started = time.monotonic()
+            # ... then its listener stops (shut down, not closed under b's I/O thread:
+            # the kernel resets the queued check and refuses new ones), then the rest
+            b._control.listener.shutdown(socket.SHUT_RDWR)
+            for sock in b._control.inbound:
+                sock.shutdown(socket.SHUT_RDWR)
+            try:
+                error = pending.exception(timeout=8)
+            except FutureTimeout:
+                pytest.fail("the receive from the departed peer was still waiting after 8 s")
+        assert error is not None and re.search(closed_endpoint(1), str(error)), error
+        assert time.monotonic() - started < 5  # far sooner than the 10 s timeout
+        assert 1 in a.stats()["peers_gone"]
     finally:
         a.close()
         b.close()
