@@ -7,7 +7,7 @@
 
 The hook hands the bucket to the state's transport threads and returns a future
 at once, so backward never waits on the network. Buckets take turns over
-``lanes`` (default 2) independent lanes, bucket ``i`` on lane ``i % lanes``,
+``lanes`` (default 1) independent lanes, bucket ``i`` on lane ``i % lanes``,
 each with its own communicator (message channel) and threads: a lane runs its
 buckets' collectives one at a time, in the order DDP hands them over (the same
 on every rank), so the buckets of two lanes are reduced at once, as Gloo's
@@ -158,7 +158,7 @@ class DLCPState:
     fill: str = "zero"
     servers: list[int] | None = None
     direct_max_bytes: int = DIRECT_MAX_BYTES
-    lanes: int = 2
+    lanes: int = 1
     endpoint: Endpoint | None = None
     world_size: int | None = None
     trace_path: str | None = None

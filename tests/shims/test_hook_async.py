@@ -341,7 +341,8 @@ def test_two_lanes_reduce_two_buckets_at_once_and_the_step_counts_both() -> None
     and the step, ended by the last bucket, holds both, whichever lane finished
     first."""
     eps, models = _pair()
-    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0) for r in range(2)]
+    states = [DLCPState(model=models[r], endpoint=eps[r], world_size=2, p=0.0, lanes=2)
+              for r in range(2)]  # fmt: skip
     both_inside = threading.Barrier(2, timeout=20)
     real = states[0]._collective
 
