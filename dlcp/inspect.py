@@ -184,13 +184,15 @@ class DLCPFinish(_Body):
     name = "DLCP FINISH"
     fields_desc: ClassVar[list[AnyField]] = [
         ShortField("round", 0),
-        ShortField("reserved", 0),
+        FieldLenField("tail_count", None, count_of="tail", fmt="!H"),
         IntField("total_chunks", 0),
         IntField("protected_chunks", 0),
         # chunks per (priority, drop) class at index prio * 2 + drop
         FieldListField(
             "class_chunks", _NO_CLASS_CHUNKS, IntField("", 0), count_from=lambda pkt: 16
         ),
+        # the last chunk of the round on each path (spec 5.3)
+        FieldListField("tail", [], IntField("", 0), count_from=lambda pkt: pkt.tail_count),
     ]
 
 

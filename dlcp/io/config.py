@@ -233,6 +233,7 @@ _PROTO_ENV: dict[str, str] = {
     "finish_timeout": "float",
     "finish_retries": "int",
     "reorder_grace": "float",
+    "ordered_paths": "bool",
     "nack_timeout": "float",
     "recv_idle_timeout": "float",
     "silent_path_timeout": "float",

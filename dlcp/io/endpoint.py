@@ -124,6 +124,8 @@ class Endpoint(IOLoop):
             peers=known,
             pacer_factory=self._pacer_for if self.engine == "native" else None,
             whole_rounds=self.engine == "native",
+            # (several native send threads interleave a round's batches)
+            ordered_rounds=self.engine != "native" or cfg.engine_threads == 1,
             nonce_start=time.time_ns(),  # spec §3: above any nonce of an earlier run
         )
         self._data = DataSockets(

@@ -91,6 +91,11 @@ class ProtocolConfig:
     finish_retries: int = 10
     #: receiver: after FINISH, wait this long for data still in flight before NACKing
     reorder_grace: float = 0.002
+    #: receiver: the network delivers each path's datagrams in the order they were
+    #: sent (ECMP keeps a flow on one route), so a FINISH's tail ends the reorder
+    #: grace (docs/spec.md §8); off for a fabric that sprays one flow's packets
+    #: over several routes (per-packet adaptive routing)
+    ordered_paths: bool = True
     #: receiver: repeat a NACK after this long without progress
     nack_timeout: float = 0.1
     #: receiver: a started message with no packet for this long fails

@@ -38,6 +38,7 @@ from .wire import (
 
 __all__ = [
     "CODECS",
+    "MAX_FINISH_TAIL",
     "Abort",
     "AbortReason",
     "ControlMessage",
@@ -56,7 +57,9 @@ _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 _AUTH: Final = int(Flags.AUTH)
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 _U32: Final = struct.Struct(">I")
-_FINISH_BODY: Final = struct.Struct(">HHII16I")
+_FINISH_BODY: Final = struct.Struct(">HHII16I")  # then tail_count x u32 (tail)
+#: the most tail chunks a FINISH names: one per path (``n_paths`` <= 256)
+MAX_FINISH_TAIL: Final = 256
 _NACK_HEAD: Final = struct.Struct(">HBBI")  # round, flags, range count, needed
 _RATE_BODY: Final = struct.Struct(">QI")
 _ABORT_BODY: Final = struct.Struct(">HH")
@@ -91,12 +94,19 @@ class Finish(_ControlBase):
 
     ``class_chunks``: chunks per (priority, drop) class at index
     ``prio * 2 + drop``, so the receiver can say what it lost per class.
+
+    ``tail``: the last chunk this round sent on each path it used, when the
+    round's records left in order on each path (docs/spec.md §5.3); empty when
+    they may not have (several send threads). A receiver that holds every tail
+    chunk has all of the round's data that was not lost: it need not wait the
+    reorder grace for more.
     """
 
     round: int = 0
     total_chunks: int = 0
     protected_chunks: int = 0
     class_chunks: tuple[int, ...] = field(default=(0,) * 16)
+    tail: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,23 +168,42 @@ def _encode_finish(msg: Finish) -> bytes:
             f"inconsistent Finish: {msg.protected_chunks} protected and "
             f"{sum(msg.class_chunks)} classed chunks of {msg.total_chunks}"
         )
-    return _FINISH_BODY.pack(
-        msg.round, 0, msg.total_chunks, msg.protected_chunks, *msg.class_chunks
+    if len(msg.tail) > MAX_FINISH_TAIL or any(
+        not 0 <= c < msg.total_chunks for c in msg.tail
+    ):
+        raise UsageError(
+            f"Finish.tail {msg.tail!r} must name at most {MAX_FINISH_TAIL} chunks "
+            f"of the message's {msg.total_chunks}"
+        )
+    body = _FINISH_BODY.pack(
+        msg.round, len(msg.tail), msg.total_chunks, msg.protected_chunks, *msg.class_chunks
     )
+    return body + struct.pack(f">{len(msg.tail)}I", *msg.tail)
 
 
 def _decode_finish(step: int, msg: int, src: int, body: bytes) -> Finish:
-    if len(body) != _FINISH_BODY.size:
+    if len(body) < _FINISH_BODY.size:
         raise _length_error(PacketType.FINISH, _FINISH_BODY.size, len(body))
-    rnd, res, total, protected, *classes = _FINISH_BODY.unpack(body)
-    if res:
-        raise WireError(Reason.BAD_FIELD, f"reserved bits set in FINISH body: {res:#06x}")
+    rnd, n_tail, total, protected, *classes = _FINISH_BODY.unpack_from(body)
+    if n_tail > MAX_FINISH_TAIL:
+        raise WireError(
+            Reason.BAD_FIELD, f"FINISH names {n_tail} tail chunks, at most {MAX_FINISH_TAIL}"
+        )
+    size = _FINISH_BODY.size + 4 * n_tail
+    if len(body) != size:
+        raise _length_error(PacketType.FINISH, size, len(body))
     if protected > total or sum(classes) != total:
         raise WireError(
             Reason.BAD_FIELD,
             f"inconsistent FINISH: {protected} protected and {sum(classes)} classed "
             f"chunks of {total}",
         )
+    tail = struct.unpack_from(f">{n_tail}I", body, _FINISH_BODY.size)
+    for chunk in tail:
+        if chunk >= total:
+            raise WireError(
+                Reason.BAD_FIELD, f"FINISH tail chunk {chunk} outside the message's {total} chunks"
+            )
     return Finish(
         step,
         msg,
@@ -183,6 +212,7 @@ def _decode_finish(step: int, msg: int, src: int, body: bytes) -> Finish:
         total_chunks=total,
         protected_chunks=protected,
         class_chunks=tuple(classes),
+        tail=tail,
     )
 
 

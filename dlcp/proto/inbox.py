@@ -303,8 +303,10 @@ class Inbox(ReceivePaths[_Incoming]):
         self._meter.on_bytes(key[0], wire_bytes, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
-            if self._native is not None and key in self._incoming:
-                self._native.sync(key, state.reassembler)
+            if key in self._incoming:
+                state.recovery.on_data(now=now)  # (the FINISH's tail may be in now)
+                if self._native is not None:
+                    self._native.sync(key, state.reassembler)
 
     def _open(
         self,

@@ -98,10 +98,14 @@ class Outbox(SessionSide):
         *,
         pacer_factory: Callable[[int], Pacer] | None = None,
         whole_rounds: bool = False,
+        ordered_rounds: bool = True,
     ) -> None:
         super().__init__(ctx)
         self._pacer_factory = pacer_factory
         self.whole_rounds = whole_rounds
+        #: every round's records leave in order on each path (one sending thread):
+        #: FINISH then names each path's last chunk (its ``tail``)
+        self.ordered_rounds = ordered_rounds
         #: whole_rounds: record buffers of ended messages the driver may still be
         #: sending from, and the releases that tell it to stop
         self._lent: dict[Key, npt.NDArray[np.uint8]] = {}
@@ -518,7 +522,7 @@ class Outbox(SessionSide):
         self._round_sent(key, o, now=now)
 
     def _round_sent(self, key: Key, o: OutgoingMessage, *, now: float) -> None:
-        o.recovery.round_sent(now=now)
+        o.recovery.round_sent(now=now, tail=self._tail_of(o) if self.ordered_rounds else ())
         pacer = self.peers[key[0]].pacer
         allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
         (began, o.round_began), (last, o.round_last) = (o.round_began, None), (o.round_last, None)
@@ -531,6 +535,18 @@ class Outbox(SessionSide):
         else:  # the whole round went at once: as fast as the pacer let it
             o.round_rate = allowed
         self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
+
+    @staticmethod
+    def _tail_of(o: OutgoingMessage) -> tuple[int, ...]:
+        """The last chunk of ``o``'s round on each path it went on (FINISH's tail)."""
+        seqs = o.run.seq
+        if len(seqs) == 0:
+            return ()
+        paths = o.path_of_seq[seqs]
+        if bool((paths == paths[0]).all()):  # (one path: the usual case)
+            return (int(seqs[-1]),)
+        _, last_from_end = np.unique(paths[::-1], return_index=True)
+        return tuple(int(c) for c in seqs[len(seqs) - 1 - last_from_end])
 
     # ------------------------------------------------------------------ timers
 

@@ -147,6 +147,9 @@ class SenderRecovery:
         cls = table.prio.astype(np.int64) * 2 + table.drop
         self._class_chunks = tuple(np.bincount(cls, minlength=16).tolist())
         self._protected = int(n - np.count_nonzero(table.drop))
+        #: the current round's last chunk on each path (FINISH's ``tail``), if
+        #: its records left in order on each path
+        self._tail: tuple[int, ...] = ()
 
     def finish_message(self, *, step: int, msg: int, src: int) -> Finish:
         return Finish(
@@ -157,13 +160,17 @@ class SenderRecovery:
             total_chunks=self.table.n_chunks,
             protected_chunks=self._protected,
             class_chunks=self._class_chunks,
+            tail=self._tail,
         )
 
-    def round_sent(self, *, now: float) -> None:
-        """Every record of the current round went out: FINISH follows."""
+    def round_sent(self, *, now: float, tail: tuple[int, ...] = ()) -> None:
+        """Every record of the current round went out: FINISH follows, naming
+        ``tail``, the round's last chunk on each path (empty: its records may
+        have left out of order, docs/spec.md §5.3)."""
         self.phase = SendPhase.AWAITING
         self.finish_tries = 1
         self.timer = now + self.config.finish_timeout
+        self._tail = tail
 
     def on_nack(self, nack: Nack, *, now: float) -> Int64Array | None:
         """Chunks to resend for a NACK of the current round, or None if it is stale
@@ -319,6 +326,8 @@ class ReceiverRecovery:
         ---------  --------------------------------  -----------------------------
         RECEIVING  FINISH, bound unmet (on_finish)   FINISHED  (NACK at +grace)
         FINISHED   FINISH of a later round           FINISHED  (NACK at +grace)
+        FINISHED   data completing the tail          FINISHED  (NACK now)
+                   (on_data)
         FINISHED   timer, data quiet (on_timer)      NACKED    (NACK sent)
         NACKED     timer (on_timer)                  NACKED    (NACK sent again)
         NACKED     FINISH of a later round           FINISHED
@@ -334,7 +343,9 @@ class ReceiverRecovery:
 
     ("any live": every phase but DONE, FAILED and CANCELLED.) A message
     complete by the bound waits the grace only if it was never NACKED: a
-    NACKED message waited the grace before its NACK. Any event in a terminal
+    NACKED message waited the grace before its NACK. No grace is waited, for a
+    NACK or a completion, once the latest FINISH's tail landed
+    (:meth:`tail_landed`): the round's data is then all in or lost. Any event in a terminal
     phase, and any move the table does not list, raises
     :class:`~dlcp.errors.ProtocolStateError`: it is a bug of the caller.
     """
@@ -353,6 +364,10 @@ class ReceiverRecovery:
         #: when the FINISH of a round not NACKED yet arrived
         self._finish_at: float | None = None
         self._complete_at: float | None = None  # SETTLING: when to complete
+        #: the last NACK named exactly the chunks missing then (not merged ranges,
+        #: spec §5.4): the next round resends only chunks this receiver lacked, so
+        #: holding its tail means they arrived after that NACK
+        self._nack_exact = True
 
     def _nacked(self, finish_round: int) -> bool:
         """Whether FINISH round ``finish_round`` (or a later one) was NACKED."""
@@ -372,6 +387,23 @@ class ReceiverRecovery:
                 f"receiver recovery: {event} after the message ended ({self.phase.name})"
             )
 
+    def tail_landed(self) -> bool:
+        """Whether every data packet of the latest FINISH's round that was not
+        lost has arrived: its records left in order on each path, and this
+        receiver holds the last chunk of each (FINISH's ``tail``, docs/spec.md
+        §5.3). Then nothing of the round is still in flight behind the FINISH,
+        and the reorder grace has nothing left to wait for."""
+        finish = self.reassembler.finish
+        if (
+            finish is None
+            or not finish.tail
+            or not self.config.ordered_paths
+            or (finish.round > 0 and not self._nack_exact)
+        ):
+            return False
+        received = self.reassembler.received
+        return all(received[c] for c in finish.tail)
+
     @property
     def timer(self) -> float:
         """When :meth:`on_timer` (or, SETTLING, the completion check) is next due."""
@@ -388,7 +420,7 @@ class ReceiverRecovery:
         if self.phase is _SETTLING:
             return  # complete by the bound: no NACK unless the bound tightens
         if self._nack_at is None or not self._nacked(finish_round):
-            self._nack_at = now + self.config.reorder_grace
+            self._nack_at = now if self.tail_landed() else now + self.config.reorder_grace
             self._move(ReceivePhase.FINISHED, "FINISH")
         elif self.phase is ReceivePhase.NACKED:
             # the same round again: the repeat timer stands; the FINISH's time
@@ -401,7 +433,7 @@ class ReceiverRecovery:
         first (SETTLING), so that data still in flight behind the FINISH lands and
         nothing that was not lost is reported lost."""
         r = self.reassembler
-        if r.received_elems < r.msg_elems and self.nack_round is None:
+        if r.received_elems < r.msg_elems and self.nack_round is None and not self.tail_landed():
             quiet = r.last_activity + self.config.reorder_grace
             if now < quiet:
                 self._move(_SETTLING, "completion by the bound")
@@ -415,6 +447,21 @@ class ReceiverRecovery:
         self.phase = _DONE
         self._nack_at = self._complete_at = None
         return True
+
+    def on_data(self, *, now: float) -> None:
+        """New data of the message landed: if it completed the latest FINISH's
+        tail (:meth:`tail_landed`), a NACK or a completion waiting out the grace
+        is due now."""
+        if self.phase is ReceivePhase.FINISHED:
+            if self._nack_at is not None and self._nack_at > now and self.tail_landed():
+                self._nack_at = now
+        elif (
+            self.phase is _SETTLING
+            and self._complete_at is not None
+            and self._complete_at > now
+            and self.tail_landed()
+        ):
+            self._complete_at = now
 
     def on_bound_tightened(self) -> None:
         """The application asked for a tighter bound. A message SETTLING that no
@@ -472,7 +519,7 @@ class ReceiverRecovery:
             or r.finish is None
         ):
             return []
-        quiet = max(
+        quiet = now if self.tail_landed() else max(
             r.last_activity + self.config.reorder_grace,
             sender_quiet(self.config, source_active, self._finish_at, data_pending=data_pending),
         )
@@ -488,6 +535,7 @@ class ReceiverRecovery:
         self._nack_at = now + self.config.nack_timeout
         limit = MAX_NACK_RANGES * MAX_NACK_PARTS
         ranges = r.missing_ranges(limit)
+        self._nack_exact = len(ranges) < limit
         needed = r.needed_elems()
         if needed and len(ranges) == limit:
             # merged ranges (too many gaps for one NACK) name chunks that arrived

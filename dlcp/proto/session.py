@@ -86,12 +86,16 @@ class Session:
         peers: Collection[int] | None = None,
         pacer_factory: Callable[[int], Pacer] | None = None,
         whole_rounds: bool = False,
+        ordered_rounds: bool = True,
         nonce_start: int = 0,
     ) -> None:
         """``pacer_factory(dst)`` makes the pacer of each destination (default: the
         one ``config`` names); ``whole_rounds`` hands each transmission round out
         whole for the driver to pace and send (:class:`RoundPost`, reported back
-        with :meth:`round_sent`; see :mod:`dlcp.proto.outbox`); ``nonce_start``:
+        with :meth:`round_sent`; see :mod:`dlcp.proto.outbox`); ``ordered_rounds``:
+        the driver sends each round's records in order on each path (one sending
+        thread), so that FINISH may name each path's last chunk (docs/spec.md
+        §5.3; False with several send threads); ``nonce_start``:
         the first nonce this rank tags with (spec §3; the I/O driver passes the
         wall clock in nanoseconds)."""
         config = config or ProtocolConfig()
@@ -120,7 +124,12 @@ class Session:
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
         self._inbox = Inbox(self._ctx, self.peers)
-        self._outbox = Outbox(self._ctx, pacer_factory=pacer_factory, whole_rounds=whole_rounds)
+        self._outbox = Outbox(
+            self._ctx,
+            pacer_factory=pacer_factory,
+            whole_rounds=whole_rounds,
+            ordered_rounds=ordered_rounds,
+        )
         self._now = 0.0  # latest time a caller passed in (for get_timer)
 
     # ------------------------------------------------------------------ application

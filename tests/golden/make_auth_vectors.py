@@ -47,7 +47,8 @@ def _control(vector: dict[str, Any]) -> bytes:
     if kind is wire.PacketType.NACK:
         msg: wire.ControlMessage = wire.Nack(**{**f, "ranges": tuple(map(tuple, f["ranges"]))})
     elif kind is wire.PacketType.FINISH:
-        msg = wire.Finish(**{**f, "class_chunks": tuple(f["class_chunks"])})
+        tail = tuple(f.get("tail", ()))
+        msg = wire.Finish(**{**f, "class_chunks": tuple(f["class_chunks"]), "tail": tail})
     else:
         raise ValueError(f"{vector['name']}: no authenticated {kind.name} vector is expected")
     return wire.encode_control(

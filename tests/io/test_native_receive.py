@@ -21,6 +21,7 @@ import pytest
 from dlcp.io import native_receive
 from dlcp.io.native_receive import MessageRuns, hand_over
 from dlcp.io.udp import DataSockets
+from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
@@ -59,8 +60,8 @@ def message(
 class Native:
     """A session whose runs go through a C table, fed as the receive loop feeds it."""
 
-    def __init__(self) -> None:
-        self.session = Session(rank=1, job=JOB, config=config())
+    def __init__(self, cfg: ProtocolConfig | None = None) -> None:
+        self.session = Session(rank=1, job=JOB, config=cfg or config())
         self.runs = MessageRuns(JOB)
         self.session.take_runs_natively(self.runs)
         self.native = 0  # datagrams the table took
@@ -103,9 +104,11 @@ class Native:
 class Pair:
     """Two receivers fed the same bytes: runs through the C table, runs through Python."""
 
-    def __init__(self, n_elems: int, *, expect: bool) -> None:
-        self.native = Native()
-        self.python = Session(rank=1, job=JOB, config=config())
+    def __init__(
+        self, n_elems: int, *, expect: bool, cfg: ProtocolConfig | None = None
+    ) -> None:
+        self.native = Native(cfg)
+        self.python = Session(rank=1, job=JOB, config=cfg or config())
         self.outs: list[npt.NDArray[np.float32] | None] = []
         for s in self.sessions:
             out = np.full(n_elems, np.nan, np.float32) if expect else None
@@ -244,7 +247,9 @@ def test_completion_by_the_bound_waits_and_takes_what_still_arrives() -> None:
     droppable = [i for i, g in enumerate(grams[:-1]) if i and g[28] & 0x10]  # (tclass's bit)
     lost = set(rng.choice(droppable, size=len(grams) // 40, replace=False).tolist())
     kept = [g for i, g in enumerate(grams) if i not in lost]
-    pair = Pair(n, expect=True)
+    # (no FINISH tail: with one, the message completes as soon as its last datagram
+    # lands, with no grace to wait out)
+    pair = Pair(n, expect=True, cfg=config(ordered_paths=False))
     pair.feed([(kept[:1], seg)])
     pair.control(finish)
     runs = [(kept[i : i + 23], seg) for i in range(1, len(kept), 23)]

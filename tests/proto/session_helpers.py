@@ -136,3 +136,11 @@ def assert_same_messages(f: Any, s: Any, *, times: bool = False) -> None:
             assert ef.report == es.report
             assert ef.data.tobytes() == es.data.tobytes()
 
+
+def received_events(s: Session) -> list[MessageReceived]:
+    """The messages ``s`` received since the last call (its other events are dropped)."""
+    out = []
+    while (e := s.next_event()) is not None:
+        if isinstance(e, MessageReceived):
+            out.append(e)
+    return out

@@ -61,6 +61,7 @@ def control_body(vector: dict[str, Any]) -> Packet:
             total_chunks=f["total_chunks"],
             protected_chunks=f["protected_chunks"],
             class_chunks=f["class_chunks"],
+            tail=f.get("tail", []),
         )
     if ptype is PacketType.NACK:
         ranges = [DLCPNackRange(first_seq=a, count=n) for a, n in f["ranges"]]

@@ -144,6 +144,7 @@ def test_droppable_loss_within_the_bound_needs_no_retransmission(
         n_paths=n_paths,
         classifier="combined",
         classifier_options={"drop_fraction": drop_fraction},
+        ordered_paths=not reorder,  # (a reordering link: no FINISH tail to trust)
     )
     chunk_elems = payload // ITEMSIZE[dtype]
     allowed = bound_to_wire(p) * n // 1000
@@ -210,6 +211,7 @@ def test_protected_or_excess_loss_is_retransmitted_and_the_bound_holds(
         classifier="combined",
         classifier_options={"drop_fraction": drop_fraction},
         max_rounds=200,
+        ordered_paths=not reorder,  # (a reordering link: no FINISH tail to trust)
     )
     dropper = Dropper(seed, rate)
     x = make_data(dtype, n, seed)

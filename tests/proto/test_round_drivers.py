@@ -25,8 +25,10 @@ DRIVERS = ("batches", "rounds", "lent rounds")
 def _run(
     driver: str, *, loss: float, reorder: bool, duplicate: float, seed: int, p: float
 ) -> tuple[MessageReceived, MessageDelivered, np.ndarray]:
-    sender = Session(rank=0, job=JOB, config=config(), whole_rounds=driver != "batches")
-    receiver = Session(rank=1, job=JOB, config=config())
+    # (a reordering link reorders each path: the receiver cannot trust a FINISH's tail)
+    cfg = config(ordered_paths=not reorder)
+    sender = Session(rank=0, job=JOB, config=cfg, whole_rounds=driver != "batches")
+    receiver = Session(rank=1, job=JOB, config=cfg)
     link = LossyLink(
         [sender, receiver], loss=loss, reorder=reorder, duplicate=duplicate, seed=seed
     )

@@ -91,7 +91,8 @@ def test_abort_direction_round_trips_and_other_bits_are_refused() -> None:
 
 
 def test_a_stricter_receive_bound_turns_a_waiting_completion_into_a_nack() -> None:
-    cfg = ProtocolConfig(pacer="unpaced")
+    # (no FINISH tail: with one, the message completes at once, with nothing to wait out)
+    cfg = ProtocolConfig(pacer="unpaced", ordered_paths=False)
     a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
     x = np.arange(40_000, dtype=np.float32)
     a.send_message(1, x, step=2, msg=5, now=0.0, p=0.1)

@@ -61,7 +61,8 @@ def expected_control(vector: dict[str, Any]) -> control.ControlMessage:
     if ptype is PacketType.STOP:
         return Stop(**f)
     if ptype is PacketType.FINISH:
-        return Finish(**{**f, "class_chunks": tuple(f["class_chunks"])})
+        tail = tuple(f.get("tail", ()))
+        return Finish(**{**f, "class_chunks": tuple(f["class_chunks"]), "tail": tail})
     if ptype is PacketType.NACK:
         return Nack(**{**f, "ranges": tuple(tuple(r) for r in f["ranges"])})
     if ptype is PacketType.RATE:

@@ -19,9 +19,9 @@ from dlcp.proto.control import decode_control
 from dlcp.proto.session import (
     ControlDatagram,
     DataBatch,
-    MessageReceived,
     Session,
 )
+from tests.proto.session_helpers import received_events
 
 JOB = 0x51
 SECRET = bytes(range(40, 72))
@@ -54,14 +54,6 @@ def _feed(rx: Session, batches: list[DataBatch]) -> None:
         rx.receive_batch(np.frombuffer(b.data, np.uint8), b.segment_size, now=0.001)
 
 
-def _received(s: Session) -> list[MessageReceived]:
-    out = []
-    while (e := s.next_event()) is not None:
-        if isinstance(e, MessageReceived):
-            out.append(e)
-    return out
-
-
 def _records(batches: list[DataBatch]) -> int:
     return sum(b.count for b in batches)
 
@@ -89,9 +81,9 @@ def test_a_datagram_replayed_to_another_destination_fails_and_is_counted() -> No
     assert data and all(d.dst == 2 for d in data)
     _feed(b, data)  # the replay
     assert b.stats.rejected == {"auth_failed": _records(data)}
-    assert _received(b) == []
+    assert received_events(b) == []
     _feed(c, data)  # the genuine destination takes them
-    (got,) = _received(c)
+    (got,) = received_events(c)
     assert np.array_equal(got.data, X) and c.stats.rejected == {}
     # the receiver's STOP to rank 0, replayed to rank 2 as if rank 1 sent it, fails too
     _, ctrl = _sent(c)
@@ -111,11 +103,11 @@ def test_a_datagram_of_an_earlier_run_fails_in_the_next_and_is_counted() -> None
     new[1].expect_message(0, step=1, msg=1, out=np.zeros_like(X))
     _feed(new[1], data)
     assert new[1].stats.rejected == {"auth_failed": _records(data)}
-    assert _received(new[1]) == []
+    assert received_events(new[1]) == []
     # and the old run's control (the old receiver's STOP) fails at the new sender
     old[1].expect_message(0, step=1, msg=1, out=np.zeros_like(X))
     _feed(old[1], data)
-    assert len(_received(old[1])) == 1
+    assert len(received_events(old[1])) == 1
     _, ctrl = _sent(old[1])
     new[0].send_message(1, X, step=1, msg=1, now=0.0)
     for cd in ctrl:
@@ -124,7 +116,7 @@ def test_a_datagram_of_an_earlier_run_fails_in_the_next_and_is_counted() -> None
     # the new run itself works
     fresh, _ = _sent(new[0])
     _feed(new[1], fresh)
-    (got,) = _received(new[1])
+    (got,) = received_events(new[1])
     assert np.array_equal(got.data, X)
 
 
