@@ -24,7 +24,9 @@ import pytest
 from dlcp.io import native_receive
 from dlcp.io.native_receive import MessageRuns, hand_over
 from dlcp.io.udp import DataSockets
+from dlcp.proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from dlcp.proto.events import ControlDatagram, DataBatch
+from dlcp.proto.reassembler import RUN_LAYOUT
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
@@ -398,7 +400,7 @@ def test_tampered_forged_and_untagged_datagrams_go_back_to_python() -> None:
     pair = Pair(n, expect=True, key=KEY)
     pair.feed([(grams[:1], seg)])
     pair.feed([
-        (grams[1:20] + [tampered(grams[20])] + grams[21:40], seg),  # taken up to it
+        ([*grams[1:20], tampered(grams[20]), *grams[21:40]], seg),  # taken up to it
         (forged[40:45] + grams[40:60], seg),  # its head fails: handed back whole
         (untagged[60:62], plain_seg),
         (grams[60:70] + forged[5:6] + grams[70:], seg),
@@ -519,15 +521,13 @@ def test_bad_tag_keys_are_named() -> None:
     with pytest.raises(ValueError, match=r"tag_key of src 3 must be 16, 24 or 32 bytes .* got 5"):
         table.register(3, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0,
                        b"short")  # fmt: skip
-    plain = native_receive._udpio.MessageTable(
-        JOB, 0x12, 3, bytes([0, 1, 2, 4, 8, 20, 26, 29]), bytes(32), bytes([1, 12, 16, 24, 28, 1, 2, 0x10])
-    )
+    made = (JOB, 0x12, PER_PACKET_FLAGS, native_receive._head_layout(), SHARED_HEADER_MASK,
+            RUN_LAYOUT)  # fmt: skip
+    plain = native_receive._udpio.MessageTable(*made)  # (no auth_flag)
     with pytest.raises(ValueError, match="has no auth_flag"):
         plain.register(0, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0, KEY)
-    with pytest.raises(ValueError, match="auth_flag 3 is not one flag bit"):
-        native_receive._udpio.MessageTable(
-            JOB, 0x12, 3, bytes([0, 1, 2, 4, 8, 20, 26, 29]), bytes(32), bytes(8), 3
-        )
+    with pytest.raises(ValueError, match="auth_flag 3 is not one flag bit outside"):
+        native_receive._udpio.MessageTable(*made, 3)
 
 
 # ------------------------------------------------------------------ the table itself
