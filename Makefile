@@ -95,7 +95,8 @@ test-python-engine: setup
 # AddressSanitizer and UBSan (any finding aborts), loaded in place of the normal builds
 # (DLCP_ENGINE_BUILD, DLCP_UDPIO_BUILD), under their own tests and the endpoint's (the
 # engine's own tests run 1, 2 and 4 send threads; the endpoint's run again on 2:
-# DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8) when the normal build has it
+# DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8; the receive loop's tag checks)
+# when the normal build has it
 SANITIZED := build/sanitize/_engine.so
 SANITIZED_UDPIO := build/sanitize/_udpio.so
 SANITIZE_FLAGS := -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -109,7 +110,7 @@ sanitize: setup
 	  print("-DDLCP_LIBCRYPTO -lcrypto" if native_seals() else "")')" && \
 	include="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" && \
 	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
-	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_udpio.c -o $(SANITIZED_UDPIO) -lpthread && \
+	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_udpio.c -o $(SANITIZED_UDPIO) -lpthread $$crypto && \
 	export DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
 	  DLCP_UDPIO_BUILD=$(abspath $(SANITIZED_UDPIO)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 && \

@@ -5,7 +5,9 @@ Python code it speeds up runs instead (each module says which it uses).
 
 * ``dlcp.proto._kernels``: the data path's row copies, header byte swaps and
   magnitude sampling (``dlcp/proto/kernels.py`` falls back to numpy);
-* ``dlcp.io._udpio``: the endpoint's UDP receive loop (``dlcp/io/udp.py``);
+* ``dlcp.io._udpio``: the endpoint's UDP receive loop (``dlcp/io/udp.py``) and its
+  native receive path, which verifies authenticated datagrams' tags when
+  libcrypto is there;
 * ``dlcp.io._engine``: the native send engine, pacing and sending in a thread of
   its own without the GIL (``dlcp/io/engine.py``); it tags authenticated
   datagrams as it sends them when OpenSSL's libcrypto is there;
@@ -15,7 +17,9 @@ Python code it speeds up runs instead (each module says which it uses).
 Whether libcrypto is there is probed by compiling and linking a small program
 against ``openssl/evp.h`` and ``-lcrypto``; without it the build says so, skips
 ``_gmac`` and builds ``_engine`` without tagging (``auto`` then picks the Python
-engine for an authenticating job, which tags with ``cryptography``'s AES-GCM).
+engine for an authenticating job, which tags with ``cryptography``'s AES-GCM) and
+``_udpio`` without verifying (an authenticating job's runs are then verified in
+Python).
 """
 
 from __future__ import annotations
@@ -71,8 +75,9 @@ extensions = [
               depends=["dlcp/proto/_kernels_core.h"], extra_compile_args=["-O2"], optional=True),
     Extension("dlcp.io._udpio", ["dlcp/io/_udpio.c"],
               depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_prefilter.h", "dlcp/io/_recv_runs.h",
-                       "dlcp/io/_take_runs.h", "dlcp/proto/_kernels_core.h"],
-              extra_compile_args=["-O2"], optional=True),
+                       "dlcp/io/_take_runs.h", "dlcp/proto/_kernels_core.h",
+                       "dlcp/proto/gmac.h"],
+              extra_compile_args=["-O2"], optional=True, **with_crypto),
     Extension("dlcp.io._engine", ["dlcp/io/_engine.c"],
               depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_round_geometry.h", "dlcp/proto/gmac.h"],
               extra_compile_args=["-O2", *WARNINGS], extra_link_args=["-lpthread"],

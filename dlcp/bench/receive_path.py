@@ -19,9 +19,12 @@ The first datagram of each message opens it (the same Python path for both) and
 is not timed; every message must complete on both, with the same bytes, or the
 run fails. Figures per D: ``python_ns`` and ``native_ns``, CPU time of this
 process per datagram (medians over the repeats), and ``ratio`` = native /
-python.
+python. ``--authenticate``: the datagrams carry AES-GMAC tags (spec §3) under a
+fixed key, which both paths verify (the Python run path with one
+``verified_prefix`` call per run, the native one in C before it copies; it
+needs ``dlcp.io._udpio`` built with libcrypto).
 
-``copy``: what the native path's copy into the message's buffer costs, for one
+``copy``: what the native path's copy into the message's buffer costs, for one untagged
 message of ``--copy-elems`` float32 in runs of 1,024: CPU per datagram of the
 native path taking its datagrams (all but the last run: the message stays under
 way) when they are new (``new_ns``: checked and copied) and then once more, as
@@ -57,9 +60,21 @@ _NOW = 1.0
 _STAGE = 4000
 
 
-def _messages(count: int, elems: int) -> tuple[list[list[bytes]], list[bytes]]:
-    """Each message's datagrams in send order, and each message's data."""
-    tx = Session(rank=0, job=_JOB, config=ProtocolConfig(pacer="unpaced"))
+#: the pair key of --authenticate (both ranks: one key for every pair)
+_KEY = bytes(range(32))
+
+
+def _messages(
+    count: int, elems: int, key: bytes | None = None
+) -> tuple[list[list[bytes]], list[bytes]]:
+    """Each message's datagrams in send order (tagged under ``key`` if given), and
+    each message's data."""
+    tx = Session(
+        rank=0,
+        job=_JOB,
+        config=ProtocolConfig(pacer="unpaced", authenticate=key is not None),
+        key=key,
+    )
     datas = []
     for msg in range(count):
         data = np.random.default_rng(msg).standard_normal(elems).astype(np.float32)
@@ -105,8 +120,10 @@ class _Native:
         self.session.receive_rest(buf, segment_size, now=_NOW)
 
 
-def _session(grams: list[list[bytes]], native: bool) -> tuple[Session, MessageRuns | None]:
-    s = Session(rank=1, job=_JOB, config=ProtocolConfig())
+def _session(
+    grams: list[list[bytes]], native: bool, key: bytes | None = None
+) -> tuple[Session, MessageRuns | None]:
+    s = Session(rank=1, job=_JOB, config=ProtocolConfig(authenticate=key is not None), key=key)
     runs = MessageRuns(_JOB) if native else None
     if runs is not None:
         s.take_runs_natively(runs)
@@ -115,10 +132,11 @@ def _session(grams: list[list[bytes]], native: bool) -> tuple[Session, MessageRu
     return s, runs
 
 
-def _replay(grams: list[list[bytes]], datas: list[bytes], run: int, native: bool) -> float:
+def _replay(grams: list[list[bytes]], datas: list[bytes], run: int, native: bool,
+            key: bytes | None) -> float:  # fmt: skip
     """CPU seconds to take one buffer of runs of ``run`` datagrams on one path."""
     buf, runs = _buffer(grams, run)
-    s, table = _session(grams, native)
+    s, table = _session(grams, native, key)
 
     def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
         s.receive_batch(b, seg, now=_NOW)
@@ -176,25 +194,28 @@ def _copy_cost(elems: int, repeats: int) -> dict[str, float]:
             "duplicate_ns": round(statistics.median(again) / count * 1e9, 1)}  # fmt: skip
 
 
-def measure(messages: int, elems: int, runs: list[int], repeats: int) -> dict[str, Any]:
-    grams, datas = _messages(messages, elems)
+def measure(messages: int, elems: int, runs: list[int], repeats: int,
+            key: bytes | None = None) -> dict[str, Any]:  # fmt: skip
+    grams, datas = _messages(messages, elems, key)
     datagrams = sum(len(g) - 1 for g in grams)
     figures: dict[str, Any] = {}
     for run in runs:
         times: dict[bool, list[float]] = {False: [], True: []}
         for k in range(repeats):
             for native in (k % 2 == 0, k % 2 == 1):  # (taking turns: who goes first)
-                times[native].append(_replay(grams, datas, run, native))
+                times[native].append(_replay(grams, datas, run, native, key))
         py = statistics.median(times[False]) / datagrams * 1e9
         nat = statistics.median(times[True]) / datagrams * 1e9
         figures[str(run)] = {"python_ns": round(py, 1), "native_ns": round(nat, 1),
                              "ratio": round(nat / py, 3)}  # fmt: skip
-    return {"bench": "receive_path", "messages": messages, "elems": elems,
-            "datagrams": datagrams, "repeats": repeats, "runs": figures}  # fmt: skip
+    return {"bench": "receive_path", "authenticated": key is not None, "messages": messages,
+            "elems": elems, "datagrams": datagrams, "repeats": repeats,
+            "runs": figures}  # fmt: skip
 
 
 def _table(result: dict[str, Any]) -> str:
-    lines = [f"{result['messages']} messages of {result['elems']} float32, "
+    tagged = ", tagged (AES-GMAC)" if result["authenticated"] else ""
+    lines = [f"{result['messages']} messages of {result['elems']} float32{tagged}, "
              f"{result['datagrams']} datagrams, CPU per datagram (median of {result['repeats']})",
              f"  {'run':>6}{'python ns':>12}{'native ns':>12}{'ratio':>8}"]  # fmt: skip
     for run, f in result["runs"].items():
@@ -214,6 +235,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
     ap.add_argument("--repeats", type=int, default=7, help="replays per path (default 7)")
     ap.add_argument("--copy-elems", type=int, default=6_250_000,
                     help="float32 of the copy figure's message (default 6250000)")  # fmt: skip
+    ap.add_argument("--authenticate", action="store_true",
+                    help="tagged datagrams, verified on both paths")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
     if args.messages < 1 or args.elems < 1 or args.repeats < 1 or args.copy_elems < 1:
@@ -222,9 +245,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.receiv
     if not native_receive.available():
         print(f"{prog}: the native receive path was not built", file=sys.stderr)
         return 1
+    if args.authenticate and not native_receive.verifies_tags():
+        print(f"{prog}: --authenticate: the native receive path was built without libcrypto "
+              "and verifies no tags", file=sys.stderr)  # fmt: skip
+        return 1
 
     def run(args: argparse.Namespace) -> dict[str, Any]:
-        result = measure(args.messages, args.elems, args.runs, args.repeats)
+        key = _KEY if args.authenticate else None
+        result = measure(args.messages, args.elems, args.runs, args.repeats, key)
         result["copy"] = _copy_cost(args.copy_elems, args.repeats)
         return result
 

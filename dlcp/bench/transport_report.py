@@ -88,6 +88,16 @@ def summary(
     # fraction its run path (scatter_run) took
     fast = sum(r.receiver["datagrams_fast"] for r in res["dlcp"])
     arrived = sum(r.receiver["datagrams_in"] for r in res["dlcp"])
+    # and the fraction the native receive path took (in the receive loop, in C),
+    # plain and authenticated
+    native = {
+        k: round(
+            sum(r.receiver.get("datagrams_native", 0) for r in res[k])
+            / max(1, sum(r.receiver["datagrams_in"] for r in res[k])),
+            4,
+        )
+        for k in ("dlcp", "auth")
+    }
     out: dict[str, Any] = {
         "path": path,
         "size_bytes": nbytes,
@@ -103,7 +113,9 @@ def summary(
         "ratio_lossless": round(_median(tl) / _median(dl), 3),
         "lossless_cpu_s": cpu,
         "dlcp_lossless_run_path_fraction": round(fast / max(1, arrived), 4),
+        "dlcp_lossless_native_fraction": native["dlcp"],
         "dlcp_auth_lossless_gbps": _gbps(nbytes, _median(au)),
+        "dlcp_auth_lossless_native_fraction": native["auth"],
         "auth_cost": round(1 - _median(dl) / _median(au), 3),
         "loss_method": "nftables" if kernel_loss else "emulated",
         "loss_direction": args.loss_direction if kernel_loss else "receive (emulated)",

@@ -296,10 +296,12 @@ class Worker:
             report = _report_dict(loss)
             after = ep.stats()
             # how many datagrams the receive's run path took (the rest, the general
-            # path: a new message's first, or datagrams it declined)
+            # path: a new message's first, or datagrams it declined), and of those how
+            # many the receive loop took itself (the native receive path)
+            counted = ("datagrams_in", "datagrams_fast", "datagrams_native")
             extra = {
                 **self._take_timers(endpoint),
-                **{k: after[k] - before[k] for k in ("datagrams_in", "datagrams_fast")},
+                **{k: after[k] - before[k] for k in counted},
             }
             for offset, n in loss.lost_ranges:  # where the report says values were lost
                 reported[offset : offset + n] = True

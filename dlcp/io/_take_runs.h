@@ -9,14 +9,16 @@
  * What a run's head decides, as Inbox._receive_run (dlcp/proto/receive_paths.py)
  * decides it: a run is offered to the core when it is at least one header long
  * with a segment size of at least a header, and its first datagram is a data
- * datagram of the table's job, with no flag beyond the per-packet ones, of a
- * registered message, with that message's element type and length. The core then
+ * datagram of the table's job, of a registered message, with that message's
+ * element type and length, and with no flag beyond the per-packet ones but the
+ * AUTH flag exactly when the message was registered with a key. The core then
  * takes the leading datagrams that fit (same message-wide header bytes as the
  * head, geometry of the message). Everything else is handed back to Python, in
  * arrival order:
  *
- *   TAKE_WHOLE  a run the table does not take at all (a new message, a foreign,
- *               bad or authenticated head, ...): Python receives it as before;
+ *   TAKE_WHOLE  a run the table does not take at all (a new message, a foreign
+ *               or bad head, a first tag that does not verify, ...): Python
+ *               receives it as before;
  *   TAKE_REST   the datagrams of a run after its taken prefix: Python's general
  *               path (parse_batch) takes them, as after Python's run path;
  *   TAKE_CHECK  a run was taken whole and its message may now be complete:
@@ -28,6 +30,17 @@
  * Before acting on a handover Python applies what the table took since the last
  * one (each message's counts, reported once by take_report), so that its state
  * is what the run path would have left.
+ *
+ * Authenticated messages (spec §3): a message registered with a verifier (the
+ * key of the pair source -> this rank, expanded by the caller) takes only the
+ * leading datagrams of a run whose tags verify, as Python's run path takes the
+ * verified_prefix of dlcp/proto/auth.py, and writes their payloads without the
+ * trailer (nonce and tag). The first datagram whose tag does not verify, and
+ * everything after it, is handed back (TAKE_WHOLE or TAKE_REST), so that
+ * Python's general path verifies it again and rejects it by its reason
+ * (auth_failed). The check itself is the caller's (TakeTable.verify): the
+ * wrapper's is libcrypto's AES-GMAC (dlcp/proto/gmac.h); this file does no
+ * cryptography.
  *
  * Memory: the table holds no Python objects; the caller keeps every registered
  * message's buffers alive while it is registered (the wrapper holds a Py_buffer
@@ -67,6 +80,9 @@ typedef struct {
     ssize_t chunk_elems, msg_elems, itemsize;
     unsigned dtype_byte;
     int stream;
+    /* what its datagrams' tags are verified with (TakeTable.verify's first
+     * argument; the caller's, alive while registered), NULL: they carry none */
+    void *verifier;
     /* the reassembler's received_elems and received_protected, and the values at
      * which Reassembler.is_complete may turn true: all elements, or (once the
      * sender's FINISH came) complete_elems with complete_protected protected chunks */
@@ -75,6 +91,16 @@ typedef struct {
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
     int reported; /* listed in the table's touched list */
 } TakenMessage;
+
+/* Whether a tagged record of len bytes (its trailer included) carries the right
+ * tag under `verifier`: 1 right, 0 wrong, -1 the check failed (taken as wrong:
+ * Python checks the datagram again). */
+typedef int (*TakeVerify)(void *verifier, const unsigned char *record, size_t len);
+
+/* Tags are checked this many datagrams at a time, each batch just before its
+ * payloads are copied, so that the copy reads bytes the check has just read (16
+ * MTU-sized datagrams: 23 KB, within a core's L2 cache). */
+#define TAKE_VERIFY_BATCH 16
 
 /* (a slot index, -1: empty) */
 typedef struct {
@@ -87,6 +113,11 @@ typedef struct {
     HeadLayout head;
     unsigned char mask[SCATTER_MAX_HEADER], layout[8];
     ssize_t header_len;
+    /* authenticated messages: the head's AUTH flag, the trailer after each
+     * payload, and the tag check (NULL, or auth_flag 0: no message has a verifier) */
+    unsigned auth_flag;
+    ssize_t trailer_len;
+    TakeVerify verify;
     /* the messages: slots (some free), and an open-addressing index key -> slot */
     TakenMessage *slots;
     ssize_t n_slots, n_live;
@@ -252,8 +283,7 @@ static inline unsigned take_be16(const unsigned char *p) { return ((unsigned)p[0
  * the core (see the top of this file); NULL otherwise. */
 static inline TakenMessage *take_message_of(const TakeTable *t, const unsigned char *head) {
     const HeadLayout *h = &t->head;
-    if (head[h->ver_type] != t->data_vt || take_be16(head + h->job) != t->job ||
-        (head[h->flags] & ~t->per_packet_flags) != 0)
+    if (head[h->ver_type] != t->data_vt || take_be16(head + h->job) != t->job)
         return NULL;
     uint64_t key = take_key(take_be16(head + h->src), (unsigned)be32(head + h->step),
                             take_be16(head + h->msg));
@@ -263,7 +293,73 @@ static inline TakenMessage *take_message_of(const TakeTable *t, const unsigned c
     TakenMessage *m = &t->slots[slot];
     if (head[h->dtype] != m->dtype_byte || (ssize_t)be32(head + h->msg_elems) != m->msg_elems)
         return NULL;
-    return m;
+    /* beyond the per-packet flags: AUTH for a tagged message, nothing for another */
+    unsigned extra = head[h->flags] & ~t->per_packet_flags;
+    if (m->verifier != NULL)
+        return t->verify != NULL && t->auth_flag != 0 && extra == t->auth_flag ? m : NULL;
+    return extra == 0 ? m : NULL;
+}
+
+/* How many of the k leading datagrams at `at` (seg apart, `bytes` in all: the
+ * last may be shorter) carry the right tag under m's verifier; a datagram too
+ * short for a header and a trailer ends the count, as verified_prefix in
+ * dlcp/proto/auth.py counts. */
+static inline ssize_t take_verified(const TakeTable *t, const TakenMessage *m,
+                                    const unsigned char *at, ssize_t k, ssize_t seg,
+                                    ssize_t bytes) {
+    const ssize_t least = t->header_len + t->trailer_len;
+    ssize_t right = 0;
+    for (; right < k; right++) {
+        ssize_t size = bytes - right * seg < seg ? bytes - right * seg : seg;
+        if (size < least || t->verify(m->verifier, at + right * seg, (size_t)size) != 1)
+            break;
+    }
+    return right;
+}
+
+/* The core over one run of len bytes (n datagrams, seg apart) whose head names
+ * m: scatter_run's checks and copies, over the datagrams whose tags verify for a
+ * tagged message (checked TAKE_VERIFY_BATCH at a time, each batch just before
+ * it is copied); the taken prefix's counts in *r. */
+static inline void take_scatter(const TakeTable *t, TakenMessage *m, const unsigned char *run,
+                                ssize_t len, ssize_t n, ssize_t seg, ScatterResult *r) {
+    const ssize_t hl = t->header_len;
+    const ssize_t batch = m->verifier != NULL ? TAKE_VERIFY_BATCH : n;
+    *r = (ScatterResult){0, 0, 0, 0, 0, 0};
+    for (ssize_t first = 0; first < n; first += batch) {
+        ssize_t k = n - first < batch ? n - first : batch;
+        const unsigned char *at = run + first * seg;
+        ssize_t bytes = len - first * seg < k * seg ? len - first * seg : k * seg;
+        ssize_t offered = k;
+        if (m->verifier != NULL) {
+            offered = take_verified(t, m, at, k, seg, bytes);
+            if (offered == 0)
+                return;
+            if (offered < k) /* (only the run's last datagram may be short) */
+                bytes = offered * seg;
+        }
+        ScatterArgs a = {
+            .buf = at, .buf_len = bytes, .n = offered, .stride = seg, .total = bytes,
+            .tmpl = run, .mask = t->mask, .layout = t->layout,
+            .tmpl_len = hl, .mask_len = hl, .layout_len = 8,
+            .out = m->out, .out_len = m->out_len, .chunk_elems = m->chunk_elems,
+            .msg_elems = m->msg_elems, .itemsize = m->itemsize,
+            .received = m->received, .received_class = m->received_class,
+            .received_len = m->received_len, .received_class_len = m->received_class_len,
+            .stream = m->stream, .trailer = m->verifier != NULL ? t->trailer_len : 0,
+        };
+        ScatterResult part = {0, 0, 0, 0, 0, 0};
+        if (scatter_check_args(&a) == SCATTER_OK && scatter_check_buffers(&a) == SCATTER_OK)
+            scatter_records(&a, &part);
+        r->taken += part.taken;
+        r->fresh += part.fresh;
+        r->fresh_drop += part.fresh_drop;
+        r->fresh_retx += part.fresh_retx;
+        r->fresh_elems += part.fresh_elems;
+        r->payload_bytes += part.payload_bytes;
+        if (part.taken < k)
+            return;
+    }
 }
 
 /* Whether m's completion check is due (Reassembler.is_complete may be true). */
@@ -294,13 +390,8 @@ static inline int take_next(TakeTable *t, unsigned char *buf, ssize_t buf_len, R
             return TAKE_WHOLE;
         }
         ssize_t n = (len - 1) / seg + 1;
-        ScatterArgs a = {buf + run.start, len, n, seg, len, buf + run.start, t->mask, t->layout,
-                         hl, hl, 8, m->out, m->out_len, m->chunk_elems, m->msg_elems,
-                         m->itemsize, m->received, m->received_class, m->received_len,
-                         m->received_class_len, m->stream, 0};
-        ScatterResult r = {0, 0, 0, 0, 0, 0};
-        if (scatter_check_args(&a) == SCATTER_OK && scatter_check_buffers(&a) == SCATTER_OK)
-            scatter_records(&a, &r);
+        ScatterResult r;
+        take_scatter(t, m, buf + run.start, len, n, seg, &r);
         if (r.taken == 0) {
             *handover = run;
             return TAKE_WHOLE;

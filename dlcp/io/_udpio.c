@@ -42,15 +42,26 @@
  *   down within their run. Returns the runs that kept a datagram, as
  *   (start, end, segment_size) in buf.
  *
- * MessageTable(job, data_vt, per_packet_flags, head_layout, mask, layout)
+ * MessageTable(job, data_vt, per_packet_flags, head_layout, mask, layout,
+ *              auth_flag=0)
  *   The native receive path (_take_runs.h): the messages under way that the
  *   receive loop scatters itself, without calling back into Python per run.
  *   register(src, step, msg, out, received, received_class, chunk_elems,
  *            msg_elems, itemsize, dtype_byte, stream, received_elems,
- *            received_protected, complete_elems, complete_protected)
+ *            received_protected, complete_elems, complete_protected,
+ *            tag_key=None)
  *     adds (or replaces) a message: its reassembler's output bytes and chunk
  *     maps (held, as Py_buffers, until it is removed), geometry, and the counts
- *     that say when its completion check is due. sync(src, step, msg,
+ *     that say when its completion check is due. With tag_key (the AES key of
+ *     the pair src -> this rank, spec §3; only where the module was built with
+ *     libcrypto: VERIFIES_TAGS) its datagrams carry the AUTH flag (auth_flag)
+ *     and a trailer, and only those whose AES-GMAC tag verifies under the key
+ *     are taken (dlcp/proto/gmac.h, the bytes of dlcp/proto/auth.py), their
+ *     trailers left out of the payload. The table keeps one key per source rank,
+ *     expanded once: a register that gives another key for src replaces it for
+ *     every message of src (it waits for a running receive step, as unregister
+ *     does), so no step checks a tag under a key the session no longer gives.
+ *     sync(src, step, msg,
  *     received_elems, received_protected, complete_elems, complete_protected)
  *     updates those counts; unregister(src, step, msg) removes it. Each returns
  *     once no receive step is running: a removed message's buffers are never
@@ -82,6 +93,9 @@
 #include "_recv_runs.h"  /* the receive loop, without Python */
 #include "_take_runs.h" /* the native receive path, without Python */
 #include "_sendmmsg.h"
+#ifdef DLCP_LIBCRYPTO
+#include "../proto/gmac.h" /* AES-GMAC with libcrypto, as the send engine seals */
+#endif
 
 static PyObject *recv_runs(PyObject *self, PyObject *args) {
     (void)self;
@@ -307,11 +321,38 @@ typedef struct {
     Py_buffer out, received, received_class;
 } HeldBuffers;
 
+#ifdef DLCP_LIBCRYPTO
+/* The key the datagrams of one source rank are verified with, expanded once
+ * (registered messages of src point at its gmac; replaced in place under the
+ * table's lock when the session gives another key). */
+typedef struct {
+    unsigned src;
+    size_t len;
+    uint8_t key[32];
+    Gmac gmac;
+} SourceKey;
+
+/* TakeVerify over a SourceKey's gmac (called with the table's lock held). */
+static int verify_tag(void *verifier, const unsigned char *record, size_t len) {
+    return gmac_verify_data((Gmac *)verifier, record, len);
+}
+
+static void source_key_free(SourceKey *k) {
+    gmac_free(&k->gmac);
+    OPENSSL_cleanse(k->key, sizeof k->key);
+    PyMem_RawFree(k);
+}
+#endif
+
 typedef struct {
     PyObject_HEAD
     TakeTable t;
     HeldBuffers *held; /* t.n_slots of them, for the live slots */
     ssize_t n_held;
+#ifdef DLCP_LIBCRYPTO
+    SourceKey **keys; /* one per source rank a tagged message was registered for */
+    ssize_t n_keys;
+#endif
     RecvScratch *scratch;
     pthread_mutex_t lock; /* held by a receive step, and by every change of the table */
     int ready;            /* __init__ done */
@@ -353,6 +394,10 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->held = NULL;
     self->n_held = 0;
     self->scratch = NULL;
+#ifdef DLCP_LIBCRYPTO
+    self->keys = NULL;
+    self->n_keys = 0;
+#endif
     self->ready = 0;
     pthread_mutex_init(&self->lock, NULL);
     return (PyObject *)self;
@@ -360,13 +405,13 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"job", "data_vt", "per_packet_flags", "head_layout", "mask", "layout",
-                            NULL};
-    unsigned job, data_vt, per_packet;
+                            "auth_flag", NULL};
+    unsigned job, data_vt, per_packet, auth_flag = 0;
     const unsigned char *head, *mask, *layout;
     Py_ssize_t head_len, mask_len, layout_len;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIy#y#y#:MessageTable", names, &job, &data_vt,
-                                     &per_packet, &head, &head_len, &mask, &mask_len, &layout,
-                                     &layout_len))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIy#y#y#|I:MessageTable", names, &job,
+                                     &data_vt, &per_packet, &head, &head_len, &mask, &mask_len,
+                                     &layout, &layout_len, &auth_flag))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "MessageTable is initialised once");
@@ -375,6 +420,12 @@ static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) 
     if (job > 0xFFFF || data_vt > 0xFF || per_packet > 0xFF) {
         PyErr_Format(PyExc_ValueError, "job %u, data_vt %u or per_packet_flags %u out of range",
                      job, data_vt, per_packet);
+        return -1;
+    }
+    if (auth_flag > 0xFF || (auth_flag & (auth_flag - 1)) || (auth_flag & per_packet)) {
+        PyErr_Format(PyExc_ValueError,
+                     "auth_flag %u is not one flag bit outside per_packet_flags %u", auth_flag,
+                     per_packet);
         return -1;
     }
     if (mask_len <= 0 || mask_len > SCATTER_MAX_HEADER || mask_len % 8) {
@@ -411,6 +462,11 @@ static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) 
     memcpy(self->t.mask, mask, (size_t)mask_len);
     memcpy(self->t.layout, layout, 8);
     self->t.header_len = mask_len;
+    self->t.auth_flag = auth_flag;
+#ifdef DLCP_LIBCRYPTO
+    self->t.trailer_len = GMAC_TRAILER_LEN;
+    self->t.verify = verify_tag;
+#endif
     self->t.runs = PyMem_RawMalloc(sizeof(Run) * MAX_RUNS);
     self->scratch = PyMem_RawMalloc(sizeof(RecvScratch));
     if (self->t.runs == NULL || self->scratch == NULL) {
@@ -431,6 +487,11 @@ static void table_dealloc(MessageTableObject *self) {
     PyMem_RawFree(self->t.runs);
     PyMem_RawFree(self->scratch);
     PyMem_Free(self->held);
+#ifdef DLCP_LIBCRYPTO
+    for (ssize_t i = 0; i < self->n_keys; i++)
+        source_key_free(self->keys[i]);
+    PyMem_RawFree(self->keys);
+#endif
     pthread_mutex_destroy(&self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -447,6 +508,78 @@ static int key_of(unsigned long long src, unsigned long long step, unsigned long
     return 0;
 }
 
+/* What message datagrams of src are verified with under tag_key (an AES key,
+ * bytes-like): the table's key of src, made, or given this key if it had
+ * another. NULL with an exception set if the key is bad, the table takes no
+ * tagged messages, or this build verifies no tags. */
+static void *table_verifier(MessageTableObject *self, unsigned src, PyObject *tag_key) {
+#ifdef DLCP_LIBCRYPTO
+    if (self->t.auth_flag == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a tag_key was given but the MessageTable has no auth_flag: it takes no "
+                        "tagged messages");
+        return NULL;
+    }
+    Py_buffer given;
+    if (PyObject_GetBuffer(tag_key, &given, PyBUF_SIMPLE) < 0)
+        return NULL;
+    SourceKey *k = NULL;
+    for (ssize_t i = 0; i < self->n_keys && k == NULL; i++)
+        if (self->keys[i]->src == src)
+            k = self->keys[i];
+    if (k != NULL && k->len == (size_t)given.len &&
+        CRYPTO_memcmp(k->key, given.buf, k->len) == 0) {
+        PyBuffer_Release(&given);
+        return &k->gmac;
+    }
+    Gmac fresh = {NULL, NULL};
+    if (given.len > (Py_ssize_t)sizeof k->key ||
+        gmac_init(&fresh, (const uint8_t *)given.buf, (size_t)given.len) < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "tag_key of src %u must be 16, 24 or 32 bytes (an AES key), got %zd", src,
+                     given.len);
+        PyBuffer_Release(&given);
+        return NULL;
+    }
+    if (k == NULL) { /* (no message points at a new one yet: no lock needed) */
+        SourceKey **keys = PyMem_RawRealloc(self->keys, sizeof *keys * (size_t)(self->n_keys + 1));
+        if (keys != NULL)
+            self->keys = keys;
+        k = keys != NULL ? PyMem_RawCalloc(1, sizeof *k) : NULL;
+        if (k == NULL) {
+            gmac_free(&fresh);
+            PyBuffer_Release(&given);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        k->src = src;
+        k->gmac = fresh;
+        k->len = (size_t)given.len;
+        memcpy(k->key, given.buf, k->len);
+        self->keys[self->n_keys++] = k;
+    } else { /* another key for src: no receive step may check a tag meanwhile */
+        table_lock(self);
+        Gmac old = k->gmac;
+        k->gmac = fresh;
+        OPENSSL_cleanse(k->key, sizeof k->key);
+        k->len = (size_t)given.len;
+        memcpy(k->key, given.buf, k->len);
+        table_unlock(self);
+        gmac_free(&old);
+    }
+    PyBuffer_Release(&given);
+    return &k->gmac;
+#else
+    (void)self;
+    (void)src;
+    (void)tag_key;
+    PyErr_SetString(PyExc_ValueError,
+                    "a tag_key was given but dlcp.io._udpio was built without OpenSSL's "
+                    "libcrypto: it verifies no tags (VERIFIES_TAGS is False)");
+    return NULL;
+#endif
+}
+
 static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     unsigned long long src, step, msg;
     PyObject *out_obj, *recv_obj, *cls_obj;
@@ -454,11 +587,12 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     unsigned dtype_byte;
     int stream;
     long long received_elems, received_protected, complete_elems, complete_protected;
+    PyObject *tag_key = Py_None;
     if (!table_ready(self) ||
-        !PyArg_ParseTuple(args, "KKKOOOnnnIpLLLL:register", &src, &step, &msg, &out_obj,
+        !PyArg_ParseTuple(args, "KKKOOOnnnIpLLLL|O:register", &src, &step, &msg, &out_obj,
                           &recv_obj, &cls_obj, &chunk_elems, &msg_elems, &itemsize, &dtype_byte,
                           &stream, &received_elems, &received_protected, &complete_elems,
-                          &complete_protected))
+                          &complete_protected, &tag_key))
         return NULL;
     uint64_t key;
     if (key_of(src, step, msg, &key) < 0)
@@ -470,6 +604,9 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
                      src, step, msg, chunk_elems, msg_elems, itemsize, dtype_byte);
         return NULL;
     }
+    void *verifier = NULL;
+    if (tag_key != Py_None && (verifier = table_verifier(self, (unsigned)src, tag_key)) == NULL)
+        return NULL;
     HeldBuffers h;
     memset(&h, 0, sizeof h);
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
@@ -511,6 +648,7 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     m.itemsize = itemsize;
     m.dtype_byte = dtype_byte;
     m.stream = stream;
+    m.verifier = verifier;
     m.received_elems = received_elems;
     m.received_protected = received_protected;
     m.complete_elems = complete_elems;
@@ -750,7 +888,8 @@ static PyMethodDef table_methods[] = {
     {"register", (PyCFunction)table_register, METH_VARARGS,
      "register(src, step, msg, out, received, received_class, chunk_elems, msg_elems, "
      "itemsize, dtype_byte, stream, received_elems, received_protected, complete_elems, "
-     "complete_protected): take this message's runs from now on (see the module source)."},
+     "complete_protected, tag_key=None): take this message's runs from now on, those whose "
+     "tags verify under tag_key if given (see the module source)."},
     {"sync", (PyCFunction)table_sync, METH_VARARGS,
      "sync(src, step, msg, received_elems, received_protected, complete_elems, "
      "complete_protected) -> registered: the counts that say when its completion check is due."},
@@ -811,7 +950,13 @@ PyMODINIT_FUNC PyInit__udpio(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "MessageTable", (PyObject *)&MessageTableType) < 0) {
+#ifdef DLCP_LIBCRYPTO
+    int verifies_tags = 1;
+#else
+    int verifies_tags = 0;
+#endif
+    if (PyModule_AddObjectRef(m, "MessageTable", (PyObject *)&MessageTableType) < 0 ||
+        PyModule_AddObjectRef(m, "VERIFIES_TAGS", verifies_tags ? Py_True : Py_False) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -65,6 +65,7 @@ from .emulation import LossEmulator
 from .engine import NativeSender, choose_engine
 from .io_loop import IOLoop
 from .native_receive import available as native_receive_available
+from .native_receive import verifies_tags as native_receive_verifies_tags
 from .path_mtu import sized_for_interface
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
@@ -202,12 +203,12 @@ class Endpoint(IOLoop):
             else None
         )
         # the receive loop scatters the runs of the messages under way itself where
-        # it was built and nothing else must see each run in Python: authentication
-        # verifies tags there, the emulator drops datagrams there
+        # it was built and nothing else must see each run in Python: the emulator
+        # drops datagrams there; authenticating, the loop must verify tags (libcrypto)
         self._init_native_receive(
             cfg.native_receive
             and native_receive_available()
-            and not protocol.authenticate
+            and (not protocol.authenticate or native_receive_verifies_tags())
             and self._emulator is None
         )
         self._closing = False

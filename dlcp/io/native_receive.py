@@ -6,14 +6,24 @@ opens (:class:`~dlcp.proto.receive_paths.NativeRuns`) and removes it when it
 ends. :meth:`~dlcp.io.udp.DataSockets.receive` then reads, pre-filters and
 scatters in C without the GIL, and Python runs once per receive call per message
 (the counts of what was taken) instead of once per run of datagrams; what the
-loop does not take (a new message, a foreign or bad datagram, authenticated
-data) reaches the session as before, in arrival order. ``dlcp/io/_take_runs.h``
+loop does not take (a new message, a foreign or bad datagram, a tag that does
+not verify) reaches the session as before, in arrival order. ``dlcp/io/_take_runs.h``
 says which runs it takes and why it hands the others back.
+
+Authenticated sessions: the inbox registers each message with the key of the
+pair (source rank -> this rank) it verifies that source's tags with, and the
+table takes only the leading datagrams of a run whose AES-GMAC tags verify under
+it (libcrypto, ``dlcp/proto/gmac.h``: the bytes of :mod:`dlcp.proto.auth`),
+leaving their trailers out of the payload; the first datagram that does not
+verify goes back to the session with everything behind it, whose general path
+rejects it (``auth_failed``) as it always did. The table keeps one key per source
+rank; a registration that gives another replaces it (:meth:`MessageRuns.register`).
 
 The endpoint uses it (``EndpointConfig.native_receive``, ``DLCP_NATIVE_RECEIVE``;
 a diagnostic: off, the run path runs in Python once per run, as it did) when the
-extension and the protocol's C kernels were built, the session does not
-authenticate, and no loss is emulated (the emulator drops datagrams in Python).
+extension and the protocol's C kernels were built, the extension verifies tags
+if the session authenticates (:func:`verifies_tags`: built with libcrypto), and
+no loss is emulated (the emulator drops datagrams in Python).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from ..proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from ..proto.context import Key
 from ..proto.reassembler import RUN_LAYOUT, Reassembler
 from ..proto.receive_paths import Taken
-from ..proto.wire import HEADER_DTYPE, VERSION, PacketType
+from ..proto.wire import HEADER_DTYPE, VERSION, Flags, PacketType
 from .extensions import load
 
 # (not built: the run path stays in Python)
@@ -44,6 +54,7 @@ __all__ = [
     "TakenRuns",
     "available",
     "hand_over",
+    "verifies_tags",
 ]
 
 #: the kinds of a handover (dlcp/io/_take_runs.h): a run Python receives whole,
@@ -66,6 +77,13 @@ def available() -> bool:
     return _udpio is not None and hasattr(_udpio, "MessageTable") and kernels.ACCELERATED
 
 
+def verifies_tags() -> bool:
+    """Whether the native receive path verifies authenticated datagrams' tags
+    itself (the extension was built with libcrypto): an authenticating session
+    uses it only then."""
+    return available() and bool(getattr(_udpio, "VERIFIES_TAGS", False))
+
+
 class MessageRuns:
     """The C table of the messages the receive loop scatters itself, as the inbox
     registers them (:class:`~dlcp.proto.receive_paths.NativeRuns`)."""
@@ -79,10 +97,22 @@ class MessageRuns:
             _head_layout(),
             SHARED_HEADER_MASK,
             RUN_LAYOUT,
+            int(Flags.AUTH),
         )
 
-    def register(self, key: Key, reassembler: Reassembler) -> None:
-        self.table.register(*key, *reassembler.run_target(), *reassembler.completion_counts())
+    @property
+    def verifies_tags(self) -> bool:
+        """Whether messages registered with a tag key are taken (:func:`verifies_tags`)."""
+        return verifies_tags()
+
+    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None) -> None:
+        """Take message ``key``'s runs from now on; with ``tag_key`` (the key of
+        the pair source -> this rank) only the datagrams whose tags verify under
+        it. The table keeps one key per source rank: another ``tag_key`` for the
+        same source replaces it for every message of that source."""
+        self.table.register(
+            *key, *reassembler.run_target(), *reassembler.completion_counts(), tag_key
+        )
 
     def sync(self, key: Key, reassembler: Reassembler) -> None:
         self.table.sync(*key, *reassembler.completion_counts())

@@ -234,7 +234,7 @@ class Inbox(ReceivePaths[_Incoming]):
             self._unexpected_bytes -= state.unexpected_bytes
             state.unexpected_bytes = 0
         if self._native is not None:  # (a new buffer, or a bound that needs more)
-            self._native.register(key, r)
+            self._register_native(key, r)
 
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
@@ -362,7 +362,7 @@ class Inbox(ReceivePaths[_Incoming]):
         state = _Incoming(r, recovery, charged, want is not None)
         self._incoming[key] = state
         if self._native is not None:
-            self._native.register(key, r)
+            self._register_native(key, r)
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)
         return state

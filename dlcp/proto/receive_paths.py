@@ -16,8 +16,9 @@ datagrams) to one of three paths, by what the buffer starts with:
 With a :class:`NativeRuns` attached (:meth:`ReceivePaths.take_runs_natively`:
 the endpoint's receive loop, ``dlcp.io.native_receive``), the run path of the
 messages under way runs in the receive loop itself, in C: the inbox registers
-each message it opens and removes it when it ends, and the loop applies the run
-path's checks and kernel to every run it reads whose head is one of them. What it
+each message it opens (authenticating, with the key its source's tags verify
+with) and removes it when it ends, and the loop applies the run path's checks,
+tag verification and kernel to every run it reads whose head is one of them. What it
 took comes back per message and call (:meth:`ReceivePaths.receive_taken`), what
 it did not take comes here as before, in arrival order (the datagrams after a
 taken prefix straight to the general path: :meth:`ReceivePaths.receive_rest`).
@@ -77,9 +78,17 @@ class NativeRuns(Protocol):
     writes only into registered messages' buffers, and none after ``unregister``
     returned."""
 
-    def register(self, key: Key, reassembler: Reassembler) -> None:
+    @property
+    def verifies_tags(self) -> bool:
+        """Whether it verifies tags (spec §3) before it writes a datagram, so
+        that an authenticating session may use it."""
+
+    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None) -> None:
         """Take the runs of message ``key`` from now on (again, with its current
-        buffers, if it was registered)."""
+        buffers, if it was registered); with ``tag_key``, only the leading
+        datagrams of a run whose tags verify under it (the run path's
+        :func:`~dlcp.proto.auth.verified_prefix`), written without their trailers.
+        The key given last for a source rank is the one its datagrams verify with."""
 
     def sync(self, key: Key, reassembler: Reassembler) -> None:
         """Its counts changed here (data on another path, a FINISH, a bound):
@@ -103,11 +112,22 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
     _native: NativeRuns | None = None
 
     def take_runs_natively(self, native: NativeRuns) -> None:
-        """From now on ``native`` runs the run path of the messages opened here
-        (unauthenticated ones: a tag is verified in Python), as the module
-        docstring says. Set before any message opens."""
-        if self.keys is None and not self.config.authenticate:
+        """From now on ``native`` runs the run path of the messages opened here,
+        as the module docstring says (authenticating, only if it verifies tags:
+        :attr:`NativeRuns.verifies_tags`). Set before any message opens."""
+        authenticating = self.keys is not None or self.config.authenticate
+        if not authenticating or (self.keys is not None and native.verifies_tags):
             self._native = native
+
+    def _register_native(self, key: Key, reassembler: Reassembler) -> None:
+        """Register message ``key`` with the native loop, with the key its source's
+        tags verify with when authenticating (:meth:`_receive_run` checks the same
+        key), so that the loop never verifies under a key this side no longer gives."""
+        assert self._native is not None
+        tag_key = self.keys.of(key[0]) if self.keys is not None else None
+        if self.keys is not None and tag_key is None:
+            return  # (a rank outside the peers: no key, nothing for the loop to take)
+        self._native.register(key, reassembler, tag_key)
 
     def receive_taken(self, taken: list[Taken], *, now: float) -> None:
         """What the native receive loop took into the registered messages since it

@@ -230,7 +230,8 @@ class Session:
     def take_runs_natively(self, native: NativeRuns) -> None:
         """Let a receive loop run the run path of the messages under way itself
         (:class:`~dlcp.proto.receive_paths.NativeRuns`; ignored when this
-        session authenticates). Call before any data arrives."""
+        session authenticates and it does not verify tags). Call before any data
+        arrives."""
         self._inbox.take_runs_natively(native)
 
     def receive_taken(self, taken: list[Taken], *, now: float) -> None:

@@ -28,6 +28,19 @@ def test_figures_per_run_length(capsys: pytest.CaptureFixture[str]) -> None:
         assert fig["ratio"] == pytest.approx(fig["native_ns"] / fig["python_ns"], rel=0.01)
 
 
+@pytest.mark.skipif(not native_receive.verifies_tags(), reason="built without libcrypto")
+def test_tagged_datagrams_are_verified_on_both_paths(capsys: pytest.CaptureFixture[str]) -> None:
+    """--authenticate: both paths take tagged datagrams (exact messages on both, or
+    the run fails), the native one verifying them in C."""
+    argv = ["--messages", "2", "--elems", "5000", "--runs", "1,16", "--repeats", "2",
+            "--copy-elems", "400000", "--authenticate", "--json"]  # fmt: skip
+    assert receive_path.main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result["authenticated"] is True and set(result["runs"]) == {"1", "16"}
+    assert "tagged (AES-GMAC)" in "\n".join(out)
+
+
 def test_a_path_that_loses_a_message_fails_the_run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

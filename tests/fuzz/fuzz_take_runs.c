@@ -10,7 +10,8 @@
  *   max_reads 2 bytes, job 2 bytes,
  *   messages  1 byte (count, at most MAX_MESSAGES), then per message: src 2, step
  *             4, msg 2, chunk_elems 2, msg_elems 3, itemsize (1 << low 2 bits of
- *             1 byte), dtype byte 1, flags 1 (bit 0 streaming stores), received 8
+ *             1 byte), dtype byte 1, flags 1 (bit 0 streaming stores, bit 1 tagged:
+ *             registered with a verifier), received 8
  *             bytes (chunk c already in if bit c % 64 is set), complete_elems 3,
  *             complete_protected 2, removed after handover number 1 byte (255:
  *             never);
@@ -21,13 +22,23 @@
  *             is cut at its segment size; each piece is the next pool datagram,
  *             cut or padded with zeros to the piece's length.
  *
+ * Tagged messages: the table's verify is a stand-in for the AES-GMAC check of
+ * dlcp/io/_udpio.c (which is libcrypto's, and is tested against dlcp/proto/auth.py
+ * in tests/io/test_native_receive.py): a record's "tag" is right when its last
+ * byte is its length modulo 256, and the check fails (-1) when that byte is 0xFF
+ * and the length odd. What is fuzzed here is the take path around it: which
+ * datagrams are offered to the check, the prefix it lets through, the trailer
+ * left out of the payload.
+ *
  * Oracle: the handovers follow the staged runs in order (a run handed over whole,
  * the rest of a run after a taken prefix, a completion check after a run); every
  * datagram taken passes a reference of the run path's rules (a data datagram of
- * the job with no flag beyond LAST and RETRANSMIT, of a registered message with
- * its dtype and length, the head's message-wide bytes, seq, offset, payload length,
- * datagram length and LAST flag that fit) and the first datagram a run does not
- * take fails it; each chunk that arrives is written with the payload of the
+ * the job with no flag beyond LAST and RETRANSMIT, and AUTH exactly when its
+ * message is tagged, of a registered message with its dtype and length, the
+ * head's message-wide bytes, seq, offset, payload length, datagram length (with
+ * the 24-byte trailer of a tagged message) and LAST flag that fit, and for a
+ * tagged message a tag the stand-in accepts, the datagram at least a header and
+ * a trailer long) and the first datagram a run does not take fails it; each chunk that arrives is written with the payload of the
  * first taken datagram that carried it and marked with its class, nothing else of
  * any buffer changes, and nothing of a removed message after its removal; the
  * counts reported equal the reference's; a completion check is handed over
@@ -47,6 +58,8 @@
  * reassembler.RUN_LAYOUT), as dlcp/io/native_receive.py passes it */
 #define HL 32
 #define DATA_VT 0x11
+#define AUTH_FLAG 0x04
+#define TRAILER 24
 static const unsigned char MASK[HL] = {
     0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0,    0,    0,    0,    0,
     0,    0,    0,    0,    0xFF, 0xFF, 0xFF, 0xFF, 0,    0,    0xFF, 0xFF, 0, 0xFF, 0xFF, 0};
@@ -84,6 +97,23 @@ typedef struct {
 } Message;
 
 static Message msgs[MAX_MESSAGES];
+
+/* The stand-in tag check (see the top): the verifier must be a tagged message's. */
+static int stand_in_verify(void *verifier, const unsigned char *record, size_t len) {
+    int known = 0;
+    for (size_t i = 0; i < MAX_MESSAGES; i++)
+        known |= verifier == (void *)&msgs[i];
+    EXPECT(known, "a tag checked with a verifier no message was registered with");
+    EXPECT(len >= HL + TRAILER, "a tag checked on a %zu-byte record", len);
+    if (record[len - 1] == 0xFF && (len & 1))
+        return -1;
+    return record[len - 1] == (uint8_t)len;
+}
+
+/* Whether the stand-in accepts record d of len bytes, as the table must judge it. */
+static int tag_right(const uint8_t *d, ssize_t len) {
+    return len >= HL + TRAILER && d[len - 1] == (uint8_t)len && !(d[len - 1] == 0xFF && (len & 1));
+}
 static size_t n_msgs;
 static TakeTable table;
 static Run staged[MAX_RUNS];
@@ -98,14 +128,14 @@ static uint32_t be(const uint8_t *p, int bytes) {
 
 /* The registered (and not removed) message a head names, by the reference's rules. */
 static Message *message_of(const uint8_t *h, unsigned job) {
-    if (h[0] != DATA_VT || be(h + 2, 2) != job || (h[1] & ~3u))
+    if (h[0] != DATA_VT || be(h + 2, 2) != job)
         return NULL;
     uint64_t key = take_key(be(h + 26, 2), be(h + 4, 4), be(h + 8, 2));
     for (size_t i = 0; i < n_msgs; i++) {
         Message *g = &msgs[i];
         if (!g->removed && g->m.key == key && h[29] == g->m.dtype_byte &&
             (ssize_t)be(h + 20, 4) == g->m.msg_elems)
-            return g;
+            return (h[1] & ~3u) == (g->m.verifier != NULL ? AUTH_FLAG : 0u) ? g : NULL;
     }
     return NULL;
 }
@@ -124,7 +154,9 @@ static int fits(const Message *g, const uint8_t *h, const uint8_t *d, ssize_t le
     long long elems = g->m.msg_elems - start < g->m.chunk_elems ? g->m.msg_elems - start
                                                                  : g->m.chunk_elems;
     uint32_t payload = be(d + 24, 2);
-    return be(d + 16, 4) == start && payload == elems * g->m.itemsize && len == HL + payload &&
+    ssize_t trailer = g->m.verifier != NULL ? TRAILER : 0;
+    return be(d + 16, 4) == start && payload == elems * g->m.itemsize &&
+           len == HL + payload + trailer &&
            ((d[1] & 1) != 0) == ((ssize_t)seq == g->n_chunks - 1);
 }
 
@@ -166,7 +198,8 @@ static ssize_t reference_run(Run r, const uint8_t *buf, unsigned job, Message **
     ssize_t taken = 0;
     for (ssize_t at = 0; at < len; at += r.seg, taken++) {
         ssize_t n = len - at < r.seg ? len - at : r.seg;
-        if (!fits(g, h, buf + r.start + at, n))
+        if ((g->m.verifier != NULL && !tag_right(buf + r.start + at, n)) ||
+            !fits(g, h, buf + r.start + at, n))
             break;
         take_one(g, buf + r.start + at, n); /* (its bytes: the caller, per run) */
     }
@@ -225,7 +258,9 @@ static void read_message(FuzzInput *in, Message *g) {
     g->m.msg_elems = elems;
     g->m.itemsize = itemsize;
     g->m.dtype_byte = (unsigned)take_uint(in, 1);
-    g->m.stream = (int)(take_uint(in, 1) & 1);
+    unsigned flags = (unsigned)take_uint(in, 1);
+    g->m.stream = (int)(flags & 1);
+    g->m.verifier = flags & 2 ? (void *)g : NULL;
     uint64_t in_already = take_uint(in, 8);
     g->n_chunks = (elems - 1) / chunk + 1;
     size_t out_len = (size_t)(elems * itemsize);
@@ -311,6 +346,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(table.mask, MASK, HL);
     memcpy(table.layout, LAYOUT, 8);
     table.header_len = HL;
+    table.auth_flag = AUTH_FLAG;
+    table.trailer_len = TRAILER;
+    table.verify = stand_in_verify;
     table.runs = malloc(sizeof(Run) * MAX_RUNS);
     if (table.runs == NULL)
         abort();
@@ -325,7 +363,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *buf = exact_alloc((size_t)len);
     RecvRuns got;
     recv_runs_loop(3, (char *)buf, len, budget, max_reads, read_size, staged, &scratch, &got);
-    PfRules rules = {job, 0, 0};
+    PfRules rules = {job, 0, TRAILER}; /* (a tagged datagram keeps its trailer) */
     int64_t counts[PF_REASONS] = {0};
     ssize_t n_staged = 0;
     for (ssize_t i = 0; i < got.n_runs; i++) {

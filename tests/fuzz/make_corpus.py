@@ -17,7 +17,9 @@ describes at the top of its source:
   them, short last datagrams, empty datagrams and receive errors.
 * ``take_runs``: each small message registered (a second message beside it,
   removed after the first handover), its chunks as the datagrams of the pool, read
-  one by one, as one GRO read, reversed, with a duplicate and a stray datagram.
+  one by one, as one GRO read, reversed, with a duplicate and a stray datagram;
+  once untagged and once tagged (AUTH and a trailer the harness's stand-in tag
+  check accepts).
 
 The golden vectors and the layouts come from the repository (``dlcp.proto``),
 so the seeds follow any change of the wire format.
@@ -31,10 +33,11 @@ import struct
 import sys
 from pathlib import Path
 
+from dlcp.proto.auth import AUTH_TRAILER_LEN
 from dlcp.proto.batch import SHARED_HEADER_MASK
 from dlcp.proto.kernels import _swapped
 from dlcp.proto.reassembler import _RUN_LAYOUT
-from dlcp.proto.wire import DATA_HEADER_LEN, HEADER_DTYPE, NATIVE_HEADER_DTYPE, DType
+from dlcp.proto.wire import DATA_HEADER_LEN, HEADER_DTYPE, NATIVE_HEADER_DTYPE, DType, Flags
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "wire_vectors.json"
 MAX_CHUNKS = 64  # messages with more chunks are seeded with their vector's record only
@@ -154,31 +157,44 @@ def recv_seed(lengths: list[int], gro_at: int) -> bytes:
 
 
 def _registered(h: dict, chunk_elems: int, msg_elems: int, itemsize: int, *, held: int,
-                removed_after: int) -> bytes:  # fmt: skip
+                removed_after: int, tagged: bool = False) -> bytes:  # fmt: skip
     """A registered message of take_runs' input (fuzz_take_runs.c): the vector's
-    key and geometry, chunks ``held`` (a bit map) already in."""
+    key and geometry, chunks ``held`` (a bit map) already in; ``tagged``: its
+    datagrams carry a trailer, checked by the harness's stand-in tag check."""
     dtype_byte = int(DType[h["dtype"]]) << 4
     return (
         struct.pack(">HIHH", h["src"], h["step"], h["msg"], chunk_elems)
         + msg_elems.to_bytes(3, "big")
-        + bytes([itemsize.bit_length() - 1, dtype_byte, 0])
+        + bytes([itemsize.bit_length() - 1, dtype_byte, 2 if tagged else 0])
         + struct.pack(">Q", held)
         + msg_elems.to_bytes(3, "big")
         + struct.pack(">HB", 0, removed_after)
     )
 
 
+def stand_in_tagged(record: bytes) -> bytes:
+    """``record`` with the AUTH flag and a trailer that fuzz_take_runs.c's stand-in
+    tag check accepts (its last byte the record's length modulo 256)."""
+    body = record[:-AUTH_TRAILER_LEN] if record[1] & Flags.AUTH else record
+    body = bytes([body[0], body[1] | Flags.AUTH]) + body[2:]
+    length = len(body) + AUTH_TRAILER_LEN
+    return body + bytes(AUTH_TRAILER_LEN - 1) + bytes([length & 0xFF])
+
+
 def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, itemsize: int,
-              stray: bytes) -> bytes:  # fmt: skip
+              stray: bytes, *, tagged: bool = False) -> bytes:  # fmt: skip
     """take_runs' input: the message registered with a neighbour (another msg,
     removed after the first handover), its records (and a stray one) in the pool,
-    read one by one, reversed, with a duplicate, and as one GRO read."""
+    read one by one, reversed, with a duplicate, and as one GRO read; ``tagged``:
+    the message registered as tagged, its records with stand-in trailers."""
+    if tagged:
+        records = [stand_in_tagged(r) for r in records]
     read_size, buf_len, budget, max_reads = 65536, 1 << 18, 1 << 22, 1024
     head = struct.pack(">H", read_size - 1) + buf_len.to_bytes(3, "big")
     head += budget.to_bytes(3, "big") + struct.pack(">HH", max_reads, h["job"])
     other = dict(h, msg=(h["msg"] + 1) & 0xFFFF)
     head += bytes([2]) + _registered(h, chunk_elems, msg_elems, itemsize, held=0b10,
-                                     removed_after=255)  # fmt: skip
+                                     removed_after=255, tagged=tagged)  # fmt: skip
     head += _registered(other, chunk_elems, msg_elems, itemsize, held=0, removed_after=1)
     pool = [*records[:15], stray]
     head += bytes([len(pool)]) + b"".join(struct.pack(">H", len(r)) + r for r in pool)
@@ -220,8 +236,10 @@ def main(out: Path) -> dict[str, int]:
         for wide, limit in ((False, 3), (True, 64)):
             write(out, "engine_round", engine_seed(records, wide=wide, limit=limit), counts)
         stray = bytes.fromhex(golden["data"][-1]["hex"])
-        write(out, "take_runs", take_seed(vector["header"], records, chunk_elems, msg_elems,
-                                          itemsize, stray), counts)  # fmt: skip
+        for tagged in (False, True):
+            seed = take_seed(vector["header"], records, chunk_elems, msg_elems, itemsize, stray,
+                             tagged=tagged)  # fmt: skip
+            write(out, "take_runs", seed, counts)
     for vector in golden["bad"]:
         record = bytes.fromhex(vector["hex"])
         if vector["kind"] == "data" and record:

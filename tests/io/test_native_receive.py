@@ -5,8 +5,11 @@ through the C table ends in exactly the state of one whose runs go through
 Python: output bytes, reassembly state, counters, rejects, meter and events.
 Loss, reordering, duplicates, forged and foreign datagrams mixed into runs, a
 message that completes mid-call, completion by the bound, a message cancelled
-while its data arrives, and one whose receive names its buffer late; then the
-table itself: bad arguments named, and no write to a message once it is removed."""
+while its data arrives, and one whose receive names its buffer late; the same
+for authenticated sessions, whose tags the table verifies (tampered, forged and
+wrong-key datagrams go back to Python, rejected as before); then the table
+itself: bad arguments named, no write to a message once it is removed, and a
+source's key replaced, never left stale."""
 
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ import pytest
 from dlcp.io import native_receive
 from dlcp.io.native_receive import MessageRuns, hand_over
 from dlcp.io.udp import DataSockets
-from dlcp.proto.config import ProtocolConfig
+from dlcp.proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from dlcp.proto.events import ControlDatagram, DataBatch
+from dlcp.proto.reassembler import RUN_LAYOUT
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
@@ -35,14 +39,33 @@ pytestmark = pytest.mark.skipif(
 
 STEP, MSG = 3, 5
 NOW = 1.0
+#: the pair key of authenticated sessions here, and an outsider's
+KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
+
+needs_tags = pytest.mark.skipif(
+    not native_receive.verifies_tags(), reason="the native receive path verifies no tags"
+)
 
 
 def message(
-    n_elems: int, *, seed: int, msg: int = MSG, job: int = JOB, p: float | None = None
+    n_elems: int,
+    *,
+    seed: int,
+    msg: int = MSG,
+    job: int = JOB,
+    p: float | None = None,
+    key: bytes | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     """Every data datagram of one message in send order (classes mixed), and the
-    sender's control datagrams that followed them (its FINISH)."""
-    tx = Session(rank=0, job=job, config=config(classifier="combined", pacer="unpaced"))
+    sender's control datagrams that followed them (its FINISH); tagged under
+    ``key`` if given."""
+    tx = Session(
+        rank=0,
+        job=job,
+        config=config(classifier="combined", pacer="unpaced", authenticate=key is not None),
+        key=key,
+    )
     data = np.random.default_rng(seed).standard_normal(n_elems).astype(np.float32)
     tx.send_message(1, data, step=STEP, msg=msg, now=0.0, p=p)
     grams: list[bytes] = []
@@ -57,11 +80,18 @@ def message(
     return grams, control
 
 
+def receiver(key: bytes | None = None, **cfg: object) -> Session:
+    """Rank 1, authenticating with ``key`` if given; ``cfg``: more protocol settings."""
+    return Session(
+        rank=1, job=JOB, config=config(authenticate=key is not None, **cfg), key=key
+    )
+
+
 class Native:
     """A session whose runs go through a C table, fed as the receive loop feeds it."""
 
-    def __init__(self, cfg: ProtocolConfig | None = None) -> None:
-        self.session = Session(rank=1, job=JOB, config=cfg or config())
+    def __init__(self, key: bytes | None = None, **cfg: object) -> None:
+        self.session = receiver(key, **cfg)
         self.runs = MessageRuns(JOB)
         self.session.take_runs_natively(self.runs)
         self.native = 0  # datagrams the table took
@@ -105,10 +135,10 @@ class Pair:
     """Two receivers fed the same bytes: runs through the C table, runs through Python."""
 
     def __init__(
-        self, n_elems: int, *, expect: bool, cfg: ProtocolConfig | None = None
+        self, n_elems: int, *, expect: bool, key: bytes | None = None, **cfg: object
     ) -> None:
-        self.native = Native(cfg)
-        self.python = Session(rank=1, job=JOB, config=cfg or config())
+        self.native = Native(key, **cfg)
+        self.python = receiver(key, **cfg)
         self.outs: list[npt.NDArray[np.float32] | None] = []
         for s in self.sessions:
             out = np.full(n_elems, np.nan, np.float32) if expect else None
@@ -163,11 +193,18 @@ def cut(rng: np.random.Generator, grams: list[bytes], others: list[bytes], seg: 
     return runs
 
 
-def test_clean_message_is_taken_by_the_table() -> None:
+AUTH = [None, pytest.param(KEY, marks=needs_tags)]
+AUTH_IDS = ["plain", "authenticated"]
+
+
+@pytest.mark.parametrize("key", AUTH, ids=AUTH_IDS)
+def test_clean_message_is_taken_by_the_table(key: bytes | None) -> None:
+    """Authenticated, the table verifies each tag and writes the payload without
+    the trailer: the output is the data sent, bit for bit."""
     n = 20_000
-    grams, _ = message(n, seed=1)
+    grams, _ = message(n, seed=1, key=key)
     seg = len(grams[0])
-    pair = Pair(n, expect=True)
+    pair = Pair(n, expect=True, key=key)
     pair.feed([(grams[:5], seg)])  # the first opens the message, Python takes its run
     runs = [(grams[i : i + 17], seg) for i in range(5, len(grams), 17)]
     pair.feed(runs[:10])
@@ -179,23 +216,27 @@ def test_clean_message_is_taken_by_the_table() -> None:
     assert len(pair.native.runs) == 0  # completed: removed
 
 
+@pytest.mark.parametrize("key", AUTH, ids=AUTH_IDS)
 @pytest.mark.parametrize("expect", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_mutated_runs_of_two_messages_end_in_the_same_state(seed: int, expect: bool) -> None:
+def test_mutated_runs_of_two_messages_end_in_the_same_state(
+    seed: int, expect: bool, key: bytes | None
+) -> None:
     """Duplicates, reordering, corrupted and truncated datagrams, retransmission and
     LAST flags, garbage, datagrams of another message and of another job, in runs
-    of one receive buffer; a second message under way at the same time."""
+    of one receive buffer; a second message under way at the same time.
+    Authenticated, every change to a datagram fails its tag (auth_failed)."""
     rng = np.random.default_rng(seed)
     n = 30_011  # a short last chunk
-    grams, _ = message(n, seed=seed)
-    second, _ = message(9_000, seed=seed + 300, msg=MSG + 2)
+    grams, _ = message(n, seed=seed, key=key)
+    second, _ = message(9_000, seed=seed + 300, msg=MSG + 2, key=key)
     others = (
-        message(4_000, seed=seed + 100, msg=MSG + 1)[0]
-        + message(4_000, seed=seed + 200, job=JOB + 1)[0]
+        message(4_000, seed=seed + 100, msg=MSG + 1, key=key)[0]
+        + message(4_000, seed=seed + 200, job=JOB + 1, key=key)[0]
     )
     seg = len(grams[0])
     others = [g for g in others if len(g) == seg]
-    pair = Pair(n, expect=expect)
+    pair = Pair(n, expect=expect, key=key)
     pair.feed([(grams[:2], seg), (second[:1], seg)])
     runs = cut(rng, grams[2:], others, seg, mutate=True)
     runs += cut(rng, second[1:], others, seg, mutate=True)
@@ -249,7 +290,7 @@ def test_completion_by_the_bound_waits_and_takes_what_still_arrives() -> None:
     kept = [g for i, g in enumerate(grams) if i not in lost]
     # (no FINISH tail: with one, the message completes as soon as its last datagram
     # lands, with no grace to wait out)
-    pair = Pair(n, expect=True, cfg=config(ordered_paths=False))
+    pair = Pair(n, expect=True, ordered_paths=False)
     pair.feed([(kept[:1], seg)])
     pair.control(finish)
     runs = [(kept[i : i + 23], seg) for i in range(1, len(kept), 23)]
@@ -339,6 +380,162 @@ def test_a_receive_buffer_read_from_the_socket() -> None:
     assert f == s
 
 
+# ------------------------------------------------------------------ authenticated
+
+
+def tampered(gram: bytes) -> bytes:
+    """``gram`` with one payload byte changed: only its tag tells."""
+    b = bytearray(gram)
+    b[DATA_HEADER_LEN + 7] ^= 0x5A
+    return bytes(b)
+
+
+@needs_tags
+def test_tampered_forged_and_untagged_datagrams_go_back_to_python() -> None:
+    """In runs of a message under way: a datagram with a changed payload, a run
+    that starts with datagrams tagged under another key (an outsider's, with
+    other data), and untagged ones. The table takes only what verifies; each
+    datagram it declines reaches the general path, rejected by its reason exactly
+    as with the run path in Python; the genuine data lands whole."""
+    n = 20_000
+    grams, _ = message(n, seed=21, key=KEY)
+    forged, _ = message(n, seed=22, key=OTHER_KEY)
+    untagged, _ = message(n, seed=23)
+    seg, plain_seg = len(grams[0]), len(untagged[0])
+    assert seg == plain_seg + 24  # (the trailer)
+    pair = Pair(n, expect=True, key=KEY)
+    pair.feed([(grams[:1], seg)])
+    pair.feed([
+        ([*grams[1:20], tampered(grams[20]), *grams[21:40]], seg),  # taken up to it
+        (forged[40:45] + grams[40:60], seg),  # its head fails: handed back whole
+        (untagged[60:62], plain_seg),
+        (grams[60:70] + forged[5:6] + grams[70:], seg),
+    ])  # fmt: skip
+    assert pair.native.native > 0
+    assert pair.native.handovers[native_receive.TAKE_REST] >= 2
+    stats = pair.native.session._inbox.stats
+    assert stats.rejected == {"auth_failed": 1 + 5 + 1, "auth_required": 2}
+    pair.feed([([grams[20]], seg)])  # the genuine one: the message completes
+    want = np.random.default_rng(21).standard_normal(n).astype(np.float32)
+    assert pair.outs[0] is not None and pair.outs[0].tobytes() == want.tobytes()
+    assert len(pair.native.runs) == 0
+
+
+@needs_tags
+def test_a_plain_message_takes_no_tagged_run_and_a_tagged_one_no_plain_run() -> None:
+    """The AUTH flag must be what the message was registered with: a run that
+    differs is handed back whole and nothing is written."""
+    n = 5_000
+    tagged, _ = message(n, seed=24, key=KEY)
+    plain, _ = message(n, seed=24)
+    for key, first, other in ((KEY, tagged, plain), (None, plain, tagged)):
+        native = Native(key)
+        out = np.zeros(n, np.float32)
+        native.session.expect_message(0, step=STEP, msg=MSG, out=out)
+        native.session.receive_batch(np.frombuffer(first[0], np.uint8), len(first[0]), now=NOW)
+        assert len(native.runs) == 1
+        before = out.copy()
+        raw = np.frombuffer(b"".join(other[1:]), np.uint8).copy()
+        native.runs.table.stage(raw, [(0, len(raw), len(other[1]))])
+        assert native.runs.table.next(raw)[0] == (
+            0, len(raw), len(other[1]), native_receive.TAKE_WHOLE
+        )  # fmt: skip
+        assert out.tobytes() == before.tobytes()
+
+
+@needs_tags
+def test_a_replaced_source_key_is_never_used_again() -> None:
+    """Registering a message of a source with another key replaces that source's
+    key in the table for all its messages: datagrams tagged under the old key
+    are handed back whole (nothing written), those under the new one are taken."""
+    n = 20_000
+    grams, _ = message(n, seed=25, key=KEY)
+    renewed, _ = message(n, seed=25, key=OTHER_KEY)  # the same data, the new key
+    seg = len(grams[0])
+    native = Native(KEY)
+    out = np.zeros(n, np.float32)
+    native.session.expect_message(0, step=STEP, msg=MSG, out=out)
+    native.feed([(grams[:1], seg), (grams[1:10], seg)])
+    assert native.native == 9
+    r = native.session._inbox._incoming[(0, STEP, MSG)].reassembler
+    native.runs.register((0, STEP, MSG), r, OTHER_KEY)
+    received = r.received.copy()
+    raw = np.frombuffer(b"".join(grams[10:20]), np.uint8).copy()
+    native.runs.table.stage(raw, [(0, len(raw), seg)])
+    assert native.runs.table.next(raw) == ((0, len(raw), seg, native_receive.TAKE_WHOLE), None)
+    assert np.array_equal(r.received, received)
+    raw = np.frombuffer(b"".join(renewed[10:20]), np.uint8).copy()
+    native.runs.table.stage(raw, [(0, len(raw), seg)])
+    handover, taken = native.runs.table.next(raw)
+    assert handover is None and taken is not None and taken[0][3] == 10
+    assert r.received[10:20].all() and not r.received[20:].any()
+
+
+@needs_tags
+def test_tagged_datagrams_read_from_the_socket_with_forgeries_among_them() -> None:
+    """The whole loop, authenticated: datagrams read from a loopback socket, the
+    pre-filter requiring tags, wrong-key forgeries after the message is under
+    way; the table verifies and takes the genuine ones, and the session ends as
+    one fed the same datagrams through the Python run path: the forgeries
+    rejected auth_failed, the data exact."""
+    n = 50_000
+    grams, _ = message(n, seed=26, key=KEY)
+    forged, _ = message(n, seed=27, key=OTHER_KEY)
+    junk = [b"\x00" * 100]  # (dropped by the pre-filter: the runs either side stay apart)
+    # the forgeries after a verified prefix of their run (handed back, the rest of
+    # their run with them), then a run of genuine ones
+    arriving = grams[:40] + junk + grams[40:60] + forged[60:65] + junk + grams[60:]
+    python = receiver(KEY)
+    native = Native(KEY)
+    outs = [np.empty(n, np.float32), np.empty(n, np.float32)]
+    for s, out in zip((native.session, python), outs, strict=True):
+        s.expect_message(0, step=STEP, msg=MSG, out=out)
+    socks = DataSockets("127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=32 << 20, sndbuf=1 << 20)
+    try:
+        socks.screen(job=JOB, require_auth=True, tag_len=24, in_kernel=False)
+        socks.runs = native.runs
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for g in arriving:
+                tx.sendto(g, socks.address)
+
+        def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
+            native.session.receive_batch(b, seg, now=NOW)
+
+        while socks.receive(deliver, taken=native):
+            pass
+    finally:
+        socks.close()
+    for g in arriving:
+        if g not in junk:
+            python.receive_batch(np.frombuffer(g, np.uint8), len(g), now=NOW)
+    want = np.random.default_rng(26).standard_normal(n).astype(np.float32)
+    assert outs[0].tobytes() == outs[1].tobytes() == want.tobytes()
+    f, s = dataclasses.asdict(native.session.stats), dataclasses.asdict(python.stats)
+    assert f.pop("datagrams_fast") >= native.native > len(grams) // 2
+    s.pop("datagrams_fast")
+    assert f == s
+    assert f["rejected"] == {"auth_failed": 5}
+    assert socks.take_screened() == {"bad_version": 2}
+
+
+@needs_tags
+def test_bad_tag_keys_are_named() -> None:
+    runs, _, out = registered()
+    table = runs.table
+    received = np.zeros(4, np.bool_)
+    classes = np.zeros(4, np.uint8)
+    with pytest.raises(ValueError, match=r"tag_key of src 3 must be 16, 24 or 32 bytes .* got 5"):
+        table.register(3, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0,
+                       b"short")  # fmt: skip
+    made = (JOB, 0x12, PER_PACKET_FLAGS, native_receive._head_layout(), SHARED_HEADER_MASK,
+            RUN_LAYOUT)  # fmt: skip
+    plain = native_receive._udpio.MessageTable(*made)  # (no auth_flag)
+    with pytest.raises(ValueError, match="has no auth_flag"):
+        plain.register(0, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0, KEY)
+    with pytest.raises(ValueError, match="auth_flag 3 is not one flag bit outside"):
+        native_receive._udpio.MessageTable(*made, 3)
+
+
 # ------------------------------------------------------------------ the table itself
 
 
@@ -396,21 +593,28 @@ def test_bad_arguments_are_named() -> None:
 # ------------------------------------------------------------------ endpoints
 
 
+@pytest.mark.parametrize("key", AUTH, ids=AUTH_IDS)
 @pytest.mark.parametrize("on", [True, False], ids=["native", "python-run-path"])
-def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(on: bool) -> None:
+def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(
+    on: bool, key: bytes | None
+) -> None:
     """Two endpoints on loopback: messages arrive exact either way; the native path
     takes datagrams of the messages under way when on, none when off (the
-    diagnostic setting), and the table is empty once they completed. (25 MB
-    messages: more than one receive call's budget, so that each is under way,
-    registered, when later calls read its data, however the reads batch.)"""
+    diagnostic setting), and the table is empty once they completed; the same
+    authenticated (the table verifies the tags). (25 MB messages: more than one
+    receive call's budget, so that each is under way, registered, when later
+    calls read its data, however the reads batch.)"""
     from dlcp.io import Endpoint, EndpointConfig
+    from dlcp.proto.config import ProtocolConfig
     from tests.io.endpoint_helpers import JOB as EP_JOB
     from tests.io.endpoint_helpers import LocalStore
 
     store = LocalStore()
-    cfg = EndpointConfig(native_receive=on)
-    a = Endpoint(0, store=store, world_size=2, job=EP_JOB, config=cfg)
-    b = Endpoint(1, store=store, world_size=2, job=EP_JOB, config=cfg)
+    cfg = EndpointConfig(
+        native_receive=on, protocol=ProtocolConfig(authenticate=key is not None)
+    )
+    a = Endpoint(0, store=store, world_size=2, job=EP_JOB, config=cfg, key=key)
+    b = Endpoint(1, store=store, world_size=2, job=EP_JOB, config=cfg, key=key)
     try:
         data = np.random.default_rng(15).standard_normal(6_250_000).astype(np.float32)
         out = np.empty_like(data)
@@ -421,6 +625,7 @@ def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(on: bool) ->
             assert out.tobytes() == data.tobytes()
         stats = b.stats()
         assert stats["native_receive"] is on
+        assert stats["rejected"] == {}
         if on:
             assert 0 < stats["datagrams_native"] <= stats["datagrams_fast"]
             assert b._data.runs is not None and len(b._data.runs) == 0
