@@ -90,7 +90,7 @@ from .experiment_config import (
     ablation_label,
     run_name,
 )
-from .host_egress import HOST_QUEUE_PACKETS
+from .host_egress import HOST_BURST_FRAMES, HOST_QUEUE_BYTES
 from .impairments import CrossTraffic, cross_traffic
 from .results import (
     BATCH_SIZE,
@@ -426,7 +426,11 @@ def _result(
             "hidden": config.hidden,
             "mtu": config.mtu,
             "host_egress": config.host_egress,
-            "host_queue_packets": HOST_QUEUE_PACKETS if config.host_egress == "shaped" else None,
+            "host_queue": (
+                {"qdisc": "tbf", "burst_frames": HOST_BURST_FRAMES, "limit_bytes": HOST_QUEUE_BYTES}
+                if config.host_egress == "shaped"
+                else None
+            ),
             "parameters": train.get("parameters"),
             "env": env,
             "flags": flags,

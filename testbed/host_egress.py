@@ -8,23 +8,33 @@ its sockets write faster waits in the host (in the qdisc in front of the NIC, th
 in the sockets' send buffers), and the switch sees at most link-rate arrivals.
 
 :func:`shape_hosts` gives every host's interface towards its leaf that behaviour:
-one HTB class at the host link's rate (the topology's ``link_rate_mbit``, or the
-host--leaf link's own from a ``[[links]]`` table) over a FIFO of
-:data:`HOST_QUEUE_PACKETS` packets, the same HTB rendering and byte accounting as
-the routers' FIFO baseline (:class:`~.switch_profile.FifoPolicy`), so a host
-sends at the rate its leaf forwards. Segmentation happens after the qdisc (the
-hosts turn their segmentation offloads off), so one queued packet may be a UDP or
-TCP GSO batch of up to 64 KB; HTB charges it every segment's bytes.
+a token bucket (``tbf``) at the host link's rate (the topology's
+``link_rate_mbit``, or the host--leaf link's own from a ``[[links]]`` table) with
+a bucket of two frames, so packets leave one or two at a time at line rate. The
+hosts segment after the qdisc (their segmentation offloads are off), so what a
+socket hands the qdisc may be a UDP or TCP GSO batch of up to 64 KB; ``tbf``
+splits a batch larger than its bucket into its MTU-sized packets as it queues it
+and sends those at the rate, as a NIC that segments (TSO, USO) puts them on the
+wire. (An HTB class, the routers' FIFO baseline, lets a whole GSO batch go at
+once and serialises only on average: the batch then reaches the leaf as up to 44
+back-to-back packets, more than the switch profile's drop-eligible threshold of
+40 on one uplink.) The rate counts bytes as HTB does on the routers (IP packet
+plus Ethernet header), so a host sends at the rate its leaf forwards.
 
-Backpressure: a packet queued in the qdisc is charged to its socket's send
-buffer until it leaves the host, so a sender faster than the link blocks in
-``sendmmsg``/``send`` once its send buffer is full (DLCP's data sockets are
-blocking; TCP's TSQ keeps about a millisecond of a flow's data in the qdisc and
-waits for it to leave before queueing more). The FIFO drops only when it holds
-:data:`HOST_QUEUE_PACKETS` packets; a UDP socket without ``IP_RECVERR`` (DLCP's
-data sockets) is not told (the kernel counts ``SndbufErrors``), so such a drop is a
-lost packet as one in the network would be. :func:`host_counters` reads what
-each host's queue sent and dropped, so a run shows whether that happened.
+Backpressure: a packet queued in the qdisc, and each packet split from a GSO
+batch, is charged to its socket's send buffer until it leaves the host, so a
+sender faster than the link blocks in ``sendmmsg``/``send`` once its send buffer
+is full (DLCP's data sockets are blocking; TCP's TSQ keeps about a millisecond of
+a flow's data in the qdisc and waits for it to leave before queueing more). The
+queue holds :data:`HOST_QUEUE_BYTES`, what a host's 1000-packet qdisc (the
+``txqueuelen`` Linux gives an Ethernet device) holds in 64 KB GSO batches in
+front of a segmenting NIC, more than the send buffers of DLCP's eight data
+sockets together (4 MB asked, 8 MB given, each), so a sender is held back before
+its host drops anything. A drop there is reported to a UDP socket as ENOBUFS only
+with ``IP_RECVERR``, which DLCP's data sockets do not set (the kernel counts
+``SndbufErrors``), and DLCP's senders treat it as a lost packet either way
+(``dlcp/io/_sendmmsg.h``). :func:`host_counters` reads what each host's queue
+sent and dropped, so a run shows whether that happened.
 
 :func:`unshape_hosts` removes the hosts' root qdiscs (the kernel default again,
 ``noqueue`` on a veth). :func:`hosts_egress` is what a backend uses: the hosts
@@ -35,6 +45,7 @@ Mininet's TCLink's, is removed).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -42,12 +53,12 @@ from typing import Any
 from dlcp.errors import UsageError
 
 from . import switch_profile
-from .switch_profile import FifoPolicy
 from .topology import Network
 
 __all__ = [
+    "HOST_BURST_FRAMES",
     "HOST_EGRESS_MODES",
-    "HOST_QUEUE_PACKETS",
+    "HOST_QUEUE_BYTES",
     "check_host_egress",
     "host_counters",
     "host_link_rate",
@@ -61,9 +72,15 @@ __all__ = [
 #: the testbed before hosts were shaped)
 HOST_EGRESS_MODES = ("shaped", "unshaped")
 
-#: packets the host's egress FIFO holds: the ``txqueuelen`` Linux gives an
-#: Ethernet device, the queue a host keeps in front of its NIC's ring
-HOST_QUEUE_PACKETS = 1000
+#: bytes a host's egress queue holds: 1000 packets (the ``txqueuelen`` Linux gives
+#: an Ethernet device) of up to 64 KB each, GSO batches as a host's qdisc queues
+#: them in front of a NIC that segments
+HOST_QUEUE_BYTES = 1000 * 65536
+
+#: frames (of the link's MTU plus the Ethernet header) that may leave back to back
+HOST_BURST_FRAMES = 2
+
+_ETHERNET_HEADER = 14
 
 
 def _runner(net: Network, host: str) -> Callable[[Sequence[str]], Any]:
@@ -91,16 +108,24 @@ def host_link_rate(net: Network, host: str) -> float:
     return t.link_rate_mbit
 
 
+def host_tc_command(dev: str, rate_mbit: float, mtu: int) -> list[str]:
+    """The ``tc`` argv that shapes ``dev`` as a host's NIC: a token bucket at
+    ``rate_mbit`` holding :data:`HOST_BURST_FRAMES` frames of ``mtu``, over a
+    queue of :data:`HOST_QUEUE_BYTES` (replacing any root qdisc)."""
+    burst = HOST_BURST_FRAMES * (mtu + _ETHERNET_HEADER)
+    return ["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf",
+            "rate", f"{round(rate_mbit * 1000)}kbit", "burst", str(burst),
+            "limit", str(HOST_QUEUE_BYTES)]  # fmt: skip
+
+
 def shape_hosts(net: Network) -> None:
-    """Every host's egress towards its leaf: HTB at the link's rate over a FIFO of
-    :data:`HOST_QUEUE_PACKETS` packets (replacing any root qdisc there, such as
-    Mininet's TCLink's)."""
+    """Every host's egress towards its leaf shaped as a NIC at the link's rate
+    (:func:`host_tc_command`), replacing any root qdisc there (such as Mininet's
+    TCLink's)."""
     t = net.topology
     for host in t.host_names:
-        policy = FifoPolicy(
-            link_rate_mbit=host_link_rate(net, host), queue_packets=HOST_QUEUE_PACKETS
-        )
-        switch_profile.apply(_runner(net, host), net.ifaces[host][t.leaf_of(host)], policy)
+        dev = net.ifaces[host][t.leaf_of(host)]
+        net.run(host, host_tc_command(dev, host_link_rate(net, host), t.mtu))
 
 
 def unshape_hosts(net: Network) -> None:
@@ -127,14 +152,20 @@ def hosts_egress(net: Network, mode: str) -> Iterator[None]:
 
 
 def host_counters(net: Network) -> dict[str, dict[str, int]]:
-    """``{host: {"packets", "bytes", "drops", "backlog"}}`` of each host's egress
-    FIFO (packets are what the qdisc saw: a GSO batch counts once); empty for a
-    host whose egress is not shaped."""
+    """``{host: {"packets", "bytes", "drops", "backlog"}}`` of each shaped host's
+    egress queue (``packets`` as the qdisc counts them: a GSO batch as its
+    segments; ``backlog`` in packets); empty for a host whose egress is not shaped."""
     t = net.topology
     out: dict[str, dict[str, int]] = {}
     for host in t.host_names:
         dev = net.ifaces[host][t.leaf_of(host)]
-        queues = switch_profile.class_counters(_runner(net, host), dev)
-        if "best-effort" in queues:
-            out[host] = queues["best-effort"]
+        shown = net.run(host, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
+        for q in json.loads(shown or "[]"):
+            if q.get("root") and q.get("kind") == "tbf":
+                out[host] = {
+                    "packets": int(q.get("packets", 0)),
+                    "bytes": int(q.get("bytes", 0)),
+                    "drops": int(q.get("drops", 0)),
+                    "backlog": int(q.get("qlen", 0)),
+                }
     return out
