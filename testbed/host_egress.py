@@ -36,6 +36,11 @@ with ``IP_RECVERR``, which DLCP's data sockets do not set (the kernel counts
 (``dlcp/io/_sendmmsg.h``). :func:`host_counters` reads what each host's queue
 sent and dropped, so a run shows whether that happened.
 
+:func:`exempt_source_port` lets one UDP flow of a host bypass the shaping: the
+``background`` scenario's cross traffic, which stands for another machine's flow
+into the leaf (:mod:`.impairments`), keeps its own pace and does not share the
+rank's NIC.
+
 :func:`unshape_hosts` removes the hosts' root qdiscs (the kernel default again,
 ``noqueue`` on a veth). :func:`hosts_egress` is what a backend uses: the hosts
 shaped for the ``with`` block and unshaped on its way out, or unshaped throughout
@@ -60,6 +65,7 @@ __all__ = [
     "HOST_EGRESS_MODES",
     "HOST_QUEUE_BYTES",
     "check_host_egress",
+    "exempt_source_port",
     "host_counters",
     "host_link_rate",
     "hosts_egress",
@@ -81,6 +87,13 @@ HOST_QUEUE_BYTES = 1000 * 65536
 HOST_BURST_FRAMES = 2
 
 _ETHERNET_HEADER = 14
+_ROOT = "1:"
+_EXEMPT = "1:1"
+_SHAPED = "1:2"
+_BUCKET = "2:"
+#: the root HTB's classes: a rate no link of the testbed reaches (HTB only sorts)
+_UNLIMITED = "10gbit"
+_QUANTUM = 65536  # bytes a class sends per round (a GSO batch)
 
 
 def _runner(net: Network, host: str) -> Callable[[Sequence[str]], Any]:
@@ -108,24 +121,54 @@ def host_link_rate(net: Network, host: str) -> float:
     return t.link_rate_mbit
 
 
-def host_tc_command(dev: str, rate_mbit: float, mtu: int) -> list[str]:
-    """The ``tc`` argv that shapes ``dev`` as a host's NIC: a token bucket at
-    ``rate_mbit`` holding :data:`HOST_BURST_FRAMES` frames of ``mtu``, over a
-    queue of :data:`HOST_QUEUE_BYTES` (replacing any root qdisc)."""
+def host_tc_commands(dev: str, rate_mbit: float, mtu: int) -> list[list[str]]:
+    """The ``tc`` argvs that shape ``dev`` as a host's NIC (replacing any root
+    qdisc): a root HTB whose two classes are far faster than any link here
+    (:data:`_UNLIMITED`: HTB only sorts, the first class before the second), the
+    second the default, where a token bucket at ``rate_mbit`` holding
+    :data:`HOST_BURST_FRAMES` frames of ``mtu`` serves a queue of
+    :data:`HOST_QUEUE_BYTES`. The first class (a plain FIFO, unshaped) takes only
+    what :func:`exempt_source_port` sends there. (The kernel here has no ``prio``
+    qdisc; the token bucket waits on its own timer, which runs the root again.)"""
     burst = HOST_BURST_FRAMES * (mtu + _ETHERNET_HEADER)
-    return ["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf",
-            "rate", f"{round(rate_mbit * 1000)}kbit", "burst", str(burst),
-            "limit", str(HOST_QUEUE_BYTES)]  # fmt: skip
+    fast = ["htb", "rate", _UNLIMITED, "ceil", _UNLIMITED, "quantum", str(_QUANTUM)]
+    return [
+        ["tc", "qdisc", "replace", "dev", dev, "root", "handle", _ROOT, "htb", "default", "2"],
+        ["tc", "class", "add", "dev", dev, "parent", _ROOT, "classid", _EXEMPT, *fast,
+         "prio", "0"],
+        ["tc", "class", "add", "dev", dev, "parent", _ROOT, "classid", _SHAPED, *fast,
+         "prio", "1"],
+        ["tc", "qdisc", "add", "dev", dev, "parent", _SHAPED, "handle", _BUCKET, "tbf",
+         "rate", f"{round(rate_mbit * 1000)}kbit", "burst", str(burst),
+         "limit", str(HOST_QUEUE_BYTES)],
+    ]  # fmt: skip
 
 
 def shape_hosts(net: Network) -> None:
     """Every host's egress towards its leaf shaped as a NIC at the link's rate
-    (:func:`host_tc_command`), replacing any root qdisc there (such as Mininet's
+    (:func:`host_tc_commands`), replacing any root qdisc there (such as Mininet's
     TCLink's)."""
     t = net.topology
     for host in t.host_names:
         dev = net.ifaces[host][t.leaf_of(host)]
-        net.run(host, host_tc_command(dev, host_link_rate(net, host), t.mtu))
+        for argv in host_tc_commands(dev, host_link_rate(net, host), t.mtu):
+            net.run(host, argv)
+
+
+def exempt_source_port(net: Network, host: str, sport: int) -> bool:
+    """UDP packets that ``host`` sends from ``sport`` leave unshaped, before the
+    shaped queue (the first class of :func:`host_tc_commands`): traffic the testbed
+    makes as if another machine sent it into the host's leaf, such as the
+    ``background`` scenario's cross traffic, whose pace is its own and which a real
+    host's NIC would not carry. False (nothing done) where ``host`` is not shaped."""
+    dev = net.ifaces[host][net.topology.leaf_of(host)]
+    if _bucket(net, host, dev) is None:
+        return False
+    udp_from_sport = ["match", "ip", "protocol", "17", "0xff", "match", "ip", "sport",
+                      str(sport), "0xffff"]  # fmt: skip
+    net.run(host, ["tc", "filter", "add", "dev", dev, "parent", _ROOT, "protocol", "ip",
+                   "prio", "1", "u32", *udp_from_sport, "flowid", _EXEMPT])  # fmt: skip
+    return True
 
 
 def unshape_hosts(net: Network) -> None:
@@ -151,21 +194,31 @@ def hosts_egress(net: Network, mode: str) -> Iterator[None]:
         unshape_hosts(net)
 
 
+def _bucket(net: Network, host: str, dev: str) -> dict[str, Any] | None:
+    """``tc -s -j`` of the token bucket :func:`shape_hosts` put on ``dev`` (None:
+    the host is not shaped)."""
+    shown = net.run(host, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
+    for q in json.loads(shown or "[]"):
+        if q.get("kind") == "tbf" and q.get("handle") == _BUCKET:
+            found: dict[str, Any] = q
+            return found
+    return None
+
+
 def host_counters(net: Network) -> dict[str, dict[str, int]]:
     """``{host: {"packets", "bytes", "drops", "backlog"}}`` of each shaped host's
     egress queue (``packets`` as the qdisc counts them: a GSO batch as its
-    segments; ``backlog`` in packets); empty for a host whose egress is not shaped."""
+    segments; ``backlog`` in packets; exempt traffic not counted); empty for a
+    host whose egress is not shaped."""
     t = net.topology
     out: dict[str, dict[str, int]] = {}
     for host in t.host_names:
-        dev = net.ifaces[host][t.leaf_of(host)]
-        shown = net.run(host, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
-        for q in json.loads(shown or "[]"):
-            if q.get("root") and q.get("kind") == "tbf":
-                out[host] = {
-                    "packets": int(q.get("packets", 0)),
-                    "bytes": int(q.get("bytes", 0)),
-                    "drops": int(q.get("drops", 0)),
-                    "backlog": int(q.get("qlen", 0)),
-                }
+        q = _bucket(net, host, net.ifaces[host][t.leaf_of(host)])
+        if q is not None:
+            out[host] = {
+                "packets": int(q.get("packets", 0)),
+                "bytes": int(q.get("bytes", 0)),
+                "drops": int(q.get("drops", 0)),
+                "backlog": int(q.get("qlen", 0)),
+            }
     return out

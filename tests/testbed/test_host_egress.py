@@ -19,7 +19,12 @@ from dlcp.cli import _parser
 from testbed import experiments as ex
 from testbed.backend import NamespacesBackend
 from testbed.bmv2_backend import Bmv2Backend
-from testbed.host_egress import HOST_QUEUE_BYTES, host_counters, hosts_egress
+from testbed.host_egress import (
+    HOST_QUEUE_BYTES,
+    exempt_source_port,
+    host_counters,
+    hosts_egress,
+)
 from testbed.netns import missing_tools
 from testbed.switch_profile import SwitchPolicy
 from testbed.topology import LinkSpec, Network, Topology, build
@@ -91,12 +96,14 @@ def test_rows_keep_their_host_egress_apart(tmp_path: Path) -> None:
 
 #: a sender that writes ``nbytes`` in GSO messages of 40 datagrams through one
 #: blocking socket with a 4 MB send buffer (SO_SNDBUFFORCE), as DLCP's data
-#: sockets have, and prints how many sends failed
+#: sockets have, from a given source port if there is a third argument, and
+#: prints how many sends failed
 _BURST = r"""
 import socket, sys
 dst, nbytes = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, 32, 4 << 20)
+s.bind(("", int(sys.argv[3]) if len(sys.argv) > 3 else 0))
 payload = b"x" * (1400 * 40)
 errors = 0
 for _ in range(nbytes // len(payload)):
@@ -130,10 +137,14 @@ def test_hosts_are_shaped_at_their_link_rate_and_unshaped_at_teardown() -> None:
         devs = {h: net.ifaces[h][topo.leaf_of(h)] for h in topo.host_names}
         with hosts_egress(net, "shaped"):
             for host, dev in devs.items():
-                (root,) = _qdiscs(net, host, dev)
-                assert root["kind"] == "tbf" and root.get("root") is True, (host, root)
+                qdiscs = _qdiscs(net, host, dev)
+                (root,) = (q for q in qdiscs if q.get("root"))
+                # HTB only sorts: everything to its second class, where the bucket is
+                assert root["kind"] == "htb" and root["options"]["default"] == "0x2", root
+                (bucket,) = (q for q in qdiscs if q["kind"] == "tbf")
+                assert bucket["parent"] == "1:2", bucket
                 mbit = 5.0 if host == "h2" else topo.link_rate_mbit
-                options = root["options"]
+                options = bucket["options"]
                 assert options["rate"] == mbit * 1e6 / 8, (host, options)  # bytes/s
                 # two frames leave back to back at most (tc rounds to its clock)
                 assert 2 * 1500 <= options["burst"] <= 2 * 1514, options
@@ -152,9 +163,20 @@ def test_hosts_are_shaped_at_their_link_rate_and_unshaped_at_teardown() -> None:
             assert sent.stdout.strip() == "0", sent.stderr
             assert after["drops"] == before["drops"]
             assert after["backlog"] > 20, after
+            # cross traffic from an exempt source port bypasses the bucket: the
+            # same burst adds nothing to what it took in (sent or still queued: the
+            # first burst is still leaving)
+            assert exempt_source_port(net, "h2", 40123)
+            before = host_counters(net)["h2"]
+            net.run("h2", [sys.executable, "-c", _BURST, net.host_addr("h3"), str(20 * 56000),
+                           "40123"])  # fmt: skip
+            after = host_counters(net)["h2"]
+            taken = [c["packets"] + c["backlog"] for c in (before, after)]
+            assert taken[0] == taken[1], (before, after)
         for host, dev in devs.items():
             assert [q["kind"] for q in _qdiscs(net, host, dev)] == ["noqueue"], host
-            assert host_counters(net) == {}
+        assert host_counters(net) == {}
+        assert not exempt_source_port(net, "h2", 40123)  # (nothing to bypass)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert not [ns for ns in listed.stdout.split() if ns.startswith(prefix)]
 
