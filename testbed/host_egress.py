@@ -28,9 +28,10 @@ is full (DLCP's data sockets are blocking; TCP's TSQ keeps about a millisecond o
 a flow's data in the qdisc and waits for it to leave before queueing more). The
 queue holds :data:`HOST_QUEUE_BYTES`, what a host's 1000-packet qdisc (the
 ``txqueuelen`` Linux gives an Ethernet device) holds in 64 KB GSO batches in
-front of a segmenting NIC, more than the send buffers of DLCP's eight data
-sockets together (4 MB asked, 8 MB given, each), so a sender is held back before
-its host drops anything. A drop there is reported to a UDP socket as ENOBUFS only
+front of a segmenting NIC: about what the send buffers of DLCP's eight data
+sockets can hold together (8 MiB each, charged with each packet's memory, which
+is more than its bytes on the wire), so its sender is held back before the queue
+is full. A drop there is reported to a UDP socket as ENOBUFS only
 with ``IP_RECVERR``, which DLCP's data sockets do not set (the kernel counts
 ``SndbufErrors``), and DLCP's senders treat it as a lost packet either way
 (``dlcp/io/_sendmmsg.h``). :func:`host_counters` reads what each host's queue
