@@ -13,6 +13,8 @@ The backends:
 * :class:`NamespacesBackend` (here): one network namespace per node, Linux routers
   (:func:`.topology.build`), queueing by the tc switch profile
   (:func:`.impairments.apply_profile`), loss by nftables rules, counters from tc;
+  by default every host's egress serialised at its link's rate, as a NIC would
+  (:mod:`.host_egress`; ``host_egress="unshaped"`` leaves it at memory speed);
 * :class:`~.mininet_backend.MininetBackend`: the same Linux routers as Mininet
   nodes;
 * :class:`~.bmv2_backend.Bmv2Backend`: the routers are BMv2 switches running the DLCP
@@ -32,6 +34,12 @@ from typing import Any, ClassVar
 
 from dlcp.errors import UsageError, UsageStateError
 
+from .host_egress import (
+    HOST_EGRESS_MODES,
+    check_host_egress,
+    host_counters,
+    hosts_egress,
+)
 from .impairments import (
     apply_profile,
     link_down,
@@ -80,6 +88,8 @@ class TestbedBackend(ABC):
     links_shaped: ClassVar[bool]
     #: a note every result of this backend carries (None: none)
     note: ClassVar[str | None] = None
+    #: what ``host_egress`` may be here, the default first (:mod:`.host_egress`)
+    host_egress_modes: ClassVar[tuple[str, ...]] = ("unshaped",)
 
     def __init__(
         self,
@@ -88,14 +98,27 @@ class TestbedBackend(ABC):
         *,
         prefix: str | None = None,
         loss_injection: bool = False,
+        host_egress: str | None = None,
     ) -> None:
         """``queues``: the routers' queueing (None: the backend's default, e.g. none
         on Linux); ``loss_injection``: :meth:`inject_loss` will be called on this
-        network (a backend whose loss needs preparing prepares it at build)."""
+        network (a backend whose loss needs preparing prepares it at build);
+        ``host_egress``: the hosts' own egress, ``shaped`` to their link's rate or
+        ``unshaped`` (None: the backend's default, the first of
+        :attr:`host_egress_modes`)."""
         self.topology = topology
         self.queues = queues
         self.prefix = prefix
         self.loss_injection = loss_injection
+        if host_egress is None:
+            host_egress = self.host_egress_modes[0]
+        check_host_egress(host_egress)
+        if host_egress not in self.host_egress_modes:
+            raise UsageError(
+                f"--host-egress {host_egress}: not available with {self.switch} switches "
+                f"(available: {', '.join(self.host_egress_modes)})"
+            )
+        self.host_egress = host_egress
         self._net: Network | None = None
 
     @property
@@ -141,6 +164,11 @@ class TestbedBackend(ABC):
         """The traffic between two :meth:`counters` readings; ``lossy_link``: the
         link :meth:`inject_loss` acted on, if any."""
 
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        """What each host's egress queue sent and dropped so far
+        (:func:`.host_egress.host_counters`); empty where hosts are not shaped."""
+        return {}
+
     def describe_links(self, link_rate_mbit: float) -> str:
         """The links, as a run's log line says them."""
         return f"links {link_rate_mbit:g} Mbit/s"
@@ -175,17 +203,29 @@ class NamespacesBackend(TestbedBackend):
 
     switch = "linux"
     links_shaped = True
+    host_egress_modes = HOST_EGRESS_MODES
 
     def _build(self) -> AbstractContextManager[Network]:
         return self._with_queues(build(self.topology, prefix=self.prefix))
 
     @contextmanager
     def _with_queues(self, built: AbstractContextManager[Network]) -> Iterator[Network]:
-        """``built`` with the tc profile on every router egress (if there is one)."""
+        """``built`` with the tc profile on every router egress (if there is one),
+        and the hosts' egress shaped or left at memory speed (``host_egress``; a
+        root qdisc another builder put there, such as Mininet's TCLink, is
+        replaced or removed); shaped hosts are unshaped again on exit."""
         with built as net:
             if self.queues is not None:
                 apply_profile(net, self.queues)
-            yield net
+            with hosts_egress(net, self.host_egress):
+                yield net
+
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        return host_counters(self.net)
+
+    def describe_links(self, link_rate_mbit: float) -> str:
+        hosts = "hosts shaped" if self.host_egress == "shaped" else "hosts unshaped"
+        return f"links {link_rate_mbit:g} Mbit/s, {hosts}"
 
     def inject_loss(self, a: str, b: str, percent: float) -> None:
         link_loss(self.net, a, b, percent)

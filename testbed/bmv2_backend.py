@@ -317,13 +317,16 @@ class Bmv2Backend(TestbedBackend):
         *,
         prefix: str | None = None,
         loss_injection: bool = False,
+        host_egress: str | None = None,
     ) -> None:
         if not isinstance(queues, SwitchPolicy):
             raise UsageError(
                 "BMv2 runs the DLCP policy in its P4 program: it needs a SwitchPolicy, "
                 f"not {type(queues).__name__}"
             )
-        super().__init__(topology, queues, prefix=prefix, loss_injection=loss_injection)
+        super().__init__(
+            topology, queues, prefix=prefix, loss_injection=loss_injection, host_egress=host_egress
+        )
         self.policy = queues
 
     def _build(self) -> AbstractContextManager[Network]:

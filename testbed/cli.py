@@ -16,12 +16,13 @@ import signal
 import sys
 from types import FrameType
 
-from dlcp.errors import DLCPError
+from dlcp.errors import DLCPError, UsageError
 from dlcp.processes import sigterm_interrupts
 from dlcp.switch.policy import PolicyError
 
 from .backend import backend_class
 from .bmv2 import Bmv2Error
+from .host_egress import HOST_EGRESS_MODES
 from .netns import NetnsError, _cleanup, _run, prefix_lock
 from .switch_profile import FifoPolicy, SwitchPolicy
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError
@@ -56,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "DLCP P4 program, configured over P4Runtime (needs the p4lang binaries)",
     )
     up.add_argument(
+        "--host-egress", choices=HOST_EGRESS_MODES, default=None, help=_HOST_EGRESS_HELP
+    )
+    up.add_argument(
         "--cli",
         action="store_true",
         help="with --backend mininet: open Mininet's CLI (h1 ping h4); exit removes the testbed",
@@ -77,6 +81,13 @@ _SWITCH_HELP = (
 _BACKEND_HELP = (
     "Linux routers in plain network namespaces (default) or Mininet nodes "
     "(testbed/mininet_backend.py)"
+)
+
+
+_HOST_EGRESS_HELP = (
+    "the hosts' own egress: shaped, serialised at the link rate as a NIC does (default "
+    "with Linux routers), or unshaped, written into the leaf at memory speed (BMv2: "
+    "unshaped only)"
 )
 
 
@@ -117,6 +128,9 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     run.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
     run.add_argument(
+        "--host-egress", choices=HOST_EGRESS_MODES, default=None, help=_HOST_EGRESS_HELP
+    )
+    run.add_argument(
         "--profile",
         choices=["dlcp", "fifo"],
         default=None,
@@ -139,6 +153,9 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     suite.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
+    suite.add_argument(
+        "--host-egress", choices=HOST_EGRESS_MODES, default=None, help=_HOST_EGRESS_HELP
+    )
     suite.add_argument(
         "--gloo-profile",
         choices=["dlcp", "fifo"],
@@ -172,6 +189,7 @@ def up(
     backend: str = "namespaces",
     cli: bool = False,
     switch: str = "linux",
+    host_egress: str | None = None,
 ) -> int:
     t = Topology.load(topology)
     policy = _policy(profile, t)
@@ -188,11 +206,18 @@ def up(
             file=sys.stderr,
         )
         return 2
-    testbed = backend_class(switch, backend)(t, policy, prefix=prefix)
+    try:
+        testbed = backend_class(switch, backend)(t, policy, prefix=prefix, host_egress=host_egress)
+    except UsageError as e:
+        print(f"dlcp testbed up: {e}", file=sys.stderr)
+        return 2
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with testbed.build() as net:
-            print(f"testbed {t.name}: prefix {prefix}, profile {profile}, switch {switch}")
+            print(
+                f"testbed {t.name}: prefix {prefix}, profile {profile}, switch {switch}, "
+                f"hosts {testbed.host_egress}"
+            )
             switches = getattr(net, "switches", {})
             for node in t.nodes:
                 addr = f"  {net.host_addr(node)}" if node in t.host_names else ""
@@ -282,6 +307,7 @@ def _experiments(args: argparse.Namespace) -> int:
                 hidden=args.hidden,
                 backend=args.backend,
                 mtu=args.mtu,
+                host_egress=args.host_egress,
             )
         except ValueError as e:  # refused before any run
             print(f"dlcp testbed suite: {e}", file=sys.stderr)
@@ -301,6 +327,7 @@ def _experiments(args: argparse.Namespace) -> int:
             switch=args.switch,
             backend=args.backend,
             profile=args.profile,
+            host_egress=args.host_egress,
             **({} if args.link_rate is None else {"link_rate_mbit": args.link_rate}),
         )
     except ValueError as e:
@@ -320,7 +347,10 @@ def _experiments(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.testbed_command == "up":
-            return up(args.topology, args.profile, args.prefix, args.backend, args.cli, args.switch)
+            return up(
+                args.topology, args.profile, args.prefix, args.backend, args.cli, args.switch,
+                args.host_egress,
+            )
         if args.testbed_command == "down":
             return down(args.topology, args.prefix)
         if args.testbed_command in ("run", "suite", "plot"):

@@ -52,7 +52,16 @@ from dlcp.errors import UsageError
 from dlcp.proto.config import MAX_MTU, MIN_MTU
 from dlcp.proto.wire import DEFAULT_PORT
 
-from .results import BATCH_SIZE, HIDDEN, LINK_RATE_MBIT, MTU, default_profile, settings_label
+from .host_egress import check_host_egress
+from .results import (
+    BATCH_SIZE,
+    HIDDEN,
+    LINK_RATE_MBIT,
+    MTU,
+    default_host_egress,
+    default_profile,
+    settings_label,
+)
 
 __all__ = [
     "ABLATIONS",
@@ -96,11 +105,12 @@ def run_name(
     batch_size: int = BATCH_SIZE,
     hidden: int = HIDDEN,
     mtu: int = MTU,
+    host_egress: str | None = None,
 ) -> str:
     """``<scenario>-<transport>[-no-<ablations>][-bmv2][-on-<profile>][-<rate>mbit]
-    [-batch<n>][-hidden<n>][-mtu<n>]``: the profile only if not the transport's
-    default, the link rate (Linux routers only), batch size, model width and link
-    MTU only if not the defaults."""
+    [-batch<n>][-hidden<n>][-mtu<n>][-hosts-<host egress>]``: the profile only if not
+    the transport's default, the link rate (Linux routers only), batch size, model
+    width, link MTU and the hosts' egress only if not the defaults."""
     label = ablation_label(ablate)
     odd = profile is not None and switch == "linux" and profile != default_profile(transport)
     rate = link_rate_mbit if switch == "linux" else LINK_RATE_MBIT  # BMv2 links: unshaped
@@ -110,6 +120,11 @@ def run_name(
         + ("-bmv2" if switch == "bmv2" else "")
         + (f"-on-{profile}" if odd else "")
         + settings_label(rate, batch_size, hidden, mtu)
+        + (
+            f"-hosts-{host_egress}"
+            if host_egress is not None and host_egress != default_host_egress(switch)
+            else ""
+        )
     )
 
 
@@ -144,8 +159,9 @@ class ExperimentConfig:
     ``backend`` (Linux routers): plain namespaces or Mininet nodes. ``profile`` (Linux
     only): the DLCP profile or a FIFO, by default :func:`default_profile` of the
     transport. ``link_rate_mbit`` (default :data:`LINK_RATE_MBIT`) shapes the Linux
-    routers' egress only. ``timeout`` (seconds for the ranks; default from the
-    epochs). Checked when made: a bad value raises ValueError naming it."""
+    routers' egress and, with ``host_egress="shaped"`` (the Linux default;
+    :mod:`.host_egress`), the hosts' own. ``timeout`` (seconds for the ranks; default
+    from the epochs). Checked when made: a bad value raises ValueError naming it."""
 
     scenario: str
     transport: str
@@ -163,6 +179,9 @@ class ExperimentConfig:
     timeout: float | None = None
     plot_after: bool = True
     profile: str | None = None
+    #: the hosts' own egress: ``shaped`` at the link rate as a NIC would, or
+    #: ``unshaped`` (None: :func:`default_host_egress` of the switch)
+    host_egress: str | None = None
 
     def __post_init__(self) -> None:
         def known(what: str, value: str, choices: Sequence[str]) -> None:
@@ -190,6 +209,15 @@ class ExperimentConfig:
             object.__setattr__(self, "profile", default_profile(self.transport))
         if self.profile is not None:
             known("profile", self.profile, PROFILES)
+        if self.host_egress is None:
+            object.__setattr__(self, "host_egress", default_host_egress(self.switch))
+        assert self.host_egress is not None
+        check_host_egress(self.host_egress)
+        if bmv2 and self.host_egress != "unshaped":
+            raise UsageError(
+                f"--host-egress {self.host_egress} shapes the hosts to the Linux routers' link "
+                "rate; BMv2 links are not shaped (use --host-egress unshaped)"
+            )
         if bmv2 and self.link_rate_mbit != LINK_RATE_MBIT:
             raise UsageError(
                 "--link-rate shapes the Linux routers' egress; BMv2 links are not shaped "
@@ -210,7 +238,7 @@ class ExperimentConfig:
         return run_name(
             self.scenario, self.transport, self.ablate, self.switch, self.profile,
             link_rate_mbit=self.link_rate_mbit, batch_size=self.batch_size,
-            hidden=self.hidden, mtu=self.mtu,
+            hidden=self.hidden, mtu=self.mtu, host_egress=self.host_egress,
         ) + ("-mininet" if self.backend == "mininet" else "")  # fmt: skip
 
     @property

@@ -10,8 +10,10 @@ Every run builds the default leaf-spine topology (4 hosts, 2 leaves, 2 spines)
 with queueing on every router egress shaped to ``link_rate_mbit`` (default
 :data:`LINK_RATE_MBIT` = 200 Mbit/s, so that background traffic matters): the
 DLCP switch profile for DLCP, one FIFO of the same buffer for Gloo (the
-baseline's network has no DLCP configuration; ``profile`` overrides either),
-applies the scenario, and starts one training rank
+baseline's network has no DLCP configuration; ``profile`` overrides either);
+over Linux routers every host's own egress is serialised at the same rate, as a
+NIC would (:mod:`.host_egress`; ``--host-egress unshaped`` leaves it at memory
+speed, for both transports alike), applies the scenario, and starts one training rank
 (``examples/train_digits.py``) per host *inside that host's namespace*, with
 torchrun's variables: ``RANK`` = host index, ``WORLD_SIZE`` = 4,
 ``LOCAL_RANK`` = 0, ``MASTER_ADDR`` = h1's address, ``MASTER_PORT`` =
@@ -88,6 +90,7 @@ from .experiment_config import (
     ablation_label,
     run_name,
 )
+from .host_egress import HOST_BURST_FRAMES, HOST_QUEUE_BYTES
 from .impairments import CrossTraffic, cross_traffic
 from .results import (
     BATCH_SIZE,
@@ -171,7 +174,13 @@ def backend_for(config: ExperimentConfig, topology: Topology) -> TestbedBackend:
         else FifoPolicy(link_rate_mbit=config.link_rate_mbit, queue_packets=topology.buffer_packets)
     )
     kind = backend_class(config.switch, config.backend)
-    return kind(topology, policy, prefix=config.prefix, loss_injection=config.scenario == "loss")
+    return kind(
+        topology,
+        policy,
+        prefix=config.prefix,
+        loss_injection=config.scenario == "loss",
+        host_egress=config.host_egress,
+    )
 
 
 class _Progress:
@@ -291,6 +300,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
 
         try:
             before = backend.counters()
+            hosts_before = backend.host_counters()
             cmds = _rank_commands(net, config, env, flags, train_json)
             world = len(cmds)
             sink.write(
@@ -318,6 +328,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
             if lr.returncode != 0:
                 raise ExperimentError(f"{name}: {lr.message}")
             routers = backend.traffic(before, backend.counters(), lossy_link=lossy_link)
+            hosts = _host_queue_traffic(hosts_before, backend.host_counters())
         finally:
             if traffic is not None:
                 traffic.stop()
@@ -326,20 +337,41 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()
-    result = _result(config, backend, t, env, flags, train, routers, traffic, link_event, wall)
+    result = _result(
+        config, backend, t, env, flags, train, routers, hosts, traffic, link_event, wall
+    )
     (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     summary = {k: result[k] for k in CSV_FIELDS}
     append_csv(res_dir, summary)
     sink.write(
         f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
         f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
-        f"router drops {summary['router_drops'] or 'none'}\n"
+        f"router drops {summary['router_drops'] or 'none'}"
+        + (f"; host queue drops {sum(h['drops'] for h in hosts.values())}" if hosts else "")
+        + "\n"
         + (f"[testbed] {name}: {backend.note}\n" if backend.note else "")
     )
     sink.flush()
     if config.plot_after:
         plot(res_dir)
     return result
+
+
+def _host_queue_traffic(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Per shaped host: what its egress queue sent (``packets``: as the qdisc
+    counts them, a GSO batch as its segments; ``bytes``) and dropped during the
+    run, and what it held at the end (``backlog``)."""
+    return {
+        host: {
+            "packets": c["packets"] - before.get(host, {}).get("packets", 0),
+            "bytes": c["bytes"] - before.get(host, {}).get("bytes", 0),
+            "drops": c["drops"] - before.get(host, {}).get("drops", 0),
+            "backlog": c["backlog"],
+        }
+        for host, c in after.items()
+    }
 
 
 def _result(
@@ -350,6 +382,7 @@ def _result(
     flags: list[str],
     train: dict[str, Any],
     routers: RouterTraffic,
+    hosts: dict[str, dict[str, int]],
     traffic: CrossTraffic | None,
     link_event: str | None,
     wall: float,
@@ -377,6 +410,7 @@ def _result(
         "batch_size": config.batch_size,
         "hidden": config.hidden,
         "mtu": config.mtu,
+        "host_egress": config.host_egress,
         "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "code_rev": code_revision(),
     }
@@ -391,6 +425,12 @@ def _result(
             "batch_size": config.batch_size,
             "hidden": config.hidden,
             "mtu": config.mtu,
+            "host_egress": config.host_egress,
+            "host_queue": (
+                {"qdisc": "tbf", "burst_frames": HOST_BURST_FRAMES, "limit_bytes": HOST_QUEUE_BYTES}
+                if config.host_egress == "shaped"
+                else None
+            ),
             "parameters": train.get("parameters"),
             "env": env,
             "flags": flags,
@@ -406,6 +446,7 @@ def _result(
         "router_classes": routers.classes,
         "router_link_packets": routers.links,
         "router_link_drops": routers.link_drops,
+        "host_queues": hosts,
         "train": train,
     }
 
@@ -422,12 +463,14 @@ def suite(
     hidden: int = HIDDEN,
     backend: str = "namespaces",
     mtu: int = MTU,
+    host_egress: str | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
     over Linux on ``gloo_profile`` (default: a FIFO). ``hidden`` sizes the
     model's hidden layer for every run (1024: a gradient the fabric's links
-    feel), ``mtu`` every link's MTU. Failed runs are reported and skipped.
+    feel), ``mtu`` every link's MTU, ``host_egress`` the hosts' own egress (None:
+    the switch's default). Failed runs are reported and skipped.
     Returns (number of failures, summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
         raise UsageError(
@@ -456,6 +499,7 @@ def suite(
             profile=gloo_profile if tr == "gloo" else None,
             hidden=hidden,
             mtu=mtu,
+            host_egress=host_egress,
         )
         for s, tr, ab in plan
     ]

@@ -16,7 +16,10 @@
 * :func:`cross_traffic` sends a paced UDP flow between two hosts pinned to one
   spine: a source port is chosen by probing (a few packets per candidate port,
   then the spines' link counters show which spine the ECMP hash picked). A
-  small UDP sink in the destination host counts what arrives.
+  small UDP sink in the destination host counts what arrives. The flow stands
+  for another machine's: where the sending host's egress is shaped as a NIC
+  (:mod:`.host_egress`), the flow bypasses that shaping, so it neither waits
+  behind the host's own traffic nor slows it.
 
 Incast (many senders to one host) is not here yet.
 """
@@ -38,6 +41,7 @@ from dlcp.processes import die_with_parent
 from dlcp.switch.policy import on_link
 
 from . import switch_profile
+from .host_egress import exempt_source_port
 from .netns import NetnsError, _run, nft_dropped, nft_random_drop
 from .switch_profile import FifoPolicy, SwitchPolicy
 from .topology import LinkSpec, Network
@@ -512,6 +516,8 @@ def cross_traffic(
     try:
         _ready(sink, f"UDP sink in {dst_host}")  # readiness: the sink has bound its port
         sport = pin_port(net, src_host, dst_host, spine, dport)
+        # another machine's flow in the model: not paced by src_host's NIC
+        exempt_source_port(net, src_host, sport)
         sender = _python(
             net, src_host, _SENDER, net.host_addr(dst_host), sport, dport, seconds, mbit, size
         )

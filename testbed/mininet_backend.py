@@ -6,7 +6,10 @@ no controller: every node -- hosts, leaves and spines -- is a plain Mininet
 ``mnexec``), and leaves and spines are routers (``ip_forward=1``,
 ``fib_multipath_hash_policy=1``). Links are :class:`~mininet.link.TCLink` veth pairs
 shaped to the topology's ``link_rate_mbit`` (Mininet accepts at most 1000 Mbit/s;
-above that the links are left unshaped). Mininet's delay/loss link options do
+above that the links are left unshaped); the backend then gives the hosts' own
+ends the testbed's host egress (:mod:`.host_egress`: a NIC-like token bucket in
+place of TCLink's HTB, or none with ``--host-egress unshaped``), as on plain
+namespaces. Mininet's delay/loss link options do
 nothing here (no netem), so none are passed: use :mod:`.impairments` instead.
 
 Addressing, interface names and routes are exactly those of

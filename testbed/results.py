@@ -27,8 +27,10 @@ __all__ = [
     "bmv2_link_packets",
     "class_totals",
     "code_revision",
+    "default_host_egress",
     "default_profile",
     "drops_summary",
+    "host_egress_of",
     "per_link_drops",
     "per_link_packets",
     "plot",
@@ -57,6 +59,7 @@ CSV_FIELDS = (
     "batch_size",
     "hidden",
     "mtu",
+    "host_egress",
     "finished_utc",
     "code_rev",
 )
@@ -234,6 +237,18 @@ def _profile_of(row: Mapping[str, Any]) -> str:
     return str(row.get("profile") or ("p4" if _switch_of(row) == "bmv2" else "dlcp"))
 
 
+def host_egress_of(row: Mapping[str, Any]) -> str:
+    """Whether a row's hosts were ``shaped`` or ``unshaped`` (rows from before the
+    column: unshaped, as every host then was)."""
+    return str(row.get("host_egress") or "unshaped")
+
+
+def default_host_egress(switch: str) -> str:
+    """The hosts' egress a run gets unless told otherwise: serialised at the link
+    rate behind Linux routers; unshaped behind BMv2 (whose links are not shaped)."""
+    return "unshaped" if switch == "bmv2" else "shaped"
+
+
 def _settings_of(row: Mapping[str, Any]) -> tuple[float, int, int, int]:
     """(link rate in Mbit/s, batch size, hidden units, link MTU) of a row; rows
     from before the columns used the defaults. BMv2 rows have no link rate (its
@@ -266,7 +281,7 @@ def settings_label(
 
 def read_csv(results: str | Path) -> list[dict[str, str]]:
     """The newest row of every (scenario, transport, ablation, switch, profile,
-    link rate, batch size, hidden units, MTU), in first-seen order."""
+    link rate, batch size, hidden units, MTU, host egress), in first-seen order."""
     path = Path(results) / CSV_NAME
     if not path.exists():
         return []
@@ -275,7 +290,7 @@ def read_csv(results: str | Path) -> list[dict[str, str]]:
         for row in csv.DictReader(f):
             key = (
                 row["scenario"], row["transport"], row["ablation"], _switch_of(row),
-                _profile_of(row), *_settings_of(row),
+                _profile_of(row), *_settings_of(row), host_egress_of(row),
             )  # fmt: skip
             latest[key] = row
     return list(latest.values())
@@ -299,7 +314,9 @@ def plot(results: str | Path) -> Path | None:
         other = f" [on {prof}]" if switch == "" and prof != default_profile(r["transport"]) else ""
         settings = settings_label(*_settings_of(r))
         extra = f" [{settings[1:]}]" if settings else ""
-        return r["transport"] + ablation + switch + other + extra
+        hosts = host_egress_of(r)
+        odd_hosts = f" [hosts {hosts}]" if hosts != default_host_egress(_switch_of(r)) else ""
+        return r["transport"] + ablation + switch + other + extra + odd_hosts
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     variants = list(dict.fromkeys(variant(r) for r in rows))

@@ -75,12 +75,23 @@ static inline void message_init(struct mmsghdr *m, const struct sockaddr_in *add
 }
 
 /*
+ * ENOBUFS from sendmmsg: the host's own egress queue (a qdisc) was full and
+ * dropped the batch's first message; the kernel says so only to a socket with
+ * IP_RECVERR (without it the drop is silent, counted in SndbufErrors). Either
+ * way it is a lost packet, as one the network drops, not a refused send: the
+ * senders below count the message as gone and go on with the next one, and the
+ * receiver asks for what it misses as for any loss.
+ */
+static inline int host_queue_dropped(int err) { return err == ENOBUFS; }
+
+/*
  * Sends the `len` bytes at `buf` to `addr` as datagrams of `seg` bytes (the last
  * may be shorter), `per_message` datagrams per message: more than one goes as one
  * UDP GSO message (UDP_SEGMENT ancillary data), one as a plain datagram; every
  * message with IP_TOS `tos`; up to SEND_BATCH messages per sendmmsg call. Retries
- * on EINTR. Returns 0 or the errno of the call that failed; *sent counts the
- * datagrams sent (before a failure too) and *calls the sendmmsg calls.
+ * on EINTR; a message the host's queue dropped (ENOBUFS) is skipped. Returns 0 or
+ * the errno of the call that failed; *sent counts the datagrams sent (before a
+ * failure too; not those dropped) and *calls the sendmmsg calls.
  * The caller checks 0 < seg, 0 < per_message <= 65535 / seg.
  */
 static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *buf, ssize_t len,
@@ -106,7 +117,10 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            return errno;
+            if (!host_queue_dropped(errno))
+                return errno;
+            at += (ssize_t)iov[0].iov_len; /* the first message is lost */
+            continue;
         }
         for (int i = 0; i < r; i++) {
             at += (ssize_t)iov[i].iov_len;
@@ -124,7 +138,8 @@ static int send_datagrams(int fd, const struct sockaddr_in *addr, const char *bu
  * `short_at` (the run's last; -1: none), then, when `trailer` > 0, the record's
  * last `trailer` bytes (an authentication trailer: 0 <= trailer < head). `seg` is
  * head + chunk. GSO messages of `per_message` datagrams, two or three iovecs a
- * datagram. The caller checked that every chunk lies within the payload.
+ * datagram; a message the host's queue dropped is skipped, and *sent does not
+ * count its datagrams. The caller checked that every chunk lies within the payload.
  */
 static inline int send_gathered(int fd, const struct sockaddr_in *addr, const char *heads,
                                 ssize_t head, ssize_t trailer, const char *payload,
@@ -137,13 +152,14 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
     struct mmsghdr msgs[GATHER_BATCH];
     struct iovec iov[GATHER_BATCH * 3 * GATHER_PER_MESSAGE];
     const size_t parts = trailer > 0 ? 3 : 2, front = (size_t)(head - trailer);
+    ssize_t done = 0; /* datagrams sent or dropped by the host's queue */
     *sent = 0;
     if (per_message > GATHER_PER_MESSAGE)
         per_message = GATHER_PER_MESSAGE;
-    while (*sent < n) {
+    while (done < n) {
         int k = 0;
         size_t v = 0;
-        for (ssize_t pos = *sent; k < GATHER_BATCH && pos < n; k++) {
+        for (ssize_t pos = done; k < GATHER_BATCH && pos < n; k++) {
             ssize_t count = n - pos < per_message ? n - pos : per_message;
             message_init(&msgs[k], addr, &iov[v], parts * (size_t)count, &cm, count > 1);
             for (ssize_t i = pos; i < pos + count; i++) {
@@ -161,10 +177,16 @@ static inline int send_gathered(int fd, const struct sockaddr_in *addr, const ch
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            return errno;
+            if (!host_queue_dropped(errno))
+                return errno;
+            done += (ssize_t)(msgs[0].msg_hdr.msg_iovlen / parts); /* the first is lost */
+            continue;
         }
-        for (int i = 0; i < r; i++)
-            *sent += (ssize_t)(msgs[i].msg_hdr.msg_iovlen / parts);
+        for (int i = 0; i < r; i++) {
+            ssize_t datagrams = (ssize_t)(msgs[i].msg_hdr.msg_iovlen / parts);
+            done += datagrams;
+            *sent += datagrams;
+        }
     }
     return 0;
 }

@@ -16,8 +16,9 @@
  *   GSO a sender's decision of 352 datagrams is one system call instead of eight;
  *   without it (per_message 1: paths where GSO would be segmented in software),
  *   one system call per SEND_BATCH datagrams instead of one per datagram. Blocks
- *   while the socket buffer is full (the data sockets are blocking); raises
- *   OSError on other errors.
+ *   while the socket buffer is full (the data sockets are blocking); a message
+ *   the host's own queue dropped (ENOBUFS) is lost, as in the network, and not
+ *   counted in `sent` (_sendmmsg.h); raises OSError on other errors.
  *
  * recv_runs(fd, buf, budget, max_reads, read_size)
  *     -> (runs, nbytes, reads, empty, more, errno)
@@ -927,8 +928,8 @@ static PyMethodDef methods[] = {
      "module source)."},
     {"send_batch", send_batch, METH_VARARGS,
      "send_batch(fd, data, segment_size, per_message, host, port, tos) -> sent: the datagrams "
-     "of a batch, per_message per (GSO) message, many messages per sendmmsg call (see the "
-     "module source)."},
+     "of a batch, per_message per (GSO) message, many messages per sendmmsg call; those the "
+     "host's queue dropped (ENOBUFS) are not counted (see the module source)."},
     {"recv_runs", recv_runs, METH_VARARGS,
      "recv_runs(fd, buf, budget, max_reads, read_size) -> (runs, nbytes, reads, empty, more, "
      "errno): drain a UDP socket into buf as runs of same-size datagrams (see the source)."},

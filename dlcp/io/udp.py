@@ -19,12 +19,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
 import struct
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -200,7 +202,8 @@ class DataSockets:
         addr: tuple[str, int],
     ) -> int:
         """Send ``count`` datagrams of ``segment_size`` bytes (last may be shorter).
-        Returns datagrams sent; a full socket buffer blocks until it drains."""
+        Returns datagrams sent; a full socket buffer blocks until it drains, and a
+        message the host's own queue dropped is lost (:func:`_send_message`)."""
         sock = self.send_socks[path % len(self.send_socks)]
         tos_msg = self._tos_cache.get(tos)
         if tos_msg is None:
@@ -214,11 +217,13 @@ class DataSockets:
             return int(_udpio.send_batch(fd, data, segment_size, per_message, host, port, tos))
         step = per_message * segment_size
         seg = (socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", segment_size))
+        sent = 0
         for start in range(0, len(data), step):
             chunk = data[start : start + step]
             cmsgs = [tos_msg] if len(chunk) <= segment_size else [tos_msg, seg]
-            sock.sendmsg([chunk], cmsgs, 0, addr)
-        return count
+            if _send_message(sock, [chunk], cmsgs, addr):
+                sent += -(-len(chunk) // segment_size)
+        return sent
 
     def send_gathered(
         self,
@@ -233,7 +238,8 @@ class DataSockets:
         """Send one datagram per row of ``heads`` (2-D uint8), row ``i`` followed
         by chunk ``i`` of ``payload`` (``chunk`` bytes; the last may be shorter),
         gathered by the kernel from both: nothing is copied into a send buffer.
-        Returns datagrams sent; a full socket buffer blocks until it drains."""
+        Returns datagrams sent; a full socket buffer blocks until it drains, and a
+        datagram the host's own queue dropped is lost (:func:`_send_message`)."""
         count, head = int(heads.shape[0]), int(heads.shape[1])
         sock = self.send_socks[path % len(self.send_socks)]
         per_message = datagrams_per_gso_message(head + chunk) if self.use_gso else 1
@@ -244,10 +250,11 @@ class DataSockets:
             )
             return sent
         tos_msg = [(socket.IPPROTO_IP, socket.IP_TOS, struct.pack("=i", tos))]
+        sent = 0
         for i in range(count):  # (without the extension: a sendmsg a datagram)
             part = payload[i * chunk : (i + 1) * chunk]
-            sock.sendmsg([heads[i].data, part.data], tos_msg, 0, addr)
-        return count
+            sent += _send_message(sock, [heads[i].data, part.data], tos_msg, addr)
+        return sent
 
     # ------------------------------------------------------------------ receive
 
@@ -366,6 +373,25 @@ class DataSockets:
         if fill > start:
             deliver(buf[start:fill], seg_size)
         return total
+
+
+def _send_message(
+    sock: socket.socket,
+    buffers: list[Any],
+    cmsgs: list[tuple[int, int, bytes]],
+    addr: tuple[str, int],
+) -> bool:
+    """``sock.sendmsg``; False where the host's own egress queue dropped the
+    message (ENOBUFS, which the kernel reports to a socket with ``IP_RECVERR``):
+    a lost packet, as one the network drops, not a refused send (the C senders
+    do the same: ``_sendmmsg.h``). Any other error raises."""
+    try:
+        sock.sendmsg(buffers, cmsgs, 0, addr)
+    except OSError as exc:
+        if exc.errno != errno.ENOBUFS:
+            raise
+        return False
+    return True
 
 
 def datagrams_per_gso_message(segment_size: int) -> int:

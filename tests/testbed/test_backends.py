@@ -141,7 +141,9 @@ def test_a_backend_without_a_cli_says_so() -> None:
 
 def test_the_run_log_describes_the_links_by_backend() -> None:
     t = Topology.default()
-    assert NamespacesBackend(t, None).describe_links(200.0) == "links 200 Mbit/s"
+    assert NamespacesBackend(t, None).describe_links(200.0) == "links 200 Mbit/s, hosts shaped"
+    unshaped = NamespacesBackend(t, None, host_egress="unshaped")
+    assert unshaped.describe_links(200.0) == "links 200 Mbit/s, hosts unshaped"
     assert Bmv2Backend(t, SwitchPolicy()).describe_links(200.0) == (
         "BMv2 switches (P4Runtime), links not shaped"
     )

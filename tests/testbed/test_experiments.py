@@ -325,6 +325,10 @@ def test_impaired_scenario_runs_with_its_impairment(tmp_path: Path, scenario: st
         # the rate it reached, in the CSV: near the target, never above it
         target = ex.BACKGROUND_SHARE * ex.LINK_RATE_MBIT
         assert 0.5 * target < r["background_mbit"] <= 1.01 * target, (r["background_mbit"], sent)
+        # it stands for another machine's flow: not through h2's NIC-like bucket,
+        # which carried the rank's packets only (fewer than the flow's)
+        assert setup["host_egress"] == "shaped"
+        assert r["host_queues"]["h2"]["packets"] < sent["packets"], r["host_queues"]
     else:
         assert r["train"]["collective"] == "ps" and "--collective" in setup["flags"]
 
