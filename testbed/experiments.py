@@ -80,6 +80,7 @@ from dlcp.errors import DLCPError, UsageError
 from dlcp.train_demo import example_script
 
 from .backend import RouterTraffic, TestbedBackend, backend_class
+from .cpu_usage import TrainingCpu
 from .experiment_config import (
     ABLATIONS,
     BACKENDS,
@@ -103,6 +104,8 @@ from .results import (
     bmv2_link_packets,
     class_totals,
     code_revision,
+    cpu_fields,
+    cpu_line,
     default_profile,
     drops_summary,
     per_link_drops,
@@ -179,6 +182,8 @@ class _Progress:
     after every epoch rank 0 reports."""
 
     _EPOCH = re.compile(r"^\[rank0\]: epoch\s+(\d+)/(\d+)")
+    #: the example's rank 0 says what it trains right before its first iteration
+    _TRAINING = re.compile(r"^\[rank0\]: digits CNN \(")
 
     def __init__(
         self,
@@ -186,16 +191,24 @@ class _Progress:
         label: str,
         start: float,
         on_epoch: Callable[[int], None] | None = None,
+        on_training: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> None:
         self.sink, self.label, self.start = sink, label, start
         #: called with the epoch number after each epoch rank 0 reports (in the
         #: thread that pumps the ranks' output: mid-run impairments)
         self.on_epoch = on_epoch
+        #: (called when rank 0's training starts, called when it reports its last
+        #: epoch), in the same thread: the run's CPU readings
+        self.on_training = on_training
 
     def write(self, text: str) -> int:
         self.sink.write(text)
         for line in text.splitlines():
+            if self.on_training is not None and self._TRAINING.match(line):
+                self.on_training[0]()
             m = self._EPOCH.match(line)
+            if m and self.on_training is not None and m[1] == m[2]:
+                self.on_training[1]()
             if m:
                 self.sink.write(
                     f"[testbed] {self.label}: epoch {m[1]}/{m[2]} done, "
@@ -278,9 +291,17 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     mid_run = scenario == "spine-down" and config.epochs >= 2
     link_event = "before training" if scenario == "spine-down" and not mid_run else None
     lossy_link = IMPAIRED_LINK if scenario == "loss" else None
+    cpu = TrainingCpu()
     with backend.build() as net:
         _impair(backend, scenario, link_down_now=not mid_run)
         traffic = _cross_traffic(backend, scenario, config.link_rate_mbit)
+        if traffic is not None:
+            cpu.track("background-sender", traffic.sender.pid)
+            cpu.track("background-sink", traffic.sink.pid)
+
+        def track_ranks(pids: Sequence[int]) -> None:
+            for rank, pid in enumerate(pids):
+                cpu.track(f"rank{rank}", pid)
 
         def on_epoch(epoch: int) -> None:
             nonlocal link_event
@@ -304,7 +325,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
             # removed on exit; after a hard crash: dlcp testbed down --prefix <prefix>
             sink.write(f"[testbed] {name}: namespaces {net.prefix}<node>\n")
             sink.flush()
-            progress = _Progress(sink, name, started, on_epoch)
+            progress = _Progress(sink, name, started, on_epoch, (cpu.start, cpu.stop))
             lr = launch(
                 cmds[0],
                 world,
@@ -313,6 +334,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
                 stdout=progress,  # type: ignore[arg-type]
                 stderr=progress,  # type: ignore[arg-type]
                 timeout=timeout,
+                on_start=track_ranks,
             )
             lr.raise_if_interrupted()  # Ctrl-C / SIGTERM: stop here (a suite too)
             if lr.returncode != 0:
@@ -326,7 +348,9 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     wall = time.monotonic() - started
     train = json.loads(train_json.read_text())
     train_json.unlink()
-    result = _result(config, backend, t, env, flags, train, routers, traffic, link_event, wall)
+    result = _result(
+        config, backend, t, env, flags, train, routers, traffic, link_event, wall, cpu.summary()
+    )
     (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     summary = {k: result[k] for k in CSV_FIELDS}
     append_csv(res_dir, summary)
@@ -334,6 +358,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
         f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
         f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
         f"router drops {summary['router_drops'] or 'none'}\n"
+        f"[testbed] {name}: {cpu_line(result['cpu'])}\n"
         + (f"[testbed] {name}: {backend.note}\n" if backend.note else "")
     )
     sink.flush()
@@ -353,6 +378,7 @@ def _result(
     traffic: CrossTraffic | None,
     link_event: str | None,
     wall: float,
+    cpu: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """A run's result: the CSV's fields, then the setup, counters and training."""
     ep = train["epochs"]
@@ -371,6 +397,7 @@ def _result(
         # what the cross traffic really sent, in Mbit/s as HTB counts it
         "background_mbit": round(traffic.sent["mbit"], 1) if traffic and traffic.sent else None,
         "wall_s": round(wall, 1),
+        **cpu_fields(cpu),
         "switch": backend.switch,
         "profile": config.queues,
         "link_rate_mbit": rate,
@@ -403,6 +430,7 @@ def _result(
             ),
         },
         **({"note": backend.note} if backend.note else {}),
+        "cpu": cpu,
         "router_classes": routers.classes,
         "router_link_packets": routers.links,
         "router_link_drops": routers.link_drops,
@@ -422,12 +450,14 @@ def suite(
     hidden: int = HIDDEN,
     backend: str = "namespaces",
     mtu: int = MTU,
+    link_rate_mbit: float = LINK_RATE_MBIT,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
     over Linux on ``gloo_profile`` (default: a FIFO). ``hidden`` sizes the
     model's hidden layer for every run (1024: a gradient the fabric's links
-    feel), ``mtu`` every link's MTU. Failed runs are reported and skipped.
+    feel), ``mtu`` every link's MTU, ``link_rate_mbit`` every Linux router's
+    egress shaping. Failed runs are reported and skipped.
     Returns (number of failures, summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
         raise UsageError(
@@ -456,6 +486,7 @@ def suite(
             profile=gloo_profile if tr == "gloo" else None,
             hidden=hidden,
             mtu=mtu,
+            link_rate_mbit=link_rate_mbit,
         )
         for s, tr, ab in plan
     ]
