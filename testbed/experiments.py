@@ -55,7 +55,9 @@ its numbers are functional, not performance -- the CSV's ``switch`` column says
 Results: ``<results>/<scenario>-<transport>[-no-<ablations>][-bmv2].json`` (the
 example's per-epoch JSON of rank 0 plus the setup, the router counters per
 class -- sent packets and drops summed over every router interface, the
-difference between before and after training -- and the wall time), one row
+difference between before and after training -- the wall time, and how busy
+the CPUs were over the training, read when rank 0 says its training starts and
+when it reports its last epoch: :mod:`.cpu_usage`), one row
 appended to ``<results>/testbed.csv`` and a bar plot ``<results>/testbed.png``
 (ms/iter and accuracy per scenario and transport, the newest row of each).
 :mod:`.results` writes and reads these. ``median ms/iter`` is the median over
