@@ -211,25 +211,39 @@ class TrainingCpu:
     """A run's two readings: :meth:`track` names the processes to account for (by
     pid; ranks as ``rank<N>``), :meth:`start` takes the first reading (once),
     :meth:`stop` the second (once, after a first). :meth:`summary` is
-    :func:`cpu_summary` of the two, or None if either is missing."""
+    :func:`cpu_summary` of the two, or None if either is missing. A reading that
+    fails, or two that cannot be compared, leave the summary None and say why in
+    ``failure``: the accounting never fails the run it watches."""
 
     def __init__(self) -> None:
         self.pids: dict[str, int] = {}
         self.first: CpuReading | None = None
         self.last: CpuReading | None = None
+        self.failure: str | None = None
 
     def track(self, name: str, pid: int) -> None:
         self.pids[name] = pid
 
+    def _read(self) -> CpuReading | None:
+        try:
+            return read_cpu(self.pids)
+        except (OSError, ValueError) as e:
+            self.failure = f"reading /proc failed: {e}"
+            return None
+
     def start(self) -> None:
-        if self.first is None:
-            self.first = read_cpu(self.pids)
+        if self.first is None and self.failure is None:
+            self.first = self._read()
 
     def stop(self) -> None:
         if self.first is not None and self.last is None:
-            self.last = read_cpu(self.pids)
+            self.last = self._read()
 
     def summary(self) -> dict[str, Any] | None:
         if self.first is None or self.last is None:
             return None
-        return cpu_summary(self.first, self.last)
+        try:
+            return cpu_summary(self.first, self.last)
+        except ValueError as e:
+            self.failure = str(e)
+            return None

@@ -360,7 +360,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
         f"[testbed] {name}: accuracy {summary['final_accuracy']:.1f}%, "
         f"{summary['median_ms_per_iter']:.1f} ms/iter, wall {wall:.0f} s; "
         f"router drops {summary['router_drops'] or 'none'}\n"
-        f"[testbed] {name}: {cpu_line(result['cpu'])}\n"
+        f"[testbed] {name}: {cpu_line(result['cpu'], cpu.failure)}\n"
         + (f"[testbed] {name}: {backend.note}\n" if backend.note else "")
     )
     sink.flush()

@@ -238,10 +238,12 @@ def cpu_fields(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def cpu_line(cpu: Mapping[str, Any] | None) -> str:
-    """One line on how busy the CPUs were while a run trained."""
+def cpu_line(cpu: Mapping[str, Any] | None, failure: str | None = None) -> str:
+    """One line on how busy the CPUs were while a run trained (``failure``: why
+    there is no reading, where known)."""
     if cpu is None:
-        return "CPU: not read (rank 0 did not report the start and the end of its training)"
+        why = failure or "rank 0 did not report the start and the end of its training"
+        return f"CPU: not read ({why})"
     ranks = (
         "ranks' CPU time unknown (a rank had exited)"
         if cpu["ranks_cpu_s"] is None

@@ -255,3 +255,19 @@ def test_the_table_shows_the_link_rate_and_how_busy_the_cpus_were(tmp_path: Path
     assert "| link Mbit/s | load | CPU idle % | ranks CPU s |" in lines[0]
     assert "| 50 | 3.50 | 41.2 | 12.3 |" in lines[2]
     assert "| 200 | - | - | - |" in lines[3]
+
+
+def test_a_failed_reading_leaves_no_summary_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import testbed.cpu_usage as cu
+
+    def unreadable(processes: Any, proc: Path = Path("/proc")) -> CpuReading:
+        raise ValueError("/proc/stat has no aggregate 'cpu' line")
+
+    cpu = TrainingCpu()
+    monkeypatch.setattr(cu, "read_cpu", unreadable)
+    cpu.start()  # does not raise: the run goes on
+    cpu.stop()
+    assert cpu.summary() is None
+    assert cpu.failure == "reading /proc failed: /proc/stat has no aggregate 'cpu' line"
+    line = ex.cpu_line(None, cpu.failure)
+    assert line == "CPU: not read (reading /proc failed: /proc/stat has no aggregate 'cpu' line)"
