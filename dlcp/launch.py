@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -192,6 +192,7 @@ def launch(
     grace: float = 10.0,
     timeout: float | None = None,
     rank_cmd: Mapping[int, Sequence[str]] | None = None,
+    on_start: Callable[[Sequence[int]], None] | None = None,
 ) -> LaunchResult:
     """Run ``cmd`` as ``nproc`` local ranks and wait for all of them.
 
@@ -202,7 +203,10 @@ def launch(
     endpoints derive their keys from it (:mod:`dlcp.keyring`), and it never goes
     through the rendezvous store. Output goes to
     ``stdout``/``stderr`` (default: this process's). ``timeout`` bounds the
-    whole run (the ranks are terminated when it passes).
+    whole run (the ranks are terminated when it passes). ``on_start`` is called
+    with the ranks' process ids, in rank order, once every rank is started and
+    before their output is read (a caller that measures the ranks: the testbed's
+    CPU accounting).
     """
     if nproc < 1:
         raise UsageError(f"nproc={nproc}: need at least one rank")
@@ -232,6 +236,8 @@ def launch(
                 )
             )
             hold_group(procs[-1])
+        if on_start is not None:
+            on_start([p.pid for p in procs])
     except BaseException:
         stop_groups(procs, grace)
         raise

@@ -12,6 +12,7 @@ file -- nothing else, no pattern matching.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from types import FrameType
@@ -95,6 +96,23 @@ _HIDDEN_HELP = (
     "units of the model's hidden layer (default 64: ~38k parameters; 1024: ~540k, "
     "a gradient that outweighs the computation)"
 )
+_LINK_RATE_HELP = (
+    "every Linux router egress is shaped to this many Mbit/s (default 200; at 50 the "
+    "links, not the CPU, should limit the runs)"
+)
+
+
+def _link_rate(text: str) -> float:
+    """``--link-rate``: a positive, finite number of Mbit/s."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of Mbit/s") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of Mbit/s, got {text}")
+    return value
+
+
 _MTU_HELP = (
     "every link's MTU in bytes (default 1500; 9000: jumbo frames); DLCP's datagrams "
     "follow it (DLCP_MTU=auto)"
@@ -121,7 +139,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
     run.add_argument("--batch-size", type=int, default=16, help="per rank (default 16)")
     run.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
-    run.add_argument("--link-rate", type=float, default=None, help="Mbit/s (default 200)")
+    run.add_argument("--link-rate", type=_link_rate, default=None, help=_LINK_RATE_HELP)
     run.add_argument("--mtu", type=int, default=1500, help=_MTU_HELP)
     run.add_argument("--results", default="results", help="results folder (default results)")
     run.add_argument("--prefix", default=None, help="namespace prefix (default: unique)")
@@ -150,6 +168,7 @@ def _add_experiment_parsers(tsub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     suite.add_argument("--hidden", type=int, default=64, help=_HIDDEN_HELP)
     suite.add_argument("--mtu", type=int, default=1500, help=_MTU_HELP)
+    suite.add_argument("--link-rate", type=_link_rate, default=None, help=_LINK_RATE_HELP)
     suite.add_argument("--results", default="results", help="results folder (default results)")
     suite.add_argument("--switch", choices=["linux", "bmv2"], default="linux", help=_SWITCH_HELP)
     suite.add_argument("--backend", choices=BACKENDS, default="namespaces", help=_BACKEND_HELP)
@@ -308,6 +327,7 @@ def _experiments(args: argparse.Namespace) -> int:
                 backend=args.backend,
                 mtu=args.mtu,
                 host_egress=args.host_egress,
+                **({} if args.link_rate is None else {"link_rate_mbit": args.link_rate}),
             )
         except ValueError as e:  # refused before any run
             print(f"dlcp testbed suite: {e}", file=sys.stderr)

@@ -57,7 +57,9 @@ its numbers are functional, not performance -- the CSV's ``switch`` column says
 Results: ``<results>/<scenario>-<transport>[-no-<ablations>][-bmv2].json`` (the
 example's per-epoch JSON of rank 0 plus the setup, the router counters per
 class -- sent packets and drops summed over every router interface, the
-difference between before and after training -- and the wall time), one row
+difference between before and after training -- the wall time, and how busy
+the CPUs were over the training, read when rank 0 says its training starts and
+when it reports its last epoch: :mod:`.cpu_usage`), one row
 appended to ``<results>/testbed.csv`` and a bar plot ``<results>/testbed.png``
 (ms/iter and accuracy per scenario and transport, the newest row of each).
 :mod:`.results` writes and reads these. ``median ms/iter`` is the median over
@@ -82,6 +84,7 @@ from dlcp.errors import DLCPError, UsageError
 from dlcp.train_demo import example_script
 
 from .backend import RouterTraffic, TestbedBackend, backend_class
+from .cpu_usage import TrainingCpu
 from .experiment_config import (
     ABLATIONS,
     BACKENDS,
@@ -106,6 +109,8 @@ from .results import (
     bmv2_link_packets,
     class_totals,
     code_revision,
+    cpu_fields,
+    cpu_line,
     default_profile,
     drops_summary,
     per_link_drops,
@@ -188,6 +193,8 @@ class _Progress:
     after every epoch rank 0 reports."""
 
     _EPOCH = re.compile(r"^\[rank0\]: epoch\s+(\d+)/(\d+)")
+    #: the example's rank 0 says what it trains right before its first iteration
+    _TRAINING = re.compile(r"^\[rank0\]: digits CNN \(")
 
     def __init__(
         self,
@@ -195,16 +202,24 @@ class _Progress:
         label: str,
         start: float,
         on_epoch: Callable[[int], None] | None = None,
+        on_training: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> None:
         self.sink, self.label, self.start = sink, label, start
         #: called with the epoch number after each epoch rank 0 reports (in the
         #: thread that pumps the ranks' output: mid-run impairments)
         self.on_epoch = on_epoch
+        #: (called when rank 0's training starts, called when it reports its last
+        #: epoch), in the same thread: the run's CPU readings
+        self.on_training = on_training
 
     def write(self, text: str) -> int:
         self.sink.write(text)
         for line in text.splitlines():
+            if self.on_training is not None and self._TRAINING.match(line):
+                self.on_training[0]()
             m = self._EPOCH.match(line)
+            if m and self.on_training is not None and m[1] == m[2]:
+                self.on_training[1]()
             if m:
                 self.sink.write(
                     f"[testbed] {self.label}: epoch {m[1]}/{m[2]} done, "
@@ -287,9 +302,17 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     mid_run = scenario == "spine-down" and config.epochs >= 2
     link_event = "before training" if scenario == "spine-down" and not mid_run else None
     lossy_link = IMPAIRED_LINK if scenario == "loss" else None
+    cpu = TrainingCpu()
     with backend.build() as net:
         _impair(backend, scenario, link_down_now=not mid_run)
         traffic = _cross_traffic(backend, scenario, config.link_rate_mbit)
+        if traffic is not None:
+            cpu.track("background-sender", traffic.sender.pid)
+            cpu.track("background-sink", traffic.sink.pid)
+
+        def track_ranks(pids: Sequence[int]) -> None:
+            for rank, pid in enumerate(pids):
+                cpu.track(f"rank{rank}", pid)
 
         def on_epoch(epoch: int) -> None:
             nonlocal link_event
@@ -314,7 +337,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
             # removed on exit; after a hard crash: dlcp testbed down --prefix <prefix>
             sink.write(f"[testbed] {name}: namespaces {net.prefix}<node>\n")
             sink.flush()
-            progress = _Progress(sink, name, started, on_epoch)
+            progress = _Progress(sink, name, started, on_epoch, (cpu.start, cpu.stop))
             lr = launch(
                 cmds[0],
                 world,
@@ -323,6 +346,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
                 stdout=progress,  # type: ignore[arg-type]
                 stderr=progress,  # type: ignore[arg-type]
                 timeout=timeout,
+                on_start=track_ranks,
             )
             lr.raise_if_interrupted()  # Ctrl-C / SIGTERM: stop here (a suite too)
             if lr.returncode != 0:
@@ -338,7 +362,8 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
     train = json.loads(train_json.read_text())
     train_json.unlink()
     result = _result(
-        config, backend, t, env, flags, train, routers, hosts, traffic, link_event, wall
+        config, backend, t, env, flags, train, routers, hosts, traffic, link_event, wall,
+        cpu.summary(),
     )
     (res_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     summary = {k: result[k] for k in CSV_FIELDS}
@@ -349,6 +374,7 @@ def run_experiment(config: ExperimentConfig, *, out: IO[str] | None = None) -> d
         f"router drops {summary['router_drops'] or 'none'}"
         + (f"; host queue drops {sum(h['drops'] for h in hosts.values())}" if hosts else "")
         + "\n"
+        f"[testbed] {name}: {cpu_line(result['cpu'], cpu.failure)}\n"
         + (f"[testbed] {name}: {backend.note}\n" if backend.note else "")
     )
     sink.flush()
@@ -386,6 +412,7 @@ def _result(
     traffic: CrossTraffic | None,
     link_event: str | None,
     wall: float,
+    cpu: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """A run's result: the CSV's fields, then the setup, counters and training."""
     ep = train["epochs"]
@@ -404,6 +431,7 @@ def _result(
         # what the cross traffic really sent, in Mbit/s as HTB counts it
         "background_mbit": round(traffic.sent["mbit"], 1) if traffic and traffic.sent else None,
         "wall_s": round(wall, 1),
+        **cpu_fields(cpu),
         "switch": backend.switch,
         "profile": config.queues,
         "link_rate_mbit": rate,
@@ -443,6 +471,7 @@ def _result(
             ),
         },
         **({"note": backend.note} if backend.note else {}),
+        "cpu": cpu,
         "router_classes": routers.classes,
         "router_link_packets": routers.links,
         "router_link_drops": routers.link_drops,
@@ -464,13 +493,15 @@ def suite(
     backend: str = "namespaces",
     mtu: int = MTU,
     host_egress: str | None = None,
+    link_rate_mbit: float = LINK_RATE_MBIT,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Every scenario for Gloo and DLCP, then each single ablation of DLCP on
     each of ``ablation_scenarios``, on ``switch`` (linux or bmv2); Gloo's runs
     over Linux on ``gloo_profile`` (default: a FIFO). ``hidden`` sizes the
     model's hidden layer for every run (1024: a gradient the fabric's links
-    feel), ``mtu`` every link's MTU, ``host_egress`` the hosts' own egress (None:
-    the switch's default). Failed runs are reported and skipped.
+    feel), ``mtu`` every link's MTU, ``link_rate_mbit`` every Linux router's
+    egress shaping, ``host_egress`` the hosts' own egress (None: the switch's
+    default). Failed runs are reported and skipped.
     Returns (number of failures, summaries)."""
     if switch == "bmv2" and gloo_profile is not None:
         raise UsageError(
@@ -500,6 +531,7 @@ def suite(
             hidden=hidden,
             mtu=mtu,
             host_egress=host_egress,
+            link_rate_mbit=link_rate_mbit,
         )
         for s, tr, ab in plan
     ]

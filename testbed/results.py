@@ -27,6 +27,8 @@ __all__ = [
     "bmv2_link_packets",
     "class_totals",
     "code_revision",
+    "cpu_fields",
+    "cpu_line",
     "default_host_egress",
     "default_profile",
     "drops_summary",
@@ -60,6 +62,10 @@ CSV_FIELDS = (
     "hidden",
     "mtu",
     "host_egress",
+    "load_avg_1m",
+    "cpu_idle_pct",
+    "cpu_softirq_pct",
+    "ranks_cpu_s",
     "finished_utc",
     "code_rev",
 )
@@ -220,6 +226,39 @@ def code_revision(root: Path | None = None) -> str:
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def cpu_fields(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The CSV's CPU columns from a run's :func:`~.cpu_usage.cpu_summary` (None
+    each when the run has none): the 1-minute load average when training started,
+    the machine's idle and softirq shares over the training (percent of all CPUs'
+    time), and the CPU seconds the ranks used in it."""
+    if cpu is None:
+        return dict.fromkeys(("load_avg_1m", "cpu_idle_pct", "cpu_softirq_pct", "ranks_cpu_s"))
+    return {
+        "load_avg_1m": cpu["load_avg_start"][0],
+        "cpu_idle_pct": cpu["idle_pct"],
+        "cpu_softirq_pct": cpu["softirq_pct"],
+        "ranks_cpu_s": cpu["ranks_cpu_s"],
+    }
+
+
+def cpu_line(cpu: Mapping[str, Any] | None, failure: str | None = None) -> str:
+    """One line on how busy the CPUs were while a run trained (``failure``: why
+    there is no reading, where known)."""
+    if cpu is None:
+        why = failure or "rank 0 did not report the start and the end of its training"
+        return f"CPU: not read ({why})"
+    ranks = (
+        "ranks' CPU time unknown (a rank had exited)"
+        if cpu["ranks_cpu_s"] is None
+        else f"ranks {cpu['ranks_cpu_s']:.1f} CPU s ({cpu['ranks_cpu_pct']:.1f} % of the machine)"
+    )
+    return (
+        f"CPU over {cpu['window_s']:.1f} s of training on {cpu['cpus']} CPUs: "
+        f"{cpu['idle_pct']:.1f} % idle, {cpu['softirq_pct']:.1f} % softirq, load average "
+        f"{cpu['load_avg_start'][0]:.2f} at the start; {ranks}"
+    )
+
+
 def default_profile(transport: str) -> str:
     """The routers' queueing a transport's runs get unless told otherwise: DLCP
     its switch profile; the baseline a plain FIFO of the same buffer at the same
@@ -357,18 +396,30 @@ def _percent(fraction: Any) -> str:
     return "-" if fraction in (None, "") else f"{100 * float(fraction):.2f}"
 
 
+def _number(value: Any, digits: int) -> str:
+    """``value`` to ``digits`` decimals; '-' where a row has none (rows from before
+    the column, or a run whose reading is missing)."""
+    return "-" if value in (None, "") else f"{float(value):.{digits}f}"
+
+
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A Markdown table of CSV-like rows (a note under it when a row is BMv2's)."""
+    """A Markdown table of CSV-like rows (a note under it when a row is BMv2's):
+    besides the results, each run's link rate and how busy the machine was while
+    it trained (load average at the start, CPU idle share, the ranks' CPU seconds)."""
     head = (
         "| scenario | transport | ablation | accuracy % | ms/iter | lost % | retx "
+        "| link Mbit/s | load | CPU idle % | ranks CPU s "
         "| router drops (class:drops/sent) | switch | queues |"
     )
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---|---|---|"]
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
+        rate = "-" if _switch_of(r) == "bmv2" else f"{_settings_of(r)[0]:g}"
         lines.append(
             f"| {r['scenario']} | {r['transport']} | {r['ablation'] or '-'} | "
             f"{float(r['final_accuracy']):.1f} | {float(r['median_ms_per_iter']):.1f} | "
             f"{_percent(r['lost_fraction'])} | {_blank(r['retransmissions'])} | "
+            f"{rate} | {_number(r.get('load_avg_1m'), 2)} | "
+            f"{_number(r.get('cpu_idle_pct'), 1)} | {_number(r.get('ranks_cpu_s'), 1)} | "
             f"{r['router_drops'] or '-'} | {_switch_of(r)} | {_profile_of(r)} |"
         )
     if any(_switch_of(r) == "bmv2" for r in rows):

@@ -231,6 +231,12 @@ def test_short_training_run_completes(
         rows = list(csv.DictReader(f))
     assert {(r["scenario"], r["transport"]) for r in rows} == {("clean", "gloo"), ("clean", "dlcp")}
     assert (res / ex.PNG_NAME).stat().st_size > 1000
+    # the CPU over the training: read at its start and end, from the four ranks
+    cpu = saved["cpu"]
+    assert set(cpu["process_cpu_s"]) == {f"rank{i}" for i in range(4)}
+    assert cpu["window_s"] > 0 and cpu["ranks_cpu_s"] > 0 and 0 <= cpu["idle_pct"] <= 100
+    row = next(row for row in rows if row["transport"] == transport)
+    assert float(row["cpu_idle_pct"]) == cpu["idle_pct"]
     if transport == "dlcp":
         # DSCP-marked DLCP traffic reached the priority classes of the profile
         assert r["profile"] == "dlcp"

@@ -293,6 +293,21 @@ def test_launch_never_signals_a_group_by_the_pid_of_a_reaped_rank(
     assert by_pid == []
 
 
+def test_launch_tells_its_caller_the_ranks_process_ids(tmp_path: Path) -> None:
+    """``on_start`` gets every rank's pid, in rank order (the testbed reads their CPU
+    time from /proc by these): each rank prints its own pid to compare."""
+    (tmp_path / "pid.py").write_text("import os\nprint('pid', os.getpid())\n")
+    told: list[list[int]] = []
+    out = io.StringIO()
+    result = launch(
+        [sys.executable, str(tmp_path / "pid.py")], WORLD, env=_env(), stdout=out,
+        stderr=io.StringIO(), timeout=30, on_start=lambda pids: told.append(list(pids)),
+    )  # fmt: skip
+    assert result.returncode == 0, result.message
+    printed = dict(re.findall(r"^\[rank(\d)\]: pid (\d+)$", out.getvalue(), re.M))
+    assert told == [[int(printed[str(r)]) for r in range(WORLD)]]
+
+
 def test_launch_sets_torchrun_variables_and_prefixes_output(scripts: Path) -> None:
     result, out, err = _launch([sys.executable, str(scripts / "ok.py")], _env(), timeout=30)
     assert result.returncode == 0, _explain(result, out, err)
