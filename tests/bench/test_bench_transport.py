@@ -99,9 +99,13 @@ def test_transport_benchmark_in_namespaces_measures_the_udp_floor() -> None:
     assert report["loss_method"] == "nftables", report["loss_method"]
     for key in (*TCP_LOSS_FIELDS, "udp_floor_loss_median_s", "udp_floor_offloads_off_gbps"):
         positive(report, key)
-    # the floor's ratio is its median over TCP's, as the JSON says
-    want = report["udp_floor_loss_median_s"] / report["tcp_loss_median_s"]
-    assert abs(report["udp_floor_ratio_loss_median"] - want) <= 0.002 + 0.01 * want, report
+    # the floor's ratio is its median over TCP's, as the JSON says: the ratio is taken
+    # from the unrounded medians (3 decimals), the medians are given to 4 decimals,
+    # which on a short transfer is a few per cent of each
+    floor_s, tcp_s = report["udp_floor_loss_median_s"], report["tcp_loss_median_s"]
+    want = floor_s / tcp_s
+    slack = 0.0005 + want * (0.5e-4 / floor_s + 0.5e-4 / tcp_s) * 1.01
+    assert abs(report["udp_floor_ratio_loss_median"] - want) <= slack, report
     # the router dropped some of the floor's datagrams, and only a few percent
     assert report["nft_dropped"]["floor"] > 0, report["nft_dropped"]
     delivered = report["udp_floor_loss_delivered_fraction"]
