@@ -72,23 +72,6 @@ __all__ = ["LOSS_SIGNAL_CHUNKS", "Outbox"]
 LOSS_SIGNAL_CHUNKS = 32
 
 
-def _queue_loss(
-    out: OutgoingMessage, sent: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]
-) -> bool:
-    """Whether the chunks ``missing`` of the round that sent ``sent`` were lost to a
-    switch's drop-eligible threshold (:func:`~.pacing.queue_signal`): only a first
-    round's drop-eligible chunks travel drop-eligible, a resent one is protected."""
-    if out.recovery.round > 0:
-        return False
-    drop = out.table.drop
-    eligible_sent = int(np.count_nonzero(drop[sent]))
-    eligible_lost = int(np.count_nonzero(drop[missing]))
-    eligible = eligible_lost / eligible_sent if eligible_sent else 0.0
-    protected_sent = len(sent) - eligible_sent
-    protected = (len(missing) - eligible_lost) / protected_sent if protected_sent else 0.0
-    return queue_signal(eligible, protected)
-
-
 class Outbox(SessionSide):
     """Send state of one rank: every message going out, to any peer."""
 
@@ -314,7 +297,7 @@ class Outbox(SessionSide):
             self.peers[key[0]].paths.on_loss_report(sent, lost)
             self.peers[key[0]].replan()
             self._round_lost(key[0], out, len(missing) / max(1, len(this_round)),
-                             len(this_round), queue=_queue_loss(out, this_round, missing),
+                             len(this_round), queue=out.queue_lost(this_round, missing),
                              now=now)  # fmt: skip
         seqs = rec.on_nack(nack, now=now)
         if rec.phase is SendPhase.FAILED:
@@ -522,7 +505,7 @@ class Outbox(SessionSide):
         self._round_sent(key, o, now=now)
 
     def _round_sent(self, key: Key, o: OutgoingMessage, *, now: float) -> None:
-        o.recovery.round_sent(now=now, tail=self._tail_of(o) if self.ordered_rounds else ())
+        o.recovery.round_sent(now=now, tail=o.round_tail() if self.ordered_rounds else ())
         pacer = self.peers[key[0]].pacer
         allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
         (began, o.round_began), (last, o.round_last) = (o.round_began, None), (o.round_last, None)
@@ -535,18 +518,6 @@ class Outbox(SessionSide):
         else:  # the whole round went at once: as fast as the pacer let it
             o.round_rate = allowed
         self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
-
-    @staticmethod
-    def _tail_of(o: OutgoingMessage) -> tuple[int, ...]:
-        """The last chunk of ``o``'s round on each path it went on (FINISH's tail)."""
-        seqs = o.run.seq
-        if len(seqs) == 0:
-            return ()
-        paths = o.path_of_seq[seqs]
-        if bool((paths == paths[0]).all()):  # (one path: the usual case)
-            return (int(seqs[-1]),)
-        _, last_from_end = np.unique(paths[::-1], return_index=True)
-        return tuple(int(c) for c in seqs[len(seqs) - 1 - last_from_end])
 
     # ------------------------------------------------------------------ timers
 

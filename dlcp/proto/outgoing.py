@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from .context import Key
 from .control import Nack
-from .pacing import Pacer
+from .pacing import Pacer, queue_signal
 from .packetizer import ChunkTable, MessageId, RecordRun
 from .paths import PathScheduler
 from .recovery import SenderRecovery, SendPhase
@@ -55,6 +55,32 @@ class OutgoingMessage:
     @property
     def pending(self) -> bool:
         return self.recovery.phase is SendPhase.SENDING and self.cursor < len(self.run)
+
+    def round_tail(self) -> tuple[int, ...]:
+        """The last chunk of the current round on each path it went on (FINISH's
+        ``tail``, docs/spec.md §5.3)."""
+        seqs = self.run.seq
+        if len(seqs) == 0:
+            return ()
+        paths = self.path_of_seq[seqs]
+        if bool((paths == paths[0]).all()):  # (one path: the usual case)
+            return (int(seqs[-1]),)
+        _, last_from_end = np.unique(paths[::-1], return_index=True)
+        return tuple(int(c) for c in seqs[len(seqs) - 1 - last_from_end])
+
+    def queue_lost(self, sent: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]) -> bool:
+        """Whether the chunks ``missing`` of the round that sent ``sent`` were lost to a
+        switch's drop-eligible threshold (:func:`~.pacing.queue_signal`): only a first
+        round's drop-eligible chunks travel drop-eligible, a resent one is protected."""
+        if self.recovery.round > 0:
+            return False
+        drop = self.table.drop
+        eligible_sent = int(np.count_nonzero(drop[sent]))
+        eligible_lost = int(np.count_nonzero(drop[missing]))
+        eligible = eligible_lost / eligible_sent if eligible_sent else 0.0
+        protected_sent = len(sent) - eligible_sent
+        protected = (len(missing) - eligible_lost) / protected_sent if protected_sent else 0.0
+        return queue_signal(eligible, protected)
 
 
 @dataclass(slots=True)

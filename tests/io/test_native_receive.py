@@ -5,11 +5,10 @@ through the C table ends in exactly the state of one whose runs go through
 Python: output bytes, reassembly state, counters, rejects, meter and events.
 Loss, reordering, duplicates, forged and foreign datagrams mixed into runs, a
 message that completes mid-call, completion by the bound, a message cancelled
-while its data arrives, and one whose receive names its buffer late; the same
-for authenticated sessions, whose tags the table verifies (tampered, forged and
-wrong-key datagrams go back to Python, rejected as before); then the table
-itself: bad arguments named, no write to a message once it is removed, and a
-source's key replaced, never left stale."""
+while its data arrives, and one whose receive names its buffer late, plain and
+authenticated (the table's tag checks themselves: ``test_native_receive_auth.py``);
+then the table itself: bad arguments named and no write to a message once it is
+removed."""
 
 from __future__ import annotations
 
@@ -24,9 +23,7 @@ import pytest
 from dlcp.io import native_receive
 from dlcp.io.native_receive import MessageRuns, hand_over
 from dlcp.io.udp import DataSockets
-from dlcp.proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from dlcp.proto.events import ControlDatagram, DataBatch
-from dlcp.proto.reassembler import RUN_LAYOUT
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
@@ -173,6 +170,48 @@ class Pair:
         assert_same_messages(f, s, times=True)
         control = [[c.data for c in s._ctx.control] for s in self.sessions]
         assert control[0] == control[1]
+
+
+def expect_both(native: Native, python: Session, n: int) -> list[npt.NDArray[np.float32]]:
+    """Both sessions expect the message into buffers of their own (returned)."""
+    outs = [np.empty(n, np.float32), np.empty(n, np.float32)]
+    for s, out in zip((native.session, python), outs, strict=True):
+        s.expect_message(0, step=STEP, msg=MSG, out=out)
+    return outs
+
+
+def read_from_socket(
+    native: Native, arriving: list[bytes], *, require_auth: bool = False, tag_len: int = 0
+) -> dict[str, int]:
+    """``arriving`` sent to a loopback socket and read by the whole receive loop
+    (pre-filter, then the C table) into ``native``; what the pre-filter dropped."""
+    socks = DataSockets("127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=32 << 20, sndbuf=1 << 20)
+    try:
+        socks.screen(job=JOB, require_auth=require_auth, tag_len=tag_len, in_kernel=False)
+        socks.runs = native.runs
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for g in arriving:
+                tx.sendto(g, socks.address)
+
+        def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
+            native.session.receive_batch(b, seg, now=NOW)
+
+        while socks.receive(deliver, taken=native):
+            pass
+    finally:
+        socks.close()
+    return socks.take_screened()
+
+
+def assert_same_stats(native: Native, python: Session, n_grams: int) -> dict[str, object]:
+    """Both sessions' counters agree but for the run path's own count (in Python,
+    one datagram a run: the run path takes none but itself); the table took more
+    than half of the ``n_grams`` datagrams. The native session's counters."""
+    f, s = dataclasses.asdict(native.session.stats), dataclasses.asdict(python.stats)
+    assert f.pop("datagrams_fast") >= native.native > n_grams // 2
+    s.pop("datagrams_fast")
+    assert f == s
+    return f
 
 
 def cut(rng: np.random.Generator, grams: list[bytes], others: list[bytes], seg: int,
@@ -350,190 +389,13 @@ def test_a_receive_buffer_read_from_the_socket() -> None:
     sent = grams[:40] + junk + grams[40:]
     python = Session(rank=1, job=JOB, config=config())
     native = Native()
-    outs = [np.empty(n, np.float32), np.empty(n, np.float32)]
-    for s, out in zip((native.session, python), outs, strict=True):
-        s.expect_message(0, step=STEP, msg=MSG, out=out)
-    socks = DataSockets("127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=32 << 20, sndbuf=1 << 20)
-    try:
-        socks.screen(job=JOB, require_auth=False, tag_len=0, in_kernel=False)
-        socks.runs = native.runs
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
-            for g in sent:
-                tx.sendto(g, socks.address)
-
-        def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
-            native.session.receive_batch(b, seg, now=NOW)
-
-        while socks.receive(deliver, taken=native):
-            pass
-    finally:
-        socks.close()
-    assert socks.take_screened() == {"bad_version": 1, "truncated": 1}
+    outs = expect_both(native, python, n)
+    assert read_from_socket(native, sent) == {"bad_version": 1, "truncated": 1}
     for g in grams:
         python.receive_batch(np.frombuffer(g, np.uint8), len(g), now=NOW)
     want = np.random.default_rng(13).standard_normal(n).astype(np.float32)
     assert outs[0].tobytes() == outs[1].tobytes() == want.tobytes()
-    f, s = dataclasses.asdict(native.session.stats), dataclasses.asdict(python.stats)
-    # (one datagram a run in Python: the run path takes none but itself)
-    assert f.pop("datagrams_fast") >= native.native > len(grams) // 2
-    s.pop("datagrams_fast")
-    assert f == s
-
-
-# ------------------------------------------------------------------ authenticated
-
-
-def tampered(gram: bytes) -> bytes:
-    """``gram`` with one payload byte changed: only its tag tells."""
-    b = bytearray(gram)
-    b[DATA_HEADER_LEN + 7] ^= 0x5A
-    return bytes(b)
-
-
-@needs_tags
-def test_tampered_forged_and_untagged_datagrams_go_back_to_python() -> None:
-    """In runs of a message under way: a datagram with a changed payload, a run
-    that starts with datagrams tagged under another key (an outsider's, with
-    other data), and untagged ones. The table takes only what verifies; each
-    datagram it declines reaches the general path, rejected by its reason exactly
-    as with the run path in Python; the genuine data lands whole."""
-    n = 20_000
-    grams, _ = message(n, seed=21, key=KEY)
-    forged, _ = message(n, seed=22, key=OTHER_KEY)
-    untagged, _ = message(n, seed=23)
-    seg, plain_seg = len(grams[0]), len(untagged[0])
-    assert seg == plain_seg + 24  # (the trailer)
-    pair = Pair(n, expect=True, key=KEY)
-    pair.feed([(grams[:1], seg)])
-    pair.feed([
-        ([*grams[1:20], tampered(grams[20]), *grams[21:40]], seg),  # taken up to it
-        (forged[40:45] + grams[40:60], seg),  # its head fails: handed back whole
-        (untagged[60:62], plain_seg),
-        (grams[60:70] + forged[5:6] + grams[70:], seg),
-    ])  # fmt: skip
-    assert pair.native.native > 0
-    assert pair.native.handovers[native_receive.TAKE_REST] >= 2
-    stats = pair.native.session._inbox.stats
-    assert stats.rejected == {"auth_failed": 1 + 5 + 1, "auth_required": 2}
-    pair.feed([([grams[20]], seg)])  # the genuine one: the message completes
-    want = np.random.default_rng(21).standard_normal(n).astype(np.float32)
-    assert pair.outs[0] is not None and pair.outs[0].tobytes() == want.tobytes()
-    assert len(pair.native.runs) == 0
-
-
-@needs_tags
-def test_a_plain_message_takes_no_tagged_run_and_a_tagged_one_no_plain_run() -> None:
-    """The AUTH flag must be what the message was registered with: a run that
-    differs is handed back whole and nothing is written."""
-    n = 5_000
-    tagged, _ = message(n, seed=24, key=KEY)
-    plain, _ = message(n, seed=24)
-    for key, first, other in ((KEY, tagged, plain), (None, plain, tagged)):
-        native = Native(key)
-        out = np.zeros(n, np.float32)
-        native.session.expect_message(0, step=STEP, msg=MSG, out=out)
-        native.session.receive_batch(np.frombuffer(first[0], np.uint8), len(first[0]), now=NOW)
-        assert len(native.runs) == 1
-        before = out.copy()
-        raw = np.frombuffer(b"".join(other[1:]), np.uint8).copy()
-        native.runs.table.stage(raw, [(0, len(raw), len(other[1]))])
-        assert native.runs.table.next(raw)[0] == (
-            0, len(raw), len(other[1]), native_receive.TAKE_WHOLE
-        )  # fmt: skip
-        assert out.tobytes() == before.tobytes()
-
-
-@needs_tags
-def test_a_replaced_source_key_is_never_used_again() -> None:
-    """Registering a message of a source with another key replaces that source's
-    key in the table for all its messages: datagrams tagged under the old key
-    are handed back whole (nothing written), those under the new one are taken."""
-    n = 20_000
-    grams, _ = message(n, seed=25, key=KEY)
-    renewed, _ = message(n, seed=25, key=OTHER_KEY)  # the same data, the new key
-    seg = len(grams[0])
-    native = Native(KEY)
-    out = np.zeros(n, np.float32)
-    native.session.expect_message(0, step=STEP, msg=MSG, out=out)
-    native.feed([(grams[:1], seg), (grams[1:10], seg)])
-    assert native.native == 9
-    r = native.session._inbox._incoming[(0, STEP, MSG)].reassembler
-    native.runs.register((0, STEP, MSG), r, OTHER_KEY)
-    received = r.received.copy()
-    raw = np.frombuffer(b"".join(grams[10:20]), np.uint8).copy()
-    native.runs.table.stage(raw, [(0, len(raw), seg)])
-    assert native.runs.table.next(raw) == ((0, len(raw), seg, native_receive.TAKE_WHOLE), None)
-    assert np.array_equal(r.received, received)
-    raw = np.frombuffer(b"".join(renewed[10:20]), np.uint8).copy()
-    native.runs.table.stage(raw, [(0, len(raw), seg)])
-    handover, taken = native.runs.table.next(raw)
-    assert handover is None and taken is not None and taken[0][3] == 10
-    assert r.received[10:20].all() and not r.received[20:].any()
-
-
-@needs_tags
-def test_tagged_datagrams_read_from_the_socket_with_forgeries_among_them() -> None:
-    """The whole loop, authenticated: datagrams read from a loopback socket, the
-    pre-filter requiring tags, wrong-key forgeries after the message is under
-    way; the table verifies and takes the genuine ones, and the session ends as
-    one fed the same datagrams through the Python run path: the forgeries
-    rejected auth_failed, the data exact."""
-    n = 50_000
-    grams, _ = message(n, seed=26, key=KEY)
-    forged, _ = message(n, seed=27, key=OTHER_KEY)
-    junk = [b"\x00" * 100]  # (dropped by the pre-filter: the runs either side stay apart)
-    # the forgeries after a verified prefix of their run (handed back, the rest of
-    # their run with them), then a run of genuine ones
-    arriving = grams[:40] + junk + grams[40:60] + forged[60:65] + junk + grams[60:]
-    python = receiver(KEY)
-    native = Native(KEY)
-    outs = [np.empty(n, np.float32), np.empty(n, np.float32)]
-    for s, out in zip((native.session, python), outs, strict=True):
-        s.expect_message(0, step=STEP, msg=MSG, out=out)
-    socks = DataSockets("127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=32 << 20, sndbuf=1 << 20)
-    try:
-        socks.screen(job=JOB, require_auth=True, tag_len=24, in_kernel=False)
-        socks.runs = native.runs
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
-            for g in arriving:
-                tx.sendto(g, socks.address)
-
-        def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
-            native.session.receive_batch(b, seg, now=NOW)
-
-        while socks.receive(deliver, taken=native):
-            pass
-    finally:
-        socks.close()
-    for g in arriving:
-        if g not in junk:
-            python.receive_batch(np.frombuffer(g, np.uint8), len(g), now=NOW)
-    want = np.random.default_rng(26).standard_normal(n).astype(np.float32)
-    assert outs[0].tobytes() == outs[1].tobytes() == want.tobytes()
-    f, s = dataclasses.asdict(native.session.stats), dataclasses.asdict(python.stats)
-    assert f.pop("datagrams_fast") >= native.native > len(grams) // 2
-    s.pop("datagrams_fast")
-    assert f == s
-    assert f["rejected"] == {"auth_failed": 5}
-    assert socks.take_screened() == {"bad_version": 2}
-
-
-@needs_tags
-def test_bad_tag_keys_are_named() -> None:
-    runs, _, out = registered()
-    table = runs.table
-    received = np.zeros(4, np.bool_)
-    classes = np.zeros(4, np.uint8)
-    with pytest.raises(ValueError, match=r"tag_key of src 3 must be 16, 24 or 32 bytes .* got 5"):
-        table.register(3, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0,
-                       b"short")  # fmt: skip
-    made = (JOB, 0x12, PER_PACKET_FLAGS, native_receive._head_layout(), SHARED_HEADER_MASK,
-            RUN_LAYOUT)  # fmt: skip
-    plain = native_receive._udpio.MessageTable(*made)  # (no auth_flag)
-    with pytest.raises(ValueError, match="has no auth_flag"):
-        plain.register(0, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0, KEY)
-    with pytest.raises(ValueError, match="auth_flag 3 is not one flag bit outside"):
-        native_receive._udpio.MessageTable(*made, 3)
+    assert_same_stats(native, python, len(grams))
 
 
 # ------------------------------------------------------------------ the table itself
