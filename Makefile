@@ -116,7 +116,7 @@ sanitize: setup
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 && \
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
-	  tests/collectives/test_halving.py tests/io/test_native_receive.py \
+	  tests/collectives/test_halving.py tests/io/test_native_receive.py tests/io/test_native_receive_auth.py \
 	  tests/io/test_udp_receive.py tests/io/test_prefilter.py && \
 	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
