@@ -25,9 +25,8 @@ import numpy.typing as npt
 import torch
 
 from ..errors import ConfigError, TransferFailed, UsageError, UsageStateError
-from ..io.endpoint import Endpoint, Received
+from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
-from ..proto.reassembler import N_CLASSES
 from .api import (
     StepReport,
     SyncScheme,
@@ -36,28 +35,13 @@ from .api import (
     check_world,
     sync_msg,
 )
+from .loss import LossTally
 
 __all__ = ["GroupAveraging", "PReduceLoss", "preduce"]
 
 
-class PReduceLoss:
-    """What the reduce-scatter messages one member received lost."""
-
-    __slots__ = ("bounded", "class_chunks", "lost", "lost_chunks")
-
-    def __init__(self) -> None:
-        self.lost = self.bounded = 0
-        self.lost_chunks = [0] * N_CLASSES
-        self.class_chunks = [0] * N_CLASSES
-
-    def add(self, got: Received, bounded: bool) -> None:
-        r = got.report
-        self.lost += r.lost_elems
-        if bounded:
-            self.bounded += r.msg_elems
-        for i in range(N_CLASSES):
-            self.lost_chunks[i] += r.lost_chunks[i]
-            self.class_chunks[i] += r.lost_chunks[i] + r.received_chunks[i]
+#: what the reduce-scatter messages one member received lost
+PReduceLoss = LossTally
 
 
 def _bounds(n: int, k: int) -> list[int]:

@@ -50,6 +50,7 @@ from ..proto.config import FillPolicy
 from ..proto.reassembler import N_CLASSES
 from .api import WorkerFailed, sync_msg
 from .clocks import ClockTable, RoundBuffer
+from .loss import LossTally
 
 __all__ = ["META_HEADER", "ParameterServer", "ReadReply", "UpdateRule", "decode_meta"]
 
@@ -135,29 +136,6 @@ class UpdateRule:
         return 1.0 / self.n_workers
 
 
-class _Loss:
-    """What one worker's pushes lost since its last read."""
-
-    __slots__ = ("bounded", "class_chunks", "lost", "lost_chunks")
-
-    def __init__(self) -> None:
-        self.lost = self.bounded = 0
-        self.lost_chunks = [0] * N_CLASSES
-        self.class_chunks = [0] * N_CLASSES
-
-    def add(self, got: Received, bounded: bool) -> None:
-        r = got.report
-        self.lost += r.lost_elems
-        if bounded:
-            self.bounded += r.msg_elems
-        for i in range(N_CLASSES):
-            self.lost_chunks[i] += r.lost_chunks[i]
-            self.class_chunks[i] += r.lost_chunks[i] + r.received_chunks[i]
-
-    def fields(self) -> list[int]:
-        return [self.lost, self.bounded, *self.lost_chunks, *self.class_chunks]
-
-
 class ParameterServer:
     """A shard's server (module docstring). ``staleness`` None is ASP; ``bsp``
     applies each clock's updates together, in worker order."""
@@ -200,7 +178,7 @@ class ParameterServer:
             tuple[int, int], tuple[int, npt.NDArray[np.float32] | None]
         ] = {}
         self._reads: list[tuple[int, int, int]] = []  # (worker, seq, clock) waiting
-        self._loss = {w: _Loss() for w in workers}
+        self._loss = {w: LossTally() for w in workers}
         self._local: dict[int, Future[tuple[ReadReply, npt.NDArray[np.float32]]]] = {}
         self._told: set[int] = set()
         self.failure: WorkerFailed | None = None
@@ -382,7 +360,7 @@ class ParameterServer:
         meta = encode_meta(status, failed, self.table.version, self.table.slowest(),
                            self._loss[worker].fields(),
                            self.table.clocks())  # fmt: skip
-        self._loss[worker] = _Loss()
+        self._loss[worker] = LossTally()
         if self.rounds is None:  # (BSP applies whole rounds: no rule to feed)
             snapshot = self.shard.copy() if self.rule.wants_snapshot else None
             self._reads_answered[(worker, clock)] = (self.table.version, snapshot)
