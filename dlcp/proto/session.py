@@ -123,6 +123,10 @@ class Session:
         )
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
+        #: the events :meth:`next_event` hands out, oldest first; a driver may
+        #: test it for emptiness (no call) before it asks for them, and must not
+        #: change it
+        self.events = self._ctx.events
         self._inbox = Inbox(self._ctx, self.peers)
         self._outbox = Outbox(
             self._ctx,
@@ -237,7 +241,8 @@ class Session:
     def receive_taken(self, taken: list[Taken], *, now: float) -> None:
         """What the native receive loop took into the messages under way since it
         last said (:meth:`take_runs_natively`)."""
-        self._now = max(self._now, now)
+        if now > self._now:  # (once per receive step: no max() call)
+            self._now = now
         self._inbox.receive_taken(taken, now=now)
 
     def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
@@ -267,9 +272,13 @@ class Session:
         the control messages those batches queued (the FINISH of a round whose
         last batch went: after its data, in this call, not the next one, which
         may not come until a timer or an input wakes the driver)."""
-        self._now = max(self._now, now)
-        out: list[Transmit] = list(self._ctx.control)
-        self._ctx.control.clear()
+        if now > self._now:
+            self._now = now
+        control = self._ctx.control
+        if not control and not self._outbox.may_send:  # (a driver asks every turn)
+            return []
+        out: list[Transmit] = list(control)
+        control.clear()
         self._outbox.batches(out, now=now, max_batches=max_batches)
         if self._ctx.control:
             out.extend(self._ctx.control)
@@ -321,12 +330,12 @@ class Session:
         """The driver's receive loop waited the ``seconds`` up to ``now`` for
         datagrams: the rate feedback then tells senders what this receiver could
         take, not only what it got (see :class:`~dlcp.proto.rate_meter.RateMeter`)."""
-        self._inbox.note_idle(seconds, now=now)
+        self._inbox.meter_idle(seconds, now=now)
 
     # ------------------------------------------------------------------ events
 
     def next_event(self) -> Event | None:
-        events = self._ctx.events
+        events = self.events
         return events.popleft() if events else None
 
     def path_shares(self, dst: int) -> npt.NDArray[np.float64]:

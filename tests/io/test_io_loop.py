@@ -25,6 +25,7 @@ class _Turn:
         ep: Any = Endpoint.__new__(Endpoint)  # no sockets, no thread: only the turn's logic
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=self._timer)
+        ep._receive_data = lambda start: self.log.append("data")
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
         ep._junk_read = False
@@ -35,7 +36,7 @@ class _Turn:
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
         ready = [(SimpleNamespace(fileobj=f"{k}-socket", data=k), 1) for k in ready_kinds]
-        self.endpoint._take_input(None, ready, timer)
+        self.endpoint._take_input(None, ready, timer, time.monotonic())
         return self.log
 
 
