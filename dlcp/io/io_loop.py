@@ -379,9 +379,10 @@ class IOLoop:
                 self._stats.control_rejected += 1  # claims another rank than its hello
                 continue
             stats = self._session.stats
-            rejected, stale = stats.rejected_total(), stats.stale_control
+            # (the counts only grow: a copy of them tells whether it was rejected)
+            rejected, stale = dict(stats.rejected), stats.stale_control
             self._session.receive_datagram(datagram, now=now)
-            if stats.rejected_total() != rejected:
+            if stats.rejected != rejected:
                 self._stats.control_rejected += 1
             elif stats.stale_control == stale:
                 # (a stale message proves nothing: a replay of an old one is stale)
@@ -436,7 +437,8 @@ class IOLoop:
             if not items:
                 return
             for item in items:
-                if isinstance(item, DataBatch):
+                # (exact classes of dlcp.proto.events, none subclassed: no isinstance calls)
+                if type(item) is DataBatch:
                     addr = self._address_of(item.dst)
                     if addr is None:
                         continue
@@ -453,11 +455,11 @@ class IOLoop:
                         self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
                         continue
                     self._stats.data_batches_out += 1
-                elif isinstance(item, ControlDatagram):
+                elif type(item) is ControlDatagram:
                     self._send_control(item)
-                elif isinstance(item, RoundPost):
+                elif type(item) is RoundPost:
                     self._post_round(item)
-                elif isinstance(item, RoundRelease):
+                elif type(item) is RoundRelease:
                     assert self._sender is not None
                     self._sender.cancel(item.dst, item.step, item.msg)
                     self._session.release_round(item.dst, step=item.step, msg=item.msg)

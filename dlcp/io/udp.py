@@ -320,6 +320,9 @@ class DataSockets:
                 counted_bytes += kept
                 if kept:  # (runs were staged: a step that kept none staged nothing)
                     hand_over(self.runs.table, buf, deliver, taken)
+                # (the pre-filter cuts what it drops out of the runs, and an empty
+                # datagram is in none: with every byte read kept, it dropped nothing)
+                may_have_screened = kept != nbytes
             else:
                 runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
                     fd, buf, byte_room, read_room, _READ_SIZE
@@ -329,11 +332,12 @@ class DataSockets:
                 for start, end, seg in runs:
                     counted_bytes += end - start
                     deliver(buf[start:end], seg)
+                may_have_screened = bool(n_reads)
             total += int(nbytes)
             reads += int(n_reads)
             self.empty_datagrams += int(empty)
             junk = int(empty)
-            if self._screen is not None and n_reads:
+            if self._screen is not None and may_have_screened:
                 dropped = sum(self._screened_ints)
                 junk += dropped - self.screened_total
                 self.screened_total = dropped

@@ -154,7 +154,8 @@ class Session:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
         so the caller may reuse ``data`` as soon as this returns, unless
         ``borrow`` (see :meth:`Outbox.send`)."""
-        self._now = max(self._now, now)
+        if now > self._now:  # (the latest time given; plain comparison, no call)
+            self._now = now
         self._check_peer(dst, "send to")
         self._outbox.send(
             dst, data, step=step, msg=msg, now=now, segments=segments, p=p, bfloat16=bfloat16,
@@ -204,7 +205,8 @@ class Session:
 
     def receive_datagram(self, data: bytes | bytearray | memoryview, *, now: float) -> None:
         """One datagram from the network or the control channel."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         if len(data) and data[0] & 0x0F == PacketType.DATA:
             self.receive_batch(np.frombuffer(data, dtype=np.uint8), len(data), now=now)
             return
@@ -228,7 +230,8 @@ class Session:
     def receive_batch(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
         or a run of them), the last one possibly shorter."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._inbox.receive(buf, segment_size, now=now)
 
     def take_runs_natively(self, native: NativeRuns) -> None:
@@ -248,7 +251,8 @@ class Session:
     def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """The datagrams of a run after the prefix the native receive loop took
         (back to back, ``segment_size`` apart, the last possibly shorter)."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._inbox.receive_rest(buf, segment_size, now=now)
 
     def _on_control(self, ctrl: ControlMessage, *, now: float) -> None:
@@ -299,7 +303,8 @@ class Session:
         (``dst``, ``step``, ``msg``) it was given; ``began`` and ``last`` are
         (time, bytes sent to ``dst`` before it) of the round's first and last
         batch. The round's FINISH is queued."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._outbox.round_sent((dst, step, msg), began=began, last=last, now=now)
 
     def release_round(self, dst: int, *, step: int, msg: int) -> None:
@@ -322,7 +327,8 @@ class Session:
         the driver's data socket (it runs timers before it has caught up); the
         receive side then waits longer before it NACKs or judges a path silent
         (:meth:`Inbox.handle_timer <dlcp.proto.inbox.Inbox.handle_timer>`)."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._outbox.handle_timer(now=now)
         self._inbox.handle_timer(now=now, data_pending=data_pending)
 
