@@ -78,8 +78,10 @@ class RateMeter:
         if self._start is None:
             self._start = now
             self.deadline = now + self.interval
-        counts = self._bytes
-        counts[src] = counts.get(src, 0) + nbytes
+        try:
+            self._bytes[src] += nbytes
+        except KeyError:  # (its first bytes in this window)
+            self._bytes[src] = nbytes
 
     def on_batch(
         self, srcs: NDArray[np.integer], nbytes: NDArray[np.integer], *, now: float
