@@ -508,10 +508,11 @@ class Inbox(ReceivePaths[_Incoming]):
         """When the receive side next needs :meth:`handle_timer` (None: never).
         A driver asks every turn of its loop: a running minimum, no lists."""
         best = self._meter.deadline
-        for state in self._incoming.values():
-            t = state.recovery.timer
-            if best is None or t < best:
-                best = t
+        if self._incoming:  # (none under way: no call at all)
+            for state in self._incoming.values():
+                t = state.recovery.timer
+                if best is None or t < best:
+                    best = t
         deadline = self._orphan_finish.next_deadline()
         if deadline is not None and (best is None or deadline < best):
             best = deadline
