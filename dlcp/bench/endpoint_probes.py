@@ -6,7 +6,6 @@ in a worker process that measures, never in a job that trains."""
 
 from __future__ import annotations
 
-import selectors
 import sys
 import threading
 import time
@@ -30,9 +29,10 @@ class Timers:
     #: (owner, method, label), outermost first; top-level activities have no indent
     POINTS = (
         ("selector", "select", "select (idle or paced wait)"),
-        ("Endpoint", "_on_ready", "ready sockets"),
+        ("Endpoint", "_receive_data", "data socket"),
         ("DataSockets", "receive", "  receive: recvmsg + deliver"),
         ("Session", "receive_batch", "    session.receive_batch"),
+        ("Endpoint", "_on_ready", "other ready sockets"),
         ("Session", "receive_datagram", "  session.receive_datagram"),
         ("Endpoint", "_post", "commands (send_message, recv)"),
         ("Session", "handle_timer", "session.handle_timer"),
@@ -66,13 +66,11 @@ class Timers:
         setattr(owner, name, timed)
 
     def install(self) -> None:
-        from dlcp.io import endpoint, transfers, udp
+        from dlcp.io import endpoint, readiness, transfers, udp
         from dlcp.proto import session
 
-        selector = type("TimedSelector", (selectors.DefaultSelector,), {})
-        setattr(selectors, "DefaultSelector", selector)  # what Endpoint._run builds  # noqa: B010
         owners = {
-            "selector": selector,
+            "selector": readiness.ReadSelector,  # what Endpoint._run builds
             "Endpoint": endpoint.Endpoint,
             "DataSockets": udp.DataSockets,
             "Transfers": transfers.Transfers,

@@ -33,6 +33,8 @@ def _is_int(value: object) -> bool:
 
 def check_rank(name: str, value: object) -> int:
     """``value`` as a rank: an integer (a bool or a string is refused)."""
+    if type(value) is int:  # (the usual rank, without a call)
+        return value
     if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
         return int(value)
     hint = ": give an int"

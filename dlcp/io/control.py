@@ -354,6 +354,11 @@ class ControlChannel:
         """Inbound connections accepted before ``before`` that have not said hello."""
         return [c.sock for c in self.inbound.values() if c.rank is None and c.opened < before]
 
+    def hello_waits(self) -> float | None:
+        """When the oldest inbound connection that has not said hello yet was
+        accepted (None: every one has)."""
+        return min((c.opened for c in self.inbound.values() if c.rank is None), default=None)
+
     def drop(self, sock: socket.socket, why: str) -> None:
         """Close inbound ``sock`` (the caller has stopped watching it)."""
         conn = self.inbound.get(sock)

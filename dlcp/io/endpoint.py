@@ -277,7 +277,7 @@ class Endpoint(IOLoop):
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._transfers.sends[key] = Pending(fut, now + self.config.timeout)
+            self._transfers.pend(key, Pending(fut, now + self.config.timeout), outgoing=True)
             fut.add_done_callback(functools.partial(self._on_cancel, key, True))
             if to in self._gone:
                 self._transfers.fail_peer(to, self._gone[to])
@@ -342,7 +342,8 @@ class Endpoint(IOLoop):
             except ValueError as exc:
                 fut.set_exception(exc)
                 return
-            self._transfers.recvs[key] = Pending(fut, time.monotonic() + self.config.timeout, out)
+            deadline = time.monotonic() + self.config.timeout
+            self._transfers.pend(key, Pending(fut, deadline, out), outgoing=False)
             fut.add_done_callback(functools.partial(self._on_cancel, key, False))
 
         self._post(command, fut)
@@ -441,9 +442,7 @@ class Endpoint(IOLoop):
             try:
                 command()
                 now = time.monotonic()
-                self._transfers.dispatch(defer=True)  # as in the I/O thread's turn
-                self._flush(now)
-                self._transfers.dispatch()
+                self._send_and_settle(now)  # as in the I/O thread's turn
                 # (while the I/O thread is awake it plans its next wait after this)
                 if (
                     self._sleep_until > now

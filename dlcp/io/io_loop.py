@@ -41,6 +41,7 @@ from .control import ControlChannel, LostPeer
 from .emulation import LossEmulator
 from .engine import NativeSender, RoundReport
 from .peers import PeerAddress, PeerBook
+from .readiness import ReadSelector
 from .records import DriverStats
 from .threads import name_os_thread
 from .transfers import Transfers
@@ -75,6 +76,9 @@ _BACKLOG_HOLD = 0.1
 #: once one has waited _GIVE_WAY_AFTER for it
 _GIVE_WAY = 0.05
 _GIVE_WAY_AFTER = 0.002
+#: seconds between reads of the data socket's kernel drop counter (a u32 that
+#: wraps after 2**32 drops: over 4 billion datagrams a second would be needed)
+_DROPS_READ_EVERY = 1.0
 
 
 class IOLoop:
@@ -109,6 +113,11 @@ class IOLoop:
         self._selector: selectors.BaseSelector | None = None
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
+        #: no inbound control connection without a hello times out before this
+        #: (math.inf: none waits for its hello)
+        self._hello_due = math.inf
+        #: when the I/O thread next reads the data socket's kernel drop counter
+        self._drops_due = -math.inf
         #: when control messages and timers last had their turn (_take_input)
         self._control_turn = -math.inf
         #: bytes the current receive handed to the session (the rest was junk)
@@ -137,7 +146,7 @@ class IOLoop:
 
     def _run(self) -> None:
         name_os_thread(f"dlcp-io-{self.rank}")
-        sel = self._selector = selectors.DefaultSelector()
+        sel = self._selector = ReadSelector()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -145,29 +154,29 @@ class IOLoop:
             sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
         with self._lock:  # (a caller's command may have opened some already)
             self._control.watch_ends(sel)
+        session, transfers = self._session, self._transfers
         try:
+            # a turn with nothing due makes a few dozen Python calls: what only
+            # matters when something happened is behind a test of plain values
             while not self._closing:
-                self._give_way()
+                if self._callers:  # (read without the condition's lock: see _give_way)
+                    self._give_way()
                 with self._lock:
                     before = time.monotonic()
-                    timer = self._session.get_timer()
+                    timer = session.get_timer()
                     self._sleep_until = self._next_time(before, timer)
-                ready = sel.select(max(0.0, self._sleep_until - before))
+                wait = self._sleep_until - before
+                ready = sel.select(wait if wait > 0.0 else 0.0)
                 with self._lock:
                     self._sleep_until = -math.inf
                     now = time.monotonic()
-                    self._session.note_idle(now - before, now=now)  # receive capacity
-                    self._take_input(sel, ready, timer)
-                    now = time.monotonic()
-                    # events are matched to their transfers before sending (a send may
-                    # find a peer gone, failing what is still pending with it) and
-                    # settled after it (a receive's STOP is on the wire before its
-                    # future's callbacks run: one may end the process)
-                    self._transfers.dispatch(defer=True)
-                    self._flush(now)
-                    self._transfers.dispatch()
-                    self._transfers.expire(now)
-                    self._tend_listener(sel, now)
+                    session.note_idle(now - before, now=now)  # receive capacity
+                    now = self._take_input(sel, ready, timer, now)
+                    self._send_and_settle(now)
+                    if now >= transfers.earliest:
+                        transfers.expire(now)
+                    if self._accept_resume is not None or now >= self._hello_due:
+                        self._tend_listener(sel, now)
         except BaseException as exc:  # keep the endpoint's users from hanging
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
             failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
@@ -182,6 +191,19 @@ class IOLoop:
                 sel.close()
                 self._close_sockets()
             self._closed.set()
+
+    def _send_and_settle(self, now: float) -> None:
+        """Send what the session produced and settle the transfers its events
+        end. Events are matched to their transfers before sending (a send may
+        find a peer gone, failing what is still pending with it) and settled
+        after it (a receive's STOP is on the wire before its future's callbacks
+        run: one may end the process)."""
+        events, transfers = self._session.events, self._transfers
+        if events:
+            transfers.dispatch(defer=True)
+        self._flush(now)
+        if events or transfers.settlements:
+            transfers.dispatch()
 
     def _give_way(self) -> None:
         """Between turns, let the threads that have waited :data:`_GIVE_WAY_AFTER`
@@ -201,8 +223,10 @@ class IOLoop:
         sel: selectors.BaseSelector,
         ready: list[tuple[selectors.SelectorKey, int]],
         timer: float | None,
-    ) -> None:
-        """One turn's input: the data socket first, whether or not ``select`` saw
+        now: float,
+    ) -> float:
+        """One turn's input, from ``now`` on; returns the time it ended. The data
+        socket first, whether or not ``select`` saw
         it ready (data may have come while this thread waited for the lock); then
         the other ready sockets; then ``timer``, the session's timer as it was
         before this turn's input (a timer that input set runs next turn: that
@@ -218,16 +242,23 @@ class IOLoop:
         junk in it (a flood) holds nothing back, so hellos are read, lost data
         is asked for again and timeouts fire on time whatever the data socket
         holds. The sockets stay readable: the next turn comes at once."""
-        self._on_ready(sel, self._data.recv_sock, "data")
-        hold = self._holds_back(time.monotonic())
-        for key, _ in ready:
-            if key.data != "data" and not (hold and key.data == "control"):
-                self._on_ready(sel, key.fileobj, key.data)
+        self._receive_data(now)
         now = time.monotonic()
+        hold = self._holds_back(now)
+        other = False  # (another socket's input: the clock is read again after it)
+        for key, _ in ready:
+            what = key.data
+            if what != "data" and not (hold and what == "control"):
+                self._on_ready(sel, key.fileobj, what)
+                other = True
+        if other:
+            now = time.monotonic()
         if timer is not None and timer <= now and not hold:
             # (a backlog that held them back this long: its data may be what a
             # NACK would ask for again)
             self._session.handle_timer(now=now, data_pending=self._backlogged())
+            now = time.monotonic()
+        return now
 
     def _backlogged(self) -> bool:
         """Whether datagrams of a backlog wait unread (not junk: a flood must not
@@ -240,51 +271,68 @@ class IOLoop:
         junk to drain saves no NACK), and they last had their turn less than
         :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
         back that long at most)."""
-        if self._backlogged() and now - self._control_turn < _BACKLOG_HOLD:
+        if self._data.backlog and not self._junk_read and now - self._control_turn < _BACKLOG_HOLD:
             return True
         self._control_turn = now
         return False
 
     def _tend_listener(self, sel: selectors.BaseSelector, now: float) -> None:
         """Watch the listener again after a pause; drop inbound connections that
-        have not said hello within the timeout (each holds a descriptor)."""
+        have not said hello within the timeout (each holds a descriptor). A turn
+        calls it only while the listener is paused or once :attr:`_hello_due`
+        has passed, which it sets again here."""
         if self._accept_resume is not None and now >= self._accept_resume:
             self._accept_resume = None
             sel.register(self._control.listener, selectors.EVENT_READ, "accept")
-        for sock in self._control.silent_since(now - self.config.timeout):
+        if now < self._hello_due:
+            return
+        timeout = self.config.timeout
+        for sock in self._control.silent_since(now - timeout):
             sel.unregister(sock)
-            self._control.drop(sock, f"said no hello within {self.config.timeout:g} s")
+            self._control.drop(sock, f"said no hello within {timeout:g} s")
+        waiting = self._control.hello_waits()
+        self._hello_due = math.inf if waiting is None else waiting + timeout
 
     def _next_time(self, now: float, timer: float | None) -> float:
         """When the I/O thread has something to do without input: the session's
-        ``timer``, a deadline or the listener's pause, at most a second from ``now``."""
-        times = [now + 1.0]
-        if timer is not None:
-            times.append(timer)
-        if self._accept_resume is not None:
-            times.append(self._accept_resume)
-        if (deadline := self._transfers.next_deadline()) is not None:
-            times.append(deadline)
-        return min(times)
+        ``timer``, a deadline (:attr:`Transfers.earliest
+        <dlcp.io.transfers.Transfers.earliest>`: the earliest or, once that
+        transfer ended, earlier) or the listener's pause, at most a second from
+        ``now``. (Plain comparisons: this runs every turn.)"""
+        wake = now + 1.0
+        if timer is not None and timer < wake:
+            wake = timer
+        if self._accept_resume is not None and self._accept_resume < wake:
+            wake = self._accept_resume
+        deadline = self._transfers.earliest
+        return deadline if deadline < wake else wake
+
+    def _receive_data(self, start: float) -> None:
+        """The data socket's share of a turn that began at ``start``: what
+        arrived to the session, the pre-filter's drops to its counters."""
+        self._stats.receive_calls += 1
+        self._delivered = 0
+        data = self._data
+        read = data.receive(self._deliver, taken=self._native_runs)
+        if start >= self._drops_due:  # (the kernel's counter wraps: read it now and then)
+            data.socket_drops()
+            self._drops_due = start + _DROPS_READ_EVERY
+        if not data.screened_total:  # (the pre-filter dropped nothing)
+            self._junk_read = False
+            return
+        self._junk_read = True
+        for reason, count in data.take_screened().items():
+            self._session.stats.reject(reason, count)
+        # the share of the receive spent on junk was capacity for data: the rate
+        # meter counts it as a wait, as it counts select()'s, so that a flood does
+        # not hold the senders to the rate that got through it
+        now = time.monotonic()
+        junk = (now - start) * (read - self._delivered) / max(read, 1)
+        self._session.note_idle(max(0.0, junk), now=now)
 
     def _on_ready(self, sel: selectors.BaseSelector, sock: Any, what: str) -> None:
-        if what == "data":
-            self._stats.receive_calls += 1
-            start, self._delivered = time.monotonic(), 0
-            read = self._data.receive(self._deliver, taken=self._native_runs)
-            self._data.socket_drops()  # (read every turn: the kernel's counter wraps)
-            screened = self._data.take_screened()  # the pre-filter's drops
-            self._junk_read = bool(screened)
-            if screened:
-                for reason, count in screened.items():
-                    self._session.stats.reject(reason, count)
-                # the share of the receive spent on junk was capacity for data: the
-                # rate meter counts it as a wait, as it counts select()'s, so that a
-                # flood does not hold the senders to the rate that got through it
-                now = time.monotonic()
-                junk = (now - start) * (read - self._delivered) / max(read, 1)
-                self._session.note_idle(max(0.0, junk), now=now)
-        elif what == "engine":
+        """Input on a socket other than the data socket (:meth:`_receive_data`)."""
+        if what == "engine":
             self._rounds_sent()
         elif what == "outbound":
             self._outbound_ready(sock)
@@ -298,6 +346,8 @@ class IOLoop:
             now = time.monotonic()
             while (conn := self._control.accept(now)) is not None:  # every pending one
                 sel.register(conn, selectors.EVENT_READ, "control")
+                # (its hello is due within the timeout: _tend_listener drops it else)
+                self._hello_due = min(self._hello_due, now + self.config.timeout)
             if self._control.accept_error is not None:
                 # the refused connection stays queued and the listener readable: stop
                 # watching it for a while instead of spinning (turns resume it)
@@ -329,9 +379,10 @@ class IOLoop:
                 self._stats.control_rejected += 1  # claims another rank than its hello
                 continue
             stats = self._session.stats
-            rejected, stale = stats.rejected_total(), stats.stale_control
+            # (the counts only grow: a copy of them tells whether it was rejected)
+            rejected, stale = dict(stats.rejected), stats.stale_control
             self._session.receive_datagram(datagram, now=now)
-            if stats.rejected_total() != rejected:
+            if stats.rejected != rejected:
                 self._stats.control_rejected += 1
             elif stats.stale_control == stale:
                 # (a stale message proves nothing: a replay of an old one is stale)
@@ -386,7 +437,8 @@ class IOLoop:
             if not items:
                 return
             for item in items:
-                if isinstance(item, DataBatch):
+                # (exact classes of dlcp.proto.events, none subclassed: no isinstance calls)
+                if type(item) is DataBatch:
                     addr = self._address_of(item.dst)
                     if addr is None:
                         continue
@@ -403,11 +455,11 @@ class IOLoop:
                         self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
                         continue
                     self._stats.data_batches_out += 1
-                elif isinstance(item, ControlDatagram):
+                elif type(item) is ControlDatagram:
                     self._send_control(item)
-                elif isinstance(item, RoundPost):
+                elif type(item) is RoundPost:
                     self._post_round(item)
-                elif isinstance(item, RoundRelease):
+                elif type(item) is RoundRelease:
                     assert self._sender is not None
                     self._sender.cancel(item.dst, item.step, item.msg)
                     self._session.release_round(item.dst, step=item.step, msg=item.msg)

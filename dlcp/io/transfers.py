@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -53,19 +54,27 @@ class Transfers:
         self._timeout = timeout
         self._emulated_loss = emulated_loss
         #: tables in insertion order: the oldest entry has the earliest deadline
+        #: (every transfer gets the same timeout). Entries go in with :meth:`pend`.
         self.sends: dict[Key, Pending] = {}
         self.recvs: dict[Key, Pending] = {}
+        #: no pending transfer's deadline is earlier (math.inf: none pending): the
+        #: earliest deadline when last looked for, lowered by what is pended since.
+        #: Entries taken out only make the true one later: :meth:`expire`, which
+        #: the I/O thread calls once this has passed, looks for it again. (A
+        #: plain float: the I/O thread reads it every turn.)
+        self.earliest = math.inf
         self.unclaimed: dict[Key, MessageReceived | MessageFailed] = {}
         #: the keys of the failures among them, oldest first
         self._unclaimed_failures: OrderedDict[Key, None] = OrderedDict()
         #: transfers matched to their events (and out of the tables) whose futures
         #: are not settled yet: (future, what settles it), in event order
-        self._settlements: deque[tuple[Future[Any], Callable[[], None]]] = deque()
+        self.settlements: deque[tuple[Future[Any], Callable[[], None]]] = deque()
 
-    def next_deadline(self) -> float | None:
-        """The earliest deadline of a pending transfer (None: nothing pending)."""
-        first = [next(iter(t.values())).deadline for t in (self.sends, self.recvs) if t]
-        return min(first) if first else None
+    def pend(self, key: Key, pending: Pending, *, outgoing: bool) -> None:
+        """Wait for transfer ``key`` (a send if ``outgoing``, else a receive)."""
+        (self.sends if outgoing else self.recvs)[key] = pending
+        if pending.deadline < self.earliest:
+            self.earliest = pending.deadline
 
     def waits_on(self, peer: int) -> bool:
         """Whether anything pending is with ``peer``."""
@@ -77,12 +86,13 @@ class Transfers:
         unless ``defer``: then the next ``settle()``, or ``dispatch()`` without
         ``defer``, settles them (before what that dispatch matches)."""
         while (ev := self._session.next_event()) is not None:
-            if isinstance(ev, MessageDelivered):
+            # (exact classes of dlcp.proto.events, none subclassed: no isinstance calls)
+            if type(ev) is MessageDelivered:
                 pending = self.sends.pop((ev.dst, ev.step, ev.msg), None)
                 if pending is not None:
                     fut = pending.future
                     self.queue_settlement(fut, fut.set_result, ev.report)
-            elif isinstance(ev, MessageReceived):
+            elif type(ev) is MessageReceived:
                 key = (ev.src, ev.step, ev.msg)
                 rpending = self.recvs.pop(key, None)
                 if rpending is not None:
@@ -90,7 +100,7 @@ class Transfers:
                     self.queue_settlement(fut, self.complete_recv, fut, ev, rpending.out)
                 else:
                     self._park(key, ev)
-            elif isinstance(ev, MessageFailed):
+            elif type(ev) is MessageFailed:
                 key = (ev.peer, ev.step, ev.msg)
                 table = self.sends if ev.outgoing else self.recvs
                 failed = table.pop(key, None)
@@ -108,14 +118,14 @@ class Transfers:
         self, future: Future[Any], settle: Callable[..., None], *args: Any, **kwargs: Any
     ) -> None:
         """Have :meth:`settle` call ``settle(*args, **kwargs)``, which settles ``future``."""
-        self._settlements.append((future, functools.partial(settle, *args, **kwargs)))
+        self.settlements.append((future, functools.partial(settle, *args, **kwargs)))
 
     def settle(self) -> None:
         """Settle the futures that :meth:`dispatch` matched, in event order. A
         future's callback may come back here (through the endpoint): each
         settlement is taken off the queue before it runs."""
-        while self._settlements:
-            future, settlement = self._settlements.popleft()
+        while self.settlements:
+            future, settlement = self.settlements.popleft()
             try:
                 settlement()
             except Exception as exc:  # (complete_recv's copy into out, say)
@@ -208,11 +218,14 @@ class Transfers:
         return True
 
     def expire(self, now: float) -> None:
-        """Fail what ran past its deadline."""
+        """Fail what ran past its deadline; :attr:`earliest` is the earliest
+        deadline of what is left."""
+        self.earliest = math.inf
         for table, outgoing in ((self.sends, True), (self.recvs, False)):
             while table:
                 key, pending = next(iter(table.items()))
                 if now < pending.deadline:  # the oldest entry: the rest expire later
+                    self.earliest = min(self.earliest, pending.deadline)
                     break
                 del table[key]
                 self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
@@ -246,7 +259,7 @@ class Transfers:
         """Fail everything pending with ``error`` (the endpoint is going away).
         Transfers already matched to their events settle first, as those say (a
         receive whose message came gets it)."""
-        while self._settlements:
+        while self.settlements:
             with contextlib.suppress(Exception):  # (settle() gave its future the error)
                 self.settle()
         for table in (self.sends, self.recvs):

@@ -185,6 +185,9 @@ class Inbox(ReceivePaths[_Incoming]):
         #: (charged until the driver hands them over: :meth:`release`)
         self._parked: dict[Key, int] = {}
         self._meter = RateMeter(self.config.rate_interval)
+        #: the driver waited for datagrams (Session.note_idle, every turn: the
+        #: meter's own method, no call in between)
+        self.meter_idle = self._meter.on_idle
         self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
 
     # ------------------------------------------------------------------ application
@@ -300,7 +303,7 @@ class Inbox(ReceivePaths[_Incoming]):
                 now: float) -> None:  # fmt: skip
         """Rule 5: datagrams of ``wire_bytes`` bytes were written to ``state``,
         ``fresh`` of them new data."""
-        self._meter.on_bytes(key[0], wire_bytes, now=now)
+        self._meter.count(key[0], wire_bytes, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
             if key in self._incoming:
@@ -431,12 +434,6 @@ class Inbox(ReceivePaths[_Incoming]):
             )
         )
 
-    def note_idle(self, seconds: float, *, now: float) -> None:
-        """The driver's receive loop waited the ``seconds`` up to ``now`` for
-        datagrams: the rate feedback then tells senders what this receiver could
-        take, not only what it got (see :class:`~dlcp.proto.rate_meter.RateMeter`)."""
-        self._meter.on_idle(seconds, now=now)
-
     # ------------------------------------------------------------------ control
 
     def on_finish(self, key: Key, finish: Finish, *, now: float) -> None:
@@ -510,11 +507,12 @@ class Inbox(ReceivePaths[_Incoming]):
     def next_timer(self) -> float | None:
         """When the receive side next needs :meth:`handle_timer` (None: never).
         A driver asks every turn of its loop: a running minimum, no lists."""
-        best = self._meter.next_deadline()
-        for state in self._incoming.values():
-            t = state.recovery.timer
-            if best is None or t < best:
-                best = t
+        best = self._meter.deadline
+        if self._incoming:  # (none under way: no call at all)
+            for state in self._incoming.values():
+                t = state.recovery.timer
+                if best is None or t < best:
+                    best = t
         deadline = self._orphan_finish.next_deadline()
         if deadline is not None and (best is None or deadline < best):
             best = deadline

@@ -90,6 +90,8 @@ class OrphanFinishes:
         return (None if entry is None else entry[0]), self._nacked.pop(key, None)
 
     def next_deadline(self) -> float | None:
+        if not self._by_key and not self._silent_since:  # (the usual case, every turn)
+            return None
         nack = min((deadline for _, deadline, _ in self._by_key.values()), default=None)
         if not self._silent_since:
             return nack

@@ -111,8 +111,10 @@ class Outbox(SessionSide):
         #: a reused key for the old message)
         self._ended: OrderedDict[Key, None] = OrderedDict()
         #: False once a scan found no message with records left to hand out, until a
-        #: send or a retransmission round adds some (a driver asks every turn)
-        self._may_send = False
+        #: send or a retransmission round adds some, or an ended message's
+        #: release waits: while it is False and no control message waits, the
+        #: session's datagrams_to_send returns at once (a driver asks every turn)
+        self.may_send = False
 
     # ------------------------------------------------------------------ application
 
@@ -163,8 +165,9 @@ class Outbox(SessionSide):
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
         order = table.send_order()
         stride = record_stride(table, authenticate=self.keys is not None)
-        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
-        row_of_seq[order] = np.arange(table.n_chunks)
+        n_chunks = table.n_chunks
+        row_of_seq = np.empty(n_chunks, dtype=np.int64)
+        row_of_seq[order] = np.arange(n_chunks)
         source = data.reshape(-1).view(np.uint8)
         lent = borrow and self.whole_rounds
         tag = AUTH_TRAILER_LEN if self.keys is not None else 0
@@ -174,11 +177,11 @@ class Outbox(SessionSide):
             order,
             ident,
             authenticate=self.keys is not None,
-            buffer=self._pool.take((table.n_chunks, DATA_HEADER_LEN + tag if lent else stride)),
+            buffer=self._pool.take((n_chunks, DATA_HEADER_LEN + tag if lent else stride)),
             row_of_seq=row_of_seq,
             payload=source if lent else None,
         )
-        self._may_send = True
+        self.may_send = True
         self._sent_messages += 1
         peer.outgoing[key] = OutgoingMessage(
             ident=ident,
@@ -188,8 +191,8 @@ class Outbox(SessionSide):
             row_of_seq=row_of_seq,
             run=first,
             order=self._sent_messages,
-            path_of_seq=np.zeros(table.n_chunks, np.uint8),
-            round_of_seq=np.zeros(table.n_chunks, np.int32),
+            path_of_seq=np.zeros(n_chunks, np.uint8),
+            round_of_seq=np.zeros(n_chunks, np.int32),
         )
 
     def cancel(self, key: Key) -> bool:
@@ -210,6 +213,7 @@ class Outbox(SessionSide):
             return
         self._lent[key] = records
         self._releases.append(RoundRelease(*key))
+        self.may_send = True
 
     def release(self, key: Key) -> None:
         """The driver holds nothing more of message ``key`` (whole rounds)."""
@@ -319,7 +323,7 @@ class Outbox(SessionSide):
             payload=out.first.payload,
         )
         out.cursor = 0
-        self._may_send = True
+        self.may_send = True
         rec.retransmitted_packets += len(seqs)
         if len(seqs) == 0:
             self._round_sent(key, out, now=now)
@@ -375,10 +379,10 @@ class Outbox(SessionSide):
         if self._releases:
             out.extend(self._releases)
             self._releases.clear()
-        if not self._may_send:
+        if not self.may_send:
             return
         if self.whole_rounds:
-            self._may_send = False
+            self.may_send = False
             for dst, peer in self.peers.items():
                 for key, o in peer.outgoing.items():
                     if o.pending:
@@ -390,7 +394,7 @@ class Outbox(SessionSide):
             if p.outgoing and any(o.pending for o in p.outgoing.values())
         ]
         if not dsts:
-            self._may_send = False
+            self.may_send = False
             return
         start = self._next_peer % len(dsts)
         self._next_peer += 1
@@ -527,6 +531,8 @@ class Outbox(SessionSide):
         asks every turn of its loop: a running minimum, no lists."""
         best: float | None = None
         for peer in self.peers.values():
+            if not peer.outgoing:
+                continue
             some_pending = False
             for o in peer.outgoing.values():
                 t = o.recovery.timer

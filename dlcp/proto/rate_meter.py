@@ -41,7 +41,7 @@ class RateMeter:
     the claim must stay modest.
     """
 
-    __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
+    __slots__ = ("_bytes", "_idle", "_start", "deadline", "interval", "min_busy")
 
     def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.5) -> None:
         if not (math.isfinite(interval) and interval > 0):
@@ -51,6 +51,9 @@ class RateMeter:
         self.interval = float(interval)
         self.min_busy = float(min_busy)
         self._start: float | None = None
+        #: when the current window is due (None: none is open); what
+        #: :meth:`next_deadline` says, for a caller that asks every turn
+        self.deadline: float | None = None
         self._bytes: dict[int, int] = {}
         self._idle = 0.0
 
@@ -60,15 +63,25 @@ class RateMeter:
     def _open(self, now: float) -> None:
         if self._start is None:
             self._start = now
+            self.deadline = now + self.interval
 
     def on_bytes(self, src: int, nbytes: int, *, now: float) -> None:
         """``nbytes`` arrived from ``src`` at ``now``."""
         if isinstance(src, bool) or not isinstance(src, int | np.integer) or src < 0:
             raise UsageError(f"src={src!r} must be a non-negative integer")
-        nbytes = _check_nbytes(nbytes)
-        self._open(_check_now(now))
-        key = int(src)
-        self._bytes[key] = self._bytes.get(key, 0) + nbytes
+        self.count(int(src), _check_nbytes(nbytes), now=_check_now(now))
+
+    def count(self, src: int, nbytes: int, *, now: float) -> None:
+        """:meth:`on_bytes` for a caller whose arguments are checked already (the
+        receive side: a rank and a byte count of its own, the driver's finite
+        time), without checking them again (once per message per receive step)."""
+        if self._start is None:
+            self._start = now
+            self.deadline = now + self.interval
+        try:
+            self._bytes[src] += nbytes
+        except KeyError:  # (its first bytes in this window)
+            self._bytes[src] = nbytes
 
     def on_batch(
         self, srcs: NDArray[np.integer], nbytes: NDArray[np.integer], *, now: float
@@ -102,7 +115,11 @@ class RateMeter:
         if not -math.inf < now < math.inf:
             raise UsageError(f"now={now} must be a finite time in seconds")
         if self._start is not None:
-            self._idle += max(0.0, min(seconds, now - self._start))
+            inside = now - self._start
+            if seconds < inside:
+                inside = seconds
+            if inside > 0.0:
+                self._idle += inside
 
     def due(self, *, now: float) -> bool:
         """Whether the current window has lasted ``interval``."""
@@ -111,7 +128,7 @@ class RateMeter:
 
     def next_deadline(self) -> float | None:
         """When the current window is due; None when nothing is being measured."""
-        return None if self._start is None else self._start + self.interval
+        return self.deadline
 
     def sample(self, *, now: float) -> dict[int, float]:
         """Bytes/s per source since the window opened, and start the next window.
@@ -127,6 +144,7 @@ class RateMeter:
         busy = max(elapsed - self._idle, self.min_busy * elapsed)
         rates = {src: n / busy for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
+        self.deadline = None if self._start is None else now + self.interval
         self._bytes = {}
         self._idle = 0.0
         return rates

@@ -123,6 +123,10 @@ class Session:
         )
         self._ctx = SessionContext(config, rank, job, self.keys)
         self.stats: SessionStats = self._ctx.stats
+        #: the events :meth:`next_event` hands out, oldest first; a driver may
+        #: test it for emptiness (no call) before it asks for them, and must not
+        #: change it
+        self.events = self._ctx.events
         self._inbox = Inbox(self._ctx, self.peers)
         self._outbox = Outbox(
             self._ctx,
@@ -150,7 +154,8 @@ class Session:
         """Queue ``data`` (1-D) for ``dst``. The bytes are copied into packets here,
         so the caller may reuse ``data`` as soon as this returns, unless
         ``borrow`` (see :meth:`Outbox.send`)."""
-        self._now = max(self._now, now)
+        if now > self._now:  # (the latest time given; plain comparison, no call)
+            self._now = now
         self._check_peer(dst, "send to")
         self._outbox.send(
             dst, data, step=step, msg=msg, now=now, segments=segments, p=p, bfloat16=bfloat16,
@@ -200,7 +205,8 @@ class Session:
 
     def receive_datagram(self, data: bytes | bytearray | memoryview, *, now: float) -> None:
         """One datagram from the network or the control channel."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         if len(data) and data[0] & 0x0F == PacketType.DATA:
             self.receive_batch(np.frombuffer(data, dtype=np.uint8), len(data), now=now)
             return
@@ -224,7 +230,8 @@ class Session:
     def receive_batch(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """Data datagrams of ``segment_size`` bytes back to back (one UDP GRO read,
         or a run of them), the last one possibly shorter."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._inbox.receive(buf, segment_size, now=now)
 
     def take_runs_natively(self, native: NativeRuns) -> None:
@@ -237,13 +244,15 @@ class Session:
     def receive_taken(self, taken: list[Taken], *, now: float) -> None:
         """What the native receive loop took into the messages under way since it
         last said (:meth:`take_runs_natively`)."""
-        self._now = max(self._now, now)
+        if now > self._now:  # (once per receive step: no max() call)
+            self._now = now
         self._inbox.receive_taken(taken, now=now)
 
     def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """The datagrams of a run after the prefix the native receive loop took
         (back to back, ``segment_size`` apart, the last possibly shorter)."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._inbox.receive_rest(buf, segment_size, now=now)
 
     def _on_control(self, ctrl: ControlMessage, *, now: float) -> None:
@@ -267,9 +276,13 @@ class Session:
         the control messages those batches queued (the FINISH of a round whose
         last batch went: after its data, in this call, not the next one, which
         may not come until a timer or an input wakes the driver)."""
-        self._now = max(self._now, now)
-        out: list[Transmit] = list(self._ctx.control)
-        self._ctx.control.clear()
+        if now > self._now:
+            self._now = now
+        control = self._ctx.control
+        if not control and not self._outbox.may_send:  # (a driver asks every turn)
+            return []
+        out: list[Transmit] = list(control)
+        control.clear()
         self._outbox.batches(out, now=now, max_batches=max_batches)
         if self._ctx.control:
             out.extend(self._ctx.control)
@@ -290,7 +303,8 @@ class Session:
         (``dst``, ``step``, ``msg``) it was given; ``began`` and ``last`` are
         (time, bytes sent to ``dst`` before it) of the round's first and last
         batch. The round's FINISH is queued."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._outbox.round_sent((dst, step, msg), began=began, last=last, now=now)
 
     def release_round(self, dst: int, *, step: int, msg: int) -> None:
@@ -313,7 +327,8 @@ class Session:
         the driver's data socket (it runs timers before it has caught up); the
         receive side then waits longer before it NACKs or judges a path silent
         (:meth:`Inbox.handle_timer <dlcp.proto.inbox.Inbox.handle_timer>`)."""
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         self._outbox.handle_timer(now=now)
         self._inbox.handle_timer(now=now, data_pending=data_pending)
 
@@ -321,12 +336,12 @@ class Session:
         """The driver's receive loop waited the ``seconds`` up to ``now`` for
         datagrams: the rate feedback then tells senders what this receiver could
         take, not only what it got (see :class:`~dlcp.proto.rate_meter.RateMeter`)."""
-        self._inbox.note_idle(seconds, now=now)
+        self._inbox.meter_idle(seconds, now=now)
 
     # ------------------------------------------------------------------ events
 
     def next_event(self) -> Event | None:
-        events = self._ctx.events
+        events = self.events
         return events.popleft() if events else None
 
     def path_shares(self, dst: int) -> npt.NDArray[np.float64]:

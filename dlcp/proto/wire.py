@@ -321,6 +321,8 @@ def check_message_key(step: int, msg: int) -> None:
     """Refuse a message key the headers cannot carry (``step`` 32 bits, ``msg``
     16), naming the field: before a transfer starts, not when its first packet
     or control message is built."""
+    if type(step) is int and type(msg) is int and 0 <= step <= 0xFFFFFFFF and 0 <= msg <= 0xFFFF:
+        return  # (the usual key, checked without a call: twice per send and receive)
     for name, value, maximum in (("step", step, 0xFFFFFFFF), ("msg", msg, 0xFFFF)):
         if not isinstance(value, int | np.integer) or isinstance(value, bool):
             raise UsageError(f"{name}={value!r} must be an integer")

@@ -25,6 +25,7 @@ class _Turn:
         ep: Any = Endpoint.__new__(Endpoint)  # no sockets, no thread: only the turn's logic
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=self._timer)
+        ep._receive_data = lambda start: self.log.append("data")
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
         ep._junk_read = False
@@ -35,7 +36,7 @@ class _Turn:
 
     def run(self, ready_kinds: list[str], timer: float | None) -> list[str]:
         ready = [(SimpleNamespace(fileobj=f"{k}-socket", data=k), 1) for k in ready_kinds]
-        self.endpoint._take_input(None, ready, timer)
+        self.endpoint._take_input(None, ready, timer, time.monotonic())
         return self.log
 
 
@@ -79,3 +80,49 @@ def test_a_backlog_with_junk_in_it_holds_nothing_back() -> None:
     turn = _Turn(backlog=True)
     turn.endpoint._junk_read = True  # the pre-filter dropped some of what was read
     assert turn.run(["control"], timer=0.0) == ["data", "control", "timer"]
+
+
+class _Control:
+    """Inbound connections by their accept time and whether they said hello."""
+
+    def __init__(self, opened: dict[str, float]) -> None:
+        self.opened = dict(opened)
+        self.dropped: list[str] = []
+
+    def silent_since(self, before: float) -> list[str]:
+        return [sock for sock, at in self.opened.items() if at < before]
+
+    def drop(self, sock: str, why: str) -> None:
+        del self.opened[sock]
+        self.dropped.append(sock)
+
+    def hello_waits(self) -> float | None:
+        return min(self.opened.values(), default=None)
+
+
+def test_tending_drops_silent_connections_once_due_and_sets_the_next_due_time() -> None:
+    ep: Any = Endpoint.__new__(Endpoint)
+    ep.config = SimpleNamespace(timeout=10.0)
+    ep._control = _Control({"early": 0.0, "late": 4.0})
+    ep._accept_resume = None
+    ep._hello_due = 10.0  # (the accept of "early" set it)
+    sel = SimpleNamespace(unregister=lambda sock: None)
+    ep._tend_listener(sel, 9.0)  # not due: nothing looked at
+    assert ep._control.dropped == [] and ep._hello_due == 10.0
+    ep._tend_listener(sel, 10.5)
+    assert ep._control.dropped == ["early"] and ep._hello_due == 14.0
+    ep._control.opened.clear()  # ("late" said hello)
+    ep._tend_listener(sel, 14.5)
+    assert ep._control.dropped == ["early"] and ep._hello_due == float("inf")
+
+
+def test_the_wait_ends_at_the_earliest_of_timer_pause_and_deadline() -> None:
+    ep: Any = Endpoint.__new__(Endpoint)
+    ep._accept_resume = None
+    ep._transfers = SimpleNamespace(earliest=float("inf"))
+    assert ep._next_time(100.0, None) == 101.0  # (a second at most)
+    assert ep._next_time(100.0, 100.5) == 100.5
+    ep._transfers.earliest = 100.2
+    assert ep._next_time(100.0, 100.5) == 100.2
+    ep._accept_resume = 100.1
+    assert ep._next_time(100.0, 100.5) == 100.1

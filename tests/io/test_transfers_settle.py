@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlcp.errors import EndpointClosed, TransferFailed
+from dlcp.errors import EndpointClosed, PeerTimeout, TransferFailed
 from dlcp.io.records import Pending
 from dlcp.io.transfers import Transfers
 from dlcp.proto.config import FillPolicy
@@ -53,13 +53,13 @@ def _delivered(dst: int, msg: int) -> MessageDelivered:
 def _post_recv(transfers: Transfers, src: int, msg: int,
                out: np.ndarray[Any, Any] | None = None) -> Future[Any]:
     fut: Future[Any] = Future()
-    transfers.recvs[(src, 0, msg)] = Pending(fut, 5.0, out)
+    transfers.pend((src, 0, msg), Pending(fut, 5.0, out), outgoing=False)
     return fut
 
 
-def _post_send(transfers: Transfers, dst: int, msg: int) -> Future[Any]:
+def _post_send(transfers: Transfers, dst: int, msg: int, deadline: float = 5.0) -> Future[Any]:
     fut: Future[Any] = Future()
-    transfers.sends[(dst, 0, msg)] = Pending(fut, 5.0)
+    transfers.pend((dst, 0, msg), Pending(fut, deadline), outgoing=True)
     return fut
 
 
@@ -125,3 +125,24 @@ def test_a_settlement_that_raises_fails_its_own_future_and_leaves_none_pending()
     assert not later.done()
     transfers.fail_all(TransferFailed("rank 0: I/O thread failed"))
     assert np.array_equal(later.result(timeout=0).data, np.full(N, 2, np.float32))
+
+
+def test_earliest_bounds_the_deadlines_and_expire_finds_the_next_one() -> None:
+    """The I/O thread calls expire() only once ``earliest`` has passed: it must
+    never be later than a pending deadline, and expire() sets it to the next."""
+    transfers, session = _transfers()
+    assert transfers.earliest == float("inf")
+    deadlines = ((1, 5.0), (2, 6.0), (3, 7.0))
+    done, first, second = (_post_send(transfers, 1, m, deadline=d) for m, d in deadlines)
+    assert transfers.earliest == 5.0
+    session.events.append(_delivered(1, 1))  # (ends before its deadline: the bound stays)
+    transfers.dispatch()
+    assert done.done() and transfers.earliest == 5.0
+    transfers.expire(5.5)  # (nothing past its deadline: the next one is found)
+    assert not first.done() and transfers.earliest == 6.0
+    transfers.expire(6.0)
+    with pytest.raises(PeerTimeout, match="did not complete within 5 s"):
+        first.result(timeout=0)
+    assert not second.done() and transfers.earliest == 7.0
+    transfers.expire(7.5)
+    assert second.done() and transfers.earliest == float("inf")
