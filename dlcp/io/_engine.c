@@ -117,6 +117,7 @@ typedef struct {
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
         probe, probe_interval, cautious_burst, burst_time, ceiling_step;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due, ceiling;
+    double resume; /* the rate the receiver's latest report asked for (INFINITY: none) */
     int cautious, has_last, has_last_active, backlogged, has_due;
     /* guards the state above: the engine's threads and Python's calls take it, a
        thread inside the engine's lock (never the other way round), each for a
@@ -185,7 +186,9 @@ static void pacer_advance(Pacer *p, double now) {
     }
     p->last = now;
     if (p->has_last_active && now - p->last_active > p->idle_reset) {
-        p->rate = p->initial_rate;
+        /* after congestion, resume at what the receiver last asked for */
+        p->rate = p->ceiling < INFINITY && p->resume < p->initial_rate ? p->resume
+                                                                       : p->initial_rate;
         p->has_last_active = 0;
         p->backlogged = 0;
         p->cautious = 0;
@@ -256,8 +259,12 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
     int pacer_limited = p->backlogged && p->budget > 0 &&
                         p->wasted <= (1.0 - p->used_fraction) * p->budget;
     double at = p->last;
+    p->resume = target;
     if (p->cautious) {
-        /* (only while the rate held the sender back, never above the ceiling) */
+        /* (only while the rate held the sender back, never above the ceiling, which
+           does not hold below what the receiver reports) */
+        if (reported > p->ceiling)
+            p->ceiling = reported;
         double raised = p->rate * (1.0 + p->probe);
         if (target < raised)
             raised = target;
@@ -763,6 +770,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->burst_time = burst_time;
     p->ceiling_step = ceiling_step;
     p->ceiling = INFINITY;
+    p->resume = INFINITY;
     p->rate = unpaced ? INFINITY : initial;
     p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
     return (PyObject *)p;

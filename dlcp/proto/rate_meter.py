@@ -39,6 +39,13 @@ class RateMeter:
     (at most ``1 / min_busy`` times the rate seen, twice by default): a receiver
     process that was descheduled while it waited counts that time as idle too, so
     the claim must stay modest.
+
+    Several sources in one window share whatever lies in front of the receiver
+    (its switch port, in an incast), and a receiver that waits then says nothing
+    about that: each is reported what it brought or an equal share of what all
+    of them brought, whichever is more, over the whole window without the idle
+    claim. A sender its pacer had cut below its share is told it may climb to it;
+    one that brought more than a share keeps its own figure.
     """
 
     __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
@@ -124,8 +131,12 @@ class RateMeter:
         elapsed = now - self._start
         if elapsed <= 0:
             return {}
-        busy = max(elapsed - self._idle, self.min_busy * elapsed)
-        rates = {src: n / busy for src, n in self._bytes.items()}
+        if len(self._bytes) > 1:
+            share = sum(self._bytes.values()) / len(self._bytes)
+            rates = {src: max(n, share) / elapsed for src, n in self._bytes.items()}
+        else:
+            busy = max(elapsed - self._idle, self.min_busy * elapsed)
+            rates = {src: n / busy for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
         self._bytes = {}
         self._idle = 0.0

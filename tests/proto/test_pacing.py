@@ -340,23 +340,64 @@ def test_after_congestion_raises_stop_at_what_got_through() -> None:
     ceiling = 8.1e5
     p.on_loss(0.0, 4e5, now=0.0)  # a whole round below the ceiling says nothing of it
     t = 0.0
+    # the receiver takes 8e5 B/s (below the ceiling): the pacer asks for 1e6
     for _ in range(20):
         drain_backlogged(p, t, t + 0.005)
         t += 0.005
-        p.on_feedback(1e8, now=t)
+        p.on_feedback(8e5, now=t)
     assert p.rate == pytest.approx(ceiling)  # not 20 steps of 5 %
     p.on_loss(0.0, 5e5, now=t)  # a whole round at the ceiling: it goes up a step
     drain_backlogged(p, t, t + 0.005)
-    p.on_feedback(1e8, now=t + 0.005)
+    p.on_feedback(8e5, now=t + 0.005)
     assert p.rate == pytest.approx(ceiling * 1.01)
     p.on_loss(0.3, 2e6, now=t + 0.005)  # a later loss never raises the ceiling
     drain_backlogged(p, t + 0.005, t + 0.02)
-    p.on_feedback(1e8, now=t + 0.02)
+    p.on_feedback(8e5, now=t + 0.02)
     assert p.rate == pytest.approx(ceiling * 1.01)
     p.on_sent(PKT, now=t + 0.02)
     assert p.allowance(now=t + 2.0) > 0  # idle for longer than idle_reset ...
     p.on_feedback(1e8, now=t + 2.0)
     assert p.rate == 1e8  # ... forgets the ceiling with the caution
+
+
+def test_after_congestion_the_ceiling_does_not_hold_below_what_the_receiver_reports() -> None:
+    p = pacer(probe=0.05, probe_interval=0.005, min_rate=1e4)
+    # an incast's cascade of lossy rounds left this sender at a tenth of its share
+    for at in (1e6, 5e5, 2.5e5, 1.25e5):
+        p.on_loss(0.5, at, now=0.0)
+    low = p.rate
+    assert low == pytest.approx(6.25e4)
+    # the receiver, shared by three senders, reports each a share of 2e5 B/s
+    t, rates = 0.0, []
+    for _ in range(40):
+        drain_backlogged(p, t, t + 0.005)
+        t += 0.005
+        p.on_feedback(2e5, now=t)
+        rates.append(p.rate)
+    # in 5 % steps past the old ceiling, up to the share (not the 2.5e5 the pacer asks)
+    assert rates[9] == pytest.approx(low * 1.05**10)
+    assert rates[-1] == pytest.approx(2e5)
+
+
+def test_after_congestion_idle_resumes_at_what_the_receiver_last_asked_for() -> None:
+    p = pacer(idle_reset=0.5)
+    drain_backlogged(p, 0.0, 0.05)
+    p.on_loss(0.6, 1e6, now=0.05)  # an incast's first round
+    p.on_feedback(1e5, now=0.06)  # the receiver's share for this sender
+    p.on_sent(PKT, now=0.06)
+    assert p.allowance(now=1.0) > 0  # idle: the caution and the ceiling go ...
+    assert p.rate == pytest.approx(1.25e5)  # ... but the rate is not initial_rate's 1e6
+    assert p.burst == 10_000
+    p.on_feedback(4e5, now=1.0)
+    assert p.rate == pytest.approx(5e5)  # raises are whole again
+    # a pacer that never met congestion resumes at initial_rate, as before
+    q = pacer(idle_reset=0.5)
+    drain_backlogged(q, 0.0, 0.05)
+    q.on_feedback(1e5, now=0.05)
+    assert q.rate == pytest.approx(1.25e5)
+    q.on_sent(PKT, now=0.06)
+    assert q.allowance(now=1.0) > 0
+    assert q.rate == 1e6
 
 
 def test_a_queue_s_loss_backs_off_below_the_tolerance_and_random_loss_does_not() -> None:
