@@ -117,7 +117,6 @@ typedef struct {
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
         probe, probe_interval, cautious_burst, burst_time, ceiling_step;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due, ceiling;
-    double resume; /* the rate the receiver's latest report asked for (INFINITY: none) */
     int cautious, has_last, has_last_active, backlogged, has_due;
     /* guards the state above: the engine's threads and Python's calls take it, a
        thread inside the engine's lock (never the other way round), each for a
@@ -186,13 +185,11 @@ static void pacer_advance(Pacer *p, double now) {
     }
     p->last = now;
     if (p->has_last_active && now - p->last_active > p->idle_reset) {
-        /* after congestion, resume at what the receiver last asked for */
-        p->rate = p->ceiling < INFINITY && p->resume < p->initial_rate ? p->resume
-                                                                       : p->initial_rate;
         p->has_last_active = 0;
         p->backlogged = 0;
-        p->cautious = 0;
-        p->ceiling = INFINITY;
+        /* after congestion the rate, the caution and the ceiling stay */
+        if (!p->cautious)
+            p->rate = p->initial_rate;
     }
 }
 
@@ -259,18 +256,21 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
     int pacer_limited = p->backlogged && p->budget > 0 &&
                         p->wasted <= (1.0 - p->used_fraction) * p->budget;
     double at = p->last;
-    p->resume = target;
     if (p->cautious) {
-        /* (only while the rate held the sender back, never above the ceiling, which
-           does not hold below what the receiver reports) */
-        if (reported > p->ceiling)
-            p->ceiling = reported;
+        /* (only while the rate held the sender back, never above the ceiling or
+           a step above the report, whichever is more; held back above both, it
+           falls to them) */
+        double stepped = reported * (1.0 + p->probe);
+        double limit = stepped > p->ceiling ? stepped : p->ceiling;
         double raised = p->rate * (1.0 + p->probe);
         if (target < raised)
             raised = target;
-        if (p->ceiling < raised)
-            raised = p->ceiling;
-        if (pacer_limited && raised > p->rate && at - p->raised_at >= 0.8 * p->probe_interval) {
+        if (limit < raised)
+            raised = limit;
+        if (pacer_limited && p->rate > limit) {
+            p->rate = limit;
+        } else if (pacer_limited && raised > p->rate &&
+                   at - p->raised_at >= 0.8 * p->probe_interval) {
             p->rate = raised;
             p->raised_at = at;
         }
@@ -770,7 +770,6 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->burst_time = burst_time;
     p->ceiling_step = ceiling_step;
     p->ceiling = INFINITY;
-    p->resume = INFINITY;
     p->rate = unpaced ? INFINITY : initial;
     p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
     return (PyObject *)p;

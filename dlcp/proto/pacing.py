@@ -283,7 +283,6 @@ class ReceiverDrivenPacer:
         "_last_active",
         "_raised_at",
         "_rate",
-        "_resume",
         "_tokens",
         "_wasted",
         "backoff",
@@ -376,7 +375,6 @@ class ReceiverDrivenPacer:
         self._cautious = False  # congestion seen since the sender was last idle
         self._ceiling = math.inf  # what got through the last congested round
         self._raised_at = 0.0  # when a cautious raise was last taken
-        self._resume = math.inf  # the rate the receiver's latest report asked for
         self._tokens = float(self.burst)  # (the bucket starts full)
         self._last: float | None = None  # time the bucket was last brought up to date
         self._last_active: float | None = None  # last send or wait
@@ -440,15 +438,13 @@ class ReceiverDrivenPacer:
             self._tokens += earned
         self._last = now
         if self._last_active is not None and now - self._last_active > self.idle_reset:
-            # a pacer that met congestion resumes at what the receiver last asked
-            # for: back at initial_rate, every sender of an incast sent its whole
-            # next message into its host's queue before the first report came
-            congested = self._ceiling < math.inf
-            self._rate = min(self.initial_rate, self._resume) if congested else self.initial_rate
             self._last_active = None
             self._backlogged = False
-            self._cautious = False
-            self._ceiling = math.inf
+            # a pacer that met congestion keeps its rate, its caution and its
+            # ceiling: back at initial_rate, every sender of an incast put its whole
+            # next message into its host's queue before the first report came
+            if not self._cautious:
+                self._rate = self.initial_rate
 
     def _slack(self) -> float:
         """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
@@ -495,17 +491,21 @@ class ReceiverDrivenPacer:
         )
         at = self._last  # (now, as _advance took it)
         assert at is not None
-        self._resume = target
         if self._cautious:  # after congestion: loss lowers the rate, raises are small steps
             # (feedback comes about every probe_interval, a little early or late:
             # a step may come a fifth of an interval early), taken only while the
             # rate held the sender back: one that sent less said nothing of the path;
-            # and never above the ceiling, which does not hold below what the
-            # receiver says it takes from this sender (a receiver several senders
-            # share reports each its share: a sender cut below it climbs back)
-            self._ceiling = max(self._ceiling, reported)
-            raised = min(target, self._rate * (1.0 + self.probe), self._ceiling)
-            if (
+            # never above the ceiling or a step above what the receiver reports,
+            # whichever is more; and a sender the pacer held back above both falls to
+            # them (a receiver several senders share reports each an equal share of
+            # what they brought: a sender cut below it climbs back, one that climbed
+            # while the others had finished comes down when they start again, and
+            # together they probe a step above what their port carried)
+            limit = max(self._ceiling, reported * (1.0 + self.probe))
+            raised = min(target, self._rate * (1.0 + self.probe), limit)
+            if pacer_limited and self._rate > limit:
+                self._rate = limit
+            elif (
                 pacer_limited
                 and raised > self._rate
                 and at - self._raised_at >= 0.8 * self.probe_interval

@@ -42,10 +42,9 @@ class RateMeter:
 
     Several sources in one window share whatever lies in front of the receiver
     (its switch port, in an incast), and a receiver that waits then says nothing
-    about that: each is reported what it brought or an equal share of what all
-    of them brought, whichever is more, over the whole window without the idle
-    claim. A sender its pacer had cut below its share is told it may climb to it;
-    one that brought more than a share keeps its own figure.
+    about that: each is reported an equal share of what all of them brought,
+    over the whole window, without the idle claim. A sender its pacer had cut
+    below its share is told it may climb to it, one above it that it is ahead.
     """
 
     __slots__ = ("_bytes", "_idle", "_start", "interval", "min_busy")
@@ -132,8 +131,8 @@ class RateMeter:
         if elapsed <= 0:
             return {}
         if len(self._bytes) > 1:
-            share = sum(self._bytes.values()) / len(self._bytes)
-            rates = {src: max(n, share) / elapsed for src, n in self._bytes.items()}
+            share = sum(self._bytes.values()) / len(self._bytes) / elapsed
+            rates = dict.fromkeys(self._bytes, share)
         else:
             busy = max(elapsed - self._idle, self.min_busy * elapsed)
             rates = {src: n / busy for src, n in self._bytes.items()}
