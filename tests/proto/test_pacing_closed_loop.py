@@ -121,10 +121,13 @@ def _selective_drop_run() -> tuple[float, float]:
 
 
 def test_a_sender_paced_against_a_selectively_dropping_port_loses_little_and_keeps_up() -> None:
-    # after the first rounds at 1.25 GB/s, the rate settles just above the port's:
-    # a packet or two of a round's drop-eligible ones over the threshold (under
-    # QUEUE_TOLERANCE), and the rounds go as fast as the port allows (above 1: the
-    # queues hold part of a round while the sender computes)
+    # after the first rounds at 1.25 GB/s, the rate settles around the port's, and
+    # the rounds go as fast as the port allows (above 1: the queues hold part of a
+    # round while the sender computes). The receiver claims twice what it gets, and
+    # a cautious pacer may climb a step above what the receiver reports, past its
+    # ceiling: it probes above the port until a round's drop-eligible chunks overflow
+    # the threshold, then backs off (3.9 % of the drop-eligible packets lost, 1.106
+    # times the port's pace; with the ceiling as a hard limit: 0.2 %, 1.043)
     eligible_lost, pace = _selective_drop_run()
-    assert eligible_lost < 0.01
-    assert pace > 0.95
+    assert eligible_lost < 0.05
+    assert pace > 1.0
