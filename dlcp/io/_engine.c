@@ -185,11 +185,11 @@ static void pacer_advance(Pacer *p, double now) {
     }
     p->last = now;
     if (p->has_last_active && now - p->last_active > p->idle_reset) {
-        p->rate = p->initial_rate;
         p->has_last_active = 0;
         p->backlogged = 0;
-        p->cautious = 0;
-        p->ceiling = INFINITY;
+        /* after congestion the rate, the caution and the ceiling stay */
+        if (!p->cautious)
+            p->rate = p->initial_rate;
     }
 }
 
@@ -257,13 +257,20 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
                         p->wasted <= (1.0 - p->used_fraction) * p->budget;
     double at = p->last;
     if (p->cautious) {
-        /* (only while the rate held the sender back, never above the ceiling) */
+        /* (only while the rate held the sender back, never above the ceiling or
+           a step above the report, whichever is more; held back above both, it
+           falls to them) */
+        double stepped = reported * (1.0 + p->probe);
+        double limit = stepped > p->ceiling ? stepped : p->ceiling;
         double raised = p->rate * (1.0 + p->probe);
         if (target < raised)
             raised = target;
-        if (p->ceiling < raised)
-            raised = p->ceiling;
-        if (pacer_limited && raised > p->rate && at - p->raised_at >= 0.8 * p->probe_interval) {
+        if (limit < raised)
+            raised = limit;
+        if (pacer_limited && p->rate > limit) {
+            p->rate = limit;
+        } else if (pacer_limited && raised > p->rate &&
+                   at - p->raised_at >= 0.8 * p->probe_interval) {
             p->rate = raised;
             p->raised_at = at;
         }

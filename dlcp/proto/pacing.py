@@ -26,14 +26,20 @@ message ends (FINISH answered by a NACK, or by a STOP after it), the sender
 knows what fraction of the round's chunks never arrived, and tells its pacer
 (:meth:`Pacer.on_loss`). More than ``loss_tolerance`` of them lost is
 congestion: the pacer falls to what got through, a little less (``backoff``;
-at most halving the rate the round was sent at), and from then on, until the
-sender falls idle, raises its rate by at most ``probe`` per ``probe_interval``,
+at most halving the rate the round was sent at), and from then on, idle spells
+included, raises its rate by at most ``probe`` per ``probe_interval``,
 only while it was held back by the pacer (a sender between messages says
 nothing about the path: raised then, it sent the next message into the
 switch's queue at up to twice what the path carried), and no higher than a
-ceiling just below the rate that lost, which each round that is not congested at
-the ceiling raises by ``ceiling_step``. Random loss of a percent or two is not
-congestion and changes nothing.
+ceiling just below the rate that lost (which each round that is not congested
+at the ceiling raises by ``ceiling_step``) or a ``probe`` step above the
+receiver's report, whichever is more; held back above both, it falls to them.
+A receiver several senders share reports each an equal share of what they
+brought together (:class:`~dlcp.proto.rate_meter.RateMeter`), so the senders of
+an incast converge on equal shares of its port, and a message sent after an
+idle spell starts at the rate the last one ended at rather than at
+``initial_rate`` (docs/testbed.md, "incast at 50 Mbit/s"). Random loss of a
+percent or two is not congestion and changes nothing.
 
 A switch that drops selectively (``dlcp.switch.policy``: drop-eligible packets
 once a class's queue holds more than its threshold, protected ones only when the
@@ -232,7 +238,7 @@ class ReceiverDrivenPacer:
     wait, or an :meth:`on_sent` that left less than another such send) *and*
     used at least ``used_fraction`` of the tokens it accrued since the previous
     feedback. After ``idle_reset`` seconds without sending or waiting, the rate
-    returns to ``initial_rate``.
+    of a pacer that has not met congestion returns to ``initial_rate``.
 
     A sender told by :meth:`next_send_time` to wait until ``t`` that comes back
     late (a driver's timer fires on a millisecond grid: ``epoll`` rounds its
@@ -253,17 +259,17 @@ class ReceiverDrivenPacer:
     ceiling, a queue's loss cuts ``rate_before`` too, for the same reason. A
     round that was not congested (it lost no more than ``loss_tolerance``, and
     not to a queue) while the rate was at the ceiling raises the ceiling by
-    ``ceiling_step``. From then on, until the sender falls idle
-    (``idle_reset``, which also forgets the ceiling), a raise is at most
-    ``1 + probe`` times the rate and at most the ceiling, once per
+    ``ceiling_step``. From then on, through idle spells too, a raise is at most
+    ``1 + probe`` times the rate and at most the ceiling or ``1 + probe`` times
+    the reported rate, whichever is more (the limit), once per
     ``probe_interval`` seconds, and only when the sender was held back by the
     pacer since the previous feedback (as for lowering the rate), a burst
     (:attr:`burst`) holds only
     ``cautious_burst`` seconds at the rate (and a late wake-up adds at most half
-    of that), and feedback no longer lowers the
-    rate (loss does: a window of the receiver's that caught the start or the end
-    of a message reports less than the path carries, and the rate would then
-    take long to climb back).
+    of that), and feedback lowers the rate only to the limit, when the sender was
+    held back above it (a window of the receiver's that caught the start or the
+    end of a message reports less than the path carries, but the sender was not
+    held back through it, and the limit is never below the ceiling).
 
     ``burst_time`` (seconds, 0 = off) caps a burst at that long at the rate (at
     least ``MIN_BURST``, at most ``burst_bytes``) at all times: a driver that
@@ -438,11 +444,13 @@ class ReceiverDrivenPacer:
             self._tokens += earned
         self._last = now
         if self._last_active is not None and now - self._last_active > self.idle_reset:
-            self._rate = self.initial_rate
             self._last_active = None
             self._backlogged = False
-            self._cautious = False
-            self._ceiling = math.inf
+            # a pacer that met congestion keeps its rate, its caution and its
+            # ceiling: back at initial_rate, every sender of an incast put its whole
+            # next message into its host's queue before the first report came
+            if not self._cautious:
+                self._rate = self.initial_rate
 
     def _slack(self) -> float:
         """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
@@ -493,9 +501,17 @@ class ReceiverDrivenPacer:
             # (feedback comes about every probe_interval, a little early or late:
             # a step may come a fifth of an interval early), taken only while the
             # rate held the sender back: one that sent less said nothing of the path;
-            # and never above the ceiling
-            raised = min(target, self._rate * (1.0 + self.probe), self._ceiling)
-            if (
+            # never above the ceiling or a step above what the receiver reports,
+            # whichever is more; and a sender the pacer held back above both falls to
+            # them (a receiver several senders share reports each an equal share of
+            # what they brought: a sender cut below it climbs back, one that climbed
+            # while the others had finished comes down when they start again, and
+            # together they probe a step above what their port carried)
+            limit = max(self._ceiling, reported * (1.0 + self.probe))
+            raised = min(target, self._rate * (1.0 + self.probe), limit)
+            if pacer_limited and self._rate > limit:
+                self._rate = limit
+            elif (
                 pacer_limited
                 and raised > self._rate
                 and at - self._raised_at >= 0.8 * self.probe_interval

@@ -39,6 +39,12 @@ class RateMeter:
     (at most ``1 / min_busy`` times the rate seen, twice by default): a receiver
     process that was descheduled while it waited counts that time as idle too, so
     the claim must stay modest.
+
+    Several sources in one window share whatever lies in front of the receiver
+    (its switch port, in an incast), and a receiver that waits then says nothing
+    about that: each is reported an equal share of what all of them brought,
+    over the whole window, without the idle claim. A sender its pacer had cut
+    below its share is told it may climb to it, one above it that it is ahead.
     """
 
     __slots__ = ("_bytes", "_idle", "_start", "deadline", "interval", "min_busy")
@@ -141,8 +147,12 @@ class RateMeter:
         elapsed = now - self._start
         if elapsed <= 0:
             return {}
-        busy = max(elapsed - self._idle, self.min_busy * elapsed)
-        rates = {src: n / busy for src, n in self._bytes.items()}
+        if len(self._bytes) > 1:
+            share = sum(self._bytes.values()) / len(self._bytes) / elapsed
+            rates = dict.fromkeys(self._bytes, share)
+        else:
+            busy = max(elapsed - self._idle, self.min_busy * elapsed)
+            rates = {src: n / busy for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
         self.deadline = None if self._start is None else now + self.interval
         self._bytes = {}

@@ -340,23 +340,90 @@ def test_after_congestion_raises_stop_at_what_got_through() -> None:
     ceiling = 8.1e5
     p.on_loss(0.0, 4e5, now=0.0)  # a whole round below the ceiling says nothing of it
     t = 0.0
+    # the receiver takes 7.5e5 B/s (a step above it is below the ceiling): the pacer
+    # asks for 9.375e5
     for _ in range(20):
         drain_backlogged(p, t, t + 0.005)
         t += 0.005
-        p.on_feedback(1e8, now=t)
+        p.on_feedback(7.5e5, now=t)
     assert p.rate == pytest.approx(ceiling)  # not 20 steps of 5 %
     p.on_loss(0.0, 5e5, now=t)  # a whole round at the ceiling: it goes up a step
     drain_backlogged(p, t, t + 0.005)
-    p.on_feedback(1e8, now=t + 0.005)
+    p.on_feedback(7.5e5, now=t + 0.005)
     assert p.rate == pytest.approx(ceiling * 1.01)
     p.on_loss(0.3, 2e6, now=t + 0.005)  # a later loss never raises the ceiling
     drain_backlogged(p, t + 0.005, t + 0.02)
-    p.on_feedback(1e8, now=t + 0.02)
+    p.on_feedback(7.5e5, now=t + 0.02)
     assert p.rate == pytest.approx(ceiling * 1.01)
     p.on_sent(PKT, now=t + 0.02)
     assert p.allowance(now=t + 2.0) > 0  # idle for longer than idle_reset ...
-    p.on_feedback(1e8, now=t + 2.0)
-    assert p.rate == 1e8  # ... forgets the ceiling with the caution
+    drain_backlogged(p, t + 2.0, t + 2.005)
+    p.on_feedback(7.5e5, now=t + 2.005)
+    assert p.rate == pytest.approx(ceiling * 1.01)  # ... keeps the ceiling
+
+
+def test_after_congestion_the_ceiling_does_not_hold_below_what_the_receiver_reports() -> None:
+    p = pacer(probe=0.05, probe_interval=0.005, min_rate=1e4)
+    # an incast's cascade of lossy rounds left this sender at a tenth of its share
+    for at in (1e6, 5e5, 2.5e5, 1.25e5):
+        p.on_loss(0.5, at, now=0.0)
+    low = p.rate
+    assert low == pytest.approx(6.25e4)
+    # the receiver, shared by three senders, reports each a share of 2e5 B/s
+    t, rates = 0.0, []
+    for _ in range(40):
+        drain_backlogged(p, t, t + 0.005)
+        t += 0.005
+        p.on_feedback(2e5, now=t)
+        rates.append(p.rate)
+    # in 5 % steps past the old ceiling, up to a step above the share (not the 2.5e5
+    # the pacer asks for)
+    assert rates[9] == pytest.approx(low * 1.05**10)
+    assert rates[-1] == pytest.approx(2.1e5)
+
+
+def test_after_congestion_a_sender_above_its_ceiling_and_the_report_falls_to_them() -> None:
+    p = pacer(probe=0.05, probe_interval=0.005)
+    drain_backlogged(p, 0.0, 0.01)
+    p.on_loss(0.5, 4e5, now=0.01)  # rate 2e5, ceiling 5e5
+    t = 0.01
+    for _ in range(30):  # alone at the port: the receiver reports 8e5
+        drain_backlogged(p, t, t + 0.005)
+        t += 0.005
+        p.on_feedback(8e5, now=t)
+    assert p.rate == pytest.approx(8.4e5)  # above the ceiling, a step above the report
+    p.on_feedback(1e3, now=t + 0.001)  # a window the sender sent little in says nothing
+    assert p.rate == pytest.approx(8.4e5)
+    drain_backlogged(p, t + 0.001, t + 0.006)  # three senders again: a share of 3e5
+    p.on_feedback(3e5, now=t + 0.006)
+    assert p.rate == pytest.approx(5e5)  # down to the ceiling, the larger of the two
+    drain_backlogged(p, t + 0.006, t + 0.011)
+    p.on_feedback(1e5, now=t + 0.011)
+    assert p.rate == pytest.approx(5e5)  # never below the ceiling on a report
+
+
+def test_after_congestion_idle_keeps_the_rate_and_the_caution() -> None:
+    p = pacer(idle_reset=0.5, burst_bytes=100_000)
+    drain_backlogged(p, 0.0, 0.05)
+    p.on_loss(0.6, 1e6, now=0.05)  # an incast's first round
+    cut = p.rate
+    assert cut == pytest.approx(5e5)
+    p.on_sent(PKT, now=0.06)
+    assert p.allowance(now=1.0) > 0  # idle for longer than idle_reset: the next
+    assert p.rate == cut and p.burst == MIN_BURST  # message starts where this one ended
+    p.on_feedback(4e6, now=1.0)  # (ends the interval the sender sent nothing in)
+    assert p.rate == cut
+    drain_backlogged(p, 1.0, 1.005)
+    p.on_feedback(4e6, now=1.005)
+    assert p.rate == pytest.approx(cut * 1.05)  # in small steps
+    # a pacer that never met congestion goes back to initial_rate, as before
+    q = pacer(idle_reset=0.5)
+    drain_backlogged(q, 0.0, 0.05)
+    q.on_feedback(1e5, now=0.05)
+    assert q.rate == pytest.approx(1.25e5)
+    q.on_sent(PKT, now=0.06)
+    assert q.allowance(now=1.0) > 0
+    assert q.rate == 1e6
 
 
 def test_a_queue_s_loss_backs_off_below_the_tolerance_and_random_loss_does_not() -> None:
@@ -401,17 +468,6 @@ def test_queue_signal_refuses_a_fraction_outside_0_1_by_name() -> None:
         queue_signal(1.5, 0.0)
     with pytest.raises(ValueError, match=r"protected_lost=-0\.1"):
         queue_signal(0.1, -0.1)
-
-
-def test_idle_ends_the_caution() -> None:
-    p = pacer(idle_reset=0.5, burst_bytes=100_000)
-    p.on_sent(PKT, now=0.0)
-    p.on_loss(0.5, 1e6, now=0.0)
-    assert p.burst == MIN_BURST
-    assert p.allowance(now=1.0) > 0  # idle for longer than idle_reset
-    assert p.rate == 1e6 and p.burst == 100_000
-    p.on_feedback(5e6, now=1.0)
-    assert p.rate == pytest.approx(6.25e6)  # raises are whole again
 
 
 def test_a_cut_drops_the_tokens_saved_at_the_old_rate() -> None:

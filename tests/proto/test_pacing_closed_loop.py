@@ -121,10 +121,92 @@ def _selective_drop_run() -> tuple[float, float]:
 
 
 def test_a_sender_paced_against_a_selectively_dropping_port_loses_little_and_keeps_up() -> None:
-    # after the first rounds at 1.25 GB/s, the rate settles just above the port's:
-    # a packet or two of a round's drop-eligible ones over the threshold (under
-    # QUEUE_TOLERANCE), and the rounds go as fast as the port allows (above 1: the
-    # queues hold part of a round while the sender computes)
+    # after the first rounds at 1.25 GB/s, the rate settles around the port's, and
+    # the rounds go as fast as the port allows (above 1: the queues hold part of a
+    # round while the sender computes). The receiver claims twice what it gets, and
+    # a cautious pacer may climb a step above what the receiver reports, past its
+    # ceiling: it probes above the port until a round's drop-eligible chunks overflow
+    # the threshold, then backs off (3.9 % of the drop-eligible packets lost, 1.106
+    # times the port's pace; with the ceiling as a hard limit: 0.2 %, 1.043)
     eligible_lost, pace = _selective_drop_run()
-    assert eligible_lost < 0.01
-    assert pace > 0.95
+    assert eligible_lost < 0.05
+    assert pace > 1.0
+
+
+def _incast_run(iterations: int = 8, idle: float = 1.2) -> tuple[float, list[float]]:
+    """Three senders push a round of 372 packets each at once (a fifth protected, sent
+    first) into one 6.25 MB/s port with the testbed's queues (protected up to 100,
+    drop-eligible up to 40), then stay idle longer than ``idle_reset`` (a parameter
+    server's pull and the next computation), ``iterations`` times. Each host sends at
+    the port's rate, as a NIC does; the receiver, idle half the time, reports through
+    one RateMeter; each sender tells its pacer its round's loss. Returns (fraction of
+    the drop-eligible packets dropped over the last 3 iterations, the pacers' rates at
+    the end)."""
+    capacity, step, n_round, n_protected = 6.25e6, 1e-4, 372, 74
+    limits = (100 * PKT, 40 * PKT)
+    pacers = [pacer(initial_rate=1.25e9, min_rate=1e5, max_rate=1e12, burst_bytes=1 << 19)
+              for _ in range(3)]  # fmt: skip
+    meter = RateMeter(interval=0.005)
+    hosts: list[list[int]] = [[], [], []]  # each host's queue: 1 for a drop-eligible packet
+    credit = [0.0] * 3  # each host's bytes that may leave now (its NIC)
+    queued = [[0.0] * 3, [0.0] * 3]  # the port's bytes per class, per sender
+    t, eligible_sent, eligible_dropped = 0.0, 0, 0
+    for it in range(iterations):
+        late = it >= iterations - 3
+        cursor, lost, began, done = [0] * 3, [[0, 0] for _ in range(3)], [t] * 3, [False] * 3
+        while not all(done) or any(hosts) or sum(map(sum, queued)) > 0:
+            for s, p in enumerate(pacers):
+                if cursor[s] < n_round:
+                    n = min(min(p.allowance(now=t), p.burst) // PKT, n_round - cursor[s])
+                    if n:
+                        p.on_sent(n * PKT, now=t)
+                        hosts[s] += [int(k >= n_protected) for k in range(cursor[s], cursor[s] + n)]
+                        cursor[s] += n
+                    else:
+                        p.next_send_time(PKT, now=t)
+                credit[s] = min(credit[s] + capacity * step, 2 * PKT)
+                while hosts[s] and credit[s] >= PKT:
+                    eligible = hosts[s].pop(0)
+                    credit[s] -= PKT
+                    if sum(queued[eligible]) + PKT > limits[eligible]:
+                        lost[s][eligible] += 1
+                        eligible_dropped += eligible and late
+                    else:
+                        queued[eligible][s] += PKT
+                    eligible_sent += eligible and late
+                if cursor[s] == n_round and not hosts[s] and not done[s]:
+                    done[s] = True
+                    signal = queue_signal(lost[s][1] / (n_round - n_protected),
+                                          lost[s][0] / n_protected)  # fmt: skip
+                    rate = min(n_round * PKT / max(t - began[s], step), p.rate)
+                    p.on_loss(sum(lost[s]) / n_round, rate, now=t, queue=signal)
+            room = capacity * step  # protected first, each class shared by what it holds
+            for c in (0, 1):
+                total = sum(queued[c])
+                out = min(total, room)
+                for s in range(3):
+                    part = queued[c][s] / total * out if total > 0 else 0.0
+                    queued[c][s] -= part
+                    if part > 0:
+                        meter.on_bytes(s, int(part), now=t)
+                room -= out
+            meter.on_idle(step / 2, now=t)
+            if meter.due(now=t):
+                for src, r in meter.sample(now=t).items():
+                    pacers[src].on_feedback(r, now=t)
+            t += step
+        t += idle
+    return eligible_dropped / eligible_sent, [p.rate for p in pacers]
+
+
+def test_an_incast_s_senders_take_equal_shares_of_the_port_after_idle_spells() -> None:
+    # the pacers keep what congestion taught them through the idle spell and the
+    # receiver reports each an equal share: they end at 2.18, 2.18 and 1.76 MB/s,
+    # together near the port's 6.25 MB/s, and lose a few percent of the drop-eligible
+    # packets while probing a step above their share (4.4 %). Back at initial_rate
+    # after each idle spell (the pacer before this change), every push went into the
+    # hosts' queues at once and the port dropped 73 % of them.
+    eligible_lost, rates = _incast_run()
+    assert eligible_lost < 0.1
+    assert max(rates) < 1.3 * min(rates)
+    assert 0.8 * 6.25e6 < sum(rates) < 1.25 * 6.25e6

@@ -39,8 +39,9 @@ def test_rate_meter_measures_known_rates() -> None:
     assert len(samples) >= 95
     for s in samples:
         assert s.keys() == {3, 7}
-        assert s[3] == pytest.approx(1e6, rel=0.01)
-        assert s[7] == pytest.approx(5e5, rel=0.01)
+        # (two sources: each is told an equal share of the 1.5e6 B/s they brought)
+        assert s[3] == pytest.approx(7.5e5, rel=0.01)
+        assert s[7] == pytest.approx(7.5e5, rel=0.01)
 
 
 def test_rate_meter_windows_and_deadlines() -> None:
@@ -82,7 +83,22 @@ def test_rate_meter_batch_equals_single() -> None:
     a.on_batch(srcs, sizes, now=0.0)
     for s, n in zip(srcs.tolist(), sizes.tolist(), strict=True):
         b.on_bytes(s, n, now=0.0)
-    assert a.sample(now=0.1) == b.sample(now=0.1) == {4: 4500.0, 1: 2000.0, 2: 70.0}
+    # (three sources: each is told an equal share of the 657 bytes over 0.1 s)
+    assert a.sample(now=0.1) == b.sample(now=0.1) == {4: 2190.0, 1: 2190.0, 2: 2190.0}
+
+
+def test_several_sources_are_told_an_equal_share_without_the_idle_claim() -> None:
+    meter = RateMeter(interval=0.1)
+    # three senders into one port: one its pacer had cut brought a tenth of the others
+    meter.on_bytes(1, 100, now=0.0)
+    meter.on_bytes(2, 1000, now=0.0)
+    meter.on_bytes(3, 1000, now=0.05)
+    meter.on_idle(0.08, now=0.1)  # the receiver waited most of the window
+    # 2100 / 3 bytes each over the whole 0.1 s, not twice that for the waiting
+    assert meter.sample(now=0.1) == {src: pytest.approx(7000.0) for src in (1, 2, 3)}
+    meter.on_bytes(1, 100, now=0.1)
+    meter.on_idle(0.08, now=0.2)
+    assert meter.sample(now=0.2) == {1: pytest.approx(2000.0)}  # alone: the claim again
 
 
 def test_rate_meter_errors() -> None:
