@@ -257,6 +257,9 @@ def _floor(nbytes: int, senders: int, res: dict[str, Any], tloss: list[float]) -
             for k in ("floor_no_offloads", "floor_loss")
             for r in res[k]
         ),
+        # floor transfers made again because their receive socket overflowed (a
+        # busy machine's): the figures above are of the attempts that did not
+        "udp_floor_overflowed_attempts": res.get("floor_overflows", 0),
     }
     if res["floor_no_offloads"]:
         lossless = _median([r.seconds for r in res["floor_no_offloads"]])
