@@ -300,15 +300,16 @@ class Inbox(ReceivePaths[_Incoming]):
         return self._open(key, *geometry, n, now=now)
 
     def _landed(self, key: Key, state: _Incoming, wire_bytes: int, fresh: int, *,
-                now: float) -> None:  # fmt: skip
+                now: float, native: bool = False) -> None:  # fmt: skip
         """Rule 5: datagrams of ``wire_bytes`` bytes were written to ``state``,
-        ``fresh`` of them new data."""
+        ``fresh`` of them new data (``native``: by the native receive loop, which
+        counted them in its copies of the counts itself)."""
         self._meter.count(key[0], wire_bytes, now=now)
         if fresh:
             self._check_complete(key, state, now=now)
             if key in self._incoming:
                 state.recovery.on_data(now=now)  # (the FINISH's tail may be in now)
-                if self._native is not None:
+                if self._native is not None and not native:
                     self._native.sync(key, state.reassembler)
 
     def _open(

@@ -137,7 +137,7 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
             key = (src, step, msg)
             state = self._incoming[key]
             state.reassembler.count_taken(n, fresh, elems, droppable, retx, now=now)
-            self._took(key, state, n, nbytes, payload_bytes, fresh, now=now)
+            self._took(key, state, n, nbytes, payload_bytes, fresh, now=now, native=True)
 
     def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:
         """The datagrams of a run after the prefix the native loop took: the general
@@ -187,7 +187,8 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
 
     @abstractmethod
     def _landed(
-        self, key: Key, state: MessageT, wire_bytes: int, fresh: int, *, now: float
+        self, key: Key, state: MessageT, wire_bytes: int, fresh: int, *, now: float,
+        native: bool = False,
     ) -> None: ...
 
     # the three paths
@@ -342,11 +343,14 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         return taken
 
     def _took(self, key: Key, state: MessageT, taken: int, nbytes: int, payload_bytes: int,
-              fresh: int, *, now: float) -> None:  # fmt: skip
+              fresh: int, *, now: float, native: bool = False) -> None:  # fmt: skip
         """The admission pipeline for ``taken`` datagrams (``nbytes`` bytes, their
         payloads ``payload_bytes``, ``fresh`` new) that the run kernel wrote into
         ``state``: rules 1, 2 and 5 (the message is under way and the peer was
-        checked: rules 3 and 4 have nothing to do)."""
+        checked: rules 3 and 4 have nothing to do). ``native``: the native receive
+        loop wrote them, and counted them in its own copies already."""
         self._count_in(taken, nbytes, fast=True)
         self._admit_peer(key[0], taken, now=now)
-        self._landed(key, state, payload_bytes + taken * DATA_HEADER_LEN, fresh, now=now)
+        self._landed(
+            key, state, payload_bytes + taken * DATA_HEADER_LEN, fresh, now=now, native=native
+        )

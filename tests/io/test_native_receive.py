@@ -27,7 +27,7 @@ from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
-from tests.proto.session_helpers import JOB, assert_same_messages, config
+from tests.proto.session_helpers import JOB, assert_same_messages, config, received_events
 from tests.proto.test_receive_run import _mutate
 
 pytestmark = pytest.mark.skipif(
@@ -408,6 +408,40 @@ def registered(n_elems: int = 1000) -> tuple[MessageRuns, Session, npt.NDArray[n
     out = np.zeros(n_elems, np.float32)
     session.expect_message(0, step=STEP, msg=MSG, out=out)
     return runs, session, out
+
+
+def test_what_the_table_took_is_not_synced_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table counts what it takes in its own copies of the completion counts:
+    the session syncs them after data its Python paths took, not after the
+    table's, and the message still completes when the table takes its last chunk."""
+    grams, _ = message(1000, seed=15)
+    seg = len(grams[0])
+    runs, session, out = registered()
+    synced: list[tuple[int, int, int]] = []
+    real_sync = runs.sync
+    monkeypatch.setattr(runs, "sync", lambda key, r: (synced.append(key), real_sync(key, r)))
+    session.receive_batch(np.frombuffer(grams[0], np.uint8), seg, now=NOW)  # (Python opens it)
+    assert len(runs) == 1 and len(synced) == 1
+    raw = np.frombuffer(b"".join(grams[1:]), np.uint8).copy()
+    runs.table.stage(raw, [(0, len(raw), seg)])
+
+    class Taker:
+        @staticmethod
+        def taken(taken: list[Taken]) -> None:
+            session.receive_taken(taken, now=NOW)
+
+        @staticmethod
+        def rest(buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+            raise AssertionError("every datagram fits the message")
+
+    def deliver(buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        raise AssertionError("the table takes every run")
+
+    hand_over(runs.table, raw, deliver, Taker)
+    assert len(synced) == 1  # nothing synced back after the table's takes
+    (got,) = received_events(session)
+    want = np.random.default_rng(15).standard_normal(1000).astype(np.float32)
+    assert got.report.lost_elems == 0 and out.tobytes() == want.tobytes()
 
 
 def test_a_removed_message_is_never_written() -> None:
