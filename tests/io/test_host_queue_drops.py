@@ -25,12 +25,24 @@ MISSING = missing_tools()
 
 #: run inside the namespace: every sender against a queue of about two datagrams
 #: that drains at 50 Mbit/s (a datagram in 0.22 ms: senders that write at memory
-#: speed overflow it, and it is empty again between one sender and the next),
-#: through sockets with IP_RECVERR
+#: speed overflow it), through sockets with IP_RECVERR. Each sender starts once the
+#: queue is empty (its backlog, as tc reports it, is 0): its first datagram then
+#: fits, however long a busy machine takes to drain what the one before left
 _SENDERS = r"""
-import errno, json, select, socket, sys
+import errno, json, select, socket, subprocess, sys, time
 import numpy as np
 from dlcp.io import udp
+
+
+def drained():
+    deadline = time.monotonic() + 30
+    while True:
+        shown = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", "lo"],
+                               capture_output=True, text=True, check=True).stdout
+        if all(q.get("qlen", 0) == 0 for q in json.loads(shown)):
+            return
+        assert time.monotonic() < deadline, "the loopback's queue did not drain: " + shown
+        select.select([], [], [], 0.001)
 
 IP_RECVERR = 11
 N, SIZE = 200, 1400
@@ -61,21 +73,26 @@ heads = np.zeros((N, 32), np.uint8)
 payload = np.zeros(N * (SIZE - 32), np.uint8)  # (a 32-byte header and a chunk a datagram)
 if udp._udpio is not None:
     batch_sock, gather_sock = sender(), sender()
+    drained()
     out["send_batch"] = udp._udpio.send_batch(
         batch_sock.fileno(), data, SIZE, 1, "127.0.0.1", port, 0)
+    drained()
     out["send_gathered"] = udp._udpio.send_gathered(
         gather_sock.fileno(), heads, 32, payload, SIZE - 32, 1, "127.0.0.1", port, 0)
 udp._udpio = None  # the Python fallback: a sendmsg a message
 socks = udp.DataSockets("127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=1 << 20,
                         sndbuf=1 << 20)
 socks.send_socks[0].setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+drained()
 out["python_send"] = socks.send(memoryview(data), SIZE, N, path=0, tos=0,
                                 addr=("127.0.0.1", port))
+drained()
 out["python_send_gathered"] = socks.send_gathered(
     heads, payload, SIZE - 32, path=0, tos=0, addr=("127.0.0.1", port))
 if sys.argv[1] == "native":
     from dlcp.io import _engine
     tx = sender()
+    drained()
     engine = _engine.Engine([tx.fileno()], 352, "dlcp-enobufs", threads=1)
     try:
         engine.add_peer(1, "127.0.0.1", port, _engine.Pacer(unpaced=True))
