@@ -204,14 +204,19 @@ class Bench:
         counted in :attr:`floor_overflows`. ``dropped`` (the packets the network
         has dropped so far) is read around each attempt: the one kept, and its
         drops, are in :attr:`floor_dropped`."""
-        for attempt in range(1, FLOOR_ATTEMPTS + 1):
+
+        def attempt(*, last: bool) -> Rep:
             before = dropped() if dropped is not None else 0
-            rep = self.rep("floor", "plain", p, phase, overflow_ok=attempt < FLOOR_ATTEMPTS)
+            rep = self.rep("floor", "plain", p, phase, overflow_ok=not last)
             self.floor_dropped = dropped() - before if dropped is not None else 0
-            if attempt == FLOOR_ATTEMPTS or not overflowed(rep.receiver):
+            return rep
+
+        for _ in range(FLOOR_ATTEMPTS - 1):
+            rep = attempt(last=False)
+            if not overflowed(rep.receiver):
                 return rep
             self.floor_overflows += 1
-        raise AssertionError("unreachable")
+        return attempt(last=True)
 
 
 def overflowed(receiver: dict[str, Any]) -> bool:

@@ -19,7 +19,7 @@ def _bench(overflows: list[int], drops: list[int]) -> tuple[Bench, list[bool], l
     """A bench whose floor transfers overflow ``overflows[i]`` times in attempt i,
     and a network whose drop counter grows by ``drops[i]`` during it; the
     ``overflow_ok`` each attempt was made with, and the running drop counter."""
-    bench = Bench(argparse.Namespace(timeout=1.0), [object(), object()], Progress(1, False))  # type: ignore[list-item]
+    bench = Bench(argparse.Namespace(timeout=1.0), [object(), object()], Progress(1, False))
     asked: list[bool] = []
     counter = [0]
 
@@ -34,7 +34,7 @@ def _bench(overflows: list[int], drops: list[int]) -> tuple[Bench, list[bool], l
             raise transport.WorkerError("recv worker: the floor transfer overflowed")
         return Rep(0.01 * (i + 1), {}, receiver)
 
-    bench.rep = rep  # type: ignore[method-assign]
+    bench.rep = rep
     return bench, asked, counter
 
 
