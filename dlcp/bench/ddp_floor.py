@@ -85,6 +85,10 @@ class UdpRingFloor:
         self._thread = threading.Thread(target=self._serve, name="floor-ring", daemon=True)
         # reused datagram headers (the payload is read from the bucket)
         self._heads = np.zeros((0, self.header), np.uint8)
+        # the reduce-scatter's scratch, reused from call to call as DLCP's ring
+        # reuses its communicator's (new pages every call would charge the floor
+        # page faults and zeroing that the ring does not pay)
+        self._scratch = np.empty(0, np.float32)
 
     def buffers_granted(self) -> bool:
         """Whether the kernel gave every receive socket the buffer asked for: a
@@ -148,10 +152,13 @@ class UdpRingFloor:
         # every step's destination, known now: reduce-scatter steps land in their
         # own scratch chunks (added in at their turn), all-gather steps in place
         dest: dict[int, npt.NDArray[np.uint8]] = {}
+        widest = max(b - a for a, b in itertools.pairwise(bounds))
+        if len(self._scratch) < (n - 1) * widest:
+            self._scratch = np.empty((n - 1) * widest, np.float32)
         scratch: list[npt.NDArray[np.float32]] = []
         for s in range(n - 1):
             i = (r - s - 1) % n
-            scratch.append(np.empty(bounds[i + 1] - bounds[i], np.float32))
+            scratch.append(self._scratch[s * widest : s * widest + bounds[i + 1] - bounds[i]])
             dest[base_tag | s] = scratch[-1].view(np.uint8)
         for s in range(n - 1):
             dest[base_tag | (n - 1 + s)] = chunk_bytes((r - s) % n)

@@ -79,6 +79,42 @@ def test_every_rank_ends_with_the_mean_of_all_ranks_arrays(n_elems: int) -> None
             f.close()
 
 
+def test_buckets_of_other_sizes_in_a_row_reuse_the_scratch_and_stay_exact() -> None:
+    """The reduce-scatter's scratch is kept from call to call (as the ring's is):
+    a smaller bucket after a larger one, and a larger one after that, still
+    average exactly (a step reads only its own part of the scratch)."""
+    world = 3
+    ranks = _ranks(world)
+    try:
+        rng = np.random.default_rng(7)
+        sizes = [300_001, 1000, 360 * 7 + 13, 400_003, 5]
+        buckets = [rng.standard_normal((world, n), dtype=np.float32) for n in sizes]
+
+        def work(f: UdpRingFloor) -> list[np.ndarray]:
+            out = []
+            for b in buckets:
+                mine = b[f.rank].copy()
+                f.allreduce(mine)
+                out.append(mine)
+            return out
+
+        results = _in_threads(ranks, work)
+        for r in results:
+            assert not isinstance(r, BaseException), r
+        for k, b in enumerate(buckets):
+            np.testing.assert_allclose(results[0][k], b.mean(axis=0), rtol=1e-5, atol=1e-6)
+            for r in range(1, world):
+                assert results[r][k].tobytes() == results[0][k].tobytes()
+        # one scratch per rank, as large as the largest bucket's steps needed
+        widest = -(-400_003 // world)
+        assert all(
+            widest * (world - 1) <= len(f._scratch) <= (widest + 1) * (world - 1) for f in ranks
+        )
+    finally:
+        for f in ranks:
+            f.close()
+
+
 def test_a_lost_datagram_fails_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ddp_floor, "FLOOR_TIMEOUT_S", 0.5)
     ranks = _ranks(2)
