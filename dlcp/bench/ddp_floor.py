@@ -8,8 +8,10 @@ datagrams of DLCP's size (its MTU, 32-byte header, its payload per datagram)
 sent and read through DLCP's own UDP layer
 (:class:`~dlcp.io.udp.DataSockets`: ``sendmmsg`` with GSO, each datagram
 gathered from its header and the bucket as DLCP's native engine sends,
-``recvmmsg`` with GRO, in C), from a transport thread that overlaps backward as
-DLCP's hook does.
+``recvmmsg`` with GRO, in C), each payload copied to its place with DLCP's row
+copy (streaming stores where DLCP's receive path streams:
+:func:`dlcp.proto.kernels.streams_received`), from a transport thread that
+overlaps backward as DLCP's hook does.
 
 Everything above that is left out: no classification, pacing, control
 channel, acknowledgement, loss recovery or validation beyond a header of
@@ -40,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlcp.errors import ArgumentTypeError, DLCPError, UsageError
+from dlcp.proto.kernels import copy_rows, streams_received
 
 #: seconds a step may wait for its datagrams before the job fails (nothing is
 #: retransmitted: a missing datagram never comes)
@@ -272,5 +275,8 @@ class _Inbox:
         hi = offset + len(rows) * step
         if hi > len(buf):
             raise FloorError(f"floor ring: a datagram past step {tag & 0xFF}'s end")
-        buf[offset:hi].reshape(len(rows), step)[...] = rows[:, self.header :]
+        # (DLCP's copy: streaming stores into a destination as large as its
+        # receive path streams into, dlcp.proto.kernels.streams_received)
+        copy_rows(buf, offset, step, None, rows.reshape(-1), self.header, rows.shape[1], None,
+                  len(rows), step, stream=streams_received(len(buf)))  # fmt: skip
         self.missing[tag] -= hi - offset

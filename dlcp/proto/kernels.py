@@ -29,6 +29,7 @@ __all__ = [
     "gather_records",
     "scatter_run",
     "streams",
+    "streams_received",
     "unpack_records",
     "unpack_uniform",
 ]
@@ -350,6 +351,25 @@ def streams(dst_bytes: int) -> bool:
     cache): when it is several times a typical last-level cache, its first rows are
     evicted before anyone reads them anyway."""
     return dst_bytes >= STREAM_MIN_BYTES
+
+
+#: received messages of at least this many bytes are placed with streaming stores
+PLACE_STREAM_MIN_BYTES = 2 << 20
+
+
+def streams_received(msg_bytes: int) -> bool:
+    """Whether the datagrams of a received message of ``msg_bytes`` are placed in
+    its buffer with streaming stores: from a little over a core's L2 cache on.
+    Such a buffer has not been touched since the last message went through it
+    (another collective step, another bucket), so an ordinary store reads every
+    line from memory before writing it; streaming writes it without. On the 2-core
+    VM (docs/benchmarks.md, "Streaming the placement"): rows of 1,440 bytes from a
+    hot staging buffer into a cold destination, then read once, cost 0.69 of the
+    ordinary stores' time from 1 MB on (0.83 at 256 KB); the 4-rank 25 MB ring
+    all-reduce's CPU fell by 12 % (its 6.25 MB messages were below the 8 MB of
+    :data:`STREAM_MIN_BYTES`). Into a destination still in the cache streaming
+    costs 1.7-2.2x, which is why the smallest messages do not stream."""
+    return msg_bytes >= PLACE_STREAM_MIN_BYTES
 
 
 def _rows(rows: Int64Array | None) -> Int64Array | None:

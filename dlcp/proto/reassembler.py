@@ -29,7 +29,7 @@ from ..errors import DLCPError, UsageError
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .control import Finish
-from .kernels import copy_rows, flat_rows, scatter_run, streams
+from .kernels import copy_rows, flat_rows, scatter_run, streams_received
 from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
 __all__ = ["RUN_LAYOUT", "GeometryError", "LossReport", "Reassembler", "RunTarget"]
@@ -156,7 +156,7 @@ class Reassembler:
         self.started = now
         self.last_activity = now
         self._bytes = out.view(np.uint8)
-        self._stream = streams(len(self._bytes))
+        self._stream = streams_received(len(self._bytes))
         self._dtype_byte = int(dtype) << 4
         self._itemsize = dtype.itemsize
         self.chunk_bytes = chunk_elems * self._itemsize
@@ -239,7 +239,7 @@ class Reassembler:
             out[...] = self.out
         self.out = out
         self._bytes = out.view(np.uint8)
-        self._stream = streams(len(self._bytes))
+        self._stream = streams_received(len(self._bytes))
 
     @property
     def _n_full(self) -> int:
