@@ -293,11 +293,14 @@ class Outbox(SessionSide):
             missing = chunks_in_ranges(ranges, out.table.n_chunks)
             this_round = np.flatnonzero(out.round_of_seq == rec.round)
             missing = missing[out.round_of_seq[missing] == rec.round]
-            sent, lost = path_loss_from_nack(
-                out.path_of_seq[this_round],
-                np.searchsorted(this_round, missing),
-                self.config.n_paths,
-            )
+            if self.config.n_paths == 1:  # (the per-path counts of the only path)
+                sent, lost = np.array([len(this_round)]), np.array([len(missing)])
+            else:
+                sent, lost = path_loss_from_nack(
+                    out.path_of_seq[this_round],
+                    np.searchsorted(this_round, missing),
+                    self.config.n_paths,
+                )
             self.peers[key[0]].paths.on_loss_report(sent, lost)
             self.peers[key[0]].replan()
             self._round_lost(key[0], out, len(missing) / max(1, len(this_round)),

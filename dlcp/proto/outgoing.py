@@ -75,7 +75,8 @@ class OutgoingMessage:
         if self.recovery.round > 0:
             return False
         drop = self.table.drop
-        eligible_sent = int(np.count_nonzero(drop[sent]))
+        # (a first round sent every chunk: no gather of the whole message)
+        eligible_sent = int(np.count_nonzero(drop if len(sent) == len(drop) else drop[sent]))
         eligible_lost = int(np.count_nonzero(drop[missing]))
         eligible = eligible_lost / eligible_sent if eligible_sent else 0.0
         protected_sent = len(sent) - eligible_sent
