@@ -366,7 +366,7 @@ def streams_received(msg_bytes: int) -> bool:
     VM (docs/benchmarks.md, "Streaming the placement"): rows of 1,440 bytes from a
     hot staging buffer into a cold destination, then read once, cost 0.69 of the
     ordinary stores' time from 1 MB on (0.83 at 256 KB); the 4-rank 25 MB ring
-    all-reduce's CPU fell by 12 % (its 6.25 MB messages were below the 8 MB of
+    all-reduce's CPU fell by 9-12 % (its 6.25 MB messages were below the 8 MB of
     :data:`STREAM_MIN_BYTES`). Into a destination still in the cache streaming
     costs 1.7-2.2x, which is why the smallest messages do not stream."""
     return msg_bytes >= PLACE_STREAM_MIN_BYTES
