@@ -271,7 +271,7 @@ class IOLoop:
         junk to drain saves no NACK), and they last had their turn less than
         :data:`_BACKLOG_HOLD` ago (backlogs that drain now and then hold them
         back that long at most)."""
-        if self._data.backlog and not self._junk_read and now - self._control_turn < _BACKLOG_HOLD:
+        if self._backlogged() and now - self._control_turn < _BACKLOG_HOLD:
             return True
         self._control_turn = now
         return False

@@ -81,9 +81,7 @@ class RateMeter:
         """:meth:`on_bytes` for a caller whose arguments are checked already (the
         receive side: a rank and a byte count of its own, the driver's finite
         time), without checking them again (once per message per receive step)."""
-        if self._start is None:
-            self._start = now
-            self.deadline = now + self.interval
+        self._open(now)
         try:
             self._bytes[src] += nbytes
         except KeyError:  # (its first bytes in this window)

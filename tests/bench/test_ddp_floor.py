@@ -49,6 +49,27 @@ def _in_threads(ranks: list[UdpRingFloor], work: Callable[[UdpRingFloor], Any]) 
     return results
 
 
+def _averages_every_bucket(ranks: list[UdpRingFloor], buckets: list[np.ndarray]) -> None:
+    """Each rank averages its row of every bucket in turn (``buckets[k]`` is world x
+    n); every rank ends with the mean, bit for bit the same on each."""
+
+    def work(f: UdpRingFloor) -> list[np.ndarray]:
+        out = []
+        for b in buckets:
+            mine = b[f.rank].copy()
+            f.allreduce(mine)
+            out.append(mine)
+        return out
+
+    results = _in_threads(ranks, work)
+    for r in results:
+        assert not isinstance(r, BaseException), r
+    for k, b in enumerate(buckets):
+        np.testing.assert_allclose(results[0][k], b.mean(axis=0), rtol=1e-5, atol=1e-6)
+        for r in range(1, len(ranks)):  # identical replicas
+            assert results[r][k].tobytes() == results[0][k].tobytes()
+
+
 # (360 float32 fill a datagram: 360 * 7 * 3 ends each chunk of three ranks in a
 # full datagram, so one read may run from one step into the next)
 @pytest.mark.parametrize("n_elems", [5, 1000, 360 * 7 + 13, 360 * 7 * 3, 300_001])
@@ -57,23 +78,9 @@ def test_every_rank_ends_with_the_mean_of_all_ranks_arrays(n_elems: int) -> None
     ranks = _ranks(world)
     try:
         rng = np.random.default_rng(n_elems)
+        # three buckets: both parities, and back to the first
         buckets = [rng.standard_normal((world, n_elems), dtype=np.float32) for _ in range(3)]
-
-        def work(f: UdpRingFloor) -> list[np.ndarray]:
-            out = []
-            for b in buckets:  # three buckets: both parities, and back to the first
-                mine = b[f.rank].copy()
-                f.allreduce(mine)
-                out.append(mine)
-            return out
-
-        results = _in_threads(ranks, work)
-        for r in results:
-            assert not isinstance(r, BaseException), r
-        for k, b in enumerate(buckets):
-            np.testing.assert_allclose(results[0][k], b.mean(axis=0), rtol=1e-5, atol=1e-6)
-            for r in range(1, world):  # identical replicas
-                assert results[r][k].tobytes() == results[0][k].tobytes()
+        _averages_every_bucket(ranks, buckets)
     finally:
         for f in ranks:
             f.close()
@@ -88,23 +95,9 @@ def test_buckets_of_other_sizes_in_a_row_reuse_the_scratch_and_stay_exact() -> N
     try:
         rng = np.random.default_rng(7)
         sizes = [300_001, 1000, 360 * 7 + 13, 400_003, 5]
-        buckets = [rng.standard_normal((world, n), dtype=np.float32) for n in sizes]
-
-        def work(f: UdpRingFloor) -> list[np.ndarray]:
-            out = []
-            for b in buckets:
-                mine = b[f.rank].copy()
-                f.allreduce(mine)
-                out.append(mine)
-            return out
-
-        results = _in_threads(ranks, work)
-        for r in results:
-            assert not isinstance(r, BaseException), r
-        for k, b in enumerate(buckets):
-            np.testing.assert_allclose(results[0][k], b.mean(axis=0), rtol=1e-5, atol=1e-6)
-            for r in range(1, world):
-                assert results[r][k].tobytes() == results[0][k].tobytes()
+        _averages_every_bucket(
+            ranks, [rng.standard_normal((world, n), dtype=np.float32) for n in sizes]
+        )
         # one scratch per rank, as large as the largest bucket's steps needed
         widest = -(-400_003 // world)
         assert all(
