@@ -264,6 +264,28 @@ static void put_field(unsigned char (*lines)[MAX_HEAD], Py_ssize_t m, const Fiel
     }
 }
 
+/* A record at rec: the header in line[:head_bytes], then nbytes from pay. With
+ * stream, where the record starts 16-byte aligned and spans a whole line, its first
+ * 64 bytes (header and payload start, put together in line) leave as one streamed
+ * line and the rest streams too, so that no line of it is written in part. */
+static void put_record(unsigned char *rec, unsigned char *line, Py_ssize_t head_bytes,
+                       const unsigned char *pay, Py_ssize_t nbytes, int stream) {
+#if defined(__SSE2__)
+    if (stream && ((uintptr_t)rec & 15) == 0 && head_bytes + nbytes >= 64) {
+        Py_ssize_t first = 64 - head_bytes;
+        memcpy(line + head_bytes, pay, (size_t)first);
+        for (int q = 0; q < 4; q++)
+            _mm_stream_si128((__m128i *)(rec + 16 * q),
+                             _mm_loadu_si128((const __m128i *)(line + 16 * q)));
+        copy_row((char *)rec + 64, (const char *)pay + first, (size_t)(nbytes - first), 1);
+        return;
+    }
+#endif
+    memcpy(rec, line, (size_t)head_bytes);
+    if (nbytes > 0) /* (headers only: nothing to copy) */
+        copy_row((char *)rec + head_bytes, (const char *)pay, (size_t)nbytes, stream);
+}
+
 static PyObject *gather_records(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *dst_obj, *dst_rows_obj, *src_obj, *src_rows_obj, *fields_obj;
@@ -350,22 +372,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
             unsigned char *line = lines[j];
             Py_ssize_t r = dr ? (Py_ssize_t)dr[i] : i;
             Py_ssize_t si = sr ? (Py_ssize_t)sr[i] : i;
-            unsigned char *rec = d + r * dst_stride;
-            const unsigned char *pay = s + si * src_stride;
-#if defined(__SSE2__)
-            if (stream && ((uintptr_t)rec & 15) == 0 && head_bytes + nbytes >= 64) {
-                Py_ssize_t first = 64 - head_bytes;
-                memcpy(line + head_bytes, pay, (size_t)first);
-                for (int q = 0; q < 4; q++)
-                    _mm_stream_si128((__m128i *)(rec + 16 * q),
-                                     _mm_loadu_si128((const __m128i *)(line + 16 * q)));
-                copy_row((char *)rec + 64, (const char *)pay + first, (size_t)(nbytes - first), 1);
-                continue;
-            }
-#endif
-            memcpy(rec, line, (size_t)head_bytes);
-            if (nbytes > 0) /* (headers only: nothing to copy) */
-                copy_row((char *)rec + head_bytes, (const char *)pay, (size_t)nbytes, stream);
+            put_record(d + r * dst_stride, line, head_bytes, s + si * src_stride, nbytes, stream);
         }
 #if defined(__SSE2__)
         if (stream)
@@ -710,6 +717,195 @@ done:
     return result;
 }
 
+/*
+ * plan_round(records, row_bytes, template, layout, prio, drop, mag, layer, chunk_elems,
+ *            msg_elems, itemsize, flags, last_flag, source, order, row_of_seq,
+ *            sent_prio, sent_drop, stream)
+ *     the first round of a message in one pass: its send order, and a record per
+ *     chunk in that order. The order is a stable sort of the chunks by the key
+ *     (7 - prio) * 2 + drop (most urgent class first, protected before
+ *     drop-eligible, by seq within a class), done by counting: order[r] is the
+ *     chunk of record r, row_of_seq[s] the record of chunk s, sent_prio[r] and
+ *     sent_drop[r] the class of record r. Record row_of_seq[s] (row_bytes apart
+ *     in `records`) gets `template` (the header of every packet of the message)
+ *     with, big-endian at the offsets `layout` names (six bytes: flags, layer,
+ *     seq, offset, payload_len, tclass), flags (last_flag added on the last
+ *     chunk), layer[s], s, s * chunk_elems, the chunk's bytes and
+ *     prio << 5 | drop << 4 | mag. With `source` (the message's bytes; None:
+ *     headers only), the chunk's bytes follow its header, and the rest of the
+ *     short last chunk's row is zeroed. Every array's length and every class is
+ *     checked before anything is written. Returns how many records each of the 16
+ *     keys has.
+ */
+#define PLAN_KEYS 16
+
+/* What plan_round puts in each header, and where. */
+typedef struct {
+    const unsigned char *layout; /* flags, layer, seq, offset, payload_len, tclass */
+    const uint16_t *layer;
+    const uint8_t *prio, *drop, *mag;
+    Py_ssize_t n, chunk_elems, chunk_bytes, msg_elems, itemsize;
+    int flags, last_flag;
+} PlanHeader;
+
+/* Chunk s's fields into the header at line; returns its payload bytes. */
+static inline Py_ssize_t plan_header(const PlanHeader *h, unsigned char *line, Py_ssize_t s) {
+    const unsigned char *at = h->layout;
+    const int last = s == h->n - 1;
+    Py_ssize_t bytes = last ? (h->msg_elems - s * h->chunk_elems) * h->itemsize : h->chunk_bytes;
+    uint16_t w16;
+    uint32_t w32;
+    line[at[0]] = (unsigned char)(h->flags | (last ? h->last_flag : 0));
+    w16 = (uint16_t)(h->layer[s] >> 8 | h->layer[s] << 8);
+    memcpy(line + at[1], &w16, 2);
+    w32 = swap32((uint32_t)s);
+    memcpy(line + at[2], &w32, 4);
+    w32 = swap32((uint32_t)(s * h->chunk_elems));
+    memcpy(line + at[3], &w32, 4);
+    w16 = (uint16_t)((bytes >> 8 & 0xff) | (bytes & 0xff) << 8);
+    memcpy(line + at[4], &w16, 2);
+    line[at[5]] = (unsigned char)(h->prio[s] << 5 | h->drop[s] << 4 | h->mag[s]);
+    return bytes;
+}
+
+static PyObject *plan_round(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *rec_obj, *prio_obj, *drop_obj, *mag_obj, *layer_obj, *src_obj, *order_obj,
+        *row_obj, *sprio_obj, *sdrop_obj;
+    Py_ssize_t row_bytes, chunk_elems, msg_elems, itemsize, tmpl_len, layout_len;
+    const unsigned char *tmpl, *layout;
+    int flags, last_flag, stream;
+    if (!PyArg_ParseTuple(args, "Ony#y#OOOOnnniiOOOOOp:plan_round", &rec_obj, &row_bytes, &tmpl,
+                          &tmpl_len, &layout, &layout_len, &prio_obj, &drop_obj, &mag_obj,
+                          &layer_obj, &chunk_elems, &msg_elems, &itemsize, &flags, &last_flag,
+                          &src_obj, &order_obj, &row_obj, &sprio_obj, &sdrop_obj, &stream))
+        return NULL;
+    /* flags, layer, seq, offset, payload_len, tclass: their sizes */
+    static const int sizes[6] = {1, 2, 4, 4, 2, 1};
+    if (tmpl_len > MAX_HEAD || tmpl_len > row_bytes || layout_len != 6 || chunk_elems <= 0 ||
+        msg_elems <= 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
+        chunk_elems * itemsize > 0xFFFF || msg_elems > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "plan_round: need a template of at most 64 bytes and row_bytes, a "
+                        "6-byte layout, positive sizes, chunks of at most 65535 bytes and "
+                        "messages of fewer than 2**32 elements");
+        return NULL;
+    }
+    for (int k = 0; k < 6; k++)
+        if (layout[k] + sizes[k] > tmpl_len) {
+            PyErr_Format(PyExc_ValueError, "plan_round: layout field %d (%d bytes at %d) is "
+                         "outside a %zd-byte header", k, sizes[k], layout[k], tmpl_len);
+            return NULL;
+        }
+    const Py_ssize_t n = (msg_elems + chunk_elems - 1) / chunk_elems;
+    const Py_ssize_t chunk_bytes = chunk_elems * itemsize;
+    const int with_payload = src_obj != Py_None;
+    if (with_payload && row_bytes < tmpl_len + chunk_bytes) {
+        PyErr_Format(PyExc_ValueError, "plan_round: rows of %zd bytes cannot hold a %zd-byte "
+                     "header and a %zd-byte chunk", row_bytes, tmpl_len, chunk_bytes);
+        return NULL;
+    }
+    Buf rec = {0}, prio = {0}, drop = {0}, mag = {0}, layer = {0}, src = {0}, order = {0},
+        row = {0}, sprio = {0}, sdrop = {0};
+    PyObject *result = NULL;
+    if (buf_get(rec_obj, 1, &rec) < 0 || buf_get(prio_obj, 0, &prio) < 0 ||
+        buf_get(drop_obj, 0, &drop) < 0 || buf_get(mag_obj, 0, &mag) < 0 ||
+        buf_get(layer_obj, 0, &layer) < 0 || buf_get(order_obj, 1, &order) < 0 ||
+        buf_get(row_obj, 1, &row) < 0 || buf_get(sprio_obj, 1, &sprio) < 0 ||
+        buf_get(sdrop_obj, 1, &sdrop) < 0 || (with_payload && buf_get(src_obj, 0, &src) < 0))
+        goto done;
+    if (prio.view.len != n || drop.view.len != n || mag.view.len != n ||
+        layer.view.len != 2 * n || layer.view.itemsize != 2 || order.view.itemsize != 8 ||
+        row.view.itemsize != 8 || order.view.len != 8 * n || row.view.len != 8 * n ||
+        sprio.view.len != n || sdrop.view.len != n || rec.view.len < n * row_bytes ||
+        (with_payload && src.view.len != msg_elems * itemsize)) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan_round: a message of %zd chunks needs %zd one-byte prio, drop, mag, "
+                     "sent_prio and sent_drop items, %zd uint16 layers, %zd int64 order and "
+                     "row_of_seq items, %zd record bytes and a source of %zd bytes", n, n, n,
+                     n, n * row_bytes, msg_elems * itemsize);
+        goto done;
+    }
+    const uint8_t *pr = prio.view.buf, *dr = drop.view.buf, *mg = mag.view.buf;
+    for (Py_ssize_t s = 0; s < n; s++)
+        if (pr[s] > 7 || mg[s] > 15 || dr[s] > 1) {
+            PyErr_Format(PyExc_ValueError, "plan_round: chunk %zd has prio %d, drop %d, mag %d "
+                         "(at most 7, 1 and 15)", s, pr[s], dr[s], mg[s]);
+            goto done;
+        }
+    Py_ssize_t counts[PLAN_KEYS] = {0};
+    {
+        const uint16_t *ly = layer.view.buf;
+        int64_t *ord = order.view.buf, *ros = row.view.buf;
+        uint8_t *sp = sprio.view.buf, *sd = sdrop.view.buf;
+        unsigned char *d = rec.view.buf;
+        const unsigned char *sb = with_payload ? src.view.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < n; s++)
+            counts[(7 - pr[s]) * 2 + dr[s]]++;
+        Py_ssize_t next[PLAN_KEYS];
+        for (Py_ssize_t k = 0, at = 0; k < PLAN_KEYS; at += counts[k], k++)
+            next[k] = at;
+        for (Py_ssize_t s = 0; s < n; s++) {
+            Py_ssize_t r = next[(7 - pr[s]) * 2 + dr[s]]++;
+            ord[r] = s;
+            ros[s] = r;
+            sp[r] = pr[s];
+            sd[r] = dr[s];
+        }
+        PlanHeader h = {layout, ly, pr, dr, mg, n, chunk_elems, chunk_bytes, msg_elems,
+                        itemsize, flags, last_flag};
+        unsigned char line[MAX_HEAD];
+        memcpy(line, tmpl, (size_t)tmpl_len);
+        if (sb == NULL) {
+            /* headers only: written in record order, one after the other, the
+               template first and the fields over it (fields put in `line` and then
+               copied out whole would stall the copy's loads on the fields' stores) */
+            for (Py_ssize_t r = 0; r < n; r++) {
+                unsigned char *at = d + r * row_bytes;
+                if (tmpl_len == 32) /* (DLCP's header: a copy the compiler inlines) */
+                    memcpy(at, tmpl, 32);
+                else
+                    memcpy(at, tmpl, (size_t)tmpl_len);
+                plan_header(&h, at, ord[r]);
+            }
+        }
+        /* with payload: in chunk order, so that the message is read front to back */
+        for (Py_ssize_t s = 0; sb != NULL && s < n; s++) {
+            Py_ssize_t bytes = plan_header(&h, line, s);
+            unsigned char *at = d + ros[s] * row_bytes;
+            put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes, stream && s < n - 1);
+            if (bytes < chunk_bytes)
+                memset(at + tmpl_len + bytes, 0, (size_t)(row_bytes - tmpl_len - bytes));
+        }
+#if defined(__SSE2__)
+        if (stream && sb != NULL)
+            _mm_sfence();
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    result = PyTuple_New(PLAN_KEYS);
+    for (int k = 0; result != NULL && k < PLAN_KEYS; k++) {
+        PyObject *count = PyLong_FromSsize_t(counts[k]);
+        if (count == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, k, count);
+    }
+done:
+    buf_release(&sdrop);
+    buf_release(&sprio);
+    buf_release(&row);
+    buf_release(&order);
+    buf_release(&src);
+    buf_release(&layer);
+    buf_release(&mag);
+    buf_release(&drop);
+    buf_release(&prio);
+    buf_release(&rec);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scatter_run", scatter_run, METH_VARARGS,
      "scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems, msg_elems, "
@@ -725,6 +921,11 @@ static PyMethodDef methods[] = {
     {"block_abs_mean_f32", block_abs_mean_f32, METH_VARARGS,
      "block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out): sampled mean "
      "|value| per chunk of a float32 message (see the module source)."},
+    {"plan_round", plan_round, METH_VARARGS,
+     "plan_round(records, row_bytes, template, layout, prio, drop, mag, layer, chunk_elems, "
+     "msg_elems, itemsize, flags, last_flag, source, order, row_of_seq, sent_prio, sent_drop, "
+     "stream): a message's send order and first-round records in one pass (see the module "
+     "source)."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(dst, dst_start, dst_stride, dst_rows, src, src_start, src_stride, src_rows, "
      "n, nbytes, stream): move n rows of nbytes between strided buffers (see the module source)."},

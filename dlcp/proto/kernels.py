@@ -27,6 +27,7 @@ __all__ = [
     "copy_rows",
     "flat_rows",
     "gather_records",
+    "plan_round",
     "scatter_run",
     "streams",
     "streams_received",
@@ -248,6 +249,47 @@ def scatter_run(
         trailer,
     )
     return result
+
+
+def plan_round(
+    records: UInt8Array,
+    template: bytes,
+    layout: bytes,
+    prio: UInt8Array,
+    drop: npt.NDArray[np.bool_],
+    mag: UInt8Array,
+    layer: npt.NDArray[np.uint16],
+    chunk_elems: int,
+    msg_elems: int,
+    itemsize: int,
+    flags: int,
+    last_flag: int,
+    source: UInt8Array | None,
+    *,
+    stream: bool = False,
+) -> tuple[Int64Array, Int64Array, UInt8Array, npt.NDArray[np.bool_], tuple[int, ...]]:
+    """A message's first round in one pass of the C accelerator (see ``plan_round``
+    in ``_kernels.c``): records (2-D, one per row) in send order, each a
+    ``template`` header with the chunk's fields put in at ``layout``'s offsets,
+    and its payload from ``source`` (None: headers only). Returns the send order,
+    the record of each chunk, the class of each record (prio, drop) and how many
+    records each of the 16 send-order keys has. Only with :data:`ACCELERATED`:
+    :func:`dlcp.proto.packetizer.first_round` does the same in numpy otherwise."""
+    if _accel is None:
+        raise RuntimeError("plan_round needs the C accelerator (dlcp.proto._kernels)")
+    n = len(prio)
+    order = np.empty(n, np.int64)
+    row_of_seq = np.empty(n, np.int64)
+    sent_prio = np.empty(n, np.uint8)
+    sent_drop = np.empty(n, np.bool_)
+    flat = np.ascontiguousarray
+    counts = _accel.plan_round(
+        records.reshape(-1), records.shape[1], template, layout, flat(prio, np.uint8),
+        flat(drop, np.bool_).view(np.uint8), flat(mag, np.uint8), flat(layer, np.uint16),
+        chunk_elems, msg_elems, itemsize, flags, last_flag, source, order, row_of_seq,
+        sent_prio, sent_drop.view(np.uint8), stream,
+    )  # fmt: skip
+    return order, row_of_seq, sent_prio, sent_drop, counts
 
 
 @functools.lru_cache(maxsize=16)

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
+from .buffer_pool import BufferPool
 from .classify import Classifier, make_classifier
 from .context import Key, SessionContext, SessionSide
 from .control import Abort, AbortReason, ControlMessage, Nack, RateFeedback, Stop
@@ -44,10 +45,10 @@ from .events import (
 from .outgoing import Destination, OutgoingMessage
 from .pacing import Pacer, make_pacer, queue_signal
 from .packetizer import (
-    BufferPool,
     MessageId,
     Segments,
     build_records,
+    first_round,
     plan_message,
     record_stride,
     seal,
@@ -163,23 +164,17 @@ class Outbox(SessionSide):
             loss_bound=bound_from_wire(bound),  # as the receiver will see it
         )
         ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
-        order = table.send_order()
         stride = record_stride(table, authenticate=self.keys is not None)
         n_chunks = table.n_chunks
-        row_of_seq = np.empty(n_chunks, dtype=np.int64)
-        row_of_seq[order] = np.arange(n_chunks)
-        source = data.reshape(-1).view(np.uint8)
         lent = borrow and self.whole_rounds
         tag = AUTH_TRAILER_LEN if self.keys is not None else 0
-        first = build_records(
-            source,
+        first, _, row_of_seq = first_round(
+            data.reshape(-1).view(np.uint8),
             table,
-            order,
             ident,
             authenticate=self.keys is not None,
             buffer=self._pool.take((n_chunks, DATA_HEADER_LEN + tag if lent else stride)),
-            row_of_seq=row_of_seq,
-            payload=source if lent else None,
+            lend=lent,
         )
         self.may_send = True
         self._sent_messages += 1

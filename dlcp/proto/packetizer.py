@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
+from . import kernels
 from .auth import NonceCounter, seal_records
 from .classify import Classifier, chunk_layers
 from .kernels import block_abs_mean, gather_records, streams
@@ -41,7 +42,6 @@ from .wire import (
 )
 
 __all__ = [
-    "BufferPool",
     "ChunkTable",
     "MessageId",
     "RecordRun",
@@ -265,13 +265,15 @@ class RecordRun:
         *,
         short: int | None = None,
         payload: UInt8Array | None = None,
+        class_ends: list[int] | None = None,
     ) -> None:
         """``short``: the record shorter than ``stride`` (-1: none), if the
         caller knows it (else it is looked up in ``lengths``). ``payload``: the
         records hold headers only, and record ``i``'s payload is chunk
         ``seq[i]`` of these bytes (the message's own, lent by the caller: see
         :func:`build_records`); ``stride`` is still the datagrams' spacing on the
-        wire."""
+        wire. ``class_ends``: where each run of records of one class ends, if the
+        caller knows (else it is worked out from ``prio`` and ``drop``)."""
         self.records, self.lengths, self.seq = records, lengths, seq
         self.prio, self.drop, self.stride = prio, drop, stride
         #: the message's bytes, where the records are headers only (else None)
@@ -285,8 +287,8 @@ class RecordRun:
         #: the one record shorter than the stride (the message's last chunk), or -1
         self._short = short
         # where a batch must end: a change of class, and just after the short record
-        breaks = set()
-        if len(seq) > 1:
+        breaks = set(class_ends or ())
+        if class_ends is None and len(seq) > 1:
             (change,) = np.nonzero((prio[1:] != prio[:-1]) | (drop[1:] != drop[:-1]))
             breaks.update((change + 1).tolist())
         if self._short >= 0:
@@ -333,6 +335,78 @@ class RecordRun:
             e = min(s + spray, stop)
             out.append((e - s, self.view(s, e)))
         return out
+
+
+def _template(ident: MessageId, table: ChunkTable) -> npt.NDArray[np.void]:
+    """The header fields every data packet of the message shares (native order)."""
+    template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
+    template["ver_type"] = (VERSION << 4) | PacketType.DATA
+    template["job"] = ident.job
+    template["step"] = ident.step
+    template["msg"] = ident.msg
+    template["msg_elems"] = table.msg_elems
+    template["src"] = ident.src
+    template["dtype"] = int(table.dtype) << 4
+    template["bound"] = ident.bound
+    return template
+
+
+#: where plan_round writes its per-chunk fields in a data header
+_PLAN_LAYOUT = bytes(
+    HEADER_DTYPE.fields[name][1]  # type: ignore[index]
+    for name in ("flags", "layer", "seq", "offset", "payload_len", "tclass")
+)
+
+
+def first_round(
+    source: UInt8Array,
+    table: ChunkTable,
+    ident: MessageId,
+    *,
+    authenticate: bool,
+    buffer: UInt8Array | None = None,
+    lend: bool = False,
+    accelerated: bool | None = None,
+) -> tuple[RecordRun, Int64Array, Int64Array]:
+    """The records of a message's first round, in :meth:`ChunkTable.send_order`,
+    with that order and the record of each chunk (``row_of_seq``): what
+    :func:`build_records` gives for the whole message, in one pass of the C
+    accelerator where it is built. ``lend``: headers only, the payload read
+    from ``source`` by whoever sends (``build_records``'s ``payload``)."""
+    use_c = kernels.ACCELERATED if accelerated is None else accelerated
+    payload = source if lend else None
+    if not use_c:
+        order = table.send_order()
+        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
+        row_of_seq[order] = np.arange(table.n_chunks)
+        run = build_records(
+            source, table, order, ident, authenticate=authenticate, buffer=buffer,
+            row_of_seq=row_of_seq, payload=payload,
+        )  # fmt: skip
+        return run, order, row_of_seq
+    tag = AUTH_TRAILER_LEN if authenticate else 0
+    chunk_bytes = table.chunk_elems * table.dtype.itemsize
+    stride = DATA_HEADER_LEN + chunk_bytes + tag
+    n = table.n_chunks
+    shape = (n, DATA_HEADER_LEN + tag if lend else stride)
+    records = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
+    order, row_of_seq, prio, drop, counts = kernels.plan_round(
+        records, _template(ident, table).astype(HEADER_DTYPE).tobytes(), _PLAN_LAYOUT,
+        table.prio, table.drop, table.mag, table.layer, table.chunk_elems, table.msg_elems,
+        table.dtype.itemsize, int(Flags.AUTH) if authenticate else 0, int(Flags.LAST),
+        None if lend else source, stream=not lend and kernels.streams(records.nbytes),
+    )  # fmt: skip
+    last_row = int(row_of_seq[-1])
+    tail_bytes = (table.msg_elems - (n - 1) * table.chunk_elems) * table.dtype.itemsize
+    lengths = np.full(n, stride, dtype=np.int64)
+    lengths[last_row] = DATA_HEADER_LEN + tail_bytes + tag
+    ends = np.cumsum(counts).tolist()
+    run = RecordRun(
+        records, lengths, order, prio, drop, stride,
+        short=last_row if tail_bytes != chunk_bytes else -1, payload=payload,
+        class_ends=[e for e in ends if 0 < e < n],
+    )  # fmt: skip
+    return run, order, row_of_seq
 
 
 def build_records(
@@ -400,16 +474,7 @@ def build_records(
         records[:, :copied] = src2d[rows, :copied]
         records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
     else:
-        # the fields every packet of the message shares come from one template
-        template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
-        template["ver_type"] = (VERSION << 4) | PacketType.DATA
-        template["job"] = ident.job
-        template["step"] = ident.step
-        template["msg"] = ident.msg
-        template["msg_elems"] = table.msg_elems
-        template["src"] = ident.src
-        template["dtype"] = int(table.dtype) << 4
-        template["bound"] = ident.bound
+        template = _template(ident, table)
         per_record: dict[str, npt.NDArray[np.integer]] = {  # indexed by record (send order)
             "flags": flags,
             "layer": table.layer[seqs],
@@ -503,32 +568,6 @@ def record_stride(table: ChunkTable, *, authenticate: bool) -> int:
     """Bytes from one record to the next for this message."""
     tag = AUTH_TRAILER_LEN if authenticate else 0
     return DATA_HEADER_LEN + table.chunk_elems * table.dtype.itemsize + tag
-
-
-class BufferPool:
-    """Record buffers kept for reuse, by shape. Training sends the same bucket
-    sizes every step, so after the first step packetizing touches no new pages."""
-
-    def __init__(self, *, per_shape: int = 2, max_bytes: int = 1 << 30) -> None:
-        self.per_shape = per_shape
-        self.max_bytes = max_bytes
-        self._free: dict[tuple[int, int], list[UInt8Array]] = {}
-        self._bytes = 0
-
-    def take(self, shape: tuple[int, int]) -> UInt8Array | None:
-        free = self._free.get(shape)
-        if not free:
-            return None
-        buf = free.pop()
-        self._bytes -= buf.nbytes
-        return buf
-
-    def give(self, buf: UInt8Array) -> None:
-        shape = (int(buf.shape[0]), int(buf.shape[1]))
-        free = self._free.setdefault(shape, [])
-        if len(free) < self.per_shape and self._bytes + buf.nbytes <= self.max_bytes:
-            free.append(buf)
-            self._bytes += buf.nbytes
 
 
 def seal(

@@ -1,13 +1,15 @@
-"""Packetizer: the chunk-layer cache of plan_message and the records build_records lays out."""
+"""Packetizer: the chunk-layer cache of plan_message, the records build_records lays
+out, and the first round that the C accelerator plans in one pass."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from dlcp.proto import kernels
 from dlcp.proto.classify import chunk_layers, make_classifier
-from dlcp.proto.packetizer import MessageId, build_records, plan_message
-from dlcp.proto.wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags
+from dlcp.proto.packetizer import ChunkTable, MessageId, build_records, first_round, plan_message
+from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags
 
 CHUNK_BYTES = 64  # 16 float32 per chunk
 
@@ -78,3 +80,68 @@ def test_records_flag_last_and_pad_only_the_last_chunk(n_elems: int, seqs: list[
         assert not payload[elems * 4 :].any()  # a short record is zero-padded
     short = [r for r, s in enumerate(seqs) if s == last_seq and n_elems % 16]
     assert run._short == (short[0] if short else -1)
+
+
+def _random_table(rng: np.random.Generator, n_elems: int, chunk_elems: int, dtype: DType):
+    """A table with every class mixed in (what no classifier gives in one message)."""
+    n = -(-n_elems // chunk_elems)
+    return ChunkTable(
+        dtype=dtype,
+        msg_elems=n_elems,
+        chunk_elems=chunk_elems,
+        layer=rng.integers(0, 1 << 16, n).astype(np.uint16),
+        prio=rng.integers(0, 8, n).astype(np.uint8),
+        drop=rng.integers(0, 2, n).astype(bool),
+        mag=rng.integers(0, 16, n).astype(np.uint8),
+        magnitude=np.zeros(n, np.float32),
+    )
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+@pytest.mark.parametrize("authenticate", [False, True])
+@pytest.mark.parametrize("lend", [False, True])
+def test_c_first_round_gives_what_send_order_and_build_records_give(
+    authenticate: bool, lend: bool
+) -> None:
+    rng = np.random.default_rng(11)
+    ident = MessageId(job=0xBEEF, step=0xFFFFFFFF, msg=7, src=3, bound=50)
+    cases = [(1, 16, DType.FLOAT32), (16, 16, DType.FLOAT32), (17, 16, DType.FLOAT32),
+             (5000, 360, DType.FLOAT32), (4099, 720, DType.FLOAT16),
+             (70000, 4, DType.BFLOAT16)]  # fmt: skip
+    for n_elems, chunk_elems, dtype in cases:
+        source = rng.integers(0, 256, n_elems * dtype.itemsize).astype(np.uint8)
+        table = _random_table(rng, n_elems, chunk_elems, dtype)
+        got = first_round(source, table, ident, authenticate=authenticate, lend=lend,
+                          accelerated=True)  # fmt: skip
+        want = first_round(source, table, ident, authenticate=authenticate, lend=lend,
+                           accelerated=False)  # fmt: skip
+        np.testing.assert_array_equal(got[1], table.send_order())
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[2], want[2])
+        run, ref = got[0], want[0]
+        # (the authentication trailer's room is written when a record is sealed)
+        written = run.records.shape[1] - (AUTH_TRAILER_LEN if authenticate else 0)
+        np.testing.assert_array_equal(run.records[:, :written], ref.records[:, :written])
+        for name in ("lengths", "seq", "prio", "drop", "breaks"):
+            np.testing.assert_array_equal(getattr(run, name), getattr(ref, name), err_msg=name)
+        assert (run.short, run.stride) == (ref.short, ref.stride)
+        assert (run.payload is None) == (ref.payload is None) == (not lend)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_plan_round_names_a_bad_class_and_writes_nothing() -> None:
+    table = _random_table(np.random.default_rng(2), 64, 16, DType.FLOAT32)
+    prio = table.prio.copy()
+    prio[2] = 8
+    records = np.full((4, DATA_HEADER_LEN), 0xAA, np.uint8)
+    with pytest.raises(ValueError, match="chunk 2 has prio 8"):
+        kernels.plan_round(
+            records, bytes(DATA_HEADER_LEN), bytes([1, 10, 12, 16, 24, 28]), prio, table.drop,
+            table.mag, table.layer, 16, 64, 4, 0, int(Flags.LAST), None,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="4 chunks needs 4 one-byte prio"):
+        kernels.plan_round(
+            records, bytes(DATA_HEADER_LEN), bytes([1, 10, 12, 16, 24, 28]), table.prio[:3],
+            table.drop, table.mag, table.layer, 16, 64, 4, 0, int(Flags.LAST), None,
+        )  # fmt: skip
+    assert (records == 0xAA).all()
