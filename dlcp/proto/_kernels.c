@@ -739,6 +739,53 @@ done:
  */
 #define PLAN_KEYS 16
 
+/*
+ * magnitude_class_f32(magnitudes, bias, top, out)
+ *     out[i] = clamp(floor(log2(|m|)) + bias, 0, top) for the float32 m =
+ *     magnitudes[i], read off its exponent bits: 0 for zero and subnormals below
+ *     2**-126 when bias is small enough that they clamp to 0 (bias <= 126, checked),
+ *     top for infinities and NaN (dlcp/proto/classify.py's magnitude_class).
+ */
+static PyObject *magnitude_class_f32(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *mag_obj, *out_obj;
+    int bias, top;
+    if (!PyArg_ParseTuple(args, "OiiO:magnitude_class_f32", &mag_obj, &bias, &top, &out_obj))
+        return NULL;
+    if (bias < 0 || bias > 126 || top < 0 || top > 255) {
+        PyErr_SetString(PyExc_ValueError, "magnitude_class_f32: need 0 <= bias <= 126 and "
+                                          "0 <= top <= 255");
+        return NULL;
+    }
+    Buf mag = {0}, out = {0};
+    PyObject *result = NULL;
+    if (buf_get(mag_obj, 0, &mag) < 0 || buf_get(out_obj, 1, &out) < 0)
+        goto done;
+    if (mag.view.itemsize != 4 || out.view.len * 4 != mag.view.len) {
+        PyErr_Format(PyExc_ValueError, "magnitude_class_f32: %zd bytes of float32 need "
+                     "%zd one-byte classes, got %zd", mag.view.len, mag.view.len / 4,
+                     out.view.len);
+        goto done;
+    }
+    {
+        const uint32_t *m = mag.view.buf;
+        uint8_t *o = out.view.buf;
+        Py_ssize_t n = out.view.len;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int e = (int)(m[i] >> 23 & 0xff); /* (the sign bit is shifted out) */
+            int c = e == 0xff ? top : e == 0 ? 0 : e - 127 + bias;
+            o[i] = (uint8_t)(c < 0 ? 0 : c > top ? top : c);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    buf_release(&out);
+    buf_release(&mag);
+    return result;
+}
+
 /* What plan_round puts in each header, and where. */
 typedef struct {
     const unsigned char *layout; /* flags, layer, seq, offset, payload_len, tclass */
@@ -926,6 +973,9 @@ static PyMethodDef methods[] = {
      "msg_elems, itemsize, flags, last_flag, source, order, row_of_seq, sent_prio, sent_drop, "
      "stream): a message's send order and first-round records in one pass (see the module "
      "source)."},
+    {"magnitude_class_f32", magnitude_class_f32, METH_VARARGS,
+     "magnitude_class_f32(magnitudes, bias, top, out): clamped floor(log2|m|) + bias of "
+     "float32 magnitudes (see the module source)."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(dst, dst_start, dst_stride, dst_rows, src, src_start, src_stride, src_rows, "
      "n, nbytes, stream): move n rows of nbytes between strided buffers (see the module source)."},

@@ -27,7 +27,7 @@ Rules of this module (it is part of the sans-I/O core):
 
 * no I/O, no clock, no randomness, no threads; pure functions of their inputs;
 * every per-chunk computation is vectorised with numpy (no Python loop over
-  chunks);
+  chunks), or done by a C kernel of :mod:`.kernels` that gives the same result;
 * bad input raises :class:`ValueError` naming the argument and the value.
 """
 
@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..errors import UsageError
+from . import kernels
 
 __all__ = [
     "MAX_CLASSES",
@@ -118,7 +119,10 @@ def magnitude_class(magnitudes: ArrayLike) -> NDArray[np.uint8]:
     holds a NaN is treated as the largest, so magnitude policies protect it and
     the receiver sees the NaN instead of having it silently dropped.
     """
-    m = np.abs(np.asarray(magnitudes))
+    m = np.asarray(magnitudes)
+    if kernels.ACCELERATED and m.dtype == np.float32 and m.ndim == 1:
+        return kernels.magnitude_class_f32(m, _MAG_BIAS, _MAG_MAX)  # (the same, in C)
+    m = np.abs(m)
     if m.dtype.kind != "f":  # (np.issubdtype costs microseconds)
         m = m.astype(np.float64)
     # frexp: m = f * 2**e with f in [0.5, 1), so floor(log2(m)) = e - 1 exactly, in

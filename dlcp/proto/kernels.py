@@ -27,6 +27,7 @@ __all__ = [
     "copy_rows",
     "flat_rows",
     "gather_records",
+    "magnitude_class_f32",
     "plan_round",
     "scatter_run",
     "streams",
@@ -249,6 +250,17 @@ def scatter_run(
         trailer,
     )
     return result
+
+
+def magnitude_class_f32(magnitudes: npt.NDArray[np.float32], bias: int, top: int) -> UInt8Array:
+    """``clamp(floor(log2(|m|)) + bias, 0, top)`` of float32 magnitudes, ``top`` for
+    infinities and NaN, read off the exponent bits in C (only with :data:`ACCELERATED`:
+    :func:`dlcp.proto.classify.magnitude_class` does the same in numpy otherwise)."""
+    if _accel is None:
+        raise RuntimeError("magnitude_class_f32 needs the C accelerator (dlcp.proto._kernels)")
+    out = np.empty(len(magnitudes), np.uint8)
+    _accel.magnitude_class_f32(np.ascontiguousarray(magnitudes, np.float32), bias, top, out)
+    return out
 
 
 def plan_round(

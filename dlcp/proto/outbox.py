@@ -42,13 +42,13 @@ from .events import (
     SendReport,
     Transmit,
 )
+from .first_round import first_round
 from .outgoing import Destination, OutgoingMessage
 from .pacing import Pacer, make_pacer, queue_signal
 from .packetizer import (
     MessageId,
     Segments,
     build_records,
-    first_round,
     plan_message,
     record_stride,
     seal,
@@ -168,7 +168,7 @@ class Outbox(SessionSide):
         n_chunks = table.n_chunks
         lent = borrow and self.whole_rounds
         tag = AUTH_TRAILER_LEN if self.keys is not None else 0
-        first, _, row_of_seq = first_round(
+        first, _, row_of_seq, class_chunks = first_round(
             data.reshape(-1).view(np.uint8),
             table,
             ident,
@@ -181,7 +181,7 @@ class Outbox(SessionSide):
         peer.outgoing[key] = OutgoingMessage(
             ident=ident,
             table=table,
-            recovery=SenderRecovery(table, self.config, now=now),
+            recovery=SenderRecovery(table, self.config, now=now, class_chunks=class_chunks),
             first=first,
             row_of_seq=row_of_seq,
             run=first,

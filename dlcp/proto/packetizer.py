@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
-from . import kernels
 from .auth import NonceCounter, seal_records
 from .classify import Classifier, chunk_layers
 from .kernels import block_abs_mean, gather_records, streams
@@ -46,6 +45,7 @@ __all__ = [
     "MessageId",
     "RecordRun",
     "build_records",
+    "header_template",
     "plan_message",
     "record_stride",
     "seal",
@@ -89,6 +89,11 @@ class ChunkTable:
         """Elements in each chunk named by ``seq``."""
         start = seq * self.chunk_elems
         return np.minimum(start + self.chunk_elems, self.msg_elems) - start
+
+    def class_chunks(self) -> tuple[int, ...]:
+        """Chunks of each class, at ``prio * 2 + drop`` (16 counts)."""
+        cls = self.prio.astype(np.int64) * 2 + self.drop
+        return tuple(np.bincount(cls, minlength=16).tolist())
 
     def send_order(self, seqs: Int64Array | None = None) -> Int64Array:
         """``seqs`` (default: all) sorted highest priority first, protected first, by seq."""
@@ -337,7 +342,7 @@ class RecordRun:
         return out
 
 
-def _template(ident: MessageId, table: ChunkTable) -> npt.NDArray[np.void]:
+def header_template(ident: MessageId, table: ChunkTable) -> npt.NDArray[np.void]:
     """The header fields every data packet of the message shares (native order)."""
     template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
     template["ver_type"] = (VERSION << 4) | PacketType.DATA
@@ -349,64 +354,6 @@ def _template(ident: MessageId, table: ChunkTable) -> npt.NDArray[np.void]:
     template["dtype"] = int(table.dtype) << 4
     template["bound"] = ident.bound
     return template
-
-
-#: where plan_round writes its per-chunk fields in a data header
-_PLAN_LAYOUT = bytes(
-    HEADER_DTYPE.fields[name][1]  # type: ignore[index]
-    for name in ("flags", "layer", "seq", "offset", "payload_len", "tclass")
-)
-
-
-def first_round(
-    source: UInt8Array,
-    table: ChunkTable,
-    ident: MessageId,
-    *,
-    authenticate: bool,
-    buffer: UInt8Array | None = None,
-    lend: bool = False,
-    accelerated: bool | None = None,
-) -> tuple[RecordRun, Int64Array, Int64Array]:
-    """The records of a message's first round, in :meth:`ChunkTable.send_order`,
-    with that order and the record of each chunk (``row_of_seq``): what
-    :func:`build_records` gives for the whole message, in one pass of the C
-    accelerator where it is built. ``lend``: headers only, the payload read
-    from ``source`` by whoever sends (``build_records``'s ``payload``)."""
-    use_c = kernels.ACCELERATED if accelerated is None else accelerated
-    payload = source if lend else None
-    if not use_c:
-        order = table.send_order()
-        row_of_seq = np.empty(table.n_chunks, dtype=np.int64)
-        row_of_seq[order] = np.arange(table.n_chunks)
-        run = build_records(
-            source, table, order, ident, authenticate=authenticate, buffer=buffer,
-            row_of_seq=row_of_seq, payload=payload,
-        )  # fmt: skip
-        return run, order, row_of_seq
-    tag = AUTH_TRAILER_LEN if authenticate else 0
-    chunk_bytes = table.chunk_elems * table.dtype.itemsize
-    stride = DATA_HEADER_LEN + chunk_bytes + tag
-    n = table.n_chunks
-    shape = (n, DATA_HEADER_LEN + tag if lend else stride)
-    records = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
-    order, row_of_seq, prio, drop, counts = kernels.plan_round(
-        records, _template(ident, table).astype(HEADER_DTYPE).tobytes(), _PLAN_LAYOUT,
-        table.prio, table.drop, table.mag, table.layer, table.chunk_elems, table.msg_elems,
-        table.dtype.itemsize, int(Flags.AUTH) if authenticate else 0, int(Flags.LAST),
-        None if lend else source, stream=not lend and kernels.streams(records.nbytes),
-    )  # fmt: skip
-    last_row = int(row_of_seq[-1])
-    tail_bytes = (table.msg_elems - (n - 1) * table.chunk_elems) * table.dtype.itemsize
-    lengths = np.full(n, stride, dtype=np.int64)
-    lengths[last_row] = DATA_HEADER_LEN + tail_bytes + tag
-    ends = np.cumsum(counts).tolist()
-    run = RecordRun(
-        records, lengths, order, prio, drop, stride,
-        short=last_row if tail_bytes != chunk_bytes else -1, payload=payload,
-        class_ends=[e for e in ends if 0 < e < n],
-    )  # fmt: skip
-    return run, order, row_of_seq
 
 
 def build_records(
@@ -474,7 +421,7 @@ def build_records(
         records[:, :copied] = src2d[rows, :copied]
         records[:, :DATA_HEADER_LEN].view(HEADER_DTYPE)[:, 0]["flags"] = flags
     else:
-        template = _template(ident, table)
+        template = header_template(ident, table)
         per_record: dict[str, npt.NDArray[np.integer]] = {  # indexed by record (send order)
             "flags": flags,
             "layer": table.layer[seqs],

@@ -126,7 +126,16 @@ def _select(table: ChunkTable, named: Int64Array, nack: Nack) -> Int64Array:
 class SenderRecovery:
     """Sender side of one message: rounds, FINISH timers, giving up."""
 
-    def __init__(self, table: ChunkTable, config: ProtocolConfig, *, now: float) -> None:
+    def __init__(
+        self,
+        table: ChunkTable,
+        config: ProtocolConfig,
+        *,
+        now: float,
+        class_chunks: tuple[int, ...] | None = None,
+    ) -> None:
+        """``class_chunks``: the table's :meth:`~.ChunkTable.class_chunks`, if the
+        caller has them already."""
         self.table = table
         self.config = config
         self.phase = SendPhase.SENDING
@@ -144,8 +153,7 @@ class SenderRecovery:
         self._named = 0  # and how many chunks it named
         n = table.n_chunks
         # per-(priority, drop) chunk counts, announced in every FINISH
-        cls = table.prio.astype(np.int64) * 2 + table.drop
-        self._class_chunks = tuple(np.bincount(cls, minlength=16).tolist())
+        self._class_chunks = table.class_chunks() if class_chunks is None else class_chunks
         self._protected = int(n - np.count_nonzero(table.drop))
         #: the current round's last chunk on each path (FINISH's ``tail``), if
         #: its records left in order on each path

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlcp.proto import classify
+from dlcp.proto import classify, kernels
 from dlcp.proto.classify import (
     ChunkClasses,
     CombinedClassifier,
@@ -54,6 +54,24 @@ def test_magnitude_class_is_monotone_and_in_range(values: list[float]) -> None:
     out = magnitude_class(m)
     assert np.all((out >= 0) & (out <= 15))
     assert np.all(np.diff(out.astype(int)) >= 0)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_magnitude_class_of_float32_is_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = np.finfo(np.float32).tiny
+    special = [0.0, -0.0, tiny / 4, tiny, -tiny, 2.0**-21, 2.0**-20, 2.0**-6, 2.0**-5, 1.0,
+               np.finfo(np.float32).max, np.inf, -np.inf, np.nan, -np.nan]  # fmt: skip
+    powers = 2.0 ** np.arange(-149, 128, dtype=np.float64)
+    near = np.concatenate([powers, np.nextafter(powers.astype(np.float32), np.float32(0))])
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 1 << 32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    m = np.concatenate([np.array(special, np.float32), near.astype(np.float32), bits])
+    got = magnitude_class(m)
+    monkeypatch.setattr(kernels, "ACCELERATED", False)
+    with np.errstate(invalid="ignore"):  # (numpy's frexp of NaN says so; plan_message too)
+        want = magnitude_class(m)
+    assert got.dtype == want.dtype == np.uint8
+    np.testing.assert_array_equal(got, want)
 
 
 # --------------------------------------------------------------------------- layer policy

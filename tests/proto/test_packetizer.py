@@ -8,7 +8,8 @@ import pytest
 
 from dlcp.proto import kernels
 from dlcp.proto.classify import chunk_layers, make_classifier
-from dlcp.proto.packetizer import ChunkTable, MessageId, build_records, first_round, plan_message
+from dlcp.proto.first_round import first_round
+from dlcp.proto.packetizer import ChunkTable, MessageId, build_records, plan_message
 from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags
 
 CHUNK_BYTES = 64  # 16 float32 per chunk
@@ -118,6 +119,7 @@ def test_c_first_round_gives_what_send_order_and_build_records_give(
         np.testing.assert_array_equal(got[1], table.send_order())
         np.testing.assert_array_equal(got[1], want[1])
         np.testing.assert_array_equal(got[2], want[2])
+        assert got.class_chunks == want.class_chunks == table.class_chunks()
         run, ref = got[0], want[0]
         # (the authentication trailer's room is written when a record is sealed)
         written = run.records.shape[1] - (AUTH_TRAILER_LEN if authenticate else 0)
