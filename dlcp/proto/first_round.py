@@ -74,7 +74,8 @@ def first_round(
     stride = DATA_HEADER_LEN + chunk_bytes + tag
     n = table.n_chunks
     shape = (n, DATA_HEADER_LEN + tag if lend else stride)
-    records = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
+    fits = buffer is not None and buffer.shape == shape and buffer.dtype == np.uint8
+    records = buffer if fits and buffer is not None else np.empty(shape, np.uint8)
     order, row_of_seq, prio, drop, counts = kernels.plan_round(
         records, header_template(ident, table).astype(HEADER_DTYPE).tobytes(), _PLAN_LAYOUT,
         table.prio, table.drop, table.mag, table.layer, table.chunk_elems, table.msg_elems,
