@@ -761,9 +761,10 @@ static PyObject *magnitude_class_f32(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (buf_get(mag_obj, 0, &mag) < 0 || buf_get(out_obj, 1, &out) < 0)
         goto done;
-    if (mag.view.itemsize != 4 || out.view.len * 4 != mag.view.len) {
-        PyErr_Format(PyExc_ValueError, "magnitude_class_f32: %zd bytes of float32 need "
-                     "%zd one-byte classes, got %zd", mag.view.len, mag.view.len / 4,
+    if (mag.view.itemsize != 4 || (uintptr_t)mag.view.buf % 4 ||
+        out.view.len * 4 != mag.view.len) {
+        PyErr_Format(PyExc_ValueError, "magnitude_class_f32: %zd bytes of aligned float32 "
+                     "need %zd one-byte classes, got %zd", mag.view.len, mag.view.len / 4,
                      out.view.len);
         goto done;
     }
@@ -861,6 +862,12 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
         buf_get(row_obj, 1, &row) < 0 || buf_get(sprio_obj, 1, &sprio) < 0 ||
         buf_get(sdrop_obj, 1, &sdrop) < 0 || (with_payload && buf_get(src_obj, 0, &src) < 0))
         goto done;
+    if ((uintptr_t)layer.view.buf % 2 || (uintptr_t)order.view.buf % 8 ||
+        (uintptr_t)row.view.buf % 8) {
+        PyErr_SetString(PyExc_ValueError, "plan_round: layer, order and row_of_seq must be "
+                                          "aligned to their items");
+        goto done;
+    }
     if (prio.view.len != n || drop.view.len != n || mag.view.len != n ||
         layer.view.len != 2 * n || layer.view.itemsize != 2 || order.view.itemsize != 8 ||
         row.view.itemsize != 8 || order.view.len != 8 * n || row.view.len != 8 * n ||

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -252,6 +253,12 @@ def scatter_run(
     return result
 
 
+def _aligned(values: npt.NDArray[Any], dtype: type) -> npt.NDArray[Any]:
+    """``values`` as ``dtype``, contiguous and aligned as the C kernels read them
+    (copied only where it is not already)."""
+    return np.require(values, dtype, ["C", "A"])
+
+
 def magnitude_class_f32(magnitudes: npt.NDArray[np.float32], bias: int, top: int) -> UInt8Array:
     """``clamp(floor(log2(|m|)) + bias, 0, top)`` of float32 magnitudes, ``top`` for
     infinities and NaN, read off the exponent bits in C (only with :data:`ACCELERATED`:
@@ -259,7 +266,7 @@ def magnitude_class_f32(magnitudes: npt.NDArray[np.float32], bias: int, top: int
     if _accel is None:
         raise RuntimeError("magnitude_class_f32 needs the C accelerator (dlcp.proto._kernels)")
     out = np.empty(len(magnitudes), np.uint8)
-    _accel.magnitude_class_f32(np.ascontiguousarray(magnitudes, np.float32), bias, top, out)
+    _accel.magnitude_class_f32(_aligned(magnitudes, np.float32), bias, top, out)
     return out
 
 
@@ -294,7 +301,7 @@ def plan_round(
     row_of_seq = np.empty(n, np.int64)
     sent_prio = np.empty(n, np.uint8)
     sent_drop = np.empty(n, np.bool_)
-    flat = np.ascontiguousarray
+    flat = _aligned
     counts = _accel.plan_round(
         records.reshape(-1), records.shape[1], template, layout, flat(prio, np.uint8),
         flat(drop, np.bool_).view(np.uint8), flat(mag, np.uint8), flat(layer, np.uint16),

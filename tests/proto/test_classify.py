@@ -72,6 +72,13 @@ def test_c_magnitude_class_of_float32_is_numpys(monkeypatch: pytest.MonkeyPatch)
         want = magnitude_class(m)
     assert got.dtype == want.dtype == np.uint8
     np.testing.assert_array_equal(got, want)
+    # an unaligned view (a buffer's bytes from an odd offset) is read as well
+    raw = np.zeros(m.nbytes + 1, np.uint8)
+    raw[1:] = m.view(np.uint8)
+    unaligned = raw[1:].view(np.float32)
+    assert not unaligned.flags.aligned
+    monkeypatch.setattr(kernels, "ACCELERATED", True)
+    np.testing.assert_array_equal(magnitude_class(unaligned), want)
 
 
 # --------------------------------------------------------------------------- layer policy
