@@ -72,7 +72,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 	$(MAKE) test-python-engine sanitize
 
 # The quick tests (tests/README.md): the package folders' in-process tests, without those
