@@ -909,8 +909,6 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
         }
         PlanHeader h = {layout, ly, pr, dr, mg, n, chunk_elems, chunk_bytes, msg_elems,
                         itemsize, flags, last_flag};
-        unsigned char line[MAX_HEAD];
-        memcpy(line, tmpl, (size_t)tmpl_len);
         if (sb == NULL) {
             /* headers only: written in record order, one after the other, the
                template first and the fields over it (fields put in `line` and then
@@ -923,14 +921,20 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
                     memcpy(at, tmpl, (size_t)tmpl_len);
                 plan_header(&h, at, ord[r]);
             }
-        }
-        /* with payload: in chunk order, so that the message is read front to back */
-        for (Py_ssize_t s = 0; sb != NULL && s < n; s++) {
-            Py_ssize_t bytes = plan_header(&h, line, s);
-            unsigned char *at = d + ros[s] * row_bytes;
-            put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes, stream && s < n - 1);
-            if (bytes < chunk_bytes)
-                memset(at + tmpl_len + bytes, 0, (size_t)(row_bytes - tmpl_len - bytes));
+        } else {
+            /* with payload: in chunk order, so that the message is read front to
+               back; each header is put together in `line` with its payload's start
+               (put_record) */
+            unsigned char line[MAX_HEAD];
+            memcpy(line, tmpl, (size_t)tmpl_len);
+            for (Py_ssize_t s = 0; s < n; s++) {
+                Py_ssize_t bytes = plan_header(&h, line, s);
+                unsigned char *at = d + ros[s] * row_bytes;
+                put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes,
+                           stream && s < n - 1);
+                if (bytes < chunk_bytes)
+                    memset(at + tmpl_len + bytes, 0, (size_t)(row_bytes - tmpl_len - bytes));
+            }
         }
 #if defined(__SSE2__)
         if (stream && sb != NULL)

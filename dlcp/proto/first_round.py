@@ -19,6 +19,7 @@ from .packetizer import (
     UInt8Array,
     build_records,
     header_template,
+    record_stride,
 )
 from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, Flags
 
@@ -71,7 +72,7 @@ def first_round(
         return FirstRound(run, order, row_of_seq, table.class_chunks())
     tag = AUTH_TRAILER_LEN if authenticate else 0
     chunk_bytes = table.chunk_elems * table.dtype.itemsize
-    stride = DATA_HEADER_LEN + chunk_bytes + tag
+    stride = record_stride(table, authenticate=authenticate)
     n = table.n_chunks
     shape = (n, DATA_HEADER_LEN + tag if lend else stride)
     fits = buffer is not None and buffer.shape == shape and buffer.dtype == np.uint8

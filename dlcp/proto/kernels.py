@@ -293,7 +293,7 @@ def plan_round(
     and its payload from ``source`` (None: headers only). Returns the send order,
     the record of each chunk, the class of each record (prio, drop) and how many
     records each of the 16 send-order keys has. Only with :data:`ACCELERATED`:
-    :func:`dlcp.proto.packetizer.first_round` does the same in numpy otherwise."""
+    :func:`dlcp.proto.first_round.first_round` does the same in numpy otherwise."""
     if _accel is None:
         raise RuntimeError("plan_round needs the C accelerator (dlcp.proto._kernels)")
     n = len(prio)
@@ -301,10 +301,10 @@ def plan_round(
     row_of_seq = np.empty(n, np.int64)
     sent_prio = np.empty(n, np.uint8)
     sent_drop = np.empty(n, np.bool_)
-    flat = _aligned
     counts = _accel.plan_round(
-        records.reshape(-1), records.shape[1], template, layout, flat(prio, np.uint8),
-        flat(drop, np.bool_).view(np.uint8), flat(mag, np.uint8), flat(layer, np.uint16),
+        records.reshape(-1), records.shape[1], template, layout, _aligned(prio, np.uint8),
+        _aligned(drop, np.bool_).view(np.uint8), _aligned(mag, np.uint8),
+        _aligned(layer, np.uint16),
         chunk_elems, msg_elems, itemsize, flags, last_flag, source, order, row_of_seq,
         sent_prio, sent_drop.view(np.uint8), stream,
     )  # fmt: skip
