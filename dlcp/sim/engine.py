@@ -1,9 +1,10 @@
 """The ns-3 side: load the C++ model with cppyy, build the fabric, run one config.
 
-Importing ns-3 takes ~12 s and its global state (node list, defaults, random
-stream counters) is not meant to be reused, so every run happens in a fresh
-interpreter: ``python -m dlcp.sim.engine CONFIG.json RESULT.json FLOWS.csv``
-(:func:`dlcp.sim.runner.run_many` starts it). Per-packet work is all C++
+Importing ns-3 takes ~15 s and its global state (node list, defaults, random
+stream counters) is not meant to be reused, so every run happens in a process
+of its own: a child of :mod:`dlcp.sim.fork_server`, forked once ns-3 is loaded
+(:func:`dlcp.sim.runner.run_many`), or a fresh interpreter:
+``python -m dlcp.sim.engine CONFIG.json RESULT.json FLOWS.csv``. Per-packet work is all C++
 (``dlcp/sim/cpp/*.h``, compiled by cppyy when loaded): the leaf-spine routing
 (per-flow ECMP or per-packet spraying), the DLCP switch queue, the DLCP
 endpoints and the TCP message driver. Python only builds the workload table

@@ -1,9 +1,11 @@
 """Run simulations in child interpreters and collect their results.
 
-Each run is ``python -m dlcp.sim.engine`` in a fresh process (ns-3 keeps
-global state; a fresh process also makes a run independent of what ran
-before). :func:`run_many` keeps up to ``jobs`` of them going and reports
-progress; results and per-flow CSVs land in ``out_dir``.
+Each run is a child forked from a process that has loaded ns-3 and nothing
+else (:mod:`dlcp.sim.fork_server`): ns-3 keeps global state, so no run may
+follow another in one process, and a fresh interpreter would spend ~20 s
+loading ns-3 again. :func:`run_many` keeps up to ``jobs`` runs going and reports
+progress; results and per-flow CSVs land in ``out_dir``, the server's output in
+``out_dir/fork-server.log``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,10 @@ def require_ns3() -> None:
 class _Job:
     name: str
     cfg: SimConfig
-    proc: subprocess.Popen[bytes]
+    pid: int  # the fork server's child
     started: float
     files: tuple[Path, Path, Path, Path]
+    returncode: int | None = None
 
 
 #: settings a run's name spells out; any other that differs from its default adds
@@ -74,30 +75,88 @@ def run_name(cfg: SimConfig) -> str:
     return f"{base}_{digest}"
 
 
-def _start(cfg: SimConfig, out_dir: Path) -> _Job:
+class _ForkServer:
+    """The runner's end of :mod:`dlcp.sim.fork_server`: one process that loads
+    ns-3 once and forks a child per run."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        with log.open("wb") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dlcp.sim.fork_server"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=logf,
+                # a runner stopped by a signal (SIGTERM, SIGKILL: no finally runs) takes
+                # the server with it, and the server its runs: minutes of CPU each
+                preexec_fn=die_with_parent,
+            )
+        self.exits: dict[int, int] = {}  # pid -> exit code, read but not yet taken
+        if self._reply() != {"ready": True}:
+            raise SimError(self._failure("the ns-3 fork server did not start"))
+
+    def _reply(self) -> dict[str, int]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SimError(self._failure("the ns-3 fork server stopped"))
+        reply: dict[str, int] = json.loads(line)
+        if "exited" in reply:
+            self.exits[reply["exited"]] = reply["code"]
+        return reply
+
+    def _failure(self, what: str) -> str:
+        code = self.proc.wait()
+        lines = self.log.read_text(errors="replace").splitlines()
+        tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
+        return f"{what} (exit {code}); last output:\n" + "\n".join(tail[-15:])
+
+    def start(self, files: tuple[Path, Path, Path, Path]) -> int:
+        """Fork a run of the config in ``files``; its pid."""
+        conf, res, flows, log = (str(f) for f in files)
+        request = {"config": conf, "result": res, "flows": flows, "log": log}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        while "started" not in (reply := self._reply()):
+            pass
+        return reply["started"]
+
+    def next_exit(self) -> tuple[int, int]:
+        """(pid, exit code) of a run that has ended, once one has."""
+        while not self.exits:
+            self._reply()
+        pid = next(iter(self.exits))
+        return pid, self.exits.pop(pid)
+
+    def close(self) -> None:
+        """The server kills the runs still going and exits when its stdin closes."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _start(server: _ForkServer, cfg: SimConfig, out_dir: Path) -> _Job:
     name = run_name(cfg)
-    conf, res, flows, log = (out_dir / f"{name}{ext}" for ext in
-                             (".config.json", ".result.json", ".flows.csv", ".log"))  # fmt: skip
-    conf.write_text(json.dumps(cfg.to_dict()))
-    with log.open("wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dlcp.sim.engine", str(conf), str(res), str(flows)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            # a runner stopped by a signal (SIGTERM, SIGKILL: no finally runs) takes
-            # its simulations with it: minutes of CPU each on a shared machine
-            preexec_fn=die_with_parent,
-        )
-    return _Job(name, cfg, proc, time.monotonic(), (conf, res, flows, log))
+    files = tuple(out_dir / f"{name}{ext}" for ext in
+                  (".config.json", ".result.json", ".flows.csv", ".log"))  # fmt: skip
+    files[0].write_text(json.dumps(cfg.to_dict()))
+    started = time.monotonic()
+    return _Job(name, cfg, server.start(files), started, files)  # type: ignore[arg-type]
 
 
 def _finish(job: _Job) -> dict[str, Any]:
     _conf, res, flows, log = job.files
-    if job.proc.returncode != 0 or not res.exists():
+    if job.returncode != 0 or not res.exists():
         lines = log.read_text(errors="replace").splitlines()
         tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
         raise SimError(
-            f"simulation {job.name} failed (exit {job.proc.returncode}); "
+            f"simulation {job.name} failed (exit {job.returncode}); "
             f"last output:\n" + "\n".join(tail[-15:])
         )
     raw = json.loads(res.read_text())
@@ -125,29 +184,6 @@ def _finish(job: _Job) -> dict[str, Any]:
     return row
 
 
-def _wait_for_one(jobs: Iterable[_Job]) -> None:
-    """Block until one of ``jobs``' processes has exited: their pidfds become
-    readable (Linux); elsewhere, until the first one has."""
-    procs = [job.proc for job in jobs]
-    fds: list[int] = []
-    try:
-        for proc in procs:
-            fds.append(os.pidfd_open(proc.pid))  # (an exited child is a zombie until reaped)
-    except (AttributeError, OSError):  # no pidfds here (old kernel, sandbox, not Linux)
-        for fd in fds:
-            os.close(fd)
-        procs[0].wait()
-        return
-    poller = select.poll()
-    try:
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        poller.poll()
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def run_many(
     configs: Sequence[SimConfig],
     out_dir: Path,
@@ -164,30 +200,29 @@ def run_many(
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     pending = list(enumerate(configs))
-    running: dict[int, _Job] = {}
+    running: dict[int, tuple[int, _Job]] = {}  # pid -> (index, run)
     results: dict[int, dict[str, Any]] = {}
     total = len(configs)
+    say(f"loading ns-3 ({total} run{'s' if total > 1 else ''} to fork from it)")
+    server = _ForkServer(out_dir / "fork-server.log")
     try:
         while pending or running:
             while pending and len(running) < max(1, jobs):
                 i, cfg = pending.pop(0)
-                running[i] = _start(cfg, out_dir)
-                say(f"[{len(results) + len(running)}/{total}] started {running[i].name}")
-            _wait_for_one(running.values())
-            for i, job in list(running.items()):
-                if job.proc.poll() is None:
-                    continue
-                del running[i]
-                results[i] = _finish(job)
-                r = results[i]
-                say(
-                    f"[{len(results)}/{total}] done {job.name}: mean FCT "
-                    f"{r['fct_mean_us']:.1f} us, p99 {r['fct_p99_us']:.1f} us, iteration "
-                    f"{r['iteration_mean_us']:.1f} us, loss {100 * r['loss_fraction']:.2f} % "
-                    f"({r['process_wall_s']:.0f} s)"
-                )
+                job = _start(server, cfg, out_dir)
+                running[job.pid] = (i, job)
+                say(f"[{len(results) + len(running)}/{total}] started {job.name}")
+            pid, code = server.next_exit()
+            i, job = running.pop(pid)
+            job.returncode = code
+            results[i] = _finish(job)
+            r = results[i]
+            say(
+                f"[{len(results)}/{total}] done {job.name}: mean FCT "
+                f"{r['fct_mean_us']:.1f} us, p99 {r['fct_p99_us']:.1f} us, iteration "
+                f"{r['iteration_mean_us']:.1f} us, loss {100 * r['loss_fraction']:.2f} % "
+                f"({r['process_wall_s']:.0f} s)"
+            )
     finally:
-        for job in running.values():
-            job.proc.kill()
-            job.proc.wait()
+        server.close()
     return [results[i] for i in range(total)]

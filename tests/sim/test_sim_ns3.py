@@ -1,12 +1,16 @@
 """ns-3 runs on a small leaf-spine (skipped without the ``sim`` extra).
 
-All runs happen once per module (two at a time, each in its own interpreter:
-ns-3 takes ~12 s to import and keeps global state) and the tests read them.
+All runs happen once per module, two at a time, each forked from the runner's
+fork server (ns-3 keeps global state, and loading it takes ~20 s), and the
+tests read them. One config runs a second time, as ``python -m dlcp.sim.engine``
+in a fresh interpreter started beside the fork server: a forked run must give
+what a fresh one gives.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -19,6 +23,7 @@ pytest.importorskip("ns3", reason="ns-3 not installed: pip install 'dlcp[sim]'")
 pytest.importorskip("cppyy", reason="ns-3 not installed: pip install 'dlcp[sim]'")
 
 from dlcp.sim import SimConfig, run_many
+from dlcp.sim.runner import run_name
 from tests.process_helpers import alive
 
 # 16 hosts on 2 leaves, 2 servers: an incast of 14 workers (1 MB each) per iteration
@@ -43,15 +48,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     configs += [SimConfig(**RING, transport=t) for t in TRANSPORTS]
     configs.append(SimConfig(**RING, transport="dlcp", protocol={"pacer": "unpaced"}))
     configs.append(SimConfig(**OVERLOAD, transport="dlcp"))
-    rows = run_many(configs, out / "a", jobs=2)
-    again = run_many([SimConfig(**INCAST, transport="dlcp")], out / "b", jobs=1)
+    fresh = out / "fresh"
+    fresh.mkdir()
+    name = run_name(configs[0])
+    conf, result, flows = (fresh / f"{name}{ext}" for ext in (".config.json", ".json", ".csv"))
+    conf.write_text(json.dumps(configs[0].to_dict()))
+    with (fresh / "log").open("wb") as log:
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "dlcp.sim.engine", str(conf), str(result), str(flows)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        rows = run_many(configs, out / "a", jobs=2)
+        engine.wait(timeout=600)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+    assert engine.returncode == 0, (fresh / "log").read_text()[-3000:]
     return {
         "incast": {r["transport"]: r for r in rows[:3]},
         "ring": {r["transport"]: r for r in rows[3:6]},
         "ring_unpaced": rows[6],
         "overload": rows[7],
-        "again": again[0],
-        "dirs": (out / "a", out / "b"),
+        "fresh": (json.loads(result.read_text()), flows),
+        "dir": out / "a",
     }
 
 
@@ -81,16 +102,21 @@ def test_incast_dlcp_loss_within_bound_and_tail_below_tcp(runs: dict[str, Any]) 
     assert dlcp["fct_p99_us"] < tcp["fct_p99_us"]
 
 
-def test_deterministic_for_a_fixed_seed(runs: dict[str, Any]) -> None:
-    first, second = runs["dirs"]
-    name = runs["again"]["name"]
+def test_a_forked_run_is_a_fresh_interpreters_run(runs: dict[str, Any]) -> None:
+    """The same seed gives the same flows: the run forked from the fork server
+    and the one in a fresh interpreter (the simulation is deterministic, and
+    the fork server's state is that of a fresh interpreter)."""
+    forked = runs["incast"]["dlcp"]
+    fresh, fresh_flows = runs["fresh"]
 
-    def rows(d: Path) -> list[dict[str, str]]:
-        with (d / f"{name}.flows.csv").open() as f:
+    def rows(path: Path) -> list[dict[str, str]]:
+        with path.open() as f:
             return list(csv.DictReader(f))
 
-    assert rows(first) == rows(second)
-    assert runs["again"]["fct_p99_us"] == runs["incast"]["dlcp"]["fct_p99_us"]
+    assert rows(runs["dir"] / f"{forked['name']}.flows.csv") == rows(fresh_flows)
+    assert len(rows(fresh_flows)) == fresh["flows"] > 0
+    for counter in ("completed", "switch_drops", "data_packets", "control_packets"):
+        assert fresh[counter] == forked[counter], counter
 
 
 def test_dctcp_marks_at_k_and_drops_less_than_tcp(runs: dict[str, Any]) -> None:
@@ -127,31 +153,33 @@ def test_a_nack_in_several_parts_is_gathered_before_acting(runs: dict[str, Any])
 
 
 def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path) -> None:
-    """SIGKILL runs no ``finally``: the engine process must die with its runner
-    (it used to simulate on, for minutes of CPU)."""
+    """SIGKILL runs no ``finally``: the fork server must die with its runner,
+    and the run it forked with the server (a run used to simulate on, for
+    minutes of CPU)."""
     script = (
         "import sys\n"
         "from pathlib import Path\n"
         "from dlcp.sim.config import SimConfig\n"
-        "from dlcp.sim.runner import _start\n"
-        "job = _start(SimConfig(), Path(sys.argv[1]))\n"
-        "print(job.proc.pid, flush=True)\n"
-        "job.proc.wait()\n"
+        "from dlcp.sim.runner import _ForkServer, _start\n"
+        "out = Path(sys.argv[1])\n"
+        "server = _ForkServer(out / 'fork-server.log')\n"
+        "job = _start(server, SimConfig(), out)\n"
+        "print(server.proc.pid, job.pid, flush=True)\n"
+        "server.next_exit()\n"
     )
     runner = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert runner.stdout is not None
-        engine = int(runner.stdout.readline())
-        assert alive(engine)  # (the default run simulates for many seconds)
+        server, run = (int(pid) for pid in runner.stdout.readline().split())
+        assert alive(server) and alive(run)  # (the default run simulates for many seconds)
         runner.kill()
         runner.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while alive(engine) and time.monotonic() < deadline:
-            time.sleep(0.05)  # (polling the kernel's process table for its exit)
-        assert not alive(engine)
+        while (alive(server) or alive(run)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (polling the kernel's process table for their exits)
+        assert not alive(server) and not alive(run)
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-
