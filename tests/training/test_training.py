@@ -111,10 +111,17 @@ def _train(tmp: Path, name: str, env: dict[str, str], *args: str) -> dict[str, o
     return data
 
 
+@pytest.fixture(scope="module")
+def gloo_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The lossless reference the lossy runs are held to: one Gloo run of the
+    same seed, shared by them."""
+    return _train(tmp_path_factory.mktemp("gloo"), "gloo", _env(), "--transport", "gloo")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("collective", ["ring", "halving-doubling", "ps"])
 def test_lossy_training_keeps_replicas_identical_and_accuracy(
-    tmp_path: Path, collective: str
+    tmp_path: Path, collective: str, gloo_reference: dict[str, object]
 ) -> None:
     """2 % EMULATED loss of received data datagrams (each rank its own drop
     seed), p = 0.05 for the reduce-scatter (ring) or the push (parameter server,
@@ -129,7 +136,7 @@ def test_lossy_training_keeps_replicas_identical_and_accuracy(
     ~190 retransmitted per epoch; PS: 96.7 %, 0.90-1.09 % lost, ~200
     retransmitted per epoch. (DLCP with p = 0 and no loss: 96.9 %, like Gloo.)
     """
-    reference = _train(tmp_path, "gloo", _env(), "--transport", "gloo")
+    reference = gloo_reference
     lossy = _train(
         tmp_path, "dlcp", _env(DLCP_EMULATED_LOSS="0.02"),
         "--transport", "dlcp", "--collective", collective, "--p", "0.05", "--check-replicas",
