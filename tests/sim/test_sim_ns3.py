@@ -155,7 +155,9 @@ def test_a_nack_in_several_parts_is_gathered_before_acting(runs: dict[str, Any])
 def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path) -> None:
     """SIGKILL runs no ``finally``: the fork server must die with its runner,
     and the run it forked with the server (a run used to simulate on, for
-    minutes of CPU)."""
+    minutes of CPU). Before that, a run that fails (its config file is
+    missing) ends with its own exit code and its traceback in its log, and
+    the server forks the next run."""
     script = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -163,6 +165,9 @@ def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path
         "from dlcp.sim.runner import _ForkServer, _start\n"
         "out = Path(sys.argv[1])\n"
         "server = _ForkServer(out / 'fork-server.log')\n"
+        "ends = ('.config.json', '.result.json', '.flows.csv', '.log')\n"
+        "failed = server.start(tuple(out / f'missing{end}' for end in ends))\n"
+        "print(failed, *server.next_exit(), flush=True)\n"
         "job = _start(server, SimConfig(), out)\n"
         "print(server.proc.pid, job.pid, flush=True)\n"
         "server.next_exit()\n"
@@ -171,6 +176,10 @@ def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert runner.stdout is not None
+        failed, exited, code = (int(x) for x in runner.stdout.readline().split())
+        assert exited == failed and code == 1
+        log = (tmp_path / "missing.log").read_text()
+        assert "FileNotFoundError" in log and "missing.config.json" in log, log[-2000:]
         server, run = (int(pid) for pid in runner.stdout.readline().split())
         assert alive(server) and alive(run)  # (the default run simulates for many seconds)
         runner.kill()
