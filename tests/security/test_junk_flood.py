@@ -11,8 +11,9 @@ authentication on and off.
   under the session's rejection names, never more often than it was sent); the
   I/O loop still reads the control channel (the first transfer's hello arrives
   during the flood) and runs its timers;
-* a receive nobody answers fails by its 20 s timeout within ``TIMEOUT_SLACK`` of
-  20 s while flooded (earlier, a flood made it fire 8-11 s late).
+* a receive nobody answers fails by its timeout (``FLOODED_TIMEOUT``, 8 s) within
+  ``TIMEOUT_SLACK`` while flooded (earlier, a flood made a 20 s timeout fire 8-11 s
+  late).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ TRANSFERS = 12  # per kind of junk
 #: how late a timeout may fire under a flood: an I/O turn's bounded data work and
 #: the wait for the endpoint's lock on a loaded 2-core machine
 TIMEOUT_SLACK = 1.5
+#: the endpoints' timeout in the flooded timeout test
+FLOODED_TIMEOUT = 8.0
 ENGINES = ["native", "python"]
 
 
@@ -120,7 +123,7 @@ def test_transfers_complete_exactly_under_a_junk_flood(
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_timeout_fires_on_time_under_a_junk_flood(engine: str) -> None:
-    tx, rx = _pair(engine, auth=False)
+    tx, rx = _pair(engine, auth=False, timeout=FLOODED_TIMEOUT)
     try:
         with Flooder(("127.0.0.1", rx.address.data_port), kind="header", job=JOB) as flood:
             # a transfer first: the sender's hello is read during the flood
@@ -130,9 +133,9 @@ def test_a_timeout_fires_on_time_under_a_junk_flood(engine: str) -> None:
             assert np.array_equal(got.result(timeout=30).data, x)
             start = time.monotonic()
             never = rx.recv(src=0, msg=2)  # rank 0 never sends it
-            with pytest.raises(PeerTimeout, match="did not complete within 20 s"):
+            with pytest.raises(PeerTimeout, match=f"did not complete within {FLOODED_TIMEOUT:g} s"):
                 never.result(timeout=60)
-            late = time.monotonic() - start - 20.0
+            late = time.monotonic() - start - FLOODED_TIMEOUT
         stats = rx.stats()
     finally:
         tx.close()
@@ -140,6 +143,7 @@ def test_a_timeout_fires_on_time_under_a_junk_flood(engine: str) -> None:
     assert flood.result is not None and flood.result["sent"] > 0
     # the flood reached the receiver (its kernel filter dropped it, or the pre-filter)
     assert sum(stats["rejected"].values()) + stats["socket_drops"] > 0
-    assert -0.05 <= late <= TIMEOUT_SLACK, f"the 20 s timeout fired {late:+.2f} s off"
+    said = f"the {FLOODED_TIMEOUT:g} s timeout fired {late:+.2f} s off"
+    assert -0.05 <= late <= TIMEOUT_SLACK, said
     assert stats["peers_gone"] == {}
     print(f"{engine}: timeout {late:+.3f} s late under {flood.result['rate']:.0f} datagrams/s")
