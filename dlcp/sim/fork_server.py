@@ -41,11 +41,13 @@ def _say(channel: int, message: dict[str, Any]) -> None:
     os.write(channel, (json.dumps(message) + "\n").encode())
 
 
-def _run_child(request: dict[str, str], inherited: list[int]) -> int:  # pragma: no cover
-    """In the forked child: the run's output to its log, then the run."""
+def _run_child(request: dict[str, str], inherited: list[int], server: int) -> int:
+    """In the forked child (of ``server``): the run's output to its log, then the run."""
     code = 1
     try:
         die_with_parent()
+        if os.getppid() != server:  # the server died before the line above
+            return code
         for fd in inherited:  # the server's: stdin, its replies, the other runs' pidfds
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -85,6 +87,7 @@ def serve() -> int:
     for model in (g.dlcpsim.DlcpTransport, g.dlcpsim.TcpTransport, g.dlcpsim.Scenario):
         model()
     _say(replies, {"ready": True})
+    server = os.getpid()
     runs: dict[int, int] = {}  # pidfd -> pid
     poller = select.poll()
     poller.register(0, select.POLLIN)
@@ -110,7 +113,7 @@ def serve() -> int:
                     sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:  # pragma: no cover - the child
-                        os._exit(_run_child(request, [0, replies, *runs]))
+                        os._exit(_run_child(request, [0, replies, *runs], server))
                     pidfd = os.pidfd_open(pid)
                     runs[pidfd] = pid
                     poller.register(pidfd, select.POLLIN)
