@@ -12,24 +12,30 @@ is the same as that of ``python -m dlcp.sim.engine`` in a fresh process
 The server speaks JSON lines over its stdin and stdout::
 
     server:  {"ready": true}                            (once loaded)
-    runner:  {"config": ..., "result": ..., "flows": ..., "log": ...}   (paths)
-    server:  {"started": PID}
-    server:  {"exited": PID, "code": EXIT_CODE}
+    runner:  {"id": ID, "config": ..., "result": ..., "flows": ..., "log": ...}   (paths)
+    server:  {"started": ID, "pid": PID}
+    server:  {"exited": ID, "code": EXIT_CODE}
 
-A child writes its output to the run's log and exits as ``dlcp.sim.engine``'s
-``main`` returns. When the server's stdin closes it kills the runs still going,
-reaps them and exits; when the server dies, its runs get SIGKILL.
+(runs are named by the runner's ID, not by pid: the server reaps a run before it
+says so, and its pid may be given to another by then). A child writes its
+output to the run's log (what goes wrong before that, to the server's stderr)
+and exits as ``dlcp.sim.engine``'s ``main`` returns. When the server's stdin
+closes it kills the runs still going, reaps them and exits; when the server
+dies, even by SIGKILL, its runs get SIGKILL. It needs pidfds (Linux 5.3 or
+later), as the ns-3 wheels need Linux.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import select
 import signal
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import DependencyMissing
 from ..processes import die_with_parent
@@ -41,31 +47,41 @@ def _say(channel: int, message: dict[str, Any]) -> None:
     os.write(channel, (json.dumps(message) + "\n").encode())
 
 
-def _run_child(request: dict[str, str], inherited: list[int], server: int) -> int:
-    """In the forked child (of ``server``): the run's output to its log, then the run."""
+def _run_child(request: dict[str, Any], inherited: list[int], server: int) -> int:
+    """In the forked child (of ``server``): the run's output to its log, then the
+    run; its exit code."""
+    die_with_parent()
+    if os.getppid() != server:  # the server died before the line above
+        return 1
+    for fd in inherited:  # the server's: stdin, its replies, the other runs' pidfds
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    from .engine import main
+
+    return main([request["config"], request["result"], request["flows"]])
+
+
+def _child(request: dict[str, Any], inherited: list[int], server: int) -> NoReturn:
+    """The forked child's whole life: it never returns into the server's loop
+    (whose ``finally`` would kill the other runs), whatever happens."""
     code = 1
     try:
-        die_with_parent()
-        if os.getppid() != server:  # the server died before the line above
-            return code
-        for fd in inherited:  # the server's: stdin, its replies, the other runs' pidfds
-            os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        from .engine import main
-
-        code = main([request["config"], request["result"], request["flows"]])
+        code = _run_child(request, inherited, server)
     except BaseException:
-        traceback.print_exc()
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return code
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            ctypes.CDLL(None).fflush(None)  # C stdio too (ns-3, cling): _exit skips it
+        os._exit(code)
 
 
 def serve() -> int:
@@ -88,7 +104,7 @@ def serve() -> int:
         model()
     _say(replies, {"ready": True})
     server = os.getpid()
-    runs: dict[int, int] = {}  # pidfd -> pid
+    runs: dict[int, tuple[int, Any]] = {}  # pidfd -> (pid, the runner's id)
     poller = select.poll()
     poller.register(0, select.POLLIN)
     pending = b""
@@ -96,11 +112,11 @@ def serve() -> int:
         while True:
             for fd, _events in poller.poll():
                 if fd != 0:
-                    pid = runs.pop(fd)
+                    pid, ident = runs.pop(fd)
                     poller.unregister(fd)
                     os.close(fd)
                     _, status = os.waitpid(pid, 0)
-                    _say(replies, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                    _say(replies, {"exited": ident, "code": os.waitstatus_to_exitcode(status)})
                     continue
                 data = os.read(0, 1 << 16)
                 if not data:
@@ -113,13 +129,13 @@ def serve() -> int:
                     sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:  # pragma: no cover - the child
-                        os._exit(_run_child(request, [0, replies, *runs], server))
+                        _child(request, [0, replies, *runs], server)
                     pidfd = os.pidfd_open(pid)
-                    runs[pidfd] = pid
+                    runs[pidfd] = (pid, request["id"])
                     poller.register(pidfd, select.POLLIN)
-                    _say(replies, {"started": pid})
+                    _say(replies, {"started": request["id"], "pid": pid})
     finally:
-        for pidfd, pid in runs.items():
+        for pidfd, (pid, _ident) in runs.items():
             os.kill(pid, signal.SIGKILL)  # not yet reaped: the pid is still this server's child
             os.waitpid(pid, 0)
             os.close(pidfd)

@@ -1,15 +1,17 @@
-"""Run simulations in child interpreters and collect their results.
+"""Run simulations in child processes and collect their results.
 
 Each run is a child forked from a process that has loaded ns-3 and nothing
 else (:mod:`dlcp.sim.fork_server`): ns-3 keeps global state, so no run may
 follow another in one process, and a fresh interpreter would spend ~20 s
 loading ns-3 again. :func:`run_many` keeps up to ``jobs`` runs going and reports
 progress; results and per-flow CSVs land in ``out_dir``, the server's output in
-``out_dir/fork-server.log``.
+``out_dir/fork-server.log``. A run's ``process_wall_s`` counts from its fork,
+without the server's load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -75,6 +77,10 @@ def run_name(cfg: SimConfig) -> str:
     return f"{base}_{digest}"
 
 
+#: the fork server's output, in a run_many's out_dir
+SERVER_LOG = "fork-server.log"
+
+
 class _ForkServer:
     """The runner's end of :mod:`dlcp.sim.fork_server`: one process that loads
     ns-3 once and forks a child per run."""
@@ -91,7 +97,7 @@ class _ForkServer:
                 # the server with it, and the server its runs: minutes of CPU each
                 preexec_fn=die_with_parent,
             )
-        self.exits: dict[int, int] = {}  # pid -> exit code, read but not yet taken
+        self.exits: dict[int, int] = {}  # run id -> exit code, read but not yet taken
         if self._reply() != {"ready": True}:
             raise SimError(self._failure("the ns-3 fork server did not start"))
 
@@ -111,28 +117,32 @@ class _ForkServer:
         tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
         return f"{what} (exit {code}); last output:\n" + "\n".join(tail[-15:])
 
-    def start(self, files: tuple[Path, Path, Path, Path]) -> int:
-        """Fork a run of the config in ``files``; its pid."""
+    def start(self, ident: int, files: tuple[Path, Path, Path, Path]) -> int:
+        """Fork run ``ident`` of the config in ``files``; its pid."""
         conf, res, flows, log = (str(f) for f in files)
-        request = {"config": conf, "result": res, "flows": flows, "log": log}
+        request = {"id": ident, "config": conf, "result": res, "flows": flows, "log": log}
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        while "started" not in (reply := self._reply()):
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise SimError(self._failure("the ns-3 fork server stopped")) from None
+        while (reply := self._reply()).get("started") != ident:
             pass
-        return reply["started"]
+        return reply["pid"]
 
     def next_exit(self) -> tuple[int, int]:
-        """(pid, exit code) of a run that has ended, once one has."""
+        """(run id, exit code) of a run that has ended, once one has."""
         while not self.exits:
             self._reply()
-        pid = next(iter(self.exits))
-        return pid, self.exits.pop(pid)
+        ident = next(iter(self.exits))
+        return ident, self.exits.pop(ident)
 
     def close(self) -> None:
         """The server kills the runs still going and exits when its stdin closes."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):  # (a server that died first)
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -141,19 +151,21 @@ class _ForkServer:
         self.proc.stdout.close()
 
 
-def _start(server: _ForkServer, cfg: SimConfig, out_dir: Path) -> _Job:
+def _start(server: _ForkServer, ident: int, cfg: SimConfig, out_dir: Path) -> _Job:
     name = run_name(cfg)
     files = tuple(out_dir / f"{name}{ext}" for ext in
                   (".config.json", ".result.json", ".flows.csv", ".log"))  # fmt: skip
     files[0].write_text(json.dumps(cfg.to_dict()))
     started = time.monotonic()
-    return _Job(name, cfg, server.start(files), started, files)  # type: ignore[arg-type]
+    return _Job(name, cfg, server.start(ident, files), started, files)  # type: ignore[arg-type]
 
 
 def _finish(job: _Job) -> dict[str, Any]:
     _conf, res, flows, log = job.files
     if job.returncode != 0 or not res.exists():
-        lines = log.read_text(errors="replace").splitlines()
+        # (a run that failed before it opened its log said why in the server's)
+        said = log if log.exists() else log.parent / SERVER_LOG
+        lines = said.read_text(errors="replace").splitlines()
         tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
         raise SimError(
             f"simulation {job.name} failed (exit {job.returncode}); "
@@ -200,20 +212,21 @@ def run_many(
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     pending = list(enumerate(configs))
-    running: dict[int, tuple[int, _Job]] = {}  # pid -> (index, run)
+    running: dict[int, _Job] = {}  # by index in configs, the runs' ids
     results: dict[int, dict[str, Any]] = {}
     total = len(configs)
+    if not total:
+        return []
     say(f"loading ns-3 ({total} run{'s' if total > 1 else ''} to fork from it)")
-    server = _ForkServer(out_dir / "fork-server.log")
+    server = _ForkServer(out_dir / SERVER_LOG)
     try:
         while pending or running:
             while pending and len(running) < max(1, jobs):
                 i, cfg = pending.pop(0)
-                job = _start(server, cfg, out_dir)
-                running[job.pid] = (i, job)
+                running[i] = job = _start(server, i, cfg, out_dir)
                 say(f"[{len(results) + len(running)}/{total}] started {job.name}")
-            pid, code = server.next_exit()
-            i, job = running.pop(pid)
+            i, code = server.next_exit()
+            job = running.pop(i)
             job.returncode = code
             results[i] = _finish(job)
             r = results[i]

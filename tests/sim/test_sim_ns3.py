@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,12 +154,48 @@ def test_a_nack_in_several_parts_is_gathered_before_acting(runs: dict[str, Any])
     assert r["completed"] + r["failed"] == r["messages"] > 0
 
 
-def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path) -> None:
-    """SIGKILL runs no ``finally``: the fork server must die with its runner,
-    and the run it forked with the server (a run used to simulate on, for
-    minutes of CPU). Before that, a run that fails (its config file is
-    missing) ends with its own exit code and its traceback in its log, and
-    the server forks the next run."""
+def _gone(*pids: int, within: float) -> bool:
+    """Whether every one of ``pids`` has exited (or is a zombie) within ``within`` s."""
+    deadline = time.monotonic() + within
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # (polling the kernel's process table for their exits)
+    return not any(alive(pid) for pid in pids)
+
+
+def test_a_runner_killed_by_a_signal_takes_its_fork_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL runs no ``finally``: the fork server must die with its runner
+    (runs used to simulate on, for minutes of CPU). Killed while the server
+    still loads ns-3 (~20 s), so that only its parent-death signal can end it
+    within the few seconds allowed."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dlcp.sim.runner import _ForkServer\n"
+        "_ForkServer(Path(sys.argv[1]) / 'fork-server.log')\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    try:
+        children = Path(f"/proc/{runner.pid}/task/{runner.pid}/children")
+        deadline = time.monotonic() + 60
+        while not children.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)  # (polling the kernel's process table for the server)
+        (server,) = (int(pid) for pid in children.read_text().split())
+        runner.kill()
+        runner.wait(timeout=10)
+        assert _gone(server, within=5.0)
+        assert "ready" not in (tmp_path / "fork-server.log").read_text()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+
+
+def test_a_run_dies_with_its_fork_server_and_the_runner_says_so(tmp_path: Path) -> None:
+    """A fork server killed by SIGKILL (no ``finally`` of its own kills its
+    runs) takes its runs with it, and the runner stops with an error that names
+    the server. Before that, a run that fails (its config file is missing) ends
+    with its own exit code and its traceback in its log, and the server forks
+    the next run."""
     script = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -166,28 +204,29 @@ def test_a_runner_killed_by_a_signal_takes_its_simulation_with_it(tmp_path: Path
         "out = Path(sys.argv[1])\n"
         "server = _ForkServer(out / 'fork-server.log')\n"
         "ends = ('.config.json', '.result.json', '.flows.csv', '.log')\n"
-        "failed = server.start(tuple(out / f'missing{end}' for end in ends))\n"
-        "print(failed, *server.next_exit(), flush=True)\n"
-        "job = _start(server, SimConfig(), out)\n"
+        "print(server.start(7, tuple(out / f'missing{end}' for end in ends)), flush=True)\n"
+        "print(*server.next_exit(), flush=True)\n"
+        "job = _start(server, 8, SimConfig(), out)\n"
         "print(server.proc.pid, job.pid, flush=True)\n"
         "server.next_exit()\n"
     )
-    runner = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    runner = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         assert runner.stdout is not None
-        failed, exited, code = (int(x) for x in runner.stdout.readline().split())
-        assert exited == failed and code == 1
+        runner.stdout.readline()  # (the failing run's pid)
+        assert runner.stdout.readline().split() == ["7", "1"]  # its id and exit code
         log = (tmp_path / "missing.log").read_text()
         assert "FileNotFoundError" in log and "missing.config.json" in log, log[-2000:]
         server, run = (int(pid) for pid in runner.stdout.readline().split())
         assert alive(server) and alive(run)  # (the default run simulates for many seconds)
-        runner.kill()
-        runner.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while (alive(server) or alive(run)) and time.monotonic() < deadline:
-            time.sleep(0.05)  # (polling the kernel's process table for their exits)
-        assert not alive(server) and not alive(run)
+        os.kill(server, signal.SIGKILL)
+        assert _gone(run, within=10.0)
+        _, err = runner.communicate(timeout=30)
+        assert runner.returncode == 1
+        assert "SimError: the ns-3 fork server stopped (exit -9)" in err, err[-2000:]
     finally:
         if runner.poll() is None:
             runner.kill()
