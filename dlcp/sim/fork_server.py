@@ -5,7 +5,9 @@ than most runs of a sweep take to simulate. The fork server loads them once;
 every run is a child forked from it before anything has been simulated, so it
 starts from the same global state (an empty node list, the default attribute
 values, unnumbered random streams) that a fresh interpreter has after loading.
-ns-3 starts no thread when it loads, which makes the fork safe. A run's result
+ns-3 starts no thread when it loads, and the runner keeps numpy's OpenBLAS from
+starting its worker (``OPENBLAS_NUM_THREADS=1``): the server forks with one
+thread, its only one, which makes the fork safe. A run's result
 is the same as that of ``python -m dlcp.sim.engine`` in a fresh process
 (tests/sim/test_sim_ns3.py compares the per-flow CSVs).
 

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -90,6 +91,9 @@ class _ForkServer:
         with log.open("wb") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dlcp.sim.fork_server"],
+                # numpy's OpenBLAS would start a worker thread when imported: the
+                # server forks, so it keeps to its one thread (a run needs no BLAS)
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=logf,

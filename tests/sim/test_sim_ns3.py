@@ -191,8 +191,8 @@ def test_a_runner_killed_by_a_signal_takes_its_fork_server_with_it(tmp_path: Pat
 
 
 def test_a_run_dies_with_its_fork_server_and_the_runner_says_so(tmp_path: Path) -> None:
-    """A fork server killed by SIGKILL (no ``finally`` of its own kills its
-    runs) takes its runs with it, and the runner stops with an error that names
+    """A fork server (one thread: it forks) killed by SIGKILL (no ``finally``
+    of its own kills its runs) takes its runs with it, and the runner stops with an error that names
     the server. Before that, a run that fails (its config file is missing) ends
     with its own exit code and its traceback in its log, and the server forks
     the next run."""
@@ -222,6 +222,7 @@ def test_a_run_dies_with_its_fork_server_and_the_runner_says_so(tmp_path: Path) 
         assert "FileNotFoundError" in log and "missing.config.json" in log, log[-2000:]
         server, run = (int(pid) for pid in runner.stdout.readline().split())
         assert alive(server) and alive(run)  # (the default run simulates for many seconds)
+        assert len(os.listdir(f"/proc/{server}/task")) == 1  # it forks with one thread
         os.kill(server, signal.SIGKILL)
         assert _gone(run, within=10.0)
         _, err = runner.communicate(timeout=30)
