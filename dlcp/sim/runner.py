@@ -82,6 +82,12 @@ def run_name(cfg: SimConfig) -> str:
 SERVER_LOG = "fork-server.log"
 
 
+def _tail(log: Path) -> str:
+    """The last lines of a run's or the server's output, without ns-3's import noise."""
+    lines = log.read_text(errors="replace").splitlines()
+    return "\n".join([ln for ln in lines if "materialize" not in ln][-15:])
+
+
 class _ForkServer:
     """The runner's end of :mod:`dlcp.sim.fork_server`: one process that loads
     ns-3 once and forks a child per run."""
@@ -116,10 +122,7 @@ class _ForkServer:
         return reply
 
     def _failure(self, what: str) -> str:
-        code = self.proc.wait()
-        lines = self.log.read_text(errors="replace").splitlines()
-        tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
-        return f"{what} (exit {code}); last output:\n" + "\n".join(tail[-15:])
+        return f"{what} (exit {self.proc.wait()}); last output:\n{_tail(self.log)}"
 
     def start(self, ident: int, files: tuple[Path, Path, Path, Path]) -> int:
         """Fork run ``ident`` of the config in ``files``; its pid."""
@@ -169,11 +172,8 @@ def _finish(job: _Job) -> dict[str, Any]:
     if job.returncode != 0 or not res.exists():
         # (a run that failed before it opened its log said why in the server's)
         said = log if log.exists() else log.parent / SERVER_LOG
-        lines = said.read_text(errors="replace").splitlines()
-        tail = [ln for ln in lines if "materialize" not in ln]  # ns-3 import noise
         raise SimError(
-            f"simulation {job.name} failed (exit {job.returncode}); "
-            f"last output:\n" + "\n".join(tail[-15:])
+            f"simulation {job.name} failed (exit {job.returncode}); last output:\n{_tail(said)}"
         )
     raw = json.loads(res.read_text())
     records = read_flows(flows, raw.pop("kinds"), raw.pop("iterations"))
