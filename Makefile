@@ -71,8 +71,13 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The in-process tests on TEST_WORKERS pytest-xdist workers (they leave a core idle
+# between their subprocesses); those marked integration (multi-rank jobs, whose timing
+# a second worker's load would stretch) one at a time
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 -m "not integration" -n $(TEST_WORKERS)
+	$(BIN)/pytest -q --durations=25 -m integration
 	$(MAKE) test-python-engine sanitize
 
 # The quick tests (tests/README.md): the package folders' in-process tests, without those
