@@ -192,8 +192,8 @@ def test_a_runner_killed_by_a_signal_takes_its_fork_server_with_it(tmp_path: Pat
 
 def test_a_run_dies_with_its_fork_server_and_the_runner_says_so(tmp_path: Path) -> None:
     """A fork server (one thread: it forks) killed by SIGKILL (no ``finally``
-    of its own kills its runs) takes its runs with it, and the runner stops with an error that names
-    the server. Before that, a run that fails (its config file is missing) ends
+    of its own kills its runs) takes its runs with it, and the runner stops with
+    an error that names the server. Before that, a run that fails (its config file is missing) ends
     with its own exit code and its traceback in its log, and the server forks
     the next run."""
     script = (
