@@ -57,8 +57,9 @@ class _SessionRuns:
     Time: what the C loop took is applied, and so metered by the session's rate
     meter, at the time Python applies it, after the C step that took it (the end
     of the receive buffer's runs, or the handover that interrupted them), not at
-    a time per run as the Python run path meters it. A step takes at most one
-    receive buffer (8 MB, a few milliseconds of data); the meter's interval is
+    a time per run as the Python run path meters it. A step reads at most
+    256 KB (``dlcp.io.udp._STEP_BYTES``: well under a millisecond of data at
+    10 Gbit/s); the meter's interval is
     ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
 
     def __init__(self, loop: IOLoop) -> None:

@@ -66,6 +66,14 @@ _MAX_READS = 4096  # reads per receive() call, so that sending gets its turn
 _MAX_ALL_READS = 4 * _MAX_READS
 #: bytes of same-size datagrams gathered into one batch for the session at most
 RECEIVE_BUFFER_BYTES = 8 << 20
+#: bytes one step of the C receive loop reads at most before its runs are taken
+#: or handed over (then the next step reads into the start of the buffer again):
+#: what the kernel copies into the buffer is still in the core's cache when the
+#: run path reads it back to scatter it. Steps of the whole budget (4 MB through
+#: an 8 MB buffer) cost the 25 MB ring ~15 % more CPU on the 2-vCPU AMD EPYC VM
+#: (512 KB of L2 a core), most of it in the kernel's copy to the buffer
+#: (docs/benchmarks.md, "Cache-sized receive steps")
+_STEP_BYTES = 256 << 10
 
 
 def kernel_supports(option: int) -> bool:
@@ -301,13 +309,15 @@ class DataSockets:
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
         cost a few microseconds each, and reading past them to the data queued
         behind keeps a FINISH from being judged before that data is read. They
-        are bounded too, by :data:`_MAX_ALL_READS` reads a call."""
+        are bounded too, by :data:`_MAX_ALL_READS` reads a call. Each step of
+        the loop reads at most :data:`_STEP_BYTES` (its runs are taken or handed
+        over before the next step reads over them)."""
         assert _udpio is not None
         buf, fd = self._buf, self._recv_fd
         total = reads = 0  # everything read
         counted_bytes = counted_reads = 0  # what was delivered
         while True:
-            byte_room = budget - counted_bytes
+            byte_room = min(budget - counted_bytes, _STEP_BYTES)
             read_room = _MAX_READS - counted_reads
             if _MAX_ALL_READS - reads < read_room:
                 read_room = _MAX_ALL_READS - reads
@@ -359,7 +369,7 @@ class DataSockets:
         reads = 0
         self.backlog = True  # unless the socket runs dry first
         while total < budget and reads < _MAX_READS:
-            if len(buf) - fill < _READ_SIZE:
+            if fill >= _STEP_BYTES or len(buf) - fill < _READ_SIZE:  # (as the C loop's steps)
                 if fill > start:
                     deliver(buf[start:fill], seg_size)
                 start = fill = 0

@@ -3,6 +3,7 @@ one hand over the same runs of datagrams, on a real socket over loopback."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 import numpy as np
@@ -58,11 +59,30 @@ def test_runs_of_same_size_datagrams_end_where_the_size_changes(accelerated: boo
     ]
 
 
-def test_c_and_python_loops_deliver_the_same_runs() -> None:
+def test_c_and_python_loops_deliver_the_same_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     if udp._udpio is None:
         pytest.skip("dlcp.io._udpio not built")
+    # (in one step: the C loop's recvmmsg batches may end a step a few reads
+    # later than the Python loop's single reads; see the test below)
+    monkeypatch.setattr(udp, "_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)
     sizes = [int(x) for x in np.random.default_rng(5).choice([0, 33, 700, 1472, 9000], 300)]
     assert _receive_all(True, sizes) == _receive_all(False, sizes)
+
+
+@pytest.mark.parametrize("accelerated", IMPLS)
+def test_steps_bound_the_runs_and_lose_nothing(accelerated: bool) -> None:
+    # 400 datagrams of 1,472 bytes (589 KB) arrive before the call: each step
+    # reads about _STEP_BYTES (256 KB) and hands its runs over before the next
+    # reads over them from the start of the buffer
+    sizes = [1472] * 400
+    got = _receive_all(accelerated, sizes)
+    rng = np.random.default_rng(len(sizes))
+    sent = b"".join(rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes)
+    assert b"".join(data for data, _ in got) == sent
+    assert all(seg == 1472 and len(data) % 1472 == 0 for data, seg in got)
+    # a step ends after the read that reaches _STEP_BYTES (a batch of reads in C)
+    assert len(got) >= 3
+    assert all(len(data) <= udp._STEP_BYTES + 64 * 1472 for data, _ in got)
 
 
 def test_buffer_refills_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,17 +114,21 @@ def test_a_batch_sent_without_and_with_gso_arrives_whole(
         got: list[tuple[bytes, int]] = []
         rx.receive(lambda buf, seg: got.append((buf.tobytes(), seg)))
         assert b"".join(d for d, _ in got) == data.tobytes()
-        assert [seg for _, seg in got] == [1000, 123]
+        # (runs of 1,000-byte datagrams, split where a receive step ended, then the short one)
+        assert [seg for seg, _ in itertools.groupby(seg for _, seg in got)] == [1000, 123]
     finally:
         tx.close()
         rx.close()
 
 
-def test_plain_and_coalesced_reads_mixed_give_the_same_runs_in_c_and_python() -> None:
+def test_plain_and_coalesced_reads_mixed_give_the_same_runs_in_c_and_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # plain datagrams (the C loop then reads up to 64 per recvmmsg), GSO batches
     # that arrive GRO-coalesced (back to one recvmsg per read), plain ones again
     if udp._udpio is None:
         pytest.skip("dlcp.io._udpio not built")
+    monkeypatch.setattr(udp, "_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)  # (in one step)
     groups = [("plain", 150, 1472), ("gso", 200, 1000), ("plain", 3, 1000), ("plain", 40, 1472),
               ("gso", 90, 1472), ("plain", 1, 77)]  # fmt: skip
     rng = np.random.default_rng(11)
