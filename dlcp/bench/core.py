@@ -11,9 +11,9 @@ numpy copy of the same bytes in the same process, so the ratio says how close to
 memory speed the protocol work runs.
 
 The receiver gets what the endpoint would hand it: the endpoint's UDP driver
-reads GRO batches back to back into one receive buffer of
-``RECEIVE_BUFFER_BYTES`` and delivers each run of same-size datagrams with one
-``receive_batch`` call. Here the sender's consecutive data batches already lie
+reads GRO batches back to back into its receive buffer, ``RECEIVE_STEP_BYTES``
+(256 KB) a step, and delivers each run of same-size datagrams of a step with
+one ``receive_batch`` call. Here the sender's consecutive data batches already lie
 back to back in its record buffer, so a run is a view of them, up to that size
 (the kernel's copy into the receive buffer is not core work and is not timed; the
 transport benchmark measures it with everything else).
@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from dlcp.errors import ArgumentTypeError, BenchError
-from dlcp.io.udp import RECEIVE_BUFFER_BYTES
+from dlcp.io.udp import RECEIVE_STEP_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import (
@@ -164,7 +164,7 @@ def _owner(a: np.ndarray) -> np.ndarray:
 
 
 def _as_received(
-    items: list[Transmit], limit: int = RECEIVE_BUFFER_BYTES
+    items: list[Transmit], limit: int = RECEIVE_STEP_BYTES
 ) -> list[ControlDatagram | RoundPost | RoundRelease | tuple[np.ndarray, int]]:
     """``items`` as the endpoint's receive side delivers them: runs of data batches
     that lie back to back (same segment size, all but the last datagram full),

@@ -58,7 +58,7 @@ class _SessionRuns:
     meter, at the time Python applies it, after the C step that took it (the end
     of the receive buffer's runs, or the handover that interrupted them), not at
     a time per run as the Python run path meters it. A step reads at most
-    256 KB (``dlcp.io.udp._STEP_BYTES``: well under a millisecond of data at
+    256 KB (``dlcp.io.udp.RECEIVE_STEP_BYTES``: well under a millisecond of data at
     10 Gbit/s); the meter's interval is
     ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
 

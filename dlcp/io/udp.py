@@ -73,7 +73,7 @@ RECEIVE_BUFFER_BYTES = 8 << 20
 #: an 8 MB buffer) cost the 25 MB ring ~15 % more CPU on the 2-vCPU AMD EPYC VM
 #: (512 KB of L2 a core), most of it in the kernel's copy to the buffer
 #: (docs/benchmarks.md, "Cache-sized receive steps")
-_STEP_BYTES = 256 << 10
+RECEIVE_STEP_BYTES = 256 << 10
 
 
 def kernel_supports(option: int) -> bool:
@@ -310,14 +310,14 @@ class DataSockets:
         cost a few microseconds each, and reading past them to the data queued
         behind keeps a FINISH from being judged before that data is read. They
         are bounded too, by :data:`_MAX_ALL_READS` reads a call. Each step of
-        the loop reads at most :data:`_STEP_BYTES` (its runs are taken or handed
+        the loop reads at most :data:`RECEIVE_STEP_BYTES` (its runs are taken or handed
         over before the next step reads over them)."""
         assert _udpio is not None
         buf, fd = self._buf, self._recv_fd
         total = reads = 0  # everything read
         counted_bytes = counted_reads = 0  # what was delivered
         while True:
-            byte_room = min(budget - counted_bytes, _STEP_BYTES)
+            byte_room = min(budget - counted_bytes, RECEIVE_STEP_BYTES)
             read_room = _MAX_READS - counted_reads
             if _MAX_ALL_READS - reads < read_room:
                 read_room = _MAX_ALL_READS - reads
@@ -369,7 +369,8 @@ class DataSockets:
         reads = 0
         self.backlog = True  # unless the socket runs dry first
         while total < budget and reads < _MAX_READS:
-            if fill >= _STEP_BYTES or len(buf) - fill < _READ_SIZE:  # (as the C loop's steps)
+            # (a step ends as the C loop's do, or where the buffer has no room left)
+            if fill >= RECEIVE_STEP_BYTES or len(buf) - fill < _READ_SIZE:
                 if fill > start:
                     deliver(buf[start:fill], seg_size)
                 start = fill = 0

@@ -64,7 +64,7 @@ def test_c_and_python_loops_deliver_the_same_runs(monkeypatch: pytest.MonkeyPatc
         pytest.skip("dlcp.io._udpio not built")
     # (in one step: the C loop's recvmmsg batches may end a step a few reads
     # later than the Python loop's single reads; see the test below)
-    monkeypatch.setattr(udp, "_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)
+    monkeypatch.setattr(udp, "RECEIVE_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)
     sizes = [int(x) for x in np.random.default_rng(5).choice([0, 33, 700, 1472, 9000], 300)]
     assert _receive_all(True, sizes) == _receive_all(False, sizes)
 
@@ -72,7 +72,7 @@ def test_c_and_python_loops_deliver_the_same_runs(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("accelerated", IMPLS)
 def test_steps_bound_the_runs_and_lose_nothing(accelerated: bool) -> None:
     # 400 datagrams of 1,472 bytes (589 KB) arrive before the call: each step
-    # reads about _STEP_BYTES (256 KB) and hands its runs over before the next
+    # reads about RECEIVE_STEP_BYTES (256 KB) and hands its runs over before the next
     # reads over them from the start of the buffer
     sizes = [1472] * 400
     got = _receive_all(accelerated, sizes)
@@ -80,9 +80,9 @@ def test_steps_bound_the_runs_and_lose_nothing(accelerated: bool) -> None:
     sent = b"".join(rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes)
     assert b"".join(data for data, _ in got) == sent
     assert all(seg == 1472 and len(data) % 1472 == 0 for data, seg in got)
-    # a step ends after the read that reaches _STEP_BYTES (a batch of reads in C)
+    # a step ends after the read that reaches RECEIVE_STEP_BYTES (a batch of reads in C)
     assert len(got) >= 3
-    assert all(len(data) <= udp._STEP_BYTES + 64 * 1472 for data, _ in got)
+    assert all(len(data) <= udp.RECEIVE_STEP_BYTES + 64 * 1472 for data, _ in got)
 
 
 def test_buffer_refills_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,7 +128,7 @@ def test_plain_and_coalesced_reads_mixed_give_the_same_runs_in_c_and_python(
     # that arrive GRO-coalesced (back to one recvmsg per read), plain ones again
     if udp._udpio is None:
         pytest.skip("dlcp.io._udpio not built")
-    monkeypatch.setattr(udp, "_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)  # (in one step)
+    monkeypatch.setattr(udp, "RECEIVE_STEP_BYTES", udp.RECEIVE_BUFFER_BYTES)  # (in one step)
     groups = [("plain", 150, 1472), ("gso", 200, 1000), ("plain", 3, 1000), ("plain", 40, 1472),
               ("gso", 90, 1472), ("plain", 1, 77)]  # fmt: skip
     rng = np.random.default_rng(11)
