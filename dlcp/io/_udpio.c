@@ -355,6 +355,10 @@ typedef struct {
     ssize_t n_keys;
 #endif
     RecvScratch *scratch;
+    /* the handover a receive call's step met (TAKE_DONE: none), which next()
+     * returns first, and its bytes */
+    int pending;
+    Run pending_run;
     pthread_mutex_t lock; /* held by a receive step, and by every change of the table */
     int ready;            /* __init__ done */
 } MessageTableObject;
@@ -730,15 +734,51 @@ static PyObject *table_unregister(MessageTableObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* Reads, pre-filters and stages a step's runs: at most `room` bytes and
+ * `max_reads` reads into the start of buf (recv_runs_loop). Adds to *acc what it
+ * read and kept; returns the step's reads' outcome. */
+static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, ssize_t room,
+                             ssize_t max_reads, ssize_t read_size, const PfRules *rules,
+                             int64_t *counts, ssize_t *kept) {
+    RecvRuns got;
+    TakeTable *t = &self->t;
+    recv_runs_loop(fd, (char *)view->buf, view->len, room, max_reads, read_size, t->runs,
+                   self->scratch, &got);
+    ssize_t n = 0;
+    for (ssize_t i = 0; i < got.n_runs; i++) {
+        Run r = t->runs[i];
+        if (counts != NULL)
+            r.end = r.start + (ssize_t)pf_filter_run((unsigned char *)view->buf + r.start,
+                                                     (size_t)(r.end - r.start), (size_t)r.seg,
+                                                     rules, counts);
+        if (r.end > r.start) {
+            t->runs[n++] = r;
+            *kept += r.end - r.start;
+        }
+    }
+    take_stage(t, t->runs, n, view->len); /* (the loop's runs lie in buf) */
+    return got;
+}
+
+/* receive(fd, buf, budget, max_reads, read_size, step, screen): drains the
+ * socket in steps of at most `step` bytes, each read into the start of buf, so
+ * that what the kernel copied is still in the cache when it is scattered. A step
+ * after which more may be queued has its runs taken at once, and the next step
+ * reads over them; the loop ends when the socket ran dry, the budget (kept
+ * bytes) or max_reads (all reads) is spent, a read failed, or a run needs Python:
+ * that handover is kept for next(), which returns it first, and the last step's
+ * runs stay staged for next(). Returns (nbytes, reads, empty, more, errno, kept,
+ * drained), over all steps. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     int fd;
     PyObject *buf_obj, *screen;
-    Py_ssize_t budget, max_reads, read_size;
-    if (!table_ready(self) || !PyArg_ParseTuple(args, "iOnnnO:receive", &fd, &buf_obj, &budget,
-                                                &max_reads, &read_size, &screen))
+    Py_ssize_t budget, max_reads, read_size, step;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "iOnnnnO:receive", &fd, &buf_obj, &budget,
+                                                &max_reads, &read_size, &step, &screen))
         return NULL;
-    if (read_size <= 0 || budget < 0 || max_reads < 0) {
-        PyErr_SetString(PyExc_ValueError, "read_size must be positive, budget and max_reads >= 0");
+    if (read_size <= 0 || step <= 0 || budget < 0 || max_reads < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "read_size and step must be positive, budget and max_reads >= 0");
         return NULL;
     }
     PfRules rules = {0, 0, 0};
@@ -773,32 +813,42 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
             return NULL;
         }
     }
-    RecvRuns got;
-    ssize_t kept = 0;
+    ssize_t total = 0, reads = 0, empty = 0, kept = 0;
+    int more = 0, err = 0, drained = 0;
     table_lock(self);
     TakeTable *t = &self->t;
+    self->pending = TAKE_DONE;
     Py_BEGIN_ALLOW_THREADS
-    recv_runs_loop(fd, (char *)view.buf, view.len, budget, max_reads, read_size, t->runs,
-                   self->scratch, &got);
-    ssize_t n = 0;
-    for (ssize_t i = 0; i < got.n_runs; i++) {
-        Run r = t->runs[i];
-        if (counts_obj != NULL)
-            r.end = r.start + (ssize_t)pf_filter_run((unsigned char *)view.buf + r.start,
-                                                     (size_t)(r.end - r.start), (size_t)r.seg,
-                                                     &rules, (int64_t *)counts.buf);
-        if (r.end > r.start) {
-            t->runs[n++] = r;
-            kept += r.end - r.start;
+    for (;;) {
+        ssize_t room = budget - kept < step ? budget - kept : step;
+        ssize_t read_room = max_reads - reads;
+        RecvRuns got = receive_step(self, fd, &view, room, read_room, read_size, &rules,
+                                    counts_obj != NULL ? (int64_t *)counts.buf : NULL, &kept);
+        total += got.total;
+        reads += got.reads;
+        empty += got.empty;
+        more = got.more;
+        err = got.err;
+        if (err)
+            break;
+        if (!got.more && got.reads < read_room && got.total < room) {
+            drained = 1;
+            break;
+        }
+        if (kept >= budget || reads >= max_reads)
+            break;
+        int kind = take_next(t, (unsigned char *)view.buf, view.len, &self->pending_run);
+        if (kind != TAKE_DONE) {
+            self->pending = kind;
+            break;
         }
     }
-    take_stage(t, t->runs, n, view.len); /* (the loop's runs lie in buf) */
     Py_END_ALLOW_THREADS
     table_unlock(self);
     if (counts_obj != NULL)
         PyBuffer_Release(&counts);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nnnini)", got.total, got.reads, got.empty, got.more, got.err, kept);
+    return Py_BuildValue("(nnninni)", total, reads, empty, more, err, kept, drained);
 }
 
 static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
@@ -828,6 +878,8 @@ static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
     }
     table_lock(self);
     int bad = take_stage(&self->t, runs, n, view.len);
+    if (!bad)
+        self->pending = TAKE_DONE; /* (what a receive call left is replaced) */
     table_unlock(self);
     if (bad) {
         PyErr_Format(PyExc_ValueError,
@@ -865,9 +917,15 @@ static PyObject *table_next(MessageTableObject *self, PyObject *args) {
     Run handover = {0, 0, 0};
     int kind;
     table_lock(self);
-    Py_BEGIN_ALLOW_THREADS
-    kind = take_next(&self->t, (unsigned char *)view.buf, view.len, &handover);
-    Py_END_ALLOW_THREADS
+    if (self->pending != TAKE_DONE) { /* (a receive call's step met it) */
+        kind = self->pending;
+        handover = self->pending_run;
+        self->pending = TAKE_DONE;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        kind = take_next(&self->t, (unsigned char *)view.buf, view.len, &handover);
+        Py_END_ALLOW_THREADS
+    }
     PyObject *taken = Py_NewRef(Py_None);
     if (self->t.n_touched) {
         Py_SETREF(taken, PyList_New(0));
@@ -897,8 +955,9 @@ static PyMethodDef table_methods[] = {
     {"unregister", (PyCFunction)table_unregister, METH_VARARGS,
      "unregister(src, step, msg) -> was registered: no more writes to its buffers."},
     {"receive", (PyCFunction)table_receive, METH_VARARGS,
-     "receive(fd, buf, budget, max_reads, read_size, screen) -> (nbytes, reads, empty, more, "
-     "errno, kept): read, pre-filter and stage runs for next()."},
+     "receive(fd, buf, budget, max_reads, read_size, step, screen) -> (nbytes, reads, empty, "
+     "more, errno, kept, drained): read, pre-filter and take runs in steps, staging the last "
+     "step's for next()."},
     {"stage", (PyCFunction)table_stage, METH_VARARGS,
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
     {"next", (PyCFunction)table_next, METH_VARARGS,

@@ -55,12 +55,12 @@ class _SessionRuns:
     (:class:`~dlcp.io.native_receive.TakenRuns`), handed to the I/O thread's session.
 
     Time: what the C loop took is applied, and so metered by the session's rate
-    meter, at the time Python applies it, after the C step that took it (the end
-    of the receive buffer's runs, or the handover that interrupted them), not at
-    a time per run as the Python run path meters it. A step reads at most
-    256 KB (``dlcp.io.udp.RECEIVE_STEP_BYTES``: well under a millisecond of data at
-    10 Gbit/s); the meter's interval is
-    ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
+    meter, at the time Python applies it, after the C call that took it (its steps
+    of ``dlcp.io.udp.RECEIVE_STEP_BYTES`` each, until the socket ran dry, the
+    budget was spent or a run needed Python), not at a time per run as the
+    Python run path meters it. A call reads at most its budget, 4 MB (a few
+    milliseconds of data at 10 Gbit/s); the meter's interval is ``rate_interval``
+    (5 ms by default), and the bytes are counted either way."""
 
     def __init__(self, loop: IOLoop) -> None:
         self.taken = loop._took

@@ -311,32 +311,36 @@ class DataSockets:
         behind keeps a FINISH from being judged before that data is read. They
         are bounded too, by :data:`_MAX_ALL_READS` reads a call. Each step of
         the loop reads at most :data:`RECEIVE_STEP_BYTES` (its runs are taken or handed
-        over before the next step reads over them)."""
+        over before the next step reads over them); the message table's loop takes
+        its steps in C, returning to Python when a run needs it or the call ends."""
         assert _udpio is not None
         buf, fd = self._buf, self._recv_fd
         total = reads = 0  # everything read
         counted_bytes = counted_reads = 0  # what was delivered
         while True:
-            byte_room = min(budget - counted_bytes, RECEIVE_STEP_BYTES)
+            byte_room = budget - counted_bytes
             read_room = _MAX_READS - counted_reads
             if _MAX_ALL_READS - reads < read_room:
                 read_room = _MAX_ALL_READS - reads
             if taken is not None:
+                # (the table's loop takes its steps itself, in C)
                 assert self.runs is not None
                 screen = None if self._screen is None else (*self._screen, self.screened)
-                nbytes, n_reads, empty, more, err, kept = self.runs.table.receive(
-                    fd, buf, byte_room, read_room, _READ_SIZE, screen
+                nbytes, n_reads, empty, more, err, kept, drained = self.runs.table.receive(
+                    fd, buf, byte_room, read_room, _READ_SIZE, RECEIVE_STEP_BYTES, screen
                 )
                 counted_bytes += kept
-                if kept:  # (runs were staged: a step that kept none staged nothing)
+                if kept:  # (something was staged, or taken with counts to report)
                     hand_over(self.runs.table, buf, deliver, taken)
                 # (the pre-filter cuts what it drops out of the runs, and an empty
                 # datagram is in none: with every byte read kept, it dropped nothing)
                 may_have_screened = kept != nbytes
             else:
+                byte_room = min(byte_room, RECEIVE_STEP_BYTES)
                 runs, nbytes, n_reads, empty, more, err = _udpio.recv_runs(
                     fd, buf, byte_room, read_room, _READ_SIZE
                 )
+                drained = not more and n_reads < read_room and nbytes < byte_room
                 if self._screen is not None:
                     runs = _udpio.filter_runs(buf, runs, *self._screen, self.screened)
                 for start, end, seg in runs:
@@ -357,10 +361,11 @@ class DataSockets:
             if counted_bytes >= budget or counted_reads >= _MAX_READS or reads >= _MAX_ALL_READS:
                 self.backlog = True
                 return total
-            if not more and n_reads < read_room and nbytes < byte_room:  # drained
+            if drained:
                 self.backlog = False
                 return total
-            # buf was full (its runs are consumed), or junk used this call's room
+            # a step was full (its runs are consumed), a run needed Python, or junk
+            # used this call's room
 
     def _receive_py(self, deliver: Deliver, budget: int) -> int:
         buf = self._buf

@@ -22,7 +22,7 @@ import pytest
 
 from dlcp.io import native_receive
 from dlcp.io.native_receive import MessageRuns, hand_over
-from dlcp.io.udp import DataSockets
+from dlcp.io.udp import RECEIVE_STEP_BYTES, DataSockets
 from dlcp.proto.events import ControlDatagram, DataBatch
 from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import Session
@@ -380,22 +380,30 @@ def test_an_unexpected_message_moves_to_the_buffer_its_receive_names() -> None:
     assert pair.native.native == len(grams) - 1  # all but the first
 
 
-def test_a_receive_buffer_read_from_the_socket() -> None:
+@pytest.mark.parametrize("n", [50_000, 250_000])
+def test_a_receive_buffer_read_from_the_socket(n: int) -> None:
     """The whole loop: datagrams read from a loopback socket, pre-filtered and taken
-    in C, against the same datagrams through the Python run path."""
-    n = 50_000
+    in C, against the same datagrams through the Python run path. 250,000 elements
+    (1 MB in 3,907 datagrams) take several of the loop's 256 KB steps, and the
+    first datagram of another message, two steps in, makes a step hand the rest
+    of its run to Python mid-call."""
     grams, _ = message(n, seed=13)
+    other, _ = message(100, seed=14, msg=MSG + 1)
     junk = [b"\x00" * 100, grams[5][: DATA_HEADER_LEN - 1]]
-    sent = grams[:40] + junk + grams[40:]
+    later = min(len(grams), 2_000)
+    arriving = grams[:later] + other[:1] + grams[later:]
+    sent = arriving[:40] + junk + arriving[40:]
     python = Session(rank=1, job=JOB, config=config())
     native = Native()
     outs = expect_both(native, python, n)
     assert read_from_socket(native, sent) == {"bad_version": 1, "truncated": 1}
-    for g in grams:
+    for g in arriving:
         python.receive_batch(np.frombuffer(g, np.uint8), len(g), now=NOW)
     want = np.random.default_rng(13).standard_normal(n).astype(np.float32)
     assert outs[0].tobytes() == outs[1].tobytes() == want.tobytes()
     assert_same_stats(native, python, len(grams))
+    if n * 4 > 3 * RECEIVE_STEP_BYTES:  # (the table took more than two steps' worth)
+        assert native.native > 2 * RECEIVE_STEP_BYTES // len(grams[0])
 
 
 # ------------------------------------------------------------------ the table itself
