@@ -848,7 +848,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     if (counts_obj != NULL)
         PyBuffer_Release(&counts);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nnninni)", total, reads, empty, more, err, kept, drained);
+    return Py_BuildValue("(nnniini)", total, reads, empty, more, err, kept, drained);
 }
 
 static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
