@@ -296,10 +296,11 @@ def rate_limit(net: Network, a: str, b: str, mbit: float) -> None:
 
 _SINK = r"""
 import json, signal, socket, sys, time
-stop = False
+stop_at = None
 def _stop(*_):
-    global stop
-    stop = True
+    global stop_at
+    if stop_at is None:
+        stop_at = time.monotonic()
 signal.signal(signal.SIGTERM, _stop)
 signal.signal(signal.SIGINT, _stop)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -309,10 +310,15 @@ s.settimeout(0.1)
 print("ready", flush=True)
 n = nbytes = 0
 first = last = 0.0
-while not stop:
+# once told to stop, what is still crossing the routers (a busy machine holds
+# it in their queues) is received until the socket has been quiet for 0.1 s,
+# for 1 s at most
+while stop_at is None or time.monotonic() - stop_at < 1.0:
     try:
         data = s.recv(65536)
     except (TimeoutError, socket.timeout):
+        if stop_at is not None:
+            break
         continue
     if data[:1] == b"\x01":
         continue  # a probe of pin_port, not part of the flow
