@@ -735,8 +735,8 @@ static PyObject *table_unregister(MessageTableObject *self, PyObject *args) {
 }
 
 /* Reads, pre-filters and stages a step's runs: at most `room` bytes and
- * `max_reads` reads into the start of buf (recv_runs_loop). Adds to *acc what it
- * read and kept; returns the step's reads' outcome. */
+ * `max_reads` reads into the start of buf (recv_runs_loop). Adds the bytes of
+ * the runs it kept to *kept; returns the step's reads' outcome. */
 static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, ssize_t room,
                              ssize_t max_reads, ssize_t read_size, const PfRules *rules,
                              int64_t *counts, ssize_t *kept) {
@@ -767,7 +767,7 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
  * reads over them; the loop ends when the socket ran dry, the budget (kept
  * bytes) or max_reads (all reads) is spent, a read failed, or a run needs Python:
  * that handover is kept for next(), which returns it first, and the last step's
- * runs stay staged for next(). Returns (nbytes, reads, empty, more, errno, kept,
+ * runs stay staged for next(). Returns (nbytes, reads, empty, errno, kept,
  * drained), over all steps. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     int fd;
@@ -814,7 +814,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         }
     }
     ssize_t total = 0, reads = 0, empty = 0, kept = 0;
-    int more = 0, err = 0, drained = 0;
+    int err = 0, drained = 0;
     table_lock(self);
     TakeTable *t = &self->t;
     self->pending = TAKE_DONE;
@@ -827,7 +827,6 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         total += got.total;
         reads += got.reads;
         empty += got.empty;
-        more = got.more;
         err = got.err;
         if (err)
             break;
@@ -848,7 +847,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     if (counts_obj != NULL)
         PyBuffer_Release(&counts);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nnniini)", total, reads, empty, more, err, kept, drained);
+    return Py_BuildValue("(nnnini)", total, reads, empty, err, kept, drained);
 }
 
 static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
@@ -956,7 +955,7 @@ static PyMethodDef table_methods[] = {
      "unregister(src, step, msg) -> was registered: no more writes to its buffers."},
     {"receive", (PyCFunction)table_receive, METH_VARARGS,
      "receive(fd, buf, budget, max_reads, read_size, step, screen) -> (nbytes, reads, empty, "
-     "more, errno, kept, drained): read, pre-filter and take runs in steps, staging the last "
+     "errno, kept, drained): read, pre-filter and take runs in steps, staging the last "
      "step's for next()."},
     {"stage", (PyCFunction)table_stage, METH_VARARGS,
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},

@@ -66,11 +66,11 @@ _MAX_READS = 4096  # reads per receive() call, so that sending gets its turn
 _MAX_ALL_READS = 4 * _MAX_READS
 #: bytes of same-size datagrams gathered into one batch for the session at most
 RECEIVE_BUFFER_BYTES = 8 << 20
-#: bytes one step of the C receive loop reads at most before its runs are taken
+#: bytes one step of the receive loop reads at most before its runs are taken
 #: or handed over (then the next step reads into the start of the buffer again):
 #: what the kernel copies into the buffer is still in the core's cache when the
 #: run path reads it back to scatter it. Steps of the whole budget (4 MB through
-#: an 8 MB buffer) cost the 25 MB ring ~15 % more CPU on the 2-vCPU AMD EPYC VM
+#: an 8 MB buffer) cost the 25 MB ring ~13 % more CPU on the 2-vCPU AMD EPYC VM
 #: (512 KB of L2 a core), most of it in the kernel's copy to the buffer
 #: (docs/benchmarks.md, "Cache-sized receive steps")
 RECEIVE_STEP_BYTES = 256 << 10
@@ -326,7 +326,7 @@ class DataSockets:
                 # (the table's loop takes its steps itself, in C)
                 assert self.runs is not None
                 screen = None if self._screen is None else (*self._screen, self.screened)
-                nbytes, n_reads, empty, more, err, kept, drained = self.runs.table.receive(
+                nbytes, n_reads, empty, err, kept, drained = self.runs.table.receive(
                     fd, buf, byte_room, read_room, _READ_SIZE, RECEIVE_STEP_BYTES, screen
                 )
                 counted_bytes += kept
