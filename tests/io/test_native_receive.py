@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import time
 from collections import Counter
 
 import numpy as np
@@ -505,7 +506,8 @@ def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(
     """Two endpoints on loopback: messages arrive exact either way; the native path
     takes datagrams of the messages under way when on, none when off (the
     diagnostic setting), and the table is empty once they completed; the same
-    authenticated (the table verifies the tags). (25 MB messages: more than one
+    authenticated (the table verifies the tags). The receiver counts every data
+    datagram the sender sent once, across receive calls and steps. (25 MB messages: more than one
     receive call's budget, so that each is under way, registered, when later
     calls read its data, however the reads batch.)"""
     from dlcp.io import Endpoint, EndpointConfig
@@ -535,6 +537,16 @@ def test_endpoints_deliver_the_same_with_the_native_path_on_and_off(
             assert b._data.runs is not None and len(b._data.runs) == 0
         else:
             assert stats["datagrams_native"] == 0 and b._data.runs is None
+        # every data datagram a sent is counted once at b (or dropped by b's
+        # kernel); a resent one may still be crossing once the futures are done
+        deadline = time.monotonic() + 10.0
+        while True:
+            rx, tx = b.stats(), a.stats()
+            counted = rx["datagrams_in"] - rx["control_in"] + rx["socket_drops"]
+            if counted == tx["packets_out"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # (polling b's counters: they must reach a's count)
+        assert counted == tx["packets_out"], (rx, tx)
     finally:
         a.close()
         b.close()
