@@ -240,10 +240,12 @@ class Outbox(SessionSide):
                 table = out.table
                 missed = table.msg_elems - min(ctrl.received_elems, table.msg_elems)
                 lost = missed / table.msg_elems
-                # completing short of every element needs every protected chunk:
-                # what a first round's STOP says is missing was drop-eligible
-                eligible = int(table.chunk_len(np.flatnonzero(table.drop)).sum())
-                queue = missed > 0 and queue_signal(min(1.0, missed / max(1, eligible)), 0.0)
+                queue = False
+                if missed:  # (the usual round lost nothing: no classes to count)
+                    # completing short of every element needs every protected chunk:
+                    # what a first round's STOP says is missing was drop-eligible
+                    eligible = int(table.chunk_len(np.flatnonzero(table.drop)).sum())
+                    queue = queue_signal(min(1.0, missed / max(1, eligible)), 0.0)
                 self._round_lost(key[0], out, lost, table.n_chunks, queue=queue, now=now)
             out.recovery.on_stop(ctrl.received_elems)
             self._finish_outgoing(key, out, now=now)
