@@ -75,6 +75,11 @@
  * next, of the same round or another peer's) before it sends; an idle thread
  * waits for the pacer's earliest deadline if no other idle thread already does
  * (Engine.timed_wait), else for a signal, so that a deadline wakes one thread.
+ *
+ * A Python method that takes the engine's lock or a pacer's while it holds the
+ * GIL waits for a busy one with the GIL released (lock_holding_gil): a send
+ * thread descheduled while holding it would otherwise stall every Python thread
+ * of the process. The send threads never take the GIL.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
@@ -788,14 +793,27 @@ static int check_time(double now) {
     return 0;
 }
 
-static void pacer_lock(Pacer *p) { pthread_mutex_lock(&p->lock); }
+/* Takes m from a thread that holds the GIL: at once if it is free, else with the
+ * GIL released while it waits, so that a send thread descheduled while holding m
+ * does not stall every Python thread of the process. Every site that takes the
+ * engine's or a pacer's lock with the GIL held takes it here: a thread holding m
+ * may then wait for the GIL (Py_END_ALLOW_THREADS below) without a deadlock. */
+static void lock_holding_gil(pthread_mutex_t *m) {
+    if (pthread_mutex_trylock(m) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(m);
+    Py_END_ALLOW_THREADS
+}
+
+static void pacer_lock(Pacer *p) { lock_holding_gil(&p->lock); }
 
 /* A new rate may let a batch go sooner: an idle send thread re-plans its wait. */
 static void pacer_unlock(Pacer *p, int wake) {
     struct Engine *e = p->engine;
     pthread_mutex_unlock(&p->lock);
     if (wake && e != NULL) { /* (under the engine's lock: the thread cannot miss it) */
-        pthread_mutex_lock(&e->lock);
+        lock_holding_gil(&e->lock);
         pthread_cond_signal(&e->cond);
         pthread_mutex_unlock(&e->lock);
     }
@@ -1058,7 +1076,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 static void engine_stop(Engine *e) {
     if (!e->started)
         return;
-    pthread_mutex_lock(&e->lock);
+    lock_holding_gil(&e->lock);
     e->stop = 1;
     pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
@@ -1162,7 +1180,7 @@ static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "add_peer: the engine is closed");
         return NULL;
     }
-    pthread_mutex_lock(&e->lock);
+    lock_holding_gil(&e->lock);
     if (dst >= e->n_peers) {
         int n = dst + 1;
         Peer **grown = PyMem_RawRealloc(e->peers, (size_t)n * sizeof(Peer *));
@@ -1482,7 +1500,7 @@ static PyObject *Engine_reap(Engine *e, PyObject *unused) {
         ssize_t got = read(e->efd, &count, sizeof count);
         (void)got;
     }
-    pthread_mutex_lock(&e->lock);
+    lock_holding_gil(&e->lock);
     Round *head = e->done_head;
     e->done_head = e->done_tail = NULL;
     pthread_mutex_unlock(&e->lock);
@@ -1508,7 +1526,7 @@ static PyObject *Engine_fileno(Engine *e, PyObject *unused) {
 
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     (void)unused;
-    pthread_mutex_lock(&e->lock);
+    lock_holding_gil(&e->lock);
     unsigned long long b = e->batches, d = e->datagrams, c = e->send_calls;
     pthread_mutex_unlock(&e->lock);
     return Py_BuildValue("{sKsKsK}", "engine_batches", b, "engine_datagrams", d,
