@@ -76,10 +76,13 @@
  * waits for the pacer's earliest deadline if no other idle thread already does
  * (Engine.timed_wait), else for a signal, so that a deadline wakes one thread.
  *
- * A Python method that takes the engine's lock or a pacer's while it holds the
- * GIL waits for a busy one with the GIL released (lock_holding_gil): a send
- * thread descheduled while holding it would otherwise stall every Python thread
- * of the process. The send threads never take the GIL.
+ * A Python method takes the engine's lock or a pacer's through LOCKED: at once
+ * if it is free; else it waits for it, and does what it does under it, with the
+ * GIL released. A send thread descheduled while holding the lock then stalls no
+ * Python thread, and no thread waits for the GIL while holding the lock (a send
+ * thread would then wait for it too, up to the interpreter's switch interval of
+ * 5 ms after a batch). What runs under the lock touches no Python object. The
+ * send threads never take the GIL.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
@@ -123,9 +126,9 @@ typedef struct {
         probe, probe_interval, cautious_burst, burst_time, ceiling_step;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due, ceiling;
     int cautious, has_last, has_last_active, backlogged, has_due;
-    /* guards the state above: the engine's threads and Python's calls take it, a
-       thread inside the engine's lock (never the other way round), each for a
-       few arithmetic operations, so Python's calls wait with the GIL held */
+    /* guards the state above: the engine's threads and Python's calls (LOCKED)
+       take it, a thread inside the engine's lock (never the other way round),
+       each for a few arithmetic operations */
     pthread_mutex_t lock;
     struct Engine *engine; /* attached: woken when the rate changes */
 } Pacer;
@@ -793,30 +796,29 @@ static int check_time(double now) {
     return 0;
 }
 
-/* Takes m from a thread that holds the GIL: at once if it is free, else with the
- * GIL released while it waits, so that a send thread descheduled while holding m
- * does not stall every Python thread of the process. Every site that takes the
- * engine's or a pacer's lock with the GIL held takes it here: a thread holding m
- * may then wait for the GIL (Py_END_ALLOW_THREADS below) without a deadlock. */
-static void lock_holding_gil(pthread_mutex_t *m) {
-    if (pthread_mutex_trylock(m) == 0)
-        return;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(m);
-    Py_END_ALLOW_THREADS
-}
+/* Runs `body` (statements that touch no Python object) with mutex m held, from a
+ * thread that holds the GIL: at once if m is free, else with the GIL released
+ * while it waits for m and runs body (see the top of this file). */
+#define LOCKED(m, body)                                                                     \
+    do {                                                                                    \
+        if (pthread_mutex_trylock(m) == 0) {                                                \
+            body;                                                                           \
+            pthread_mutex_unlock(m);                                                        \
+        } else {                                                                            \
+            Py_BEGIN_ALLOW_THREADS                                                          \
+            pthread_mutex_lock(m);                                                          \
+            body;                                                                           \
+            pthread_mutex_unlock(m);                                                        \
+            Py_END_ALLOW_THREADS                                                            \
+        }                                                                                   \
+    } while (0)
 
-static void pacer_lock(Pacer *p) { lock_holding_gil(&p->lock); }
-
-/* A new rate may let a batch go sooner: an idle send thread re-plans its wait. */
-static void pacer_unlock(Pacer *p, int wake) {
+/* A new rate may let a batch go sooner: an idle send thread re-plans its wait
+   (signalled under the engine's lock: the thread cannot miss it). */
+static void pacer_wake(Pacer *p) {
     struct Engine *e = p->engine;
-    pthread_mutex_unlock(&p->lock);
-    if (wake && e != NULL) { /* (under the engine's lock: the thread cannot miss it) */
-        lock_holding_gil(&e->lock);
-        pthread_cond_signal(&e->cond);
-        pthread_mutex_unlock(&e->lock);
-    }
+    if (e != NULL)
+        LOCKED(&e->lock, pthread_cond_signal(&e->cond));
 }
 
 /* The (nbytes, *, now) arguments of on_sent and next_send_time (`format` names
@@ -839,9 +841,7 @@ static PyObject *Pacer_on_sent(Pacer *p, PyObject *args, PyObject *kw) {
     double nbytes, now;
     if (bytes_and_time(args, kw, "L$d:on_sent", &nbytes, &now) < 0)
         return NULL;
-    pacer_lock(p);
-    pacer_on_sent(p, nbytes, now);
-    pacer_unlock(p, 0);
+    LOCKED(&p->lock, pacer_on_sent(p, nbytes, now));
     Py_RETURN_NONE;
 }
 
@@ -849,9 +849,8 @@ static PyObject *Pacer_next_send_time(Pacer *p, PyObject *args, PyObject *kw) {
     double nbytes, now;
     if (bytes_and_time(args, kw, "L$d:next_send_time", &nbytes, &now) < 0)
         return NULL;
-    pacer_lock(p);
-    double t = pacer_next_send_time(p, nbytes, now);
-    pacer_unlock(p, 0);
+    double t = 0;
+    LOCKED(&p->lock, t = pacer_next_send_time(p, nbytes, now));
     return PyFloat_FromDouble(t);
 }
 
@@ -862,9 +861,8 @@ static PyObject *Pacer_allowance(Pacer *p, PyObject *args, PyObject *kw) {
         return NULL;
     if (check_time(now) < 0)
         return NULL;
-    pacer_lock(p);
-    double a = pacer_allowance(p, now);
-    pacer_unlock(p, 0);
+    double a = 0;
+    LOCKED(&p->lock, a = pacer_allowance(p, now));
     return PyLong_FromDouble(a);
 }
 
@@ -875,9 +873,7 @@ static PyObject *Pacer_note_backlogged(Pacer *p, PyObject *args, PyObject *kw) {
         return NULL;
     if (check_time(now) < 0)
         return NULL;
-    pacer_lock(p);
-    pacer_note_backlogged(p, now);
-    pacer_unlock(p, 0);
+    LOCKED(&p->lock, pacer_note_backlogged(p, now));
     Py_RETURN_NONE;
 }
 
@@ -892,9 +888,8 @@ static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
     }
     if (check_time(now) < 0)
         return NULL;
-    pacer_lock(p);
-    pacer_on_feedback(p, rate, now);
-    pacer_unlock(p, 1);
+    LOCKED(&p->lock, pacer_on_feedback(p, rate, now));
+    pacer_wake(p);
     Py_RETURN_NONE;
 }
 
@@ -920,33 +915,29 @@ static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
     }
     if (check_time(now) < 0)
         return NULL;
-    pacer_lock(p);
-    pacer_on_loss(p, lost, sent_at, queue, now);
-    pacer_unlock(p, 1);
+    LOCKED(&p->lock, pacer_on_loss(p, lost, sent_at, queue, now));
+    pacer_wake(p);
     Py_RETURN_NONE;
 }
 
 static PyObject *Pacer_get_rate(Pacer *p, void *closure) {
     (void)closure;
-    pacer_lock(p);
-    double rate = p->rate;
-    pacer_unlock(p, 0);
+    double rate = 0;
+    LOCKED(&p->lock, rate = p->rate);
     return PyFloat_FromDouble(rate);
 }
 
 static PyObject *Pacer_get_burst(Pacer *p, void *closure) {
     (void)closure;
-    pacer_lock(p);
-    double burst = pacer_burst(p);
-    pacer_unlock(p, 0);
+    double burst = 0;
+    LOCKED(&p->lock, burst = pacer_burst(p));
     return PyLong_FromDouble(burst);
 }
 
 static PyObject *Pacer_get_tokens(Pacer *p, void *closure) {
     (void)closure;
-    pacer_lock(p);
-    double tokens = p->tokens;
-    pacer_unlock(p, 0);
+    double tokens = 0;
+    LOCKED(&p->lock, tokens = p->tokens);
     return PyFloat_FromDouble(tokens);
 }
 
@@ -1076,10 +1067,10 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 static void engine_stop(Engine *e) {
     if (!e->started)
         return;
-    lock_holding_gil(&e->lock);
-    e->stop = 1;
-    pthread_cond_broadcast(&e->cond);
-    pthread_mutex_unlock(&e->lock);
+    LOCKED(&e->lock, {
+        e->stop = 1;
+        pthread_cond_broadcast(&e->cond);
+    });
     Py_BEGIN_ALLOW_THREADS
     for (int i = 0; i < e->started; i++)
         pthread_join(e->threads[i], NULL);
@@ -1153,6 +1144,42 @@ static PyObject *Engine_close(Engine *e, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* add_peer's part under the engine's lock: rank dst's entry (made if new) sends to
+ * addr paced by p. 1 if p was attached (the engine then owes it a reference; the
+ * pacer it replaced, if any, is in *replaced, whose reference the engine drops), 0
+ * if p already paced dst, -1 out of memory (nothing changed). */
+static int attach_peer(Engine *e, int dst, const struct sockaddr_in *addr, Pacer *p,
+                       Pacer **replaced) {
+    if (dst >= e->n_peers) {
+        int n = dst + 1;
+        Peer **grown = PyMem_RawRealloc(e->peers, (size_t)n * sizeof(Peer *));
+        if (grown == NULL)
+            return -1;
+        for (int i = e->n_peers; i < n; i++)
+            grown[i] = NULL;
+        e->peers = grown;
+        e->n_peers = n;
+    }
+    Peer *peer = e->peers[dst];
+    if (peer == NULL) {
+        peer = PyMem_RawCalloc(1, sizeof(Peer));
+        if (peer == NULL)
+            return -1;
+        peer->dst = dst;
+        e->peers[dst] = peer;
+    }
+    peer->addr = *addr;
+    if (peer->pacer == p)
+        return 0;
+    if (peer->pacer != NULL) {
+        peer->pacer->engine = NULL;
+        *replaced = peer->pacer;
+    }
+    peer->pacer = p;
+    p->engine = e;
+    return 1;
+}
+
 static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
     int dst, port;
     const char *host;
@@ -1180,40 +1207,14 @@ static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "add_peer: the engine is closed");
         return NULL;
     }
-    lock_holding_gil(&e->lock);
-    if (dst >= e->n_peers) {
-        int n = dst + 1;
-        Peer **grown = PyMem_RawRealloc(e->peers, (size_t)n * sizeof(Peer *));
-        if (grown == NULL) {
-            pthread_mutex_unlock(&e->lock);
-            return PyErr_NoMemory();
-        }
-        for (int i = e->n_peers; i < n; i++)
-            grown[i] = NULL;
-        e->peers = grown;
-        e->n_peers = n;
-    }
-    Peer *peer = e->peers[dst];
-    if (peer == NULL) {
-        peer = PyMem_RawCalloc(1, sizeof(Peer));
-        if (peer == NULL) {
-            pthread_mutex_unlock(&e->lock);
-            return PyErr_NoMemory();
-        }
-        peer->dst = dst;
-        e->peers[dst] = peer;
-    } else if (peer->pacer != p) {
-        peer->pacer->engine = NULL;
-        Py_DECREF(peer->pacer);
-        peer->pacer = NULL;
-    }
-    peer->addr = addr;
-    if (peer->pacer == NULL) {
-        Py_INCREF(p);
-        peer->pacer = p;
-        p->engine = e;
-    }
-    pthread_mutex_unlock(&e->lock);
+    Pacer *replaced = NULL; /* (its reference dropped after the lock, with the GIL) */
+    int attached = 0;
+    LOCKED(&e->lock, attached = attach_peer(e, dst, &addr, p, &replaced));
+    if (attached < 0)
+        return PyErr_NoMemory();
+    if (attached)
+        Py_INCREF(p); /* (the caller's reference kept it alive until now) */
+    Py_XDECREF(replaced);
     Py_RETURN_NONE;
 }
 
@@ -1500,10 +1501,11 @@ static PyObject *Engine_reap(Engine *e, PyObject *unused) {
         ssize_t got = read(e->efd, &count, sizeof count);
         (void)got;
     }
-    lock_holding_gil(&e->lock);
-    Round *head = e->done_head;
-    e->done_head = e->done_tail = NULL;
-    pthread_mutex_unlock(&e->lock);
+    Round *head = NULL;
+    LOCKED(&e->lock, {
+        head = e->done_head;
+        e->done_head = e->done_tail = NULL;
+    });
     PyObject *out = PyList_New(0);
     while (head) {
         Round *r = head;
@@ -1526,9 +1528,12 @@ static PyObject *Engine_fileno(Engine *e, PyObject *unused) {
 
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     (void)unused;
-    lock_holding_gil(&e->lock);
-    unsigned long long b = e->batches, d = e->datagrams, c = e->send_calls;
-    pthread_mutex_unlock(&e->lock);
+    unsigned long long b = 0, d = 0, c = 0;
+    LOCKED(&e->lock, {
+        b = e->batches;
+        d = e->datagrams;
+        c = e->send_calls;
+    });
     return Py_BuildValue("{sKsKsK}", "engine_batches", b, "engine_datagrams", d,
                          "engine_send_calls", c);
 }
