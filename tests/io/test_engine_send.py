@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,6 +338,31 @@ def test_a_bad_post_is_refused_by_name(change: dict[str, Any], message: str) -> 
                 engine.add_peer(2, "localhost", 5, _pacer(unpaced=True))
         finally:
             engine.close()
+
+
+def test_an_engine_holds_one_reference_to_each_peers_pacer() -> None:
+    """add_peer keeps one reference to the pacer it attaches (none more when the same
+    pacer is attached again), drops the one of a pacer it replaces, which can then
+    pace for another engine, and close drops the rest."""
+    with _sockets() as (rx, (tx,)):
+        port = rx.getsockname()[1]
+        first, second = _engine([tx.fileno()]), _engine([tx.fileno()])
+        old, new = _pacer(unpaced=True), _pacer(unpaced=True)
+        old_refs, new_refs = sys.getrefcount(old), sys.getrefcount(new)
+        try:
+            first.add_peer(1, "127.0.0.1", port, old)
+            first.add_peer(1, "127.0.0.1", port, old)
+            assert sys.getrefcount(old) == old_refs + 1
+            with pytest.raises(ValueError, match="belongs to another engine"):
+                second.add_peer(1, "127.0.0.1", port, old)
+            first.add_peer(1, "127.0.0.1", port, new)
+            assert (sys.getrefcount(old), sys.getrefcount(new)) == (old_refs, new_refs + 1)
+            second.add_peer(4, "127.0.0.1", port, old)  # (set free by the replacement)
+            assert sys.getrefcount(old) == old_refs + 1
+        finally:
+            first.close()
+            second.close()
+        assert (sys.getrefcount(old), sys.getrefcount(new)) == (old_refs, new_refs)
 
 
 def _thread_names() -> list[str]:
