@@ -1147,7 +1147,8 @@ static PyObject *Engine_close(Engine *e, PyObject *unused) {
 /* add_peer's part under the engine's lock: rank dst's entry (made if new) sends to
  * addr paced by p. 1 if p was attached (the engine then owes it a reference; the
  * pacer it replaced, if any, is in *replaced, whose reference the engine drops), 0
- * if p already paced dst, -1 out of memory (nothing changed). */
+ * if p already paced dst, -1 out of memory (nothing changed). The pacers' `engine`
+ * fields are add_peer's to set, with the GIL: only Python's calls read them. */
 static int attach_peer(Engine *e, int dst, const struct sockaddr_in *addr, Pacer *p,
                        Pacer **replaced) {
     if (dst >= e->n_peers) {
@@ -1171,12 +1172,8 @@ static int attach_peer(Engine *e, int dst, const struct sockaddr_in *addr, Pacer
     peer->addr = *addr;
     if (peer->pacer == p)
         return 0;
-    if (peer->pacer != NULL) {
-        peer->pacer->engine = NULL;
-        *replaced = peer->pacer;
-    }
+    *replaced = peer->pacer;
     peer->pacer = p;
-    p->engine = e;
     return 1;
 }
 
@@ -1212,9 +1209,14 @@ static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
     LOCKED(&e->lock, attached = attach_peer(e, dst, &addr, p, &replaced));
     if (attached < 0)
         return PyErr_NoMemory();
-    if (attached)
+    if (attached) {
         Py_INCREF(p); /* (the caller's reference kept it alive until now) */
-    Py_XDECREF(replaced);
+        p->engine = e;
+    }
+    if (replaced != NULL) {
+        replaced->engine = NULL;
+        Py_DECREF(replaced);
+    }
     Py_RETURN_NONE;
 }
 
