@@ -19,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -787,9 +788,192 @@ done:
     return result;
 }
 
-/* What plan_round puts in each header, and where. */
+/*
+ * classify_chunks(layer, n_layers, magnitudes, layer_prio, layer_eligible, fraction,
+ *                 threshold, may_drop, bias, top, prio, drop, mag)
+ *     the rule of the built-in classifiers (dlcp/proto/classify.py) over a
+ *     message's chunks in one pass, without numpy's temporaries:
+ *     prio[s] = layer_prio[layer[s]]; mag[s] the magnitude class of magnitudes[s]
+ *     (as magnitude_class_f32); drop[s] only when may_drop, among the chunks whose
+ *     layer_eligible[layer[s]] is set (None: every chunk): with fraction >= 0, the
+ *     floor(fraction * eligible chunks) of smallest |magnitude| that are not NaN,
+ *     ties going to the lower chunk; with fraction < 0, those with |magnitude| below
+ *     the float32 threshold. Returns -1, or the first chunk whose layer is not
+ *     below n_layers (then nothing in the outputs is defined).
+ *
+ *     The k-th smallest |magnitude| is found by its bits: for floats >= 0 (+inf
+ *     included, NaN left out) the order of the bit patterns as integers is the
+ *     order of the values, so three passes of a radix select find it exactly, in
+ *     O(n) whatever the values.
+ */
+static inline uint32_t abs_bits(float v) {
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    return b & 0x7fffffffu;
+}
+
+/* The bits of the k-th smallest (0-based) of keys[0..n), k < n, each below 2**31;
+   keys is reordered. Digits of 11, 11 and 9 bits: the first (the exponent and the
+   top of the mantissa) spreads magnitudes over enough buckets that the counts'
+   increments seldom wait on each other, and leaves few keys for the next. */
+static uint32_t radix_select(uint32_t *keys, Py_ssize_t n, Py_ssize_t k) {
+    static const int shifts[3] = {20, 9, 0}, widths[3] = {11, 11, 9};
+    uint32_t prefix = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = shifts[pass];
+        const uint32_t digit_mask = (1u << widths[pass]) - 1;
+        uint32_t hist[2048] = {0};
+        for (Py_ssize_t i = 0; i < n; i++)
+            hist[keys[i] >> shift & digit_mask]++;
+        uint32_t digit = 0;
+        while (k >= (Py_ssize_t)hist[digit])
+            k -= hist[digit++];
+        prefix |= digit << shift;
+        /* keep the keys in that bucket: the next digit ranks only them */
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if ((keys[i] >> shift & digit_mask) == digit)
+                keys[kept++] = keys[i];
+        n = kept;
+    }
+    return prefix;
+}
+
+/* drop[s] for the fraction rule; -1 with MemoryError set if the scratch fails. */
+static int drop_smallest(const float *m, const uint8_t *cand, Py_ssize_t n, Py_ssize_t k,
+                         uint8_t *drop) {
+    Py_ssize_t n_cand = 0;
+    for (Py_ssize_t s = 0; s < n; s++)
+        n_cand += cand[s];
+    if (k <= 0)
+        return 0;
+    if (k >= n_cand) {
+        memcpy(drop, cand, (size_t)n);
+        return 0;
+    }
+    uint32_t *keys = PyMem_RawMalloc((size_t)n_cand * 4);
+    if (keys == NULL)
+        return -1;
+    for (Py_ssize_t s = 0, i = 0; s < n; s++)
+        if (cand[s])
+            keys[i++] = abs_bits(m[s]);
+    const uint32_t kth = radix_select(keys, n_cand, k - 1);
+    PyMem_RawFree(keys);
+    Py_ssize_t below = 0;
+    for (Py_ssize_t s = 0; s < n; s++) {
+        drop[s] = cand[s] && abs_bits(m[s]) < kth;
+        below += drop[s];
+    }
+    for (Py_ssize_t s = 0, need = k - below; s < n && need > 0; s++)
+        if (cand[s] && abs_bits(m[s]) == kth) {
+            drop[s] = 1;
+            need--;
+        }
+    return 0;
+}
+
+/* Whether v is a float32 value (infinities included, NaN not). */
+static int is_float32(double v) {
+    if (isinf(v))
+        return 1;
+    return fabs(v) <= FLT_MAX && (double)(float)v == v;
+}
+
+static PyObject *classify_chunks(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *layer_obj, *mag_obj, *lprio_obj, *lelig_obj, *prio_obj, *drop_obj, *cls_obj;
+    Py_ssize_t n_layers;
+    double fraction, threshold;
+    int may_drop, bias, top;
+    if (!PyArg_ParseTuple(args, "OnOOOddpiiOOO:classify_chunks", &layer_obj, &n_layers,
+                          &mag_obj, &lprio_obj, &lelig_obj, &fraction, &threshold, &may_drop,
+                          &bias, &top, &prio_obj, &drop_obj, &cls_obj))
+        return NULL;
+    if (bias < 0 || bias > 126 || top < 0 || top > 255 || n_layers < 1 || n_layers > 0x10000 ||
+        !(fraction <= 1.0) || (fraction < 0 && !is_float32(threshold))) {
+        PyErr_SetString(PyExc_ValueError, "classify_chunks: need 0 <= bias <= 126, "
+                                          "0 <= top <= 255, 1..65536 layers, a fraction of "
+                                          "at most 1 and a float32 threshold");
+        return NULL;
+    }
+    Buf layer = {0}, mag = {0}, lprio = {0}, lelig = {0}, prio = {0}, drop = {0}, cls = {0};
+    PyObject *result = NULL;
+    if (buf_get(layer_obj, 0, &layer) < 0 || buf_get(mag_obj, 0, &mag) < 0 ||
+        buf_get(lprio_obj, 0, &lprio) < 0 ||
+        (lelig_obj != Py_None && buf_get(lelig_obj, 0, &lelig) < 0) ||
+        buf_get(prio_obj, 1, &prio) < 0 || buf_get(drop_obj, 1, &drop) < 0 ||
+        buf_get(cls_obj, 1, &cls) < 0)
+        goto done;
+    const Py_ssize_t n = prio.view.len;
+    if ((uintptr_t)layer.view.buf % 2 || (uintptr_t)mag.view.buf % 4 ||
+        layer.view.len != 2 * n || mag.view.len != 4 * n || drop.view.len != n ||
+        cls.view.len != n || lprio.view.len != n_layers ||
+        (lelig.held && lelig.view.len != n_layers)) {
+        PyErr_Format(PyExc_ValueError, "classify_chunks: %zd chunks need aligned uint16 "
+                     "layers, float32 magnitudes, one-byte outputs of %zd and per-layer "
+                     "tables of %zd", n, n, n_layers);
+        goto done;
+    }
+    {
+        const uint16_t *ly = layer.view.buf;
+        const float *m = mag.view.buf;
+        const uint8_t *lp = lprio.view.buf, *le = lelig.held ? lelig.view.buf : NULL;
+        uint8_t *pr = prio.view.buf, *dr = drop.view.buf, *mc = cls.view.buf;
+        Py_ssize_t bad = -1, eligible = 0;
+        int failed = 0;
+        const float t = (float)(fraction < 0 ? threshold : 0.0);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < n; s++) {
+            const unsigned l = ly[s];
+            if (l >= (unsigned)n_layers) {
+                bad = s;
+                break;
+            }
+            pr[s] = lp[l];
+            const int e = (int)(abs_bits(m[s]) >> 23);
+            const int c = e == 0xff ? top : e == 0 ? 0 : e - 127 + bias;
+            mc[s] = (uint8_t)(c < 0 ? 0 : c > top ? top : c);
+            const uint8_t ok = le == NULL || le[l];
+            eligible += ok;
+            /* the candidates for now: eligible and (fraction) not NaN, or below t */
+            dr[s] = may_drop && ok && (fraction < 0 ? fabsf(m[s]) < t : !isnan(m[s]));
+        }
+        if (bad < 0 && may_drop && fraction >= 0) {
+            /* (floor, in double, as numpy's floor(q * count) in the reference) */
+            const Py_ssize_t k = (Py_ssize_t)floor(fraction * (double)eligible);
+            uint8_t *cand = PyMem_RawMalloc((size_t)(n ? n : 1));
+            if (cand == NULL)
+                failed = 1;
+            else {
+                memcpy(cand, dr, (size_t)n);
+                memset(dr, 0, (size_t)n);
+                failed = drop_smallest(m, cand, n, k, dr) < 0;
+                PyMem_RawFree(cand);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        result = PyLong_FromSsize_t(bad);
+    }
+done:
+    buf_release(&cls);
+    buf_release(&drop);
+    buf_release(&prio);
+    buf_release(&lelig);
+    buf_release(&lprio);
+    buf_release(&mag);
+    buf_release(&layer);
+    return result;
+}
+
+/* What plan_round puts in each header, and where. Passed by value, so that the
+   compiler knows the header stores (through unsigned char *) cannot change it and
+   keeps its fields in registers instead of loading them again after every store. */
 typedef struct {
-    const unsigned char *layout; /* flags, layer, seq, offset, payload_len, tclass */
+    int at_flags, at_layer, at_seq, at_offset, at_len, at_tclass;
     const uint16_t *layer;
     const uint8_t *prio, *drop, *mag;
     Py_ssize_t n, chunk_elems, chunk_bytes, msg_elems, itemsize;
@@ -797,22 +981,22 @@ typedef struct {
 } PlanHeader;
 
 /* Chunk s's fields into the header at line; returns its payload bytes. */
-static inline Py_ssize_t plan_header(const PlanHeader *h, unsigned char *line, Py_ssize_t s) {
-    const unsigned char *at = h->layout;
-    const int last = s == h->n - 1;
-    Py_ssize_t bytes = last ? (h->msg_elems - s * h->chunk_elems) * h->itemsize : h->chunk_bytes;
-    uint16_t w16;
-    uint32_t w32;
-    line[at[0]] = (unsigned char)(h->flags | (last ? h->last_flag : 0));
-    w16 = (uint16_t)(h->layer[s] >> 8 | h->layer[s] << 8);
-    memcpy(line + at[1], &w16, 2);
-    w32 = swap32((uint32_t)s);
-    memcpy(line + at[2], &w32, 4);
-    w32 = swap32((uint32_t)(s * h->chunk_elems));
-    memcpy(line + at[3], &w32, 4);
-    w16 = (uint16_t)((bytes >> 8 & 0xff) | (bytes & 0xff) << 8);
-    memcpy(line + at[4], &w16, 2);
-    line[at[5]] = (unsigned char)(h->prio[s] << 5 | h->drop[s] << 4 | h->mag[s]);
+__attribute__((always_inline)) static inline Py_ssize_t plan_header(const PlanHeader h,
+                                                                   unsigned char *line,
+                                                                   Py_ssize_t s) {
+    const int last = s == h.n - 1;
+    const Py_ssize_t bytes = last ? (h.msg_elems - s * h.chunk_elems) * h.itemsize
+                                  : h.chunk_bytes;
+    const uint16_t layer = (uint16_t)(h.layer[s] >> 8 | h.layer[s] << 8);
+    const uint32_t seq = swap32((uint32_t)s), offset = swap32((uint32_t)(s * h.chunk_elems));
+    const uint16_t len = (uint16_t)((bytes >> 8 & 0xff) | (bytes & 0xff) << 8);
+    const unsigned char tclass = (unsigned char)(h.prio[s] << 5 | h.drop[s] << 4 | h.mag[s]);
+    line[h.at_flags] = (unsigned char)(h.flags | (last ? h.last_flag : 0));
+    memcpy(line + h.at_layer, &layer, 2);
+    memcpy(line + h.at_seq, &seq, 4);
+    memcpy(line + h.at_offset, &offset, 4);
+    memcpy(line + h.at_len, &len, 2);
+    line[h.at_tclass] = tclass;
     return bytes;
 }
 
@@ -895,20 +1079,42 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
         unsigned char *d = rec.view.buf;
         const unsigned char *sb = with_payload ? src.view.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t s = 0; s < n; s++)
-            counts[(7 - pr[s]) * 2 + dr[s]]++;
+        /* run by run of one priority (a layer's chunks are one run): the two keys
+           of a run, protected and drop-eligible, are counted and placed from
+           locals, not through counts[] and next[] in memory, whose increments
+           would each wait for the one before */
+        for (Py_ssize_t s = 0; s < n;) {
+            const uint8_t p = pr[s];
+            Py_ssize_t e = s, drops = 0;
+            for (; e < n && pr[e] == p; e++)
+                drops += dr[e];
+            counts[(7 - p) * 2] += e - s - drops;
+            counts[(7 - p) * 2 + 1] += drops;
+            s = e;
+        }
         Py_ssize_t next[PLAN_KEYS];
         for (Py_ssize_t k = 0, at = 0; k < PLAN_KEYS; at += counts[k], k++)
             next[k] = at;
-        for (Py_ssize_t s = 0; s < n; s++) {
-            Py_ssize_t r = next[(7 - pr[s]) * 2 + dr[s]]++;
-            ord[r] = s;
-            ros[s] = r;
-            sp[r] = pr[s];
-            sd[r] = dr[s];
+        for (Py_ssize_t s = 0; s < n;) {
+            const uint8_t p = pr[s];
+            const int k = (7 - p) * 2;
+            Py_ssize_t kept = next[k], eligible = next[k + 1];
+            for (; s < n && pr[s] == p; s++) {
+                const uint8_t d = dr[s];
+                const Py_ssize_t r = d ? eligible : kept;
+                ord[r] = s;
+                ros[s] = r;
+                sp[r] = p;
+                sd[r] = d;
+                eligible += d;
+                kept += 1 - d;
+            }
+            next[k] = kept;
+            next[k + 1] = eligible;
         }
-        PlanHeader h = {layout, ly, pr, dr, mg, n, chunk_elems, chunk_bytes, msg_elems,
-                        itemsize, flags, last_flag};
+        const PlanHeader h = {layout[0], layout[1], layout[2], layout[3], layout[4], layout[5],
+                              ly, pr, dr, mg, n, chunk_elems, chunk_bytes, msg_elems, itemsize,
+                              flags, last_flag};
         if (sb == NULL) {
             /* headers only: written in record order, one after the other, the
                template first and the fields over it (fields put in `line` and then
@@ -919,7 +1125,7 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
                     memcpy(at, tmpl, 32);
                 else
                     memcpy(at, tmpl, (size_t)tmpl_len);
-                plan_header(&h, at, ord[r]);
+                plan_header(h, at, ord[r]);
             }
         } else {
             /* with payload: in chunk order, so that the message is read front to
@@ -928,7 +1134,7 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
             unsigned char line[MAX_HEAD];
             memcpy(line, tmpl, (size_t)tmpl_len);
             for (Py_ssize_t s = 0; s < n; s++) {
-                Py_ssize_t bytes = plan_header(&h, line, s);
+                Py_ssize_t bytes = plan_header(h, line, s);
                 unsigned char *at = d + ros[s] * row_bytes;
                 put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes,
                            stream && s < n - 1);
@@ -984,6 +1190,10 @@ static PyMethodDef methods[] = {
      "msg_elems, itemsize, flags, last_flag, source, order, row_of_seq, sent_prio, sent_drop, "
      "stream): a message's send order and first-round records in one pass (see the module "
      "source)."},
+    {"classify_chunks", classify_chunks, METH_VARARGS,
+     "classify_chunks(layer, n_layers, magnitudes, layer_prio, layer_eligible, fraction, "
+     "threshold, may_drop, bias, top, prio, drop, mag): the built-in classifiers' rule over a "
+     "message's chunks in one pass (see the module source)."},
     {"magnitude_class_f32", magnitude_class_f32, METH_VARARGS,
      "magnitude_class_f32(magnitudes, bias, top, out): clamped floor(log2|m|) + bias of "
      "float32 magnitudes (see the module source)."},

@@ -37,7 +37,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple, Protocol, TypeVar
+from typing import Final, NamedTuple, Protocol, TypeAlias, TypeVar, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -50,6 +50,7 @@ __all__ = [
     "MAX_LAYERS",
     "ChunkClasses",
     "ChunkLayers",
+    "ChunkRule",
     "Classifier",
     "CombinedClassifier",
     "LayerClassifier",
@@ -57,6 +58,7 @@ __all__ = [
     "NoneClassifier",
     "available_classifiers",
     "chunk_layers",
+    "classify_chunks",
     "magnitude_class",
     "make_classifier",
     "register_classifier",
@@ -330,6 +332,10 @@ class LayerClassifier:
     def __post_init__(self) -> None:
         _check_classes(self.n_classes)
 
+    def chunk_rule(self, n_layers: int) -> ChunkRule:
+        """This rule as data, for :func:`classify_chunks`."""
+        return ChunkRule(_layer_prio_table(n_layers, self.n_classes, self.front_first), None, 0.0)
+
     def classify(
         self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
     ) -> ChunkClasses:
@@ -364,6 +370,11 @@ class MagnitudeClassifier:
         _check_prio(self.prio)
         if self.drop_fraction is None and self.threshold is None:
             object.__setattr__(self, "drop_fraction", 0.0)
+
+    def chunk_rule(self, n_layers: int) -> ChunkRule:
+        """This rule as data, for :func:`classify_chunks`."""
+        prio = np.full(n_layers, self.prio, dtype=np.uint8)
+        return ChunkRule(prio, None, self.drop_fraction, self.threshold)
 
     def classify(
         self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
@@ -410,6 +421,15 @@ class CombinedClassifier:
             raise UsageError(f"protect_layers={sorted(protect)} holds a negative layer")
         object.__setattr__(self, "protect_layers", protect)
 
+    def chunk_rule(self, n_layers: int) -> ChunkRule:
+        """This rule as data, for :func:`classify_chunks`."""
+        eligible = None
+        if self.protect_layers:
+            eligible = np.ones(n_layers, dtype=np.bool_)
+            eligible[[x for x in self.protect_layers if x < n_layers]] = False
+        prio = _layer_prio_table(n_layers, self.n_classes, self.front_first)
+        return ChunkRule(prio, eligible, self.drop_fraction, self.threshold)
+
     def classify(
         self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
     ) -> ChunkClasses:
@@ -430,6 +450,10 @@ class CombinedClassifier:
 class NoneClassifier:
     """One priority class (0), nothing drop-eligible."""
 
+    def chunk_rule(self, n_layers: int) -> ChunkRule:
+        """This rule as data, for :func:`classify_chunks`."""
+        return ChunkRule(np.zeros(n_layers, dtype=np.uint8), None, 0.0)
+
     def classify(
         self, layers: NDArray[np.integer], magnitudes: NDArray[np.float32], *, n_layers: int
     ) -> ChunkClasses:
@@ -439,6 +463,84 @@ class NoneClassifier:
             drop=np.zeros(len(lay), dtype=np.bool_),
             mag=magnitude_class(mag),
         )
+
+
+# --------------------------------------------------------------------------- in C
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChunkRule:
+    """A built-in classifier's rule for a message of ``n_layers`` layers, as data
+    that the C kernel applies in one pass (:func:`classify_chunks`); the
+    classifier's ``classify`` stays the reference it is held to."""
+
+    #: the priority class of each layer
+    layer_prio: NDArray[np.uint8]
+    #: the layers whose chunks may be drop-eligible (None: all)
+    layer_eligible: NDArray[np.bool_] | None
+    #: drop eligibility by fraction, or (None) by ``threshold``
+    drop_fraction: float | None
+    threshold: float | None = None
+
+
+#: the classifiers whose rule the C kernel applies (exactly these types: a subclass
+#: may classify otherwise)
+_RULED: Final = (LayerClassifier, MagnitudeClassifier, CombinedClassifier, NoneClassifier)
+_Ruled: TypeAlias = LayerClassifier | MagnitudeClassifier | CombinedClassifier | NoneClassifier
+
+
+def classify_chunks(
+    classifier: Classifier,
+    layers: NDArray[np.integer],
+    magnitudes: NDArray[np.float32],
+    *,
+    n_layers: int,
+    may_drop: bool = True,
+) -> ChunkClasses:
+    """``classifier.classify(layers, magnitudes, n_layers=n_layers)``, with no chunk
+    drop-eligible unless ``may_drop``. For the built-in classifiers, with the C
+    accelerator, uint16 layers and float32 magnitudes (as
+    :func:`.packetizer.plan_message` has them), one C pass gives the same tags
+    without numpy's temporaries, and without ranking the magnitudes when nothing
+    may be dropped."""
+    if (
+        type(classifier) in _RULED
+        and kernels.ACCELERATED
+        and layers.dtype == np.uint16
+        and magnitudes.dtype == np.float32
+        and 1 <= n_layers <= MAX_LAYERS
+    ):
+        prio, eligible, fraction, threshold = _rule_tables(cast(_Ruled, classifier), n_layers)
+        tags = kernels.classify_chunks(
+            cast(NDArray[np.uint16], layers), n_layers, magnitudes, prio, eligible, fraction,
+            threshold, may_drop, _MAG_BIAS, _MAG_MAX,
+        )  # fmt: skip
+        if tags is not None:
+            return ChunkClasses(*tags)
+        # a layer outside 0..n_layers-1: classify says so, in the user's words
+    classes = classifier.classify(layers, magnitudes, n_layers=n_layers)
+    if may_drop:
+        return classes
+    return ChunkClasses(classes.prio, np.zeros_like(classes.drop), classes.mag)
+
+
+@functools.lru_cache(maxsize=64)
+def _rule_tables(
+    classifier: _Ruled, n_layers: int
+) -> tuple[NDArray[np.uint8], NDArray[np.uint8] | None, float, float]:
+    """A built-in classifier's :class:`ChunkRule` as the C kernel takes it: the
+    fraction (-1: by threshold) and the threshold in float32, as the reference
+    compares it."""
+    rule = classifier.chunk_rule(n_layers)
+    eligible = None if rule.layer_eligible is None else rule.layer_eligible.view(np.uint8)
+    for table in (rule.layer_prio, eligible):  # (shared by every call: read-only)
+        if table is not None:
+            table.flags.writeable = False
+    if rule.drop_fraction is not None:
+        return rule.layer_prio, eligible, float(rule.drop_fraction), 0.0
+    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
+        threshold = float(np.float32(rule.threshold))
+    return rule.layer_prio, eligible, -1.0, threshold
 
 
 # --------------------------------------------------------------------------- layers

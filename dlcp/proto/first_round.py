@@ -6,6 +6,7 @@ tests hold it to."""
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -18,10 +19,9 @@ from .packetizer import (
     RecordRun,
     UInt8Array,
     build_records,
-    header_template,
     record_stride,
 )
-from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, Flags
+from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, Flags, message_header
 
 __all__ = ["FirstRound", "first_round"]
 
@@ -77,8 +77,11 @@ def first_round(
     shape = (n, DATA_HEADER_LEN + tag if lend else stride)
     fits = buffer is not None and buffer.shape == shape and buffer.dtype == np.uint8
     records = buffer if fits and buffer is not None else np.empty(shape, np.uint8)
+    template = message_header(
+        ident.job, ident.step, ident.msg, table.msg_elems, ident.src, table.dtype, ident.bound
+    )
     order, row_of_seq, prio, drop, counts = kernels.plan_round(
-        records, header_template(ident, table).astype(HEADER_DTYPE).tobytes(), _PLAN_LAYOUT,
+        records, template, _PLAN_LAYOUT,
         table.prio, table.drop, table.mag, table.layer, table.chunk_elems, table.msg_elems,
         table.dtype.itemsize, int(Flags.AUTH) if authenticate else 0, int(Flags.LAST),
         None if lend else source, stream=not lend and kernels.streams(records.nbytes),
@@ -87,7 +90,7 @@ def first_round(
     tail_bytes = (table.msg_elems - (n - 1) * table.chunk_elems) * table.dtype.itemsize
     lengths = np.full(n, stride, dtype=np.int64)
     lengths[last_row] = DATA_HEADER_LEN + tail_bytes + tag
-    ends = np.cumsum(counts).tolist()
+    ends = list(itertools.accumulate(counts))
     run = RecordRun(
         records, lengths, order, prio, drop, stride,
         short=last_row if tail_bytes != chunk_bytes else -1, payload=payload,

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from .auth import NonceCounter, seal_records
-from .classify import Classifier, chunk_layers
+from .classify import Classifier, chunk_layers, classify_chunks
 from .kernels import block_abs_mean, gather_records, streams
 from .wire import (
     AUTH_TRAILER_LEN,
@@ -190,19 +190,19 @@ def plan_message(
     layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
     # one errstate for both (entering one costs microseconds): NaN/inf chunks
     # are protected, not errors
+    may_drop = loss_bound is None or allowed_loss(loss_bound, len(data)) >= chunk_elems
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         magnitude = _magnitudes_of(data, dtype, chunk_elems, magnitude_sample)
-        classes = classifier.classify(layers, magnitude, n_layers=n_layers)
-    drop = classes.drop
-    if loss_bound is not None and allowed_loss(loss_bound, len(data)) < chunk_elems:
-        drop = np.zeros_like(drop)
+        classes = classify_chunks(
+            classifier, layers, magnitude, n_layers=n_layers, may_drop=may_drop
+        )
     return ChunkTable(
         dtype=dtype,
         msg_elems=len(data),
         chunk_elems=chunk_elems,
         layer=layers.astype(np.uint16, copy=False),
         prio=classes.prio,
-        drop=drop,
+        drop=classes.drop,
         mag=classes.mag,
         magnitude=magnitude,
     )

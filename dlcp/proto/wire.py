@@ -88,6 +88,7 @@ __all__ = [
     "encode_data",
     "gmac_tag",
     "key_of_source",
+    "message_header",
     "peek_type",
     "seal_datagram",
     "tag_matches",
@@ -219,6 +220,18 @@ NATIVE_HEADER_DTYPE: Final = HEADER_DTYPE.newbyteorder("=")
 
 _DATA_STRUCT: Final = struct.Struct(">BBHIHHIIIHHBBBB")
 assert _DATA_STRUCT.size == DATA_HEADER_LEN
+
+
+def message_header(
+    job: int, step: int, msg: int, msg_elems: int, src: int, dtype: DType, bound: int
+) -> bytes:
+    """The fields every data header of one message shares, on the wire, with the
+    per-packet fields (flags, layer, seq, offset, payload_len, tclass, path) zero.
+    Unchecked: the caller's values are already in range."""
+    return _DATA_STRUCT.pack(
+        (VERSION << 4) | PacketType.DATA, 0, job, step, msg, 0, 0, 0, msg_elems, 0, src, 0,
+        int(dtype) << 4, bound, 0,
+    )  # fmt: skip
 
 
 def bound_to_wire(p: float) -> int:

@@ -125,8 +125,11 @@ def test_layer_prio_is_monotone_in_range_and_mirrored(
     assert np.all(np.diff(front.prio[order].astype(int)) <= 0)
     if n_layers >= n_classes:  # every class is used by some layer
         every = np.arange(n_layers)
-        all_prio = LayerClassifier(n_classes).classify(every, np.ones(n_layers, np.float32),
-                                                       n_layers=n_layers).prio
+        all_prio = (
+            LayerClassifier(n_classes)
+            .classify(every, np.ones(n_layers, np.float32), n_layers=n_layers)
+            .prio
+        )
         assert set(all_prio.tolist()) == set(range(n_classes))
 
 
@@ -313,6 +316,124 @@ def test_classify_input_errors() -> None:
         c.classify(np.zeros(0, int), f32(), n_layers=0)
     with pytest.raises(ValueError, match="differ in length"):
         ChunkClasses(np.zeros(2, np.uint8), np.zeros(3, bool), np.zeros(2, np.uint8))
+
+
+# --------------------------------------------------------------------------- the C pass
+
+#: magnitudes that stress the C pass: ties, zeros of both signs, subnormals,
+#: infinities, NaN, and values a float32 cannot tell apart from their neighbours
+_HARD_MAGNITUDES = np.array(
+    [0.0, -0.0, 1e-45, 1e-38, 0.5, 0.5, 1.0, 1.0 + 2**-23, 3.0, 1e30, np.inf, np.nan],
+    dtype=np.float32,
+)
+
+
+def _rules() -> list[classify.Classifier]:
+    return [
+        LayerClassifier(),
+        LayerClassifier(n_classes=3, front_first=False),
+        MagnitudeClassifier(drop_fraction=0.3, prio=5),
+        MagnitudeClassifier(threshold=0.75),
+        MagnitudeClassifier(threshold=1e300),  # +inf in float32: everything finite below
+        MagnitudeClassifier(),
+        CombinedClassifier(),
+        CombinedClassifier(drop_fraction=0.999),
+        CombinedClassifier(drop_fraction=0.8, protect_layers=frozenset({1, 7, 500})),
+        CombinedClassifier(threshold=0.5, n_classes=2, protect_layers=frozenset({0})),
+        NoneClassifier(),
+    ]
+
+
+def _assert_same_tags(got: ChunkClasses, want: ChunkClasses) -> None:
+    for name in ("prio", "drop", "mag"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_c_pass_gives_the_classifiers_tags(data: st.DataObject) -> None:
+    rule = data.draw(st.sampled_from(_rules()))
+    n_layers = data.draw(st.integers(1, 12))
+    n = data.draw(st.integers(0, 300))
+    layers = np.array(
+        data.draw(st.lists(st.integers(0, n_layers - 1), min_size=n, max_size=n)), np.uint16
+    )
+    if data.draw(st.booleans()):  # from a few values: many ties
+        picks = data.draw(st.lists(st.integers(0, len(_HARD_MAGNITUDES) - 1), min_size=n,
+                                   max_size=n))  # fmt: skip
+        magnitudes = _HARD_MAGNITUDES[np.array(picks, np.int64)]
+    else:
+        magnitudes = np.array(
+            data.draw(st.lists(st.floats(width=32, allow_nan=True), min_size=n, max_size=n)),
+            np.float32,
+        )
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = rule.classify(layers, magnitudes, n_layers=n_layers)
+        got = classify.classify_chunks(rule, layers, magnitudes, n_layers=n_layers)
+        _assert_same_tags(got, want)
+        held = classify.classify_chunks(rule, layers, magnitudes, n_layers=n_layers,
+                                        may_drop=False)  # fmt: skip
+    assert not held.drop.any()
+    np.testing.assert_array_equal(held.prio, want.prio)
+    np.testing.assert_array_equal(held.mag, want.mag)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_pass_ranks_a_message_of_many_chunks_as_numpy_does() -> None:
+    # (the radix select's later digits only matter where many values share the first)
+    rng = np.random.default_rng(5)
+    n = 50_000
+    magnitudes = np.abs(rng.standard_normal(n)).astype(np.float32) * 1e-3
+    magnitudes[rng.integers(0, n, 2000)] = magnitudes[7]  # a big tie at one value
+    magnitudes[rng.integers(0, n, 50)] = np.nan
+    layers = rng.integers(0, 40, n).astype(np.uint16)
+    for rule in (CombinedClassifier(drop_fraction=q) for q in (0.01, 0.1, 0.5, 0.8, 0.999)):
+        want = rule.classify(layers, magnitudes, n_layers=40)
+        _assert_same_tags(classify.classify_chunks(rule, layers, magnitudes, n_layers=40), want)
+
+
+def test_other_classifiers_and_inputs_take_classify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A classifier that is not a built-in (a subclass too: it may classify otherwise)
+    and layers that are not uint16 go through ``classify``; a bad layer is named in
+    its words."""
+    calls = []
+
+    class Shifted(CombinedClassifier):
+        def classify(
+            self, layers: np.ndarray, magnitudes: np.ndarray, *, n_layers: int
+        ) -> ChunkClasses:
+            calls.append(n_layers)
+            return ChunkClasses(np.full(len(layers), 3, np.uint8), np.ones(len(layers), bool),
+                                magnitude_class(magnitudes))  # fmt: skip
+
+    m = f32(1, 2, 3)
+    out = classify.classify_chunks(Shifted(), np.zeros(3, np.uint16), m, n_layers=1)
+    assert calls == [1] and out.prio.tolist() == [3, 3, 3] and out.drop.all()
+    out = classify.classify_chunks(Shifted(), np.zeros(3, np.uint16), m, n_layers=1,
+                                   may_drop=False)  # fmt: skip
+    assert not out.drop.any() and out.prio.tolist() == [3, 3, 3]
+    wide = classify.classify_chunks(CombinedClassifier(drop_fraction=0.5), np.array([0, 1, 1]),
+                                    m, n_layers=2)  # fmt: skip
+    assert wide.drop.tolist() == [True, False, False]
+    with pytest.raises(ValueError, match=r"layer 4 outside 0\.\.3"):
+        classify.classify_chunks(LayerClassifier(), np.array([0, 4], np.uint16), f32(1, 2),
+                                 n_layers=4)  # fmt: skip
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_pass_checks_its_arguments() -> None:
+    layers, m = np.zeros(4, np.uint16), f32(1, 2, 3, 4)
+    table = np.zeros(1, np.uint8)
+    with pytest.raises(ValueError, match="float32 threshold"):
+        kernels.classify_chunks(layers, 1, m, table, None, -1.0, 0.1, True, 20, 15)
+    with pytest.raises(ValueError, match="per-layer tables of 2"):
+        kernels.classify_chunks(layers, 2, m, table, None, 0.5, 0.0, True, 20, 15)
+    with pytest.raises(ValueError, match="4 chunks need"):
+        kernels.classify_chunks(layers, 1, m[:3], table, None, 0.5, 0.0, True, 20, 15)
+    assert kernels.classify_chunks(layers + 1, 1, m, table, None, 0.5, 0.0, True, 20, 15) is None
 
 
 # --------------------------------------------------------------------------- chunk layers

@@ -9,8 +9,21 @@ import pytest
 from dlcp.proto import kernels
 from dlcp.proto.classify import chunk_layers, make_classifier
 from dlcp.proto.first_round import first_round
-from dlcp.proto.packetizer import ChunkTable, MessageId, build_records, plan_message
-from dlcp.proto.wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags
+from dlcp.proto.packetizer import (
+    ChunkTable,
+    MessageId,
+    build_records,
+    header_template,
+    plan_message,
+)
+from dlcp.proto.wire import (
+    AUTH_TRAILER_LEN,
+    DATA_HEADER_LEN,
+    HEADER_DTYPE,
+    DType,
+    Flags,
+    message_header,
+)
 
 CHUNK_BYTES = 64  # 16 float32 per chunk
 
@@ -128,6 +141,27 @@ def test_c_first_round_gives_what_send_order_and_build_records_give(
             np.testing.assert_array_equal(getattr(run, name), getattr(ref, name), err_msg=name)
         assert (run.short, run.stride) == (ref.short, ref.stride)
         assert (run.payload is None) == (ref.payload is None) == (not lend)
+
+
+def test_message_header_is_the_template_on_the_wire() -> None:
+    table = _random_table(np.random.default_rng(3), 70000, 4, DType.BFLOAT16)
+    ident = MessageId(job=0xBEEF, step=0xFFFFFFFF, msg=0xFFFF, src=513, bound=255)
+    want = header_template(ident, table).astype(HEADER_DTYPE).tobytes()
+    got = message_header(ident.job, ident.step, ident.msg, table.msg_elems, ident.src,
+                         table.dtype, ident.bound)  # fmt: skip
+    assert got == want
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_kernels_take_arrays_as_they_are_and_copy_only_what_they_cannot_read() -> None:
+    ready = np.arange(8, dtype=np.uint16)
+    assert kernels._aligned(ready, np.uint16) is ready
+    for unready in (ready[::2], ready.astype(np.int64), ready.view(np.uint8)[1:15].view(np.uint16),
+                    ready.tolist()):  # fmt: skip
+        got = kernels._aligned(unready, np.uint16)  # type: ignore[arg-type]
+        assert got is not unready and got.dtype == np.uint16
+        assert got.flags.c_contiguous and got.flags.aligned
+        np.testing.assert_array_equal(got, np.asarray(unready).astype(np.uint16))
 
 
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
