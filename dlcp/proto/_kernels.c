@@ -19,7 +19,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -876,7 +875,7 @@ static int drop_smallest(const float *m, const uint8_t *cand, Py_ssize_t n, Py_s
 static int is_float32(double v) {
     if (isinf(v))
         return 1;
-    return fabs(v) <= FLT_MAX && (double)(float)v == v;
+    return fabs(v) <= 0x1.fffffep+127 /* the largest float */ && (double)(float)v == v;
 }
 
 static PyObject *classify_chunks(PyObject *self, PyObject *args) {

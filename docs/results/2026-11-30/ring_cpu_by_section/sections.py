@@ -82,6 +82,8 @@ elif rank == 0:
     wrap(outbox, "plan_message", "    plan_message", by_p=True)
     wrap(packetizer, "_magnitudes_of", "      magnitudes")
     wrap(classify.CombinedClassifier, "classify", "      classify")
+    if hasattr(packetizer, "classify_chunks"):  # (from e9269da: the rule in one C pass)
+        wrap(packetizer, "classify_chunks", "      classify_chunks")
     wrap(outbox, "first_round", "    first_round")
     wrap(io_loop.IOLoop, "_send_and_settle", "  send and settle (the caller's)")
     wrap(engine.NativeSender, "post", "    NativeSender.post")
