@@ -811,16 +811,23 @@ static inline uint32_t abs_bits(float v) {
     return b & 0x7fffffffu;
 }
 
-/* The bits of the k-th smallest (0-based) of keys[0..n), k < n, each below 2**31;
-   keys is reordered. Digits of 11, 11 and 9 bits: the first (the exponent and the
-   top of the mantissa) spreads magnitudes over enough buckets that the counts'
-   increments seldom wait on each other, and leaves few keys for the next. */
-static uint32_t radix_select(uint32_t *keys, Py_ssize_t n, Py_ssize_t k) {
-    static const int shifts[3] = {20, 9, 0}, widths[3] = {11, 11, 9};
-    uint32_t prefix = 0;
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = shifts[pass];
-        const uint32_t digit_mask = (1u << widths[pass]) - 1;
+/* |v|'s bits for a float that is not NaN are at most these (+inf's) */
+#define INF_BITS 0x7f800000u
+
+/* The digits of a key's radix select, most significant first: 11, 11 and 9 bits.
+   The first (the exponent and the top of the mantissa) spreads magnitudes over
+   enough buckets that the counts' increments seldom wait on each other, and leaves
+   few keys for the others. */
+static const int RADIX_SHIFT[3] = {20, 9, 0}, RADIX_WIDTH[3] = {11, 11, 9};
+
+/* The k-th smallest (0-based) of keys[0..n), k < n, whose digits before digit
+   `from` are all `prefix`'s; keys is reordered. *equal_before: how many keys equal
+   to it rank before it. */
+static uint32_t radix_select(uint32_t *keys, Py_ssize_t n, Py_ssize_t k, int from,
+                             uint32_t prefix, Py_ssize_t *equal_before) {
+    for (int pass = from; pass < 3; pass++) {
+        const int shift = RADIX_SHIFT[pass];
+        const uint32_t digit_mask = (1u << RADIX_WIDTH[pass]) - 1;
         uint32_t hist[2048] = {0};
         for (Py_ssize_t i = 0; i < n; i++)
             hist[keys[i] >> shift & digit_mask]++;
@@ -828,47 +835,137 @@ static uint32_t radix_select(uint32_t *keys, Py_ssize_t n, Py_ssize_t k) {
         while (k >= (Py_ssize_t)hist[digit])
             k -= hist[digit++];
         prefix |= digit << shift;
-        /* keep the keys in that bucket: the next digit ranks only them */
+        /* keep the keys in that bucket (written always, kept by the count): the
+           next digit ranks only them */
         Py_ssize_t kept = 0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if ((keys[i] >> shift & digit_mask) == digit)
-                keys[kept++] = keys[i];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint32_t key = keys[i];
+            keys[kept] = key;
+            kept += (key >> shift & digit_mask) == digit;
+        }
         n = kept;
     }
+    *equal_before = k;
     return prefix;
 }
 
-/* drop[s] for the fraction rule; -1 with MemoryError set if the scratch fails. */
-static int drop_smallest(const float *m, const uint8_t *cand, Py_ssize_t n, Py_ssize_t k,
-                         uint8_t *drop) {
-    Py_ssize_t n_cand = 0;
-    for (Py_ssize_t s = 0; s < n; s++)
-        n_cand += cand[s];
-    if (k <= 0)
-        return 0;
-    if (k >= n_cand) {
-        memcpy(drop, cand, (size_t)n);
-        return 0;
-    }
-    uint32_t *keys = PyMem_RawMalloc((size_t)n_cand * 4);
-    if (keys == NULL)
-        return -1;
-    for (Py_ssize_t s = 0, i = 0; s < n; s++)
-        if (cand[s])
-            keys[i++] = abs_bits(m[s]);
-    const uint32_t kth = radix_select(keys, n_cand, k - 1);
-    PyMem_RawFree(keys);
-    Py_ssize_t below = 0;
+/* The C pass's arguments, checked (classify_chunks). Each loop below reads them
+   into locals first: its stores go through uint8_t pointers, which may alias
+   anything, so fields read through the struct would be loaded again after each. */
+typedef struct {
+    const uint16_t *layer;
+    const float *mag;
+    const uint8_t *layer_prio, *layer_eligible; /* (eligible: NULL for every layer) */
+    Py_ssize_t n, n_layers;
+    double fraction, threshold;
+    int may_drop, bias, top;
+    uint8_t *prio, *drop, *cls;
+} ChunkPass;
+
+/* Whether chunk s may be drop-eligible by its layer (elig NULL: every layer). */
+#define ELIGIBLE(elig, layer, s) ((elig) == NULL ? 1 : (elig)[(layer)[s]])
+
+/* drop[] by the fraction rule; -1 if its scratch could not be had. The first
+   digit's counts are taken in the pass that counts the candidates, and only the
+   keys of the bucket that holds the k-th are copied out; every loop is
+   branch-free per chunk (a key is written always and kept by a count). */
+static int drop_by_fraction(const ChunkPass *a) {
+    const Py_ssize_t n = a->n;
+    const uint16_t *const layer = a->layer;
+    const float *const mag = a->mag;
+    const uint8_t *const elig = a->layer_eligible;
+    uint8_t *const drop = a->drop;
+    const int shift = RADIX_SHIFT[0];
+    uint32_t hist[2048] = {0};
+    Py_ssize_t eligible = 0, n_cand = 0;
     for (Py_ssize_t s = 0; s < n; s++) {
-        drop[s] = cand[s] && abs_bits(m[s]) < kth;
-        below += drop[s];
+        const uint8_t ok = ELIGIBLE(elig, layer, s);
+        const uint32_t b = abs_bits(mag[s]);
+        const uint8_t cand = ok & (b <= INF_BITS); /* (NaN is never a candidate) */
+        eligible += ok;
+        n_cand += cand;
+        hist[b >> shift] += cand;
     }
-    for (Py_ssize_t s = 0, need = k - below; s < n && need > 0; s++)
-        if (cand[s] && abs_bits(m[s]) == kth) {
+    /* (floor, in double, as numpy's floor(q * count) in the reference) */
+    const Py_ssize_t k = (Py_ssize_t)floor(a->fraction * (double)eligible);
+    if (k <= 0) {
+        memset(drop, 0, (size_t)n);
+        return 0;
+    }
+    /* all candidates (kth above every key), or those below the k-th smallest and
+       the first `need` equal to it */
+    uint32_t kth = INF_BITS + 1;
+    Py_ssize_t need = 0;
+    if (k < n_cand) {
+        Py_ssize_t rank = k - 1;
+        uint32_t digit = 0;
+        while (rank >= (Py_ssize_t)hist[digit])
+            rank -= hist[digit++];
+        uint32_t *keys = PyMem_RawMalloc(((size_t)hist[digit] + 1) * 4);
+        if (keys == NULL)
+            return -1;
+        Py_ssize_t m = 0;
+        for (Py_ssize_t s = 0; s < n; s++) {
+            const uint32_t b = abs_bits(mag[s]);
+            keys[m] = b;
+            m += ELIGIBLE(elig, layer, s) & (b <= INF_BITS) & (b >> shift == digit);
+        }
+        kth = radix_select(keys, m, rank, 1, digit << shift, &need);
+        need += 1;
+        PyMem_RawFree(keys);
+    }
+    /* below the k-th; then, in chunk order, the first `need` equal to it */
+    for (Py_ssize_t s = 0; s < n; s++) {
+        const uint32_t b = abs_bits(mag[s]);
+        drop[s] = ELIGIBLE(elig, layer, s) & (b < kth); /* (NaN's bits are above) */
+    }
+    for (Py_ssize_t s = 0; s < n && need > 0 && kth <= INF_BITS; s++)
+        if (abs_bits(mag[s]) == kth && ELIGIBLE(elig, layer, s)) {
             drop[s] = 1;
             need--;
         }
     return 0;
+}
+
+/* The pass itself (no Python): -2 if scratch memory failed, else -1, or the first
+   chunk whose layer is not below n_layers (the outputs are then undefined). */
+static Py_ssize_t chunk_pass(const ChunkPass *a) {
+    const Py_ssize_t n = a->n, n_layers = a->n_layers;
+    const uint16_t *const layer = a->layer;
+    const float *const mag = a->mag;
+    const uint8_t *const layer_prio = a->layer_prio, *const elig = a->layer_eligible;
+    uint8_t *const prio = a->prio, *const cls = a->cls, *const drop = a->drop;
+    const int bias = a->bias, top = a->top;
+    /* one branch-free loop: a layer out of range reads layer 0's class and is
+       looked for once the loop is done */
+    unsigned out_of_range = 0;
+    for (Py_ssize_t s = 0; s < n; s++) {
+        const unsigned l = layer[s];
+        const unsigned in_range = l < (size_t)n_layers;
+        out_of_range |= !in_range;
+        prio[s] = layer_prio[in_range ? l : 0];
+        const int e = (int)(abs_bits(mag[s]) >> 23);
+        int c = e - 127 + bias;
+        c = c < 0 ? 0 : c;
+        c = c > top ? top : c;
+        c = e == 0 ? 0 : c;
+        cls[s] = (uint8_t)(e == 0xff ? top : c);
+    }
+    if (out_of_range)
+        for (Py_ssize_t s = 0; s < n; s++)
+            if (layer[s] >= n_layers)
+                return s;
+    if (!a->may_drop) {
+        memset(drop, 0, (size_t)n);
+        return -1;
+    }
+    if (a->fraction < 0) {
+        const float t = (float)a->threshold; /* (a float32 value: checked) */
+        for (Py_ssize_t s = 0; s < n; s++) /* (NaN < t is false) */
+            drop[s] = ELIGIBLE(elig, layer, s) & (fabsf(mag[s]) < t);
+        return -1;
+    }
+    return drop_by_fraction(a) < 0 ? -2 : -1;
 }
 
 /* Whether v is a float32 value (infinities included, NaN not). */
@@ -914,44 +1011,15 @@ static PyObject *classify_chunks(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const uint16_t *ly = layer.view.buf;
-        const float *m = mag.view.buf;
-        const uint8_t *lp = lprio.view.buf, *le = lelig.held ? lelig.view.buf : NULL;
-        uint8_t *pr = prio.view.buf, *dr = drop.view.buf, *mc = cls.view.buf;
-        Py_ssize_t bad = -1, eligible = 0;
-        int failed = 0;
-        const float t = (float)(fraction < 0 ? threshold : 0.0);
+        const ChunkPass a = {layer.view.buf, mag.view.buf, lprio.view.buf,
+                             lelig.held ? lelig.view.buf : NULL, n, n_layers, fraction,
+                             threshold, may_drop, bias, top, prio.view.buf, drop.view.buf,
+                             cls.view.buf};
+        Py_ssize_t bad;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t s = 0; s < n; s++) {
-            const unsigned l = ly[s];
-            if (l >= (unsigned)n_layers) {
-                bad = s;
-                break;
-            }
-            pr[s] = lp[l];
-            const int e = (int)(abs_bits(m[s]) >> 23);
-            const int c = e == 0xff ? top : e == 0 ? 0 : e - 127 + bias;
-            mc[s] = (uint8_t)(c < 0 ? 0 : c > top ? top : c);
-            const uint8_t ok = le == NULL || le[l];
-            eligible += ok;
-            /* the candidates for now: eligible and (fraction) not NaN, or below t */
-            dr[s] = may_drop && ok && (fraction < 0 ? fabsf(m[s]) < t : !isnan(m[s]));
-        }
-        if (bad < 0 && may_drop && fraction >= 0) {
-            /* (floor, in double, as numpy's floor(q * count) in the reference) */
-            const Py_ssize_t k = (Py_ssize_t)floor(fraction * (double)eligible);
-            uint8_t *cand = PyMem_RawMalloc((size_t)(n ? n : 1));
-            if (cand == NULL)
-                failed = 1;
-            else {
-                memcpy(cand, dr, (size_t)n);
-                memset(dr, 0, (size_t)n);
-                failed = drop_smallest(m, cand, n, k, dr) < 0;
-                PyMem_RawFree(cand);
-            }
-        }
+        bad = chunk_pass(&a);
         Py_END_ALLOW_THREADS
-        if (failed) {
+        if (bad == -2) {
             PyErr_NoMemory();
             goto done;
         }

@@ -390,7 +390,9 @@ def test_c_pass_ranks_a_message_of_many_chunks_as_numpy_does() -> None:
     magnitudes[rng.integers(0, n, 2000)] = magnitudes[7]  # a big tie at one value
     magnitudes[rng.integers(0, n, 50)] = np.nan
     layers = rng.integers(0, 40, n).astype(np.uint16)
-    for rule in (CombinedClassifier(drop_fraction=q) for q in (0.01, 0.1, 0.5, 0.8, 0.999)):
+    rules = [CombinedClassifier(drop_fraction=q) for q in (0.01, 0.1, 0.5, 0.8, 0.999)]
+    rules += [CombinedClassifier(drop_fraction=0.8, protect_layers=frozenset(range(0, 40, 3)))]
+    for rule in rules:
         want = rule.classify(layers, magnitudes, n_layers=40)
         _assert_same_tags(classify.classify_chunks(rule, layers, magnitudes, n_layers=40), want)
 

@@ -1,9 +1,14 @@
-"""What planning one 6.25 MB message (1,562,500 float32, two layers, the default
-classifier, p = 0.05, 1,440-byte chunks: 4,341 of them) costs on the calling
-thread, alone: the minimum over 15 rounds of the CPU per call of 100 calls. Run
-it with PYTHONPATH set to each tree in turn:
+"""What planning one message costs on the calling thread, alone: by default the 25 MB
+ring's 6.25 MB message (1,562,500 float32, two layers, the default classifier,
+p = 0.05, 1,440-byte chunks: 4,341 of them). Each figure is the minimum over 15
+rounds of the CPU per call of 100 calls (7 rounds of 10 for a message of 4 million
+elements or more). Run it with PYTHONPATH set to each tree in turn:
 
-    PYTHONPATH=TREE python plan_cpu.py LABEL"""
+    PYTHONPATH=TREE python plan_cpu.py LABEL [ELEMENTS]
+
+ELEMENTS 16777216 is the transport benchmark's 64 MiB message (46,604 chunks).
+Where the tree has the C pass (classify_chunks), it also times the classifier's
+numpy classify against the C pass on the same magnitudes, in the same process."""
 
 import sys
 import time
@@ -26,8 +31,9 @@ def cpu_us(call: Callable[[], Any], n: int) -> float:
 
 
 classifier = make_classifier("combined", drop_fraction=0.8)  # (the default's options)
-data = np.random.default_rng(0).standard_normal(1_562_500).astype(np.float32)
-segments = [(0, 781_250, 0), (781_250, 781_250, 1)]
+elems = int(sys.argv[2]) if len(sys.argv) > 2 else 1_562_500
+data = np.random.default_rng(0).standard_normal(elems).astype(np.float32)
+segments = [(0, elems // 2, 0), (elems // 2, elems - elems // 2, 1)]
 
 
 def plan(p: float) -> Any:
@@ -40,6 +46,7 @@ def plan(p: float) -> Any:
 table = plan(0.05)
 ident = MessageId(job=1, step=1, msg=1, src=0, bound=50)
 headers = np.empty((table.n_chunks, 32), np.uint8)
+rounds, per_round = (15, 100) if elems < 4_000_000 else (7, 10)
 source = data.view(np.uint8)
 calls: dict[str, Callable[[], Any]] = {
     "plan_message p=0.05": lambda: plan(0.05),
@@ -61,5 +68,6 @@ else:
     calls["classify_chunks, nothing may drop"] = lambda: classify_chunks(
         classifier, layers, magnitude, n_layers=2, may_drop=False
     )
-best = {name: min(cpu_us(call, 100) for _ in range(15)) for name, call in calls.items()}
-print(sys.argv[1], "  ".join(f"{name} {us:.1f} us" for name, us in best.items()))
+best = {name: min(cpu_us(call, per_round) for _ in range(rounds)) for name, call in calls.items()}
+figures = "  ".join(f"{name} {us:.1f} us" for name, us in best.items())
+print(sys.argv[1], f"{table.n_chunks} chunks:", figures)
