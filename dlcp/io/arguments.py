@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
-from ..proto.classify import chunk_layers
+from ..proto.chunk_layers import chunk_layers
 from ..proto.wire import check_message_key
 from .config import EndpointConfig
 
@@ -88,7 +88,7 @@ _GOOD_LAYERS_MAX = 256
 
 def check_layers(layers: object, msg_elems: int, what: str) -> None:
     """``layers`` as ``(offset, length, layer)`` integer triples that tile
-    ``[0, msg_elems)`` (the rules of :func:`~dlcp.proto.classify.chunk_layers`),
+    ``[0, msg_elems)`` (the rules of :func:`~dlcp.proto.chunk_layers.chunk_layers`),
     naming the first entry that is not."""
     if layers is None:
         return

@@ -26,7 +26,8 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from .auth import NonceCounter, seal_records
-from .classify import Classifier, chunk_layers, classify_chunks
+from .chunk_layers import chunk_layers
+from .classify import Classifier, classify_chunks
 from .kernels import block_abs_mean, gather_records, streams
 from .wire import (
     AUTH_TRAILER_LEN,
@@ -215,7 +216,7 @@ _CACHED_SEGMENTS = 512
 def _chunk_layers(
     segments: Segments | None, n_chunks: int, chunk_elems: int, msg_elems: int
 ) -> tuple[npt.NDArray[np.uint16], int]:
-    """:func:`.classify.chunk_layers`, remembered for short segment lists: training
+    """:func:`.chunk_layers.chunk_layers`, remembered for short segment lists: training
     sends the same buckets with the same layers every step."""
     if segments is None or len(segments) > _CACHED_SEGMENTS:
         return chunk_layers(segments, n_chunks, chunk_elems, msg_elems)

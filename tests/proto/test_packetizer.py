@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dlcp.proto import kernels
-from dlcp.proto.classify import chunk_layers, make_classifier
+from dlcp.proto.chunk_layers import chunk_layers
+from dlcp.proto.classify import make_classifier
 from dlcp.proto.first_round import first_round
 from dlcp.proto.packetizer import (
     ChunkTable,
