@@ -20,8 +20,9 @@ from .packetizer import (
     UInt8Array,
     build_records,
     record_stride,
+    shared_header,
 )
-from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, Flags, message_header
+from .wire import AUTH_TRAILER_LEN, DATA_HEADER_LEN, HEADER_DTYPE, Flags
 
 __all__ = ["FirstRound", "first_round"]
 
@@ -77,11 +78,8 @@ def first_round(
     shape = (n, DATA_HEADER_LEN + tag if lend else stride)
     fits = buffer is not None and buffer.shape == shape and buffer.dtype == np.uint8
     records = buffer if fits and buffer is not None else np.empty(shape, np.uint8)
-    template = message_header(
-        ident.job, ident.step, ident.msg, table.msg_elems, ident.src, table.dtype, ident.bound
-    )
     order, row_of_seq, prio, drop, counts = kernels.plan_round(
-        records, template, _PLAN_LAYOUT,
+        records, shared_header(ident, table), _PLAN_LAYOUT,
         table.prio, table.drop, table.mag, table.layer, table.chunk_elems, table.msg_elems,
         table.dtype.itemsize, int(Flags.AUTH) if authenticate else 0, int(Flags.LAST),
         None if lend else source, stream=not lend and kernels.streams(records.nbytes),

@@ -34,11 +34,10 @@ from .wire import (
     DATA_HEADER_LEN,
     HEADER_DTYPE,
     NATIVE_HEADER_DTYPE,
-    VERSION,
     DType,
     Flags,
-    PacketType,
     allowed_loss,
+    message_header,
 )
 
 __all__ = [
@@ -50,6 +49,7 @@ __all__ = [
     "plan_message",
     "record_stride",
     "seal",
+    "shared_header",
 ]
 
 Int64Array = npt.NDArray[np.int64]
@@ -343,18 +343,18 @@ class RecordRun:
         return out
 
 
+def shared_header(ident: MessageId, table: ChunkTable) -> bytes:
+    """The header bytes every data packet of the message shares, on the wire (the
+    per-packet fields zero)."""
+    return message_header(
+        ident.job, ident.step, ident.msg, table.msg_elems, ident.src, table.dtype, ident.bound
+    )
+
+
 def header_template(ident: MessageId, table: ChunkTable) -> npt.NDArray[np.void]:
-    """The header fields every data packet of the message shares (native order)."""
-    template = np.zeros((), dtype=NATIVE_HEADER_DTYPE)
-    template["ver_type"] = (VERSION << 4) | PacketType.DATA
-    template["job"] = ident.job
-    template["step"] = ident.step
-    template["msg"] = ident.msg
-    template["msg_elems"] = table.msg_elems
-    template["src"] = ident.src
-    template["dtype"] = int(table.dtype) << 4
-    template["bound"] = ident.bound
-    return template
+    """:func:`shared_header` as a structured value, in native order."""
+    wire = np.frombuffer(shared_header(ident, table), HEADER_DTYPE)
+    return wire.astype(NATIVE_HEADER_DTYPE).reshape(())
 
 
 def build_records(
