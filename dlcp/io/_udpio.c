@@ -67,10 +67,13 @@
  *     updates those counts; unregister(src, step, msg) removes it. Each returns
  *     once no receive step is running: a removed message's buffers are never
  *     written after it returns.
- *   receive(fd, buf, budget, max_reads, read_size, screen) -> (nbytes, reads,
- *     empty, more, errno, kept): recv_runs into buf, then the pre-filter (screen:
- *     None, or (job, require_auth, tag_len, counts) as filter_runs takes them),
- *     and stages the runs left (kept: their bytes) for next(). stage(buf, runs)
+ *   receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0,
+ *     watch_fd=-1) -> (nbytes, reads, empty, errno, kept, drained, lingered_ns):
+ *     recv_runs into buf in steps, then the pre-filter (screen: None, or (job,
+ *     require_auth, tag_len, counts) as filter_runs takes them), taking each
+ *     step's runs before the next, and stages the last step's (kept: the bytes
+ *     of all steps' runs) for next(); with linger_ns it waits for more data
+ *     after the socket ran dry (_linger.h, table_receive). stage(buf, runs)
  *     stages given runs instead.
  *   next(buf) -> (handover, taken): takes the staged runs into the registered
  *     messages, without the GIL, until one needs Python: handover is None when
@@ -93,6 +96,7 @@
 #include "_prefilter.h"
 #include "_recv_runs.h"  /* the receive loop, without Python */
 #include "_take_runs.h" /* the native receive path, without Python */
+#include "_linger.h"    /* waiting for the next burst in C (MessageTable.receive) */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h" /* AES-GMAC with libcrypto, as the send engine seals */
@@ -760,25 +764,34 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
     return got;
 }
 
-/* receive(fd, buf, budget, max_reads, read_size, step, screen): drains the
+/* receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0,
+ * watch_fd=-1): drains the
  * socket in steps of at most `step` bytes, each read into the start of buf, so
  * that what the kernel copied is still in the cache when it is scattered. A step
  * after which more may be queued has its runs taken at once, and the next step
  * reads over them; the loop ends when the socket ran dry, the budget (kept
  * bytes) or max_reads (all reads) is spent, a read failed, or a run needs Python:
  * that handover is kept for next(), which returns it first, and the last step's
- * runs stay staged for next(). Returns (nbytes, reads, empty, errno, kept,
- * drained), over all steps. */
+ * runs stay staged for next().
+ *
+ * With linger_ns > 0, a socket that ran dry ends the loop only after its runs
+ * were taken (a handover still ends it) and no more data came within linger_ns
+ * of the call's start, or a file of the epoll set watch_fd other than fd turned
+ * readable first (_linger.h). Returns (nbytes, reads, empty, errno, kept,
+ * drained, lingered_ns), over all steps; lingered_ns is the time it waited. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     int fd;
     PyObject *buf_obj, *screen;
     Py_ssize_t budget, max_reads, read_size, step;
-    if (!table_ready(self) || !PyArg_ParseTuple(args, "iOnnnnO:receive", &fd, &buf_obj, &budget,
-                                                &max_reads, &read_size, &step, &screen))
+    long long linger_ns = 0;
+    int watch_fd = -1;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "iOnnnnO|Li:receive", &fd, &buf_obj, &budget, &max_reads,
+                          &read_size, &step, &screen, &linger_ns, &watch_fd))
         return NULL;
-    if (read_size <= 0 || step <= 0 || budget < 0 || max_reads < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "read_size and step must be positive, budget and max_reads >= 0");
+    if (read_size <= 0 || step <= 0 || budget < 0 || max_reads < 0 || linger_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_size and step must be positive, budget, "
+                                          "max_reads and linger_ns >= 0");
         return NULL;
     }
     PfRules rules = {0, 0, 0};
@@ -815,10 +828,12 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     }
     ssize_t total = 0, reads = 0, empty = 0, kept = 0;
     int err = 0, drained = 0;
+    int64_t lingered = 0;
     table_lock(self);
     TakeTable *t = &self->t;
     self->pending = TAKE_DONE;
     Py_BEGIN_ALLOW_THREADS
+    int64_t linger_end = linger_ns > 0 ? linger_clock_ns() + linger_ns : 0;
     for (;;) {
         ssize_t room = budget - kept < step ? budget - kept : step;
         ssize_t read_room = max_reads - reads;
@@ -830,7 +845,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         err = got.err;
         if (err)
             break;
-        if (!got.more && got.reads < read_room && got.total < room) {
+        int dry = !got.more && got.reads < read_room && got.total < room;
+        if (dry && (linger_end == 0 || kept >= budget || reads >= max_reads)) {
             drained = 1;
             break;
         }
@@ -839,6 +855,11 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         int kind = take_next(t, (unsigned char *)view.buf, view.len, &self->pending_run);
         if (kind != TAKE_DONE) {
             self->pending = kind;
+            drained = dry;
+            break;
+        }
+        if (dry && !linger_for_data(fd, watch_fd, linger_end, &lingered)) {
+            drained = 1; /* (its runs are taken: next() has only the counts to report) */
             break;
         }
     }
@@ -847,7 +868,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     if (counts_obj != NULL)
         PyBuffer_Release(&counts);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nnnini)", total, reads, empty, err, kept, drained);
+    return Py_BuildValue("(nnniniL)", total, reads, empty, err, kept, drained,
+                         (long long)lingered);
 }
 
 static PyObject *table_stage(MessageTableObject *self, PyObject *args) {
@@ -954,9 +976,10 @@ static PyMethodDef table_methods[] = {
     {"unregister", (PyCFunction)table_unregister, METH_VARARGS,
      "unregister(src, step, msg) -> was registered: no more writes to its buffers."},
     {"receive", (PyCFunction)table_receive, METH_VARARGS,
-     "receive(fd, buf, budget, max_reads, read_size, step, screen) -> (nbytes, reads, empty, "
-     "errno, kept, drained): read, pre-filter and take runs in steps, staging the last "
-     "step's for next()."},
+     "receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0, watch_fd=-1) "
+     "-> (nbytes, reads, empty, errno, kept, drained, lingered_ns): read, pre-filter and take "
+     "runs in steps, staging the last step's for next(); with linger_ns, wait that long for "
+     "more data while no other file of the epoll set watch_fd is ready."},
     {"stage", (PyCFunction)table_stage, METH_VARARGS,
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
     {"next", (PyCFunction)table_next, METH_VARARGS,

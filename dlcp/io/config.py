@@ -62,6 +62,12 @@ class EndpointConfig:
     #: itself, in C (dlcp.io.native_receive), where it was built; off, the run
     #: path runs in Python once per run of datagrams (``DLCP_NATIVE_RECEIVE=0``)
     native_receive: bool = True
+    #: seconds the native receive loop waits in C for the next burst of data
+    #: after the socket ran dry, before the I/O thread's Python turn, while
+    #: nothing else is ready (dlcp/io/_linger.h); 0: it returns at once. Only
+    #: with the native engine and receive path (the Python engine sends from
+    #: the I/O thread, which must not wait then)
+    receive_linger: float = 200e-6
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
@@ -122,6 +128,10 @@ class EndpointConfig:
                 raise ConfigError(
                     f"{name}={getattr(self, name)} outside 65536..{_INT_MAX} bytes"
                 )
+        if not 0.0 <= self.receive_linger <= 0.01:
+            raise ConfigError(
+                f"receive_linger={self.receive_linger} outside [0, 0.01] seconds"
+            )
         if not 0.0 <= self.emulated_loss < 1.0:
             raise ConfigError(f"emulated_loss={self.emulated_loss} outside [0, 1)")
         if self.emulated_loss_seed < 0:

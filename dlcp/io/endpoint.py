@@ -431,6 +431,8 @@ class Endpoint(IOLoop):
             if not self._callers:
                 self._callers_since = time.monotonic()
             self._callers += 1
+        if self._lingering:  # (its receive loop waits for data: _receive_data)
+            self._wake()
         with self._lock:
             with self._lock_wanted:
                 self._callers -= 1

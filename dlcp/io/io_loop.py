@@ -125,6 +125,10 @@ class IOLoop:
         self._delivered = 0
         #: the last receive dropped junk (its backlog is not all data)
         self._junk_read = False
+        #: the receive loop may wait in C for the next burst (its linger, set by
+        #: _init_native_receive); a caller that wants the lock wakes it (_post)
+        self._linger = 0.0
+        self._lingering = False
 
     def _init_native_receive(self, on: bool) -> None:
         """Whether the receive loop scatters the runs of the messages under way
@@ -135,6 +139,8 @@ class IOLoop:
         self._native_runs = _SessionRuns(self) if on else None
         if on:
             self._session.take_runs_natively(self._data.take_runs(self._session.job))
+        # (the Python engine sends from this thread: it must not wait for data)
+        self._linger = self.config.receive_linger if on and self._sender is not None else 0.0
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
@@ -172,7 +178,7 @@ class IOLoop:
                     self._sleep_until = -math.inf
                     now = time.monotonic()
                     session.note_idle(now - before, now=now)  # receive capacity
-                    now = self._take_input(sel, ready, timer, now)
+                    now = self._take_input(sel, ready, timer, now, sel.fileno())
                     self._send_and_settle(now)
                     if now >= transfers.earliest:
                         transfers.expire(now)
@@ -225,10 +231,13 @@ class IOLoop:
         ready: list[tuple[selectors.SelectorKey, int]],
         timer: float | None,
         now: float,
+        watch: int = -1,
     ) -> float:
         """One turn's input, from ``now`` on; returns the time it ended. The data
         socket first, whether or not ``select`` saw
-        it ready (data may have come while this thread waited for the lock); then
+        it ready (data may have come while this thread waited for the lock), with
+        its linger (:meth:`_receive_data`; ``watch``: the selector's epoll set,
+        whose other files end it); then
         the other ready sockets; then ``timer``, the session's timer as it was
         before this turn's input (a timer that input set runs next turn: that
         turn's wait is then short or none). The data socket's share is bounded
@@ -243,7 +252,7 @@ class IOLoop:
         junk in it (a flood) holds nothing back, so hellos are read, lost data
         is asked for again and timeouts fire on time whatever the data socket
         holds. The sockets stay readable: the next turn comes at once."""
-        self._receive_data(now)
+        self._receive_data(now, timer, watch)
         now = time.monotonic()
         hold = self._holds_back(now)
         other = False  # (another socket's input: the clock is read again after it)
@@ -308,13 +317,32 @@ class IOLoop:
         deadline = self._transfers.earliest
         return deadline if deadline < wake else wake
 
-    def _receive_data(self, start: float) -> None:
+    def _receive_data(self, start: float, timer: float | None = None, watch: int = -1) -> None:
         """The data socket's share of a turn that began at ``start``: what
-        arrived to the session, the pre-filter's drops to its counters."""
+        arrived to the session, the pre-filter's drops to its counters.
+
+        With a linger (``EndpointConfig.receive_linger``) the native receive
+        loop waits that long in C for the next burst after the socket ran dry,
+        but not past the turn's next deadline (``timer`` among them), and not
+        while a file of the epoll set ``watch`` other than the data socket is
+        readable or a caller waits for the lock (it wakes this thread: _post).
+        The wait counts as idle for the rate meter, as ``select``'s does."""
         self._stats.receive_calls += 1
         self._delivered = 0
         data = self._data
-        read = data.receive(self._deliver, taken=self._native_runs)
+        linger = self._linger
+        if linger:
+            self._lingering = True  # (set before callers is read: see Endpoint._post)
+            if self._callers:
+                linger = 0.0
+            else:
+                linger = min(linger, self._next_time(start, timer) - start)
+                if linger < 0.0:
+                    linger = 0.0
+        read = data.receive(self._deliver, taken=self._native_runs, linger=linger, watch=watch)
+        self._lingering = False
+        if data.lingered:
+            self._session.note_idle(data.lingered, now=time.monotonic())
         if start >= self._drops_due:  # (the kernel's counter wraps: read it now and then)
             data.socket_drops()
             self._drops_due = start + _DROPS_READ_EVERY

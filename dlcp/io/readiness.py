@@ -77,6 +77,10 @@ class ReadSelector(selectors.BaseSelector):
         except KeyError:  # (one unregistered that the kernel still watches: a dup of it)
             return [(keys[fd], _READ) for fd, _ in ready if fd in keys]
 
+    def fileno(self) -> int:
+        """The epoll set's descriptor: readable while a watched file is."""
+        return self._epoll.fileno()
+
     def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
         return {key.fileobj: key for key in self._keys.values()}
 

@@ -132,6 +132,8 @@ class DataSockets:
         self.empty_datagrams = 0
         #: the last receive() stopped at its budget with datagrams still queued
         self.backlog = False
+        #: seconds the last receive() waited for more data (its ``linger``)
+        self.lingered = 0.0
         #: datagrams the pre-filter dropped, by reason code (dlcp.proto.wire.Reason;
         #: 16 slots, as _prefilter.h counts them), since take_screened() last took them
         self.screened = np.zeros(16, dtype=np.int64)
@@ -283,6 +285,8 @@ class DataSockets:
         budget: int = 4 << 20,
         accelerated: bool | None = None,
         taken: TakenRuns | None = None,
+        linger: float = 0.0,
+        watch: int = -1,
     ) -> int:
         """Drain the receive socket (up to ``budget`` bytes) without blocking and
         hand runs of same-size datagrams to ``deliver(buf, segment_size)``, which
@@ -298,13 +302,25 @@ class DataSockets:
         scatters the runs of registered messages itself and hands ``deliver``
         only what they do not take, in arrival order: ``taken`` hears what they
         took (before any later run is handed over) and the datagrams after a
-        taken prefix (:mod:`dlcp.io.native_receive`)."""
+        taken prefix (:mod:`dlcp.io.native_receive`).
+
+        ``linger`` (seconds; that table's loop only) lets the C loop wait that
+        long for more data after the socket ran dry, once the runs it read were
+        taken, unless a file of the epoll set ``watch`` (a descriptor; -1: none)
+        other than this socket turns readable first (``dlcp/io/_linger.h``):
+        one call instead of a call per burst. :attr:`lingered` says how long it
+        waited."""
+        self.lingered = 0.0
         use_c = _udpio is not None if accelerated is None else accelerated
         if use_c and _udpio is not None:
-            return self._receive_c(deliver, budget, taken if self.runs is not None else None)
+            if taken is None or self.runs is None:
+                return self._receive_c(deliver, budget, None, 0, -1)
+            return self._receive_c(deliver, budget, taken, int(linger * 1e9), watch)
         return self._receive_py(deliver, budget)
 
-    def _receive_c(self, deliver: Deliver, budget: int, taken: TakenRuns | None) -> int:
+    def _receive_c(
+        self, deliver: Deliver, budget: int, taken: TakenRuns | None, linger_ns: int, watch: int
+    ) -> int:
         """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
         cost a few microseconds each, and reading past them to the data queued
@@ -326,9 +342,12 @@ class DataSockets:
                 # (the table's loop takes its steps itself, in C)
                 assert self.runs is not None
                 screen = None if self._screen is None else (*self._screen, self.screened)
-                nbytes, n_reads, empty, err, kept, drained = self.runs.table.receive(
-                    fd, buf, byte_room, read_room, _READ_SIZE, RECEIVE_STEP_BYTES, screen
-                )
+                nbytes, n_reads, empty, err, kept, drained, waited = self.runs.table.receive(
+                    fd, buf, byte_room, read_room, _READ_SIZE, RECEIVE_STEP_BYTES, screen,
+                    linger_ns, watch,
+                )  # fmt: skip
+                linger_ns = 0  # (one linger a call: a call after a handover reads what is queued)
+                self.lingered += waited * 1e-9
                 counted_bytes += kept
                 if kept:  # (something was staged, or taken with counts to report)
                     hand_over(self.runs.table, buf, deliver, taken)

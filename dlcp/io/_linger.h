@@ -1,0 +1,83 @@
+/*
+ * The receive loop's linger: after the data socket ran dry, wait a little for
+ * more data in C instead of returning to Python, as long as nothing else is
+ * ready (MessageTable.receive in _udpio.c).
+ *
+ * Why: a message's datagrams arrive in bursts a few tens of microseconds apart
+ * (the sender's batches). Each time the socket runs dry the I/O thread returns
+ * to Python for a whole turn (apply the counts, settle, wait in select), which
+ * costs far more CPU than the gap it covers. Waiting for the next burst here
+ * makes one turn of several.
+ *
+ * What ends the wait: data on the socket (the loop reads it), the end of the
+ * linger (the caller gives the earlier of its bound and the I/O thread's next
+ * deadline), or any other file of the I/O thread's epoll set turning readable:
+ * a control message, the native engine's reports, a caller's wake-up. So the
+ * linger never holds back what the turn would have handled, only the Python
+ * turn that would have found nothing else to do.
+ */
+#ifndef DLCP_LINGER_H
+#define DLCP_LINGER_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* (ppoll; Python.h defines it first where it is included) */
+#endif
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <time.h>
+
+/* (CLOCK_MONOTONIC in nanoseconds: the clock of time.monotonic) */
+static inline int64_t linger_clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Whether a file other than data_fd is ready in the epoll set epfd (which may
+ * hold data_fd too: CPython's select.epoll keeps each file's descriptor as its
+ * event data). A full event array counts as "yes": it may hide others. */
+static inline int linger_others_ready(int epfd, int data_fd) {
+    struct epoll_event events[8];
+    int n = epoll_wait(epfd, events, 8, 0);
+    if (n < 0)
+        return errno != EINTR; /* (a bad set ends the linger: Python's turn will say why) */
+    if (n == 8)
+        return 1;
+    for (int i = 0; i < n; i++)
+        if (events[i].data.fd != data_fd)
+            return 1;
+    return 0;
+}
+
+/* Waits until data_fd is readable (returns 1) or until end_ns on the monotonic
+ * clock, or a file of epfd other than data_fd is ready (returns 0; epfd < 0:
+ * none is watched). Adds the time spent blocked to *idle_ns. */
+static inline int linger_for_data(int data_fd, int epfd, int64_t end_ns, int64_t *idle_ns) {
+    for (;;) {
+        int64_t now = linger_clock_ns();
+        if (now >= end_ns)
+            return 0;
+        struct pollfd fds[2] = {{data_fd, POLLIN, 0}, {epfd, POLLIN, 0}};
+        int64_t left = end_ns - now;
+        struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        int n = ppoll(fds, epfd >= 0 ? 2 : 1, &ts, NULL);
+        *idle_ns += linger_clock_ns() - now;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return 0;
+        }
+        if (n == 0)
+            return 0;
+        if (epfd >= 0 && (fds[1].revents & POLLIN) && linger_others_ready(epfd, data_fd))
+            return 0;
+        if (fds[0].revents & (POLLERR | POLLNVAL | POLLHUP))
+            return 0; /* (the read that follows would not block: let the turn see it) */
+        if (fds[0].revents & POLLIN)
+            return 1;
+    }
+}
+
+#endif

@@ -1,0 +1,219 @@
+"""The native receive loop's linger (``dlcp/io/_linger.h``): after the data socket
+ran dry it waits in C for the next burst instead of returning to Python, until
+the linger ends, another file of the I/O thread's epoll set turns readable, or
+a run needs Python (here: the message may be complete). Then the endpoints:
+they linger on the native engine only, and deliver exactly with the longest
+linger; and the setting is checked."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from dlcp.errors import ConfigError
+from dlcp.io import native_receive
+from dlcp.io.config import EndpointConfig
+from dlcp.io.engine import native_available
+from dlcp.io.udp import DataSockets
+from dlcp.proto.receive_paths import Taken
+from tests.io.test_native_receive import MSG, NOW, STEP, message, registered
+from tests.proto.session_helpers import received_events
+
+pytestmark = pytest.mark.skipif(
+    not native_receive.available(), reason="the native receive path was not built"
+)
+
+N = 20_000  # ~57 datagrams at MTU 1500
+#: a linger no test waits out: each call below must end for another reason
+LONG = 30.0
+#: how long a test waits for the receiving thread to say it has taken something
+WAIT = 20.0
+
+
+class Receiver:
+    """A registered message, the first datagram opened by Python, read from a
+    loopback socket by the whole receive loop in a thread of its own."""
+
+    def __init__(self, seed: int) -> None:
+        self.grams, _ = message(N, seed=seed)
+        self.seed = seed
+        self.runs, self.session, self.out = registered(N)
+        seg = len(self.grams[0])
+        self.session.receive_batch(np.frombuffer(self.grams[0], np.uint8), seg, now=NOW)
+        self.reassembler = self.session._inbox._incoming[(0, STEP, MSG)].reassembler
+        self.socks = DataSockets(
+            "127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=8 << 20, sndbuf=1 << 20
+        )
+        self.socks.runs = self.runs
+        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.calls = 0
+        self.datagrams = 0  # taken by the table
+        self.error: BaseException | None = None
+
+    def taken(self, taken: list[Taken]) -> None:
+        self.datagrams += sum(t[3] for t in taken)
+        self.session.receive_taken(taken, now=NOW)
+
+    def rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
+        self.session.receive_rest(buf, segment_size, now=NOW)
+
+    def send(self, grams: list[bytes]) -> None:
+        for g in grams:
+            self.tx.sendto(g, self.socks.address)
+
+    def receive(self, linger: float, watch: int = -1) -> threading.Thread:
+        """One receive call, in a thread (started)."""
+
+        def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
+            self.session.receive_batch(b, seg, now=NOW)
+
+        def run() -> None:
+            try:
+                self.calls += 1
+                self.socks.receive(deliver, taken=self, linger=linger, watch=watch)
+            except BaseException as exc:  # (re-raised by the test)
+                self.error = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def wait_until_taken(self, chunks: int, thread: threading.Thread) -> None:
+        """Until the receive call has written ``chunks`` chunks' places in the
+        message's chunk map (the C loop writes it as it takes them)."""
+        deadline = time.monotonic() + WAIT
+        while int(self.reassembler.received.sum()) < chunks:
+            assert thread.is_alive(), f"the receive call ended first ({self.error!r})"
+            assert time.monotonic() < deadline, "the receive call took nothing"
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self.tx.close()
+        self.socks.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(seed=21)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _joined(thread: threading.Thread, r: Receiver) -> None:
+    thread.join(WAIT)
+    assert not thread.is_alive(), "the receive call is still lingering"
+    if r.error is not None:
+        raise r.error
+
+
+def test_data_that_comes_while_the_loop_lingers_is_taken_in_the_same_call(
+    receiver: Receiver,
+) -> None:
+    """The first half arrives, the call takes it and lingers; the second half
+    arrives while it lingers and is taken by the same call, which ends when the
+    message may be complete (a run that needs Python), long before its linger."""
+    r = receiver
+    half = len(r.grams) // 2
+    r.send(r.grams[1:half])
+    thread = r.receive(LONG)
+    r.wait_until_taken(half, thread)  # (chunk 0 was Python's)
+    assert thread.is_alive()
+    r.send(r.grams[half:])
+    _joined(thread, r)
+    assert r.calls == 1 and r.datagrams == len(r.grams) - 1
+    assert 0.0 < r.socks.lingered < LONG
+    (got,) = received_events(r.session)
+    want = np.random.default_rng(r.seed).standard_normal(N).astype(np.float32)
+    assert got.report.lost_elems == 0 and r.out.tobytes() == want.tobytes()
+
+
+def test_another_ready_file_ends_the_linger(receiver: Receiver) -> None:
+    """A file of the watched epoll set other than the data socket (here a socket
+    pair standing for a control connection, the data socket watched too, as the
+    I/O thread's set holds it) ends the linger: the call returns with what it
+    took, the message incomplete."""
+    r = receiver
+    wake_r, wake_w = socket.socketpair()
+    epoll = select.epoll()
+    try:
+        epoll.register(r.socks.recv_sock.fileno(), select.EPOLLIN)
+        epoll.register(wake_r.fileno(), select.EPOLLIN)
+        r.send(r.grams[1:10])
+        thread = r.receive(LONG, watch=epoll.fileno())
+        r.wait_until_taken(10, thread)
+        wake_w.send(b"\0")
+        _joined(thread, r)
+    finally:
+        epoll.close()
+        wake_r.close()
+        wake_w.close()
+    assert r.datagrams == 9 and r.socks.lingered < LONG
+    assert received_events(r.session) == []
+
+
+def test_with_nothing_coming_the_call_returns_after_its_linger(receiver: Receiver) -> None:
+    r = receiver
+    r.send(r.grams[1:10])
+    linger = 0.05
+    start = time.monotonic()
+    r.socks.receive(lambda b, seg: None, taken=r, linger=linger)
+    assert time.monotonic() - start >= linger
+    assert r.datagrams == 9
+    assert linger / 2 <= r.socks.lingered <= time.monotonic() - start
+
+
+def test_without_a_linger_the_call_returns_once_the_socket_runs_dry(receiver: Receiver) -> None:
+    r = receiver
+    r.send(r.grams[1:10])
+    r.socks.receive(lambda b, seg: None, taken=r)
+    assert r.datagrams == 9 and r.socks.lingered == 0.0
+
+
+def test_a_negative_linger_is_refused(receiver: Receiver) -> None:
+    buf = np.zeros(1 << 16, np.uint8)
+    fd = receiver.socks.recv_sock.fileno()
+    with pytest.raises(ValueError, match="linger_ns >= 0"):
+        receiver.runs.table.receive(fd, buf, 1 << 16, 8, 2048, 1 << 16, None, -1, -1)
+
+
+# ------------------------------------------------------------------ endpoints
+
+
+def test_a_bad_linger_is_named_as_typed() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^DLCP_RECEIVE_LINGER=0\.5 outside \[0, 0\.01\] seconds$"
+    ):
+        EndpointConfig.from_env({"DLCP_RECEIVE_LINGER": "0.5"})
+    with pytest.raises(ConfigError, match=r"^receive_linger=-1 outside"):
+        EndpointConfig(receive_linger=-1)
+    assert EndpointConfig.from_env({"DLCP_RECEIVE_LINGER": "0"}).receive_linger == 0.0
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not native_available(), reason="native engine not built")
+@pytest.mark.parametrize("engines", [("native", "native"), ("native", "python")])
+def test_endpoints_deliver_exactly_with_the_longest_linger(engines: tuple[str, str]) -> None:
+    """Messages both ways at once, each side posting its next while the other's
+    data arrives: with a 10 ms linger no transfer waits for it (a caller's post
+    wakes a lingering loop; the engine's reports and control messages end it),
+    and a Python-engine endpoint does not linger (it sends from its I/O thread)."""
+    from tests.io.test_engines import _data, pair, transfer
+
+    with pair(engines, receive_linger=0.01) as (a, b):
+        assert [ep._linger for ep in (a, b)] == [
+            0.01 if ep.engine == "native" and ep.native_receive else 0.0 for ep in (a, b)
+        ]
+        for msg in range(6):
+            src, dst = (a, b) if msg % 2 == 0 else (b, a)
+            data = _data(msg)
+            received, _, out = transfer(src, dst, data, msg=msg, p=0.0)
+            assert received.report.lost_elems == 0 and out.tobytes() == data.tobytes()
