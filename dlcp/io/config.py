@@ -67,7 +67,7 @@ class EndpointConfig:
     #: nothing else is ready (dlcp/io/_linger.h); 0: it returns at once. Only
     #: with the native engine and receive path (the Python engine sends from
     #: the I/O thread, which must not wait then)
-    receive_linger: float = 200e-6
+    receive_linger: float = 1e-3
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
