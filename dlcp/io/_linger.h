@@ -15,6 +15,13 @@
  * a control message, the native engine's reports, a caller's wake-up. So the
  * linger never holds back what the turn would have handled, only the Python
  * turn that would have found nothing else to do.
+ *
+ * What ends the lingering: a wait after which less than LINGER_MIN_BURST bytes
+ * came before the socket ran dry again. Data that trickles in (datagrams one by
+ * one, offloads off) would wake a sleeping thread for each datagram or two, and
+ * each wake-up costs the sender's enqueue too: a receiver busy with its Python
+ * turn lets them queue up instead (measured: the DDP job under 1 % loss with
+ * offloads off took 4-7 % longer with a linger that kept waiting).
  */
 #ifndef DLCP_LINGER_H
 #define DLCP_LINGER_H
@@ -27,6 +34,10 @@
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <time.h>
+
+/* Bytes that must come after a wait for the loop to wait again: half a full
+ * GSO or GRO message at MTU 1500 (45 datagrams, 64 KB). */
+#define LINGER_MIN_BURST (32 << 10)
 
 /* (CLOCK_MONOTONIC in nanoseconds: the clock of time.monotonic) */
 static inline int64_t linger_clock_ns(void) {

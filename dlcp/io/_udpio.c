@@ -777,7 +777,8 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
  * With linger_ns > 0, a socket that ran dry ends the loop only after its runs
  * were taken (a handover still ends it) and no more data came within linger_ns
  * of the call's start, or a file of the epoll set watch_fd other than fd turned
- * readable first (_linger.h). Returns (nbytes, reads, empty, errno, kept,
+ * readable first, or less than LINGER_MIN_BURST bytes came after the last wait
+ * (_linger.h). Returns (nbytes, reads, empty, errno, kept,
  * drained, lingered_ns), over all steps; lingered_ns is the time it waited. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     int fd;
@@ -834,6 +835,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     self->pending = TAKE_DONE;
     Py_BEGIN_ALLOW_THREADS
     int64_t linger_end = linger_ns > 0 ? linger_clock_ns() + linger_ns : 0;
+    ssize_t since_wait = -1; /* bytes read since the linger last waited (-1: it has not) */
     for (;;) {
         ssize_t room = budget - kept < step ? budget - kept : step;
         ssize_t read_room = max_reads - reads;
@@ -845,8 +847,11 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         err = got.err;
         if (err)
             break;
+        if (since_wait >= 0)
+            since_wait += got.total;
         int dry = !got.more && got.reads < read_room && got.total < room;
-        if (dry && (linger_end == 0 || kept >= budget || reads >= max_reads)) {
+        int lingers = linger_end != 0 && (since_wait < 0 || since_wait >= LINGER_MIN_BURST);
+        if (dry && (!lingers || kept >= budget || reads >= max_reads)) {
             drained = 1;
             break;
         }
@@ -858,9 +863,12 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
             drained = dry;
             break;
         }
-        if (dry && !linger_for_data(fd, watch_fd, linger_end, &lingered)) {
-            drained = 1; /* (its runs are taken: next() has only the counts to report) */
-            break;
+        if (dry) {
+            if (!linger_for_data(fd, watch_fd, linger_end, &lingered)) {
+                drained = 1; /* (its runs are taken: next() has only the counts to report) */
+                break;
+            }
+            since_wait = 0;
         }
     }
     Py_END_ALLOW_THREADS

@@ -48,11 +48,15 @@ class Receiver:
         seg = len(self.grams[0])
         self.session.receive_batch(np.frombuffer(self.grams[0], np.uint8), seg, now=NOW)
         self.reassembler = self.session._inbox._incoming[(0, STEP, MSG)].reassembler
+        # (GRO: a GSO burst is one read, as a sender's batch is on the loopback)
         self.socks = DataSockets(
-            "127.0.0.1", 0, 1, gso="off", gro="off", rcvbuf=8 << 20, sndbuf=1 << 20
+            "127.0.0.1", 0, 1, gso="off", gro="on", rcvbuf=8 << 20, sndbuf=1 << 20
         )
         self.socks.runs = self.runs
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.burst_tx = DataSockets(
+            "127.0.0.1", 0, 1, gso="on", gro="off", rcvbuf=1 << 20, sndbuf=8 << 20
+        )
         self.calls = 0
         self.datagrams = 0  # taken by the table
         self.error: BaseException | None = None
@@ -65,8 +69,18 @@ class Receiver:
         self.session.receive_rest(buf, segment_size, now=NOW)
 
     def send(self, grams: list[bytes]) -> None:
+        """One datagram a system call: they may arrive one by one."""
         for g in grams:
             self.tx.sendto(g, self.socks.address)
+
+    def send_burst(self, grams: list[bytes]) -> None:
+        """One GSO message (at most 64 KB): it arrives whole, as one read."""
+        raw = b"".join(grams)
+        assert len(raw) < 1 << 16 and all(len(g) == len(grams[0]) for g in grams[:-1])
+        sent = self.burst_tx.send(
+            memoryview(raw), len(grams[0]), len(grams), path=0, tos=0, addr=self.socks.address
+        )
+        assert sent == len(grams)
 
     def receive(self, linger: float, watch: int = -1) -> threading.Thread:
         """One receive call, in a thread (started)."""
@@ -96,6 +110,7 @@ class Receiver:
 
     def close(self) -> None:
         self.tx.close()
+        self.burst_tx.close()
         self.socks.close()
 
 
@@ -119,21 +134,37 @@ def test_data_that_comes_while_the_loop_lingers_is_taken_in_the_same_call(
     receiver: Receiver,
 ) -> None:
     """The first half arrives, the call takes it and lingers; the second half
-    arrives while it lingers and is taken by the same call, which ends when the
-    message may be complete (a run that needs Python), long before its linger."""
+    arrives in one burst while it lingers and is taken by the same call, which
+    ends when the message may be complete (a run that needs Python), long before
+    its linger."""
     r = receiver
     half = len(r.grams) // 2
+    assert sum(len(g) for g in r.grams[half:]) >= 32 << 10  # (LINGER_MIN_BURST)
     r.send(r.grams[1:half])
     thread = r.receive(LONG)
     r.wait_until_taken(half, thread)  # (chunk 0 was Python's)
     assert thread.is_alive()
-    r.send(r.grams[half:])
+    r.send_burst(r.grams[half:])
     _joined(thread, r)
     assert r.calls == 1 and r.datagrams == len(r.grams) - 1
     assert 0.0 < r.socks.lingered < LONG
     (got,) = received_events(r.session)
     want = np.random.default_rng(r.seed).standard_normal(N).astype(np.float32)
     assert got.report.lost_elems == 0 and r.out.tobytes() == want.tobytes()
+
+
+def test_a_trickle_after_a_wait_ends_the_lingering(receiver: Receiver) -> None:
+    """A wait after which less than LINGER_MIN_BURST bytes come (here one
+    datagram) ends the call: data that trickles in is left to queue up while the
+    thread runs its Python turn, instead of waking it for each datagram."""
+    r = receiver
+    r.send(r.grams[1:10])
+    thread = r.receive(LONG)
+    r.wait_until_taken(10, thread)
+    r.send(r.grams[10:11])
+    _joined(thread, r)
+    assert r.calls == 1 and r.datagrams == 10 and r.socks.lingered < LONG
+    assert received_events(r.session) == []
 
 
 def test_another_ready_file_ends_the_linger(receiver: Receiver) -> None:
