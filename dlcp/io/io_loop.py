@@ -129,6 +129,9 @@ class IOLoop:
         #: _init_native_receive); a caller that wants the lock wakes it (_post)
         self._linger = 0.0
         self._lingering = False
+        #: the selector's epoll set, whose files other than the data socket end a
+        #: linger (-1 until the thread runs)
+        self._watch = -1
 
     def _init_native_receive(self, on: bool) -> None:
         """Whether the receive loop scatters the runs of the messages under way
@@ -154,6 +157,7 @@ class IOLoop:
     def _run(self) -> None:
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
+        self._watch = sel.fileno()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -178,7 +182,7 @@ class IOLoop:
                     self._sleep_until = -math.inf
                     now = time.monotonic()
                     session.note_idle(now - before, now=now)  # receive capacity
-                    now = self._take_input(sel, ready, timer, now, sel.fileno())
+                    now = self._take_input(sel, ready, timer, now)
                     self._send_and_settle(now)
                     if now >= transfers.earliest:
                         transfers.expire(now)
@@ -231,13 +235,11 @@ class IOLoop:
         ready: list[tuple[selectors.SelectorKey, int]],
         timer: float | None,
         now: float,
-        watch: int = -1,
     ) -> float:
         """One turn's input, from ``now`` on; returns the time it ended. The data
         socket first, whether or not ``select`` saw
         it ready (data may have come while this thread waited for the lock), with
-        its linger (:meth:`_receive_data`; ``watch``: the selector's epoll set,
-        whose other files end it); then
+        its linger (:meth:`_receive_data`); then
         the other ready sockets; then ``timer``, the session's timer as it was
         before this turn's input (a timer that input set runs next turn: that
         turn's wait is then short or none). The data socket's share is bounded
@@ -252,7 +254,7 @@ class IOLoop:
         junk in it (a flood) holds nothing back, so hellos are read, lost data
         is asked for again and timeouts fire on time whatever the data socket
         holds. The sockets stay readable: the next turn comes at once."""
-        self._receive_data(now, timer, watch)
+        self._receive_data(now, timer)
         now = time.monotonic()
         hold = self._holds_back(now)
         other = False  # (another socket's input: the clock is read again after it)
@@ -317,14 +319,14 @@ class IOLoop:
         deadline = self._transfers.earliest
         return deadline if deadline < wake else wake
 
-    def _receive_data(self, start: float, timer: float | None = None, watch: int = -1) -> None:
+    def _receive_data(self, start: float, timer: float | None = None) -> None:
         """The data socket's share of a turn that began at ``start``: what
         arrived to the session, the pre-filter's drops to its counters.
 
         With a linger (``EndpointConfig.receive_linger``) the native receive
         loop waits that long in C for the next burst after the socket ran dry,
         but not past the turn's next deadline (``timer`` among them), and not
-        while a file of the epoll set ``watch`` other than the data socket is
+        while a file of the selector's epoll set other than the data socket is
         readable or a caller waits for the lock (it wakes this thread: _post).
         The wait counts as idle for the rate meter, as ``select``'s does."""
         self._stats.receive_calls += 1
@@ -339,7 +341,9 @@ class IOLoop:
                 linger = min(linger, self._next_time(start, timer) - start)
                 if linger < 0.0:
                     linger = 0.0
-        read = data.receive(self._deliver, taken=self._native_runs, linger=linger, watch=watch)
+        read = data.receive(
+            self._deliver, taken=self._native_runs, linger=linger, watch=self._watch
+        )
         self._lingering = False
         if data.lingered:
             self._session.note_idle(data.lingered, now=time.monotonic())

@@ -25,7 +25,7 @@ class _Turn:
         ep: Any = Endpoint.__new__(Endpoint)  # no sockets, no thread: only the turn's logic
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=self._timer)
-        ep._receive_data = lambda start, timer, watch: self.log.append("data")
+        ep._receive_data = lambda start, timer: self.log.append("data")
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
         ep._junk_read = False
