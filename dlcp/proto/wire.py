@@ -166,7 +166,7 @@ _NUMPY_OF: Final = {
     DType.UINT8: np.uint8,
 }
 _NUMPY_DTYPE: Final = {d: np.dtype(t) for d, t in _NUMPY_OF.items()}
-_ITEMSIZE_BY_CODE = np.array([4, 2, 2, 1] + [0] * 12, dtype=np.int64)
+_ITEMSIZE_BY_CODE: Final[npt.NDArray[np.int64]] = np.array([4, 2, 2, 1] + [0] * 12, dtype=np.int64)
 
 
 class Reason(enum.IntEnum):
@@ -195,7 +195,7 @@ class WireError(DLCPError, ValueError):
 # --------------------------------------------------------------------------- header
 
 #: the data header as a numpy structured dtype (big-endian), 32 bytes
-HEADER_DTYPE: Final = np.dtype(
+HEADER_DTYPE: Final[np.dtype[np.void]] = np.dtype(
     [
         ("ver_type", "u1"),
         ("flags", "u1"),
