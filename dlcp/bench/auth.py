@@ -37,6 +37,8 @@ from dlcp.proto import auth
 from dlcp.proto.auth import NonceCounter
 from dlcp.proto.config import ProtocolConfig
 
+from .machine import cpu_times, describe
+
 KEY = bytes(range(32))
 
 
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.auth")
     if size < 32 + auth.AUTH_TRAILER_LEN:
         ap.error(f"--datagram-bytes {size}: a tagged data datagram has at least 56 bytes")
     n = max(1, args.size_mib * (1 << 20) // size)
+    start = cpu_times()
     rng = np.random.default_rng(0)
     records = rng.integers(0, 256, (n, size), dtype=np.uint8)
     copy = np.empty_like(records)
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.auth")
         result[f"{name}_gbps"] = round(g, 3)
         result[f"{name}_ratio"] = round(r, 4)
         print(f"{name:12}{g:8.3f}{r:10.4f}")
+    result["machine"] = describe(start, cpu_times())
     if args.json:
         print(json.dumps(result))
     return 0

@@ -57,6 +57,7 @@ from dlcp.proto.session import (
 )
 from dlcp.proto.wire import DATA_HEADER_LEN
 
+from .machine import cpu_times, describe
 from .outcome import engine_of_run
 
 
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         ap.error("--authenticate runs on the Python engine's path only (DLCP_ENGINE=python): "
                  "the native engine seals in its own thread, which this harness does not run")
     n = args.size_mib * (1 << 20) // 4
+    start = cpu_times()
     data = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     out = np.empty_like(data)
     cfg = ProtocolConfig(
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         "core_gbps": round(nbytes / core_s / 1e9, 3),
         "memcpy_gbps": round(nbytes / copy_s / 1e9, 3),
         "ratio": round(copy_s / core_s, 3),
+        "machine": describe(start, cpu_times()),
     }
     print(f"{'':14}{'median s':>10}{'GB/s':>8}")
     print(f"{'dlcp core':14}{core_s:10.4f}{result['core_gbps']:8.2f}")

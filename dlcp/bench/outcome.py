@@ -59,11 +59,12 @@ def finish(
     cleaned_up: str,
 ) -> int:
     """``run(args)``, then print ``table`` of its result and, with ``--json``, the
-    result as the last line; exit status 0. A failed job (one of ``errors``), a
-    namespace step that failed (:class:`NetnsError`: a loss rule, offloads, a
-    counter) or Ctrl-C ends with one line naming the benchmark (``dlcp bench
-    <name>: ...``; ``cleaned_up`` says what was stopped and removed) and status
-    1 or 130.
+    result as the last line, with the machine it ran on and how busy that was
+    during the run (``"machine"``, :mod:`dlcp.bench.machine`); exit status 0. A
+    failed job (one of ``errors``), a namespace step that failed
+    (:class:`NetnsError`: a loss rule, offloads, a counter) or Ctrl-C ends with
+    one line naming the benchmark (``dlcp bench <name>: ...``; ``cleaned_up``
+    says what was stopped and removed) and status 1 or 130.
     SIGTERM counts as Ctrl-C here: it unwinds the same way, so that what the run
     built (namespaces, workers) is removed by its ``finally`` blocks."""
     # the benchmarks build their networks with the testbed (dlcp itself does not import it)
@@ -73,6 +74,9 @@ def finish(
         *(errors if isinstance(errors, tuple) else (errors,)),
         NetnsError,
     )
+    from .machine import cpu_times, describe
+
+    start = cpu_times()
     try:
         with sigterm_interrupts():
             result = run(args)
@@ -91,6 +95,7 @@ def finish(
         if key == "engine":
             placed["engine_threads"] = threads
     result = placed
+    result["machine"] = describe(start, cpu_times())
     print(table(result))
     if args.json:
         print(json.dumps(result))
