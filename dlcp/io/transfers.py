@@ -68,7 +68,7 @@ class Transfers:
         self._unclaimed_failures: OrderedDict[Key, None] = OrderedDict()
         #: transfers matched to their events (and out of the tables) whose futures
         #: are not settled yet: (future, what settles it), in event order
-        self.settlements: deque[tuple[Future[Any], Callable[[], None]]] = deque()
+        self.settlements: deque[tuple[Future[Any], Callable[[], object]]] = deque()
 
     def pend(self, key: Key, pending: Pending, *, outgoing: bool) -> None:
         """Wait for transfer ``key`` (a send if ``outgoing``, else a receive)."""
@@ -115,7 +115,7 @@ class Transfers:
             self.settle()
 
     def queue_settlement(
-        self, future: Future[Any], settle: Callable[..., None], *args: Any, **kwargs: Any
+        self, future: Future[Any], settle: Callable[..., object], *args: Any, **kwargs: Any
     ) -> None:
         """Have :meth:`settle` call ``settle(*args, **kwargs)``, which settles ``future``."""
         self.settlements.append((future, functools.partial(settle, *args, **kwargs)))
@@ -176,22 +176,26 @@ class Transfers:
                 fut.set_result(
                     Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss)
                 )
+                self._session.keep_spare(ev.data)
                 return
-        self.complete_recv(fut, ev, out)
+        if self.complete_recv(fut, ev, out):  # (the message's own buffer is free)
+            assert isinstance(ev, MessageReceived)
+            self._session.keep_spare(ev.data)
 
     def complete_recv(
         self,
         fut: Future[Received],
         ev: MessageReceived | MessageFailed,
         out: npt.NDArray[Any] | None,
-    ) -> None:
-        """Settle receive ``fut`` with message ``ev``, copied into ``out`` if given."""
+    ) -> bool:
+        """Settle receive ``fut`` with message ``ev``, copied into ``out`` if given;
+        whether it was copied (``ev``'s data is then no longer needed)."""
         if isinstance(ev, MessageFailed):
             error_cls = PeerTimeout if ev.peer_timeout else TransferFailed
             fut.set_exception(
                 error_cls(f"rank {self._rank}: {ev.reason} (step {ev.step}, msg {ev.msg})")
             )
-            return
+            return False
         data = ev.data
         if out is not None and out is not data:
             if out.shape != data.shape or out.dtype != data.dtype:
@@ -201,10 +205,12 @@ class Transfers:
                         f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
                     )
                 )
-                return
+                return False
             out[...] = data
-            data = out
+            fut.set_result(Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss))
+            return True
         fut.set_result(Received(ev.src, ev.step, ev.msg, data, ev.report, self._emulated_loss))
+        return False
 
     def forget(self, key: Key, outgoing: bool, fut: Future[Any]) -> bool:
         """The caller cancelled ``fut``: drop its transfer and have the session stop

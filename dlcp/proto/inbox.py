@@ -101,6 +101,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
+from .buffer_pool import BufferPool
 from .config import FillPolicy
 from .context import Key, SessionContext
 from .control import Abort, AbortReason, Finish, RateFeedback, Stop
@@ -181,6 +182,13 @@ class Inbox(ReceivePaths[_Incoming]):
         self._ended: OrderedDict[Key, Ended] = OrderedDict()
         self._orphan_finish = OrphanFinishes(self.config, self.rank)
         self._unexpected_bytes = 0
+        #: the own buffers of messages that came before their receive was posted,
+        #: kept once the receive gave its buffer (:meth:`expect`) for the next such
+        #: message of that size: a collective's neighbour that starts the next call
+        #: first sends into one every few calls, and a new buffer of a bucket's size
+        #: costs page faults that zero it (as ``uint8`` rows of the message's
+        #: elements, the shape :class:`BufferPool` keys on)
+        self._spares = BufferPool(max_bytes=min(self.config.max_unexpected_bytes, 1 << 28))
         #: completed messages nobody asked for yet -> the bytes they still hold
         #: (charged until the driver hands them over: :meth:`release`)
         self._parked: dict[Key, int] = {}
@@ -232,12 +240,16 @@ class Inbox(ReceivePaths[_Incoming]):
             # (one waiting out the grace to complete by the looser bound now
             # needs what is missing)
             state.recovery.on_bound_tightened()
+        own = r.out if out is not None and r.owns_buffer else None
         if out is not None:
             r.replace_output(out)
             self._unexpected_bytes -= state.unexpected_bytes
             state.unexpected_bytes = 0
         if self._native is not None:  # (a new buffer, or a bound that needs more)
             self._register_native(key, r)
+        if own is not None:  # (nothing writes into it any more: the native table
+            # was given the caller's buffer above)
+            self._spares.give(own.view(np.uint8).reshape(len(own), own.itemsize))
 
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
@@ -341,17 +353,24 @@ class Inbox(ReceivePaths[_Incoming]):
                 else:  # nobody asked for it: refused, and its sender told so
                     self._refuse(key, charged)
                 return None
+        out = None if want is None else want.out
+        spare = None
+        if out is None and (rows := self._spares.take((msg_elems, dtype.itemsize))) is not None:
+            spare = rows.reshape(-1).view(dtype.numpy())
         try:
             r = Reassembler(
                 dtype=dtype,
                 msg_elems=msg_elems,
                 chunk_elems=chunk_elems,
-                out=None if want is None else want.out,
+                out=out,
                 bound=p,
                 fill=self.config.default_fill if want is None else want.fill,
                 now=now,
+                spare=spare,
             )
         except (GeometryError, ValueError) as exc:
+            if spare is not None:
+                self._spares.give(spare.view(np.uint8).reshape(msg_elems, dtype.itemsize))
             self.stats.reject("geometry", n_packets)
             if want is not None:
                 # a stray or forged datagram must not decide the message: wait for
@@ -407,6 +426,13 @@ class Inbox(ReceivePaths[_Incoming]):
         self._check_complete(key, state, now=now)
         if key in self._incoming:
             state.recovery.on_finish(finish.round, now=now)
+
+    def keep_spare(self, data: npt.NDArray[np.generic]) -> None:
+        """``data``: the own buffer of a message that completed before its receive
+        was posted, which the driver copied into that receive's buffer and holds
+        no more: kept for the next early message of its size."""
+        if data.ndim == 1 and data.flags.c_contiguous and data.nbytes:
+            self._spares.give(data.view(np.uint8).reshape(len(data), data.itemsize))
 
     def release(self, key: Key) -> None:
         """The driver handed completed message ``key`` over (or dropped it): the

@@ -130,9 +130,21 @@ class Reassembler:
         bound: float,
         fill: FillPolicy,
         now: float,
+        spare: npt.NDArray[np.generic] | None = None,
     ) -> None:
+        """``out``: the caller's buffer, or None for one of the message's own:
+        ``spare`` if given (an array of the message's type and length whose
+        contents do not matter: what was not received is filled on completion),
+        else a new one."""
+        #: whether :attr:`out` is the message's own buffer (not a caller's)
+        self.owns_buffer = out is None
         if out is None:
-            out = np.empty(msg_elems, dtype=dtype.numpy())
+            if spare is not None and (spare.dtype != dtype.numpy() or spare.shape != (msg_elems,)):
+                raise GeometryError(
+                    f"spare buffer is {spare.dtype}{list(spare.shape)}, message is "
+                    f"{dtype.name.lower()}[{msg_elems}]"
+                )
+            out = np.empty(msg_elems, dtype=dtype.numpy()) if spare is None else spare
             if fill is FillPolicy.PREVIOUS:
                 # no previous values in a buffer of our own: lost elements are zeroed,
                 # and the report says so (a receive that brings its buffer later
@@ -238,6 +250,7 @@ class Reassembler:
         else:
             out[...] = self.out
         self.out = out
+        self.owns_buffer = False
         self._bytes = out.view(np.uint8)
         self._stream = streams_received(len(self._bytes))
 
