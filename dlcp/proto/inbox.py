@@ -47,7 +47,8 @@ message                   the ``out=``/``p``/``fill`` the application gave
                           charged (rule 4)
 first of an unexpected    the message opens with the session's default fill and
 message                   is charged against ``max_unexpected_bytes``; past the
-                          limit it is refused (rule 4)
+                          limit it is refused (rule 4); its buffer is one kept
+                          from an earlier early message of its size, if any
 of a message under way    written at its offset
 a duplicate               (a chunk already here) counted by the reassembler,
                           not written again; no completion check
@@ -169,6 +170,11 @@ class _Incoming:
     expected: bool = False
 
 
+#: the most the inbox keeps of early messages' buffers for reuse (two of each size
+#: at most; :attr:`ProtocolConfig.max_unexpected_bytes` if that is less)
+SPARE_BYTES: Final = 128 << 20
+
+
 class Inbox(ReceivePaths[_Incoming]):
     """Receive state of one rank: every message coming in, from any peer."""
 
@@ -188,7 +194,7 @@ class Inbox(ReceivePaths[_Incoming]):
         #: first sends into one every few calls, and a new buffer of a bucket's size
         #: costs page faults that zero it (as ``uint8`` rows of the message's
         #: elements, the shape :class:`BufferPool` keys on)
-        self._spares = BufferPool(max_bytes=min(self.config.max_unexpected_bytes, 1 << 28))
+        self._spares = BufferPool(max_bytes=min(self.config.max_unexpected_bytes, SPARE_BYTES))
         #: completed messages nobody asked for yet -> the bytes they still hold
         #: (charged until the driver hands them over: :meth:`release`)
         self._parked: dict[Key, int] = {}
