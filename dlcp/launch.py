@@ -45,6 +45,7 @@ from .ports import free_port
 from .processes import (
     Interrupted,
     die_with_parent,
+    dies_with_this_process,
     end_process,
     exited_unreaped,
     hold_group,
@@ -232,7 +233,7 @@ def launch(
                     # its own process group, so that stopping a rank stops what it
                     # started too (a wrapper script's python, say)
                     start_new_session=True,
-                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                    preexec_fn=dies_with_this_process() if sys.platform == "linux" else None,
                 )
             )
             hold_group(procs[-1])

@@ -1,6 +1,6 @@
 """Child processes and the signals that stop them.
 
-Children started with :func:`die_with_parent` as their ``preexec_fn`` get
+Children started with :func:`dies_with_this_process` as their ``preexec_fn`` get
 SIGKILL when this process dies. A child that leads its own process group (started
 with ``start_new_session``) is stopped with what it started in turn:
 :func:`hold_group` keeps a pidfd that names its group even after the child is
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from .errors import DLCPError
 __all__ = [
     "Interrupted",
     "die_with_parent",
+    "dies_with_this_process",
     "end_process",
     "exited_unreaped",
     "hold_group",
@@ -57,15 +59,28 @@ def exited_unreaped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """A ``preexec_fn``: the child gets SIGKILL when its parent dies, even by
-    SIGKILL (``PR_SET_PDEATHSIG``; it survives the ``execve`` of ``ip netns
-    exec``, which runs the command in the same process). Only the child itself:
-    what it starts in turn is left behind if the launcher is SIGKILLed (as
-    under torchrun); the launcher's own exit stops whole rank groups."""
+def die_with_parent(parent: int | None = None) -> None:  # pragma: no cover - in the child
+    """In a child: it gets SIGKILL when its parent dies, even by SIGKILL
+    (``PR_SET_PDEATHSIG``; it survives the ``execve`` of ``ip netns exec``, which
+    runs the command in the same process). Only the child itself: what it starts
+    in turn is left behind if the launcher is SIGKILLed (as under torchrun); the
+    launcher's own exit stops whole rank groups.
+
+    A parent that died before the signal was set sends none: with ``parent``
+    (the pid the child was forked from), a child whose parent is already another
+    kills itself. As a ``preexec_fn`` use :func:`dies_with_this_process`."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dies_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for children that must not outlive this process:
+    :func:`die_with_parent` with this process's pid, so that a child whose parent
+    died between the fork and the ``prctl`` (a launcher killed at once) dies too."""
+    return functools.partial(die_with_parent, os.getpid())
 
 
 def stop_groups(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from dlcp.errors import DLCPError
-from dlcp.processes import die_with_parent, end_process
+from dlcp.processes import dies_with_this_process, end_process
 
 __all__ = [
     "CLI",
@@ -370,7 +370,8 @@ def bmv2_switch(
             sw._argv(argv),
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,  # a crashed run must not leave its switches running
+            # a crashed run must not leave its switches running
+            preexec_fn=dies_with_this_process(),
         )
         try:
             _wait_ready(sw, timeout)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlcp.errors import UsageError
-from dlcp.processes import die_with_parent
+from dlcp.processes import dies_with_this_process
 from dlcp.switch.policy import on_link
 
 from . import switch_profile
@@ -450,7 +450,7 @@ def _python(net: Network, host: str, script: str, *args: object) -> subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,  # (a few lines at most: read when it ends)
         text=True,
-        preexec_fn=die_with_parent,  # a day-long sender must not outlive a crashed run
+        preexec_fn=dies_with_this_process(),  # a day-long sender must not outlive a crashed run
     )
 
 

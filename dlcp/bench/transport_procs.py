@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from dlcp.errors import DLCPError
-from dlcp.processes import die_with_parent, end_process
+from dlcp.processes import dies_with_this_process, end_process
 
 __all__ = ["WorkerError", "WorkerProc", "collect"]
 
@@ -45,7 +45,7 @@ class WorkerProc:
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=env,
-            preexec_fn=die_with_parent,
+            preexec_fn=dies_with_this_process(),
         )
         return cls(name, proc, stderr)
 

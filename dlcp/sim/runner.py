@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DLCPError
-from ..processes import die_with_parent
+from ..processes import dies_with_this_process
 from .config import SimConfig, SimConfigError
 from .engine import NS3_MISSING
 from .results import read_flows, summarize
@@ -105,7 +105,7 @@ class _ForkServer:
                 stderr=logf,
                 # a runner stopped by a signal (SIGTERM, SIGKILL: no finally runs) takes
                 # the server with it, and the server its runs: minutes of CPU each
-                preexec_fn=die_with_parent,
+                preexec_fn=dies_with_this_process(),
             )
         self.exits: dict[int, int] = {}  # run id -> exit code, read but not yet taken
         if self._reply() != {"ready": True}:
