@@ -47,8 +47,7 @@ message                   the ``out=``/``p``/``fill`` the application gave
                           charged (rule 4)
 first of an unexpected    the message opens with the session's default fill and
 message                   is charged against ``max_unexpected_bytes``; past the
-                          limit it is refused (rule 4); its buffer is one kept
-                          from an earlier early message of its size, if any
+                          limit it is refused (rule 4); in a kept buffer if any
 of a message under way    written at its offset
 a duplicate               (a chunk already here) counted by the reassembler,
                           not written again; no completion check
@@ -170,8 +169,7 @@ class _Incoming:
     expected: bool = False
 
 
-#: the most the inbox keeps of early messages' buffers for reuse (two of each size
-#: at most; :attr:`ProtocolConfig.max_unexpected_bytes` if that is less)
+#: the most kept of early messages' buffers (two a size; max_unexpected_bytes if less)
 SPARE_BYTES: Final = 128 << 20
 
 
@@ -188,12 +186,9 @@ class Inbox(ReceivePaths[_Incoming]):
         self._ended: OrderedDict[Key, Ended] = OrderedDict()
         self._orphan_finish = OrphanFinishes(self.config, self.rank)
         self._unexpected_bytes = 0
-        #: the own buffers of messages that came before their receive was posted,
-        #: kept once the receive gave its buffer (:meth:`expect`) for the next such
-        #: message of that size: a collective's neighbour that starts the next call
-        #: first sends into one every few calls, and a new buffer of a bucket's size
-        #: costs page faults that zero it (as ``uint8`` rows of the message's
-        #: elements, the shape :class:`BufferPool` keys on)
+        #: early messages' own buffers, kept once their receive has the values, for
+        #: the next early message of that size (a new bucket-sized buffer costs page
+        #: faults that zero it); as ``uint8`` rows of the elements, BufferPool's keys
         self._spares = BufferPool(max_bytes=min(self.config.max_unexpected_bytes, SPARE_BYTES))
         #: completed messages nobody asked for yet -> the bytes they still hold
         #: (charged until the driver hands them over: :meth:`release`)
@@ -253,9 +248,8 @@ class Inbox(ReceivePaths[_Incoming]):
             state.unexpected_bytes = 0
         if self._native is not None:  # (a new buffer, or a bound that needs more)
             self._register_native(key, r)
-        if own is not None:  # (nothing writes into it any more: the native table
-            # was given the caller's buffer above)
-            self._spares.give(own.view(np.uint8).reshape(len(own), own.itemsize))
+        if own is not None:  # (the native table was given the caller's buffer above)
+            self.keep_spare(own)
 
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
@@ -376,7 +370,7 @@ class Inbox(ReceivePaths[_Incoming]):
             )
         except (GeometryError, ValueError) as exc:
             if spare is not None:
-                self._spares.give(spare.view(np.uint8).reshape(msg_elems, dtype.itemsize))
+                self.keep_spare(spare)
             self.stats.reject("geometry", n_packets)
             if want is not None:
                 # a stray or forged datagram must not decide the message: wait for
@@ -434,9 +428,7 @@ class Inbox(ReceivePaths[_Incoming]):
             state.recovery.on_finish(finish.round, now=now)
 
     def keep_spare(self, data: npt.NDArray[np.generic]) -> None:
-        """``data``: the own buffer of a message that completed before its receive
-        was posted, which the driver copied into that receive's buffer and holds
-        no more: kept for the next early message of its size."""
+        """Keep ``data``, an early message's own buffer nothing holds any more."""
         if data.ndim == 1 and data.flags.c_contiguous and data.nbytes:
             self._spares.give(data.view(np.uint8).reshape(len(data), data.itemsize))
 

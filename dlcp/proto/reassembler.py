@@ -132,25 +132,16 @@ class Reassembler:
         now: float,
         spare: npt.NDArray[np.generic] | None = None,
     ) -> None:
-        """``out``: the caller's buffer, or None for one of the message's own:
-        ``spare`` if given (an array of the message's type and length whose
-        contents do not matter: what was not received is filled on completion),
-        else a new one."""
-        #: whether :attr:`out` is the message's own buffer (not a caller's)
+        #: whether :attr:`out` is the message's own (``spare``, or new), not a caller's
         self.owns_buffer = out is None
         if out is None:
-            if spare is not None and (spare.dtype != dtype.numpy() or spare.shape != (msg_elems,)):
-                raise GeometryError(
-                    f"spare buffer is {spare.dtype}{list(spare.shape)}, message is "
-                    f"{dtype.name.lower()}[{msg_elems}]"
-                )
             out = np.empty(msg_elems, dtype=dtype.numpy()) if spare is None else spare
             if fill is FillPolicy.PREVIOUS:
                 # no previous values in a buffer of our own: lost elements are zeroed,
                 # and the report says so (a receive that brings its buffer later
                 # sets the fill again, see Inbox.expect)
                 fill = FillPolicy.ZERO
-        elif out.dtype != dtype.numpy() or out.shape != (msg_elems,) or not out.flags.c_contiguous:
+        if out.dtype != dtype.numpy() or out.shape != (msg_elems,) or not out.flags.c_contiguous:
             raise GeometryError(
                 f"output buffer is {out.dtype}{list(out.shape)}, message is "
                 f"{dtype.name.lower()}[{msg_elems}] (contiguous)"

@@ -201,14 +201,14 @@ class Session:
         message nobody claimed counts as it did while it was coming in."""
         self._inbox.release((src, step, msg))
 
-    # ------------------------------------------------------------------ input
-
-
     def keep_spare(self, data: npt.NDArray[np.generic]) -> None:
         """The driver copied ``data``, a message's own buffer (it completed before
         its receive was posted), into the receive's buffer and holds it no more:
         the session reuses it for the next message of its size that comes early."""
         self._inbox.keep_spare(data)
+
+    # ------------------------------------------------------------------ input
+
     def receive_datagram(self, data: bytes | bytearray | memoryview, *, now: float) -> None:
         """One datagram from the network or the control channel."""
         if now > self._now:

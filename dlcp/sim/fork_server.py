@@ -52,9 +52,7 @@ def _say(channel: int, message: dict[str, Any]) -> None:
 def _run_child(request: dict[str, Any], inherited: list[int], server: int) -> int:
     """In the forked child (of ``server``): the run's output to its log, then the
     run; its exit code."""
-    die_with_parent()
-    if os.getppid() != server:  # the server died before the line above
-        return 1
+    die_with_parent(server)  # (a server that died before this kills the child too)
     for fd in inherited:  # the server's: stdin, its replies, the other runs' pidfds
         os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
