@@ -89,7 +89,7 @@ test-quick: $(TEST_STAMP)
 
 # The tests of what sends data (endpoint, engines, collectives, process group, training)
 # once more on the Python engine; the whole suite above ran on the native one where built
-ENGINE_TESTS := tests/io/test_endpoint.py tests/io/test_engines.py \
+ENGINE_TESTS := tests/io/test_endpoint.py tests/io/test_engines.py tests/io/test_endpoint_accumulate.py \
 	tests/collectives/test_halving.py tests/collectives/test_ps_dedicated.py \
 	tests/collectives/test_collective_failures.py tests/shims/test_process_group.py \
 	tests/training/test_training.py
@@ -122,7 +122,7 @@ sanitize: setup
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py tests/io/test_native_receive.py tests/io/test_native_receive_auth.py \
-	  tests/io/test_udp_receive.py tests/io/test_prefilter.py && \
+	  tests/io/test_udp_receive.py tests/io/test_prefilter.py tests/io/test_endpoint_accumulate.py && \
 	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
 

@@ -383,11 +383,20 @@ class Communicator:
         )  # fmt: skip
 
     def recv(
-        self, out: npt.NDArray[Any], *, src: int, call: int, role: int, p: float, fill: FillPolicy
+        self,
+        out: npt.NDArray[Any],
+        *,
+        src: int,
+        call: int,
+        role: int,
+        p: float,
+        fill: FillPolicy,
+        accumulate: bool = False,
     ) -> Future[Received]:
         return self.endpoint.recv(
-            src=src, step=call, msg=self.msg_id(role), out=out, p=p, fill=fill
-        )
+            src=src, step=call, msg=self.msg_id(role), out=out, p=p, fill=fill,
+            accumulate=accumulate,
+        )  # fmt: skip
 
     def wait(self, fut: Future[Any]) -> Any:
         """The result of a send or receive. The endpoint fails one that exceeds its

@@ -231,16 +231,22 @@ def _aggregate(
     fill: FillPolicy,
     divide: int,
 ) -> None:
-    buffers = [np.empty_like(shard) for _ in others]
+    # float32 pushes whose lost elements add nothing are added into the shard as
+    # their chunks arrive (in arrival order); the others land in buffers first
+    # and are added in the workers' order
+    added = shard.dtype == np.float32 and fill is FillPolicy.ZERO
+    buffers = [shard if added else np.empty_like(shard) for _ in others]
     futs: list[Future[Any]] = []
     try:
         # posted in the try: a later recv that raises (a worker without an
         # address) must not leave the earlier ones posted, taking pushes
         for buf, w in zip(buffers, others, strict=True):
-            futs.append(comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill))
+            futs.append(comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill,
+                                  accumulate=added))  # fmt: skip
         for fut, buf in zip(futs, buffers, strict=True):
             report.received(comm.wait(fut), bounded=p_push > 0)
-            shard += buf
+            if not added:
+                shard += buf
     except BaseException:  # nothing of the call stays behind in the endpoint
         cancel_all(futs)
         raise

@@ -80,6 +80,7 @@ typedef struct {
     ssize_t chunk_elems, msg_elems, itemsize;
     unsigned dtype_byte;
     int stream;
+    int add; /* its payloads are float32 values added to out's (itemsize 4), not copied */
     /* what its datagrams' tags are verified with (TakeTable.verify's first
      * argument; the caller's, alive while registered), NULL: they carry none */
     void *verifier;
@@ -347,6 +348,7 @@ static inline void take_scatter(const TakeTable *t, TakenMessage *m, const unsig
             .received = m->received, .received_class = m->received_class,
             .received_len = m->received_len, .received_class_len = m->received_class_len,
             .stream = m->stream, .trailer = m->verifier != NULL ? t->trailer_len : 0,
+            .add = m->add,
         };
         ScatterResult part = {0, 0, 0, 0, 0, 0};
         if (scatter_check_args(&a) == SCATTER_OK && scatter_check_buffers(&a) == SCATTER_OK)

@@ -48,11 +48,12 @@
  *   The native receive path (_take_runs.h): the messages under way that the
  *   receive loop scatters itself, without calling back into Python per run.
  *   register(src, step, msg, out, received, received_class, chunk_elems,
- *            msg_elems, itemsize, dtype_byte, stream, received_elems,
+ *            msg_elems, itemsize, dtype_byte, stream, add, received_elems,
  *            received_protected, complete_elems, complete_protected,
  *            tag_key=None)
  *     adds (or replaces) a message: its reassembler's output bytes and chunk
- *     maps (held, as Py_buffers, until it is removed), geometry, and the counts
+ *     maps (held, as Py_buffers, until it is removed), geometry (with add, its
+ *     float32 payloads are added to what out holds), and the counts
  *     that say when its completion check is due. With tag_key (the AES key of
  *     the pair src -> this rank, spec §3; only where the module was built with
  *     libcrypto: VERIFIES_TAGS) its datagrams carry the AUTH flag (auth_flag)
@@ -594,13 +595,13 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     PyObject *out_obj, *recv_obj, *cls_obj;
     Py_ssize_t chunk_elems, msg_elems, itemsize;
     unsigned dtype_byte;
-    int stream;
+    int stream, add;
     long long received_elems, received_protected, complete_elems, complete_protected;
     PyObject *tag_key = Py_None;
     if (!table_ready(self) ||
-        !PyArg_ParseTuple(args, "KKKOOOnnnIpLLLL|O:register", &src, &step, &msg, &out_obj,
+        !PyArg_ParseTuple(args, "KKKOOOnnnIppLLLL|O:register", &src, &step, &msg, &out_obj,
                           &recv_obj, &cls_obj, &chunk_elems, &msg_elems, &itemsize, &dtype_byte,
-                          &stream, &received_elems, &received_protected, &complete_elems,
+                          &stream, &add, &received_elems, &received_protected, &complete_elems,
                           &complete_protected, &tag_key))
         return NULL;
     uint64_t key;
@@ -611,6 +612,13 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
                      "message (src %llu, step %llu, msg %llu): chunk_elems %zd, msg_elems %zd, "
                      "itemsize %zd or dtype byte %u out of range",
                      src, step, msg, chunk_elems, msg_elems, itemsize, dtype_byte);
+        return NULL;
+    }
+    if (add && itemsize != 4) {
+        PyErr_Format(PyExc_ValueError,
+                     "message (src %llu, step %llu, msg %llu): add needs float32 elements "
+                     "(itemsize 4), got itemsize %zd",
+                     src, step, msg, itemsize);
         return NULL;
     }
     void *verifier = NULL;
@@ -657,6 +665,7 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     m.itemsize = itemsize;
     m.dtype_byte = dtype_byte;
     m.stream = stream;
+    m.add = add;
     m.verifier = verifier;
     m.received_elems = received_elems;
     m.received_protected = received_protected;
@@ -975,7 +984,7 @@ static Py_ssize_t table_len(MessageTableObject *self) { return self->t.n_live; }
 static PyMethodDef table_methods[] = {
     {"register", (PyCFunction)table_register, METH_VARARGS,
      "register(src, step, msg, out, received, received_class, chunk_elems, msg_elems, "
-     "itemsize, dtype_byte, stream, received_elems, received_protected, complete_elems, "
+     "itemsize, dtype_byte, stream, add, received_elems, received_protected, complete_elems, "
      "complete_protected, tag_key=None): take this message's runs from now on, those whose "
      "tags verify under tag_key if given (see the module source)."},
     {"sync", (PyCFunction)table_sync, METH_VARARGS,

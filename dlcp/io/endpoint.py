@@ -53,6 +53,7 @@ import numpy.typing as npt
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
+from ..proto.reassembler import check_accumulate
 from ..proto.session import (
     SendReport,
     Session,
@@ -294,16 +295,23 @@ class Endpoint(IOLoop):
         out: npt.NDArray[Any] | None = None,
         p: float | None = None,
         fill: FillPolicy | str | None = None,
+        accumulate: bool = False,
     ) -> Future[Received]:
         """Receive message (``step``, ``msg``) from rank ``src``, into ``out`` if
         given (1-D, the message's dtype and length). ``p`` can only tighten the
-        sender's bound. The future gives a :class:`Received`."""
+        sender's bound. ``accumulate``: the message's values are added to what
+        ``out`` holds instead of written there, each chunk once, as it arrives
+        (float32, ``fill='zero'``: a lost element adds nothing). The future gives
+        a :class:`Received`."""
         src = check_rank("src", src)  # bad arguments fail now, in the caller
         check_message(step, msg)
         message = f"message (step {step}, msg {msg}) from rank {src}"
         if out is not None:
             check_out(out, message)
         fill_policy = FillPolicy(fill) if isinstance(fill, str) else fill
+        if accumulate:
+            wanted_fill = fill_policy or self.config.protocol.default_fill
+            check_accumulate(DType.FLOAT32, wanted_fill, out)
         self._resolve(src, message)
         fut: TransferFuture[Received] = TransferFuture(
             f"rank {self.rank}: {message}", blocked=self._runs_io
@@ -329,16 +337,18 @@ class Endpoint(IOLoop):
             if done is not None:
                 wanted = fill_policy or self.config.protocol.default_fill
                 self._transfers.queue_settlement(
-                    fut, self._transfers.claim, fut, done, out, p=p, fill=wanted
-                )
+                    fut, self._transfers.claim, fut, done, out, p=p, fill=wanted,
+                    accumulate=accumulate,
+                )  # fmt: skip
                 return
             if src in self._gone:
                 fut.set_exception(TransferFailed(f"rank {self.rank}: {message}: {self._gone[src]}"))
                 return
             try:
                 self._session.expect_message(
-                    src, step=step, msg=msg, out=out, p=p, fill=fill_policy
-                )
+                    src, step=step, msg=msg, out=out, p=p, fill=fill_policy,
+                    accumulate=accumulate,
+                )  # fmt: skip
             except ValueError as exc:
                 fut.set_exception(exc)
                 return

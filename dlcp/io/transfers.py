@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from ..errors import PeerTimeout, TransferFailed, UsageError
@@ -158,19 +159,30 @@ class Transfers:
         *,
         p: float | None,
         fill: FillPolicy,
+        accumulate: bool = False,
     ) -> None:
         """Settle receive ``fut`` with a message that completed before it was
         posted: by the sender's bound, lost elements filled as the session's
         default fill says. Held to the receive's own ``p`` (a message that lost
         more fails) and ``fill`` (applied now where it can be, else it fails):
-        a late receive must not get silently looser data than it asked for."""
+        a late receive must not get silently looser data than it asked for.
+        With ``accumulate`` the message is added to ``out`` (float32, zero fill)."""
         if isinstance(ev, MessageReceived):
             # (the core decides, by dlcp.proto.late_claim's rules; this applies it)
-            claim = claim_completed(ev, out, p=p, fill=fill)
+            claim = claim_completed(ev, None if accumulate else out, p=p, fill=fill)
             if isinstance(claim, ClaimRefused):
                 fut.set_exception(TransferFailed(f"rank {self._rank}: {claim.why}"))
                 return
             ev = claim.event
+            if accumulate and out is not None:
+                if self._misfit(fut, ev, out):
+                    return
+                np.add(out, ev.data, out=out)
+                fut.set_result(
+                    Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss)
+                )
+                self._session.keep_spare(ev.data)
+                return
             if claim.in_out:  # out holds the message now
                 assert out is not None
                 fut.set_result(
@@ -198,19 +210,27 @@ class Transfers:
             return False
         data = ev.data
         if out is not None and out is not data:
-            if out.shape != data.shape or out.dtype != data.dtype:
-                fut.set_exception(
-                    UsageError(
-                        f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
-                        f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
-                    )
-                )
+            if self._misfit(fut, ev, out):
                 return False
             out[...] = data
             fut.set_result(Received(ev.src, ev.step, ev.msg, out, ev.report, self._emulated_loss))
             return True
         fut.set_result(Received(ev.src, ev.step, ev.msg, data, ev.report, self._emulated_loss))
         return False
+
+    @staticmethod
+    def _misfit(fut: Future[Received], ev: MessageReceived, out: npt.NDArray[Any]) -> bool:
+        """Whether ``out`` cannot hold message ``ev`` (``fut`` then fails, saying why)."""
+        data = ev.data
+        if out.shape == data.shape and out.dtype == data.dtype:
+            return False
+        fut.set_exception(
+            UsageError(
+                f"out is {out.dtype}{list(out.shape)} but message (step {ev.step}, "
+                f"msg {ev.msg}) from rank {ev.src} is {data.dtype}{list(data.shape)}"
+            )
+        )
+        return True
 
     def forget(self, key: Key, outgoing: bool, fut: Future[Any]) -> bool:
         """The caller cancelled ``fut``: drop its transfer and have the session stop

@@ -8,11 +8,12 @@
  * released while bytes move, so the endpoint's I/O thread keeps running.
  *
  * copy_rows(dst, dst_start, dst_stride, dst_rows,
- *           src, src_start, src_stride, src_rows, n, nbytes, stream)
+ *           src, src_start, src_stride, src_rows, n, nbytes, stream[, add])
  *     for i in range(n):
  *         d = dst_start + (dst_rows[i] if dst_rows is not None else i) * dst_stride
  *         s = src_start + (src_rows[i] if src_rows is not None else i) * src_stride
  *         dst[d : d + nbytes] = src[s : s + nbytes]
+ *     (with add, the rows are float32 values added to those of dst: += instead of =)
  *     rows are int64 arrays (any object with a C-contiguous 'q' buffer). Every
  *     address is checked before the first byte moves: a bad row raises IndexError
  *     naming it and nothing is written.
@@ -142,13 +143,17 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *dst_obj, *dst_rows_obj, *src_obj, *src_rows_obj;
     Py_ssize_t dst_start, dst_stride, src_start, src_stride, n, nbytes;
-    int stream;
-    if (!PyArg_ParseTuple(args, "OnnOOnnOnnp:copy_rows", &dst_obj, &dst_start, &dst_stride,
+    int stream, add = 0;
+    if (!PyArg_ParseTuple(args, "OnnOOnnOnnp|p:copy_rows", &dst_obj, &dst_start, &dst_stride,
                           &dst_rows_obj, &src_obj, &src_start, &src_stride, &src_rows_obj, &n,
-                          &nbytes, &stream))
+                          &nbytes, &stream, &add))
         return NULL;
     if (n < 0 || nbytes < 0 || dst_stride < 0 || src_stride < 0) {
         PyErr_SetString(PyExc_ValueError, "n, nbytes and strides must not be negative");
+        return NULL;
+    }
+    if (add && nbytes % 4) {
+        PyErr_Format(PyExc_ValueError, "add: rows of %zd bytes are not float32 values", nbytes);
         return NULL;
     }
     RowBufs b = {0};
@@ -165,8 +170,8 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t di = dr ? (Py_ssize_t)dr[i] : i;
             Py_ssize_t si = sr ? (Py_ssize_t)sr[i] : i;
-            copy_row(d + dst_start + di * dst_stride, s + src_start + si * src_stride,
-                     (size_t)nbytes, stream);
+            place_row(d + dst_start + di * dst_stride, s + src_start + si * src_stride,
+                      (size_t)nbytes, stream, add);
         }
 #if defined(__SSE2__)
         if (stream)
@@ -615,7 +620,7 @@ done:
 
 /*
  * scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems,
- *             msg_elems, itemsize, received, received_class, stream, trailer)
+ *             msg_elems, itemsize, received, received_class, stream, trailer[, add])
  *     the receive side's fast path, one pass per record: n datagrams lie back to
  *     back in buf, stride bytes apart (the last one ends at `total`), each a
  *     header of len(template) bytes and a payload. Record i is taken when
@@ -628,8 +633,9 @@ done:
  *         of the records it passes), and the LAST flag set exactly on the last
  *         chunk.
  *     A taken record whose chunk has not arrived (received[seq] == 0) is copied to
- *     out + offset * itemsize and marked: received[seq] = 1, received_class[seq] =
- *     tclass >> 4. The first record that is not taken ends the run: the caller
+ *     out + offset * itemsize (with add, its float32 values are added to those
+ *     there; itemsize must be 4) and marked: received[seq] = 1, received_class[seq] =
+ *     tclass >> 4. A chunk that arrived already is never written again. The first record that is not taken ends the run: the caller
  *     gives it and the rest to the general path (which names what is wrong).
  *     Field positions come from `layout`, bytes (flags, seq, offset, payload_len,
  *     tclass) offsets in the header, and three bit masks (last, retransmit, drop)
@@ -645,12 +651,12 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
     Py_ssize_t n, stride, total, chunk_elems, msg_elems, itemsize;
     const unsigned char *tmpl, *mask, *layout;
     Py_ssize_t tmpl_len, mask_len, layout_len;
-    int stream;
+    int stream, add = 0;
     Py_ssize_t trailer = 0;
-    if (!PyArg_ParseTuple(args, "Onnny#y#y#OnnnOOp|n:scatter_run", &buf_obj, &n, &stride, &total,
+    if (!PyArg_ParseTuple(args, "Onnny#y#y#OnnnOOp|np:scatter_run", &buf_obj, &n, &stride, &total,
                           &tmpl, &tmpl_len, &mask, &mask_len, &layout, &layout_len, &out_obj,
                           &chunk_elems, &msg_elems, &itemsize, &recv_obj, &cls_obj, &stream,
-                          &trailer))
+                          &trailer, &add))
         return NULL;
     if (trailer < 0 || trailer > 64) {
         PyErr_Format(PyExc_ValueError, "trailer of %zd bytes: 0..64", trailer);
@@ -658,7 +664,7 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
     }
     ScatterArgs a = {NULL, 0, n, stride, total, tmpl, mask, layout, tmpl_len, mask_len,
                      layout_len, NULL, 0, chunk_elems, msg_elems, itemsize, NULL, NULL, 0, 0,
-                     stream, trailer};
+                     stream, trailer, add};
     switch (scatter_check_args(&a)) {
     case SCATTER_BAD_HEADER:
         PyErr_Format(PyExc_ValueError,
@@ -674,6 +680,10 @@ static PyObject *scatter_run(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError,
                         "need n >= 0, stride >= header, positive geometry, and the last record "
                         "ending inside its stride");
+        return NULL;
+    case SCATTER_BAD_ADD:
+        PyErr_Format(PyExc_ValueError,
+                     "add needs float32 elements (itemsize 4), got itemsize %zd", itemsize);
         return NULL;
     }
     Buf buf = {0}, out = {0}, recv = {0}, cls = {0};
@@ -1240,8 +1250,8 @@ done:
 static PyMethodDef methods[] = {
     {"scatter_run", scatter_run, METH_VARARGS,
      "scatter_run(buf, n, stride, total, template, mask, layout, out, chunk_elems, msg_elems, "
-     "itemsize, received, received_class, stream, trailer=0): check and scatter a run of one "
-     "message's datagrams in one pass (see the module source)."},
+     "itemsize, received, received_class, stream, trailer=0, add=0): check and scatter (or "
+     "add) a run of one message's datagrams in one pass (see the module source)."},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(dst, dst_stride, head_bytes, dst_rows, src, src_stride, src_rows, n, "
      "nbytes, template, fields, stream): build records, header and payload in one pass "
@@ -1266,7 +1276,8 @@ static PyMethodDef methods[] = {
      "float32 magnitudes (see the module source)."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(dst, dst_start, dst_stride, dst_rows, src, src_start, src_stride, src_rows, "
-     "n, nbytes, stream): move n rows of nbytes between strided buffers (see the module source)."},
+     "n, nbytes, stream[, add]): move (or add, float32) n rows of nbytes between strided "
+     "buffers (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -75,6 +75,38 @@ static inline void copy_row(char *d, const char *s, size_t n, int stream) {
     memcpy(d, s, n);
 }
 
+/* Adds the n / 4 float32 values at s to those at d (n a multiple of 4; neither
+ * needs alignment), each sum rounded once, as numpy's float32 add rounds it: the
+ * receive side of a message received into what the buffer holds (a reduction's
+ * step). The destination is read, so nothing is streamed. */
+static inline void add_row_f32(char *d, const char *s, size_t n) {
+#if defined(__SSE2__)
+    for (; n >= 64; n -= 64, d += 64, s += 64)
+        for (int k = 0; k < 64; k += 16)
+            _mm_storeu_ps((float *)(d + k), _mm_add_ps(_mm_loadu_ps((const float *)(d + k)),
+                                                       _mm_loadu_ps((const float *)(s + k))));
+    for (; n >= 16; n -= 16, d += 16, s += 16)
+        _mm_storeu_ps((float *)d,
+                      _mm_add_ps(_mm_loadu_ps((const float *)d), _mm_loadu_ps((const float *)s)));
+#endif
+    for (; n >= 4; n -= 4, d += 4, s += 4) {
+        float x, y;
+        memcpy(&x, d, 4);
+        memcpy(&y, s, 4);
+        x += y;
+        memcpy(d, &x, 4);
+    }
+}
+
+/* A received row into its place: added to the float32 values there (add), else
+ * copied (streamed as copy_row says). */
+static inline void place_row(char *d, const char *s, size_t n, int stream, int add) {
+    if (add)
+        add_row_f32(d, s, n);
+    else
+        copy_row(d, s, n, stream);
+}
+
 /* ------------------------------------------------------------------ scatter_run */
 
 #define SCATTER_MAX_HEADER 64
@@ -91,6 +123,7 @@ typedef struct {
     ssize_t received_len, received_class_len;
     int stream;
     ssize_t trailer; /* bytes after each payload (the authentication trailer), 0..64 */
+    int add; /* payloads are float32 values added to those in out, not copied */
 } ScatterArgs;
 
 typedef struct {
@@ -104,6 +137,7 @@ enum {
     SCATTER_BAD_LAYOUT,   /* layout: 8 bytes, fields inside the header */
     SCATTER_BAD_GEOMETRY, /* n, stride, total, chunk_elems, msg_elems, itemsize */
     SCATTER_SMALL_BUFFER, /* buf, out or the chunk maps shorter than the geometry needs */
+    SCATTER_BAD_ADD,      /* add with elements of other than 4 bytes (float32) */
 };
 
 /* The chunks of a message of msg_elems in chunks of chunk_elems (both positive). */
@@ -133,6 +167,8 @@ static inline int scatter_check_args(const ScatterArgs *a) {
     if (a->n < 0 || a->stride < hl || a->chunk_elems <= 0 || a->msg_elems <= 0 ||
         a->itemsize <= 0 || !scatter_total_fits(a->n, a->stride, a->total))
         return SCATTER_BAD_GEOMETRY;
+    if (a->add && a->itemsize != 4)
+        return SCATTER_BAD_ADD;
     return SCATTER_OK;
 }
 
@@ -199,7 +235,7 @@ static inline void scatter_records(const ScatterArgs *a, ScatterResult *res) {
         payload_bytes += payload;
         if (rcv[seq])
             continue; /* a duplicate: counted by the caller, never rewritten */
-        copy_row((char *)o + start * itemsize, (const char *)r + hl, payload, a->stream);
+        place_row((char *)o + start * itemsize, (const char *)r + hl, payload, a->stream, a->add);
         rcv[seq] = 1;
         rcls[seq] = (unsigned char)(r[f_cls] >> 4);
         fresh++;

@@ -26,6 +26,8 @@ class Expectation:
     out: npt.NDArray[np.generic] | None
     p: float | None
     fill: FillPolicy
+    #: the message's values are added to ``out`` (Reassembler's ``accumulate``)
+    accumulate: bool = False
     #: why data for it did not fit ``out``, and how many packets did not (they
     #: were refused; the sender's FINISH, if none fitted by then, fails the
     #: message with this)

@@ -109,7 +109,7 @@ from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
 from .rate_meter import RateMeter
-from .reassembler import GeometryError, Reassembler
+from .reassembler import GeometryError, Reassembler, check_accumulate
 from .receive_paths import Geometry, ReceivePaths
 from .recovery import ReceivePhase, ReceiverRecovery
 from .wire import DType, allowed_loss, bound_from_wire, bound_to_wire, check_message_key
@@ -208,6 +208,7 @@ class Inbox(ReceivePaths[_Incoming]):
         out: npt.NDArray[np.generic] | None,
         p: float | None,
         fill: FillPolicy | None,
+        accumulate: bool = False,
     ) -> None:
         """Where message ``key`` goes and how strict to be (``Session.expect_message``)."""
         src, step, msg = key
@@ -227,8 +228,11 @@ class Inbox(ReceivePaths[_Incoming]):
         if fill is FillPolicy.PREVIOUS and out is None:
             raise UsageError("fill='previous' needs out= holding the previous values")
         state = self._incoming.get(key)
+        if accumulate:
+            r_dtype = DType.FLOAT32 if state is None else state.reassembler.dtype
+            check_accumulate(r_dtype, fill, out)
         if state is None:
-            self._expected[key] = Expectation(out, p, fill)
+            self._expected[key] = Expectation(out, p, fill, accumulate)
             return
         state.expected = True
         r = state.reassembler
@@ -243,7 +247,7 @@ class Inbox(ReceivePaths[_Incoming]):
             state.recovery.on_bound_tightened()
         own = r.out if out is not None and r.owns_buffer else None
         if out is not None:
-            r.replace_output(out)
+            r.replace_output(out, accumulate=accumulate)
             self._unexpected_bytes -= state.unexpected_bytes
             state.unexpected_bytes = 0
         if self._native is not None:  # (a new buffer, or a bound that needs more)
@@ -367,6 +371,7 @@ class Inbox(ReceivePaths[_Incoming]):
                 fill=self.config.default_fill if want is None else want.fill,
                 now=now,
                 spare=spare,
+                accumulate=want is not None and want.accumulate,
             )
         except (GeometryError, ValueError) as exc:
             if spare is not None:

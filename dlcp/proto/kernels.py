@@ -65,6 +65,7 @@ def copy_rows(
     nbytes: int,
     *,
     stream: bool = False,
+    add: bool = False,
     accelerated: bool | None = None,
 ) -> None:
     """For ``i < n``: ``dst[dst_start + D(i) * dst_stride :][:nbytes] =
@@ -73,8 +74,12 @@ def copy_rows(
     uint8 arrays and must not overlap. Raises ``IndexError`` (nothing written) when a
     row falls outside its buffer. ``stream``: the destination is much larger than
     the cache (see :func:`streams`), so the C copy bypasses the cache as it writes.
+    ``add``: the rows are float32 values (``nbytes`` a multiple of 4), added to
+    those of ``dst`` (``+=`` instead of ``=``; ``dst_rows`` must not repeat a row).
     ``accelerated`` picks an implementation (default: the C one when built).
     """
+    if add and nbytes % 4:
+        raise ValueError(f"add: rows of {nbytes} bytes are not float32 values")
     use_c = ACCELERATED if accelerated is None else accelerated
     if use_c and _accel is not None:
         _accel.copy_rows(
@@ -89,6 +94,7 @@ def copy_rows(
             n,
             nbytes,
             stream,
+            add,
         )
         return
     if n == 0:
@@ -99,10 +105,18 @@ def copy_rows(
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         rows = s[a:b] if src_rows is None else s[src_rows[a:b]]
-        if dst_rows is None:
-            d[a:b] = rows
+        at = slice(a, b) if dst_rows is None else dst_rows[a:b]
+        if add:
+            d[at] = add_f32(d[at], rows)
         else:
-            d[dst_rows[a:b]] = rows
+            d[at] = rows
+
+
+def add_f32(dst: UInt8Array, src: UInt8Array) -> UInt8Array:
+    """The bytes of ``dst`` + ``src``, both read as float32 values (same shape,
+    rows of a multiple of 4 bytes): the numpy side of :func:`copy_rows`' ``add``."""
+    total = np.ascontiguousarray(dst).view(np.float32) + np.ascontiguousarray(src).view(np.float32)
+    return total.view(np.uint8)
 
 
 #: rows per step of the numpy fallback
@@ -217,13 +231,16 @@ def scatter_run(
     *,
     stream: bool,
     trailer: int = 0,
+    add: bool = False,
 ) -> tuple[int, int, int, int, int, int]:
     """The receive fast path over the datagrams of ``buf`` (``segment_size`` apart,
     the last possibly shorter): check each against the message and copy the new
     ones into ``out``, in one pass, up to the first record that does not fit (see
     ``scatter_run`` in ``_kernels.c``). ``trailer``: bytes each datagram carries
     after its payload (the authentication trailer, whose tags the caller
-    verified). Returns ``(taken, fresh, fresh_elems, fresh_droppable,
+    verified). ``add``: the payloads are float32 values, added to those ``out``
+    holds where they go instead of copied there (a chunk that arrived already is
+    never written again). Returns ``(taken, fresh, fresh_elems, fresh_droppable,
     fresh_retransmitted, payload_bytes)``.
 
     Without the C accelerator nothing is taken (``taken == 0``): the general path
@@ -250,6 +267,7 @@ def scatter_run(
         received_class,
         stream,
         trailer,
+        add,
     )
     return result
 

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from .config import FillPolicy
 from .events import MessageReceived
-from .reassembler import rescale
+from .rescale import rescale
 from .wire import DType, allowed_loss
 
 __all__ = ["ClaimAccepted", "ClaimRefused", "claim_completed"]

@@ -15,6 +15,11 @@ Completion rule (``docs/spec.md``, "Completion"):
 At completion the missing elements are filled (zeros, previous values, or
 zeros plus an unbiased rescale of what arrived) and a :class:`LossReport`
 says exactly what was lost, where and of which class.
+
+A message received with ``accumulate`` (float32, fill zero) adds each chunk's
+values to what the buffer holds there instead of writing them, once per chunk
+(duplicates are never added again): a reduction's step received straight into
+its sum. A lost element then adds nothing, which is the zero fill.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from ..errors import DLCPError, UsageError
 from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .control import Finish
-from .kernels import copy_rows, flat_rows, scatter_run, streams_received
+from .kernels import add_f32, copy_rows, flat_rows, scatter_run, streams_received
+from .rescale import rescale
 from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
 __all__ = ["RUN_LAYOUT", "GeometryError", "LossReport", "Reassembler", "RunTarget"]
@@ -77,6 +83,7 @@ class RunTarget(NamedTuple):
     itemsize: int
     dtype_byte: int
     stream: bool
+    add: bool
 
 
 class GeometryError(DLCPError, ValueError):
@@ -111,12 +118,6 @@ class LossReport:
         return self.lost_elems / self.msg_elems
 
 
-def _float_view(buf: npt.NDArray[np.generic], dtype: DType) -> npt.NDArray[np.float32]:
-    if dtype is DType.BFLOAT16:
-        return (buf.astype(np.uint32) << 16).view(np.float32)
-    return buf.astype(np.float32)
-
-
 class Reassembler:
     """Receive state of one message."""
 
@@ -131,6 +132,7 @@ class Reassembler:
         fill: FillPolicy,
         now: float,
         spare: npt.NDArray[np.generic] | None = None,
+        accumulate: bool = False,
     ) -> None:
         #: whether :attr:`out` is the message's own (``spare``, or new), not a caller's
         self.owns_buffer = out is None
@@ -148,6 +150,8 @@ class Reassembler:
             )
         if fill is FillPolicy.RESCALE and dtype is DType.UINT8:
             raise UsageError("fill='rescale' needs a floating-point message, not uint8")
+        if accumulate:
+            check_accumulate(dtype, fill, None if self.owns_buffer else out)
         self.dtype = dtype
         self.msg_elems = msg_elems
         self.chunk_elems = chunk_elems
@@ -171,6 +175,8 @@ class Reassembler:
         self.duplicates = 0
         self.nack_rounds = 0
         self.finish: Finish | None = None
+        #: chunks are added to what :attr:`out` holds (see the module docstring)
+        self.accumulate = accumulate
 
     # ------------------------------------------------------------------ geometry
 
@@ -219,31 +225,42 @@ class Reassembler:
             msg_elems=msg_elems,
         )
 
-    def replace_output(self, out: npt.NDArray[np.generic]) -> None:
-        """Move to a caller's buffer (the message arrived before it was asked for)."""
+    def replace_output(self, out: npt.NDArray[np.generic], *, accumulate: bool = False) -> None:
+        """Move to a caller's buffer (the message arrived before it was asked for);
+        with ``accumulate``, what arrived so far is added to it, and the rest will be."""
         if out.dtype != self.out.dtype or out.shape != self.out.shape or not out.flags.c_contiguous:
             raise GeometryError(
                 f"output buffer is {out.dtype}{list(out.shape)}, message is "
                 f"{self.out.dtype}{list(self.out.shape)} (contiguous)"
             )
-        if self.fill is FillPolicy.PREVIOUS:
+        if accumulate:
+            check_accumulate(self.dtype, self.fill, out)
+            full, tail = self._masks_for(self.received)
+            self._copy_chunks(out, full, tail, add=True)
+            self.accumulate = True
+        elif self.fill is FillPolicy.PREVIOUS:
             # keep the caller's previous values where nothing arrived yet
             full, tail = self._masks_for(self.received)
-            dst = out.view(np.uint8)
-            dst2d = dst[: self._n_full * self.chunk_bytes].reshape(-1, self.chunk_bytes)
-            dst2d[full] = self._bytes[: self._n_full * self.chunk_bytes].reshape(
-                -1, self.chunk_bytes
-            )[full]
-            if tail:
-                dst[self._n_full * self.chunk_bytes :] = self._bytes[
-                    self._n_full * self.chunk_bytes :
-                ]
+            self._copy_chunks(out, full, tail, add=False)
         else:
             out[...] = self.out
         self.out = out
         self.owns_buffer = False
         self._bytes = out.view(np.uint8)
         self._stream = streams_received(len(self._bytes))
+
+    def _copy_chunks(
+        self, out: npt.NDArray[np.generic], full: BoolArray, tail: bool, *, add: bool
+    ) -> None:
+        """The chunks ``full`` (of the whole ones) and the last if ``tail`` from this
+        buffer into ``out``: copied, or with ``add`` added (float32)."""
+        end = self._n_full * self.chunk_bytes
+        dst = out.view(np.uint8)
+        dst2d = dst[:end].reshape(-1, self.chunk_bytes)
+        src = self._bytes[:end].reshape(-1, self.chunk_bytes)[full]
+        dst2d[full] = add_f32(dst2d[full], src) if add else src
+        if tail:
+            dst[end:] = add_f32(dst[end:], self._bytes[end:]) if add else self._bytes[end:]
 
     @property
     def _n_full(self) -> int:
@@ -343,6 +360,7 @@ class Reassembler:
             self.received_class,
             stream=self._stream,
             trailer=trailer,
+            add=self.accumulate,
         )
         if taken:
             self.count_taken(taken, fresh, elems, droppable, retransmitted, now=now)
@@ -368,7 +386,7 @@ class Reassembler:
         :meth:`replace_output` moves the message to a caller's buffer)."""
         return RunTarget(
             self._bytes, self.received, self.received_class, self.chunk_elems,
-            self.msg_elems, self._itemsize, self._dtype_byte, self._stream,
+            self.msg_elems, self._itemsize, self._dtype_byte, self._stream, self.accumulate,
         )  # fmt: skip
 
     def completion_counts(self) -> tuple[int, int, int, int]:
@@ -411,7 +429,8 @@ class Reassembler:
             self.duplicates += 1
             return 0
         at = seq * self.chunk_bytes
-        self._bytes[at : at + len(payload)] = payload
+        place = self._bytes[at : at + len(payload)]
+        place[...] = add_f32(place, payload) if self.accumulate else payload
         self.received[seq] = True
         self.received_class[seq] = tclass >> 4
         self.received_elems += len(payload) // self._itemsize
@@ -446,7 +465,7 @@ class Reassembler:
         cb = self.chunk_bytes
         n_full = self._n_full
         src, src_stride = flat_rows(payloads)
-        stream = self._stream
+        stream, add = self._stream, self.accumulate
         full = seq < n_full
         if bool(full.all()):
             first = int(seq[0])
@@ -465,18 +484,22 @@ class Reassembler:
                     len(seq),
                     cb,
                     stream=stream,
+                    add=add,
                 )
             else:
                 copy_rows(
-                    self._bytes, 0, cb, seq, src, 0, src_stride, None, len(seq), cb, stream=stream
-                )
+                    self._bytes, 0, cb, seq, src, 0, src_stride, None, len(seq), cb,
+                    stream=stream, add=add,
+                )  # fmt: skip
             return
         rows = np.flatnonzero(full)
         copy_rows(
-            self._bytes, 0, cb, seq[rows], src, 0, src_stride, rows, len(rows), cb, stream=stream
-        )
+            self._bytes, 0, cb, seq[rows], src, 0, src_stride, rows, len(rows), cb,
+            stream=stream, add=add,
+        )  # fmt: skip
         tail = self._bytes[n_full * cb :]
-        tail[...] = payloads[int(np.argmin(full)), : len(tail)]
+        last = payloads[int(np.argmin(full)), : len(tail)]
+        tail[...] = add_f32(tail, last) if add else last
 
     def _geometry_message(self, h: np.void) -> str:
         seq = int(h["seq"])
@@ -569,27 +592,30 @@ class Reassembler:
         )
 
     def _fill(self, ranges: list[tuple[int, int]]) -> None:
-        if self.fill is FillPolicy.PREVIOUS:
-            return  # the buffer already holds the previous values there
+        if self.fill is FillPolicy.PREVIOUS or self.accumulate:
+            return  # the buffer holds the previous values there (accumulate: + 0)
         for off, n in ranges:
             self.out[off : off + n] = 0
         if self.fill is FillPolicy.RESCALE and self.received_elems:
             rescale(self.out, self.dtype, self.msg_elems / self.received_elems)
 
 
-def rescale(out: npt.NDArray[np.generic], dtype: DType, scale: float) -> None:
-    """``out *= scale`` for a message of ``dtype`` (RESCALE's received values):
-    in float32, rounded once (float16 gets no biased factor; bfloat16 words are
-    rounded to nearest even)."""
-    if dtype is DType.BFLOAT16:
-        as_f32 = _float_view(out, dtype) * np.float32(scale)
-        bits = as_f32.view(np.uint32)
-        # round to nearest even when dropping the low 16 bits
-        rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-        out[...] = (rounded >> 16).astype(np.uint16)
-    else:
-        scaled = out.astype(np.float32) * np.float32(scale)
-        out[...] = scaled.astype(out.dtype)
+def check_accumulate(
+    dtype: DType, fill: FillPolicy, out: npt.NDArray[np.generic] | None
+) -> None:
+    """Raise :class:`~dlcp.errors.UsageError` unless a message of ``dtype`` with
+    ``fill`` can be received with ``accumulate`` into ``out``."""
+    if out is None:
+        raise UsageError("accumulate=True needs out= holding the values to add to")
+    if out.dtype != np.float32:
+        raise UsageError(f"accumulate=True needs a float32 out, not {out.dtype}")
+    if dtype is not DType.FLOAT32:
+        raise UsageError(f"accumulate=True needs a float32 message, not {dtype.name.lower()}")
+    if fill is not FillPolicy.ZERO:
+        raise UsageError(
+            f"accumulate=True adds nothing where elements are lost: it needs fill='zero', "
+            f"not fill='{fill.value}'"
+        )
 
 
 def _runs(mask: BoolArray) -> tuple[Int64Array, Int64Array]:

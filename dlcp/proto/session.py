@@ -171,14 +171,17 @@ class Session:
         out: npt.NDArray[np.generic] | None = None,
         p: float | None = None,
         fill: FillPolicy | None = None,
+        accumulate: bool = False,
     ) -> None:
         """Say where message (src, step, msg) goes and how strict to be.
 
         ``p`` (if given) tightens the sender's bound: the stricter one applies.
-        Packets that arrived before this call are moved into ``out``.
+        Packets that arrived before this call are moved into ``out``; with
+        ``accumulate`` (float32, ``fill`` zero) the message's values are added to
+        what ``out`` holds instead (those that arrived before this call too).
         """
         self._check_peer(src, "receive from")
-        self._inbox.expect((src, step, msg), out=out, p=p, fill=fill)
+        self._inbox.expect((src, step, msg), out=out, p=p, fill=fill, accumulate=accumulate)
 
     def cancel(self, peer: int, *, step: int, msg: int, outgoing: bool) -> bool:
         """Abandon a message this rank sends (``outgoing``) or receives; the peer is

@@ -62,6 +62,32 @@ static inline uint8_t *exact_copy(const uint8_t *src, size_t n) {
     return d;
 }
 
+/* The reference's sum of the float32 values at `to` and `from` (n bytes), into
+ * `to`: each sum rounded once, as the adding receive path rounds it. */
+static inline void add_floats(uint8_t *to, const uint8_t *from, size_t n) {
+    for (size_t k = 0; k + 4 <= n; k += 4) {
+        float x, y;
+        memcpy(&x, to + k, 4);
+        memcpy(&y, from + k, 4);
+        x = x + y;
+        memcpy(to + k, &x, 4);
+    }
+}
+
+/* Whether the float32 values of a and b (n bytes) are the same: bit for bit, or
+ * both NaN (which NaN an add of two NaNs gives depends on the order of its
+ * operands, which the compiler may choose). */
+static inline int same_floats(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t k = 0; k + 4 <= n; k += 4) {
+        float x, y;
+        memcpy(&x, a + k, 4);
+        memcpy(&y, b + k, 4);
+        if (memcmp(a + k, b + k, 4) != 0 && !(x != x && y != y))
+            return 0;
+    }
+    return 1;
+}
+
 /* The oracle's verdict: a mismatch names itself and aborts, which libFuzzer
  * reports as a crash with the input that caused it. */
 #define EXPECT(cond, ...)                                                                  \

@@ -8,7 +8,8 @@
  *             endpoint calls it), bit 1 streaming stores, bit 2 geometry as 8-byte
  *             signed numbers (else 2-byte unsigned), bit 3 n and total as given
  *             (else derived from the records' length, as dlcp/proto/kernels.py does),
- *             bit 4 a 24-byte authentication trailer after each payload
+ *             bit 4 a 24-byte authentication trailer after each payload, bit 5
+ *             payloads added to out as float32 values (add)
  *   hl        1 byte: header length (template and mask bytes)
  *   layout    8 bytes
  *   geometry  stride, chunk_elems, msg_elems, itemsize, n, total, out_len, maps_len
@@ -46,7 +47,8 @@ static int sound(const ScatterArgs *a) {
     if (l[0] >= hl || l[1] + 4 > hl || l[2] + 4 > hl || l[3] + 2 > hl || l[4] >= hl)
         return 0;
     i128 n = a->n, stride = a->stride, total = a->total;
-    if (n < 0 || stride < hl || a->chunk_elems <= 0 || a->msg_elems <= 0 || a->itemsize <= 0)
+    if (n < 0 || stride < hl || a->chunk_elems <= 0 || a->msg_elems <= 0 || a->itemsize <= 0 ||
+        (a->add && a->itemsize != 4))
         return 0;
     if (total > n * stride || (n > 0 && total <= (n - 1) * stride))
         return 0;
@@ -91,7 +93,10 @@ static ScatterResult reference(const ScatterArgs *a, unsigned char *out, unsigne
         res.payload_bytes += (long long)payload;
         if (rcv[seq])
             continue;
-        memcpy(out + (size_t)(start * a->itemsize), r + a->tmpl_len, (size_t)payload);
+        if (a->add)
+            add_floats(out + (size_t)(start * a->itemsize), r + a->tmpl_len, (size_t)payload);
+        else
+            memcpy(out + (size_t)(start * a->itemsize), r + a->tmpl_len, (size_t)payload);
         rcv[seq] = 1;
         cls[seq] = r[l[4]] >> 4;
         res.fresh++;
@@ -147,7 +152,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ScatterArgs a = {buf,         (ssize_t)records_len, n,         stride,   total,  tmpl, mask,
                      lay,         hl,                   hl,        8,        out,    out_len,
                      chunk_elems, msg_elems,            itemsize,  rcv,      cls,    maps_len,
-                     maps_len,    (mode & 2) != 0, /* trailer: */ (mode & 16) ? 24 : 0};
+                     maps_len,    (mode & 2) != 0, /* trailer: */ (mode & 16) ? 24 : 0,
+                     /* add: */ (mode & 32) != 0};
     int verdict = scatter_check_args(&a);
     if (verdict == SCATTER_OK)
         verdict = scatter_check_buffers(&a);
@@ -170,7 +176,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                got.taken, got.fresh, got.fresh_elems, got.fresh_drop, got.fresh_retx,
                got.payload_bytes, want.taken, want.fresh, want.fresh_elems, want.fresh_drop,
                want.fresh_retx, want.payload_bytes);
-        EXPECT(memcmp(out, want_out, (size_t)out_len) == 0, "out differs from the reference");
+        EXPECT(a.add ? same_floats(out, want_out, (size_t)out_len)
+                     : memcmp(out, want_out, (size_t)out_len) == 0,
+               "out differs from the reference");
         EXPECT(memcmp(rcv, want_rcv, (size_t)maps_len) == 0, "received differs");
         EXPECT(memcmp(cls, want_cls, (size_t)maps_len) == 0, "received_class differs");
         free(want_out);

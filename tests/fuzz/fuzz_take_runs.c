@@ -11,7 +11,8 @@
  *   messages  1 byte (count, at most MAX_MESSAGES), then per message: src 2, step
  *             4, msg 2, chunk_elems 2, msg_elems 3, itemsize (1 << low 2 bits of
  *             1 byte), dtype byte 1, flags 1 (bit 0 streaming stores, bit 1 tagged:
- *             registered with a verifier), received 8
+ *             registered with a verifier, bit 2 payloads added to out as float32
+ *             values where itemsize is 4), received 8
  *             bytes (chunk c already in if bit c % 64 is set), complete_elems 3,
  *             complete_protected 2, removed after handover number 1 byte (255:
  *             never);
@@ -39,7 +40,8 @@
  * the 24-byte trailer of a tagged message) and LAST flag that fit, and for a
  * tagged message a tag the stand-in accepts, the datagram at least a header and
  * a trailer long) and the first datagram a run does not take fails it; each chunk that arrives is written with the payload of the
- * first taken datagram that carried it and marked with its class, nothing else of
+ * first taken datagram that carried it (or, for an adding message, that payload's
+ * float32 values added to what out held) and marked with its class, nothing else of
  * any buffer changes, and nothing of a removed message after its removal; the
  * counts reported equal the reference's; a completion check is handed over
  * exactly when a run brought new data and the reference counts say it is due.
@@ -169,7 +171,11 @@ static void take_one(Message *g, const uint8_t *d, ssize_t len) {
     if (g->want_rcv[seq])
         return;
     long long start = (long long)seq * g->m.chunk_elems;
-    memcpy(g->want_out + start * g->m.itemsize, d + HL, payload);
+    uint8_t *at = g->want_out + start * g->m.itemsize;
+    if (g->m.add)
+        add_floats(at, d + HL, payload);
+    else
+        memcpy(at, d + HL, payload);
     g->want_rcv[seq] = 1;
     g->want_cls[seq] = d[28] >> 4;
     g->fresh++;
@@ -236,7 +242,9 @@ static void check_buffers(void) {
     for (size_t i = 0; i < n_msgs; i++) {
         Message *g = &msgs[i];
         size_t out_len = (size_t)(g->m.msg_elems * g->m.itemsize);
-        EXPECT(memcmp(g->out, g->want_out, out_len) == 0, "message %zu: out differs", i);
+        EXPECT(g->m.add ? same_floats(g->out, g->want_out, out_len)
+                        : memcmp(g->out, g->want_out, out_len) == 0,
+               "message %zu: out differs", i);
         EXPECT(memcmp(g->received, g->want_rcv, (size_t)g->n_chunks) == 0 &&
                    memcmp(g->cls, g->want_cls, (size_t)g->n_chunks) == 0,
                "message %zu: chunk maps differ", i);
@@ -260,6 +268,7 @@ static void read_message(FuzzInput *in, Message *g) {
     g->m.dtype_byte = (unsigned)take_uint(in, 1);
     unsigned flags = (unsigned)take_uint(in, 1);
     g->m.stream = (int)(flags & 1);
+    g->m.add = (flags & 4) && itemsize == 4; /* (MessageTable.register refuses the rest) */
     g->m.verifier = flags & 2 ? (void *)g : NULL;
     uint64_t in_already = take_uint(in, 8);
     g->n_chunks = (elems - 1) / chunk + 1;

@@ -86,12 +86,15 @@ def _run(records: list[bytes]) -> tuple[bytes, int]:
     return body, stride
 
 
-def scatter_seed(records: list[bytes], chunk_elems: int, msg_elems: int, itemsize: int) -> bytes:
+def scatter_seed(records: list[bytes], chunk_elems: int, msg_elems: int, itemsize: int,
+                 *, adds: bool = False) -> bytes:  # fmt: skip
+    """scatter_run's input; ``adds``: the payloads added to out as float32 values."""
     body, stride = _run(records)
     n_chunks = -(-msg_elems // chunk_elems)
     geometry = [stride, chunk_elems, msg_elems, itemsize, len(records), len(body), 0, 0]
     wide = not _fits_narrow(geometry)
-    mode = 0x01 | (0x04 if wide else 0)  # the template is the first record's header
+    # the template is the first record's header
+    mode = 0x01 | (0x04 if wide else 0) | (0x20 if adds else 0)
     if wide:  # sizes as given: out and maps of one chunk's worth, the rest refused
         mode |= 0x08
         geometry[6:] = [min(msg_elems * itemsize, 2**16 - 1), min(n_chunks, 2**16 - 1)]
@@ -157,15 +160,17 @@ def recv_seed(lengths: list[int], gro_at: int) -> bytes:
 
 
 def _registered(h: dict, chunk_elems: int, msg_elems: int, itemsize: int, *, held: int,
-                removed_after: int, tagged: bool = False) -> bytes:  # fmt: skip
+                removed_after: int, tagged: bool = False, adds: bool = False) -> bytes:  # fmt: skip
     """A registered message of take_runs' input (fuzz_take_runs.c): the vector's
     key and geometry, chunks ``held`` (a bit map) already in; ``tagged``: its
-    datagrams carry a trailer, checked by the harness's stand-in tag check."""
+    datagrams carry a trailer, checked by the harness's stand-in tag check;
+    ``adds``: its payloads are added to the buffer (float32 messages)."""
     dtype_byte = int(DType[h["dtype"]]) << 4
+    flags = (2 if tagged else 0) | (4 if adds else 0)
     return (
         struct.pack(">HIHH", h["src"], h["step"], h["msg"], chunk_elems)
         + msg_elems.to_bytes(3, "big")
-        + bytes([itemsize.bit_length() - 1, dtype_byte, 2 if tagged else 0])
+        + bytes([itemsize.bit_length() - 1, dtype_byte, flags])
         + struct.pack(">Q", held)
         + msg_elems.to_bytes(3, "big")
         + struct.pack(">HB", 0, removed_after)
@@ -182,11 +187,12 @@ def stand_in_tagged(record: bytes) -> bytes:
 
 
 def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, itemsize: int,
-              stray: bytes, *, tagged: bool = False) -> bytes:  # fmt: skip
+              stray: bytes, *, tagged: bool = False, adds: bool = False) -> bytes:  # fmt: skip
     """take_runs' input: the message registered with a neighbour (another msg,
     removed after the first handover), its records (and a stray one) in the pool,
     read one by one, reversed, with a duplicate, and as one GRO read; ``tagged``:
-    the message registered as tagged, its records with stand-in trailers."""
+    the message registered as tagged, its records with stand-in trailers;
+    ``adds``: registered to add its payloads to the buffer."""
     if tagged:
         records = [stand_in_tagged(r) for r in records]
     read_size, buf_len, budget, max_reads = 65536, 1 << 18, 1 << 22, 1024
@@ -194,7 +200,7 @@ def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, i
     head += budget.to_bytes(3, "big") + struct.pack(">HH", max_reads, h["job"])
     other = dict(h, msg=(h["msg"] + 1) & 0xFFFF)
     head += bytes([2]) + _registered(h, chunk_elems, msg_elems, itemsize, held=0b10,
-                                     removed_after=255, tagged=tagged)  # fmt: skip
+                                     removed_after=255, tagged=tagged, adds=adds)  # fmt: skip
     head += _registered(other, chunk_elems, msg_elems, itemsize, held=0, removed_after=1)
     pool = [*records[:15], stray]
     head += bytes([len(pool)]) + b"".join(struct.pack(">H", len(r)) + r for r in pool)
@@ -233,12 +239,15 @@ def main(out: Path) -> dict[str, int]:
         for run in (records, records[::-1], records + records[:1]):
             write(out, "scatter_run", scatter_seed(run, chunk_elems, msg_elems, itemsize), counts)
             write(out, "swap_records", swap_seed(run), counts)
+        if itemsize == 4:
+            seed = scatter_seed(records + records[:1], chunk_elems, msg_elems, itemsize, adds=True)
+            write(out, "scatter_run", seed, counts)
         for wide, limit in ((False, 3), (True, 64)):
             write(out, "engine_round", engine_seed(records, wide=wide, limit=limit), counts)
         stray = bytes.fromhex(golden["data"][-1]["hex"])
-        for tagged in (False, True):
+        for tagged, adds in ((False, False), (True, False), (False, itemsize == 4)):
             seed = take_seed(vector["header"], records, chunk_elems, msg_elems, itemsize, stray,
-                             tagged=tagged)  # fmt: skip
+                             tagged=tagged, adds=adds)  # fmt: skip
             write(out, "take_runs", seed, counts)
     for vector in golden["bad"]:
         record = bytes.fromhex(vector["hex"])

@@ -476,16 +476,22 @@ def test_bad_arguments_are_named() -> None:
     received = np.zeros(4, np.bool_)
     classes = np.zeros(4, np.uint8)
     with pytest.raises(ValueError, match=r"out holds 4000 bytes for 2000 elements"):
-        table.register(0, 1, 2, out, received, classes, 500, 2000, 4, 0, False, 0, 0, 2000, 0)
+        table.register(0, 1, 2, out, received, classes, 500, 2000, 4, 0, False, False,
+                       0, 0, 2000, 0)  # fmt: skip
     with pytest.raises(ValueError, match=r"received \(4\).*its 5 chunks"):
-        table.register(0, 1, 2, out, received, classes, 200, 1000, 4, 0, False, 0, 0, 1000, 0)
+        table.register(0, 1, 2, out, received, classes, 200, 1000, 4, 0, False, False,
+                       0, 0, 1000, 0)  # fmt: skip
     with pytest.raises(ValueError, match=r"message \(src 70000, step 1, msg 2\) out of range"):
         table.unregister(70000, 1, 2)
     with pytest.raises(ValueError, match=r"chunk_elems 0"):
-        table.register(0, 1, 2, out, received, classes, 0, 1000, 4, 0, False, 0, 0, 1000, 0)
+        table.register(0, 1, 2, out, received, classes, 0, 1000, 4, 0, False, False, 0, 0, 1000, 0)
+    with pytest.raises(ValueError, match=r"add needs float32 elements .* got itemsize 2"):
+        table.register(0, 1, 2, out, received, classes, 500, 2000, 2, 0, False, True,
+                       0, 0, 2000, 0)  # fmt: skip
     read_only = np.frombuffer(bytes(4000), np.float32)  # (the loop writes it)
     with pytest.raises((BufferError, ValueError), match="read-only"):
-        table.register(0, 1, 2, read_only, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0)
+        table.register(0, 1, 2, read_only, received, classes, 250, 1000, 4, 0, False, False,
+                       0, 0, 1000, 0)  # fmt: skip
     buf = np.zeros(100, np.uint8)
     with pytest.raises(ValueError, match="does not lie in the 100-byte buffer"):
         table.stage(buf, [(0, 101, 50)])

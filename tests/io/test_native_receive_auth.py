@@ -161,12 +161,13 @@ def test_bad_tag_keys_are_named() -> None:
     received = np.zeros(4, np.bool_)
     classes = np.zeros(4, np.uint8)
     with pytest.raises(ValueError, match=r"tag_key of src 3 must be 16, 24 or 32 bytes .* got 5"):
-        table.register(3, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0,
-                       b"short")  # fmt: skip
+        table.register(3, 1, 2, out, received, classes, 250, 1000, 4, 0, False, False, 0, 0,
+                       1000, 0, b"short")  # fmt: skip
     made = (JOB, 0x12, PER_PACKET_FLAGS, native_receive._head_layout(), SHARED_HEADER_MASK,
             RUN_LAYOUT)  # fmt: skip
     plain = native_receive._udpio.MessageTable(*made)  # (no auth_flag)
     with pytest.raises(ValueError, match="has no auth_flag"):
-        plain.register(0, 1, 2, out, received, classes, 250, 1000, 4, 0, False, 0, 0, 1000, 0, KEY)
+        plain.register(0, 1, 2, out, received, classes, 250, 1000, 4, 0, False, False, 0, 0,
+                       1000, 0, KEY)  # fmt: skip
     with pytest.raises(ValueError, match="auth_flag 3 is not one flag bit outside"):
         native_receive._udpio.MessageTable(*made, 3)
