@@ -70,10 +70,12 @@ dist.all_reduce(t)
 if rank == 0:
     k = iters // 2
     kept = sum(len(b) for b in comm._scratch)
-    print(f"{op}: CPU ms per call (4 ranks): scratch {t[0] / k * 1e3:.1f}, accumulate "
-          f"{t[1] / k * 1e3:.1f}, ratio {t[1] / t[0]:.3f}; rank 0 median wall ms: scratch "
-          f"{np.median(wall['scratch']) * 1e3:.1f}, accumulate "
-          f"{np.median(wall['accumulate']) * 1e3:.1f}; rank 0 median peak MB allocated in "
-          f"a call: scratch {np.median(peak['scratch']) / 1e6:.1f}, accumulate "
-          f"{np.median(peak['accumulate']) / 1e6:.1f}; scratch kept {kept / 1e6:.1f} MB")
+    print(
+        f"{op}: CPU ms per call (4 ranks): scratch {t[0] / k * 1e3:.1f}, accumulate "
+        f"{t[1] / k * 1e3:.1f}, ratio {t[1] / t[0]:.3f}; rank 0 median wall ms: scratch "
+        f"{np.median(wall['scratch']) * 1e3:.1f}, accumulate "
+        f"{np.median(wall['accumulate']) * 1e3:.1f}; rank 0 median peak MB allocated in "
+        f"a call: scratch {np.median(peak['scratch']) / 1e6:.1f}, accumulate "
+        f"{np.median(peak['accumulate']) / 1e6:.1f}; scratch kept {kept / 1e6:.1f} MB"
+    )
 endpoint.close()
