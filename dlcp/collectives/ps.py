@@ -200,7 +200,8 @@ def _serve_shards(
             f"rank {r}: workers pushed shards of different shapes or dtypes: "
             f"{[(g.src, g.data.dtype, g.data.shape) for g in got]}"
         )
-    total = got[0].data.copy()
+    # (the first push's own buffer, handed to this call by the endpoint, holds the sum)
+    total = got[0].data
     for g in got[1:]:
         total += g.data
     if average and not averages_by_dividing_first(total.dtype):  # (else the workers did)
