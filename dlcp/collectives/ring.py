@@ -114,19 +114,11 @@ def ring_allreduce(
     # below of a lossy all-gather, which may come first: then they are copied
     lend = p_gather == 0
     # send futures: waited for at the end, not step by step; cancelled if the call fails
-    # a float32 reduce-scatter whose lost elements add nothing is received straight
-    # into its sum (each chunk added as it arrives); the others land in scratch
-    # rows first. What the chunk received into is not sent or written otherwise
-    # before the step's receive completes.
-    added = data.dtype == np.float32 and fill is FillPolicy.ZERO
     with SendTracker() as sends, PostedReceives(comm, call=call, src=left) as incoming:
-        scratch = None if added else incoming.scratch(data.dtype, (n - 1) * widest)
+        scratch = incoming.scratch(data.dtype, (n - 1) * widest)
         for s in range(n - 1):  # reduce-scatter step s: into a scratch row of its own
             ra, rb = chunk((r - s - 1) % n)
-            if scratch is None:
-                incoming.post(data[ra:rb], role=s, p=p, fill=fill, accumulate=True)
-            else:
-                incoming.post(scratch[s * widest : s * widest + rb - ra], role=s, p=p, fill=fill)
+            incoming.post(scratch[s * widest : s * widest + rb - ra], role=s, p=p, fill=fill)
         if p_gather == 0:  # (else the gather's buffers are rescaled first, below)
             _post_gather(incoming, data, chunk, n, r, 0.0)
         for s in range(n - 1):  # reduce-scatter: add what the left neighbour sends
@@ -134,7 +126,7 @@ def ring_allreduce(
             if exchange(
                 comm, data, (sa, sb), incoming.take(s), to=right, call=call, role=s, p=p,
                 segments=segments, report=report, sends=sends, borrow=lend,
-            ) and scratch is not None:  # fmt: skip
+            ):  # fmt: skip
                 data[ra:rb] += scratch[s * widest : s * widest + rb - ra]
 
         oa, ob = chunk((r + 1) % n)
@@ -229,15 +221,13 @@ class PostedReceives:
         p: float,
         fill: FillPolicy,
         src: int | None = None,
-        accumulate: bool = False,
     ) -> None:
-        """Receive message ``role`` from ``src`` into ``out`` (added to it with
-        ``accumulate``; nothing if ``out`` is empty: a chunk of no elements is
-        neither sent nor received)."""
+        """Receive message ``role`` from ``src`` into ``out`` (nothing if ``out``
+        is empty: a chunk of no elements is neither sent nor received)."""
         if len(out):
             peer = self._peer(src)
             self._pending[peer, role] = self._comm.recv(
-                out, src=peer, call=self._call, role=role, p=p, fill=fill, accumulate=accumulate
+                out, src=peer, call=self._call, role=role, p=p, fill=fill
             )
 
     def take(self, role: int, *, src: int | None = None) -> Future[Received] | None:

@@ -1,11 +1,12 @@
-"""The ring's reduce-scatter and a co-located parameter server receive float32
-pushes with a zero fill straight into their sums (``Endpoint.recv(accumulate=True)``),
-with real endpoints in this process: the ring's sums keep their order, so every
-element has the bits of the reference that adds in the ring's order; the server
-adds pushes in arrival order, so its sums match the reference to rounding and
-every worker pulls the same bytes; under emulated loss the lost elements add
-nothing and the loss stays within the bound; float16 and the rescale fill keep
-the scratch path and give what they gave."""
+"""A co-located parameter server receives float32 pushes with a zero fill straight
+into its shard (``Endpoint.recv(accumulate=True)``), with real endpoints in this
+process: it adds pushes in arrival order, so its sums match the reference to
+rounding and every worker pulls the same bytes. The ring receives its
+reduce-scatter into scratch and adds it afterwards (adding on receive cost it 1-2 %
+of its CPU: docs/results/2026-11-30/reduce_on_receive/): every element has the
+bits of the reference that adds in the ring's order, for float32 and float16 and
+with the rescale fill, and under emulated loss a lost element adds nothing and the
+loss stays within the bound."""
 
 from __future__ import annotations
 
