@@ -34,7 +34,7 @@ import numpy.typing as npt
 from ..errors import ConfigError, PeerTimeout, UsageError, UsageStateError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 from ..proto.session import SendReport
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import numpy.typing as npt
 
 from ..errors import UsageStateError
-from ..proto.reassembler import LossReport
+from ..proto.loss_report import LossReport
 
 __all__ = ["DriverStats", "Pending", "Received", "TransferFuture"]
 

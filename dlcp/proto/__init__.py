@@ -5,7 +5,7 @@ time takes ``now``. ``tests/tree/test_purity.py`` checks it.
 """
 
 from .config import FillPolicy, ProtocolConfig
-from .reassembler import LossReport
+from .loss_report import LossReport
 from .session import (
     ControlDatagram,
     DataBatch,

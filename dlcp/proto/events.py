@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .reassembler import LossReport
+from .loss_report import LossReport
 from .wire import DATA_HEADER_LEN
 
 __all__ = [

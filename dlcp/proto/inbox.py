@@ -90,12 +90,10 @@ every path that can meet it.
 
 from __future__ import annotations
 
-import enum
-import math
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -105,6 +103,7 @@ from .buffer_pool import BufferPool
 from .config import FillPolicy
 from .context import Key, SessionContext
 from .control import Abort, AbortReason, Finish, RateFeedback, Stop
+from .ended import ABORT_OF, Ended, Outcome
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
 from .orphans import SILENT_WHY, OrphanFinishes
@@ -114,44 +113,13 @@ from .receive_paths import Geometry, ReceivePaths
 from .recovery import ReceivePhase, ReceiverRecovery
 from .wire import DType, allowed_loss, bound_from_wire, bound_to_wire, check_message_key
 
-__all__ = ["OPEN_MESSAGE_BYTES", "Ended", "Inbox", "Outcome"]
-
-
-class Outcome(enum.Enum):
-    """How a message ended here (:class:`Ended`); the value is how ``expect``
-    names it to an application that asks for it afterwards."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    #: failed: nobody asked for it and it would pass max_unexpected_bytes
-    REFUSED = "refused"
+__all__ = ["OPEN_MESSAGE_BYTES", "Inbox"]
 
 
 #: (every completed message names it: a module constant costs less than an Enum
 #: class attribute)
 _COMPLETED: Final = Outcome.COMPLETED
 
-
-class Ended(NamedTuple):
-    """What the inbox remembers of a message that ended: late packets of it are
-    ignored (not started as a new message) and a repeated FINISH is answered,
-    with STOP if it completed, else with ABORT. (A named tuple: one is made for
-    every message received.)"""
-
-    outcome: Outcome
-    #: elements received (COMPLETED; 0 otherwise)
-    received_elems: int = 0
-    #: when it completed (COMPLETED; -inf otherwise)
-    at: float = -math.inf
-
-
-#: how a repeated FINISH of a message that ended without delivery is answered
-_ABORT_OF: Final = {
-    Outcome.FAILED: AbortReason.GAVE_UP,
-    Outcome.CANCELLED: AbortReason.CANCELLED,
-    Outcome.REFUSED: AbortReason.UNCLAIMED_LIMIT,
-}
 
 #: what an open message costs beyond its buffer (its reassembler and recovery
 #: state, a few hundred bytes of Python objects; counted against
@@ -483,7 +451,7 @@ class Inbox(ReceivePaths[_Incoming]):
         ended = self._ended.get(key)
         if ended is not None:
             if ended.outcome is not Outcome.COMPLETED:
-                reason = _ABORT_OF[ended.outcome]
+                reason = ABORT_OF[ended.outcome]
                 self._queue(
                     key[0], Abort(key[1], key[2], self.rank, reason=reason, by_receiver=True)
                 )

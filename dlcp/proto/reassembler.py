@@ -24,7 +24,6 @@ its sum. A lost element then adds nothing, which is the zero fill.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -35,15 +34,15 @@ from .batch import SHARED_HEADER_MASK
 from .config import FillPolicy
 from .control import Finish
 from .kernels import add_f32, copy_rows, flat_rows, scatter_run, streams_received
+from .loss_report import N_CLASSES, LossReport
 from .rescale import rescale
 from .wire import DATA_HEADER_LEN, HEADER_DTYPE, DType, Flags, allowed_loss
 
-__all__ = ["RUN_LAYOUT", "GeometryError", "LossReport", "Reassembler", "RunTarget"]
+__all__ = ["RUN_LAYOUT", "GeometryError", "Reassembler", "RunTarget"]
 
 Int64Array = npt.NDArray[np.int64]
 UInt8Array = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
-N_CLASSES = 16  # 8 priorities x {protected, drop-eligible}, index prio * 2 + drop
 _NO_CHUNKS = (0,) * N_CLASSES
 
 
@@ -88,34 +87,6 @@ class RunTarget(NamedTuple):
 
 class GeometryError(DLCPError, ValueError):
     """A packet disagrees with the message it claims to belong to."""
-
-
-@dataclass(frozen=True, slots=True)
-class LossReport:
-    """What a completed message lost. Every completion carries one."""
-
-    msg_elems: int
-    received_elems: int
-    #: elements filled by the fill policy
-    lost_elems: int
-    #: (offset, length) element ranges that were filled
-    lost_ranges: tuple[tuple[int, int], ...]
-    #: chunks received / lost per class, index prio * 2 + drop
-    received_chunks: tuple[int, ...]
-    lost_chunks: tuple[int, ...]
-    #: chunks that arrived as retransmissions, and duplicates ignored
-    retransmitted_chunks: int
-    duplicate_chunks: int
-    #: NACK rounds the receiver asked for
-    nack_rounds: int
-    bound: float
-    fill: FillPolicy
-    #: seconds from the first packet to completion
-    duration: float
-
-    @property
-    def lost_fraction(self) -> float:
-        return self.lost_elems / self.msg_elems
 
 
 class Reassembler:

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import torch
 
 from ..errors import ConfigError, TransferFailed, UsageError
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 
 __all__ = [
     "FlatModel",

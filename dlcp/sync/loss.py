@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..io.endpoint import Received
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 
 __all__ = ["LossTally"]
 

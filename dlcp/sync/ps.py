@@ -38,7 +38,7 @@ import torch
 from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
 from ..proto.config import FillPolicy
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 from .api import StepReport, SyncScheme, WorkerFailed, check_loss_bound, check_world, sync_msg
 from .psserver import (
     DATA,

@@ -47,7 +47,7 @@ import numpy.typing as npt
 from ..errors import UsageError
 from ..io.endpoint import Endpoint, Received
 from ..proto.config import FillPolicy
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 from .api import WorkerFailed, sync_msg
 from .clocks import ClockTable, RoundBuffer
 from .loss import LossTally

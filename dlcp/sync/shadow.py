@@ -47,7 +47,7 @@ import torch
 from ..collectives import Communicator, ring_allreduce
 from ..errors import ConfigError, UsageStateError
 from ..io.endpoint import Endpoint
-from ..proto.reassembler import N_CLASSES
+from ..proto.loss_report import N_CLASSES
 from .api import StepReport, SyncScheme, check_loss_bound, check_world
 from .clocks import ClockTable
 from .ps import ParameterServerSync

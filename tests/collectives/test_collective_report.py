@@ -9,7 +9,7 @@ import numpy as np
 from dlcp.collectives.comm import ReportBuilder
 from dlcp.io.endpoint import Received
 from dlcp.proto.config import FillPolicy
-from dlcp.proto.reassembler import N_CLASSES, LossReport
+from dlcp.proto.loss_report import N_CLASSES, LossReport
 
 
 def _received(lost: dict[int, int], got: dict[int, int], elems_per_chunk: int = 10) -> Received:

@@ -20,7 +20,7 @@ from dlcp.io.records import Pending
 from dlcp.io.transfers import Transfers
 from dlcp.proto.config import FillPolicy
 from dlcp.proto.events import MessageDelivered, MessageReceived, SendReport
-from dlcp.proto.reassembler import LossReport
+from dlcp.proto.loss_report import LossReport
 
 N = 4
 

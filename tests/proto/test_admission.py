@@ -13,7 +13,8 @@ import pytest
 
 from dlcp.proto import kernels
 from dlcp.proto.control import Abort, AbortReason, decode_control
-from dlcp.proto.inbox import OPEN_MESSAGE_BYTES, Ended, Outcome
+from dlcp.proto.ended import Ended, Outcome
+from dlcp.proto.inbox import OPEN_MESSAGE_BYTES
 from dlcp.proto.session import Session
 from dlcp.proto.wire import DATA_HEADER_LEN
 from tests.proto.session_helpers import JOB, config

@@ -9,7 +9,7 @@ import pytest
 from dlcp.proto.config import FillPolicy
 from dlcp.proto.events import MessageReceived
 from dlcp.proto.late_claim import ClaimAccepted, ClaimRefused, claim_completed
-from dlcp.proto.reassembler import LossReport
+from dlcp.proto.loss_report import LossReport
 
 
 def _event(
