@@ -11,17 +11,26 @@
  *
  * What ends the wait: data on the socket (the loop reads it), the end of the
  * linger (the caller gives the earlier of its bound and the I/O thread's next
- * deadline), or any other file of the I/O thread's epoll set turning readable:
+ * deadline), or any other file of the I/O thread's turning readable (the epoll
+ * set of those files, dlcp.io.readiness.ReadSelector.others_fileno):
  * a control message, the native engine's reports, a caller's wake-up. So the
  * linger never holds back what the turn would have handled, only the Python
  * turn that would have found nothing else to do.
  *
  * What ends the lingering: a wait after which less than LINGER_MIN_BURST bytes
- * came before the socket ran dry again. Data that trickles in (datagrams one by
- * one, offloads off) would wake a sleeping thread for each datagram or two, and
- * each wake-up costs the sender's enqueue too: a receiver busy with its Python
- * turn lets them queue up instead (measured: the DDP job under 1 % loss with
- * offloads off took 4-7 % longer with a linger that kept waiting).
+ * came before the socket ran dry again (a trickle). Data that trickles in
+ * (datagrams one by one: offloads off, a slow link) would wake a thread waiting
+ * on the socket for each datagram or two, and each wake-up costs the sender's
+ * enqueue too (measured: the DDP job under 1 % loss with offloads off took 4-7 %
+ * longer with a linger that kept waiting on the socket).
+ *
+ * Unless the caller gives a nap: then a trickle is taken in naps (linger_nap),
+ * the thread asleep off the socket's wait queue, so that no datagram wakes it;
+ * after each nap it takes what came, until the trickle's own end (later than
+ * the linger's: the caller's next deadline or a few milliseconds) or until
+ * another file is ready. Without naps, a receiver on a slow link (50 Mbit/s:
+ * a datagram every 230 us) ran a Python turn for every datagram or two, about
+ * 100 us of CPU each.
  */
 #ifndef DLCP_LINGER_H
 #define DLCP_LINGER_H
@@ -89,6 +98,38 @@ static inline int linger_for_data(int data_fd, int epfd, int64_t end_ns, int64_t
         if (fds[0].revents & POLLIN)
             return 1;
     }
+}
+
+/* Sleeps nap_ns (at most until end_ns), off the data socket's wait queue, for
+ * a receive that is taking data in a trickle: 1 to go on reading, 0 at the
+ * linger's end or when a file of epfd other than data_fd is ready, which ends the
+ * nap at once if epfd does not hold data_fd (the I/O thread's set of its other
+ * files; one that holds it wakes the nap whenever data is queued: then it sleeps
+ * on). Adds the time slept to *idle_ns. */
+static inline int linger_nap(int data_fd, int epfd, int64_t end_ns, int64_t nap_ns,
+                             int64_t *idle_ns) {
+    int64_t now = linger_clock_ns();
+    if (now >= end_ns)
+        return 0;
+    int64_t until = end_ns - now < nap_ns ? end_ns : now + nap_ns;
+    for (int64_t t = now; t < until; t = linger_clock_ns()) {
+        int64_t left = until - t;
+        struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        struct pollfd fd = {epfd, POLLIN, 0};
+        int n = epfd >= 0 ? ppoll(&fd, 1, &ts, NULL)
+                          : clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL) == 0 ? 0 : -1;
+        if (n > 0 && linger_others_ready(epfd, data_fd)) {
+            *idle_ns += linger_clock_ns() - now;
+            return 0;
+        }
+        if (n > 0) /* (data_fd in epfd: sleep on without polling) */
+            while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+                ;
+        if (n < 0 && errno != EINTR)
+            break;
+    }
+    *idle_ns += linger_clock_ns() - now;
+    return 1;
 }
 
 #endif

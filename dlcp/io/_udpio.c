@@ -69,12 +69,14 @@
  *     once no receive step is running: a removed message's buffers are never
  *     written after it returns.
  *   receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0,
- *     watch_fd=-1) -> (nbytes, reads, empty, errno, kept, drained, lingered_ns):
+ *     watch_fd=-1, nap_ns=0, trickle_ns=0) -> (nbytes, reads, empty, errno, kept,
+ *     drained, lingered_ns):
  *     recv_runs into buf in steps, then the pre-filter (screen: None, or (job,
  *     require_auth, tag_len, counts) as filter_runs takes them), taking each
  *     step's runs before the next, and stages the last step's (kept: the bytes
  *     of all steps' runs) for next(); with linger_ns it waits for more data
- *     after the socket ran dry (_linger.h, table_receive). stage(buf, runs)
+ *     after the socket ran dry, with nap_ns it naps while data trickles in
+ *     (_linger.h, table_receive). stage(buf, runs)
  *     stages given runs instead.
  *   next(buf) -> (handover, taken): takes the staged runs into the registered
  *     messages, without the GIL, until one needs Python: handover is None when
@@ -774,7 +776,7 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
 }
 
 /* receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0,
- * watch_fd=-1): drains the
+ * watch_fd=-1, nap_ns=0, trickle_ns=0): drains the
  * socket in steps of at most `step` bytes, each read into the start of buf, so
  * that what the kernel copied is still in the cache when it is scattered. A step
  * after which more may be queued has its runs taken at once, and the next step
@@ -787,21 +789,26 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
  * were taken (a handover still ends it) and no more data came within linger_ns
  * of the call's start, or a file of the epoll set watch_fd other than fd turned
  * readable first, or less than LINGER_MIN_BURST bytes came after the last wait
- * (_linger.h). Returns (nbytes, reads, empty, errno, kept,
- * drained, lingered_ns), over all steps; lingered_ns is the time it waited. */
+ * (a trickle, _linger.h). With nap_ns > 0 a trickle does not end it: the loop
+ * sleeps nap_ns at a time and takes what came, until trickle_ns of the call's
+ * start (at least linger_ns) or until another file is ready. Returns (nbytes,
+ * reads, empty, errno, kept, drained, lingered_ns), over all steps; lingered_ns
+ * is the time it waited or slept. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     int fd;
     PyObject *buf_obj, *screen;
     Py_ssize_t budget, max_reads, read_size, step;
-    long long linger_ns = 0;
+    long long linger_ns = 0, nap_ns = 0, trickle_ns = 0;
     int watch_fd = -1;
     if (!table_ready(self) ||
-        !PyArg_ParseTuple(args, "iOnnnnO|Li:receive", &fd, &buf_obj, &budget, &max_reads,
-                          &read_size, &step, &screen, &linger_ns, &watch_fd))
+        !PyArg_ParseTuple(args, "iOnnnnO|LiLL:receive", &fd, &buf_obj, &budget, &max_reads,
+                          &read_size, &step, &screen, &linger_ns, &watch_fd, &nap_ns,
+                          &trickle_ns))
         return NULL;
-    if (read_size <= 0 || step <= 0 || budget < 0 || max_reads < 0 || linger_ns < 0) {
+    if (read_size <= 0 || step <= 0 || budget < 0 || max_reads < 0 || linger_ns < 0 ||
+        nap_ns < 0 || trickle_ns < 0) {
         PyErr_SetString(PyExc_ValueError, "read_size and step must be positive, budget, "
-                                          "max_reads and linger_ns >= 0");
+                                          "max_reads, linger_ns, nap_ns and trickle_ns >= 0");
         return NULL;
     }
     PfRules rules = {0, 0, 0};
@@ -843,7 +850,11 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     TakeTable *t = &self->t;
     self->pending = TAKE_DONE;
     Py_BEGIN_ALLOW_THREADS
-    int64_t linger_end = linger_ns > 0 ? linger_clock_ns() + linger_ns : 0;
+    int64_t start_ns = linger_clock_ns();
+    int64_t linger_end = linger_ns > 0 ? start_ns + linger_ns : 0;
+    /* (a trickle's naps go on to trickle_end: never before the linger's end) */
+    int64_t trickle_end = linger_end != 0 && trickle_ns > linger_ns ? start_ns + trickle_ns
+                                                                    : linger_end;
     ssize_t since_wait = -1; /* bytes read since the linger last waited (-1: it has not) */
     for (;;) {
         ssize_t room = budget - kept < step ? budget - kept : step;
@@ -859,7 +870,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
         if (since_wait >= 0)
             since_wait += got.total;
         int dry = !got.more && got.reads < read_room && got.total < room;
-        int lingers = linger_end != 0 && (since_wait < 0 || since_wait >= LINGER_MIN_BURST);
+        int trickle = since_wait >= 0 && since_wait < LINGER_MIN_BURST;
+        int lingers = linger_end != 0 && (!trickle || nap_ns > 0);
         if (dry && (!lingers || kept >= budget || reads >= max_reads)) {
             drained = 1;
             break;
@@ -873,7 +885,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
             break;
         }
         if (dry) {
-            if (!linger_for_data(fd, watch_fd, linger_end, &lingered)) {
+            if (!(trickle ? linger_nap(fd, watch_fd, trickle_end, nap_ns, &lingered)
+                          : linger_for_data(fd, watch_fd, linger_end, &lingered))) {
                 drained = 1; /* (its runs are taken: next() has only the counts to report) */
                 break;
             }
@@ -993,10 +1006,12 @@ static PyMethodDef table_methods[] = {
     {"unregister", (PyCFunction)table_unregister, METH_VARARGS,
      "unregister(src, step, msg) -> was registered: no more writes to its buffers."},
     {"receive", (PyCFunction)table_receive, METH_VARARGS,
-     "receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0, watch_fd=-1) "
+     "receive(fd, buf, budget, max_reads, read_size, step, screen, linger_ns=0, watch_fd=-1, "
+     "nap_ns=0, trickle_ns=0) "
      "-> (nbytes, reads, empty, errno, kept, drained, lingered_ns): read, pre-filter and take "
      "runs in steps, staging the last step's for next(); with linger_ns, wait that long for "
-     "more data while no other file of the epoll set watch_fd is ready."},
+     "more data while no other file of the epoll set watch_fd is ready; with nap_ns, go on "
+     "taking a trickle in naps of nap_ns until trickle_ns."},
     {"stage", (PyCFunction)table_stage, METH_VARARGS,
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
     {"next", (PyCFunction)table_next, METH_VARARGS,

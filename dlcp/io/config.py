@@ -68,6 +68,13 @@ class EndpointConfig:
     #: with the native engine and receive path (the Python engine sends from
     #: the I/O thread, which must not wait then)
     receive_linger: float = 1e-3
+    #: seconds of each nap the lingering loop takes while data trickles in (less
+    #: than 32 KB came after a wait: a slow link, offloads off): it sleeps off
+    #: the socket's wait queue and takes what came, turn after turn of naps,
+    #: until the I/O thread's next deadline (at most ``dlcp.io.io_loop.
+    #: TRICKLE_LINGER``) or another of its files is ready (dlcp/io/_linger.h); 0:
+    #: a trickle ends the linger, a Python turn for every datagram or two
+    receive_nap: float = 200e-6
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
     emulated_loss_seed: int = 0
@@ -132,6 +139,8 @@ class EndpointConfig:
             raise ConfigError(
                 f"receive_linger={self.receive_linger} outside [0, 0.01] seconds"
             )
+        if not 0.0 <= self.receive_nap <= 0.001:
+            raise ConfigError(f"receive_nap={self.receive_nap} outside [0, 0.001] seconds")
         if not 0.0 <= self.emulated_loss < 1.0:
             raise ConfigError(f"emulated_loss={self.emulated_loss} outside [0, 1)")
         if self.emulated_loss_seed < 0:

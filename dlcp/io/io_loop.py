@@ -40,6 +40,7 @@ from .config import EndpointConfig
 from .control import ControlChannel, LostPeer
 from .emulation import LossEmulator
 from .engine import NativeSender, RoundReport
+from .native_receive import RunHandlers
 from .peers import PeerAddress, PeerBook
 from .readiness import ReadSelector
 from .records import DriverStats
@@ -48,23 +49,6 @@ from .transfers import Transfers
 from .udp import DataSockets
 
 __all__ = ["IOLoop"]
-
-
-class _SessionRuns:
-    """What the native receive path did besides runs for ``deliver``
-    (:class:`~dlcp.io.native_receive.TakenRuns`), handed to the I/O thread's session.
-
-    Time: what the C loop took is applied, and so metered by the session's rate
-    meter, at the time Python applies it, after the C call that took it (its steps
-    of ``dlcp.io.udp.RECEIVE_STEP_BYTES`` each, until the socket ran dry, the
-    budget was spent or a run needed Python), not at a time per run as the
-    Python run path meters it. A call reads at most its budget, 4 MB (a few
-    milliseconds of data at 10 Gbit/s); the meter's interval is ``rate_interval``
-    (5 ms by default), and the bytes are counted either way."""
-
-    def __init__(self, loop: IOLoop) -> None:
-        self.taken = loop._took
-        self.rest = loop._rest
 
 log = logging.getLogger("dlcp.io")
 
@@ -77,6 +61,11 @@ _BACKLOG_HOLD = 0.1
 #: once one has waited _GIVE_WAY_AFTER for it
 _GIVE_WAY = 0.05
 _GIVE_WAY_AFTER = 0.002
+#: seconds a receive call may go on taking a trickle of data in naps
+#: (``EndpointConfig.receive_nap``) before the I/O thread's Python turn, if no
+#: deadline of the turn comes first: on a slow link that turn, about 100 us of
+#: CPU, runs every few milliseconds instead of for every datagram or two
+TRICKLE_LINGER = 0.005
 #: seconds between reads of the data socket's kernel drop counter (a u32 that
 #: wraps after 2**32 drops: over 4 billion datagrams a second would be needed)
 _DROPS_READ_EVERY = 1.0
@@ -128,9 +117,10 @@ class IOLoop:
         #: the receive loop may wait in C for the next burst (its linger, set by
         #: _init_native_receive); a caller that wants the lock wakes it (_post)
         self._linger = 0.0
+        self._nap = 0.0  # (EndpointConfig.receive_nap, where it lingers)
         self._lingering = False
-        #: the selector's epoll set, whose files other than the data socket end a
-        #: linger (-1 until the thread runs)
+        #: the epoll set of the selector's files other than the data socket, which
+        #: end a linger (-1 until the thread runs)
         self._watch = -1
 
     def _init_native_receive(self, on: bool) -> None:
@@ -139,11 +129,12 @@ class IOLoop:
         the data sockets' table, whose results go to it."""
         self.native_receive = on
         #: where the native receive path's results go (None: it is off)
-        self._native_runs = _SessionRuns(self) if on else None
+        self._native_runs = RunHandlers(self._took, self._rest) if on else None
         if on:
             self._session.take_runs_natively(self._data.take_runs(self._session.job))
         # (the Python engine sends from this thread: it must not wait for data)
         self._linger = self.config.receive_linger if on and self._sender is not None else 0.0
+        self._nap = self.config.receive_nap if self._linger else 0.0
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
@@ -157,7 +148,8 @@ class IOLoop:
     def _run(self) -> None:
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
-        self._watch = sel.fileno()
+        sel.set_apart(self._data.recv_sock)  # (the receive loop's linger waits on it itself)
+        self._watch = sel.others_fileno()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -328,21 +320,27 @@ class IOLoop:
         but not past the turn's next deadline (``timer`` among them), and not
         while a file of the selector's epoll set other than the data socket is
         readable or a caller waits for the lock (it wakes this thread: _post).
-        The wait counts as idle for the rate meter, as ``select``'s does."""
+        Data that trickles in it takes in naps (``EndpointConfig.receive_nap``)
+        up to :data:`TRICKLE_LINGER`, within the same bounds. The wait counts as
+        idle for the rate meter, as ``select``'s does."""
         self._stats.receive_calls += 1
         self._delivered = 0
         data = self._data
-        linger = self._linger
+        linger = trickle = self._linger
         if linger:
             self._lingering = True  # (set before callers is read: see Endpoint._post)
             if self._callers:
-                linger = 0.0
+                linger = trickle = 0.0
             else:
-                linger = min(linger, self._next_time(start, timer) - start)
-                if linger < 0.0:
-                    linger = 0.0
+                until = max(self._next_time(start, timer) - start, 0.0)
+                linger, trickle = min(linger, until), min(TRICKLE_LINGER, until)
         read = data.receive(
-            self._deliver, taken=self._native_runs, linger=linger, watch=self._watch
+            self._deliver,
+            taken=self._native_runs,
+            linger=linger,
+            watch=self._watch,
+            nap=self._nap,
+            trickle=trickle,
         )
         self._lingering = False
         if data.lingered:
@@ -453,7 +451,7 @@ class IOLoop:
         self._session.receive_batch(buf, segment_size, now=time.monotonic())
 
     def _took(self, taken: list[Taken]) -> None:
-        """The native receive path's counts (see :class:`_SessionRuns`)."""
+        """The native receive path's counts (see :class:`RunHandlers`)."""
         for t in taken:
             self._stats.datagrams_native += t[3]
             self._delivered += t[4]

@@ -51,6 +51,7 @@ __all__ = [
     "TAKE_REST",
     "TAKE_WHOLE",
     "MessageRuns",
+    "RunHandlers",
     "TakenRuns",
     "available",
     "hand_over",
@@ -133,6 +134,30 @@ class TakenRuns(Protocol):
 
     def rest(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
         """The datagrams of a run after the prefix its message took."""
+
+
+class RunHandlers:
+    """A :class:`TakenRuns` of two callables: what an endpoint's I/O thread hands
+    the native path, its session's ``taken`` and ``rest``.
+
+    Time: what the C loop took is applied, and so metered by the session's rate
+    meter, at the time Python applies it, after the C call that took it (its steps
+    of ``dlcp.io.udp.RECEIVE_STEP_BYTES`` each, until the socket ran dry and its
+    linger ended, the budget was spent or a run needed Python), not at a time per
+    run as the Python run path meters it. A call reads at most its budget, 4 MB (a
+    few milliseconds of data at 10 Gbit/s), and takes a trickle of data in naps for
+    at most ``dlcp.io.io_loop.TRICKLE_LINGER`` (5 ms); the meter's interval is
+    ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
+
+    __slots__ = ("rest", "taken")
+
+    def __init__(
+        self,
+        taken: Callable[[list[Taken]], None],
+        rest: Callable[[npt.NDArray[np.uint8], int], None],
+    ) -> None:
+        self.taken = taken
+        self.rest = rest
 
 
 def hand_over(

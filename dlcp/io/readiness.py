@@ -5,6 +5,11 @@ reading (what an endpoint's I/O thread waits on: its data socket, control
 connections, the wake socket, the native engine's reports). Its :meth:`select`
 makes three Python calls whatever comes back (``selectors.EpollSelector``'s
 makes five, and two more per ready file): the I/O thread calls it every turn.
+
+One file may be set apart (:meth:`ReadSelector.set_apart`: the data socket, which
+the native receive loop waits on itself): a second epoll set holds every other
+file, so that the loop can sleep until one of them is ready without being woken
+by data (:meth:`ReadSelector.others_fileno`, ``dlcp/io/_linger.h``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class ReadSelector(selectors.BaseSelector):
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
+        #: every watched file but the one set apart (set_apart)
+        self._others = select.epoll()
+        self._apart = -1
         #: file descriptor -> its key
         self._keys: dict[int, selectors.SelectorKey] = {}
         #: epoll's event limit per call: one per file watched (epoll needs one at least)
@@ -45,6 +53,12 @@ class ReadSelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} (fd {fd}) is already registered")
         key = selectors.SelectorKey(fileobj, fd, events, data)
         self._epoll.register(fd, select.EPOLLIN)
+        if fd != self._apart:
+            try:
+                self._others.register(fd, select.EPOLLIN)
+            except BaseException:
+                self._epoll.unregister(fd)
+                raise
         self._keys[fd] = key
         self._max_events = len(self._keys)
         return key
@@ -61,6 +75,9 @@ class ReadSelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} is not registered")
         with contextlib.suppress(OSError):  # (closed already: that took it off epoll's set)
             self._epoll.unregister(fd)
+        if fd != self._apart:
+            with contextlib.suppress(OSError):
+                self._others.unregister(fd)
         self._max_events = max(len(self._keys), 1)
         return key
 
@@ -77,9 +94,22 @@ class ReadSelector(selectors.BaseSelector):
         except KeyError:  # (one unregistered that the kernel still watches: a dup of it)
             return [(keys[fd], _READ) for fd, _ in ready if fd in keys]
 
+    def set_apart(self, fileobj: Any) -> None:
+        """Keep ``fileobj`` (registered or not) out of :meth:`others_fileno`'s set;
+        one file at a time, before it is registered."""
+        fd = _fd_of(fileobj)
+        if self._keys:
+            raise RuntimeError("set_apart: call it before any file is registered")
+        self._apart = fd
+
     def fileno(self) -> int:
         """The epoll set's descriptor: readable while a watched file is."""
         return self._epoll.fileno()
+
+    def others_fileno(self) -> int:
+        """The descriptor of the epoll set of every watched file but the one set
+        apart: readable while one of them is."""
+        return self._others.fileno()
 
     def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
         return {key.fileobj: key for key in self._keys.values()}
@@ -87,3 +117,4 @@ class ReadSelector(selectors.BaseSelector):
     def close(self) -> None:
         self._keys.clear()
         self._epoll.close()
+        self._others.close()

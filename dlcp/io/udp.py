@@ -287,6 +287,8 @@ class DataSockets:
         taken: TakenRuns | None = None,
         linger: float = 0.0,
         watch: int = -1,
+        nap: float = 0.0,
+        trickle: float = 0.0,
     ) -> int:
         """Drain the receive socket (up to ``budget`` bytes) without blocking and
         hand runs of same-size datagrams to ``deliver(buf, segment_size)``, which
@@ -309,17 +311,32 @@ class DataSockets:
         taken, unless a file of the epoll set ``watch`` (a descriptor; -1: none)
         other than this socket turns readable first (``dlcp/io/_linger.h``):
         one call instead of a call per burst. :attr:`lingered` says how long it
-        waited."""
+        waited.
+
+        ``nap`` (seconds, with ``linger``): data that trickles in after a wait
+        (less than 32 KB came) does not end the linger; the loop sleeps ``nap``
+        at a time, off the socket's wait queue, and takes what came, until
+        ``trickle`` seconds from the call's start (never before the linger's
+        end), or until another file of ``watch`` is ready."""
         self.lingered = 0.0
         use_c = _udpio is not None if accelerated is None else accelerated
         if use_c and _udpio is not None:
             if taken is None or self.runs is None:
                 return self._receive_c(deliver, budget, None, 0, -1)
-            return self._receive_c(deliver, budget, taken, int(linger * 1e9), watch)
+            return self._receive_c(
+                deliver, budget, taken, int(linger * 1e9), watch, int(nap * 1e9), int(trickle * 1e9)
+            )
         return self._receive_py(deliver, budget)
 
     def _receive_c(
-        self, deliver: Deliver, budget: int, taken: TakenRuns | None, linger_ns: int, watch: int
+        self,
+        deliver: Deliver,
+        budget: int,
+        taken: TakenRuns | None,
+        linger_ns: int,
+        watch: int,
+        nap_ns: int = 0,
+        trickle_ns: int = 0,
     ) -> int:
         """The C loop. What counts against ``budget`` and :data:`_MAX_READS` is
         what was delivered: the datagrams the pre-filter dropped (and empty ones)
@@ -344,9 +361,10 @@ class DataSockets:
                 screen = None if self._screen is None else (*self._screen, self.screened)
                 nbytes, n_reads, empty, err, kept, drained, waited = self.runs.table.receive(
                     fd, buf, byte_room, read_room, _READ_SIZE, RECEIVE_STEP_BYTES, screen,
-                    linger_ns, watch,
+                    linger_ns, watch, nap_ns, trickle_ns,
                 )  # fmt: skip
                 linger_ns = 0  # (one linger a call: a call after a handover reads what is queued)
+                nap_ns = trickle_ns = 0
                 self.lingered += waited * 1e-9
                 counted_bytes += kept
                 if kept:  # (something was staged, or taken with counts to report)

@@ -4,6 +4,7 @@ data, unregister, also of a socket closed meanwhile, select with a timeout)."""
 
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import time
@@ -76,3 +77,39 @@ def test_registering_twice_or_for_writing_is_refused(
             sel.register(reader, selectors.EVENT_READ)
         with pytest.raises(ValueError, match="reading only"):
             sel.register(reader.fileno(), selectors.EVENT_WRITE)
+
+
+def _readable(epoll_fd: int) -> bool:
+    return bool(select.select([epoll_fd], [], [], 0)[0])
+
+
+def test_the_others_set_holds_every_file_but_the_one_set_apart() -> None:
+    """The native receive loop's linger sleeps on ``others_fileno`` while it takes
+    a trickle of data itself: data on the socket set apart must not wake it, any
+    other watched file must, and a file unregistered leaves that set too."""
+    data_r, data_w = socket.socketpair()
+    wake_r, wake_w = socket.socketpair()
+    try:
+        with ReadSelector() as sel:
+            sel.set_apart(data_r)
+            sel.register(data_r, selectors.EVENT_READ, "data")
+            sel.register(wake_r, selectors.EVENT_READ, "wake")
+            data_w.send(b"x")
+            assert _readable(sel.fileno()) and not _readable(sel.others_fileno())
+            wake_w.send(b"x")
+            assert _readable(sel.others_fileno())
+            sel.unregister(wake_r)
+            assert not _readable(sel.others_fileno()) and _readable(sel.fileno())
+    finally:
+        for s in (data_r, data_w, wake_r, wake_w):
+            s.close()
+
+
+def test_a_file_is_set_apart_before_any_is_registered(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    reader, _ = pair
+    with ReadSelector() as sel:
+        sel.register(reader, selectors.EVENT_READ, "wake")
+        with pytest.raises(RuntimeError, match="before any file is registered"):
+            sel.set_apart(reader)

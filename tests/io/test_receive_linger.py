@@ -82,7 +82,9 @@ class Receiver:
         )
         assert sent == len(grams)
 
-    def receive(self, linger: float, watch: int = -1) -> threading.Thread:
+    def receive(
+        self, linger: float, watch: int = -1, nap: float = 0.0, trickle: float = 0.0
+    ) -> threading.Thread:
         """One receive call, in a thread (started)."""
 
         def deliver(b: npt.NDArray[np.uint8], seg: int) -> None:
@@ -91,7 +93,9 @@ class Receiver:
         def run() -> None:
             try:
                 self.calls += 1
-                self.socks.receive(deliver, taken=self, linger=linger, watch=watch)
+                self.socks.receive(
+                    deliver, taken=self, linger=linger, watch=watch, nap=nap, trickle=trickle
+                )
             except BaseException as exc:  # (re-raised by the test)
                 self.error = exc
 
@@ -121,6 +125,30 @@ def receiver() -> Iterator[Receiver]:
         yield r
     finally:
         r.close()
+
+
+class Watched:
+    """An epoll set like the I/O thread's, with a socket pair standing for another
+    of its files (a control connection, a caller's wake-up), and the data socket
+    too if asked."""
+
+    def __init__(self, r: Receiver, *, with_data: bool) -> None:
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.epoll = select.epoll()
+        if with_data:
+            self.epoll.register(r.socks.recv_sock.fileno(), select.EPOLLIN)
+        self.epoll.register(self.wake_r.fileno(), select.EPOLLIN)
+
+    def fileno(self) -> int:
+        return self.epoll.fileno()
+
+    def wake(self) -> None:
+        self.wake_w.send(b"\0")
+
+    def close(self) -> None:
+        self.epoll.close()
+        self.wake_r.close()
+        self.wake_w.close()
 
 
 def _joined(thread: threading.Thread, r: Receiver) -> None:
@@ -169,26 +197,67 @@ def test_a_trickle_after_a_wait_ends_the_lingering(receiver: Receiver) -> None:
     assert received_events(r.session) == []
 
 
+@pytest.mark.parametrize("data_in_watch", [False, True])
+def test_with_naps_a_trickle_is_taken_in_the_same_call(
+    receiver: Receiver, data_in_watch: bool
+) -> None:
+    """With a nap, data that trickles in after a wait (here a datagram at a time)
+    does not end the call: it sleeps a nap at a time and takes what came, until
+    another watched file turns readable (here a socket pair standing for a caller's
+    wake-up), long before its trickle's end. The watched set is the I/O thread's
+    set of its other files; one that holds the data socket too (as the whole set
+    does) works as well: the nap then sleeps on when data wakes it."""
+    r = receiver
+    watched = Watched(r, with_data=data_in_watch)
+    try:
+        r.send(r.grams[1:10])
+        thread = r.receive(LONG, watch=watched.fileno(), nap=0.002, trickle=LONG)
+        r.wait_until_taken(10, thread)
+        for k in range(10, 14):  # (each less than LINGER_MIN_BURST: a trickle)
+            r.send(r.grams[k : k + 1])
+            r.wait_until_taken(k + 1, thread)
+        assert thread.is_alive()
+        watched.wake()
+        _joined(thread, r)
+    finally:
+        watched.close()
+    assert r.calls == 1 and r.datagrams == 13 and 0.0 < r.socks.lingered < LONG
+    assert received_events(r.session) == []
+
+
+def test_naps_end_at_the_trickles_end(receiver: Receiver) -> None:
+    """With nothing else ready, a call taking a trickle in naps returns at its
+    trickle's end, later than its linger's, with what came. (The linger, a
+    second, only has to outlast the test's sending of one datagram.)"""
+    r = receiver
+    r.send(r.grams[1:10])
+    linger, trickle = 1.0, 1.5
+    start = time.monotonic()
+    thread = r.receive(linger, nap=0.01, trickle=trickle)
+    r.wait_until_taken(10, thread)
+    r.send(r.grams[10:11])
+    r.wait_until_taken(11, thread)
+    _joined(thread, r)
+    assert time.monotonic() - start >= trickle
+    assert r.calls == 1 and r.datagrams == 10
+    assert trickle / 2 <= r.socks.lingered <= time.monotonic() - start
+
+
 def test_another_ready_file_ends_the_linger(receiver: Receiver) -> None:
     """A file of the watched epoll set other than the data socket (here a socket
     pair standing for a control connection, the data socket watched too, as the
     I/O thread's set holds it) ends the linger: the call returns with what it
     took, the message incomplete."""
     r = receiver
-    wake_r, wake_w = socket.socketpair()
-    epoll = select.epoll()
+    watched = Watched(r, with_data=True)
     try:
-        epoll.register(r.socks.recv_sock.fileno(), select.EPOLLIN)
-        epoll.register(wake_r.fileno(), select.EPOLLIN)
         r.send(r.grams[1:10])
-        thread = r.receive(LONG, watch=epoll.fileno())
+        thread = r.receive(LONG, watch=watched.fileno())
         r.wait_until_taken(10, thread)
-        wake_w.send(b"\0")
+        watched.wake()
         _joined(thread, r)
     finally:
-        epoll.close()
-        wake_r.close()
-        wake_w.close()
+        watched.close()
     assert r.datagrams == 9 and r.socks.lingered < LONG
     assert received_events(r.session) == []
 
@@ -214,8 +283,12 @@ def test_without_a_linger_the_call_returns_once_the_socket_runs_dry(receiver: Re
 def test_a_negative_linger_is_refused(receiver: Receiver) -> None:
     buf = np.zeros(1 << 16, np.uint8)
     fd = receiver.socks.recv_sock.fileno()
-    with pytest.raises(ValueError, match="linger_ns >= 0"):
+    with pytest.raises(ValueError, match="linger_ns, nap_ns and trickle_ns >= 0"):
         receiver.runs.table.receive(fd, buf, 1 << 16, 8, 2048, 1 << 16, None, -1, -1)
+    with pytest.raises(ValueError, match="linger_ns, nap_ns and trickle_ns >= 0"):
+        receiver.runs.table.receive(fd, buf, 1 << 16, 8, 2048, 1 << 16, None, 0, -1, -1)
+    with pytest.raises(ValueError, match="linger_ns, nap_ns and trickle_ns >= 0"):
+        receiver.runs.table.receive(fd, buf, 1 << 16, 8, 2048, 1 << 16, None, 0, -1, 0, -1)
 
 
 # ------------------------------------------------------------------ endpoints
@@ -229,6 +302,14 @@ def test_a_bad_linger_is_named_as_typed() -> None:
     with pytest.raises(ConfigError, match=r"^receive_linger=-1 outside"):
         EndpointConfig(receive_linger=-1)
     assert EndpointConfig.from_env({"DLCP_RECEIVE_LINGER": "0"}).receive_linger == 0.0
+
+
+def test_a_bad_nap_is_named_as_typed() -> None:
+    with pytest.raises(ConfigError, match=r"^DLCP_RECEIVE_NAP=0\.5 outside \[0, 0\.001\] seconds$"):
+        EndpointConfig.from_env({"DLCP_RECEIVE_NAP": "0.5"})
+    with pytest.raises(ConfigError, match=r"^receive_nap=-1 outside"):
+        EndpointConfig(receive_nap=-1)
+    assert EndpointConfig.from_env({"DLCP_RECEIVE_NAP": "0"}).receive_nap == 0.0
 
 
 @pytest.mark.integration
