@@ -536,6 +536,7 @@ class Inbox(ReceivePaths[_Incoming]):
                 data_pending=data_pending,
             )
             if nacks:
+                self._meter.withhold_claim(key[0], now=now)  # (its data goes missing)
                 for part in nacks:
                     self._queue(key[0], part)
             elif state.recovery.phase is ReceivePhase.FAILED:
@@ -563,6 +564,7 @@ class Inbox(ReceivePaths[_Incoming]):
         for src, nack in self._orphan_finish.due(
             now=now, last_data=self._last_data, data_pending=data_pending
         ):
+            self._meter.withhold_claim(src, now=now)
             self._queue(src, nack)
         if self._meter.due(now=now):
             interval_us = int(self.config.rate_interval * 1e6)

@@ -40,6 +40,12 @@ class RateMeter:
     process that was descheduled while it waited counts that time as idle too, so
     the claim must stay modest.
 
+    The claim says nothing of the path, though: a receiver idle because the link
+    in front of it is slow would invite its sender to twice that link's rate, lose
+    a third of a round there, and do it again after every cut. So a source whose
+    data the receiver found missing (it sent a NACK: :meth:`withhold_claim`) is
+    told what arrived, without the claim, for ``claim_hold`` seconds after.
+
     Several sources in one window share whatever lies in front of the receiver
     (its switch port, in an incast), and a receiver that waits then says nothing
     about that: each is reported an equal share of what all of them brought,
@@ -47,15 +53,31 @@ class RateMeter:
     below its share is told it may climb to it, one above it that it is ahead.
     """
 
-    __slots__ = ("_bytes", "_idle", "_start", "deadline", "interval", "min_busy")
+    __slots__ = (
+        "_bytes",
+        "_idle",
+        "_plain_until",
+        "_start",
+        "claim_hold",
+        "deadline",
+        "interval",
+        "min_busy",
+    )
 
-    def __init__(self, interval: float = 100e-6, *, min_busy: float = 0.5) -> None:
+    def __init__(
+        self, interval: float = 100e-6, *, min_busy: float = 0.5, claim_hold: float = 1.0
+    ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
         if not 0.0 < min_busy <= 1.0:
             raise UsageError(f"min_busy={min_busy} outside (0, 1]")
+        if not (math.isfinite(claim_hold) and claim_hold >= 0):
+            raise UsageError(f"claim_hold={claim_hold} must be a finite duration >= 0 seconds")
         self.interval = float(interval)
         self.min_busy = float(min_busy)
+        self.claim_hold = float(claim_hold)
+        #: source -> until when its reports carry no idle claim (withhold_claim)
+        self._plain_until: dict[int, float] = {}
         self._start: float | None = None
         #: when the current window is due (None: none is open); what
         #: :meth:`next_deadline` says, for a caller that asks every turn
@@ -125,6 +147,11 @@ class RateMeter:
             if inside > 0.0:
                 self._idle += inside
 
+    def withhold_claim(self, src: int, *, now: float) -> None:
+        """Data from ``src`` went missing (the receiver NACKs it): report to it what
+        arrives, without the idle claim, until ``claim_hold`` seconds from ``now``."""
+        self._plain_until[src] = now + self.claim_hold
+
     def due(self, *, now: float) -> bool:
         """Whether the current window has lasted ``interval``."""
         deadline = self.next_deadline()
@@ -148,9 +175,18 @@ class RateMeter:
         if len(self._bytes) > 1:
             share = sum(self._bytes.values()) / len(self._bytes) / elapsed
             rates = dict.fromkeys(self._bytes, share)
+        elif not self._bytes:
+            rates = {}
         else:
-            busy = max(elapsed - self._idle, self.min_busy * elapsed)
-            rates = {src: n / busy for src, n in self._bytes.items()}
+            ((src, n),) = self._bytes.items()
+            plain = self._plain_until.get(src)
+            if plain is not None and now >= plain:
+                del self._plain_until[src]
+                plain = None
+            busy = elapsed if plain is not None else max(
+                elapsed - self._idle, self.min_busy * elapsed
+            )
+            rates = {src: n / busy}
         self._start = now if self._bytes else None
         self.deadline = None if self._start is None else now + self.interval
         self._bytes = {}

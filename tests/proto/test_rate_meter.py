@@ -101,9 +101,35 @@ def test_several_sources_are_told_an_equal_share_without_the_idle_claim() -> Non
     assert meter.sample(now=0.2) == {1: pytest.approx(2000.0)}  # alone: the claim again
 
 
+def test_a_source_whose_data_went_missing_is_told_what_arrived_for_claim_hold() -> None:
+    """An idle receiver claims it could take twice what came, which on a slow link
+    invites its sender to twice the link's rate. After it NACKed the sender
+    (withhold_claim) it reports what arrived, until ``claim_hold`` has passed; the
+    claim is per source."""
+    meter = RateMeter(interval=0.1, claim_hold=0.25)
+
+    def window(start: float) -> dict[int, float]:
+        meter.on_bytes(1, 1000, now=start)
+        meter.on_idle(0.09, now=start + 0.1)  # nine tenths of the window waiting
+        return meter.sample(now=start + 0.1)
+
+    assert window(0.0) == {1: pytest.approx(1000 / 0.05)}  # the claim (capped at 2x)
+    meter.withhold_claim(1, now=0.1)
+    meter.withhold_claim(2, now=0.1)  # (another source's hold changes nothing for 1)
+    assert window(0.1) == {1: pytest.approx(1000 / 0.1)}  # what arrived
+    assert window(0.2) == {1: pytest.approx(1000 / 0.1)}
+    assert window(0.3) == {1: pytest.approx(1000 / 0.05)}  # 0.25 s on: the claim again
+    meter.withhold_claim(1, now=0.4)
+    meter.on_bytes(1, 1000, now=0.4)
+    meter.on_bytes(3, 1000, now=0.4)  # two sources: an equal share, as always
+    assert meter.sample(now=0.5) == {1: pytest.approx(1e4), 3: pytest.approx(1e4)}
+
+
 def test_rate_meter_errors() -> None:
     with pytest.raises(ValueError, match="interval=0"):
         RateMeter(0)
+    with pytest.raises(ValueError, match="claim_hold=-1"):
+        RateMeter(0.1, claim_hold=-1)
     m = RateMeter(0.1)
     with pytest.raises(ValueError, match="src=-1"):
         m.on_bytes(-1, 10, now=0.0)

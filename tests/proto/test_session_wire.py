@@ -177,6 +177,22 @@ def test_lossy_path_loses_its_share() -> None:
 # ----------------------------------------------------------------------------- rate feedback
 
 
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_a_receiver_that_nacks_a_sender_withholds_its_idle_claim_from_it(loss: float) -> None:
+    """The receiver's NACK to a sender (its data went missing on the way) makes its
+    rate meter report what arrives from that sender, without the idle claim
+    (RateMeter.withhold_claim); a sender whose data all arrived keeps the claim."""
+    a, b = sessions()
+    link = LossyLink([a, b], loss=loss, seed=31)
+    a.send_message(1, gradient(40_000, 31), step=0, msg=0, now=0.0)
+    link.run()
+    (got,) = events(link, MessageReceived)
+    assert (got.report.nack_rounds > 0) == (loss > 0)
+    assert (0 in b._inbox._meter._plain_until) == (loss > 0)
+
+
+
+
 class BottleneckLink(LossyLink):
     """Delivers data no faster than ``rate`` bytes/s (one serialising queue), and
     records every control datagram."""

@@ -2,14 +2,12 @@
 links: CALLS calls, then CALLS more with 1 % loss on leaf1-spine1 (the testbed's `loss`
 scenario). Per call and rank: the call's wall time, each exchange's, NACK rounds and
 packets resent (the call's report), the reduce-scatter's lost fraction, FINISHes sent
-again and NACKs sent (first or repeated) by the recovery timers, and the pacer's rate
-towards the right neighbour at the call's end. As root, from the repository's root:
+again and NACKs sent (first or repeated) by the recovery timers, and every RATE report
+and loss report the sender's pacer got (``events``: time, peer, reported rate or lost
+fraction, the pacer's rate before and after). As root, from the repository's root:
 
     PYTHONPATH=$PWD python docs/results/2026-11-30/ring_50mbit_pacing/ring_steps.py CALLS
-
-(The three JSON files here come from three stages of this script: exchange times only
-(`steps_20_calls.json`), then the timers (`timers_12_calls.json`), then the pacer's rate
-(`pacer_10_calls.json`).)"""
+"""
 
 import dataclasses
 import io
@@ -62,6 +60,30 @@ def worker() -> None:
         return out
 
     rec.ReceiverRecovery.on_timer = r_timer
+    import dlcp.proto.outbox as ob
+
+    events: list = []
+    f_on = ob.Outbox.on_feedback
+
+    def feedback(self, fb, *, now):
+        p = self.peers.get(fb.src)
+        before = p.pacer.rate if p is not None else None
+        f_on(self, fb, now=now)
+        if p is not None:
+            events.append(("rate", now, fb.src, fb.bytes_per_s, before, p.pacer.rate))
+
+    ob.Outbox.on_feedback = feedback
+    l_on = ob.Outbox._round_lost
+
+    def lost(self, dst, out, lost_fraction, chunks, *, queue, now):
+        p = self.peers[dst]
+        before = p.pacer.rate
+        l_on(self, dst, out, lost_fraction, chunks, queue=queue, now=now)
+        events.append(
+            ("loss", now, dst, lost_fraction, chunks, queue, out.round_rate, before, p.pacer.rate)
+        )
+
+    ob.Outbox._round_lost = lost
     dist.init_process_group("gloo")
     endpoint, job = connect(group="lossx")
     comm = Communicator(endpoint, job.world_size, channel=1)
@@ -79,15 +101,13 @@ def worker() -> None:
                 time.sleep(0.05)
             dist.barrier()
         steps.clear()
+        events.clear()
         for key in counts:
             counts[key] = 0
         dist.barrier()
         t0 = time.perf_counter()
         rep = ring.ring_allreduce(comm, data, segments=segs, p=0.05, average=True)
         w = time.perf_counter() - t0
-        right = (job.rank + 1) % job.world_size
-        with endpoint._lock:
-            rate = endpoint._pacer_for(right).rate
         if i >= 2:
             rows.append(
                 dict(
@@ -97,7 +117,7 @@ def worker() -> None:
                     nack=rep.nack_rounds,
                     retx=rep.retransmitted_packets,
                     lost=rep.lost_fraction,
-                    rate=rate,
+                    events=list(events),
                     **counts,
                 )
             )
