@@ -7,7 +7,9 @@ wall time. As root, from the repository's root:
 
     PYTHONPATH=$PWD python docs/results/2026-11-30/trickle_naps/testbed_ring_ab.py 50 540362 40
 
-(540,362 float32: the testbed's wide model, 2.16 MB.) Raw rows: out_*.json (per rank,
+(540,362 float32: the testbed's wide model, 2.16 MB.) ``TRIAL_VAR`` names another
+switch to alternate instead (``TRIAL_VAR=TRIAL_CLAIM``: see
+../ring_50mbit_pacing/trial_claim.diff). Raw rows: out_*.json (per rank,
 per call)."""
 
 import dataclasses
@@ -60,7 +62,7 @@ def worker():
     rows = []
     for i in range(calls + 2):
         trial = (0, 1, 1, 0)[i % 4]
-        os.environ["TRIAL_TRICKLE"] = str(trial)
+        os.environ[os.environ.get("TRIAL_VAR", "TRIAL_TRICKLE")] = str(trial)
         dist.barrier()
         b0, t0, c0, p0, w0 = _busy_jiffies(), turns[0], tcpu(), pcpu(), time.perf_counter()
         rep = ring_allreduce(comm, data, segments=segs, p=0.05, average=True)
