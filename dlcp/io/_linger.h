@@ -48,11 +48,24 @@
  * GSO or GRO message at MTU 1500 (45 datagrams, 64 KB). */
 #define LINGER_MIN_BURST (32 << 10)
 
+/* A trickle is taken in naps only while the receive call's data came slower than
+ * this (bytes per second, about 1 Gbit/s): a slow link's trickle. A fast flow
+ * whose wait brought little (its next burst had only begun) ends the linger as
+ * before: napping there cost a lossless 64 MiB transfer 5-17 % of its throughput. */
+#define LINGER_NAP_MAX_RATE (128LL << 20)
+
 /* (CLOCK_MONOTONIC in nanoseconds: the clock of time.monotonic) */
 static inline int64_t linger_clock_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Whether `bytes` read since since_ns (a receive call's start) came slower than
+ * LINGER_NAP_MAX_RATE. */
+static inline int linger_slow(int64_t bytes, int64_t since_ns) {
+    int64_t elapsed = linger_clock_ns() - since_ns;
+    return elapsed > 0 && (double)bytes * 1e9 < (double)LINGER_NAP_MAX_RATE * (double)elapsed;
 }
 
 /* Whether a file other than data_fd is ready in the epoll set epfd (which may

@@ -789,9 +789,10 @@ static RecvRuns receive_step(MessageTableObject *self, int fd, Py_buffer *view, 
  * were taken (a handover still ends it) and no more data came within linger_ns
  * of the call's start, or a file of the epoll set watch_fd other than fd turned
  * readable first, or less than LINGER_MIN_BURST bytes came after the last wait
- * (a trickle, _linger.h). With nap_ns > 0 a trickle does not end it: the loop
- * sleeps nap_ns at a time and takes what came, until trickle_ns of the call's
- * start (at least linger_ns) or until another file is ready. Returns (nbytes,
+ * (a trickle, _linger.h). With nap_ns > 0 a trickle does not end it while the
+ * call's data comes slower than LINGER_NAP_MAX_RATE: the loop sleeps nap_ns at a
+ * time and takes what came, until trickle_ns of the call's start (at least
+ * linger_ns) or until another file is ready. Returns (nbytes,
  * reads, empty, errno, kept, drained, lingered_ns), over all steps; lingered_ns
  * is the time it waited or slept. */
 static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
@@ -871,7 +872,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
             since_wait += got.total;
         int dry = !got.more && got.reads < read_room && got.total < room;
         int trickle = since_wait >= 0 && since_wait < LINGER_MIN_BURST;
-        int lingers = linger_end != 0 && (!trickle || nap_ns > 0);
+        int lingers = linger_end != 0 &&
+                      (!trickle || (nap_ns > 0 && linger_slow(total, start_ns)));
         if (dry && (!lingers || kept >= budget || reads >= max_reads)) {
             drained = 1;
             break;

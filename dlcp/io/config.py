@@ -72,8 +72,9 @@ class EndpointConfig:
     #: than 32 KB came after a wait: a slow link, offloads off): it sleeps off
     #: the socket's wait queue and takes what came, turn after turn of naps,
     #: until the I/O thread's next deadline (at most ``dlcp.io.io_loop.
-    #: TRICKLE_LINGER``) or another of its files is ready (dlcp/io/_linger.h); 0:
-    #: a trickle ends the linger, a Python turn for every datagram or two
+    #: TRICKLE_LINGER``) or another of its files is ready, while the data comes
+    #: slower than about 1 Gbit/s (dlcp/io/_linger.h); 0: a trickle ends the
+    #: linger, a Python turn for every datagram or two
     receive_nap: float = 200e-6
     #: EMULATION: drop this fraction of received data datagrams in-process
     emulated_loss: float = 0.0
