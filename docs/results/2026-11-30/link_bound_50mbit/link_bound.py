@@ -6,7 +6,11 @@ iteration (the routers' counters), and the time those take at the link rate.
     python link_bound.py clean-dlcp-50mbit-hidden1024.json ...
 
 A ring all-reduce of N float32 values over n ranks moves 2 (n - 1) / n * 4 N
-bytes into every rank. On the wire each packet adds its headers: DLCP's data
+bytes into every rank. A parameter server on one rank (``incast``) takes the
+other ranks' (n - 1) * 4 N bytes in, then sends as many out: each bucket's pull
+follows its push, and one bucket holds nearly all of the gradient, so the two
+add up (the busiest host's downlink carries the pushes; the out leg is taken to
+need as many packets). On the wire each packet adds its headers: DLCP's data
 datagram 60 bytes (IP 20, UDP 8, DLCP 32), Gloo's TCP segment 52 (IP 20, TCP 32
 with timestamps); a pure ACK or a control message counts as one header here, so
 the estimate errs low. The link time is bytes / rate, the least the iteration
@@ -27,7 +31,12 @@ def bound(path: str) -> dict[str, float | str]:
     train = run["train"]
     n, values = train["world_size"], train["parameters"]
     iterations = sum(e["iterations"] for e in train["epochs"])
-    payload = 2 * (n - 1) / n * 4 * values  # bytes into each rank per iteration
+    if train["collective"] == "ps":  # in, then as much out (see the docstring)
+        payload = (n - 1) * 4 * values
+        legs = 2
+    else:
+        payload = 2 * (n - 1) / n * 4 * values  # bytes into each rank per iteration
+        legs = 1
     rate = run["link_rate_mbit"] * 1e6 / 8
     hosts = {
         host: sum(classes.values())
@@ -36,7 +45,7 @@ def bound(path: str) -> dict[str, float | str]:
         if host.startswith("h")
     }
     packets = max(hosts.values()) / iterations
-    wire = payload + packets * HEADER[run["transport"]]
+    wire = legs * (payload + packets * HEADER[run["transport"]])
     return {
         "run": f"{run['scenario']}-{run['transport']}",
         "ms_per_iter": run["median_ms_per_iter"],
