@@ -152,6 +152,18 @@ class RateMeter:
         arrives, without the idle claim, until ``claim_hold`` seconds from ``now``."""
         self._plain_until[src] = now + self.claim_hold
 
+    def _busy(self, src: int, elapsed: float, now: float) -> float:
+        """The time a lone ``src``'s bytes are measured over: the window's busy
+        part (the idle claim, at most ``1 / min_busy``), or all of it while its
+        claim is withheld."""
+        plain = self._plain_until.get(src)
+        if plain is not None and now >= plain:
+            del self._plain_until[src]
+            plain = None
+        if plain is not None:
+            return elapsed
+        return max(elapsed - self._idle, self.min_busy * elapsed)
+
     def due(self, *, now: float) -> bool:
         """Whether the current window has lasted ``interval``."""
         deadline = self.next_deadline()
@@ -175,18 +187,8 @@ class RateMeter:
         if len(self._bytes) > 1:
             share = sum(self._bytes.values()) / len(self._bytes) / elapsed
             rates = dict.fromkeys(self._bytes, share)
-        elif not self._bytes:
-            rates = {}
-        else:
-            ((src, n),) = self._bytes.items()
-            plain = self._plain_until.get(src)
-            if plain is not None and now >= plain:
-                del self._plain_until[src]
-                plain = None
-            busy = elapsed if plain is not None else max(
-                elapsed - self._idle, self.min_busy * elapsed
-            )
-            rates = {src: n / busy}
+        else:  # (one source, or none)
+            rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
         self.deadline = None if self._start is None else now + self.interval
         self._bytes = {}

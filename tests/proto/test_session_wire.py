@@ -191,8 +191,6 @@ def test_a_receiver_that_nacks_a_sender_withholds_its_idle_claim_from_it(loss: f
     assert (0 in b._inbox._meter._plain_until) == (loss > 0)
 
 
-
-
 class BottleneckLink(LossyLink):
     """Delivers data no faster than ``rate`` bytes/s (one serialising queue), and
     records every control datagram."""
