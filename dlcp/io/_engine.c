@@ -30,7 +30,11 @@
  *     ported line for line; tests/io/test_engine_pacer.py drives both with
  *     the same calls and compares every answer). The pacer is asked and
  *     charged under the engine's lock when the batch is claimed, so the rate
- *     holds whatever the number of threads.
+ *     holds whatever the number of threads. With queue_limit (the default), it
+ *     goes only while the host holds no more than four bursts of the engine's
+ *     datagrams (queue_full): a pacer above the host link's rate would otherwise
+ *     fill the host's qdisc, which reaches the switch at the link's rate whatever
+ *     the pacer learns later.
  *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
  *     per_message datagrams (the round's) per (GSO) message, with the batch's
  *     TOS byte, from the round's own memory (no copy). One thread sends a
@@ -95,7 +99,9 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,9 +129,11 @@ typedef struct {
     double initial_rate, min_rate, max_rate;
     long long burst_bytes;
     double gain, idle_reset, used_fraction, max_lateness, loss_tolerance, backoff, max_cut,
-        probe, probe_interval, cautious_burst, burst_time, ceiling_step;
+        probe, probe_interval, cautious_burst, burst_time, ceiling_step, share_hold;
     double rate, raised_at, tokens, last, last_active, budget, wasted, due, ceiling;
-    int cautious, has_last, has_last_active, backlogged, has_due;
+    /* held: the rate a shared report's cap replaced (has_held), capped at held_at */
+    double held, held_at;
+    int cautious, has_last, has_last_active, backlogged, has_due, has_held;
     /* guards the state above: the engine's threads and Python's calls (LOCKED)
        take it, a thread inside the engine's lock (never the other way round),
        each for a few arithmetic operations */
@@ -157,6 +165,15 @@ static double pacer_burst(const Pacer *p) {
     if (b > cap)
         b = cap;
     return (double)(long long)b;
+}
+
+/* a shared report's cap ends: the held rate comes back (or the rate, if more) */
+static void pacer_release(Pacer *p) {
+    if (p->has_held) {
+        if (p->held > p->rate)
+            p->rate = p->held;
+        p->has_held = 0;
+    }
 }
 
 static void pacer_advance(Pacer *p, double now) {
@@ -192,9 +209,12 @@ static void pacer_advance(Pacer *p, double now) {
         p->tokens += earned;
     }
     p->last = now;
+    if (p->has_held && now - p->held_at > p->share_hold)
+        pacer_release(p);
     if (p->has_last_active && now - p->last_active > p->idle_reset) {
         p->has_last_active = 0;
         p->backlogged = 0;
+        pacer_release(p);
         /* after congestion the rate, the caution and the ceiling stay */
         if (!p->cautious)
             p->rate = p->initial_rate;
@@ -252,15 +272,15 @@ static void pacer_note_backlogged(Pacer *p, double now) {
     p->last_active = p->last;
 }
 
-static void pacer_on_feedback(Pacer *p, double reported, double now) {
-    if (p->unpaced)
-        return;
-    pacer_advance(p, now);
+/* a report's rules, never above cap */
+static void pacer_follow(Pacer *p, double reported, double cap) {
     double target = p->gain * reported;
     if (target < p->min_rate)
         target = p->min_rate;
     if (target > p->max_rate)
         target = p->max_rate;
+    if (target > cap)
+        target = cap;
     int pacer_limited = p->backlogged && p->budget > 0 &&
                         p->wasted <= (1.0 - p->used_fraction) * p->budget;
     double at = p->last;
@@ -270,6 +290,8 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
            falls to them) */
         double stepped = reported * (1.0 + p->probe);
         double limit = stepped > p->ceiling ? stepped : p->ceiling;
+        if (limit > cap)
+            limit = cap;
         double raised = p->rate * (1.0 + p->probe);
         if (target < raised)
             raised = target;
@@ -284,6 +306,45 @@ static void pacer_on_feedback(Pacer *p, double reported, double now) {
         }
     } else if (target >= p->rate || pacer_limited) {
         p->rate = target;
+    }
+}
+
+/* a shared report: a cap while the senders share the receiver */
+static void pacer_on_share(Pacer *p, double reported) {
+    double cap = reported;
+    if (cap < p->min_rate)
+        cap = p->min_rate;
+    if (cap > p->max_rate)
+        cap = p->max_rate;
+    if (p->rate > cap) {
+        if (!p->has_held) {
+            p->held = p->rate;
+            p->has_held = 1;
+        }
+        p->rate = cap;
+        p->held_at = p->last;
+        double burst = pacer_burst(p);
+        if (p->tokens > burst)
+            p->tokens = burst;
+    } else if (p->has_held) {
+        p->rate = p->held < cap ? p->held : cap;
+        p->held_at = p->last;
+        if (p->rate >= p->held)
+            p->has_held = 0;
+    } else {
+        pacer_follow(p, reported, cap);
+    }
+}
+
+static void pacer_on_feedback(Pacer *p, double reported, int shared, double now) {
+    if (p->unpaced)
+        return;
+    pacer_advance(p, now);
+    if (shared) {
+        pacer_on_share(p, reported);
+    } else {
+        pacer_release(p);
+        pacer_follow(p, reported, INFINITY);
     }
     p->backlogged = 0;
     p->budget = 0;
@@ -311,6 +372,7 @@ static void pacer_on_loss(Pacer *p, double lost, double sent_at, int queue, doub
     if (through < p->ceiling)
         p->ceiling = through;
     p->cautious = 1;
+    p->has_held = 0; /* (a shared report's cap ends: loss says more) */
     if (fallback < p->rate) {
         p->rate = fallback;
         p->raised_at = p->last;
@@ -382,6 +444,10 @@ typedef struct Engine {
     int n_peers;
     Round *done_head, *done_tail; /* completed, for reap() */
     unsigned long long batches, datagrams, send_calls;
+    /* the host's queue of this engine's datagrams (local_queue): on or off, what it
+       held when last read, and the bytes claimed since */
+    int queue_limited;
+    double queue_seen, queue_unread;
 } Engine;
 
 enum { ROUND_SENT = 0, ROUND_FAILED = 1 };
@@ -658,6 +724,50 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
 /* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
  * none, or none may go yet: *wake then says when one may), its end and bytes.
  * With the lock held. */
+/* What the host still holds of this engine's datagrams, bytes as the kernel charges
+   them (each with its buffer's overhead): queued in front of the NIC, in the
+   qdisc or the device's ring, until they leave. SIOCOUTQ, summed over the data
+   sockets. (A loopback or a veth frees a datagram as it passes it on.) */
+static double local_queue(const Engine *e) {
+    double sum = 0;
+    for (int i = 0; i < e->n_fds; i++) {
+        int v = 0;
+        if (ioctl(e->fds[i], SIOCOUTQ, &v) == 0 && v > 0)
+            sum += v;
+    }
+    return sum;
+}
+
+/* Whether the host's queue holds more than a few bursts: then the pacer's rate is
+   above what the host's link drains, and sending more would only lengthen that
+   queue, which reaches the switch at the link's rate whatever the pacer learns
+   later. If so, *wake gets when enough of it should have left; if not, the batch
+   of nbytes is counted as claimed. A queue that held anything is read again before
+   every batch, an empty one once half the limit was claimed since (a loopback or a
+   veth lets a datagram go as it passes it on: there it stays empty). */
+#define QUEUE_MIN_LIMIT (64.0 * 1024.0)
+static int queue_full(Engine *e, double burst, double rate, double nbytes, double now,
+                      double *wake) {
+    if (!e->queue_limited)
+        return 0;
+    double limit = 4.0 * burst;
+    if (limit < QUEUE_MIN_LIMIT)
+        limit = QUEUE_MIN_LIMIT;
+    if (e->queue_seen > 0 || e->queue_unread >= limit / 2) {
+        e->queue_seen = local_queue(e);
+        e->queue_unread = 0;
+    }
+    if (e->queue_seen <= limit) {
+        e->queue_unread += nbytes;
+        return 0;
+    }
+    double wait = (e->queue_seen - limit) / rate;
+    double t = now + (wait > 5e-5 ? wait : 5e-5);
+    if (t < *wake)
+        *wake = t;
+    return 1;
+}
+
 static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, double *nbytes,
                          double *wake) {
     Round *r = first_to_send(peer);
@@ -673,12 +783,15 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
     *stop = batch_end(r, r->cursor, most);
     *nbytes = (double)batch_nbytes(r, r->cursor, *stop);
     double t = pacer_next_send_time(peer->pacer, *nbytes, now);
+    double rate = peer->pacer->rate;
     pthread_mutex_unlock(&peer->pacer->lock);
     if (t > now) {
         if (t < *wake)
             *wake = t;
         return NULL;
     }
+    if (!isinf(rate) && queue_full(e, burst, rate, *nbytes, now, wake))
+        return NULL;
     return r;
 }
 
@@ -737,17 +850,18 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                             "burst_bytes",    "gain",         "idle_reset",    "used_fraction",
                             "max_lateness",   "loss_tolerance", "backoff",     "max_cut",
                             "probe",          "probe_interval", "cautious_burst", "burst_time",
-                            "ceiling_step",   NULL};
+                            "ceiling_step",   "share_hold",   NULL};
     int unpaced = 0;
     double initial = 1.0, min_rate = 1.0, max_rate = INFINITY, gain = 1.25, idle_reset = 1.0,
            used = 0.9, lateness = 0.005, tolerance = 0.05, backoff = 0.9, max_cut = 0.5,
            probe = 0.05, probe_interval = 0.005, cautious_burst = 0.002, burst_time = 0.0,
-           ceiling_step = 0.005;
+           ceiling_step = 0.005, share_hold = 0.02;
     long long burst = 65536;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLdddddddddddd:Pacer", names, &unpaced,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pdddLddddddddddddd:Pacer", names, &unpaced,
                                      &initial, &min_rate, &max_rate, &burst, &gain, &idle_reset,
                                      &used, &lateness, &tolerance, &backoff, &max_cut, &probe,
-                                     &probe_interval, &cautious_burst, &burst_time, &ceiling_step))
+                                     &probe_interval, &cautious_burst, &burst_time, &ceiling_step,
+                                     &share_hold))
         return NULL;
     if (!unpaced && !(min_rate > 0 && isfinite(initial) && initial >= min_rate &&
                       initial <= max_rate && burst >= 1)) {
@@ -777,6 +891,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     p->cautious_burst = cautious_burst;
     p->burst_time = burst_time;
     p->ceiling_step = ceiling_step;
+    p->share_hold = share_hold;
     p->ceiling = INFINITY;
     p->rate = unpaced ? INFINITY : initial;
     p->tokens = unpaced ? UNLIMITED : pacer_burst(p); /* (the bucket starts full) */
@@ -878,17 +993,24 @@ static PyObject *Pacer_note_backlogged(Pacer *p, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"bytes_per_s", "now", NULL};
-    double rate, now;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "d$d:on_feedback", names, &rate, &now))
+    static char *names[] = {"bytes_per_s", "now", "shared", NULL};
+    double rate, now = NAN;
+    int shared = 0;
+    /* (keyword-only arguments are optional to PyArg: `now` is checked below) */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d|$dp:on_feedback", names, &rate, &now,
+                                     &shared))
         return NULL;
+    if (kw == NULL || PyDict_GetItemString(kw, "now") == NULL) {
+        PyErr_SetString(PyExc_TypeError, "on_feedback() missing required keyword argument 'now'");
+        return NULL;
+    }
     if (!(isfinite(rate) && rate >= 0)) {
         PyErr_SetString(PyExc_ValueError, "bytes_per_s must be a finite rate >= 0");
         return NULL;
     }
     if (check_time(now) < 0)
         return NULL;
-    LOCKED(&p->lock, pacer_on_feedback(p, rate, now));
+    LOCKED(&p->lock, pacer_on_feedback(p, rate, shared, now));
     pacer_wake(p);
     Py_RETURN_NONE;
 }
@@ -978,13 +1100,13 @@ static PyTypeObject PacerType = {
 /* ------------------------------------------------------------------ Engine type */
 
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fds", "batch_packets", "name", "threads", NULL};
+    static char *names[] = {"fds", "batch_packets", "name", "threads", "queue_limit", NULL};
     PyObject *fds;
     Py_ssize_t batch_packets;
     const char *name = "dlcp-send";
-    int n_threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$i:Engine", names, &fds, &batch_packets,
-                                     &name, &n_threads))
+    int n_threads = 1, queue_limit = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$ip:Engine", names, &fds, &batch_packets,
+                                     &name, &n_threads, &queue_limit))
         return NULL;
     if (n_threads < 1 || n_threads > MAX_SEND_THREADS) {
         PyErr_Format(PyExc_ValueError, "Engine: threads=%d outside 1..%d", n_threads,
@@ -1027,6 +1149,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(seq);
     e->n_fds = (int)n;
     e->batch_packets = batch_packets;
+    e->queue_limited = queue_limit;
     e->n_threads = n_threads;
     e->timed_wait = INFINITY;
     pthread_mutex_init(&e->lock, NULL);

@@ -58,6 +58,11 @@ class EndpointConfig:
     #: 1..MAX_ENGINE_THREADS; more than 1 needs the native engine (engine="python"
     #: refuses it; "auto" that runs the Python engine ignores it, and logs that)
     engine_threads: int = 1
+    #: DIAGNOSTIC: the native engine holds its next batch while the host still
+    #: holds more than a few bursts of its datagrams (SIOCOUTQ of the data sockets:
+    #: docs/engine.md, "The host's queue"), so that a pacer above the host link's
+    #: rate cannot build a queue there; off: ``DLCP_HOST_QUEUE_LIMIT=0``
+    host_queue_limit: bool = True
     #: DIAGNOSTIC: the receive loop scatters the runs of the messages under way
     #: itself, in C (dlcp.io.native_receive), where it was built; off, the run
     #: path runs in Python once per run of datagrams (``DLCP_NATIVE_RECEIVE=0``)

@@ -142,7 +142,8 @@ class Endpoint(IOLoop):
         try:
             if self.engine == "native":
                 self._sender = NativeSender(
-                    self._data, protocol, rank=rank, threads=cfg.engine_threads
+                    self._data, protocol, rank=rank, threads=cfg.engine_threads,
+                    queue_limit=cfg.host_queue_limit,
                 )
             elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)
                 log.info("dlcp: engine_threads=%d ignored: the Python engine runs",

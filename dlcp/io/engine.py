@@ -29,7 +29,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..proto.config import ProtocolConfig
 from ..proto.events import RoundPost
-from ..proto.pacing import Pacer, make_pacer
+from ..proto.pacers import make_pacer
+from ..proto.pacing import Pacer
 from .extensions import BUILD_VARIABLES, load
 from .udp import DataSockets, datagrams_per_gso_message
 
@@ -130,7 +131,13 @@ class NativeSender:
     """
 
     def __init__(
-        self, data: DataSockets, protocol: ProtocolConfig, *, rank: int = 0, threads: int = 1
+        self,
+        data: DataSockets,
+        protocol: ProtocolConfig,
+        *,
+        rank: int = 0,
+        threads: int = 1,
+        queue_limit: bool = True,
     ) -> None:
         assert _native is not None
         self._protocol = protocol
@@ -139,7 +146,7 @@ class NativeSender:
         self.threads = threads
         self._engine: Any = _native.Engine(
             [s.fileno() for s in data.send_socks], protocol.batch_packets, f"dlcp-send-{rank}",
-            threads=threads,
+            threads=threads, queue_limit=queue_limit,
         )
         self._pacers: dict[int, Any] = {}
         self._routed: dict[int, tuple[str, int]] = {}

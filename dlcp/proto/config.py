@@ -174,7 +174,7 @@ class ProtocolConfig:
         return {**_CLASSIFIER_DEFAULTS.get(self.classifier, {}), **self.classifier_options}
 
     def pacer_kwargs(self) -> dict[str, Any]:
-        """Options for :func:`dlcp.proto.pacing.make_pacer`: defaults, then ``pacer_options``."""
+        """Options for :func:`dlcp.proto.pacers.make_pacer`: defaults, then ``pacer_options``."""
         return {**_PACER_DEFAULTS.get(self.pacer, {}), **self.pacer_options}
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeAlias
 
 from ..errors import UsageError
@@ -55,6 +55,8 @@ _CONTROL_STRUCT: Final = struct.Struct(">BBHIHHHH")
 assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 _AUTH: Final = int(Flags.AUTH)
+#: RATE's header flag: the rate is the sender's share of a window several shared
+_RATE_SHARED: Final = 0x01
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 _U32: Final = struct.Struct(">I")
 _FINISH_BODY: Final = struct.Struct(">HHII16I")  # then tail_count x u32 (tail)
@@ -123,10 +125,13 @@ class Nack(_ControlBase):
 
 @dataclass(frozen=True, slots=True)
 class RateFeedback(_ControlBase):
-    """Receiver -> sender: the receive rate (bytes/s) it measured from this sender."""
+    """Receiver -> sender: the receive rate (bytes/s) it measured from this sender.
+    ``shared``: several senders sent in the window, and this is an equal share of
+    what they brought (the sender takes it as a cap while they share)."""
 
     bytes_per_s: int = 0
     interval_us: int = 0
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +352,8 @@ def encode_control(
     codec = _CODEC_OF_CLASS[type(msg)]
     body = codec.encode(msg)
     flags = _AUTH if key is not None else 0
+    if isinstance(msg, RateFeedback) and msg.shared:
+        flags |= _RATE_SHARED
     first = (VERSION << 4) | codec.ptype
     head = _CONTROL_STRUCT.pack(first, flags, job, step, msg_id, src, len(body), 0)
     if key is None:
@@ -393,7 +400,8 @@ def decode_control(
             Reason.WRONG_JOB,
             f"wrong job: datagram is for job {pkt_job}, this endpoint serves job {job}",
         )
-    if flags & ~_CONTROL_FLAG_MASK or reserved:
+    allowed = _CONTROL_FLAG_MASK | (_RATE_SHARED if codec.ptype is PacketType.RATE else 0)
+    if flags & ~allowed or reserved:
         raise WireError(
             Reason.BAD_FIELD,
             f"reserved bits set in control header: flags={flags:#04x}, reserved={reserved:#06x}",
@@ -415,4 +423,8 @@ def decode_control(
             or not tag_matches(data, k, domain=Domain.CONTROL, src=src)
         ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
-    return codec.decode(step, msg, src, data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len])
+    decoded = codec.decode(step, msg, src, data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len])
+    if flags & _RATE_SHARED:
+        assert isinstance(decoded, RateFeedback)
+        return replace(decoded, shared=True)
+    return decoded

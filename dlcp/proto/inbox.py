@@ -568,8 +568,13 @@ class Inbox(ReceivePaths[_Incoming]):
             self._queue(src, nack)
         if self._meter.due(now=now):
             interval_us = int(self.config.rate_interval * 1e6)
-            for src, rate in self._meter.sample(now=now).items():
+            rates = self._meter.sample(now=now)
+            shared = self._meter.shared
+            for src, rate in rates.items():
                 self._queue(
                     src,
-                    RateFeedback(0, 0, self.rank, bytes_per_s=int(rate), interval_us=interval_us),
+                    RateFeedback(
+                        0, 0, self.rank, bytes_per_s=int(rate), interval_us=interval_us,
+                        shared=shared,
+                    ),
                 )

@@ -44,7 +44,8 @@ from .events import (
 )
 from .first_round import first_round
 from .outgoing import Destination, OutgoingMessage
-from .pacing import Pacer, make_pacer, queue_signal
+from .pacers import make_pacer
+from .pacing import Pacer, queue_signal
 from .packetizer import (
     MessageId,
     Segments,
@@ -228,7 +229,7 @@ class Outbox(SessionSide):
     def on_feedback(self, feedback: RateFeedback, *, now: float) -> None:
         peer = self.peers.get(feedback.src)
         if peer is not None:
-            peer.pacer.on_feedback(float(feedback.bytes_per_s), now=now)
+            peer.pacer.on_feedback(float(feedback.bytes_per_s), now=now, shared=feedback.shared)
 
     def on_control(self, key: Key, ctrl: ControlMessage, *, now: float) -> None:
         """STOP, NACK or ABORT from the receiver of message ``key``."""

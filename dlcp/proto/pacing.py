@@ -35,8 +35,10 @@ ceiling just below the rate that lost (which each round that is not congested
 at the ceiling raises by ``ceiling_step``) or a ``probe`` step above the
 receiver's report, whichever is more; held back above both, it falls to them.
 A receiver several senders share reports each an equal share of what they
-brought together (:class:`~dlcp.proto.rate_meter.RateMeter`), so the senders of
-an incast converge on equal shares of its port, and a message sent after an
+brought together (:class:`~dlcp.proto.rate_meter.RateMeter`), and says so: the
+senders of an incast take their shares as caps while they share its port (at
+the rate each had alone, or a probe step above its share, they filled the
+port's queue until it dropped), and a message sent after an
 idle spell starts at the rate the last one ended at rather than at
 ``initial_rate`` (docs/testbed.md, "incast at 50 Mbit/s"). Random loss of a
 percent or two is not congestion and changes nothing.
@@ -68,7 +70,6 @@ Rules of this module (it is part of the sans-I/O core):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Final, Protocol
 
 import numpy as np
@@ -82,9 +83,6 @@ __all__ = [
     "UNLIMITED",
     "Pacer",
     "ReceiverDrivenPacer",
-    "Unpaced",
-    "available_pacers",
-    "make_pacer",
     "queue_signal",
 ]
 
@@ -133,8 +131,9 @@ class Pacer(Protocol):
         """The sender has data waiting that the pacer holds back."""
         ...
 
-    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
-        """The receiver reported this receive rate."""
+    def on_feedback(self, bytes_per_s: float, *, now: float, shared: bool = False) -> None:
+        """The receiver reported this receive rate; ``shared``: it is this sender's
+        share of a window several senders sent in (a cap while they share)."""
         ...
 
     def on_loss(
@@ -185,45 +184,6 @@ def _check_loss(lost_fraction: float, send_rate: float) -> tuple[float, float]:
     return float(lost_fraction), float(send_rate)
 
 
-class Unpaced:
-    """No pacing: everything may go now."""
-
-    __slots__ = ()
-
-    @property
-    def rate(self) -> float:
-        return math.inf
-
-    @property
-    def burst(self) -> int:
-        return UNLIMITED
-
-    def allowance(self, *, now: float) -> int:
-        _check_now(now)
-        return UNLIMITED
-
-    def on_sent(self, nbytes: int, *, now: float) -> None:
-        _check_nbytes(nbytes)
-        _check_now(now)
-
-    def next_send_time(self, nbytes: int, *, now: float) -> float:
-        _check_nbytes(nbytes)
-        return _check_now(now)
-
-    def note_backlogged(self, *, now: float) -> None:
-        _check_now(now)
-
-    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
-        _check_reported(bytes_per_s)
-        _check_now(now)
-
-    def on_loss(
-        self, lost_fraction: float, send_rate: float, *, now: float, queue: bool = False
-    ) -> None:
-        _check_loss(lost_fraction, send_rate)
-        _check_now(now)
-
-
 class ReceiverDrivenPacer:
     """Token bucket whose rate follows the receiver's measured receive rate.
 
@@ -271,6 +231,19 @@ class ReceiverDrivenPacer:
     end of a message reports less than the path carries, but the sender was not
     held back through it, and the limit is never below the ceiling).
 
+    A shared report (``on_feedback(..., shared=True)``: the receiver's window had
+    several senders, and this is each one's share of what they brought, a step
+    above or below it as the receiver's port has room or not:
+    :class:`~dlcp.proto.rate_meter.RateMeter`) caps the rate at it while they
+    share, whatever the gain, the probe or the ceiling would allow, and whether or
+    not the sender was held back: senders that meet at one receiver, each at the
+    rate it had alone, fill its port at the sum of their rates until they slow
+    down. The rate the cap replaced is held and comes back (or what feedback made
+    of it since, if more) with the next report that is not shared, ``share_hold``
+    seconds after the last shared one, or when the sender goes idle; loss drops
+    it. A shared report above the rate brings a held rate back up to it at most,
+    and otherwise raises as a report does, never above it.
+
     ``burst_time`` (seconds, 0 = off) caps a burst at that long at the rate (at
     least ``MIN_BURST``, at most ``burst_bytes``) at all times: a driver that
     wakes when told (the native engine) sends a slow path short bursts that
@@ -285,6 +258,8 @@ class ReceiverDrivenPacer:
         "_cautious",
         "_ceiling",
         "_due",
+        "_held",
+        "_held_at",
         "_last",
         "_last_active",
         "_raised_at",
@@ -306,6 +281,7 @@ class ReceiverDrivenPacer:
         "min_rate",
         "probe",
         "probe_interval",
+        "share_hold",
         "used_fraction",
     )
 
@@ -328,6 +304,7 @@ class ReceiverDrivenPacer:
         cautious_burst: float = 0.002,
         burst_time: float = 0.0,
         ceiling_step: float = 0.005,
+        share_hold: float = 0.02,
     ) -> None:
         if not (math.isfinite(min_rate) and min_rate > 0):
             raise UsageError(f"min_rate={min_rate} must be a finite rate > 0")
@@ -358,7 +335,8 @@ class ReceiverDrivenPacer:
             raise UsageError(f"ceiling_step={ceiling_step} must be a finite fraction >= 0")
         for name, value in (("probe_interval", probe_interval),
                             ("cautious_burst", cautious_burst),
-                            ("burst_time", burst_time)):  # fmt: skip
+                            ("burst_time", burst_time),
+                            ("share_hold", share_hold)):  # fmt: skip
             if not (math.isfinite(value) and value >= 0):
                 raise UsageError(f"{name}={value} must be a finite duration >= 0")
         self.initial_rate = float(initial_rate)
@@ -377,6 +355,7 @@ class ReceiverDrivenPacer:
         self.cautious_burst = float(cautious_burst)
         self.burst_time = float(burst_time)
         self.ceiling_step = float(ceiling_step)
+        self.share_hold = float(share_hold)
         self._rate = self.initial_rate
         self._cautious = False  # congestion seen since the sender was last idle
         self._ceiling = math.inf  # what got through the last congested round
@@ -388,6 +367,8 @@ class ReceiverDrivenPacer:
         self._budget = 0.0  # tokens accrued since the last feedback
         self._wasted = 0.0  # of those, thrown away by a full bucket
         self._due: float | None = None  # when next_send_time last told the sender to send
+        self._held: float | None = None  # the rate a shared report's cap replaced
+        self._held_at = 0.0  # when the last shared report capped it
 
     def __repr__(self) -> str:
         return (
@@ -443,14 +424,24 @@ class ReceiverDrivenPacer:
         else:
             self._tokens += earned
         self._last = now
+        if self._held is not None and now - self._held_at > self.share_hold:
+            self._release()
         if self._last_active is not None and now - self._last_active > self.idle_reset:
             self._last_active = None
             self._backlogged = False
             # a pacer that met congestion keeps its rate, its caution and its
             # ceiling: back at initial_rate, every sender of an incast put its whole
             # next message into its host's queue before the first report came
+            self._release()
             if not self._cautious:
                 self._rate = self.initial_rate
+
+    def _release(self) -> None:
+        """The cap of a shared report ends: the held rate comes back (or the rate,
+        if feedback raised it above)."""
+        if self._held is not None:
+            self._rate = max(self._rate, self._held)
+            self._held = None
 
     def _slack(self) -> float:
         """Rounding slack in bytes: times near ``now`` are only exact to an ulp."""
@@ -486,10 +477,40 @@ class ReceiverDrivenPacer:
         self._backlogged = True
         self._last_active = self._last
 
-    def on_feedback(self, bytes_per_s: float, *, now: float) -> None:
+    def on_feedback(self, bytes_per_s: float, *, now: float, shared: bool = False) -> None:
         reported = _check_reported(bytes_per_s)
         self._advance(now)
-        target = min(max(self.gain * reported, self.min_rate), self.max_rate)
+        if shared:
+            self._on_share(reported)
+        else:
+            self._release()
+            self._follow(reported)
+        self._backlogged = False
+        self._budget = 0.0
+        self._wasted = 0.0
+
+    def _on_share(self, reported: float) -> None:
+        """A shared report: the rate capped at it (class doc)."""
+        cap = min(max(reported, self.min_rate), self.max_rate)
+        assert self._last is not None  # (set by _advance)
+        if self._rate > cap:
+            if self._held is None:
+                self._held = self._rate
+            self._rate = cap
+            self._held_at = self._last
+            # what the bucket saved at the old rate goes too (as after a loss)
+            self._tokens = min(self._tokens, float(self.burst))
+        elif self._held is not None:  # the share grew: the held rate back up to it
+            self._rate = min(self._held, cap)
+            self._held_at = self._last
+            if self._rate >= self._held:
+                self._held = None
+        else:
+            self._follow(reported, cap)
+
+    def _follow(self, reported: float, cap: float = math.inf) -> None:
+        """A report's rules (class doc), never above ``cap``."""
+        target = min(max(self.gain * reported, self.min_rate), self.max_rate, cap)
         pacer_limited = (
             self._backlogged
             and self._budget > 0
@@ -503,11 +524,8 @@ class ReceiverDrivenPacer:
             # rate held the sender back: one that sent less said nothing of the path;
             # never above the ceiling or a step above what the receiver reports,
             # whichever is more; and a sender the pacer held back above both falls to
-            # them (a receiver several senders share reports each an equal share of
-            # what they brought: a sender cut below it climbs back, one that climbed
-            # while the others had finished comes down when they start again, and
-            # together they probe a step above what their port carried)
-            limit = max(self._ceiling, reported * (1.0 + self.probe))
+            # them (a shared report caps instead: _on_share)
+            limit = min(max(self._ceiling, reported * (1.0 + self.probe)), cap)
             raised = min(target, self._rate * (1.0 + self.probe), limit)
             if pacer_limited and self._rate > limit:
                 self._rate = limit
@@ -520,9 +538,6 @@ class ReceiverDrivenPacer:
                 self._raised_at = at
         elif target >= self._rate or pacer_limited:
             self._rate = target
-        self._backlogged = False
-        self._budget = 0.0
-        self._wasted = 0.0
 
     def on_loss(
         self, lost_fraction: float, send_rate: float, *, now: float, queue: bool = False
@@ -547,6 +562,7 @@ class ReceiverDrivenPacer:
         # own rate says less), and never below where the rate falls to
         self._ceiling = min(self._ceiling, max(self._rate * factor, fallback))
         self._cautious = True
+        self._held = None  # (a shared report's cap ends: loss says more)
         if fallback < self._rate:  # (a round sent before an earlier cut may say more)
             assert self._last is not None  # (set by _advance)
             self._rate = fallback
@@ -554,30 +570,3 @@ class ReceiverDrivenPacer:
         # what the bucket saved at the old rate goes too: it would leave in one burst
         self._tokens = min(self._tokens, float(self.burst))
         self._due = None
-
-
-_PACERS: Final[dict[str, Callable[..., Pacer]]] = {
-    "unpaced": Unpaced,
-    "receiver": ReceiverDrivenPacer,
-}
-
-
-def available_pacers() -> list[str]:
-    return sorted(_PACERS)
-
-
-def make_pacer(name: str, **options: object) -> Pacer:
-    """A pacer by name (``"unpaced"``, ``"receiver"``) with its options.
-
-    Raises :class:`ValueError` for an unknown name, option or option value.
-    """
-    try:
-        factory = _PACERS[name]
-    except KeyError:
-        raise UsageError(
-            f"unknown pacer {name!r}; known pacers: {', '.join(available_pacers())}"
-        ) from None
-    try:
-        return factory(**options)
-    except TypeError as exc:
-        raise UsageError(f"bad options for pacer {name!r}: {exc}") from exc

@@ -10,6 +10,7 @@ second, bad input a :class:`~dlcp.errors.UsageError` naming the argument.
 from __future__ import annotations
 
 import math
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,6 +19,13 @@ from ..errors import UsageError
 from .pacing import _check_nbytes, _check_now
 
 __all__ = ["RateMeter"]
+
+#: the weight of a window's aggregate rate in the smoothed one a shared report's
+#: step is decided by, and how much the highest smoothed rate decays per window
+_SMOOTHING: Final = 0.25
+_PEAK_DECAY: Final = 0.002
+
+
 
 
 class RateMeter:
@@ -49,23 +57,46 @@ class RateMeter:
     Several sources in one window share whatever lies in front of the receiver
     (its switch port, in an incast), and a receiver that waits then says nothing
     about that: each is reported an equal share of what all of them brought,
-    over the whole window, without the idle claim. A sender its pacer had cut
-    below its share is told it may climb to it, one above it that it is ahead.
+    over the whole window, without the idle claim, and the senders take it as a
+    cap (RATE's ``SHARED`` flag; :attr:`shared` says whether the last
+    :meth:`sample` was of such a window). A sender its pacer had cut below its
+    share is told it may climb to it, one above it that it is ahead. The share
+    moves by a step: what all sources brought, smoothed over windows, is compared
+    with the highest such rate the receiver has seen (which decays by a fifth of a
+    percent a window): below ``saturated`` times that, the port in front had room
+    and the shares are ``1 + share_probe`` times what they brought, so together
+    the senders probe for more; at or above it, the port is full and they are
+    ``1 - share_drain`` times it, so its queue drains instead of growing until it
+    drops. (Shares of exactly what they brought drifted down: a window that
+    measured less lowered every cap, and none measured more than the port.)
     """
 
     __slots__ = (
         "_bytes",
         "_idle",
+        "_peak",
         "_plain_until",
+        "_smooth",
         "_start",
         "claim_hold",
         "deadline",
         "interval",
         "min_busy",
+        "saturated",
+        "share_drain",
+        "share_probe",
+        "shared",
     )
 
     def __init__(
-        self, interval: float = 100e-6, *, min_busy: float = 0.5, claim_hold: float = 1.0
+        self,
+        interval: float = 100e-6,
+        *,
+        min_busy: float = 0.5,
+        claim_hold: float = 1.0,
+        share_probe: float = 0.05,
+        share_drain: float = 0.01,
+        saturated: float = 0.97,
     ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
@@ -76,6 +107,14 @@ class RateMeter:
         self.interval = float(interval)
         self.min_busy = float(min_busy)
         self.claim_hold = float(claim_hold)
+        steps = (("share_probe", share_probe), ("share_drain", share_drain),
+                 ("saturated", saturated))  # fmt: skip
+        for name, value in steps:
+            if not 0.0 <= value < 1.0:
+                raise UsageError(f"{name}={value} outside [0, 1)")
+        self.share_probe = float(share_probe)
+        self.share_drain = float(share_drain)
+        self.saturated = float(saturated)
         #: source -> until when its reports carry no idle claim (withhold_claim)
         self._plain_until: dict[int, float] = {}
         self._start: float | None = None
@@ -84,6 +123,10 @@ class RateMeter:
         self.deadline: float | None = None
         self._bytes: dict[int, int] = {}
         self._idle = 0.0
+        self._peak = 0.0
+        self._smooth: float | None = None
+        #: whether the window :meth:`sample` measured last had several sources
+        self.shared = False
 
     def __repr__(self) -> str:
         return f"RateMeter(interval={self.interval}, window_start={self._start})"
@@ -184,8 +227,16 @@ class RateMeter:
         elapsed = now - self._start
         if elapsed <= 0:
             return {}
-        if len(self._bytes) > 1:
+        self.shared = len(self._bytes) > 1
+        if self._bytes:
+            total = sum(self._bytes.values()) / elapsed
+            smooth = self._smooth
+            self._smooth = total if smooth is None else smooth + _SMOOTHING * (total - smooth)
+            self._peak = max(self._smooth, self._peak * (1.0 - _PEAK_DECAY))
+        if self.shared:
             share = sum(self._bytes.values()) / len(self._bytes) / elapsed
+            saturated = self._smooth is not None and self._smooth >= self.saturated * self._peak
+            share *= 1.0 - self.share_drain if saturated else 1.0 + self.share_probe
             rates = dict.fromkeys(self._bytes, share)
         else:  # (one source, or none)
             rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}

@@ -3,8 +3,8 @@ driven by the same calls, at the same times, it gives the same answers, to the
 bit (the same IEEE operations in the same order; no fused multiply-add on the
 default x86-64 and AArch64 builds), so the engine paces exactly as the Python
 engine does. Random call sequences cover the token bucket, late wake-ups,
-feedback with and without backlog, loss (a queue's too) and the cautious phase
-with its ceiling, idle reset."""
+feedback with and without backlog, shared reports' caps and what ends them, loss (a
+queue's too) and the cautious phase with its ceiling, idle reset."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from dlcp.io.engine import native_available
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.pacing import ReceiverDrivenPacer, make_pacer
+from dlcp.proto.pacers import make_pacer
+from dlcp.proto.pacing import ReceiverDrivenPacer
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native engine not built")
 
@@ -45,6 +46,9 @@ OPTIONS = [
     {**ProtocolConfig().pacer_kwargs(), "burst_time": 0.0002, "ceiling_step": 0.0},
     {"initial_rate": 3e7, "min_rate": 1e5, "burst_bytes": 65536, "ceiling_step": 0.2,
      "probe": 0.1, "probe_interval": 0.001},
+    # a shared report's cap that ends within a millisecond, and one that never ends
+    {**ProtocolConfig().pacer_kwargs(), "burst_time": 0.0002, "share_hold": 0.001},
+    {"initial_rate": 2e7, "min_rate": 1e4, "burst_bytes": 65536, "share_hold": 1e9},
 ]
 
 
@@ -68,8 +72,9 @@ def test_same_answers_as_the_python_pacer(options: dict[str, Any], seed: int) ->
             assert py.allowance(now=now) == c.allowance(now=now), what
         elif op == 3:
             rate = rng.choice([0.0, 1e3, 1e6, 5e7, 1e9, 3e9])
-            py.on_feedback(rate, now=now)
-            c.on_feedback(rate, now=now)
+            shared = rng.random() < 0.4  # (a window several senders shared)
+            py.on_feedback(rate, now=now, shared=shared)
+            c.on_feedback(rate, now=now, shared=shared)
         elif op == 4:
             lost, at = rng.choice([0.0, 0.01, 0.1, 0.5, 1.0]), rng.choice([1e5, 1e7, 1e9])
             if rng.random() < 0.5:  # a queue's loss (queue_signal), or one of either class
@@ -115,7 +120,9 @@ def test_bad_arguments_are_refused_by_name(call: Any, message: str) -> None:
         call(_native(**OPTIONS[0]))
 
 
-def test_on_loss_needs_now_as_the_python_pacer_does() -> None:
+def test_on_loss_and_on_feedback_need_now_as_the_python_pacer_does() -> None:
     for p in (_native(**OPTIONS[0]), ReceiverDrivenPacer(**OPTIONS[0])):
         with pytest.raises(TypeError, match="now"):
             p.on_loss(0.5, 1e6)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="now"):
+            p.on_feedback(1e6, shared=True)  # type: ignore[call-arg]

@@ -11,13 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlcp.proto.pacers import Unpaced, available_pacers, make_pacer
 from dlcp.proto.pacing import (
     MIN_BURST,
     UNLIMITED,
     ReceiverDrivenPacer,
-    Unpaced,
-    available_pacers,
-    make_pacer,
     queue_signal,
 )
 from dlcp.proto.rate_meter import RateMeter
@@ -382,16 +380,24 @@ def test_after_congestion_the_ceiling_does_not_hold_below_what_the_receiver_repo
     assert rates[-1] == pytest.approx(2.1e5)
 
 
-def test_after_congestion_a_sender_above_its_ceiling_and_the_report_falls_to_them() -> None:
-    p = pacer(probe=0.05, probe_interval=0.005)
+def climb_past_the_ceiling(p: ReceiverDrivenPacer) -> float:
+    """A loss at 0.01 s (rate 2e5, ceiling 5e5), then 30 windows alone at the port,
+    held back, with reports of 8e5: the pacer ends above its ceiling, a step above
+    the report. Returns the time of the last report."""
     drain_backlogged(p, 0.0, 0.01)
-    p.on_loss(0.5, 4e5, now=0.01)  # rate 2e5, ceiling 5e5
+    p.on_loss(0.5, 4e5, now=0.01)
     t = 0.01
-    for _ in range(30):  # alone at the port: the receiver reports 8e5
+    for _ in range(30):
         drain_backlogged(p, t, t + 0.005)
         t += 0.005
         p.on_feedback(8e5, now=t)
-    assert p.rate == pytest.approx(8.4e5)  # above the ceiling, a step above the report
+    assert p.rate == pytest.approx(8.4e5)
+    return t
+
+
+def test_after_congestion_a_sender_above_its_ceiling_and_the_report_falls_to_them() -> None:
+    p = pacer(probe=0.05, probe_interval=0.005)
+    t = climb_past_the_ceiling(p)
     p.on_feedback(1e3, now=t + 0.001)  # a window the sender sent little in says nothing
     assert p.rate == pytest.approx(8.4e5)
     drain_backlogged(p, t + 0.001, t + 0.006)  # three senders again: a share of 3e5

@@ -133,20 +133,29 @@ def test_a_sender_paced_against_a_selectively_dropping_port_loses_little_and_kee
     assert pace > 1.0
 
 
-def _incast_run(iterations: int = 8, idle: float = 1.2) -> tuple[float, list[float]]:
+def _incast_run(
+    iterations: int = 8, idle: float = 1.2, *, shared: bool = True
+) -> tuple[float, list[float]]:
     """Three senders push a round of 372 packets each at once (a fifth protected, sent
     first) into one 6.25 MB/s port with the testbed's queues (protected up to 100,
     drop-eligible up to 40), then stay idle longer than ``idle_reset`` (a parameter
     server's pull and the next computation), ``iterations`` times. Each host sends at
     the port's rate, as a NIC does; the receiver, idle half the time, reports through
-    one RateMeter; each sender tells its pacer its round's loss. Returns (fraction of
+    one RateMeter: its shared reports stepped by the port's room and taken as caps, or
+    with ``shared`` false an equal share of what came, unflagged (the receiver
+    before shared reports); each sender tells its pacer its round's loss. Returns
+    (fraction of
     the drop-eligible packets dropped over the last 3 iterations, the pacers' rates at
     the end)."""
     capacity, step, n_round, n_protected = 6.25e6, 1e-4, 372, 74
     limits = (100 * PKT, 40 * PKT)
     pacers = [pacer(initial_rate=1.25e9, min_rate=1e5, max_rate=1e12, burst_bytes=1 << 19)
               for _ in range(3)]  # fmt: skip
-    meter = RateMeter(interval=0.005)
+    meter = (
+        RateMeter(interval=0.005)
+        if shared
+        else RateMeter(interval=0.005, share_probe=0.0, share_drain=0.0)
+    )
     hosts: list[list[int]] = [[], [], []]  # each host's queue: 1 for a drop-eligible packet
     credit = [0.0] * 3  # each host's bytes that may leave now (its NIC)
     queued = [[0.0] * 3, [0.0] * 3]  # the port's bytes per class, per sender
@@ -193,20 +202,25 @@ def _incast_run(iterations: int = 8, idle: float = 1.2) -> tuple[float, list[flo
             meter.on_idle(step / 2, now=t)
             if meter.due(now=t):
                 for src, r in meter.sample(now=t).items():
-                    pacers[src].on_feedback(r, now=t)
+                    pacers[src].on_feedback(r, now=t, shared=shared and meter.shared)
             t += step
         t += idle
     return eligible_dropped / eligible_sent, [p.rate for p in pacers]
 
 
 def test_an_incast_s_senders_take_equal_shares_of_the_port_after_idle_spells() -> None:
-    # the pacers keep what congestion taught them through the idle spell and the
-    # receiver reports each an equal share: they end at 2.18, 2.18 and 1.76 MB/s,
-    # together near the port's 6.25 MB/s, and lose a few percent of the drop-eligible
-    # packets while probing a step above their share (4.4 %). Back at initial_rate
-    # after each idle spell (the pacer before this change), every push went into the
-    # hosts' queues at once and the port dropped 73 % of them.
+    # the pacers keep what congestion taught them through the idle spell, and the
+    # receiver's shared reports cap them: they end at 2.06 MB/s each, together 99 %
+    # of the port's 6.25 MB/s, and the port drops none of the drop-eligible packets
+    # of the last three pushes. With equal shares as ordinary reports (the receiver
+    # before shared reports) they ended at 2.18, 2.18 and 1.76 MB/s and lost 4.4 %
+    # while probing a step above their shares; back at initial_rate after each idle
+    # spell (the pacer before that), every push went into the hosts' queues at once
+    # and the port dropped 73 % of them.
     eligible_lost, rates = _incast_run()
-    assert eligible_lost < 0.1
-    assert max(rates) < 1.3 * min(rates)
-    assert 0.8 * 6.25e6 < sum(rates) < 1.25 * 6.25e6
+    assert eligible_lost < 0.005
+    assert max(rates) < 1.05 * min(rates)
+    assert 0.9 * 6.25e6 < sum(rates) <= 6.25e6
+    unflagged_lost, unflagged_rates = _incast_run(shared=False)
+    assert eligible_lost < unflagged_lost < 0.1
+    assert 0.8 * 6.25e6 < sum(unflagged_rates) < 1.25 * 6.25e6

@@ -27,8 +27,13 @@ def test_rate_meter_ignores_idle_time_outside_a_window() -> None:
     assert meter.sample(now=1.1)[1] == pytest.approx(500 / 0.08)
 
 
+#: a meter whose shared windows report the equal share itself, without the step
+#: the port's room decides (tests/proto/test_pacing_shared.py)
+NO_STEP = {"share_probe": 0.0, "share_drain": 0.0}
+
+
 def test_rate_meter_measures_known_rates() -> None:
-    meter = RateMeter(interval=0.01)
+    meter = RateMeter(interval=0.01, **NO_STEP)
     samples: list[dict[int, float]] = []
     for i in range(1000):  # 1 s: src 3 sends 1000 B/ms, src 7 500 B/ms
         t = i * 1e-3
@@ -77,7 +82,7 @@ def test_rate_meter_sample_at_window_start_keeps_window() -> None:
 
 
 def test_rate_meter_batch_equals_single() -> None:
-    a, b = RateMeter(0.1), RateMeter(0.1)
+    a, b = RateMeter(0.1, **NO_STEP), RateMeter(0.1, **NO_STEP)
     srcs = np.array([4, 1, 4, 4, 2], dtype=np.uint16)
     sizes = np.array([100, 200, 300, 50, 7], dtype=np.int64)
     a.on_batch(srcs, sizes, now=0.0)
@@ -88,7 +93,7 @@ def test_rate_meter_batch_equals_single() -> None:
 
 
 def test_several_sources_are_told_an_equal_share_without_the_idle_claim() -> None:
-    meter = RateMeter(interval=0.1)
+    meter = RateMeter(interval=0.1, **NO_STEP)
     # three senders into one port: one its pacer had cut brought a tenth of the others
     meter.on_bytes(1, 100, now=0.0)
     meter.on_bytes(2, 1000, now=0.0)
@@ -106,7 +111,7 @@ def test_a_source_whose_data_went_missing_is_told_what_arrived_for_claim_hold() 
     invites its sender to twice the link's rate. After it NACKed the sender
     (withhold_claim) it reports what arrived, until ``claim_hold`` has passed; the
     claim is per source."""
-    meter = RateMeter(interval=0.1, claim_hold=0.25)
+    meter = RateMeter(interval=0.1, claim_hold=0.25, **NO_STEP)
 
     def window(start: float) -> dict[int, float]:
         meter.on_bytes(1, 1000, now=start)
