@@ -97,6 +97,8 @@ _DTYPE_NAMES = {d.value: d.name for d in DType}
 _ABORT_NAMES = {r.value: r.name for r in AbortReason}
 #: FlagsField names, bit 0 first (bits 3-7 are reserved)
 _FLAG_NAMES = ["LAST", "RETRANSMIT", "AUTH"]
+#: a control header's flags: AUTH, and SHARED in RATE (spec 5.1, 5.5)
+_CONTROL_FLAG_NAMES = ["SHARED", "bit1", "AUTH"]
 
 
 def _has_tag(pkt: Packet) -> bool:
@@ -253,7 +255,7 @@ class DLCPControl(_DLCPHeader):
         # byte 0: ver_type
         BitField("version", VERSION, 4),
         BitEnumField("type", PacketType.STOP, 4, _TYPE_NAMES),
-        FlagsField("flags", 0, 8, _FLAG_NAMES),
+        FlagsField("flags", 0, 8, _CONTROL_FLAG_NAMES),
         ShortField("job", 0),
         IntField("step", 0),
         ShortField("msg", 0),

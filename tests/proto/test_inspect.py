@@ -26,7 +26,7 @@ from dlcp.inspect import (
     layer_for,
 )
 from dlcp.proto.control import AbortReason
-from dlcp.proto.wire import DType, PacketType, TosMap
+from dlcp.proto.wire import DType, Flags, PacketType, TosMap
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "wire_vectors.json").read_text())
 DATA = GOLDEN["data"]
@@ -80,6 +80,7 @@ def build_control(vector: dict[str, Any]) -> Packet:
     f = vector["fields"]
     pkt = DLCPControl(
         type=int(PacketType[vector["type"]]),
+        flags=vector["flags"] & ~int(Flags.AUTH),  # (AUTH: set by authenticate)
         job=vector["job"],
         step=f["step"],
         msg=f["msg"],
@@ -153,6 +154,8 @@ def test_control_vectors_dissect_to_the_golden_fields(vector: dict[str, Any]) ->
             assert body.reason == AbortReason[value]
         elif name == "more":
             assert bool(int(body.nack_flags) & 1) == value
+        elif name == "shared":  # (a header flag of RATE's)
+            assert bool(int(pkt.flags) & 1) == value
         else:
             assert body.getfieldval(name) == value, name
     if vector["tag"] is not None:

@@ -78,6 +78,7 @@ def test_golden_file_covers_the_spec() -> None:
     assert {DType[v["header"]["dtype"]] for v in DATA} == set(DType)
     assert {v["header"]["flags"] for v in DATA} >= {0, 1, 2, 3, 4, 7}
     assert {PacketType[v["type"]] for v in CONTROL} == set(PacketType) - {PacketType.DATA}
+    assert any(v["type"] == "RATE" and v["fields"].get("shared") for v in CONTROL)
     assert {AbortReason[v["fields"]["reason"]] for v in CONTROL if v["type"] == "ABORT"} == set(
         AbortReason
     )
@@ -320,7 +321,15 @@ control_messages = st.one_of(
         needed_elems=u32,
         ranges=st.lists(nack_ranges(), max_size=MAX_NACK_RANGES).map(tuple),
     ),
-    st.builds(RateFeedback, u32, u16, u16, bytes_per_s=st.integers(0, 2**64 - 1), interval_us=u32),
+    st.builds(
+        RateFeedback,
+        u32,
+        u16,
+        u16,
+        bytes_per_s=st.integers(0, 2**64 - 1),
+        interval_us=u32,
+        shared=st.booleans(),
+    ),
     st.builds(
         Abort, u32, u16, u16, reason=st.sampled_from(list(AbortReason)), by_receiver=st.booleans()
     ),
