@@ -55,7 +55,7 @@ _CONTROL_STRUCT: Final = struct.Struct(">BBHIHHHH")
 assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 _AUTH: Final = int(Flags.AUTH)
-#: RATE's header flag: the rate is the sender's share of a window several shared
+#: RATE's header flag: the rate is the sender's share of a window several senders shared
 _RATE_SHARED: Final = 0x01
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 _U32: Final = struct.Struct(">I")

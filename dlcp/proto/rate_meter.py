@@ -26,8 +26,6 @@ _SMOOTHING: Final = 0.25
 _PEAK_DECAY: Final = 0.002
 
 
-
-
 class RateMeter:
     """Receive rate per source, measured over consecutive intervals.
 
@@ -228,18 +226,20 @@ class RateMeter:
         if elapsed <= 0:
             return {}
         self.shared = len(self._bytes) > 1
+        rates: dict[int, float] = {}
         if self._bytes:
-            total = sum(self._bytes.values()) / elapsed
-            smooth = self._smooth
-            self._smooth = total if smooth is None else smooth + _SMOOTHING * (total - smooth)
-            self._peak = max(self._smooth, self._peak * (1.0 - _PEAK_DECAY))
-        if self.shared:
-            share = sum(self._bytes.values()) / len(self._bytes) / elapsed
-            saturated = self._smooth is not None and self._smooth >= self.saturated * self._peak
-            share *= 1.0 - self.share_drain if saturated else 1.0 + self.share_probe
-            rates = dict.fromkeys(self._bytes, share)
-        else:  # (one source, or none)
-            rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}
+            brought = sum(self._bytes.values())
+            total = brought / elapsed
+            smooth = total if self._smooth is None else self._smooth
+            smooth += _SMOOTHING * (total - smooth)
+            self._smooth = smooth
+            self._peak = max(smooth, self._peak * (1.0 - _PEAK_DECAY))
+            if self.shared:
+                full = smooth >= self.saturated * self._peak
+                step = 1.0 - self.share_drain if full else 1.0 + self.share_probe
+                rates = dict.fromkeys(self._bytes, brought / len(self._bytes) / elapsed * step)
+            else:  # (one source)
+                rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
         self.deadline = None if self._start is None else now + self.interval
         self._bytes = {}
