@@ -76,10 +76,27 @@ def test_lossy_path_loses_share_and_recovers() -> None:
     counts = np.bincount(s.assign(4000), minlength=4)
     assert counts[0] < 400
     assert s.healthy().all()  # 30 % is lossy, not down
-    for _ in range(15):
+    for _ in range(20):  # (the estimate decays by 0.7 a report: 30 % takes 20 to fade)
         s.on_loss_report([1000] * 4, [0, 0, 0, 0])
     assert s.loss[0] < 0.01
     assert s.effective_weights[0] > 0.23
+
+
+def test_default_sensitivity_halves_a_path_losing_one_percent() -> None:
+    # what the module doc promises: 1 % loss halves a path's share against a clean
+    # path's, 5 % leaves a sixth, and loss all paths share moves nothing
+    s = PathScheduler(4, min_share=0.0)
+    for _ in range(40):
+        s.on_loss_report([10_000] * 4, [100, 500, 0, 0])
+    assert s.loss[:2] == pytest.approx([0.01, 0.05], rel=1e-3)
+    w = s.effective_weights
+    assert w[0] / w[2] == pytest.approx(0.5, rel=1e-3)
+    assert w[1] / w[2] == pytest.approx(1 / 6, rel=1e-3)
+    assert w[2] == pytest.approx(w[3])
+    shared = PathScheduler(4, min_share=0.0)
+    for _ in range(40):
+        shared.on_loss_report([10_000] * 4, [300] * 4)
+    assert shared.effective_weights == pytest.approx([0.25] * 4)
 
 
 def test_down_path_is_probed_with_min_share() -> None:
@@ -93,7 +110,7 @@ def test_down_path_is_probed_with_min_share() -> None:
     assert np.allclose(w[1:], 0.99 / 3)
     counts = np.bincount(s.assign(1000), minlength=4)
     assert 9 <= counts[0] <= 11  # still probed
-    for _ in range(10):
+    for _ in range(15):
         s.on_loss_report([10, 300, 300, 300], [0, 0, 0, 0])
     assert s.healthy().all()
     assert s.effective_weights[0] > 0.15
