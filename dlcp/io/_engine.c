@@ -721,9 +721,6 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     return 1;
 }
 
-/* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
- * none, or none may go yet: *wake then says when one may), its end and bytes.
- * With the lock held. */
 /* What the host still holds of this engine's datagrams, bytes as the kernel charges
    them (each with its buffer's overhead): queued in front of the NIC, in the
    qdisc or the device's ring, until they leave. SIOCOUTQ, summed over the data
@@ -768,6 +765,9 @@ static int queue_full(Engine *e, double burst, double rate, double nbytes, doubl
     return 1;
 }
 
+/* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
+ * none, or none may go yet: *wake then says when one may), its end and bytes.
+ * With the lock held. */
 static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, double *nbytes,
                          double *wake) {
     Round *r = first_to_send(peer);

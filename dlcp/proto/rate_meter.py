@@ -228,8 +228,7 @@ class RateMeter:
         self.shared = len(self._bytes) > 1
         rates: dict[int, float] = {}
         if self._bytes:
-            brought = sum(self._bytes.values())
-            total = brought / elapsed
+            total = sum(self._bytes.values()) / elapsed
             smooth = total if self._smooth is None else self._smooth
             smooth += _SMOOTHING * (total - smooth)
             self._smooth = smooth
@@ -237,7 +236,7 @@ class RateMeter:
             if self.shared:
                 full = smooth >= self.saturated * self._peak
                 step = 1.0 - self.share_drain if full else 1.0 + self.share_probe
-                rates = dict.fromkeys(self._bytes, brought / len(self._bytes) / elapsed * step)
+                rates = dict.fromkeys(self._bytes, total / len(self._bytes) * step)
             else:  # (one source)
                 rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}
         self._start = now if self._bytes else None
