@@ -48,6 +48,10 @@ class EndpointConfig:
     #: size datagrams from the MTU of the interface ``host`` is on (at most 9000:
     #: dlcp.io.path_mtu) instead of ``protocol.mtu``; ``DLCP_MTU=auto`` sets it
     mtu_from_interface: bool = False
+    #: with several paths (``protocol.n_paths``) and no ``protocol.path_weights``:
+    #: find the route each path takes to a peer by TTL probes when first sending
+    #: to it, and give every distinct route the same share (dlcp.io.path_probe)
+    probe_routes: bool = True
     #: socket buffer sizes (root may exceed net.core.{r,w}mem_max)
     rcvbuf: int = 32 << 20
     sndbuf: int = 4 << 20

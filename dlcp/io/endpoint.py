@@ -53,6 +53,7 @@ import numpy.typing as npt
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
+from ..proto.paths import weights_for_routes
 from ..proto.reassembler import check_accumulate
 from ..proto.session import (
     SendReport,
@@ -68,6 +69,7 @@ from .io_loop import IOLoop
 from .native_receive import available as native_receive_available
 from .native_receive import verifies_tags as native_receive_verifies_tags
 from .path_mtu import sized_for_interface
+from .path_probe import ProbeResult, RouteProber
 from .peers import PeerAddress, PeerBook, Store
 from .records import DriverStats, Pending, Received, TransferFuture
 from .transfers import Key, Transfers
@@ -142,7 +144,10 @@ class Endpoint(IOLoop):
         try:
             if self.engine == "native":
                 self._sender = NativeSender(
-                    self._data, protocol, rank=rank, threads=cfg.engine_threads,
+                    self._data,
+                    protocol,
+                    rank=rank,
+                    threads=cfg.engine_threads,
                     queue_limit=cfg.host_queue_limit,
                 )
             elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)
@@ -213,6 +218,13 @@ class Endpoint(IOLoop):
             and (not protocol.authenticate or native_receive_verifies_tags())
             and self._emulator is None
         )
+        #: what probing found of the routes to each peer (dlcp.io.path_probe)
+        self._routes: dict[int, dict[str, Any]] = {}
+        self._prober = (
+            RouteProber(cfg.host, self._data.path_ports, rank=rank, found=self._routes_found)
+            if cfg.probe_routes and protocol.n_paths > 1 and protocol.path_weights is None
+            else None
+        )
         self._closing = False
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
@@ -256,7 +268,9 @@ class Endpoint(IOLoop):
         flat = flat_message(array, message)
         DType.of(flat, bfloat16=bfloat16)
         check_layers(layers, len(flat), message)
-        self._resolve(to, message)
+        address = self._resolve(to, message)
+        if self._prober is not None:
+            self._prober.request(to, address)
         fut: TransferFuture[SendReport] = TransferFuture(
             f"rank {self.rank}: {message}", blocked=self._runs_io
         )
@@ -378,6 +392,7 @@ class Endpoint(IOLoop):
                     "socket_drops": self._data.socket_drops(),
                     "hellos_refused": self._control.hellos_refused,
                     "peers_gone": dict(self._gone),
+                    "path_routes": {peer: dict(found) for peer, found in self._routes.items()},
                     "gso": self._data.use_gso,
                     "gro": self._data.use_gro,
                     "engine": self.engine,
@@ -402,6 +417,8 @@ class Endpoint(IOLoop):
             self._thread.join(self.config.timeout)
             if self._thread.is_alive():  # (a callback that blocks it: say so, not hang)
                 log.error("rank %d: close(): the I/O thread did not stop", self.rank)
+        if self._prober is not None:
+            self._prober.close(self.config.timeout)
 
     def __enter__(self) -> Endpoint:
         return self
@@ -421,7 +438,7 @@ class Endpoint(IOLoop):
                 return
         self._wake()  # the I/O thread sends what cancelling queued
 
-    def _resolve(self, peer: int, what: str) -> None:
+    def _resolve(self, peer: int, what: str) -> PeerAddress:
         """Fail now, in the caller, on a rank without an address (waiting at most
         the endpoint's timeout for one that has yet to publish it); at once on a
         rank outside the job, which never will."""
@@ -431,9 +448,31 @@ class Endpoint(IOLoop):
             known = f"0..{ranks[-1]}" if ranks == list(range(len(ranks))) else str(ranks)
             raise UsageError(f"rank {self.rank}: {what}: no rank {peer} in this job ({known})")
         try:
-            self._peers.resolve(peer, timeout=self.config.timeout)
+            return self._peers.resolve(peer, timeout=self.config.timeout)
         except PeerTimeout as exc:
             raise PeerTimeout(f"rank {self.rank}: {what}: {exc}") from None
+
+    def _routes_found(self, peer: int, found: ProbeResult) -> None:
+        """The prober's result for ``peer``: every distinct route gets the same
+        share of the paths to it (from the next batch on)."""
+        weights = weights_for_routes(found.routes) if any(found.routes) else None
+        with self._lock:
+            if self._closing:
+                return
+            if weights is not None:
+                self._session.set_path_weights(peer, weights)
+            self._routes[peer] = {
+                "distance": found.distance,
+                "routes": [None if r is None else list(r) for r in found.routes],
+                "weights": None if weights is None else list(weights),
+                "probes": found.probes,
+            }
+        routes = {r for r in found.routes if r is not None}
+        log.info(
+            "rank %d: %d of %d path(s) to rank %d traced, %d distinct route(s) over %s hop(s)%s",
+            self.rank, sum(r is not None for r in found.routes), len(found.routes), peer,
+            len(routes), found.distance, "; shares evened out" if weights else "",
+        )  # fmt: skip
 
     def _post(self, command: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``command`` (a session operation that settles ``fut`` or leaves it

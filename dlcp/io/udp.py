@@ -113,11 +113,15 @@ class DataSockets:
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 self.send_socks.append(s)
                 _set_buffer(s, socket.SO_SNDBUF, sndbuf)
+                # (shared with the probes that find its route: dlcp.io.path_probe)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 bind(s, host, 0, port_setting="data_port")  # own source port: own ECMP hash
         except BaseException:
             self.close()
             raise
         self.address: tuple[str, int] = self.recv_sock.getsockname()
+        #: each path's source port, in path order
+        self.path_ports: list[int] = [s.getsockname()[1] for s in self.send_socks]
         #: the receive socket's descriptor for the C loop (-1 once closed: a read fails)
         self._recv_fd = self.recv_sock.fileno()
         log.info(

@@ -26,6 +26,12 @@ picks the path of each batch:
   ``min_share``, so a recovering path keeps getting the reports that let its
   estimate decay (by ``1 - loss_alpha`` a report; reports come with NACKs).
 
+* **Route-balanced weights.** ECMP hashes the paths' source ports onto the
+  routes as they fall; :func:`weights_for_routes` turns the route each path was
+  found to take (``dlcp.io.path_probe``) into base weights that give every
+  distinct route the same share, and :meth:`PathScheduler.set_weights` installs
+  them under the loss estimates.
+
 :func:`path_loss_from_nack` turns "which path carried each sequence number" and
 a receiver's list of missing sequence numbers into such a report.
 
@@ -45,7 +51,7 @@ from numpy.typing import NDArray
 
 from ..errors import UsageError
 
-__all__ = ["MAX_PATHS", "PathScheduler", "path_loss_from_nack"]
+__all__ = ["MAX_PATHS", "PathScheduler", "path_loss_from_nack", "weights_for_routes"]
 
 #: path ids are one byte in the data header
 MAX_PATHS: Final = 256
@@ -95,16 +101,7 @@ class PathScheduler:
             raise UsageError(f"n_paths={n_paths!r} must be an integer")
         if not 1 <= n_paths <= MAX_PATHS:
             raise UsageError(f"n_paths={n_paths} outside 1..{MAX_PATHS}")
-        if weights is None:
-            base = np.ones(n_paths, dtype=np.float64)
-        else:
-            base = np.asarray(weights, dtype=np.float64)
-            if base.shape != (n_paths,):
-                raise UsageError(
-                    f"weights must have one weight per path ({n_paths}), got shape {base.shape}"
-                )
-            if not (np.all(np.isfinite(base)) and np.all(base > 0)):
-                raise UsageError(f"weights must be finite and positive, got {base.tolist()}")
+        base = _base_weights(weights, n_paths)
         if not 0.0 < loss_alpha <= 1.0:
             raise UsageError(f"loss_alpha={loss_alpha} outside (0, 1]")
         if not (loss_sensitivity >= 0.0 and np.isfinite(loss_sensitivity)):
@@ -118,7 +115,7 @@ class PathScheduler:
         self.loss_sensitivity = float(loss_sensitivity)
         self.min_share = float(min_share)
         self.down_loss = float(down_loss)
-        self._base = base / base.sum()
+        self._base = base
         self._loss = np.zeros(n_paths, dtype=np.float64)
         self._credit = np.full(n_paths, _START_CREDIT, dtype=np.float64)
         self._shares = self._compute_shares()
@@ -149,6 +146,13 @@ class PathScheduler:
         if up.any():
             w = np.where(up, w, 0.0)  # down paths are only probed, with min_share
         return _floor_shares(w / w.sum(), self.min_share)
+
+    def set_weights(self, weights: Sequence[float] | None) -> None:
+        """New base weights (None: equal), as given at creation. The loss
+        estimates and the schedule's credits carry over: the shares change, the
+        picks stay spaced as the new shares say from the next call on."""
+        self._base = _base_weights(weights, self.n_paths)
+        self._shares = self._compute_shares()
 
     def on_loss_report(
         self, sent: NDArray[np.integer] | Sequence[int], lost: NDArray[np.integer] | Sequence[int]
@@ -191,6 +195,50 @@ class PathScheduler:
         out = paths[order]
         self._credit += n * s - np.bincount(out, minlength=self.n_paths)
         return out.astype(np.uint8)
+
+
+def _base_weights(weights: Sequence[float] | None, n_paths: int) -> NDArray[np.float64]:
+    """``weights`` checked and normalised to sum 1 (None: equal)."""
+    if weights is None:
+        return np.full(n_paths, 1.0 / n_paths)
+    base = np.asarray(weights, dtype=np.float64)
+    if base.shape != (n_paths,):
+        raise UsageError(
+            f"weights must have one weight per path ({n_paths}), got shape {base.shape}"
+        )
+    if not (np.all(np.isfinite(base)) and np.all(base > 0)):
+        raise UsageError(f"weights must be finite and positive, got {base.tolist()}")
+    out: NDArray[np.float64] = base / base.sum()
+    return out
+
+
+def weights_for_routes(routes: Sequence[Sequence[str] | None]) -> tuple[float, ...] | None:
+    """Base weights that give each distinct route the same share, from the
+    route each path took (its hops, as probed: ``dlcp.io.path_probe``; None
+    where the probe learned nothing). ECMP hashes the paths' source ports onto
+    the routes as they fall, 8 ports over 2 spines 4/4 only 27 % of the time:
+    equal weights would load the routes as unevenly as the hash did.
+
+    A route's share is split equally among its paths. A path with no known
+    route keeps an equal path's share (``1 / len(routes)``), taken from no
+    route in particular; the known ones share the rest by route. None when
+    there is nothing to even out: fewer than two distinct routes known."""
+    if not routes:
+        raise UsageError("routes must name at least one path")
+    known: dict[tuple[str, ...], list[int]] = {}
+    for i, route in enumerate(routes):
+        if route is not None:
+            known.setdefault(tuple(route), []).append(i)
+    if len(known) < 2:
+        return None
+    n = len(routes)
+    unknown_share = 1.0 / n
+    per_route = (1.0 - unknown_share * (n - sum(len(v) for v in known.values()))) / len(known)
+    weights = [unknown_share] * n
+    for paths in known.values():
+        for i in paths:
+            weights[i] = per_route / len(paths)
+    return tuple(weights)
 
 
 def _floor_shares(shares: NDArray[np.float64], floor: float) -> NDArray[np.float64]:

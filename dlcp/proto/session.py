@@ -27,7 +27,7 @@ counters, events, outgoing control messages).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -356,6 +356,13 @@ class Session:
     def path_shares(self, dst: int) -> npt.NDArray[np.float64]:
         """The share of batches each path to ``dst`` gets now (loss-aware)."""
         return self._outbox.path_shares(dst)
+
+    def set_path_weights(self, dst: int, weights: Sequence[float] | None) -> None:
+        """The base weights of the paths to ``dst`` (None: equal), under the
+        loss-aware shares (:meth:`PathScheduler.set_weights
+        <dlcp.proto.paths.PathScheduler.set_weights>`)."""
+        self._check_peer(dst, "send to")
+        self._outbox.peer(dst).paths.set_weights(weights)
 
     # ------------------------------------------------------------------ helpers
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlcp.proto.paths import PathScheduler, path_loss_from_nack
+from dlcp.proto.paths import PathScheduler, path_loss_from_nack, weights_for_routes
 
 
 def test_equal_weights_are_round_robin_across_calls() -> None:
@@ -202,3 +202,77 @@ def test_path_loss_from_nack_errors() -> None:
         path_loss_from_nack(seqs, np.array([0]), 1)
     with pytest.raises(ValueError, match="n_paths=0"):
         path_loss_from_nack(seqs, np.array([0]), 0)
+
+
+# --- route-balanced base weights ---------------------------------------------------
+
+A, B, C = ("leaf1", "spine1", "leaf2"), ("leaf1", "spine2", "leaf2"), ("leaf1", "spine3", "leaf2")
+
+
+def _route_shares(routes: list[tuple[str, ...] | None], weights: tuple[float, ...]) -> dict:
+    out: dict[tuple[str, ...] | None, float] = {}
+    for route, w in zip(routes, weights, strict=True):
+        out[route] = out.get(route, 0.0) + w
+    return out
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        [A, A, A, A, A, A, A, B],  # the hash put 7 of 8 ports on one spine
+        [A, B, B, A, B, B, B, B],
+        [A, B, C, C, C, C, C, C],  # three spines, 1 / 1 / 6
+    ],
+)
+def test_every_route_gets_the_same_share(routes: list[tuple[str, ...]]) -> None:
+    weights = weights_for_routes(routes)
+    assert weights is not None and len(weights) == len(routes)
+    assert sum(weights) == pytest.approx(1.0)
+    per_route = _route_shares(routes, weights)
+    n = len(set(routes))
+    assert list(per_route.values()) == pytest.approx([1 / n] * n)
+    for i, j in [(i, j) for i in range(len(routes)) for j in range(len(routes))]:
+        if routes[i] == routes[j]:
+            assert weights[i] == weights[j]  # a route's share split equally among its paths
+    # and the scheduler, given them, sends that way
+    s = PathScheduler(len(routes), weights, min_share=0.0)
+    picks = np.bincount(s.assign(8000), minlength=len(routes))
+    sent = _route_shares(routes, tuple(float(c) for c in picks))
+    assert list(sent.values()) == pytest.approx([8000 / n] * n, abs=2)
+
+
+def test_a_path_of_unknown_route_keeps_an_equal_share() -> None:
+    routes = [A, A, A, B, None, A, A, A]
+    weights = weights_for_routes(routes)
+    assert weights is not None
+    assert weights[4] == pytest.approx(1 / 8)
+    per_route = _route_shares(routes, weights)
+    assert per_route[A] == pytest.approx(per_route[B]) == pytest.approx((1 - 1 / 8) / 2)
+
+
+@pytest.mark.parametrize("routes", [[A, A, A, A], [None, None, None], [A, None, A, None], [B]])
+def test_nothing_to_even_out_without_two_known_routes(routes: list) -> None:
+    assert weights_for_routes(routes) is None
+
+
+def test_weights_for_no_paths_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least one path"):
+        weights_for_routes([])
+
+
+def test_set_weights_keeps_the_loss_estimates() -> None:
+    s = PathScheduler(4)
+    s.on_loss_report([100, 100, 100, 100], [0, 10, 0, 0])
+    lossy = s.loss.copy()
+    s.set_weights([3.0, 1.0, 1.0, 1.0])
+    assert s.loss.tolist() == lossy.tolist()
+    shares = s.effective_weights
+    assert shares[0] > shares[2] > shares[1]
+    assert shares[2] == pytest.approx(shares[3])
+    assert shares.sum() == pytest.approx(1.0)
+    s.set_weights(None)  # back to equal base weights: only the loss tells them apart
+    assert s.effective_weights[0] == pytest.approx(s.effective_weights[2])
+    with pytest.raises(ValueError, match=r"one weight per path \(4\)"):
+        s.set_weights([1.0, 1.0])
+    with pytest.raises(ValueError, match="finite and positive"):
+        s.set_weights([1.0, 0.0, 1.0, 1.0])
