@@ -43,6 +43,7 @@ traffic off a path that loses.
 
 from __future__ import annotations
 
+import collections
 import errno
 import ipaddress
 import logging
@@ -254,11 +255,14 @@ def probe_routes(
 
 
 class RouteProber:
-    """Probes the routes to each peer once, in a thread of its own per peer,
-    when :meth:`request` is first called for it, and hands the result to
-    ``found(peer, result)`` (from that thread). Peers on this host (a loopback
-    address, or ``host`` itself) are not probed: their datagrams cross no
-    router."""
+    """Probes the routes to each peer once, when :meth:`request` is first called
+    for it, and hands the result to ``found(peer, result)``. One thread
+    (``dlcp-routes-<rank>``) probes the requested peers one after the other, and
+    ends when none is left: a rank that starts sending to many peers at once
+    (an all-to-all) keeps one thread and asks the routers for one peer's
+    answers at a time, within the ICMP they allow. Peers on this host (a
+    loopback address, or ``host`` itself) are not probed: their datagrams cross
+    no router."""
 
     def __init__(
         self,
@@ -271,23 +275,37 @@ class RouteProber:
         self.host, self.ports, self.rank = host, ports, rank
         self._found = found
         self._stop = threading.Event()
-        self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._asked: set[int] = set()
+        self._queue: collections.deque[tuple[int, PeerAddress]] = collections.deque()
+        #: the thread last started, and whether it still takes peers off the queue
+        self._thread: threading.Thread | None = None
+        self._running = False
 
     def request(self, peer: int, address: PeerAddress) -> None:
         if address.host == self.host or ipaddress.IPv4Address(address.host).is_loopback:
             return
         with self._lock:
-            if peer in self._threads or self._stop.is_set():
+            if peer in self._asked or self._stop.is_set():
                 return
-            t = threading.Thread(
-                target=self._probe,
-                args=(peer, address),
-                name=f"dlcp-routes-{self.rank}-{peer}",
-                daemon=True,
+            self._asked.add(peer)
+            self._queue.append((peer, address))
+            if self._running:
+                return  # (it takes this one next)
+            self._running = True
+            self._thread = threading.Thread(
+                target=self._run, name=f"dlcp-routes-{self.rank}", daemon=True
             )
-            self._threads[peer] = t
-        t.start()
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue or self._stop.is_set():
+                    self._running = False
+                    return
+                peer, address = self._queue.popleft()
+            self._probe(peer, address)
 
     def _probe(self, peer: int, address: PeerAddress) -> None:
         try:
@@ -302,11 +320,9 @@ class RouteProber:
             self._found(peer, result)
 
     def close(self, timeout: float) -> None:
-        """Stop probing; wait up to ``timeout`` for the threads to end."""
+        """Stop probing; wait up to ``timeout`` for the thread to end."""
         with self._lock:
             self._stop.set()
-            threads = list(self._threads.values())
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
