@@ -5,8 +5,8 @@
 Rank 0 (the sender) sends a 1 MB message to rank 1, waits until its endpoint
 has probed the routes to rank 1 (its ``stats()["path_routes"]``), prints them as
 one JSON line, waits for a line on stdin, sends an 8 MB message and prints
-"sent". Rank 1 says "ready" once its endpoint listens, receives both, checks their bytes, and prints its counters of
-rejected datagrams as one JSON line.
+"sent". Rank 1 says "ready" once its endpoint listens, receives both, checks
+their bytes, and prints its counters of rejected datagrams as one JSON line.
 """
 
 from __future__ import annotations
