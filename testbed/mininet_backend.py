@@ -3,9 +3,9 @@
 Open vSwitch does not work on these machines, so there are no Mininet switches and
 no controller: every node -- hosts, leaves and spines -- is a plain Mininet
 :class:`~mininet.node.Host` (its own network namespace, started by Debian's
-``mnexec``), and leaves and spines are routers (``ip_forward=1``,
-``fib_multipath_hash_policy=1``). Links are :class:`~mininet.link.TCLink` veth pairs
-shaped to the topology's ``link_rate_mbit`` (Mininet accepts at most 1000 Mbit/s;
+``mnexec``), and leaves and spines are routers (``ip_forward=1``, the 5-tuple
+ECMP hash of :data:`.topology.ECMP_HASH`). Links are :class:`~mininet.link.TCLink`
+veth pairs shaped to the topology's ``link_rate_mbit`` (Mininet accepts at most 1000 Mbit/s;
 above that the links are left unshaped); the backend then gives the hosts' own
 ends the testbed's host egress (:mod:`.host_egress`: a NIC-like token bucket in
 place of TCLink's HTB, or none with ``--host-egress unshaped``), as on plain

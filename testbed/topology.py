@@ -28,9 +28,10 @@ Addressing (private ranges that exist only inside these namespaces):
 * leaf ``l``, spine ``s``: link ``10.214.<l * n_spines + s>.0/24``, leaf ``.1``,
   spine ``.2``.
 
-Leaves route every remote host prefix over all spines (ECMP multipath); with
-``net.ipv4.fib_multipath_hash_policy=1`` the next hop is chosen by a hash of
-the 5-tuple, so UDP flows with different source ports spread over the spines.
+Leaves route every remote host prefix over all spines (ECMP multipath), the next
+hop chosen by a hash of the 5-tuple (:data:`ECMP_HASH`), so flows with different
+source ports spread over the spines, each on its own route for its whole life, as
+a switch hashes them.
 Spines route each host prefix to its leaf. Hosts turn segmentation offloads
 off (TCP's TSO and GSO, and UDP's) so that packets on the wire are real
 MTU-sized packets for every transport: with TSO on, a TCP sender's 64 KB
@@ -429,10 +430,22 @@ def checked_prefix(prefix: str | None) -> str:
     return prefix
 
 
+#: the routers' ECMP hash: the 5-tuple, as a switch hashes the headers (policy 3,
+#: custom fields: source and destination address, protocol, source and destination
+#: port). Policy 1 hashes the 5-tuple too, but takes a packet's own L4 hash where it
+#: has one, and a packet that comes over a veth pair keeps the hash its socket gave
+#: it: a connected socket's random ``sk_txhash``, which TCP draws anew at each
+#: retransmission timeout (``net.core.txrehash``). Under policy 1 a TCP flow took a
+#: random spine and moved to the other after a timeout, off a lossy link as no IPv4
+#: switch would move it (docs/results/2026-12-01/route_probes/, "hash_check.py").
+ECMP_HASH = ("net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x0037")
+
+
 def prepare_nodes(net: Network) -> None:
     """Every node: IPv4 only (no stray IPv6 in the counters), loopback up; hosts
     give TCP DLCP's minimum retransmission timeout; routers also forward, hash
-    ECMP on L4 ports, and accept asymmetric return paths."""
+    ECMP on the 5-tuple (:data:`ECMP_HASH`; a kernel older than 5.12 has no
+    such hash: NetnsError), and accept asymmetric return paths."""
     t = net.topology
     for node in t.nodes:
         net.ifaces[node] = {}
@@ -447,10 +460,14 @@ def prepare_nodes(net: Network) -> None:
             net,
             node,
             "net.ipv4.ip_forward=1",
-            "net.ipv4.fib_multipath_hash_policy=1",
             "net.ipv4.conf.all.rp_filter=0",
             "net.ipv4.conf.default.rp_filter=0",
         )
+        if net.run(node, ["sysctl", "-qw", *ECMP_HASH], check=False).returncode != 0:
+            raise NetnsError(
+                f"{node}: the kernel refused {' '.join(ECMP_HASH)} (a custom ECMP hash "
+                "needs Linux 5.12 or later)"
+            )
 
 
 def _sysctl(net: Network, node: str, *settings: str) -> None:

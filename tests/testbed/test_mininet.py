@@ -65,7 +65,7 @@ def test_default_topology_under_mininet() -> None:
                 hops = routes[dst]["nexthops"]
                 assert sorted(x["dev"] for x in hops) == sorted(t.spines)
             hash_policy = net.run(leaf, ["sysctl", "-n", "net.ipv4.fib_multipath_hash_policy"])
-            assert hash_policy.stdout.strip() == "1"
+            assert hash_policy.stdout.strip() == "3"  # the 5-tuple, whatever the skb's hash
         # the installed routes are exactly the shared route table of both backends
         for node, argv in route_commands(t):
             dst = argv[3]
