@@ -144,10 +144,7 @@ class Endpoint(IOLoop):
         try:
             if self.engine == "native":
                 self._sender = NativeSender(
-                    self._data,
-                    protocol,
-                    rank=rank,
-                    threads=cfg.engine_threads,
+                    self._data, protocol, rank=rank, threads=cfg.engine_threads,
                     queue_limit=cfg.host_queue_limit,
                 )
             elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)
@@ -455,7 +452,7 @@ class Endpoint(IOLoop):
     def _routes_found(self, peer: int, found: ProbeResult) -> None:
         """The prober's result for ``peer``: every distinct route gets the same
         share of the paths to it (from the next batch on)."""
-        weights = weights_for_routes(found.routes) if any(found.routes) else None
+        weights = weights_for_routes(found.routes)
         with self._lock:
             if self._closing:
                 return

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import ipaddress
 import logging
 import select
@@ -219,13 +220,13 @@ def probe_routes(
     """The route from each of the path ports ``ports`` (bound to ``host``) to
     ``peer`` (module docstring). Socket errors propagate (OSError)."""
     stop = stop if stop is not None else threading.Event()
-    ask = {"wait": wait, "attempts": attempts, "retry_pause": retry_pause, "stop": stop}
+    ask = functools.partial(_ask, wait=wait, attempts=attempts, retry_pause=retry_pause, stop=stop)
     unknown: tuple[Route | None, ...] = (None,) * len(ports)
     distance, sent = None, 0
     ranger = _Probe((host, 0), (peer.host, peer.control_port), share=False)
     try:
         for ttl in range(1, MAX_HOPS + 1):
-            sent += _ask([ranger], ttl, **ask)  # type: ignore[arg-type]
+            sent += ask([ranger], ttl)
             got = ranger.answer(ttl)
             if got is not None and got[1] == _ICMP_DEST_UNREACH and got[0] == peer.host:
                 distance = ttl
@@ -241,7 +242,7 @@ def probe_routes(
         for port in ports:
             probes.append(_Probe((host, port), (peer.host, peer.data_port), share=True))
         for ttl in range(1, distance):
-            sent += _ask(probes, ttl, **ask)  # type: ignore[arg-type]
+            sent += ask(probes, ttl)
             if stop.is_set():
                 return ProbeResult(distance, unknown, sent)
     finally:
