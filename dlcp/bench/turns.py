@@ -13,7 +13,13 @@ benchmark; the JSON says which):
   ``receive_calls``: every turn reads the data socket once);
 * ``control_to_receiver`` and ``control_to_sender``: control frames each way
   (FINISH; STOP, NACK and RATE);
-* ``datagrams``: data datagrams the receiver read, for scale;
+* ``datagrams``: datagrams the receiver's session took in, for scale (the data,
+  and the control datagrams that came in frames: each message's FINISH);
+* ``cpu_us``: the process's CPU per message, microseconds: both endpoints'
+  threads and the one that posts and waits (``time.process_time``). For small
+  messages this is what a message's lifecycle costs on top of its datagrams
+  (posting, waking the I/O threads, planning, opening, FINISH and STOP, the
+  futures), the part ``docs/engine.md`` ("The rest of the lifecycle in C") moves;
 * ``ms``: milliseconds per message, for scale only (the two endpoints share the
   machine's cores with everything else).
 
@@ -43,7 +49,7 @@ from .outcome import engine_of_run, finish
 JOB = 0x7A2
 #: the figures of one size and engine, in the table's order
 FIGURES = ("sender_turns", "receiver_turns", "control_to_receiver", "control_to_sender",
-           "datagrams", "ms")  # fmt: skip
+           "datagrams", "cpu_us", "ms")  # fmt: skip
 #: seconds one message may take before the run fails
 _TIMEOUT = 60.0
 
@@ -70,10 +76,10 @@ def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[st
         for msg in range(warmup):
             _transfer(tx, rx, data, out, msg)
         before = [ep.stats() for ep in eps]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for msg in range(warmup, warmup + messages):
             _transfer(tx, rx, data, out, msg)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         after = [ep.stats() for ep in eps]
     finally:
         for ep in eps:
@@ -90,6 +96,7 @@ def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[st
         "control_to_receiver": delta(0, "control_out"),
         "control_to_sender": delta(1, "control_out"),
         "datagrams": delta(1, "datagrams_in"),
+        "cpu_us": round(1e6 * cpu / messages, 1),
         "ms": round(1e3 * seconds / messages, 3),
     }
 

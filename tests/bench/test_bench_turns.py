@@ -38,7 +38,7 @@ def test_turns_benchmark_json(engine: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert keys.index("engine_threads") == keys.index("engine") + 1
     assert set(r["sizes"]) == {"1", "100000"}
     for size, fig in r["sizes"].items():
-        for name in ("sender_turns", "receiver_turns", "control_to_sender", "ms"):
+        for name in ("sender_turns", "receiver_turns", "control_to_sender", "cpu_us", "ms"):
             positive(fig, name)
         assert fig["sender_turns"] >= 1 and fig["receiver_turns"] >= 1, (size, fig)
         assert fig["control_to_sender"] >= 1, (size, fig)  # every message's STOP
