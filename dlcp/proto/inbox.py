@@ -162,6 +162,9 @@ class Inbox(ReceivePaths[_Incoming]):
         #: (charged until the driver hands them over: :meth:`release`)
         self._parked: dict[Key, int] = {}
         self._meter = RateMeter(self.config.rate_interval)
+        #: messages under way per source (the meter shares a window only between
+        #: sources that had some under way at once)
+        self._under_way: dict[int, int] = {}
         #: the driver waited for datagrams (Session.note_idle, every turn: the
         #: meter's own method, no call in between)
         self.meter_idle = self._meter.on_idle
@@ -357,6 +360,9 @@ class Inbox(ReceivePaths[_Incoming]):
         recovery = ReceiverRecovery(r, self.config, nacked_round=nacked_round)
         state = _Incoming(r, recovery, charged, want is not None)
         self._incoming[key] = state
+        src = key[0]
+        self._under_way[src] = self._under_way.get(src, 0) + 1
+        self._meter.senders_under_way(len(self._under_way))
         if self._native is not None:
             self._register_native(key, r)
         if orphan is not None:
@@ -381,8 +387,15 @@ class Inbox(ReceivePaths[_Incoming]):
         """Message ``key`` is no longer under way (whatever ended it): its state,
         if it was. The native receive loop writes nothing more into it."""
         state = self._incoming.pop(key, None)
-        if state is not None and self._native is not None:
-            self._native.unregister(key)
+        if state is not None:
+            src = key[0]
+            if self._under_way[src] > 1:
+                self._under_way[src] -= 1
+            else:
+                del self._under_way[src]
+                self._meter.senders_under_way(len(self._under_way))
+            if self._native is not None:
+                self._native.unregister(key)
         return state
 
     def _remember(self, key: Key, ended: Ended) -> None:

@@ -142,3 +142,38 @@ def test_rate_meter_errors() -> None:
         m.on_bytes(1, -10, now=0.0)
     with pytest.raises(ValueError, match="equal length"):
         m.on_batch(np.array([1, 2]), np.array([1]), now=0.0)
+
+
+def test_sources_one_after_the_other_are_told_their_own_rates() -> None:
+    """A driver that says how many sources have messages under way: a window with
+    two sources that never had messages under way at once (a halving-doubling
+    rank's partners, one after the other) is not shared; one in which they did is,
+    and so is the next window while they still do."""
+    meter = RateMeter(interval=0.1, **NO_STEP)
+    meter.senders_under_way(1)  # partner 1's message
+    meter.on_bytes(1, 1000, now=0.0)
+    meter.senders_under_way(0)  # ... completed
+    meter.senders_under_way(1)  # partner 2's
+    meter.on_bytes(2, 3000, now=0.05)
+    assert meter.sample(now=0.1) == {1: pytest.approx(1e4), 2: pytest.approx(3e4)}
+    assert not meter.shared
+    meter.senders_under_way(2)  # both at once (an incast's pushes)
+    meter.on_bytes(1, 1000, now=0.1)
+    meter.on_bytes(2, 3000, now=0.15)
+    meter.senders_under_way(1)
+    assert meter.sample(now=0.2) == {1: pytest.approx(2e4), 2: pytest.approx(2e4)}
+    assert meter.shared
+    meter.senders_under_way(2)
+    meter.on_bytes(1, 1000, now=0.2)
+    meter.on_bytes(2, 1000, now=0.25)
+    assert meter.sample(now=0.3) == {1: pytest.approx(1e4), 2: pytest.approx(1e4)}
+    assert meter.shared  # (still two under way as the window opened)
+    meter.on_bytes(1, 1000, now=0.3)  # a window that opened with both under way
+    meter.senders_under_way(1)
+    meter.on_bytes(2, 1000, now=0.35)
+    meter.sample(now=0.4)
+    assert meter.shared
+    meter.on_bytes(1, 1000, now=0.4)  # one under way all through: not shared
+    meter.on_bytes(2, 1000, now=0.45)
+    meter.sample(now=0.5)
+    assert not meter.shared
