@@ -361,8 +361,11 @@ class Inbox(ReceivePaths[_Incoming]):
         state = _Incoming(r, recovery, charged, want is not None)
         self._incoming[key] = state
         src = key[0]
-        self._under_way[src] = self._under_way.get(src, 0) + 1
-        self._meter.senders_under_way(len(self._under_way))
+        if src in self._under_way:
+            self._under_way[src] += 1
+        else:  # (the meter hears when the number of sources changes)
+            self._under_way[src] = 1
+            self._meter.senders_under_way(len(self._under_way))
         if self._native is not None:
             self._register_native(key, r)
         if orphan is not None:
