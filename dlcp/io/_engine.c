@@ -48,10 +48,11 @@
  *     not held during the system calls), so that the round's memory can be
  *     reused as soon as cancel() returns.
  *  7. post() itself sends a round of one batch (a small message, most
- *     retransmissions) from the caller's thread, without the GIL, when the
- *     destination's pacer lets it go at once and it is next in line, and returns
- *     its report: the caller's FINISH then follows without a wake-up of either
- *     thread. A longer round goes to the engine's threads at once: sending its
+ *     retransmissions) from the caller's thread when the destination's pacer lets
+ *     it go at once and it is next in line, and returns its report: the caller's
+ *     FINISH then follows without a wake-up of either thread (the engine's
+ *     threads are not signalled for a round sent so). It lets the GIL go while it
+ *     takes the lock and sends, unless the round has at most INLINE_GIL_BYTES. A longer round goes to the engine's threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
  *     post()'s batch is claimed as the threads' are (rule 1).
@@ -118,6 +119,11 @@
 /* send threads an engine may run (the key expansions of a sealed round, one per
    batch in flight, are a 64-bit set: rule 8) */
 #define MAX_SEND_THREADS 32
+/* rule 7: a round of at most this many wire bytes that post() may send itself keeps
+   the GIL while it does: its system call takes microseconds, and a thread that lets
+   the GIL go for it waits for it again behind whichever thread took it (on a busy
+   core, that thread's whole turn) */
+#define INLINE_GIL_BYTES 65536
 
 struct Engine;
 
@@ -1557,7 +1563,9 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         goto fail;
     }
     int ended = 0;
-    Py_BEGIN_ALLOW_THREADS
+    /* rule 7: a round this small keeps the GIL while it goes (see INLINE_GIL_BYTES) */
+    Py_ssize_t wire = r->head ? r->head + r->chunk_bytes + r->trailer : r->stride;
+    PyThreadState *saved = r->count * wire <= INLINE_GIL_BYTES ? NULL : PyEval_SaveThread();
     pthread_mutex_lock(&e->lock);
     Peer *peer = e->peers[dst];
     Round **at = &peer->rounds;
@@ -1574,10 +1582,12 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         send_batch_of(e, peer, r, stop, nbytes, now)) {
         unlink_round(peer, r);
         ended = 1;
+    } else {
+        pthread_cond_signal(&e->cond); /* (the rest is the thread's) */
     }
-    pthread_cond_signal(&e->cond); /* (the rest is the thread's) */
     pthread_mutex_unlock(&e->lock);
-    Py_END_ALLOW_THREADS
+    if (saved != NULL)
+        PyEval_RestoreThread(saved);
     if (!ended)
         Py_RETURN_NONE;
     PyObject *report = round_report(r);

@@ -18,7 +18,8 @@
  *   one system call per SEND_BATCH datagrams instead of one per datagram. Blocks
  *   while the socket buffer is full (the data sockets are blocking); a message
  *   the host's own queue dropped (ENOBUFS) is lost, as in the network, and not
- *   counted in `sent` (_sendmmsg.h); raises OSError on other errors.
+ *   counted in `sent` (_sendmmsg.h); raises OSError on other errors. A batch of
+ *   at most SEND_WITH_GIL_BYTES keeps the GIL while it goes.
  *
  * recv_runs(fd, buf, budget, max_reads, read_size)
  *     -> (runs, nbytes, reads, empty, more, errno)
@@ -42,6 +43,15 @@
  *   dropped, counts[reason] (an int64 array of 16) counting them; the rest move
  *   down within their run. Returns the runs that kept a datagram, as
  *   (start, end, segment_size) in buf.
+ *
+ * send_now(fd, data) -> sent
+ * recv_now(fd, buf) -> received or None
+ *   One send(MSG_DONTWAIT | MSG_NOSIGNAL) or recv(MSG_DONTWAIT) on a stream
+ *   socket (the control connections), holding the GIL: sent 0 and None where it
+ *   would block (or a signal came); OSError on other errors, recv 0 at the end.
+ *   Python's socket methods let the GIL go around the call, and on a busy core a
+ *   thread that does so for a few microseconds waits for it again behind
+ *   whichever thread took it: a context switch or two for each control frame.
  *
  * MessageTable(job, data_vt, per_packet_flags, head_layout, mask, layout,
  *              auth_flag=0)
@@ -226,6 +236,11 @@ static int destination(struct sockaddr_in *addr, const char *host, int port) {
     return 0;
 }
 
+/* send_batch keeps the GIL for a batch of at most this many bytes: its system call
+   takes microseconds, and a thread that lets the GIL go for it waits for it again
+   behind whichever thread took it (as post() of dlcp/io/_engine.c, rule 7) */
+#define SEND_WITH_GIL_BYTES 65536
+
 static PyObject *send_batch(PyObject *self, PyObject *args) {
     (void)self;
     int fd, port, tos;
@@ -250,11 +265,12 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     }
     ssize_t sent = 0;
     unsigned long long calls = 0;
-    int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = send_datagrams(fd, &addr, (const char *)data.buf, data.len, seg, per_message, tos, &sent,
-                         &calls);
-    Py_END_ALLOW_THREADS
+    /* a batch this small keeps the GIL while it goes (as the engine's post does) */
+    PyThreadState *saved = data.len <= SEND_WITH_GIL_BYTES ? NULL : PyEval_SaveThread();
+    int err = send_datagrams(fd, &addr, (const char *)data.buf, data.len, seg, per_message, tos,
+                             &sent, &calls);
+    if (saved != NULL)
+        PyEval_RestoreThread(saved);
     PyBuffer_Release(&data);
     if (err) {
         errno = err;
@@ -1036,7 +1052,47 @@ static PyTypeObject MessageTableType = {
     .tp_as_sequence = &table_sequence,
 };
 
+static PyObject *send_now(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iy*:send_now", &fd, &data))
+        return NULL;
+    ssize_t sent = send(fd, data.buf, (size_t)data.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    int err = errno;
+    PyBuffer_Release(&data);
+    if (sent >= 0)
+        return PyLong_FromSsize_t(sent);
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)
+        return PyLong_FromLong(0);
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static PyObject *recv_now(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "iw*:recv_now", &fd, &buf))
+        return NULL;
+    ssize_t got = recv(fd, buf.buf, (size_t)buf.len, MSG_DONTWAIT);
+    int err = errno;
+    PyBuffer_Release(&buf);
+    if (got >= 0)
+        return PyLong_FromSsize_t(got);
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)
+        Py_RETURN_NONE;
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
 static PyMethodDef methods[] = {
+    {"send_now", send_now, METH_VARARGS,
+     "send_now(fd, data) -> sent: one non-blocking send on a stream socket, holding the "
+     "GIL; 0 where it would block (see the module source)."},
+    {"recv_now", recv_now, METH_VARARGS,
+     "recv_now(fd, buf) -> received or None: one non-blocking recv into buf, holding the "
+     "GIL; None where it would block, 0 at the end (see the module source)."},
     {"send_gathered", send_gathered_py, METH_VARARGS,
      "send_gathered(fd, heads, head, payload, chunk, per_message, host, port, tos) -> sent: "
      "datagrams gathered from a header each and consecutive chunks of payload (see the "

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..proto.context import PairKeys
+from .nonblocking import recv_now, send_now
 from .udp import bind
 
 __all__ = ["HELLO", "ControlChannel", "Inbound", "LostPeer", "hello_proof", "set_fast_timers"]
@@ -311,10 +312,7 @@ class ControlChannel:
         socket buffer (a socket with a timeout would poll() before every send);
         else wait for the peer to read, at most ``connect_timeout`` (a peer that
         stops reading must not stall this rank: the OSError names it gone)."""
-        try:
-            sent = sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
+        sent = send_now(sock, data)
         if sent < len(data):
             sock.settimeout(self.connect_timeout)
             try:
@@ -374,11 +372,11 @@ class ControlChannel:
         try:
             # into one buffer kept for every read: recv(n) would allocate n bytes
             # each time (256 KB: an mmap and munmap per control read)
-            n = sock.recv_into(self._read_buf)
-        except (BlockingIOError, InterruptedError):
-            return [], None
+            n = recv_now(sock, self._read_buf)
         except OSError as exc:
             return [], self._close_inbound(conn, f"connection error: {exc}")
+        if n is None:
+            return [], None
         if not n:
             return [], self._close_inbound(conn, "closed its control connection")
         conn.buf += memoryview(self._read_buf)[:n]

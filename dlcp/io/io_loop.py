@@ -246,7 +246,9 @@ class IOLoop:
         junk in it (a flood) holds nothing back, so hellos are read, lost data
         is asked for again and timeouts fire on time whatever the data socket
         holds. The sockets stay readable: the next turn comes at once."""
-        self._receive_data(now, timer)
+        # (with another file ready the linger would end at once, two calls later)
+        only_data = not ready or (len(ready) == 1 and ready[0][0].data == "data")
+        self._receive_data(now, timer, may_linger=only_data)
         now = time.monotonic()
         hold = self._holds_back(now)
         other = False  # (another socket's input: the clock is read again after it)
@@ -311,7 +313,9 @@ class IOLoop:
         deadline = self._transfers.earliest
         return deadline if deadline < wake else wake
 
-    def _receive_data(self, start: float, timer: float | None = None) -> None:
+    def _receive_data(
+        self, start: float, timer: float | None = None, *, may_linger: bool = True
+    ) -> None:
         """The data socket's share of a turn that began at ``start``: what
         arrived to the session, the pre-filter's drops to its counters.
 
@@ -322,11 +326,12 @@ class IOLoop:
         readable or a caller waits for the lock (it wakes this thread: _post).
         Data that trickles in it takes in naps (``EndpointConfig.receive_nap``)
         up to :data:`TRICKLE_LINGER`, within the same bounds. The wait counts as
-        idle for the rate meter, as ``select``'s does."""
+        idle for the rate meter, as ``select``'s does. ``may_linger`` False: no
+        linger (another file is ready already, which would end it at once)."""
         self._stats.receive_calls += 1
         self._delivered = 0
         data = self._data
-        linger = trickle = self._linger
+        linger = trickle = self._linger if may_linger else 0.0
         if linger:
             self._lingering = True  # (set before callers is read: see Endpoint._post)
             if self._callers:
@@ -368,8 +373,9 @@ class IOLoop:
         elif what == "outbound":
             self._outbound_ready(sock)
         elif what == "wake":
-            try:
-                while self._wake_r.recv(4096):
+            # (a short read drained it: no second call to hear it is empty)
+            try:  # (a short read drained it: no second call to hear it is empty)
+                while len(self._wake_r.recv(4096)) == 4096:
                     pass
             except (BlockingIOError, InterruptedError):
                 pass

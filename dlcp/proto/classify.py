@@ -508,7 +508,7 @@ def classify_chunks(
     ):
         prio, eligible, fraction, threshold = _rule_tables(cast(_Ruled, classifier), n_layers)
         tags = kernels.classify_chunks(
-            cast(NDArray[np.uint16], layers), n_layers, magnitudes, prio, eligible, fraction,
+            cast("NDArray[np.uint16]", layers), n_layers, magnitudes, prio, eligible, fraction,
             threshold, may_drop, _MAG_BIAS, _MAG_MAX,
         )  # fmt: skip
         if tags is not None:

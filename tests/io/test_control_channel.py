@@ -7,7 +7,21 @@ import selectors
 import socket
 import time
 
+import pytest
+
+from dlcp.io import nonblocking
 from dlcp.io.control import ControlChannel, LostPeer
+
+
+@pytest.fixture(params=["C", "socket"], autouse=True)
+def frames_io(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the frames read and written in C (``dlcp.io.nonblocking``,
+    where built) and by the socket's own methods (a build without the extension)."""
+    if request.param == "C" and nonblocking._udpio is None:
+        pytest.skip("dlcp.io._udpio not built")
+    if request.param == "socket":
+        monkeypatch.setattr(nonblocking, "_udpio", None)
+    return str(request.param)
 
 
 def _accept(server: ControlChannel) -> socket.socket:

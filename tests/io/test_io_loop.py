@@ -22,14 +22,19 @@ from dlcp.io.endpoint import Endpoint
 class _Turn:
     def __init__(self, backlog: bool) -> None:
         self.log: list[str] = []
+        self.lingers: list[bool] = []  # may_linger of each data read
         ep: Any = Endpoint.__new__(Endpoint)  # no sockets, no thread: only the turn's logic
         ep._data = SimpleNamespace(recv_sock="data-socket", backlog=backlog)
         ep._session = SimpleNamespace(handle_timer=self._timer)
-        ep._receive_data = lambda start, timer: self.log.append("data")
+        ep._receive_data = self._receive_data
         ep._on_ready = lambda sel, sock, what: self.log.append(what)
         ep._control_turn = time.monotonic()  # control and timers just had their turn
         ep._junk_read = False
         self.endpoint = ep
+
+    def _receive_data(self, start: float, timer: float | None, *, may_linger: bool) -> None:
+        self.log.append("data")
+        self.lingers.append(may_linger)
 
     def _timer(self, *, now: float, data_pending: bool = False) -> None:
         self.log.append("timer, data pending" if data_pending else "timer")
@@ -44,6 +49,20 @@ class _Turn:
 def test_data_is_read_first_then_control_then_the_due_timer(ready: list[str]) -> None:
     log = _Turn(backlog=False).run(ready, timer=0.0)
     assert log == ["data", *[k for k in ready if k != "data"], "timer"]
+
+
+@pytest.mark.parametrize(
+    ("ready", "may_linger"),
+    [([], True), (["data"], True), (["control"], False), (["data", "wake"], False)],
+)
+def test_the_data_read_lingers_only_when_no_other_file_is_ready(
+    ready: list[str], may_linger: bool
+) -> None:
+    # (another ready file ends the receive loop's linger at once: two system calls
+    # that would change nothing)
+    turn = _Turn(backlog=False)
+    turn.run(ready, timer=None)
+    assert turn.lingers == [may_linger]
 
 
 def test_a_timer_not_yet_due_does_not_run() -> None:
