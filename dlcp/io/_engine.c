@@ -52,7 +52,8 @@
  *     it go at once and it is next in line, and returns its report: the caller's
  *     FINISH then follows without a wake-up of either thread (the engine's
  *     threads are not signalled for a round sent so). It lets the GIL go while it
- *     takes the lock and sends, unless the round has at most INLINE_GIL_BYTES. A longer round goes to the engine's threads at once: sending its
+ *     takes the lock and sends, unless the round has at most INLINE_GIL_BYTES and
+ *     every mutex it takes is free when it asks (lock_from). A longer round goes to the engine's threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
  *     post()'s batch is claimed as the threads' are (rule 1).
@@ -120,9 +121,9 @@
    batch in flight, are a 64-bit set: rule 8) */
 #define MAX_SEND_THREADS 32
 /* rule 7: a round of at most this many wire bytes that post() may send itself keeps
-   the GIL while it does: its system call takes microseconds, and a thread that lets
-   the GIL go for it waits for it again behind whichever thread took it (on a busy
-   core, that thread's whole turn) */
+   the GIL while it does (while the mutexes it needs are free: lock_from): its system
+   call takes microseconds, and a thread that lets the GIL go for it waits for it
+   again behind whichever thread took it (on a busy core, that thread's whole turn) */
 #define INLINE_GIL_BYTES 65536
 
 struct Engine;
@@ -674,8 +675,23 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err)
  * claim the next batch of r meanwhile). Called with the lock held; returns with
  * it, 1 when r has ended (rule 5: every record claimed, or a batch failed, and no
  * batch in flight; r->status says which), for the caller to complete. */
+/* Lock m from a thread that may hold the GIL: post() keeps it for a small round
+   (rule 7), *gil NULL while it does. At once if m is free; else the GIL goes first
+   (*gil keeps the thread's state, for post() to take the GIL back once it holds no
+   mutex), as LOCKED does: a thread that holds the GIL never waits for a mutex, so a
+   send thread descheduled while it holds one stalls no Python thread. gil NULL:
+   a send thread (no GIL), or the GIL is gone already. */
+static void lock_from(pthread_mutex_t *m, PyThreadState **gil) {
+    if (gil != NULL && *gil == NULL) {
+        if (pthread_mutex_trylock(m) == 0)
+            return;
+        *gil = PyEval_SaveThread();
+    }
+    pthread_mutex_lock(m);
+}
+
 static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
-                         double now) {
+                         double now, PyThreadState **gil) {
     Py_ssize_t start = r->cursor;
     if (!r->started) {
         r->started = 1;
@@ -686,7 +702,7 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     r->last_b = peer->sent_bytes;
     /* the pacer is charged now, as the Python engine charges it when it decides:
        another thread deciding while this batch is on its way sees it spent */
-    pthread_mutex_lock(&peer->pacer->lock);
+    lock_from(&peer->pacer->lock, gil);
     pacer_on_sent(peer->pacer, nbytes, now);
     pthread_mutex_unlock(&peer->pacer->lock);
     peer->sent_bytes += (unsigned long long)nbytes;
@@ -708,7 +724,7 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
         err = send_run(e, &addr, r, s, t, tos, paths[s], &datagrams, &calls);
         s = t;
     }
-    pthread_mutex_lock(&e->lock);
+    lock_from(&e->lock, gil);
     e->datagrams += datagrams;
     e->send_calls += calls;
     e->batches++;
@@ -775,11 +791,11 @@ static int queue_full(Engine *e, double burst, double rate, double nbytes, doubl
  * none, or none may go yet: *wake then says when one may), its end and bytes.
  * With the lock held. */
 static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, double *nbytes,
-                         double *wake) {
+                         double *wake, PyThreadState **gil) {
     Round *r = first_to_send(peer);
     if (r == NULL)
         return NULL;
-    pthread_mutex_lock(&peer->pacer->lock);
+    lock_from(&peer->pacer->lock, gil);
     double burst = pacer_burst(peer->pacer);
     Py_ssize_t most = (Py_ssize_t)(burst / (double)r->stride);
     if (most < 1)
@@ -816,10 +832,10 @@ static void *send_thread(void *arg) {
                 continue;
             Py_ssize_t stop;
             double nbytes;
-            Round *r = next_batch(e, peer, now, &stop, &nbytes, &wake);
+            Round *r = next_batch(e, peer, now, &stop, &nbytes, &wake, NULL);
             if (r == NULL)
                 continue;
-            if (send_batch_of(e, peer, r, stop, nbytes, now))
+            if (send_batch_of(e, peer, r, stop, nbytes, now, NULL))
                 complete_round(e, peer, r, r->status, r->err);
             sent = 1;
             now = monotonic_now();
@@ -1563,10 +1579,11 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         goto fail;
     }
     int ended = 0;
-    /* rule 7: a round this small keeps the GIL while it goes (see INLINE_GIL_BYTES) */
+    /* rule 7: a round this small keeps the GIL while it goes (see INLINE_GIL_BYTES),
+       unless a mutex it needs is held (lock_from) */
     Py_ssize_t wire = r->head ? r->head + r->chunk_bytes + r->trailer : r->stride;
-    PyThreadState *saved = r->count * wire <= INLINE_GIL_BYTES ? NULL : PyEval_SaveThread();
-    pthread_mutex_lock(&e->lock);
+    PyThreadState *gil = r->count * wire <= INLINE_GIL_BYTES ? NULL : PyEval_SaveThread();
+    lock_from(&e->lock, &gil);
     Peer *peer = e->peers[dst];
     Round **at = &peer->rounds;
     while (*at && (*at)->order <= order)
@@ -1578,16 +1595,16 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     double wake = INFINITY, now = monotonic_now(), nbytes;
     Py_ssize_t stop;
     if (batch_end(r, 0, e->batch_packets) == r->count &&
-        next_batch(e, peer, now, &stop, &nbytes, &wake) == r && stop == r->count &&
-        send_batch_of(e, peer, r, stop, nbytes, now)) {
+        next_batch(e, peer, now, &stop, &nbytes, &wake, &gil) == r && stop == r->count &&
+        send_batch_of(e, peer, r, stop, nbytes, now, &gil)) {
         unlink_round(peer, r);
         ended = 1;
     } else {
         pthread_cond_signal(&e->cond); /* (the rest is the thread's) */
     }
     pthread_mutex_unlock(&e->lock);
-    if (saved != NULL)
-        PyEval_RestoreThread(saved);
+    if (gil != NULL)
+        PyEval_RestoreThread(gil);
     if (!ended)
         Py_RETURN_NONE;
     PyObject *report = round_report(r);
