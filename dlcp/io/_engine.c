@@ -51,9 +51,10 @@
  *     retransmissions) from the caller's thread when the destination's pacer lets
  *     it go at once and it is next in line, and returns its report: the caller's
  *     FINISH then follows without a wake-up of either thread (the engine's
- *     threads are not signalled for a round sent so). It lets the GIL go while it
- *     takes the lock and sends, unless the round has at most INLINE_GIL_BYTES and
- *     every mutex it takes is free when it asks (lock_from). A longer round goes to the engine's threads at once: sending its
+ *     threads are not signalled for a round sent so). It keeps the GIL while
+ *     every mutex it takes is free when it asks (lock_from), and lets it go around
+ *     a send of more than INLINE_GIL_BYTES. A longer round goes to the engine's
+ *     threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
  *     post()'s batch is claimed as the threads' are (rule 1).
@@ -1579,10 +1580,9 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         goto fail;
     }
     int ended = 0;
-    /* rule 7: a round this small keeps the GIL while it goes (see INLINE_GIL_BYTES),
-       unless a mutex it needs is held (lock_from) */
-    Py_ssize_t wire = r->head ? r->head + r->chunk_bytes + r->trailer : r->stride;
-    PyThreadState *gil = r->count * wire <= INLINE_GIL_BYTES ? NULL : PyEval_SaveThread();
+    /* the GIL stays until a mutex is busy (lock_from) or a batch of more than
+       INLINE_GIL_BYTES goes from here (rule 7) */
+    PyThreadState *gil = NULL;
     lock_from(&e->lock, &gil);
     Peer *peer = e->peers[dst];
     Round **at = &peer->rounds;
@@ -1594,9 +1594,11 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
        next in line, goes from this thread, without waking the engine's threads */
     double wake = INFINITY, now = monotonic_now(), nbytes;
     Py_ssize_t stop;
-    if (batch_end(r, 0, e->batch_packets) == r->count &&
-        next_batch(e, peer, now, &stop, &nbytes, &wake, &gil) == r && stop == r->count &&
-        send_batch_of(e, peer, r, stop, nbytes, now, &gil)) {
+    int here = batch_end(r, 0, e->batch_packets) == r->count &&
+               next_batch(e, peer, now, &stop, &nbytes, &wake, &gil) == r && stop == r->count;
+    if (here && gil == NULL && nbytes > INLINE_GIL_BYTES)
+        gil = PyEval_SaveThread(); /* (a long send: Python's other threads go on meanwhile) */
+    if (here && send_batch_of(e, peer, r, stop, nbytes, now, &gil)) {
         unlink_round(peer, r);
         ended = 1;
     } else {
