@@ -1,12 +1,14 @@
-"""Where a one-element message's context switches come from: `perf record` of the
-scheduler's switch event with DWARF call stacks over 400 messages of
-`dlcp.bench.turns`, each switch named by the first four user-space frames above
+"""Where a message's context switches come from: `perf record` of the scheduler's
+switch event with DWARF call stacks over MESSAGES (400) messages of SIZE (1) elements
+of `dlcp.bench.turns`, each switch named by the first four user-space frames above
 the kernel's (the interpreter's frame evaluation and lock plumbing left out).
 
-    python docs/results/2026-12-01/gil_handoffs/switch_sources.py   (root, from a checkout)
+    [SIZE=6250000 MESSAGES=20] python docs/results/2026-12-01/gil_handoffs/switch_sources.py
+    (as root, from a checkout's root)
 """
 
 import collections
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,13 +16,14 @@ import tempfile
 SKIP = ("__", "schedule", "futex", "do_", "entry_", "x64", "ep_", "exit_to_user", "PyCOND",
         "PyThread_acquire", "acquire_timed", "lll_", "_PyObject", "method_vectorcall",
         "PyObject_Vectorcall", "_PyEval_EvalFrame", "cfunction", "sock_call")  # fmt: skip
-MESSAGES = 400
+MESSAGES = int(os.environ.get("MESSAGES", "400"))
+SIZE = os.environ.get("SIZE", "1")
 
 with tempfile.TemporaryDirectory() as tmp:
     data = f"{tmp}/perf.data"
     subprocess.run(
         ["perf", "record", "-q", "-e", "sched:sched_switch", "--call-graph", "dwarf,16384",
-         "-o", data, sys.executable, "-m", "dlcp.bench.turns", "--sizes", "1",
+         "-o", data, sys.executable, "-m", "dlcp.bench.turns", "--sizes", SIZE,
          "--messages", str(MESSAGES), "--warmup", "5"],
         check=True, capture_output=True,
     )  # fmt: skip
