@@ -53,7 +53,7 @@
  *     FINISH then follows without a wake-up of either thread (the engine's
  *     threads are not signalled for a round sent so). It keeps the GIL while
  *     every mutex it takes is free when it asks (lock_from), and lets it go around
- *     a send of more than INLINE_GIL_BYTES. A longer round goes to the engine's
+ *     a send of more than SEND_WITH_GIL_BYTES. A longer round goes to the engine's
  *     threads at once: sending its
  *     first burst here held the caller (and the endpoint's lock) up, and a DDP
  *     job's iteration got slower (bench.ddp lossless 1.57x Gloo against 1.35x).
@@ -121,11 +121,6 @@
 /* send threads an engine may run (the key expansions of a sealed round, one per
    batch in flight, are a 64-bit set: rule 8) */
 #define MAX_SEND_THREADS 32
-/* rule 7: a round of at most this many wire bytes that post() may send itself keeps
-   the GIL while it does (while the mutexes it needs are free: lock_from): its system
-   call takes microseconds, and a thread that lets the GIL go for it waits for it
-   again behind whichever thread took it (on a busy core, that thread's whole turn) */
-#define INLINE_GIL_BYTES 65536
 
 struct Engine;
 
@@ -671,13 +666,8 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err)
     (void)w;
 }
 
-/* One batch of r to peer (rule 2-4): records [r->cursor, stop), claimed here
- * (the cursor moves past them before the lock is released, so another thread may
- * claim the next batch of r meanwhile). Called with the lock held; returns with
- * it, 1 when r has ended (rule 5: every record claimed, or a batch failed, and no
- * batch in flight; r->status says which), for the caller to complete. */
-/* Lock m from a thread that may hold the GIL: post() keeps it for a small round
-   (rule 7), *gil NULL while it does. At once if m is free; else the GIL goes first
+/* Lock m from a thread that may hold the GIL: post() keeps it (rule 7), *gil NULL
+   while it does. At once if m is free; else the GIL goes first
    (*gil keeps the thread's state, for post() to take the GIL back once it holds no
    mutex), as LOCKED does: a thread that holds the GIL never waits for a mutex, so a
    send thread descheduled while it holds one stalls no Python thread. gil NULL:
@@ -691,6 +681,11 @@ static void lock_from(pthread_mutex_t *m, PyThreadState **gil) {
     pthread_mutex_lock(m);
 }
 
+/* One batch of r to peer (rule 2-4): records [r->cursor, stop), claimed here
+ * (the cursor moves past them before the lock is released, so another thread may
+ * claim the next batch of r meanwhile). Called with the lock held; returns with
+ * it, 1 when r has ended (rule 5: every record claimed, or a batch failed, and no
+ * batch in flight; r->status says which), for the caller to complete. */
 static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, double nbytes,
                          double now, PyThreadState **gil) {
     Py_ssize_t start = r->cursor;
@@ -1581,7 +1576,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     }
     int ended = 0;
     /* the GIL stays until a mutex is busy (lock_from) or a batch of more than
-       INLINE_GIL_BYTES goes from here (rule 7) */
+       SEND_WITH_GIL_BYTES goes from here (rule 7) */
     PyThreadState *gil = NULL;
     lock_from(&e->lock, &gil);
     Peer *peer = e->peers[dst];
@@ -1596,7 +1591,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     Py_ssize_t stop;
     int here = batch_end(r, 0, e->batch_packets) == r->count &&
                next_batch(e, peer, now, &stop, &nbytes, &wake, &gil) == r && stop == r->count;
-    if (here && gil == NULL && nbytes > INLINE_GIL_BYTES)
+    if (here && gil == NULL && nbytes > SEND_WITH_GIL_BYTES)
         gil = PyEval_SaveThread(); /* (a long send: Python's other threads go on meanwhile) */
     if (here && send_batch_of(e, peer, r, stop, nbytes, now, &gil)) {
         unlink_round(peer, r);

@@ -23,6 +23,12 @@
 /* messages per sendmmsg call */
 #define SEND_BATCH 256
 
+/* A send of at most this many bytes keeps the GIL (_udpio's send_batch, the
+   engine's post(), rule 7): its system call takes microseconds, and a thread that
+   lets the GIL go for it waits for it again behind whichever thread took it (on a
+   busy core, that thread's whole turn) */
+#define SEND_WITH_GIL_BYTES 65536
+
 /* The ancillary data of a send: TOS and segment size for a message of several
  * datagrams, TOS alone for a message of one. */
 typedef struct {

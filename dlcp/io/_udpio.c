@@ -236,11 +236,6 @@ static int destination(struct sockaddr_in *addr, const char *host, int port) {
     return 0;
 }
 
-/* send_batch keeps the GIL for a batch of at most this many bytes: its system call
-   takes microseconds, and a thread that lets the GIL go for it waits for it again
-   behind whichever thread took it (as post() of dlcp/io/_engine.c, rule 7) */
-#define SEND_WITH_GIL_BYTES 65536
-
 static PyObject *send_batch(PyObject *self, PyObject *args) {
     (void)self;
     int fd, port, tos;
@@ -265,7 +260,7 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     }
     ssize_t sent = 0;
     unsigned long long calls = 0;
-    /* a batch this small keeps the GIL while it goes (as the engine's post does) */
+    /* (a batch this small keeps the GIL while it goes: _sendmmsg.h) */
     PyThreadState *saved = data.len <= SEND_WITH_GIL_BYTES ? NULL : PyEval_SaveThread();
     int err = send_datagrams(fd, &addr, (const char *)data.buf, data.len, seg, per_message, tos,
                              &sent, &calls);
@@ -1052,6 +1047,20 @@ static PyTypeObject MessageTableType = {
     .tp_as_sequence = &table_sequence,
 };
 
+/* send_now's and recv_now's answer: the bytes moved; where the call would have
+   waited (or a signal came) 0, or None for recv_now (`none`); else OSError */
+static PyObject *now_answer(ssize_t moved, int err, int none) {
+    if (moved >= 0)
+        return PyLong_FromSsize_t(moved);
+    if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (none)
+        Py_RETURN_NONE;
+    return PyLong_FromLong(0);
+}
+
 static PyObject *send_now(PyObject *self, PyObject *args) {
     (void)self;
     int fd;
@@ -1061,12 +1070,7 @@ static PyObject *send_now(PyObject *self, PyObject *args) {
     ssize_t sent = send(fd, data.buf, (size_t)data.len, MSG_DONTWAIT | MSG_NOSIGNAL);
     int err = errno;
     PyBuffer_Release(&data);
-    if (sent >= 0)
-        return PyLong_FromSsize_t(sent);
-    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)
-        return PyLong_FromLong(0);
-    errno = err;
-    return PyErr_SetFromErrno(PyExc_OSError);
+    return now_answer(sent, err, 0);
 }
 
 static PyObject *recv_now(PyObject *self, PyObject *args) {
@@ -1078,12 +1082,7 @@ static PyObject *recv_now(PyObject *self, PyObject *args) {
     ssize_t got = recv(fd, buf.buf, (size_t)buf.len, MSG_DONTWAIT);
     int err = errno;
     PyBuffer_Release(&buf);
-    if (got >= 0)
-        return PyLong_FromSsize_t(got);
-    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)
-        Py_RETURN_NONE;
-    errno = err;
-    return PyErr_SetFromErrno(PyExc_OSError);
+    return now_answer(got, err, 1);
 }
 
 static PyMethodDef methods[] = {

@@ -373,7 +373,6 @@ class IOLoop:
         elif what == "outbound":
             self._outbound_ready(sock)
         elif what == "wake":
-            # (a short read drained it: no second call to hear it is empty)
             try:  # (a short read drained it: no second call to hear it is empty)
                 while len(self._wake_r.recv(4096)) == 4096:
                     pass
