@@ -12,11 +12,21 @@ memory speed the protocol work runs.
 
 The receiver gets what the endpoint would hand it: the endpoint's UDP driver
 reads GRO batches back to back into its receive buffer, ``RECEIVE_STEP_BYTES``
-(256 KB) a step, and delivers each run of same-size datagrams of a step with
-one ``receive_batch`` call. Here the sender's consecutive data batches already lie
-back to back in its record buffer, so a run is a view of them, up to that size
-(the kernel's copy into the receive buffer is not core work and is not timed; the
-transport benchmark measures it with everything else).
+(256 KB) a step, as runs of same-size datagrams. Here the sender's consecutive
+data batches already lie back to back in its record buffer, so a run is a view of
+them, up to that size (the kernel's copy into the receive buffer is not core work
+and is not timed; the transport benchmark measures it with everything else). The
+receiving session takes the runs by the path the endpoint takes them by
+(``--receive-path``, in the JSON ``receive_path``):
+
+* ``native`` (the default where ``dlcp.io.native_receive`` was built, on either
+  engine, as the endpoint's default ``native_receive``): the runs are staged in
+  the C table of the messages under way and taken there, a receive call's worth
+  (``RECEIVE_BUDGET_BYTES``, 4 MB) at a time, and the session applies what each
+  call took once (``hand_over``); a message's first run opens it through
+  ``receive_batch``, as in the endpoint;
+* ``python`` (the endpoint with ``native_receive`` off, or without the
+  extension): one ``receive_batch`` call per run.
 
 On the native engine (the default where it was built; ``DLCP_ENGINE`` picks,
 as for every benchmark) the sending session is driven as that engine drives
@@ -43,9 +53,12 @@ import time
 import numpy as np
 
 from dlcp.errors import ArgumentTypeError, BenchError
-from dlcp.io.udp import RECEIVE_STEP_BYTES
+from dlcp.io import native_receive
+from dlcp.io.native_receive import MessageRuns, hand_over
+from dlcp.io.udp import RECEIVE_BUDGET_BYTES, RECEIVE_STEP_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
+from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import (
     ControlDatagram,
     DataBatch,
@@ -69,13 +82,70 @@ def as_control(item: Transmit) -> ControlDatagram:
     return item
 
 
-def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, step: int) -> float:
-    """One message from ``tx`` to ``rx``; returns the seconds spent inside the two
-    sessions' calls (the harness that carries datagrams between them is not timed).
-    A ``tx`` made with ``whole_rounds`` is lent ``data`` and hands out rounds."""
+class Receiver:
+    """The receiving session and the path its data runs take (module doc): with
+    ``table``, a ``MessageRuns`` the session registers its messages with, the
+    runs are staged there a receive call's worth at a time; without, each goes to
+    ``receive_batch``."""
+
+    def __init__(self, session: Session, table: MessageRuns | None) -> None:
+        self.session = session
+        self.table = table
+        self.now = 0.0
+        self._staged: list[tuple[int, int, int]] = []  # (start, end, segment size)
+        self._staged_bytes = 0
+        self._owner = self._flat = np.empty(0, np.uint8)  # (the staged runs' buffer)
+        if table is not None:
+            session.take_runs_natively(table)
+
+    def must_take_before(self, buf: np.ndarray) -> bool:
+        """Whether the staged runs are a receive call's worth without the run in
+        ``buf`` (or it lies in another buffer): they are taken before it is staged."""
+        return bool(self._staged) and (
+            self._staged_bytes + len(buf) > RECEIVE_BUDGET_BYTES or _owner(buf) is not self._owner
+        )
+
+    def stage(self, buf: np.ndarray, segment_size: int) -> None:
+        """A run of same-size data datagrams, staged until :meth:`take` (where it
+        lies: the harness's work, not the core's)."""
+        if not self._staged:
+            self._owner = _owner(buf)
+            self._flat = self._owner.reshape(-1).view(np.uint8)
+        start = buf.ctypes.data - self._flat.ctypes.data
+        self._staged.append((start, start + len(buf), segment_size))
+        self._staged_bytes += len(buf)
+
+    def take(self) -> None:
+        """The staged runs, taken in C as one receive call takes them."""
+        if not self._staged:
+            return
+        assert self.table is not None
+        self.table.table.stage(self._flat, self._staged)
+        self._staged = []
+        self._staged_bytes = 0
+        hand_over(self.table.table, self._flat, self._whole, self)
+
+    def _whole(self, buf: np.ndarray, segment_size: int) -> None:
+        self.session.receive_batch(buf, segment_size, now=self.now)
+
+    # (what the C table took, and the datagrams after a taken prefix: TakenRuns)
+    def taken(self, taken: list[Taken]) -> None:
+        self.session.receive_taken(taken, now=self.now)
+
+    def rest(self, buf: np.ndarray, segment_size: int) -> None:
+        self.session.receive_rest(buf, segment_size, now=self.now)
+
+
+def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndarray,
+                 step: int) -> float:  # fmt: skip
+    """One message from ``tx`` to ``receiver``'s session; returns the seconds spent
+    inside the two sessions' calls (the harness that carries datagrams between them
+    is not timed). A ``tx`` made with ``whole_rounds`` is lent ``data`` and hands
+    out rounds."""
+    rx = receiver.session
     rx.expect_message(0, step=step, msg=0, out=out)
     clock = time.perf_counter
-    now = 0.0
+    now = receiver.now
     t0 = clock()
     tx.send_message(1, data, step=step, msg=0, now=now, borrow=True)
     core = clock() - t0
@@ -87,7 +157,20 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
         if not items:
             raise BenchError("sender went idle before the message completed")
         for item in _as_received(items):
+            if type(item) is tuple:
+                if receiver.table is None:
+                    t0 = clock()
+                    rx.receive_batch(*item, now=now)
+                    core += clock() - t0
+                    continue
+                if receiver.must_take_before(item[0]):
+                    t0 = clock()
+                    receiver.take()
+                    core += clock() - t0
+                receiver.stage(*item)
+                continue
             t0 = clock()
+            receiver.take()  # (the data before it first, as the endpoint takes it)
             if isinstance(item, ControlDatagram):
                 rx.receive_datagram(item.data, now=now)
             elif isinstance(item, RoundPost):  # its datagrams went (the runs before it)
@@ -97,10 +180,9 @@ def one_transfer(tx: Session, rx: Session, data: np.ndarray, out: np.ndarray, st
                     rx.receive_datagram(as_control(reply).data, now=now)
             elif isinstance(item, RoundRelease):
                 tx.release_round(item.dst, step=item.step, msg=item.msg)
-            else:
-                rx.receive_batch(item[0], item[1], now=now)
             core += clock() - t0
         t0 = clock()
+        receiver.take()
         for reply in rx.datagrams_to_send(now=now):
             tx.receive_datagram(as_control(reply).data, now=now)
         while (ev := rx.next_event()) is not None:
@@ -234,6 +316,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
                     help="datagrams per path choice (default: the protocol's, %(default)s)")
     ap.add_argument("--authenticate", action="store_true",
                     help="the sessions seal and verify every datagram (default: not)")
+    ap.add_argument("--receive-path", choices=["native", "python"],
+                    help="how the receiving session takes the data runs (module doc; "
+                    "default: native where dlcp.io.native_receive was built, as the "
+                    "endpoint's default)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args(argv)
 
@@ -241,6 +327,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     if engine == "native" and args.authenticate:
         ap.error("--authenticate runs on the Python engine's path only (DLCP_ENGINE=python): "
                  "the native engine seals in its own thread, which this harness does not run")
+    # (an authenticating session takes the C table only where it verifies tags)
+    native_ok = native_receive.verifies_tags() if args.authenticate else native_receive.available()
+    receive_path = args.receive_path or ("native" if native_ok else "python")
+    if receive_path == "native" and not native_ok:
+        ap.error("--receive-path native: dlcp.io.native_receive is not built here"
+                 + (" with libcrypto (it cannot verify tags)" if args.authenticate else ""))
     n = args.size_mib * (1 << 20) // 4
     start = cpu_times()
     data = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -255,13 +347,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     # one pair of sessions for all repeats, as a training job keeps its endpoints
     tx = Session(rank=0, job=1, config=cfg, key=key, whole_rounds=engine == "native")
     rx = Session(rank=1, job=1, config=cfg, key=key)
-    one_transfer(tx, rx, data, out, step=0)  # warm-up: first-touch page faults, imports
+    receiver = Receiver(rx, MessageRuns(1) if receive_path == "native" else None)
+    one_transfer(tx, receiver, data, out, step=0)  # warm-up: first-touch page faults, imports
     core, copy = [], []
     for i in range(1, args.repeat + 1):
         out[...] = 0
         copy.append(memcpy_time(data, out))
         out[...] = 0
-        core.append(one_transfer(tx, rx, data, out, step=i))
+        core.append(one_transfer(tx, receiver, data, out, step=i))
     nbytes = data.nbytes
     core_s, copy_s = statistics.median(core), statistics.median(copy)
     result = {
@@ -276,6 +369,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         # the sending session as that engine drives it (module doc)
         "engine": engine,
         "engine_threads": None,  # (no send thread: the harness carries the datagrams)
+        "receive_path": receive_path,
         "core_s": round(core_s, 4),
         "memcpy_s": round(copy_s, 4),
         "core_gbps": round(nbytes / core_s / 1e9, 3),

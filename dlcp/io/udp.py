@@ -74,6 +74,9 @@ RECEIVE_BUFFER_BYTES = 8 << 20
 #: (512 KB of L2 a core), most of it in the kernel's copy to the buffer
 #: (docs/benchmarks.md, "Cache-sized receive steps")
 RECEIVE_STEP_BYTES = 256 << 10
+#: bytes one receive() call takes at most by default (its steps' runs are taken in
+#: C; what they took reaches Python once, when the call ends)
+RECEIVE_BUDGET_BYTES = 4 << 20
 
 
 def kernel_supports(option: int) -> bool:
@@ -286,7 +289,7 @@ class DataSockets:
         self,
         deliver: Deliver,
         *,
-        budget: int = 4 << 20,
+        budget: int = RECEIVE_BUDGET_BYTES,
         accelerated: bool | None = None,
         taken: TakenRuns | None = None,
         linger: float = 0.0,

@@ -2,7 +2,8 @@
 memcpy time over core time (higher is better), so the Python engine's run, which
 moves every byte at least twice (into packets, then into the output), cannot
 beat one copy; the throughputs follow from the times; a transfer that is not
-bit-exact fails the run instead of being timed, on either engine's path."""
+bit-exact fails the run instead of being timed, on either engine's path and
+either receive path."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import numpy as np
 import pytest
 
 from dlcp.bench import core
+from dlcp.io import native_receive
 from dlcp.io.engine import native_available
 
 ENGINES = ["python", pytest.param("native", marks=pytest.mark.skipif(
     not native_available(), reason="native engine not built"))]  # fmt: skip
+RECEIVE_PATHS = ["python", pytest.param("native", marks=pytest.mark.skipif(
+    not native_receive.available(), reason="native receive path not built"))]  # fmt: skip
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -61,4 +65,48 @@ def test_a_transfer_that_is_not_exact_fails_the_run(
 
     monkeypatch.setattr(core.Session, "receive_batch", flip_a_byte)
     with pytest.raises(RuntimeError, match="not bit-exact"):
-        core.main(["--size-mib", "1", "--repeat", "1", "--json"])
+        core.main(["--size-mib", "1", "--repeat", "1", "--json", "--receive-path", "python"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.skipif(not native_receive.available(), reason="native receive path not built")
+def test_what_the_c_table_takes_is_checked_too(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the native receive path the data runs go to the C table, not to
+    ``receive_batch``: a byte changed in what it takes fails the run as well."""
+    monkeypatch.setenv("DLCP_ENGINE", engine)
+    real = core.Receiver.take
+
+    def flip_a_byte(self: core.Receiver) -> None:
+        if self._staged:
+            self._flat[self._staged[-1][1] - 1] ^= 0xFF  # the last payload byte staged
+        real(self)
+
+    monkeypatch.setattr(core.Receiver, "take", flip_a_byte)
+    with pytest.raises(RuntimeError, match="not bit-exact"):
+        core.main(["--size-mib", "1", "--repeat", "1", "--json", "--receive-path", "native"])
+
+
+@pytest.mark.parametrize("path", RECEIVE_PATHS)
+def test_the_json_names_the_receive_path_that_ran(
+    path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = _run(capsys, "--receive-path", path)
+    assert r["receive_path"] == path
+    assert r["ratio"] > 0
+
+
+def test_the_default_receive_path_is_the_endpoints(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint takes data runs in the C table wherever it was built
+    (``native_receive`` on by default), so the benchmark does too; without it,
+    asking for that path is an error that says why."""
+    r = _run(capsys)
+    assert r["receive_path"] == ("native" if native_receive.available() else "python")
+    monkeypatch.setattr(native_receive, "available", lambda: False)
+    assert _run(capsys)["receive_path"] == "python"
+    with pytest.raises(SystemExit):  # (argparse's error: exit status 2)
+        core.main(["--size-mib", "1", "--receive-path", "native"])
+    assert "not built" in capsys.readouterr().err
