@@ -23,8 +23,9 @@ receiving session takes the runs by the path the endpoint takes them by
   engine, as the endpoint's default ``native_receive``): the runs are staged in
   the C table of the messages under way and taken there, a receive call's worth
   (``RECEIVE_BUDGET_BYTES``, 4 MB) at a time, and the session applies what each
-  call took once (``hand_over``); a message's first run opens it through
-  ``receive_batch``, as in the endpoint;
+  call took once (``hand_over``); the receive is posted with its buffer before
+  the data, so the table takes the first run too, as in the endpoint (a run it
+  does not take goes to ``receive_batch``);
 * ``python`` (the endpoint with ``native_receive`` off, or without the
   extension): one ``receive_batch`` call per run.
 

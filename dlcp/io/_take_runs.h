@@ -62,12 +62,14 @@ enum { TAKE_DONE = 0, TAKE_WHOLE, TAKE_REST, TAKE_CHECK };
 
 /* Where the run's head keeps the fields a message is found by: byte offsets in
  * the data header of ver_type (1 byte), flags (1), job (2), step (4), msg (2),
- * msg_elems (4), src (2) and the dtype byte (1), big-endian on the wire. */
+ * msg_elems (4), src (2) and the dtype byte (1), big-endian on the wire; and of
+ * the bound byte (1), which the table reports (the sender's loss bound, which
+ * a message registered before its data learns from it). */
 typedef struct {
-    unsigned char ver_type, flags, job, step, msg, msg_elems, src, dtype;
+    unsigned char ver_type, flags, job, step, msg, msg_elems, src, dtype, bound;
 } HeadLayout;
 
-#define HEAD_LAYOUT_LEN 8
+#define HEAD_LAYOUT_LEN 9
 
 /* One registered message: its buffers, geometry, the copies of its counters
  * that decide when its completion check is due, and what was taken since the
@@ -90,6 +92,8 @@ typedef struct {
     long long received_elems, received_protected, complete_elems, complete_protected;
     /* taken since the last report */
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
+    /* the bound byte of the last run taken (-1: none taken since it was registered) */
+    int bound;
     int reported; /* listed in the table's touched list */
 } TakenMessage;
 
@@ -209,6 +213,7 @@ static inline ssize_t take_register(TakeTable *t, const TakenMessage *m) {
         next.fresh_drop = old->fresh_drop;
         next.fresh_retx = old->fresh_retx;
         next.payload_bytes = old->payload_bytes;
+        next.bound = old->bound;
         next.reported = old->reported;
         next.live = 1;
         *old = next;
@@ -406,6 +411,7 @@ static inline int take_next(TakeTable *t, unsigned char *buf, ssize_t buf_len, R
         m->fresh_drop += r.fresh_drop;
         m->fresh_retx += r.fresh_retx;
         m->payload_bytes += r.payload_bytes;
+        m->bound = buf[run.start + t->head.bound];
         m->received_elems += r.fresh_elems;
         m->received_protected += r.fresh - r.fresh_drop;
         if (!m->reported) {

@@ -457,12 +457,13 @@ static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) 
         return -1;
     }
     if (head_len != HEAD_LAYOUT_LEN || layout_len != 8) {
-        PyErr_Format(PyExc_ValueError, "head_layout (%zd bytes) and layout (%zd) must be 8 bytes",
-                     head_len, layout_len);
+        PyErr_Format(PyExc_ValueError, "head_layout (%zd bytes) must be %d bytes, layout (%zd) 8",
+                     head_len, HEAD_LAYOUT_LEN, layout_len);
         return -1;
     }
-    /* (field sizes: ver_type 1, flags 1, job 2, step 4, msg 2, msg_elems 4, src 2, dtype 1) */
-    static const int size[HEAD_LAYOUT_LEN] = {1, 1, 2, 4, 2, 4, 2, 1};
+    /* (field sizes: ver_type 1, flags 1, job 2, step 4, msg 2, msg_elems 4, src 2, dtype 1,
+     * bound 1) */
+    static const int size[HEAD_LAYOUT_LEN] = {1, 1, 2, 4, 2, 4, 2, 1, 1};
     for (int i = 0; i < HEAD_LAYOUT_LEN; i++)
         if (head[i] + size[i] > mask_len) {
             PyErr_Format(PyExc_ValueError, "head_layout field %d at byte %d leaves the %zd-byte header",
@@ -480,8 +481,8 @@ static int table_init(MessageTableObject *self, PyObject *args, PyObject *kwds) 
     self->t.job = job;
     self->t.data_vt = data_vt;
     self->t.per_packet_flags = per_packet;
-    self->t.head = (HeadLayout){head[0], head[1], head[2], head[3],
-                                head[4], head[5], head[6], head[7]};
+    self->t.head = (HeadLayout){head[0], head[1], head[2], head[3], head[4],
+                                head[5], head[6], head[7], head[8]};
     memcpy(self->t.mask, mask, (size_t)mask_len);
     memcpy(self->t.layout, layout, 8);
     self->t.header_len = mask_len;
@@ -684,6 +685,7 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     m.received_protected = received_protected;
     m.complete_elems = complete_elems;
     m.complete_protected = complete_protected;
+    m.bound = -1;
     table_lock(self);
     ssize_t slot = -1;
     HeldBuffers replaced;
@@ -959,11 +961,11 @@ done:
 }
 
 static int report_taken(void *context, const TakenMessage *m) {
-    PyObject *t = Py_BuildValue("(KKKLLLLLLL)", (unsigned long long)(m->key >> 48),
+    PyObject *t = Py_BuildValue("(KKKLLLLLLLi)", (unsigned long long)(m->key >> 48),
                                 (unsigned long long)((m->key >> 16) & 0xFFFFFFFFULL),
                                 (unsigned long long)(m->key & 0xFFFF), m->datagrams, m->nbytes,
                                 m->fresh, m->fresh_elems, m->fresh_drop, m->fresh_retx,
-                                m->payload_bytes);
+                                m->payload_bytes, m->bound);
     if (t == NULL)
         return -1;
     int err = PyList_Append((PyObject *)context, t);

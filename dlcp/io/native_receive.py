@@ -2,8 +2,10 @@
 
 :class:`MessageRuns` is the table of the messages under way that the UDP receive
 loop (``dlcp.io._udpio``, C) scatters itself: the inbox registers each message it
-opens (:class:`~dlcp.proto.receive_paths.NativeRuns`) and removes it when it
-ends. :meth:`~dlcp.io.udp.DataSockets.receive` then reads, pre-filters and
+opens (:class:`~dlcp.proto.receive_paths.NativeRuns`), and each whose receive was
+posted with its buffer before any of its data came (then the table's reports
+carry the bound of the datagrams it took, which the message opens with), and
+removes it when it ends. :meth:`~dlcp.io.udp.DataSockets.receive` then reads, pre-filters and
 scatters in C without the GIL, and Python runs once per receive call per message
 (the counts of what was taken) instead of once per run of datagrams; what the
 loop does not take (a new message, a foreign or bad datagram, a tag that does
@@ -63,7 +65,7 @@ __all__ = [
 TAKE_WHOLE, TAKE_REST, TAKE_CHECK = 1, 2, 3
 
 #: the fields a run's head is matched by, as the C table reads them
-_HEAD_FIELDS = ("ver_type", "flags", "job", "step", "msg", "msg_elems", "src", "dtype")
+_HEAD_FIELDS = ("ver_type", "flags", "job", "step", "msg", "msg_elems", "src", "dtype", "bound")
 
 
 def _head_layout() -> bytes:

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from .config import FillPolicy
 from .control import Finish
+from .reassembler import Reassembler
+from .wire import DType, allowed_loss, bound_from_wire
 
 __all__ = ["Expectation"]
 
@@ -33,6 +36,39 @@ class Expectation:
     #: message with this)
     misfit: str | None = None
     misfits: int = 0
+    #: the message's state, made when the receive was posted and registered with
+    #: the native receive loop in the geometry the sender most likely uses, so
+    #: that the loop takes even its first datagrams (None: it opens as they come)
+    posted: Reassembler | None = None
+
+    def post(self, chunk_bytes: int) -> Reassembler | None:
+        """The message's state in the geometry a sender cutting ``chunk_bytes``-byte
+        chunks gives a message that fills ``out`` (kept as :attr:`posted`), or
+        None if ``out`` can hold no message (its data then says what it is)."""
+        out = self.out
+        if out is None or not len(out):
+            return None
+        try:
+            dtype = DType.of(out, bfloat16=True)
+            chunk_elems = min(chunk_bytes // dtype.itemsize, len(out))
+            self.posted = Reassembler(
+                dtype=dtype, msg_elems=len(out), chunk_elems=chunk_elems, out=out, bound=0.0,
+                fill=self.fill, now=0.0, accumulate=self.accumulate,
+            )  # fmt: skip
+        except (UsageError, ValueError):
+            return None
+        return self.posted
+
+    def opened(self, bound: int, *, now: float) -> Reassembler:
+        """:attr:`posted`, its first datagrams (of wire bound ``bound``) taken at
+        ``now``: its bound is the tighter of the sender's and ``p``."""
+        r = self.posted
+        assert r is not None
+        sender_p = bound_from_wire(bound)
+        r.bound = sender_p if self.p is None else min(sender_p, self.p)
+        r.allowed_loss = allowed_loss(r.bound, r.msg_elems)
+        r.started = r.last_activity = now
+        return r
 
     def note_misfit(self, why: str, packets: int) -> None:
         self.misfit = f"packet does not fit the expected message: {why}"

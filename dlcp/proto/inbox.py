@@ -13,27 +13,15 @@ Admission: how data datagrams get into a reassembler
 -----------------------------------------------------
 
 :meth:`ReceivePaths.receive` takes a buffer of datagrams (one GRO read, or a run
-of them) by one of three paths, chosen by what the buffer starts with:
+of them) by one of three paths, run, first and general, or the native receive
+loop takes it in C (:mod:`dlcp.proto.receive_paths` says which takes what). The
+inbox registers with that loop every message it opens, and every message whose
+receive was posted with its buffer before any of its data came
+(:meth:`Inbox.expect`: in the geometry the sender most likely gives it, so that
+the loop takes even its first datagrams), and removes it on every way it
+leaves ``_incoming`` or the expected messages. What the loop took is accounted
+for by the run path's rules (:meth:`ReceivePaths.receive_taken`).
 
-* **run** (:meth:`ReceivePaths._receive_run`): the leading datagrams of a message
-  already under way, carrying no flag beyond LAST and RETRANSMIT (and AUTH where
-  the session authenticates: then only those whose tags verify, one C call),
-  checked and written in one pass by the C kernel ``scatter_run``;
-* **first** (:meth:`ReceivePaths._receive_first`): the first datagram of a message
-  neither under way nor ended, unauthenticated and valid as it stands, read with
-  plain integers (a parsed batch costs more than a small message's transfer);
-* **general** (:meth:`ReceivePaths._receive_parsed`): everything else (the first
-  datagram of an authenticated message, bad or foreign ones, batches that mix
-  messages) parsed by
-  :func:`~dlcp.proto.batch.parse_batch`, which gives each its exact reason, and
-  grouped by message.
-
-A fast path that cannot take a datagram as it is declines it, having done
-nothing, and the general path takes it. With a native receive loop attached
-(:meth:`ReceivePaths.take_runs_natively`) the run path of the messages under way
-runs in that loop (C); the inbox registers every message it opens and removes it
-on every way it leaves ``_incoming`` (:meth:`Inbox._leave`), and what the loop
-took is accounted for by the run path's rules (:meth:`ReceivePaths.receive_taken`).
 Whatever the path, a datagram lands in one of these cases, by the message it names:
 
 ========================  =====================================================
@@ -44,7 +32,8 @@ from an unknown peer      rejected ``unknown_peer``; nothing else is touched
 first of an awaited       the message opens with the geometry of its header and
 message                   the ``out=``/``p``/``fill`` the application gave
                           (:meth:`Inbox.expect`); with ``out=`` it is not
-                          charged (rule 4)
+                          charged (rule 4), and if it fits the geometry it was
+                          registered in, the native loop took it
 first of an unexpected    the message opens with the session's default fill and
 message                   is charged against ``max_unexpected_bytes``; past the
                           limit it is refused (rule 4); in a kept buffer if any
@@ -71,7 +60,9 @@ the pipeline that all three paths call:
    counts in ``late_packets``, starts nothing and is not metered;
 4. **open** (:meth:`Inbox._message_for`, :meth:`Inbox._open`): the first
    datagrams of a message not under way open it with the geometry their header
-   gives (rejected ``geometry`` if it gives none). A message nobody gave
+   gives (rejected ``geometry`` if it gives none; those the native loop took
+   into a posted receive's guess, :meth:`Inbox._open_posted`, with the bound
+   it reports). A message nobody gave
    ``out=`` for is charged its buffer plus :data:`OPEN_MESSAGE_BYTES` against
    ``max_unexpected_bytes``; over the limit its datagrams are rejected
    ``unexpected_overflow`` and, if nobody asked for it, it is refused (it fails
@@ -203,7 +194,14 @@ class Inbox(ReceivePaths[_Incoming]):
             r_dtype = DType.FLOAT32 if state is None else state.reassembler.dtype
             check_accumulate(r_dtype, fill, out)
         if state is None:
-            self._expected[key] = Expectation(out, p, fill, accumulate)
+            self._drop_expected(key)  # (posted again)
+            want = self._expected[key] = Expectation(out, p, fill, accumulate)
+            # registered with the native loop before any of it came, in the geometry the
+            # sender most likely gives it (Expectation.post): the loop takes its first
+            # datagrams too, and those that do not fit open it as they say (_open); src
+            # is a peer (Session.expect_message refuses others)
+            if self._native is not None and (r := want.post(self.config.chunk_bytes)) is not None:
+                self._register_native(key, r)
             return
         state.expected = True
         r = state.reassembler
@@ -226,10 +224,21 @@ class Inbox(ReceivePaths[_Incoming]):
         if own is not None:  # (the native table was given the caller's buffer above)
             self.keep_spare(own)
 
+    def _drop_expected(self, key: Key) -> Expectation | None:
+        """Forget that ``key`` is expected: the native loop writes nothing more to its buffer."""
+        want = self._expected.pop(key, None)
+        if want is not None and want.posted is not None and self._native is not None:
+            want.posted = None
+            self._native.unregister(key)
+        return want
+
+    def _open_posted(self, key: Key, bound: int, *, now: float) -> _Incoming:
+        return self._start(key, self._expected.pop(key).opened(bound, now=now), 0, now=now)
+
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
         state = self._leave(key)
-        expected = self._expected.pop(key, None)
+        expected = self._drop_expected(key)
         self._orphan_finish.pop(key)
         if state is None and expected is None:
             return False
@@ -354,11 +363,19 @@ class Inbox(ReceivePaths[_Incoming]):
                 want.note_misfit(str(exc), n_packets)
                 self._expected[key] = want
             return None
+        if want is not None and want.posted is not None and self._native is not None:
+            self._native.unregister(key)  # (its guess did not fit: r is registered below)
         self._unexpected_bytes += charged
+        return self._start(key, r, charged, expected=want is not None, now=now, register=True)
+
+    def _start(self, key: Key, r: Reassembler, charged: int, *, now: float, expected: bool = True,
+               register: bool = False) -> _Incoming:  # fmt: skip
+        """Message ``key`` is under way in ``r`` (charged ``charged`` bytes;
+        ``register``: with the native loop, if any, which had not got ``r``)."""
         # (a message NACKed whole as an orphan FINISH waited its grace then)
         orphan, nacked_round = self._orphan_finish.claim(key)
         recovery = ReceiverRecovery(r, self.config, nacked_round=nacked_round)
-        state = _Incoming(r, recovery, charged, want is not None)
+        state = _Incoming(r, recovery, charged, expected)
         self._incoming[key] = state
         src = key[0]
         if src in self._under_way:
@@ -366,7 +383,7 @@ class Inbox(ReceivePaths[_Incoming]):
         else:  # (the meter hears when the number of sources changes)
             self._under_way[src] = 1
             self._meter.senders_under_way(len(self._under_way))
-        if self._native is not None:
+        if register and self._native is not None:
             self._register_native(key, r)
         if orphan is not None:
             self._apply_finish(key, state, orphan, now=now)
@@ -461,7 +478,7 @@ class Inbox(ReceivePaths[_Incoming]):
             # its FINISH does not either: the two sides disagree on the message
             # (answered below with an ABORT). (A FINISH that fits may have overtaken
             # its data: the message waits for that, as an orphan FINISH does.)
-            del self._expected[key]
+            self._drop_expected(key)
             self._orphan_finish.pop(key)
             self.fail(key, None, why)
         ended = self._ended.get(key)
@@ -499,7 +516,7 @@ class Inbox(ReceivePaths[_Incoming]):
             self.fail(key, state, why)
             return True
         self._orphan_finish.pop(key)  # (only its FINISH came, ahead of its data?)
-        want = self._expected.pop(key, None)
+        want = self._drop_expected(key)
         if want is not None:  # aborted before any of its data arrived (or fitted out=)
             self.fail(key, None, why if want.misfit is None else f"{want.misfit}; {why}")
             return True
@@ -557,16 +574,8 @@ class Inbox(ReceivePaths[_Incoming]):
                     self._queue(key[0], part)
             elif state.recovery.phase is ReceivePhase.FAILED:
                 self._leave(key)
-                self._queue(
-                    key[0],
-                    Abort(
-                        key[1],
-                        key[2],
-                        self.rank,
-                        reason=AbortReason.PEER_TIMEOUT,
-                        by_receiver=True,
-                    ),
-                )
+                timeout = AbortReason.PEER_TIMEOUT
+                self._queue(key[0], Abort(key[1], key[2], self.rank, timeout, by_receiver=True))
                 f = state.recovery.failure
                 assert f is not None  # (set with the FAILED phase)
                 self.fail(key, state, f.message, f.peer_timeout)
@@ -575,7 +584,7 @@ class Inbox(ReceivePaths[_Incoming]):
         )
         for key, abort in silent:
             self._queue(key[0], abort)
-            self._expected.pop(key, None)
+            self._drop_expected(key)
             self.fail(key, None, SILENT_WHY.format(timeout=self.config.silent_path_timeout))
         for src, nack in self._orphan_finish.due(
             now=now, last_data=self._last_data, data_pending=data_pending
@@ -587,10 +596,5 @@ class Inbox(ReceivePaths[_Incoming]):
             rates = self._meter.sample(now=now)
             shared = self._meter.shared
             for src, rate in rates.items():
-                self._queue(
-                    src,
-                    RateFeedback(
-                        0, 0, self.rank, bytes_per_s=int(rate), interval_us=interval_us,
-                        shared=shared,
-                    ),
-                )
+                self._queue(src, RateFeedback(0, 0, self.rank, bytes_per_s=int(rate),
+                                              interval_us=interval_us, shared=shared))  # fmt: skip

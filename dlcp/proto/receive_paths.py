@@ -9,15 +9,22 @@ datagrams) to one of three paths, by what the buffer starts with:
   the leading datagrams whose tags verify (one :func:`~dlcp.proto.auth.verified_prefix`
   call);
 * the first path (:meth:`ReceivePaths._receive_first`): the first datagram of a
-  new message, read with plain integers;
-* the general path (:meth:`ReceivePaths._receive_parsed`): everything else, parsed
-  by :func:`~dlcp.proto.batch.parse_batch` and grouped by message.
+  new message, unauthenticated and valid as it stands, read with plain integers
+  (a parsed batch costs more than a small message's transfer);
+* the general path (:meth:`ReceivePaths._receive_parsed`): everything else (the
+  first datagram of an authenticated message, bad or foreign ones, batches that
+  mix messages), parsed by :func:`~dlcp.proto.batch.parse_batch`, which gives each
+  its exact reason, and grouped by message.
+
+A fast path that cannot take a datagram as it is declines it, having done
+nothing, and the general path takes it.
 
 With a :class:`NativeRuns` attached (:meth:`ReceivePaths.take_runs_natively`:
 the endpoint's receive loop, ``dlcp.io.native_receive``), the run path of the
 messages under way runs in the receive loop itself, in C: the inbox registers
 each message it opens (authenticating, with the key its source's tags verify
-with) and removes it when it ends, and the loop applies the run path's checks,
+with), and each whose receive was posted with its buffer before its data came,
+and removes it when it ends, and the loop applies the run path's checks,
 tag verification and kernel to every run it reads whose head is one of them. What it
 took comes back per message and call (:meth:`ReceivePaths.receive_taken`), what
 it did not take comes here as before, in arrival order (the datagrams after a
@@ -68,8 +75,8 @@ MessageT = TypeVar("MessageT", bound=MessageUnderWay)
 
 #: what a native receive loop took into one message since it last said:
 #: (src, step, msg, datagrams, bytes, fresh, fresh elements, fresh drop-eligible,
-#: fresh retransmitted, payload bytes)
-Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int]
+#: fresh retransmitted, payload bytes, the wire bound of the last run taken)
+Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 
 class NativeRuns(Protocol):
@@ -133,9 +140,11 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         """What the native receive loop took into the registered messages since it
         last said, per message: accounted for as the run path accounts for what it
         takes (each message is still under way: one that ends is unregistered)."""
-        for src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes in taken:
+        for src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes, bound in taken:
             key = (src, step, msg)
-            state = self._incoming[key]
+            state = self._incoming.get(key)
+            if state is None:  # (registered when its receive was posted: these open it)
+                state = self._open_posted(key, bound, now=now)
             state.reassembler.count_taken(n, fresh, elems, droppable, retx, now=now)
             self._took(key, state, n, nbytes, payload_bytes, fresh, now=now, native=True)
 
@@ -184,6 +193,11 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         geometry: Geometry | None = None,
         headers: npt.NDArray[np.void] | None = None,
     ) -> MessageT | None: ...
+
+    @abstractmethod
+    def _open_posted(self, key: Key, bound: int, *, now: float) -> MessageT:
+        """Open message ``key``, registered with the native loop when its receive
+        was posted, whose first datagrams (of wire bound ``bound``) the loop took."""
 
     @abstractmethod
     def _landed(

@@ -66,7 +66,7 @@ static const unsigned char MASK[HL] = {
     0xFF, 0xFC, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0,    0,    0,    0,    0,
     0,    0,    0,    0,    0xFF, 0xFF, 0xFF, 0xFF, 0,    0,    0xFF, 0xFF, 0, 0xFF, 0xFF, 0};
 static const unsigned char LAYOUT[8] = {1, 12, 16, 24, 28, 1, 2, 0x10};
-static const HeadLayout HEAD = {0, 1, 2, 4, 8, 20, 26, 29};
+static const HeadLayout HEAD = {0, 1, 2, 4, 8, 20, 26, 29, 30};
 
 static struct {
     uint8_t data[MAX_POOL][MAX_POOL_LEN];
@@ -96,6 +96,7 @@ typedef struct {
     ssize_t n_chunks;
     int removed_after, removed;
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
+    int bound; /* the bound byte of the last run it took (-1: none yet) */
 } Message;
 
 static Message msgs[MAX_MESSAGES];
@@ -209,6 +210,8 @@ static ssize_t reference_run(Run r, const uint8_t *buf, unsigned job, Message **
             break;
         take_one(g, buf + r.start + at, n); /* (its bytes: the caller, per run) */
     }
+    if (taken)
+        g->bound = h[30]; /* (the head's bound byte: HEAD.bound) */
     *fresh = g->fresh > before;
     return taken;
 }
@@ -230,6 +233,8 @@ static int report(void *context, const TakenMessage *m) {
         EXPECT(m->received_elems == g->m.received_elems &&
                    m->received_protected == g->m.received_protected,
                "message %zu: received counts", i);
+        EXPECT(m->bound == g->bound, "message %zu: bound %d reported, reference %d", i, m->bound,
+               g->bound);
         g->datagrams = g->nbytes = g->fresh = g->fresh_elems = 0;
         g->fresh_drop = g->fresh_retx = g->payload_bytes = 0;
         return 0;
@@ -253,6 +258,7 @@ static void check_buffers(void) {
 
 static void read_message(FuzzInput *in, Message *g) {
     memset(g, 0, sizeof *g);
+    g->m.bound = g->bound = -1; /* (as MessageTable.register sets it) */
     unsigned src = (unsigned)take_uint(in, 2), step = (unsigned)take_uint(in, 4);
     unsigned msg = (unsigned)take_uint(in, 2);
     ssize_t chunk = (ssize_t)take_uint(in, 2), elems = (ssize_t)take_uint(in, 3);

@@ -115,12 +115,13 @@ def assert_same_messages(f: Any, s: Any, *, times: bool = False) -> None:
     (what arrived, counts, ``times``: last activity and recovery phase too), and
     queued the same events."""
     assert f._incoming.keys() == s._incoming.keys()
-    counts = ["received_elems", "received_protected", "retransmitted", "duplicates"]
+    counts = ["received_elems", "received_protected", "retransmitted", "duplicates", "bound",
+              "allowed_loss", "chunk_elems"]  # fmt: skip
     for key, state in f._incoming.items():
         a, b = state.reassembler, s._incoming[key].reassembler
         assert np.array_equal(a.received, b.received)
         assert np.array_equal(a.received_class, b.received_class)
-        for name in counts + (["last_activity"] if times else []):
+        for name in counts + (["last_activity", "started"] if times else []):
             assert getattr(a, name) == getattr(b, name), name
         if times:
             assert state.recovery.phase == s._incoming[key].recovery.phase
