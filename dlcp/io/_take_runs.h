@@ -92,7 +92,8 @@ typedef struct {
     long long received_elems, received_protected, complete_elems, complete_protected;
     /* taken since the last report */
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
-    /* the bound byte of the last run taken (-1: none taken since it was registered) */
+    /* the bound byte of the first run taken since it was registered (-1: none yet),
+     * as the first datagram Python's first path reads gives a message its bound */
     int bound;
     int reported; /* listed in the table's touched list */
 } TakenMessage;
@@ -411,7 +412,8 @@ static inline int take_next(TakeTable *t, unsigned char *buf, ssize_t buf_len, R
         m->fresh_drop += r.fresh_drop;
         m->fresh_retx += r.fresh_retx;
         m->payload_bytes += r.payload_bytes;
-        m->bound = buf[run.start + t->head.bound];
+        if (m->bound < 0)
+            m->bound = buf[run.start + t->head.bound];
         m->received_elems += r.fresh_elems;
         m->received_protected += r.fresh - r.fresh_drop;
         if (!m->reported) {

@@ -4,7 +4,7 @@
 loop (``dlcp.io._udpio``, C) scatters itself: the inbox registers each message it
 opens (:class:`~dlcp.proto.receive_paths.NativeRuns`), and each whose receive was
 posted with its buffer before any of its data came (then the table's reports
-carry the bound of the datagrams it took, which the message opens with), and
+carry the bound of the first datagrams it took, which the message opens with), and
 removes it when it ends. :meth:`~dlcp.io.udp.DataSockets.receive` then reads, pre-filters and
 scatters in C without the GIL, and Python runs once per receive call per message
 (the counts of what was taken) instead of once per run of datagrams; what the

@@ -75,7 +75,7 @@ MessageT = TypeVar("MessageT", bound=MessageUnderWay)
 
 #: what a native receive loop took into one message since it last said:
 #: (src, step, msg, datagrams, bytes, fresh, fresh elements, fresh drop-eligible,
-#: fresh retransmitted, payload bytes, the wire bound of the last run taken)
+#: fresh retransmitted, payload bytes, the wire bound of the first run it took: -1 if none)
 Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 

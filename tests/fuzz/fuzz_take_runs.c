@@ -96,7 +96,7 @@ typedef struct {
     ssize_t n_chunks;
     int removed_after, removed;
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
-    int bound; /* the bound byte of the last run it took (-1: none yet) */
+    int bound; /* the bound byte of the first run it took (-1: none yet) */
 } Message;
 
 static Message msgs[MAX_MESSAGES];
@@ -210,8 +210,8 @@ static ssize_t reference_run(Run r, const uint8_t *buf, unsigned job, Message **
             break;
         take_one(g, buf + r.start + at, n); /* (its bytes: the caller, per run) */
     }
-    if (taken)
-        g->bound = h[30]; /* (the head's bound byte: HEAD.bound) */
+    if (taken && g->bound < 0)
+        g->bound = h[30]; /* (the first taken head's bound byte: HEAD.bound) */
     *fresh = g->fresh > before;
     return taken;
 }

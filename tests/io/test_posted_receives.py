@@ -145,3 +145,16 @@ def test_when_nothing_is_registered_before_the_data() -> None:
         outsider.expect_message(0, step=STEP, msg=MSG, out=np.empty(N, np.float32))
     outsider.expect_message(2, step=STEP, msg=MSG, out=np.empty(N, np.float32))
     assert len(runs) == 1  # rank 2's only
+
+
+def test_the_bound_is_the_first_runs() -> None:
+    """Runs of one call whose heads carry different bounds (a forged or corrupted
+    one behind the first): the message opens with the first run's, as the first
+    path opens it with its first datagram's."""
+    grams, _ = message(N, seed=27, p=0.05)
+    seg = len(grams[0])
+    other = [g[:30] + bytes([bound_to_wire(0.2)]) + g[31:] for g in grams[5:10]]
+    pair = Pair(N, expect=True)
+    pair.feed([(grams[:5], seg), (other, seg)])
+    (state,) = pair.native.session._inbox._incoming.values()
+    assert state.reassembler.bound == bound_from_wire(bound_to_wire(0.05))
