@@ -382,22 +382,6 @@ def test_a_message_cancelled_while_its_data_arrives() -> None:
     assert pair.native.session._inbox.stats.late_packets == len(grams) - 30
 
 
-def test_an_unexpected_message_moves_to_the_buffer_its_receive_names() -> None:
-    n = 20_000
-    grams, _ = message(n, seed=12)
-    seg = len(grams[0])
-    pair = Pair(n, expect=False)
-    pair.feed([(grams[:1], seg), (grams[1:100], seg)])
-    outs = [np.full(n, np.nan, np.float32) for _ in range(2)]
-    for s, out in zip(pair.sessions, outs, strict=True):
-        s.expect_message(0, step=STEP, msg=MSG, out=out)
-    pair.check()
-    pair.feed([(grams[100:200], seg), (grams[200:], seg)])
-    want = np.random.default_rng(12).standard_normal(n).astype(np.float32)
-    assert outs[0].tobytes() == want.tobytes()
-    assert pair.native.native == len(grams) - 1  # all but the first
-
-
 @pytest.mark.parametrize("n", [50_000, 250_000])
 def test_a_receive_buffer_read_from_the_socket(n: int) -> None:
     """The whole loop: datagrams read from a loopback socket, pre-filtered and taken

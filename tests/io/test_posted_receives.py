@@ -1,8 +1,9 @@
 """Receives posted with their buffer before any of their data: the inbox registers
 the message with the native receive loop then (``Inbox.expect``), in the
 geometry the sender most likely gives it, so that the loop takes even its first
-datagrams; each case ends as the Python receive path ends it (``Pair`` compares
-the two sessions after every step)."""
+datagrams; and a receive posted after its message began, which moves it to the
+buffer it names. Each case ends as the Python receive path ends it (``Pair``
+compares the two sessions after every step)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,19 @@ def test_the_bound_is_the_first_runs() -> None:
     pair.feed([(grams[:5], seg), (other, seg)])
     (state,) = pair.native.session._inbox._incoming.values()
     assert state.reassembler.bound == bound_from_wire(bound_to_wire(0.05))
+
+
+def test_an_unexpected_message_moves_to_the_buffer_its_receive_names() -> None:
+    n = 20_000
+    grams, _ = message(n, seed=12)
+    seg = len(grams[0])
+    pair = Pair(n, expect=False)
+    pair.feed([(grams[:1], seg), (grams[1:100], seg)])
+    outs = [np.full(n, np.nan, np.float32) for _ in range(2)]
+    for s, out in zip(pair.sessions, outs, strict=True):
+        s.expect_message(0, step=STEP, msg=MSG, out=out)
+    pair.check()
+    pair.feed([(grams[100:200], seg), (grams[200:], seg)])
+    want = np.random.default_rng(12).standard_normal(n).astype(np.float32)
+    assert outs[0].tobytes() == want.tobytes()
+    assert pair.native.native == len(grams) - 1  # all but the first
