@@ -275,8 +275,11 @@ static void pacer_note_backlogged(Pacer *p, double now) {
     p->last_active = p->last;
 }
 
-/* a report's rules, never above cap */
-static void pacer_follow(Pacer *p, double reported, double cap) {
+/* the most probe steps one report's raise takes (dlcp.proto.pacing.MAX_PROBE_STEPS) */
+#define MAX_PROBE_STEPS 8
+
+/* a report's rules, never above cap; a report measured over window seconds */
+static void pacer_follow(Pacer *p, double reported, double cap, double window) {
     double target = p->gain * reported;
     if (target < p->min_rate)
         target = p->min_rate;
@@ -296,6 +299,13 @@ static void pacer_follow(Pacer *p, double reported, double cap) {
         if (limit > cap)
             limit = cap;
         double raised = p->rate * (1.0 + p->probe);
+        if (window > p->probe_interval) { /* a step per probe_interval it spans */
+            double since = at - p->raised_at;
+            double span = (window < since ? window : since) / p->probe_interval;
+            int steps = span >= MAX_PROBE_STEPS ? MAX_PROBE_STEPS : (int)span;
+            for (int i = 1; i < steps; i++)
+                raised *= 1.0 + p->probe;
+        }
         if (target < raised)
             raised = target;
         if (limit < raised)
@@ -335,11 +345,12 @@ static void pacer_on_share(Pacer *p, double reported) {
         if (p->rate >= p->held)
             p->has_held = 0;
     } else {
-        pacer_follow(p, reported, cap);
+        pacer_follow(p, reported, cap, 0.0);
     }
 }
 
-static void pacer_on_feedback(Pacer *p, double reported, int shared, double now) {
+static void pacer_on_feedback(Pacer *p, double reported, int shared, double window,
+                              double now) {
     if (p->unpaced)
         return;
     pacer_advance(p, now);
@@ -347,7 +358,7 @@ static void pacer_on_feedback(Pacer *p, double reported, int shared, double now)
         pacer_on_share(p, reported);
     } else {
         pacer_release(p);
-        pacer_follow(p, reported, INFINITY);
+        pacer_follow(p, reported, INFINITY, window);
     }
     p->backlogged = 0;
     p->budget = 0;
@@ -1011,12 +1022,12 @@ static PyObject *Pacer_note_backlogged(Pacer *p, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"bytes_per_s", "now", "shared", NULL};
-    double rate, now = NAN;
+    static char *names[] = {"bytes_per_s", "now", "shared", "window", NULL};
+    double rate, now = NAN, window = 0.0;
     int shared = 0;
     /* (keyword-only arguments are optional to PyArg: `now` is checked below) */
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "d|$dp:on_feedback", names, &rate, &now,
-                                     &shared))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d|$dpd:on_feedback", names, &rate, &now,
+                                     &shared, &window))
         return NULL;
     if (kw == NULL || PyDict_GetItemString(kw, "now") == NULL) {
         PyErr_SetString(PyExc_TypeError, "on_feedback() missing required keyword argument 'now'");
@@ -1026,9 +1037,13 @@ static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "bytes_per_s must be a finite rate >= 0");
         return NULL;
     }
+    if (!(isfinite(window) && window >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "window must be a finite duration >= 0 seconds");
+        return NULL;
+    }
     if (check_time(now) < 0)
         return NULL;
-    LOCKED(&p->lock, pacer_on_feedback(p, rate, shared, now));
+    LOCKED(&p->lock, pacer_on_feedback(p, rate, shared, window, now));
     pacer_wake(p);
     Py_RETURN_NONE;
 }
@@ -1091,7 +1106,8 @@ static PyMethodDef Pacer_methods[] = {
     {"note_backlogged", (PyCFunction)(void (*)(void))Pacer_note_backlogged,
      METH_VARARGS | METH_KEYWORDS, "note_backlogged(*, now)"},
     {"on_feedback", (PyCFunction)(void (*)(void))Pacer_on_feedback,
-     METH_VARARGS | METH_KEYWORDS, "on_feedback(bytes_per_s, *, now)"},
+     METH_VARARGS | METH_KEYWORDS,
+     "on_feedback(bytes_per_s, *, now, shared=False, window=0.0)"},
     {"on_loss", (PyCFunction)(void (*)(void))Pacer_on_loss, METH_VARARGS | METH_KEYWORDS,
      "on_loss(lost_fraction, send_rate, *, now, queue=False)"},
     {NULL, NULL, 0, NULL},

@@ -81,7 +81,7 @@ class EndpointConfig:
     #: than 32 KB came after a wait: a slow link, offloads off): it sleeps off
     #: the socket's wait queue and takes what came, turn after turn of naps,
     #: until the I/O thread's next deadline (at most ``dlcp.io.io_loop.
-    #: TRICKLE_LINGER``) or another of its files is ready, while the data comes
+    #: TRICKLE_LINGER``, 20 ms) or another of its files is ready, while the data comes
     #: slower than about 1 Gbit/s (dlcp/io/_linger.h); 0: a trickle ends the
     #: linger, a Python turn for every datagram or two
     receive_nap: float = 200e-6
@@ -268,6 +268,7 @@ _PROTO_ENV: dict[str, str] = {
     "silent_path_timeout": "float",
     "pacer": "str",
     "rate_interval": "float",
+    "lone_rate_interval": "float",
     "authenticate": "bool",
 }
 

@@ -61,11 +61,11 @@ _BACKLOG_HOLD = 0.1
 #: once one has waited _GIVE_WAY_AFTER for it
 _GIVE_WAY = 0.05
 _GIVE_WAY_AFTER = 0.002
-#: seconds a receive call may go on taking a trickle of data in naps
-#: (``EndpointConfig.receive_nap``) before the I/O thread's Python turn, if no
-#: deadline of the turn comes first: on a slow link that turn, about 100 us of
-#: CPU, runs every few milliseconds instead of for every datagram or two
-TRICKLE_LINGER = 0.005
+#: seconds a receive call may go on taking a trickle of data in naps (``EndpointConfig.
+#: receive_nap``) before the I/O thread's Python turn (~100 us of CPU), if no deadline of
+#: the turn comes first; as long as a steady lone source's rate window by default
+#: (``lone_rate_interval``), whose deadline ends it then (5 ms windows' sooner)
+TRICKLE_LINGER = 0.02
 #: seconds between reads of the data socket's kernel drop counter (a u32 that
 #: wraps after 2**32 drops: over 4 billion datagrams a second would be needed)
 _DROPS_READ_EVERY = 1.0

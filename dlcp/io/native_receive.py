@@ -148,8 +148,9 @@ class RunHandlers:
     linger ended, the budget was spent or a run needed Python), not at a time per
     run as the Python run path meters it. A call reads at most its budget, 4 MB (a
     few milliseconds of data at 10 Gbit/s), and takes a trickle of data in naps for
-    at most ``dlcp.io.io_loop.TRICKLE_LINGER`` (5 ms); the meter's interval is
-    ``rate_interval`` (5 ms by default), and the bytes are counted either way."""
+    at most ``dlcp.io.io_loop.TRICKLE_LINGER`` (20 ms); the meter's interval is
+    ``rate_interval`` (5 ms by default; 20 ms, ``lone_rate_interval``, while one source
+    sends at a steady rate), and the bytes are counted either way."""
 
     __slots__ = ("rest", "taken")
 

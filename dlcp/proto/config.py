@@ -109,8 +109,12 @@ class ProtocolConfig:
     #: pacer: "receiver" (receiver-driven feedback) or "unpaced"
     pacer: str = "receiver"
     pacer_options: Mapping[str, Any] = field(default_factory=dict)
-    #: receiver: rate measurement / feedback interval
+    #: receiver: rate measurement / feedback interval while several sources
+    #: have messages under way (their shares move a step a window)
     rate_interval: float = 0.005
+    #: receiver: the same while at most one source does and its rate holds steady
+    #: (``RateMeter``'s ``lone_interval``: each deadline is a turn of its driver)
+    lone_rate_interval: float = 0.02
     #: receiver: bytes it buffers for messages nobody asked for yet
     max_unexpected_bytes: int = 1 << 30
     #: receiver: completed message keys remembered (late packets, repeated FINISH)
@@ -157,10 +161,16 @@ class ProtocolConfig:
             "recv_idle_timeout",
             "silent_path_timeout",
             "rate_interval",
+            "lone_rate_interval",
         ):
             value = getattr(self, name)
             if not 0 < value <= MAX_TIMER:
                 raise ConfigError(f"{name}={value} must be within (0, {MAX_TIMER:g}] seconds")
+        if self.lone_rate_interval < self.rate_interval:
+            raise ConfigError(
+                f"lone_rate_interval={self.lone_rate_interval} must be >= "
+                f"rate_interval={self.rate_interval} (a lone source's window is no shorter)"
+            )
         if self.classifier not in available_classifiers():
             known = ", ".join(available_classifiers())
             raise ConfigError(f"classifier={self.classifier!r}: known classifiers are {known}")

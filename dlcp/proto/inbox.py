@@ -152,7 +152,8 @@ class Inbox(ReceivePaths[_Incoming]):
         #: completed messages nobody asked for yet -> the bytes they still hold
         #: (charged until the driver hands them over: :meth:`release`)
         self._parked: dict[Key, int] = {}
-        self._meter = RateMeter(self.config.rate_interval)
+        cfg = self.config
+        self._meter = RateMeter(cfg.rate_interval, lone_interval=cfg.lone_rate_interval)
         #: messages under way per source (the meter shares a window only between
         #: sources that had some under way at once)
         self._under_way: dict[int, int] = {}
@@ -591,10 +592,9 @@ class Inbox(ReceivePaths[_Incoming]):
         ):
             self._meter.withhold_claim(src, now=now)
             self._queue(src, nack)
-        if self._meter.due(now=now):
-            interval_us = int(self.config.rate_interval * 1e6)
-            rates = self._meter.sample(now=now)
-            shared = self._meter.shared
+        if self._meter.due(now=now):  # (the window it measured over: u32 microseconds)
+            rates, shared = self._meter.sample(now=now), self._meter.shared
+            interval_us = min(round(self._meter.measured * 1e6), 0xFFFFFFFF)
             for src, rate in rates.items():
                 self._queue(src, RateFeedback(0, 0, self.rank, bytes_per_s=int(rate),
                                               interval_us=interval_us, shared=shared))  # fmt: skip

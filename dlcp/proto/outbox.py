@@ -229,7 +229,8 @@ class Outbox(SessionSide):
     def on_feedback(self, feedback: RateFeedback, *, now: float) -> None:
         peer = self.peers.get(feedback.src)
         if peer is not None:
-            peer.pacer.on_feedback(float(feedback.bytes_per_s), now=now, shared=feedback.shared)
+            peer.pacer.on_feedback(float(feedback.bytes_per_s), now=now, shared=feedback.shared,
+                                   window=feedback.interval_us * 1e-6)  # fmt: skip
 
     def on_control(self, key: Key, ctrl: ControlMessage, *, now: float) -> None:
         """STOP, NACK or ABORT from the receiver of message ``key``."""

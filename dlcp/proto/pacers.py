@@ -50,7 +50,9 @@ class Unpaced:
     def note_backlogged(self, *, now: float) -> None:
         _check_now(now)
 
-    def on_feedback(self, bytes_per_s: float, *, now: float, shared: bool = False) -> None:
+    def on_feedback(
+        self, bytes_per_s: float, *, now: float, shared: bool = False, window: float = 0.0
+    ) -> None:
         _check_reported(bytes_per_s)
         _check_now(now)
 

@@ -97,6 +97,9 @@ QUEUE_TOLERANCE: Final = 0.02
 QUEUE_RATIO: Final = 4.0
 #: least slack for floating-point rounding when comparing tokens with a size (bytes)
 _EPS: Final = 1e-6
+#: the most ``probe`` steps one report's raise takes (a report measured over several
+#: ``probe_interval``: a receiver that hears from one sender reports less often)
+MAX_PROBE_STEPS: Final = 8
 
 
 class Pacer(Protocol):
@@ -131,9 +134,12 @@ class Pacer(Protocol):
         """The sender has data waiting that the pacer holds back."""
         ...
 
-    def on_feedback(self, bytes_per_s: float, *, now: float, shared: bool = False) -> None:
+    def on_feedback(
+        self, bytes_per_s: float, *, now: float, shared: bool = False, window: float = 0.0
+    ) -> None:
         """The receiver reported this receive rate; ``shared``: it is this sender's
-        share of a window several senders sent in (a cap while they share)."""
+        share of a window several senders sent in (a cap while they share);
+        ``window``: the seconds it measured over (0: not known)."""
         ...
 
     def on_loss(
@@ -222,7 +228,10 @@ class ReceiverDrivenPacer:
     ``ceiling_step``. From then on, through idle spells too, a raise is at most
     ``1 + probe`` times the rate and at most the ceiling or ``1 + probe`` times
     the reported rate, whichever is more (the limit), once per
-    ``probe_interval`` seconds, and only when the sender was held back by the
+    ``probe_interval`` seconds (a report measured over a window of several, from
+    a receiver that hears from one sender, raises by a step for each interval
+    the window spans since the last raise, at most :data:`MAX_PROBE_STEPS`), and
+    only when the sender was held back by the
     pacer since the previous feedback (as for lowering the rate), a burst
     (:attr:`burst`) holds only
     ``cautious_burst`` seconds at the rate (and a late wake-up adds at most half
@@ -477,14 +486,20 @@ class ReceiverDrivenPacer:
         self._backlogged = True
         self._last_active = self._last
 
-    def on_feedback(self, bytes_per_s: float, *, now: float, shared: bool = False) -> None:
+    def on_feedback(
+        self, bytes_per_s: float, *, now: float, shared: bool = False, window: float = 0.0
+    ) -> None:
+        """A receiver's report; ``window``: the seconds it measured over (RATE's
+        ``interval_us``; 0: not known), which a cautious raise spans (class doc)."""
         reported = _check_reported(bytes_per_s)
+        if not 0.0 <= window < math.inf:
+            raise UsageError(f"window={window} must be a finite duration >= 0 seconds")
         self._advance(now)
         if shared:
             self._on_share(reported)
         else:
             self._release()
-            self._follow(reported)
+            self._follow(reported, window=window)
         self._backlogged = False
         self._budget = 0.0
         self._wasted = 0.0
@@ -508,8 +523,9 @@ class ReceiverDrivenPacer:
         else:
             self._follow(reported, cap)
 
-    def _follow(self, reported: float, cap: float = math.inf) -> None:
-        """A report's rules (class doc), never above ``cap``."""
+    def _follow(self, reported: float, cap: float = math.inf, window: float = 0.0) -> None:
+        """A report's rules (class doc), never above ``cap``; a report measured over
+        ``window`` seconds."""
         target = min(max(self.gain * reported, self.min_rate), self.max_rate, cap)
         pacer_limited = (
             self._backlogged
@@ -526,7 +542,12 @@ class ReceiverDrivenPacer:
             # whichever is more; and a sender the pacer held back above both falls to
             # them (a shared report caps instead: _on_share)
             limit = min(max(self._ceiling, reported * (1.0 + self.probe)), cap)
-            raised = min(target, self._rate * (1.0 + self.probe), limit)
+            raised = self._rate * (1.0 + self.probe)
+            if window > self.probe_interval:  # a step per probe_interval it spans
+                span = min(window, at - self._raised_at) / self.probe_interval
+                for _ in range(1, MAX_PROBE_STEPS if span >= MAX_PROBE_STEPS else int(span)):
+                    raised *= 1.0 + self.probe
+            raised = min(target, raised, limit)
             if pacer_limited and self._rate > limit:
                 self._rate = limit
             elif (

@@ -79,6 +79,19 @@ class RateMeter:
     window is told its own rate, as a lone source is. (The arrival times of their
     datagrams cannot tell: the receive loop hands them over a call at a time, and
     at 50 Mbit/s the pushes of an incast's workers then look one after the other.)
+
+    Such a driver may also give a steady lone source a longer window
+    (``lone_interval``): a window lasts ``lone_interval`` when at most one source
+    has messages under way and the last window's report to it moved less than
+    ``steady`` (a fraction) from the one before, and ``interval`` otherwise: while
+    several sources share the receiver (their shares move a step a window, and an
+    incast's port fills within a few), and while a lone source's rate moves (a
+    sender climbs a step a report, and follows the receiver down a report at a
+    time: told four times less often, a ring under 1 % loss at 50 Mbit/s took
+    4-18 % longer an iteration, an incast 2-5 %). A long window is cut to ``interval`` from its
+    start when a second source's message comes under way. Each window's deadline
+    wakes the receiver's driver, whose turns cost the receiver's CPU whether or
+    not the rate moved. Without ``lone_interval`` every window lasts ``interval``.
     """
 
     __slots__ = (
@@ -88,16 +101,21 @@ class RateMeter:
         "_plain_until",
         "_smooth",
         "_start",
+        "_steady",
         "_together",
+        "_told",
         "_under_way",
         "claim_hold",
         "deadline",
         "interval",
+        "lone_interval",
+        "measured",
         "min_busy",
         "saturated",
         "share_drain",
         "share_probe",
         "shared",
+        "steady",
     )
 
     def __init__(
@@ -109,14 +127,32 @@ class RateMeter:
         share_probe: float = 0.05,
         share_drain: float = 0.01,
         saturated: float = 0.97,
+        lone_interval: float | None = None,
+        steady: float = 0.1,
     ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
+        lone = interval if lone_interval is None else lone_interval
+        if not (math.isfinite(lone) and lone >= interval):
+            raise UsageError(
+                f"lone_interval={lone_interval} must be a finite duration >= "
+                f"interval ({interval} s)"
+            )
         if not 0.0 < min_busy <= 1.0:
             raise UsageError(f"min_busy={min_busy} outside (0, 1]")
         if not (math.isfinite(claim_hold) and claim_hold >= 0):
             raise UsageError(f"claim_hold={claim_hold} must be a finite duration >= 0 seconds")
         self.interval = float(interval)
+        self.lone_interval = float(lone)
+        if not 0.0 <= steady < 1.0:
+            raise UsageError(f"steady={steady} outside [0, 1)")
+        self.steady = float(steady)
+        #: whether the last window was lone and its report moved less than steady
+        self._steady = False
+        #: the lone source last reported and its rate then (None: none yet)
+        self._told: tuple[int, float] | None = None
+        #: seconds the window :meth:`sample` measured last lasted (0: none yet)
+        self.measured = 0.0
         self.min_busy = float(min_busy)
         self.claim_hold = float(claim_hold)
         steps = (("share_probe", share_probe), ("share_drain", share_drain),
@@ -148,10 +184,17 @@ class RateMeter:
     def __repr__(self) -> str:
         return f"RateMeter(interval={self.interval}, window_start={self._start})"
 
+    def _window(self) -> float:
+        """How long the window opening now lasts: ``lone_interval`` while at most
+        one source has messages under way and its rate was steady, else ``interval``."""
+        if self._under_way is None or self._under_way > 1 or not self._steady:
+            return self.interval
+        return self.lone_interval
+
     def _open(self, now: float) -> None:
         if self._start is None:
             self._start = now
-            self.deadline = now + self.interval
+            self.deadline = now + self._window()
 
     def on_bytes(self, src: int, nbytes: int, *, now: float) -> None:
         """``nbytes`` arrived from ``src`` at ``now``."""
@@ -213,6 +256,10 @@ class RateMeter:
         self._under_way = n
         if n > 1:
             self._together = True
+            if self._start is not None:  # (a lone window: cut to a shared one's length)
+                due = self._start + self.interval
+                if self.deadline is None or due < self.deadline:
+                    self.deadline = due
 
     def withhold_claim(self, src: int, *, now: float) -> None:
         """Data from ``src`` went missing (the receiver NACKs it): report to it what
@@ -240,6 +287,19 @@ class RateMeter:
         """When the current window is due; None when nothing is being measured."""
         return self.deadline
 
+    def _note_steady(self, rates: dict[int, float]) -> None:
+        """Whether the window :meth:`sample` measured says the next may be long: one
+        source, not shared, reported within ``steady`` of what it was told last."""
+        if self.shared or len(rates) != 1:
+            self._steady, self._told = False, None
+            return
+        ((src, rate),) = rates.items()
+        told = self._told
+        self._steady = (
+            told is not None and told[0] == src and abs(rate - told[1]) < self.steady * told[1]
+        )
+        self._told = (src, rate)
+
     def sample(self, *, now: float) -> dict[int, float]:
         """Bytes/s per source since the window opened, and start the next window.
 
@@ -265,8 +325,10 @@ class RateMeter:
                 rates = dict.fromkeys(self._bytes, total / len(self._bytes) * step)
             else:  # (one source, or several one after the other)
                 rates = {src: n / self._busy(src, elapsed, now) for src, n in self._bytes.items()}
+        self._note_steady(rates)
+        self.measured = elapsed
         self._start = now if self._bytes else None
-        self.deadline = None if self._start is None else now + self.interval
+        self.deadline = None if self._start is None else now + self._window()
         self._bytes = {}
         self._idle = 0.0
         self._together = self._under_way is not None and self._under_way > 1

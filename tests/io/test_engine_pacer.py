@@ -73,8 +73,11 @@ def test_same_answers_as_the_python_pacer(options: dict[str, Any], seed: int) ->
         elif op == 3:
             rate = rng.choice([0.0, 1e3, 1e6, 5e7, 1e9, 3e9])
             shared = rng.random() < 0.4  # (a window several senders shared)
-            py.on_feedback(rate, now=now, shared=shared)
-            c.on_feedback(rate, now=now, shared=shared)
+            # (the window it measured: unknown, one probe step, a lone receiver's
+            # several, more than MAX_PROBE_STEPS)
+            window = rng.choice([0.0, 0.001, 0.005, 0.02, 0.3])
+            py.on_feedback(rate, now=now, shared=shared, window=window)
+            c.on_feedback(rate, now=now, shared=shared, window=window)
         elif op == 4:
             lost, at = rng.choice([0.0, 0.01, 0.1, 0.5, 1.0]), rng.choice([1e5, 1e7, 1e9])
             if rng.random() < 0.5:  # a queue's loss (queue_signal), or one of either class
@@ -111,6 +114,7 @@ def test_unpaced_never_waits() -> None:
         (lambda p: p.on_sent(-1, now=0.0), "nbytes"),
         (lambda p: p.next_send_time(10, now=math.nan), "now"),
         (lambda p: p.on_feedback(-5.0, now=0.0), "bytes_per_s"),
+        (lambda p: p.on_feedback(1e6, now=0.0, window=-1.0), "window"),
         (lambda p: p.on_loss(1.5, 1e6, now=0.0), "lost_fraction"),
         (lambda p: p.on_loss(0.5, 0.0, now=0.0), "send_rate"),
     ],

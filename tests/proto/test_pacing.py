@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dlcp.proto.pacers import Unpaced, available_pacers, make_pacer
 from dlcp.proto.pacing import (
+    MAX_PROBE_STEPS,
     MIN_BURST,
     UNLIMITED,
     ReceiverDrivenPacer,
@@ -378,6 +379,35 @@ def test_after_congestion_the_ceiling_does_not_hold_below_what_the_receiver_repo
     # the pacer asks for)
     assert rates[9] == pytest.approx(low * 1.05**10)
     assert rates[-1] == pytest.approx(2.1e5)
+
+
+def test_after_congestion_a_report_over_a_longer_window_climbs_as_fast() -> None:
+    """A receiver that hears from one sender reports every 20 ms (its rate meter's
+    ``lone_interval``): a report measured over a window of four probe intervals
+    raises four 5 % steps, so the climb takes as long as with a report every 5 ms;
+    at most MAX_PROBE_STEPS, and never more steps than intervals since the last
+    raise."""
+    p = pacer(probe=0.05, probe_interval=0.005, min_rate=1e4)
+    for at in (1e6, 5e5, 2.5e5, 1.25e5):
+        p.on_loss(0.5, at, now=0.0)
+    low = p.rate
+    t, rates = 0.0, []
+    for _ in range(10):
+        drain_backlogged(p, t, t + 0.02)
+        t += 0.02
+        p.on_feedback(2e5, now=t, window=0.02)
+        rates.append(p.rate)
+    assert rates[1] == pytest.approx(low * 1.05**8)  # as 8 reports 5 ms apart
+    assert rates[-1] == pytest.approx(2.1e5)
+    q = pacer(probe=0.05, probe_interval=0.005, min_rate=1e4)
+    q.on_loss(0.5, 1e5, now=0.0)
+    low = q.rate
+    drain_backlogged(q, 0.0, 1.0)
+    q.on_feedback(1e7, now=1.0, window=1.0)  # a second's window: MAX_PROBE_STEPS at most
+    assert q.rate == pytest.approx(low * 1.05**MAX_PROBE_STEPS)
+    drain_backlogged(q, 1.0, 1.01)
+    q.on_feedback(1e7, now=1.01, window=0.02)  # 10 ms since the raise: two steps
+    assert q.rate == pytest.approx(low * 1.05 ** (MAX_PROBE_STEPS + 2))
 
 
 def climb_past_the_ceiling(p: ReceiverDrivenPacer) -> float:

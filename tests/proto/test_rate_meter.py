@@ -130,9 +130,61 @@ def test_a_source_whose_data_went_missing_is_told_what_arrived_for_claim_hold() 
     assert meter.sample(now=0.5) == {1: pytest.approx(1e4), 3: pytest.approx(1e4)}
 
 
+def test_a_steady_lone_source_gets_the_longer_window() -> None:
+    """``lone_interval``: while at most one source has messages under way and its
+    last report moved less than ``steady`` from the one before, a window lasts
+    that long (each deadline is a turn of the receiver's driver); a rate that
+    moves, or a second source's message, brings back ``interval`` (the second
+    source cuts the open window to ``interval`` from its start)."""
+    meter = RateMeter(interval=0.005, lone_interval=0.02, steady=0.1, **NO_STEP)
+    meter.senders_under_way(1)
+    t = 0.0
+    for nbytes in (1000, 1000):  # a first report, then one that did not move
+        meter.on_bytes(1, nbytes, now=t)
+        assert meter.next_deadline() == pytest.approx(t + 0.005)
+        t += 0.005
+        assert meter.sample(now=t) == {1: pytest.approx(nbytes / 0.005)}
+    assert meter.next_deadline() == pytest.approx(t + 0.02)  # steady: a long window
+    meter.on_bytes(1, 4000, now=t)  # the same rate over four times as long
+    assert not meter.due(now=t + 0.01)
+    t += 0.02
+    assert meter.sample(now=t) == {1: pytest.approx(2e5)}
+    assert meter.measured == pytest.approx(0.02)
+    assert meter.next_deadline() == pytest.approx(t + 0.02)
+    meter.on_bytes(1, 8000, now=t)  # twice the rate: moved, the next window is short
+    t += 0.02
+    meter.sample(now=t)
+    assert meter.next_deadline() == pytest.approx(t + 0.005)
+    meter.on_bytes(1, 2000, now=t)  # (4e5 B/s again: steady, long)
+    t += 0.005
+    meter.sample(now=t)
+    assert meter.next_deadline() == pytest.approx(t + 0.02)
+    meter.on_bytes(1, 1000, now=t + 0.001)
+    meter.senders_under_way(2)  # a second source: the window is due 5 ms from its start
+    assert meter.next_deadline() == pytest.approx(t + 0.005)
+    meter.on_bytes(2, 1000, now=t + 0.002)
+    assert meter.sample(now=t + 0.005) == {1: pytest.approx(2e5), 2: pytest.approx(2e5)}
+    assert meter.shared and meter.measured == pytest.approx(0.005)
+    meter.senders_under_way(1)  # alone again: short windows until its rate holds
+    meter.on_bytes(1, 1000, now=t + 0.005)
+    assert meter.next_deadline() == pytest.approx(t + 0.01)
+    # a driver that never says how many are under way: every window is `interval`
+    plain = RateMeter(interval=0.005, lone_interval=0.02)
+    for i in range(3):
+        plain.on_bytes(1, 1000, now=i * 0.005)
+        plain.sample(now=(i + 1) * 0.005)
+    assert plain.next_deadline() == pytest.approx(0.02)
+
+
 def test_rate_meter_errors() -> None:
     with pytest.raises(ValueError, match="interval=0"):
         RateMeter(0)
+    with pytest.raises(ValueError, match=r"lone_interval=0.001 must be a finite duration >= "):
+        RateMeter(0.005, lone_interval=0.001)
+    with pytest.raises(ValueError, match="lone_interval=inf"):
+        RateMeter(0.005, lone_interval=float("inf"))
+    with pytest.raises(ValueError, match="steady=1"):
+        RateMeter(0.005, steady=1.0)
     with pytest.raises(ValueError, match="claim_hold=-1"):
         RateMeter(0.1, claim_hold=-1)
     m = RateMeter(0.1)

@@ -214,7 +214,7 @@ class BottleneckLink(LossyLink):
 
 
 def test_sender_paces_to_the_rate_the_receiver_measures() -> None:
-    cfg = config(payload_bytes=1024, rate_interval=0.0005)
+    cfg = config(payload_bytes=1024, rate_interval=0.0005, lone_rate_interval=0.0005)
     a, b = sessions(cfg=cfg)
     bottleneck = 50e6  # bytes/s, far below the pacer's initial 1.25 GB/s
     link = BottleneckLink([a, b], bottleneck, seed=26)
@@ -230,7 +230,7 @@ def test_sender_paces_to_the_rate_the_receiver_measures() -> None:
         if raw[0] & 0x0F == 5:
             fb = decode_control(raw, job=JOB)
             assert isinstance(fb, RateFeedback) and dst == 0 and fb.src == 1
-            assert fb.interval_us == 500
+            assert fb.interval_us >= 500  # (the window measured: due every 500 us)
             rates.append(fb.bytes_per_s)
     assert len(rates) > 10
     # the receiver measures the bottleneck ...
