@@ -110,6 +110,7 @@
 #include <unistd.h>
 
 #include "_round_geometry.h" /* post()'s checks and the batches of a round */
+#include "_pacer_api.h" /* the pacers as the receive loop's linger feeds them */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h"
@@ -1048,6 +1049,28 @@ static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+/* Pacer.on_feedback for the receive loop's linger (dlcp/io/_control_rates.h), which
+ * calls it without the GIL with a report it read: its rate and window are finite
+ * and >= 0 by construction, its time the monotonic clock's. It waits for the
+ * locks as plain mutexes (LOCKED and pacer_wake would let go of a GIL it does not
+ * hold when one is busy). The I/O thread that lingers is the one that closes the
+ * engine (p->engine), never while it lingers. */
+static void pacer_feedback_without_gil(PyObject *obj, double rate, int shared, double window,
+                                       double now) {
+    Pacer *p = (Pacer *)obj;
+    pthread_mutex_lock(&p->lock);
+    pacer_on_feedback(p, rate, shared, window, now);
+    pthread_mutex_unlock(&p->lock);
+    struct Engine *e = p->engine;
+    if (e != NULL) { /* (pacer_wake's signal) */
+        pthread_mutex_lock(&e->lock);
+        pthread_cond_signal(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+    }
+}
+
+static DlcpPacerApi pacer_api = {DLCP_PACER_API_VERSION, NULL, pacer_feedback_without_gil};
+
 static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"lost_fraction", "send_rate", "now", "queue", NULL};
     double lost, sent_at, now = NAN;
@@ -1749,6 +1772,13 @@ PyMODINIT_FUNC PyInit__engine(void) {
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Pacer", (PyObject *)&PacerType) < 0 ||
         PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    pacer_api.pacer_type = &PacerType;
+    PyObject *api = PyCapsule_New(&pacer_api, DLCP_PACER_API_NAME, NULL);
+    if (api == NULL || PyModule_AddObject(m, "PACER_API", api) < 0) {
+        Py_XDECREF(api);
         Py_DECREF(m);
         return NULL;
     }

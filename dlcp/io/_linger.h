@@ -68,10 +68,20 @@ static inline int linger_slow(int64_t bytes, int64_t since_ns) {
     return elapsed > 0 && (double)bytes * 1e9 < (double)LINGER_NAP_MAX_RATE * (double)elapsed;
 }
 
+/* What the linger may handle itself of a ready file: absorb(ctx, fd) is 1 when
+ * it took all that was ready on fd (then the file does not end the linger), 0
+ * when the file is Python's (MessageTable's control connections: RATE reports,
+ * _control_rates.h). */
+typedef struct {
+    int (*absorb)(void *ctx, int fd);
+    void *ctx;
+} LingerAbsorb;
+
 /* Whether a file other than data_fd is ready in the epoll set epfd (which may
  * hold data_fd too: CPython's select.epoll keeps each file's descriptor as its
- * event data). A full event array counts as "yes": it may hide others. */
-static inline int linger_others_ready(int epfd, int data_fd) {
+ * event data) that `absorb` (NULL: none) did not take. A full event array counts
+ * as "yes": it may hide others. */
+static inline int linger_others_ready(int epfd, int data_fd, const LingerAbsorb *absorb) {
     struct epoll_event events[8];
     int n = epoll_wait(epfd, events, 8, 0);
     if (n < 0)
@@ -79,15 +89,17 @@ static inline int linger_others_ready(int epfd, int data_fd) {
     if (n == 8)
         return 1;
     for (int i = 0; i < n; i++)
-        if (events[i].data.fd != data_fd)
+        if (events[i].data.fd != data_fd &&
+            !(absorb != NULL && absorb->absorb(absorb->ctx, events[i].data.fd)))
             return 1;
     return 0;
 }
 
 /* Waits until data_fd is readable (returns 1) or until end_ns on the monotonic
- * clock, or a file of epfd other than data_fd is ready (returns 0; epfd < 0:
- * none is watched). Adds the time spent blocked to *idle_ns. */
-static inline int linger_for_data(int data_fd, int epfd, int64_t end_ns, int64_t *idle_ns) {
+ * clock, or a file of epfd other than data_fd is ready that absorb did not take
+ * (returns 0; epfd < 0: none is watched). Adds the time spent blocked to *idle_ns. */
+static inline int linger_for_data(int data_fd, int epfd, const LingerAbsorb *absorb,
+                                  int64_t end_ns, int64_t *idle_ns) {
     for (;;) {
         int64_t now = linger_clock_ns();
         if (now >= end_ns)
@@ -104,7 +116,7 @@ static inline int linger_for_data(int data_fd, int epfd, int64_t end_ns, int64_t
         }
         if (n == 0)
             return 0;
-        if (epfd >= 0 && (fds[1].revents & POLLIN) && linger_others_ready(epfd, data_fd))
+        if (epfd >= 0 && (fds[1].revents & POLLIN) && linger_others_ready(epfd, data_fd, absorb))
             return 0;
         if (fds[0].revents & (POLLERR | POLLNVAL | POLLHUP))
             return 0; /* (the read that follows would not block: let the turn see it) */
@@ -115,12 +127,12 @@ static inline int linger_for_data(int data_fd, int epfd, int64_t end_ns, int64_t
 
 /* Sleeps nap_ns (at most until end_ns), off the data socket's wait queue, for
  * a receive that is taking data in a trickle: 1 to go on reading, 0 at the
- * linger's end or when a file of epfd other than data_fd is ready, which ends the
- * nap at once if epfd does not hold data_fd (the I/O thread's set of its other
- * files; one that holds it wakes the nap whenever data is queued: then it sleeps
- * on). Adds the time slept to *idle_ns. */
-static inline int linger_nap(int data_fd, int epfd, int64_t end_ns, int64_t nap_ns,
-                             int64_t *idle_ns) {
+ * linger's end or when a file of epfd other than data_fd is ready (and absorb did
+ * not take it), which ends the nap at once if epfd does not hold data_fd (the I/O
+ * thread's set of its other files; one that holds it wakes the nap whenever data
+ * is queued: then it sleeps on). Adds the time slept to *idle_ns. */
+static inline int linger_nap(int data_fd, int epfd, const LingerAbsorb *absorb, int64_t end_ns,
+                             int64_t nap_ns, int64_t *idle_ns) {
     int64_t now = linger_clock_ns();
     if (now >= end_ns)
         return 0;
@@ -130,7 +142,7 @@ static inline int linger_nap(int data_fd, int epfd, int64_t end_ns, int64_t nap_
         struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
         struct pollfd fd = {epfd, POLLIN, 0};
         int n = ppoll(&fd, epfd >= 0 ? 1 : 0, &ts, NULL); /* (no epfd: a plain sleep) */
-        if (n > 0 && linger_others_ready(epfd, data_fd)) {
+        if (n > 0 && linger_others_ready(epfd, data_fd, absorb)) {
             *idle_ns += linger_clock_ns() - now;
             return 0;
         }

@@ -95,10 +95,21 @@
  *     None, or what the registered messages took since the last call, a tuple
  *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
  *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
+ *   take_rates(pacer_api, job, first, shared_flag), rate_pacer(src, pacer),
+ *   watch_control(fd, src), unwatch_control(fd), wait(epfd, timeout_ns,
+ *     max_events), control_counts(): the RATE reports of watched control
+ *     connections, handed to the native engine's pacers (pacer_api:
+ *     dlcp.io._engine.PACER_API, _pacer_api.h) wherever the I/O thread waits:
+ *     in receive's linger and naps, and in wait, its selector's epoll_wait
+ *     (_control_watch.h; the frames taken: _control_rates.h).
+ *
+ * rate_frames(data, job, first, shared_flag, src) -> (consumed, reports): the
+ *   walk those waits run over a connection's queued bytes, for tests.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
@@ -110,6 +121,7 @@
 #include "_recv_runs.h"  /* the receive loop, without Python */
 #include "_take_runs.h" /* the native receive path, without Python */
 #include "_linger.h"    /* waiting for the next burst in C (MessageTable.receive) */
+#include "_control_watch.h" /* RATE reports the linger hands to the engine's pacers */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h" /* AES-GMAC with libcrypto, as the send engine seals */
@@ -377,6 +389,7 @@ typedef struct {
      * returns first, and its bytes */
     int pending;
     Run pending_run;
+    ControlWatch control; /* the connections whose RATE reports the linger takes */
     pthread_mutex_t lock; /* held by a receive step, and by every change of the table */
     int ready;            /* __init__ done */
 } MessageTableObject;
@@ -421,6 +434,7 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->keys = NULL;
     self->n_keys = 0;
 #endif
+    memset(&self->control, 0, sizeof self->control);
     self->ready = 0;
     pthread_mutex_init(&self->lock, NULL);
     return (PyObject *)self;
@@ -516,6 +530,7 @@ static void table_dealloc(MessageTableObject *self) {
         source_key_free(self->keys[i]);
     PyMem_RawFree(self->keys);
 #endif
+    control_watch_free(&self->control);
     pthread_mutex_destroy(&self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -863,6 +878,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     table_lock(self);
     TakeTable *t = &self->t;
     self->pending = TAKE_DONE;
+    LingerAbsorb absorb = {control_watch_absorb, &self->control};
     Py_BEGIN_ALLOW_THREADS
     int64_t start_ns = linger_clock_ns();
     int64_t linger_end = linger_ns > 0 ? start_ns + linger_ns : 0;
@@ -900,8 +916,8 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
             break;
         }
         if (dry) {
-            if (!(trickle ? linger_nap(fd, watch_fd, trickle_end, nap_ns, &lingered)
-                          : linger_for_data(fd, watch_fd, linger_end, &lingered))) {
+            if (!(trickle ? linger_nap(fd, watch_fd, &absorb, trickle_end, nap_ns, &lingered)
+                          : linger_for_data(fd, watch_fd, &absorb, linger_end, &lingered))) {
                 drained = 1; /* (its runs are taken: next() has only the counts to report) */
                 break;
             }
@@ -1009,6 +1025,160 @@ static PyObject *table_next(MessageTableObject *self, PyObject *args) {
 
 static Py_ssize_t table_len(MessageTableObject *self) { return self->t.n_live; }
 
+static PyObject *table_take_rates(MessageTableObject *self, PyObject *args) {
+    PyObject *capsule;
+    unsigned job, first, shared_flag;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "OIII:take_rates", &capsule, &job, &first, &shared_flag))
+        return NULL;
+    if (job > 0xFFFF || first > 0xFF || shared_flag > 0xFF) {
+        PyErr_Format(PyExc_ValueError, "job %u, first byte %u or shared_flag %u out of range", job,
+                     first, shared_flag);
+        return NULL;
+    }
+    if (!PyCapsule_IsValid(capsule, DLCP_PACER_API_NAME)) {
+        PyErr_Format(PyExc_TypeError, "take_rates: pacer_api must be %s, not %.100s",
+                     DLCP_PACER_API_NAME, Py_TYPE(capsule)->tp_name);
+        return NULL;
+    }
+    const DlcpPacerApi *api = PyCapsule_GetPointer(capsule, DLCP_PACER_API_NAME);
+    if (api->version != DLCP_PACER_API_VERSION) {
+        PyErr_Format(PyExc_ValueError, "the engine's pacer API is version %d, this loop reads %d",
+                     api->version, DLCP_PACER_API_VERSION);
+        return NULL;
+    }
+    table_lock(self);
+    Py_INCREF(capsule);
+    Py_XSETREF(self->control.api_owner, capsule);
+    self->control.api = api;
+    self->control.rules = (RateRules){(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job};
+    table_unlock(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_rate_pacer(MessageTableObject *self, PyObject *args) {
+    unsigned src;
+    PyObject *pacer;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "IO:rate_pacer", &src, &pacer))
+        return NULL;
+    if (self->control.api == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "rate_pacer: call take_rates first");
+        return NULL;
+    }
+    if (src > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "rank %u out of range", src);
+        return NULL;
+    }
+    if (pacer != Py_None && !PyObject_TypeCheck(pacer, self->control.api->pacer_type)) {
+        PyErr_Format(PyExc_TypeError, "rate_pacer: a native engine's Pacer, not %.100s",
+                     Py_TYPE(pacer)->tp_name);
+        return NULL;
+    }
+    table_lock(self);
+    int err = control_watch_pacer(&self->control, src, pacer == Py_None ? NULL : pacer);
+    table_unlock(self);
+    if (err < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_watch_control(MessageTableObject *self, PyObject *args) {
+    int fd;
+    unsigned src;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "iI:watch_control", &fd, &src))
+        return NULL;
+    if (fd < 0 || src > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "watch_control: descriptor %d or rank %u out of range", fd,
+                     src);
+        return NULL;
+    }
+    table_lock(self);
+    int err = control_watch_add(&self->control, fd, src);
+    table_unlock(self);
+    if (err < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_unwatch_control(MessageTableObject *self, PyObject *args) {
+    int fd;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "i:unwatch_control", &fd))
+        return NULL;
+    table_lock(self);
+    int was = control_watch_remove(&self->control, fd);
+    table_unlock(self);
+    return PyBool_FromLong(was);
+}
+
+/* wait(epfd, timeout_ns, max_events) -> [fd, ...]: epoll.poll of the I/O thread's
+ * selector (timeout_ns < 0: no limit; rounded up to whole milliseconds, as Python's
+ * is), except that a watched control connection whose readiness was all RATE frames
+ * is handled here (control_watch_absorb) and the wait goes on. The table's lock is
+ * taken only around that, so that callers register messages meanwhile. */
+static PyObject *table_wait(MessageTableObject *self, PyObject *args) {
+    int epfd, max_events;
+    long long timeout_ns;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "iLi:wait", &epfd, &timeout_ns, &max_events))
+        return NULL;
+    struct epoll_event events[64];
+    if (max_events < 1)
+        max_events = 1;
+    if (max_events > 64)
+        max_events = 64;
+    int n = 0, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t end = timeout_ns < 0 ? -1 : linger_clock_ns() + timeout_ns;
+    for (;;) {
+        int ms = -1;
+        if (end >= 0) {
+            int64_t left = end - linger_clock_ns();
+            int64_t msl = left <= 0 ? 0 : (left + 999999) / 1000000;
+            ms = msl > INT_MAX ? INT_MAX : (int)msl;
+        }
+        n = epoll_wait(epfd, events, max_events, ms);
+        if (n < 0) {
+            err = errno == EINTR ? 0 : errno;
+            n = 0;
+            break;
+        }
+        if (n == 0)
+            break;
+        int kept = 0;
+        pthread_mutex_lock(&self->lock);
+        for (int i = 0; i < n; i++)
+            if (!control_watch_absorb(&self->control, events[i].data.fd))
+                events[kept++] = events[i];
+        pthread_mutex_unlock(&self->lock);
+        n = kept;
+        if (n > 0 || ms == 0)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *ready = PyList_New(n);
+    for (int i = 0; ready != NULL && i < n; i++) {
+        PyObject *fd = PyLong_FromLong(events[i].data.fd);
+        if (fd == NULL)
+            Py_CLEAR(ready);
+        else
+            PyList_SET_ITEM(ready, i, fd);
+    }
+    return ready;
+}
+
+static PyObject *table_control_counts(MessageTableObject *self, PyObject *unused) {
+    (void)unused;
+    if (!table_ready(self))
+        return NULL;
+    table_lock(self);
+    long long taken = self->control.rates_taken, cut = self->control.cut_reads;
+    table_unlock(self);
+    return Py_BuildValue("(LL)", taken, cut);
+}
+
 static PyMethodDef table_methods[] = {
     {"register", (PyCFunction)table_register, METH_VARARGS,
      "register(src, step, msg, out, received, received_class, chunk_elems, msg_elems, "
@@ -1031,6 +1201,26 @@ static PyMethodDef table_methods[] = {
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
     {"next", (PyCFunction)table_next, METH_VARARGS,
      "next(buf) -> (handover, taken): take staged runs until one needs Python."},
+    {"take_rates", (PyCFunction)table_take_rates, METH_VARARGS,
+     "take_rates(pacer_api, job, first, shared_flag): while receive() lingers or wait() "
+     "waits, the RATE frames at the head of a watched control connection go to their "
+     "source's pacer "
+     "(pacer_api: dlcp.io._engine.PACER_API; first: a RATE's first byte; see "
+     "dlcp/io/_control_rates.h)."},
+    {"rate_pacer", (PyCFunction)table_rate_pacer, METH_VARARGS,
+     "rate_pacer(src, pacer): the native Pacer that src's RATE reports go to (None: Python)."},
+    {"watch_control", (PyCFunction)table_watch_control, METH_VARARGS,
+     "watch_control(fd, src): the loop may take src's RATE frames from inbound control "
+     "connection fd (whose stream Python holds no partial frame of)."},
+    {"unwatch_control", (PyCFunction)table_unwatch_control, METH_VARARGS,
+     "unwatch_control(fd) -> was watched: it is not any more (before fd is closed)."},
+    {"wait", (PyCFunction)table_wait, METH_VARARGS,
+     "wait(epfd, timeout_ns, max_events) -> [fd, ...]: epoll_wait on epfd, the RATE frames "
+     "of watched control connections taken as the linger takes them (the wait goes on "
+     "while that was all that came)."},
+    {"control_counts", (PyCFunction)table_control_counts, METH_NOARGS,
+     "control_counts() -> (rates_taken, cut_reads): RATE reports the loop handed to "
+     "pacers, and reads that took part of a frame (none expected)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1087,7 +1277,41 @@ static PyObject *recv_now(PyObject *self, PyObject *args) {
     return now_answer(got, err, 1);
 }
 
+/* rate_frames(data, job, first, shared_flag, src) -> (consumed, [(bytes_per_s, window,
+ * shared)...]): the RATE frames at the head of a control stream that the linger would
+ * take (_control_rates.h), at most CONTROL_WATCH_FRAMES of them; for tests. */
+static PyObject *rate_frames_py(PyObject *mod, PyObject *args) {
+    (void)mod;
+    Py_buffer data;
+    unsigned job, first, shared_flag, src;
+    if (!PyArg_ParseTuple(args, "y*IIII:rate_frames", &data, &job, &first, &shared_flag, &src))
+        return NULL;
+    RateRules rules = {(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job};
+    RateReport reports[CONTROL_WATCH_FRAMES];
+    size_t count = 0, consumed = 0;
+    if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF)
+        consumed = rate_frames(data.buf, (size_t)data.len, &rules, src, reports,
+                               CONTROL_WATCH_FRAMES, &count);
+    PyBuffer_Release(&data);
+    PyObject *list = PyList_New((Py_ssize_t)count);
+    for (size_t i = 0; list != NULL && i < count; i++) {
+        PyObject *item = Py_BuildValue("(ddO)", reports[i].bytes_per_s, reports[i].window,
+                                       reports[i].shared ? Py_True : Py_False);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    if (list == NULL)
+        return NULL;
+    return Py_BuildValue("(nN)", (Py_ssize_t)consumed, list);
+}
+
 static PyMethodDef methods[] = {
+    {"rate_frames", rate_frames_py, METH_VARARGS,
+     "rate_frames(data, job, first, shared_flag, src) -> (consumed, reports): the RATE frames "
+     "at the head of a control stream that the receive loop's linger takes itself "
+     "(dlcp/io/_control_rates.h), as (bytes_per_s, window, shared); for tests."},
     {"send_now", send_now, METH_VARARGS,
      "send_now(fd, data) -> sent: one non-blocking send on a stream socket, holding the "
      "GIL; 0 where it would block (see the module source)."},

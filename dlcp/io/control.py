@@ -226,10 +226,16 @@ class ControlChannel:
         #: ``"outbound"``), if one does (:meth:`watch_ends`)
         self._ends: selectors.BaseSelector | None = None
         self._read_buf = bytearray(1 << 18)
+        #: told the descriptor of each inbound connection before it is closed (the
+        #: receive loop may read RATE frames from it: dlcp.io.linger_rates)
+        self.closing_inbound: Callable[[int], None] | None = None
 
     def close(self) -> None:
         """Close every socket (a selector watching them must be let go first:
         ``watch_ends(None)``)."""
+        if self.closing_inbound is not None:
+            for s in self.inbound:
+                self.closing_inbound(s.fileno())
         for s in [self.listener, *self.inbound, *self.outbound.values()]:
             s.close()
         self.inbound.clear()
@@ -425,6 +431,8 @@ class ControlChannel:
 
     def _close_inbound(self, conn: Inbound, why: str) -> str:
         self.inbound.pop(conn.sock, None)
+        if self.closing_inbound is not None:
+            self.closing_inbound(conn.sock.fileno())
         conn.sock.close()
         return why
 

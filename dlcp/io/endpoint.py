@@ -396,6 +396,8 @@ class Endpoint(IOLoop):
                     # the native engine's send threads (None: the Python engine)
                     "engine_threads": self._sender.threads if self._sender else None,
                     "native_receive": self.native_receive,
+                    # RATE reports the receive loop applied itself (not in control_in)
+                    "control_rates_native": self._rates.taken if self._rates is not None else 0,
                     **(self._sender.stats() if self._sender is not None else {}),
                 }
             )
@@ -434,6 +436,13 @@ class Endpoint(IOLoop):
             if self._closing or not self._transfers.forget(key, outgoing, fut):
                 return
         self._wake()  # the I/O thread sends what cancelling queued
+
+    def _control_address(self, peer: int) -> tuple[str, int] | None:
+        """A peer's control address if known (no waiting, no failing the peer)."""
+        with contextlib.suppress(Exception):
+            if (addr := self._peers.known(peer)) is not None:
+                return addr.host, addr.control_port
+        return None
 
     def _resolve(self, peer: int, what: str) -> PeerAddress:
         """Fail now, in the caller, on a rank without an address (waiting at most

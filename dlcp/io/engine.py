@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,8 @@ class NativeSender:
             threads=threads, queue_limit=queue_limit,
         )
         self._pacers: dict[int, Any] = {}
+        #: told each pacer as it is made, with its destination (dlcp.io.linger_rates)
+        self.pacer_made: Callable[[int, Any], None] | None = None
         self._routed: dict[int, tuple[str, int]] = {}
 
     def fileno(self) -> int:
@@ -163,6 +166,8 @@ class NativeSender:
             make_pacer(cfg.pacer, **options)  # its checks and errors, word for word
             pacer = _native_pacer(**options)
         self._pacers[dst] = pacer
+        if self.pacer_made is not None:
+            self.pacer_made(dst, pacer)
         return pacer  # type: ignore[no-any-return]
 
     def post(self, item: RoundPost, address: tuple[str, int]) -> RoundReport | None:
@@ -198,6 +203,12 @@ class NativeSender:
 
     def stats(self) -> dict[str, int]:
         return dict(self._engine.stats())
+
+    @property
+    def pacer_api(self) -> Any:
+        """What the receive loop needs to hand RATE reports to this
+        engine's pacers itself (``_engine.PACER_API``; None if this build lacks it)."""
+        return getattr(_native, "PACER_API", None)
 
     def close(self) -> None:
         self._engine.close()

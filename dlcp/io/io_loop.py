@@ -18,7 +18,6 @@ declared here and set up by ``Endpoint.__init__``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import selectors
@@ -40,6 +39,7 @@ from .config import EndpointConfig
 from .control import ControlChannel, LostPeer
 from .emulation import LossEmulator
 from .engine import NativeSender, RoundReport
+from .linger_rates import LingerRates
 from .native_receive import RunHandlers
 from .peers import PeerAddress, PeerBook
 from .readiness import ReadSelector
@@ -135,6 +135,9 @@ class IOLoop:
         # (the Python engine sends from this thread: it must not wait for data)
         self._linger = self.config.receive_linger if on and self._sender is not None else 0.0
         self._nap = self.config.receive_nap if self._linger else 0.0
+        #: RATE frames the receive loop hands to the engine's pacers (None: Python reads all)
+        self._rates = LingerRates.start(self._data.runs if self._linger else None, self._sender,
+                                        self._session, self._control)  # fmt: skip
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
@@ -149,6 +152,8 @@ class IOLoop:
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
         sel.set_apart(self._data.recv_sock)  # (the receive loop's linger waits on it itself)
+        if self._rates is not None:  # (and RATE frames are taken in the wait too)
+            sel.wait_with(self._rates.wait)
         self._watch = sel.others_fileno()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
@@ -425,6 +430,8 @@ class IOLoop:
                 inbound.trusted = True
         if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
             self._peer_gone(gone)
+        elif ended is None and self._rates is not None:
+            self._rates.follow(inbound)
         return bool(frames) or ended is not None
 
     def _pacer_for(self, dst: int) -> Pacer:
@@ -560,13 +567,6 @@ class IOLoop:
         for sock in [s for s, c in self._control.inbound.items() if c.rank == peer]:
             while sock in self._control.inbound and self._read_control(self._selector, sock):
                 pass
-
-    def _control_address(self, peer: int) -> tuple[str, int] | None:
-        """A peer's control address if known (no waiting, no failing the peer)."""
-        with contextlib.suppress(Exception):
-            if (addr := self._peers.known(peer)) is not None:
-                return addr.host, addr.control_port
-        return None
 
     def _address_of(self, peer: int) -> PeerAddress | None:
         """A peer's address, under the lock, without waiting: a peer that sent

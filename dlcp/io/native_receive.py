@@ -40,6 +40,7 @@ import numpy.typing as npt
 from ..proto import kernels
 from ..proto.batch import PER_PACKET_FLAGS, SHARED_HEADER_MASK
 from ..proto.context import Key
+from ..proto.control import RATE_SHARED
 from ..proto.reassembler import RUN_LAYOUT, Reassembler
 from ..proto.receive_paths import Taken
 from ..proto.wire import HEADER_DTYPE, VERSION, Flags, PacketType
@@ -125,6 +126,39 @@ class MessageRuns:
 
     def __len__(self) -> int:
         return len(self.table)
+
+    # RATE reports on control connections, taken while the I/O thread waits
+    # (dlcp.io.linger_rates, dlcp/io/_control_rates.h)
+
+    def take_rates(self, pacer_api: Any, job: int) -> None:
+        """While :meth:`DataSockets.receive <dlcp.io.udp.DataSockets.receive>`
+        lingers or the table's ``wait`` waits (the I/O thread's selector), the
+        untagged RATE frames of job ``job`` at the head of a watched
+        control connection go to the pacer of their source (:meth:`rate_pacer`)
+        without Python (``pacer_api``: the native engine's ``PACER_API``). Only for
+        a session that does not authenticate: the loop takes no tagged RATE, and
+        must not take an untagged one where tags are required."""
+        self.table.take_rates(pacer_api, job, (VERSION << 4) | PacketType.RATE, RATE_SHARED)
+
+    def rate_pacer(self, src: int, pacer: Any) -> None:
+        """The native engine's pacer that ``src``'s RATE reports go to."""
+        self.table.rate_pacer(src, pacer)
+
+    def watch_control(self, fd: int, src: int) -> None:
+        """The loop may take ``src``'s RATE frames from inbound control connection
+        ``fd``: Python holds none of its stream's bytes unread, so the frames at
+        the head of the socket are its next ones."""
+        self.table.watch_control(fd, src)
+
+    def unwatch_control(self, fd: int) -> None:
+        """Not any more (before ``fd`` is closed, and while Python holds a partial
+        frame of its stream)."""
+        self.table.unwatch_control(fd)
+
+    @property
+    def rates_taken(self) -> int:
+        """RATE reports the loop handed to pacers itself."""
+        return int(self.table.control_counts()[0])
 
 
 class TakenRuns(Protocol):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import select
 import selectors
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["ReadSelector"]
@@ -44,6 +44,8 @@ class ReadSelector(selectors.BaseSelector):
         self._keys: dict[int, selectors.SelectorKey] = {}
         #: epoll's event limit per call: one per file watched (epoll needs one at least)
         self._max_events = 1
+        #: what waits instead of epoll.poll (wait_with), if anything
+        self._wait: Callable[[int, int, int], list[int]] | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         if events != _READ:
@@ -85,6 +87,10 @@ class ReadSelector(selectors.BaseSelector):
         """The files ready for reading, waiting at most ``timeout`` seconds (None:
         until one is; epoll rounds a wait up to whole milliseconds)."""
         keys = self._keys
+        if self._wait is not None:
+            limit = -1 if timeout is None else int(timeout * 1e9)
+            fds = self._wait(self._epoll.fileno(), limit, self._max_events)
+            return [(keys[fd], _READ) for fd in fds if fd in keys]
         try:
             ready = self._epoll.poll(-1.0 if timeout is None else timeout, self._max_events)
         except InterruptedError:
@@ -101,6 +107,13 @@ class ReadSelector(selectors.BaseSelector):
         if self._keys:
             raise RuntimeError("set_apart: call it before any file is registered")
         self._apart = fd
+
+    def wait_with(self, wait: Callable[[int, int, int], list[int]]) -> None:
+        """From now on :meth:`select` waits through ``wait(epoll descriptor,
+        timeout in nanoseconds or -1, event limit)``, which returns the ready
+        descriptors as ``epoll.poll`` would (the native receive table's, which
+        handles some control frames itself: :mod:`dlcp.io.linger_rates`)."""
+        self._wait = wait
 
     def fileno(self) -> int:
         """The epoll set's descriptor: readable while a watched file is."""

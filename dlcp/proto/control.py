@@ -39,6 +39,7 @@ from .wire import (
 __all__ = [
     "CODECS",
     "MAX_FINISH_TAIL",
+    "RATE_SHARED",
     "Abort",
     "AbortReason",
     "ControlMessage",
@@ -56,7 +57,7 @@ assert _CONTROL_STRUCT.size == CONTROL_HEADER_LEN
 _CONTROL_FLAG_MASK: Final = int(Flags.AUTH)
 _AUTH: Final = int(Flags.AUTH)
 #: RATE's header flag: the rate is the sender's share of a window several senders shared
-_RATE_SHARED: Final = 0x01
+RATE_SHARED: Final = 0x01
 _NACK_MORE: Final = 0x01  # NACK body flags: more parts of this round follow
 _U32: Final = struct.Struct(">I")
 _FINISH_BODY: Final = struct.Struct(">HHII16I")  # then tail_count x u32 (tail)
@@ -353,7 +354,7 @@ def encode_control(
     body = codec.encode(msg)
     flags = _AUTH if key is not None else 0
     if isinstance(msg, RateFeedback) and msg.shared:
-        flags |= _RATE_SHARED
+        flags |= RATE_SHARED
     first = (VERSION << 4) | codec.ptype
     head = _CONTROL_STRUCT.pack(first, flags, job, step, msg_id, src, len(body), 0)
     if key is None:
@@ -400,7 +401,7 @@ def decode_control(
             Reason.WRONG_JOB,
             f"wrong job: datagram is for job {pkt_job}, this endpoint serves job {job}",
         )
-    allowed = _CONTROL_FLAG_MASK | (_RATE_SHARED if codec.ptype is PacketType.RATE else 0)
+    allowed = _CONTROL_FLAG_MASK | (RATE_SHARED if codec.ptype is PacketType.RATE else 0)
     if flags & ~allowed or reserved:
         raise WireError(
             Reason.BAD_FIELD,
@@ -424,7 +425,7 @@ def decode_control(
         ):
             raise WireError(Reason.AUTH_FAILED, "authentication failed: tag does not match")
     decoded = codec.decode(step, msg, src, data[CONTROL_HEADER_LEN : CONTROL_HEADER_LEN + body_len])
-    if flags & _RATE_SHARED:
+    if flags & RATE_SHARED:
         assert isinstance(decoded, RateFeedback)
         return replace(decoded, shared=True)
     return decoded

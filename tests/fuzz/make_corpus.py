@@ -20,6 +20,9 @@ describes at the top of its source:
   one by one, as one GRO read, reversed, with a duplicate and a stray datagram;
   once untagged and once tagged (AUTH and a trailer the harness's stand-in tag
   check accepts).
+* ``control_rates``: the control vectors as a stream of frames, for the job and
+  source of each RATE among them: each vector alone, all of them in order, and
+  the RATEs repeated behind one another, whole and cut short.
 
 The golden vectors and the layouts come from the repository (``dlcp.proto``),
 so the seeds follow any change of the wire format.
@@ -213,6 +216,21 @@ def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, i
     return head + events
 
 
+def rates_seeds(control: list[dict]) -> list[bytes]:
+    """control_rates' inputs (fuzz_control_rates.c): job, source, report limit,
+    then a stream of length-prefixed control datagrams."""
+    frames = [struct.pack(">I", len(d)) + d for d in (bytes.fromhex(v["hex"]) for v in control)]
+    seeds = []
+    for vector in control:
+        if vector["type"] != "RATE":
+            continue
+        head = struct.pack(">HHB", vector["job"], vector["fields"]["src"], 32)
+        rate = struct.pack(">I", len(bytes.fromhex(vector["hex"]))) + bytes.fromhex(vector["hex"])
+        seeds += [head + b"".join(frames), head + rate * 5, head + rate * 3 + rate[:17]]
+        seeds += [head + frame for frame in frames]
+    return seeds
+
+
 def write(out: Path, target: str, seed: bytes, counts: dict[str, int]) -> None:
     folder = out / target
     folder.mkdir(parents=True, exist_ok=True)
@@ -257,6 +275,8 @@ def main(out: Path) -> dict[str, int]:
     lengths += [len(bytes.fromhex(v["hex"])) for v in golden["control"]]
     for i in range(len(golden["data"])):
         write(out, "recv_runs", recv_seed(lengths[i:] + lengths[:i], i), counts)
+    for seed in rates_seeds(golden["control"]):
+        write(out, "control_rates", seed, counts)
     return counts
 
 

@@ -1,0 +1,145 @@
+/*
+ * The control connections whose RATE reports a MessageTable's linger takes
+ * itself (_control_rates.h says which frames and why), and the native engine's
+ * pacers they go to (_pacer_api.h). Used by _udpio.c: the table's methods
+ * change this under the table's lock, and the receive call, which holds that
+ * lock, reads it while it lingers, without the GIL.
+ *
+ * Python decides what is watched (dlcp.io.io_loop): an inbound connection whose
+ * hello named its rank, that has carried a valid message already (trusted), and
+ * whose frames Python holds no partial bytes of, so that the frames at the head
+ * of its socket are the next ones of its stream; and, per source rank, the
+ * pacer of the messages this rank sends it. It unwatches a connection before it
+ * closes it, and whenever its read left a partial frame in Python's buffer.
+ */
+#ifndef DLCP_CONTROL_WATCH_H
+#define DLCP_CONTROL_WATCH_H
+
+#include <Python.h>
+#include <sys/socket.h>
+
+#include "_control_rates.h"
+#include "_linger.h"
+#include "_pacer_api.h"
+
+/* frames one look at a connection takes at most (the rest waits for the next) */
+#define CONTROL_WATCH_FRAMES 32
+
+typedef struct {
+    int fd;
+    unsigned src; /* the rank its hello named */
+} WatchedConnection;
+
+typedef struct {
+    const DlcpPacerApi *api; /* NULL: every RATE is Python's */
+    PyObject *api_owner;     /* (the capsule the api came in) */
+    RateRules rules;
+    PyObject **pacers; /* by source rank; NULL: none */
+    size_t n_pacers;
+    WatchedConnection *conns;
+    size_t n_conns, cap_conns;
+    long long rates_taken;
+    /* a read that took fewer bytes than the frames peeked: it cannot happen while
+     * the I/O thread is the socket's only reader; if it did, the stream would be
+     * cut and Python's read would refuse what follows and close the connection */
+    long long cut_reads;
+} ControlWatch;
+
+static void control_watch_free(ControlWatch *w) {
+    for (size_t i = 0; i < w->n_pacers; i++)
+        Py_XDECREF(w->pacers[i]);
+    PyMem_Free(w->pacers);
+    PyMem_Free(w->conns);
+    Py_XDECREF(w->api_owner);
+    memset(w, 0, sizeof *w);
+}
+
+/* Watch fd for src's RATE frames (again, if it was); -1 with MemoryError. */
+static int control_watch_add(ControlWatch *w, int fd, unsigned src) {
+    for (size_t i = 0; i < w->n_conns; i++)
+        if (w->conns[i].fd == fd) {
+            w->conns[i].src = src;
+            return 0;
+        }
+    if (w->n_conns == w->cap_conns) {
+        size_t cap = w->cap_conns ? 2 * w->cap_conns : 8;
+        WatchedConnection *grown = PyMem_Realloc(w->conns, cap * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->conns = grown;
+        w->cap_conns = cap;
+    }
+    w->conns[w->n_conns++] = (WatchedConnection){fd, src};
+    return 0;
+}
+
+/* Whether fd was watched; it is not any more. */
+static int control_watch_remove(ControlWatch *w, int fd) {
+    for (size_t i = 0; i < w->n_conns; i++)
+        if (w->conns[i].fd == fd) {
+            w->conns[i] = w->conns[--w->n_conns];
+            return 1;
+        }
+    return 0;
+}
+
+/* src's reports go to pacer from now on (NULL: to Python); -1 with MemoryError.
+ * Steals no reference: takes its own. */
+static int control_watch_pacer(ControlWatch *w, unsigned src, PyObject *pacer) {
+    if (src >= w->n_pacers) {
+        if (pacer == NULL)
+            return 0;
+        size_t n = src + 1 > 2 * w->n_pacers ? src + 1 : 2 * w->n_pacers;
+        PyObject **grown = PyMem_Realloc(w->pacers, n * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(grown + w->n_pacers, 0, (n - w->n_pacers) * sizeof *grown);
+        w->pacers = grown;
+        w->n_pacers = n;
+    }
+    Py_XINCREF(pacer);
+    Py_XSETREF(w->pacers[src], pacer);
+    return 0;
+}
+
+/* LingerAbsorb's absorb, without the GIL: the RATE frames at the head of watched
+ * connection fd go to their pacer; 1 if that was all fd had (the linger goes on). */
+static int control_watch_absorb(void *ctx, int fd) {
+    ControlWatch *w = ctx;
+    const WatchedConnection *c = NULL;
+    for (size_t i = 0; w->api != NULL && i < w->n_conns && c == NULL; i++)
+        if (w->conns[i].fd == fd)
+            c = &w->conns[i];
+    if (c == NULL || c->src >= w->n_pacers || w->pacers[c->src] == NULL)
+        return 0;
+    uint8_t buf[CONTROL_WATCH_FRAMES * RATE_FRAME_BYTES];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) /* (its end, an error or nothing after all: Python's read says) */
+        return 0;
+    RateReport reports[CONTROL_WATCH_FRAMES];
+    size_t count;
+    size_t take = rate_frames(buf, (size_t)n, &w->rules, c->src, reports, CONTROL_WATCH_FRAMES,
+                              &count);
+    if (take == 0)
+        return 0;
+    ssize_t got = recv(fd, buf, take, MSG_DONTWAIT);
+    if (got <= 0) /* (nothing taken: Python reads them) */
+        return 0;
+    if ((size_t)got < take) {
+        w->cut_reads++;
+        count = (size_t)got / RATE_FRAME_BYTES;
+    }
+    double now = (double)linger_clock_ns() * 1e-9;
+    PyObject *pacer = w->pacers[c->src];
+    for (size_t i = 0; i < count; i++)
+        w->api->feedback(pacer, reports[i].bytes_per_s, reports[i].shared, reports[i].window,
+                         now);
+    w->rates_taken += (long long)count;
+    return (size_t)got == take && take == (size_t)n && (size_t)n < sizeof buf;
+}
+
+#endif
