@@ -1127,7 +1127,8 @@ static PyObject *table_wait(MessageTableObject *self, PyObject *args) {
         max_events = 64;
     int n = 0, err = 0;
     Py_BEGIN_ALLOW_THREADS
-    int64_t end = timeout_ns < 0 ? -1 : linger_clock_ns() + timeout_ns;
+    int64_t now = linger_clock_ns();
+    int64_t end = timeout_ns < 0 ? -1 : timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
     for (;;) {
         int ms = -1;
         if (end >= 0) {

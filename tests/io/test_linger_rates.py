@@ -252,6 +252,8 @@ def test_the_i_o_threads_wait_takes_rates_and_returns_what_else_is_ready(
         assert t.runs.rates_taken == 1 and t.left_on_socket() == b""
         t.ctl_w.sendall(rate(1_000_000) + stop())
         assert sel.select(None) == [(key, selectors.EVENT_READ)]
+        # (the longest timeout there is: the STOP is still there, the wait ends at once)
+        assert t.runs.table.wait(t.epoll.fileno(), (1 << 63) - 1, 4) == [t.ctl_r.fileno()]
         assert t.runs.rates_taken == 2 and t.left_on_socket() == stop()
     finally:
         sel.close()
