@@ -24,6 +24,7 @@ RATE where tags are required.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..proto.session import Session
@@ -37,11 +38,16 @@ __all__ = ["LingerRates"]
 class LingerRates:
     """The RATE frames one endpoint's receive loop takes itself (module docstring)."""
 
-    __slots__ = ("_runs",)
+    __slots__ = ("_runs", "wait")
 
     def __init__(self, runs: MessageRuns, pacer_api: Any, job: int) -> None:
         self._runs = runs
         runs.take_rates(pacer_api, job)
+        #: the I/O thread's wait for its files (``ReadSelector.wait_with``): the RATE
+        #: frames of a watched connection that turns readable are taken as the linger
+        #: takes them, and the wait goes on if that was all (the table's, in C: no
+        #: Python frame of its own in a call made every turn)
+        self.wait: Callable[[int, int, int], list[int]] = runs.table.wait
 
     @classmethod
     def start(
@@ -64,12 +70,6 @@ class LingerRates:
         sender.pacer_made = rates.pacer
         control.closing_inbound = rates.forget
         return rates
-
-    def wait(self, epoll_fd: int, timeout_ns: int, max_events: int) -> list[int]:
-        """The I/O thread's wait for its files (``ReadSelector.wait_with``): the
-        RATE frames of a watched connection that turns readable are taken as the
-        linger takes them, and the wait goes on if that was all."""
-        return list(self._runs.table.wait(epoll_fd, timeout_ns, max_events))
 
     def pacer(self, dst: int, pacer: Any) -> None:
         """``dst``'s RATE reports go to ``pacer`` (the engine's, for sends to ``dst``)."""
