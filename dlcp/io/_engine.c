@@ -72,6 +72,20 @@
  *     goes out gathered from three iovecs (header, payload, trailer), so
  *     authentication costs no copy of the payload. Built without libcrypto
  *     (SEALS is 0), post() refuses a key.
+ *  9. A round posted with its FINISH (post()'s finish: the frame the receiver's
+ *     control connection carries, sealed already in an authenticating job) that a
+ *     send thread completes, sent, while its rank's control connection is adopted
+ *     (adopt_control) and no write on it failed, is queued for reap() without the
+ *     eventfd being written, and that thread writes the FINISH on the connection
+ *     (../io/_control_writes.h: one mutex a connection, held for a whole frame;
+ *     Python's own frames to the rank go through control_send). Its report says
+ *     so (finish_sent) with the time the round ended (ended_t): Python, which reaps
+ *     at every turn while rounds are under way, then neither wakes for it nor writes
+ *     the FINISH. A write that fails after the report was queued is the
+ *     connection's error from then on (Python's next write raises it) and the
+ *     FINISH is lost as one lost on the way is: the sender's FINISH timer sends it
+ *     again. A round post() sent (rule 7), or one without its connection, wakes
+ *     Python as before, which writes its FINISH itself.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -110,6 +124,7 @@
 #include <unistd.h>
 
 #include "_round_geometry.h" /* post()'s checks and the batches of a round */
+#include "_control_writes.h"
 #include "_pacer_api.h" /* the pacers as the receive loop's linger feeds them */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
@@ -418,8 +433,13 @@ typedef struct Round {
     /* in_flight: batches of it claimed and not yet sent (rules 5, 6); failed: one
        of them failed, so no more are claimed and the round ends failed */
     int in_flight, failed, cancelled, started, status, err;
-    double began_t, last_t;
+    double began_t, last_t, ended_t;
     unsigned long long began_b, last_b;
+    /* rule 9: the round's FINISH frame, as the control connection carries it (NULL:
+       none given, or the sending thread took it); finish_sent: the engine writes it */
+    uint8_t *finish;
+    Py_ssize_t finish_len;
+    int finish_sent;
     int sealed; /* rule 8: each batch gets nonces and tags as it goes */
 #ifdef DLCP_LIBCRYPTO
     /* the key of the pair (sender, dst), expanded once per batch that may be in
@@ -463,6 +483,14 @@ typedef struct Engine {
        held when last read, and the bytes claimed since */
     int queue_limited;
     double queue_seen, queue_unread;
+    /* rule 9: the control connections by rank (NULL: none adopted yet; an entry
+       lives as long as the engine), how long a write may wait for room, and what
+       the send threads wrote; signalled: the eventfd was written since reap()
+       last read it */
+    ControlConn **controls;
+    int n_controls, signalled;
+    double control_timeout;
+    unsigned long long finishes, finish_errors;
 } Engine;
 
 enum { ROUND_SENT = 0, ROUND_FAILED = 1 };
@@ -481,6 +509,7 @@ static void release_round(Round *r) {
     PyBuffer_Release(&r->breaks);
     PyBuffer_Release(&r->payload); /* (no-ops on a round that lent nothing) */
     PyBuffer_Release(&r->seqs);
+    PyMem_RawFree(r->finish);
 #ifdef DLCP_LIBCRYPTO
     for (int i = 0; i < r->n_seals; i++) /* (no-ops where nothing was set up) */
         gmac_free(&r->seals[i]);
@@ -663,19 +692,54 @@ static void unlink_round(Peer *peer, Round *r) {
         }
 }
 
-/* Rule 5. Called with the lock held. */
-static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err) {
+/* Rule 5 (and 9: wake 0 queues the report without writing the eventfd). Called
+   with the lock held. */
+static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err, int wake) {
     unlink_round(peer, r);
     r->status = status;
     r->err = err;
+    r->ended_t = monotonic_now();
     if (e->done_tail)
         e->done_tail->next = r;
     else
         e->done_head = r;
     e->done_tail = r;
+    if (!wake)
+        return;
     uint64_t one = 1;
     ssize_t w = write(e->efd, &one, sizeof one); /* (a full counter still wakes) */
     (void)w;
+    e->signalled = 1;
+}
+
+/* Rule 9: a round r of peer that a send thread finished (send_batch_of returned 1),
+   completed; its FINISH written by this thread where one was given, the round was
+   sent and its rank's control connection takes frames. Called with the lock held;
+   returns with it, having let it go around the write. */
+static void round_done(Engine *e, Peer *peer, Round *r) {
+    ControlConn *c = r->dst < e->n_controls ? e->controls[r->dst] : NULL;
+    uint8_t *finish = NULL;
+    size_t len = 0;
+    if (r->status == ROUND_SENT && r->finish != NULL && control_usable(c)) {
+        finish = r->finish; /* (ours now: reap() may free r as soon as the lock goes) */
+        len = (size_t)r->finish_len;
+        r->finish = NULL;
+        r->finish_sent = 1;
+    }
+    complete_round(e, peer, r, r->status, r->err, finish == NULL);
+    if (finish == NULL)
+        return;
+    double timeout = e->control_timeout;
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&c->lock);
+    int err = control_write_locked(c, finish, len, timeout);
+    pthread_mutex_unlock(&c->lock);
+    PyMem_RawFree(finish);
+    pthread_mutex_lock(&e->lock);
+    if (err)
+        e->finish_errors++;
+    else
+        e->finishes++;
 }
 
 /* Lock m from a thread that may hold the GIL: post() keeps it (rule 7), *gil NULL
@@ -844,7 +908,7 @@ static void *send_thread(void *arg) {
             if (r == NULL)
                 continue;
             if (send_batch_of(e, peer, r, stop, nbytes, now, NULL))
-                complete_round(e, peer, r, r->status, r->err);
+                round_done(e, peer, r);
             sent = 1;
             now = monotonic_now();
         }
@@ -1157,14 +1221,23 @@ static PyTypeObject PacerType = {
 /* ------------------------------------------------------------------ Engine type */
 
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fds", "batch_packets", "name", "threads", "queue_limit", NULL};
+    static char *names[] = {"fds",         "batch_packets",   "name", "threads",
+                            "queue_limit", "control_timeout", NULL};
     PyObject *fds;
     Py_ssize_t batch_packets;
     const char *name = "dlcp-send";
     int n_threads = 1, queue_limit = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$ip:Engine", names, &fds, &batch_packets,
-                                     &name, &n_threads, &queue_limit))
+    double control_timeout = 5.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|s$ipd:Engine", names, &fds, &batch_packets,
+                                     &name, &n_threads, &queue_limit, &control_timeout))
         return NULL;
+    if (!(control_timeout > 0 && control_timeout < 1e6)) {
+        char said[32]; /* (PyErr_Format has no %g) */
+        snprintf(said, sizeof said, "%g", control_timeout);
+        PyErr_Format(PyExc_ValueError, "Engine: control_timeout=%s outside (0, 1e6) seconds",
+                     said);
+        return NULL;
+    }
     if (n_threads < 1 || n_threads > MAX_SEND_THREADS) {
         PyErr_Format(PyExc_ValueError, "Engine: threads=%d outside 1..%d", n_threads,
                      MAX_SEND_THREADS);
@@ -1209,6 +1282,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     e->queue_limited = queue_limit;
     e->n_threads = n_threads;
     e->timed_wait = INFINITY;
+    e->control_timeout = control_timeout;
     pthread_mutex_init(&e->lock, NULL);
     pthread_condattr_t attr; /* deadlines are CLOCK_MONOTONIC times, as Python's */
     pthread_condattr_init(&attr);
@@ -1301,6 +1375,12 @@ static void Engine_dealloc(Engine *e) {
     engine_stop(e);
     engine_free_rounds(e);
     PyMem_RawFree(e->peers);
+    for (int i = 0; i < e->n_controls; i++)
+        if (e->controls[i] != NULL) {
+            pthread_mutex_destroy(&e->controls[i]->lock);
+            PyMem_RawFree(e->controls[i]);
+        }
+    PyMem_RawFree(e->controls);
     PyMem_RawFree(e->fds);
     PyMem_RawFree(e->threads);
     if (e->efd >= 0)
@@ -1402,8 +1482,36 @@ static PyObject *Engine_add_peer(Engine *e, PyObject *args) {
 
 /* What reap() and post() say of a round that ended. */
 static PyObject *round_report(const Round *r) {
-    return Py_BuildValue("(iIIiidKdK)", r->dst, (unsigned)r->step, (unsigned)r->msg, r->status,
-                         r->err, r->began_t, r->began_b, r->last_t, r->last_b);
+    return Py_BuildValue("(iIIiidKdKid)", r->dst, (unsigned)r->step, (unsigned)r->msg,
+                         r->status, r->err, r->began_t, r->began_b, r->last_t, r->last_b,
+                         r->finish_sent, r->ended_t);
+}
+
+/* A FINISH frame on this rule's longest, bytes: a control frame's length field is
+   16 bits (dlcp.io.control) */
+#define FINISH_MAX 65537
+
+/* post()'s finish: a copy of the frame for rule 9. */
+static int take_finish(Round *r, PyObject *finish) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(finish, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view.len < 1 || view.len > FINISH_MAX) {
+        PyErr_Format(PyExc_ValueError, "post: finish of %zd bytes (a control frame: 1..%d)",
+                     view.len, FINISH_MAX);
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    r->finish = PyMem_RawMalloc((size_t)view.len);
+    if (r->finish == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(r->finish, view.buf, (size_t)view.len);
+    r->finish_len = view.len;
+    PyBuffer_Release(&view);
+    return 0;
 }
 
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
@@ -1532,17 +1640,17 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"dst",   "step",  "msg",  "order", "records", "stride",
                             "per_message", "count", "short", "short_len", "tos", "path",
                             "prio", "breaks", "key", "nonces", "payload", "seqs",
-                            "chunk_bytes", NULL};
+                            "chunk_bytes", "finish", NULL};
     int dst;
     unsigned long step, msg;
     unsigned long long order;
     PyObject *records, *tos, *path, *prio, *breaks, *key = Py_None, *nonces = Py_None;
-    PyObject *payload = Py_None, *seqs = Py_None;
+    PyObject *payload = Py_None, *seqs = Py_None, *finish = Py_None;
     Py_ssize_t stride, per_message, count, short_index, short_len, chunk_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO|OOOOn:post", names, &dst, &step,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ikkKOnnnnnOOOO|OOOOnO:post", names, &dst, &step,
                                      &msg, &order, &records, &stride, &per_message, &count,
                                      &short_index, &short_len, &tos, &path, &prio, &breaks, &key,
-                                     &nonces, &payload, &seqs, &chunk_bytes))
+                                     &nonces, &payload, &seqs, &chunk_bytes, &finish))
         return NULL;
     int sealed = key != Py_None;
 #ifndef DLCP_LIBCRYPTO
@@ -1583,6 +1691,8 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
     r->short_index = short_index;
     r->short_len = short_len;
     if (payload != Py_None && lend(r, payload, seqs, chunk_bytes) < 0)
+        goto fail;
+    if (finish != Py_None && take_finish(r, finish) < 0)
         goto fail;
     if (r->head && sealed) { /* (a record: data header, then the trailer) */
         if (r->head != 32 + 24) {
@@ -1634,6 +1744,7 @@ static PyObject *Engine_post(Engine *e, PyObject *args, PyObject *kw) {
         gil = PyEval_SaveThread(); /* (a long send: Python's other threads go on meanwhile) */
     if (here && send_batch_of(e, peer, r, stop, nbytes, now, &gil)) {
         unlink_round(peer, r);
+        r->ended_t = monotonic_now();
         ended = 1;
     } else {
         pthread_cond_signal(&e->cond); /* (the rest is the thread's) */
@@ -1684,15 +1795,16 @@ static PyObject *Engine_cancel(Engine *e, PyObject *args) {
 
 static PyObject *Engine_reap(Engine *e, PyObject *unused) {
     (void)unused;
-    uint64_t count;
-    if (e->efd >= 0) {
-        ssize_t got = read(e->efd, &count, sizeof count);
-        (void)got;
-    }
     Round *head = NULL;
     LOCKED(&e->lock, {
         head = e->done_head;
         e->done_head = e->done_tail = NULL;
+        if (e->signalled && e->efd >= 0) { /* (under the lock: no later write is lost) */
+            uint64_t count;
+            ssize_t got = read(e->efd, &count, sizeof count);
+            (void)got;
+        }
+        e->signalled = 0;
     });
     PyObject *out = PyList_New(0);
     while (head) {
@@ -1709,6 +1821,118 @@ static PyObject *Engine_reap(Engine *e, PyObject *unused) {
     return out;
 }
 
+/* ------------------------------------------------------------------ rule 9 */
+
+/* Rank dst's control connection entry (made if `make` and new; NULL if not, or out
+   of memory). With the engine's lock held. */
+static ControlConn *control_of(Engine *e, int dst, int make) {
+    if (dst < e->n_controls && e->controls[dst] != NULL)
+        return e->controls[dst];
+    if (!make)
+        return NULL;
+    if (dst >= e->n_controls) {
+        ControlConn **grown = PyMem_RawRealloc(e->controls, (size_t)(dst + 1) * sizeof *grown);
+        if (grown == NULL)
+            return NULL;
+        for (int i = e->n_controls; i <= dst; i++)
+            grown[i] = NULL;
+        e->controls = grown;
+        e->n_controls = dst + 1;
+    }
+    ControlConn *c = PyMem_RawCalloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_init(&c->lock, NULL);
+    c->fd = -1;
+    e->controls[dst] = c;
+    return c;
+}
+
+static int control_rank(int dst, const char *what) {
+    if (dst < 0 || dst > 65535) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d out of range", what, dst);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Engine_adopt_control(Engine *e, PyObject *args) {
+    int dst, fd;
+    if (!PyArg_ParseTuple(args, "ii:adopt_control", &dst, &fd) ||
+        control_rank(dst, "adopt_control") < 0)
+        return NULL;
+    if (fd < 0) {
+        PyErr_Format(PyExc_ValueError, "adopt_control: descriptor %d", fd);
+        return NULL;
+    }
+    ControlConn *c = NULL;
+    LOCKED(&e->lock, c = control_of(e, dst, 1));
+    if (c == NULL)
+        return PyErr_NoMemory();
+    LOCKED(&c->lock, {
+        __atomic_store_n(&c->err, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->fd, fd, __ATOMIC_RELEASE);
+    });
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_release_control(Engine *e, PyObject *args) {
+    int dst;
+    if (!PyArg_ParseTuple(args, "i:release_control", &dst) ||
+        control_rank(dst, "release_control") < 0)
+        return NULL;
+    ControlConn *c = NULL;
+    LOCKED(&e->lock, c = control_of(e, dst, 0));
+    if (c != NULL) /* (waits for a write in progress) */
+        LOCKED(&c->lock, {
+            __atomic_store_n(&c->fd, -1, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->err, 0, __ATOMIC_RELEASE);
+        });
+    Py_RETURN_NONE;
+}
+
+/* Python's frame onto an adopted connection: one send keeping the GIL (a frame of
+   a few dozen bytes fits the socket's buffer), the rest, if any, without it. */
+static PyObject *Engine_control_send(Engine *e, PyObject *args) {
+    int dst;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iy*:control_send", &dst, &data))
+        return NULL;
+    if (control_rank(dst, "control_send") < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    ControlConn *c = NULL;
+    LOCKED(&e->lock, c = control_of(e, dst, 0));
+    int err = ENOTCONN;
+    if (c != NULL) {
+        PyThreadState *gil = NULL;
+        lock_from(&c->lock, &gil);
+        err = c->fd < 0 ? ENOTCONN : c->err;
+        if (!err) {
+            size_t done = 0, len = (size_t)data.len;
+            double deadline = control_clock() + e->control_timeout;
+            err = control_write_rest(c->fd, data.buf, len, &done, gil == NULL ? -INFINITY
+                                                                              : deadline);
+            if (err == ETIMEDOUT && gil == NULL) { /* (the buffer is full: wait without it) */
+                gil = PyEval_SaveThread();
+                err = control_write_rest(c->fd, data.buf, len, &done, deadline);
+            }
+            if (err)
+                __atomic_store_n(&c->err, err, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (gil != NULL)
+            PyEval_RestoreThread(gil);
+    }
+    PyBuffer_Release(&data);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Engine_fileno(Engine *e, PyObject *unused) {
     (void)unused;
     return PyLong_FromLong(e->efd);
@@ -1716,14 +1940,17 @@ static PyObject *Engine_fileno(Engine *e, PyObject *unused) {
 
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     (void)unused;
-    unsigned long long b = 0, d = 0, c = 0;
+    unsigned long long b = 0, d = 0, c = 0, f = 0, fe = 0;
     LOCKED(&e->lock, {
         b = e->batches;
         d = e->datagrams;
         c = e->send_calls;
+        f = e->finishes;
+        fe = e->finish_errors;
     });
-    return Py_BuildValue("{sKsKsK}", "engine_batches", b, "engine_datagrams", d,
-                         "engine_send_calls", c);
+    return Py_BuildValue("{sKsKsKsKsK}", "engine_batches", b, "engine_datagrams", d,
+                         "engine_send_calls", c, "engine_finishes", f,
+                         "engine_finish_errors", fe);
 }
 
 static PyMethodDef Engine_methods[] = {
@@ -1731,13 +1958,25 @@ static PyMethodDef Engine_methods[] = {
      "add_peer(rank, host, port, pacer): where rank's data goes, paced by pacer."},
     {"post", (PyCFunction)(void (*)(void))Engine_post, METH_VARARGS | METH_KEYWORDS,
      "post(dst=, step=, msg=, order=, records=, stride=, per_message=, count=, short=, "
-     "short_len=, tos=, path=, prio=, breaks=, key=None, nonces=None) -> report or None: a "
-     "round to send; a round of one batch the pacer lets go goes at once, and its report "
-     "comes back (rule 7); with key, each batch is sealed as it goes (rule 8)."},
+     "short_len=, tos=, path=, prio=, breaks=, key=None, nonces=None, payload=None, "
+     "seqs=None, chunk_bytes=0, finish=None) -> report or None: a round to send; a round "
+     "of one batch the pacer lets go goes at once, and its report comes back (rule 7); "
+     "with key, each batch is sealed as it goes (rule 8); finish, the frame a send thread "
+     "writes on the rank's control connection after the round (rule 9)."},
     {"cancel", (PyCFunction)Engine_cancel, METH_VARARGS,
      "cancel(dst, step, msg) -> bool: stop sending a round; its memory is free on return."},
     {"reap", (PyCFunction)Engine_reap, METH_NOARGS,
-     "reap() -> [(dst, step, msg, status, errno, began_t, began_bytes, last_t, last_bytes)]"},
+     "reap() -> [(dst, step, msg, status, errno, began_t, began_bytes, last_t, last_bytes, "
+     "finish_sent, ended_t)]"},
+    {"adopt_control", (PyCFunction)Engine_adopt_control, METH_VARARGS,
+     "adopt_control(rank, fd): rank's control connection (its hello sent) takes FINISH "
+     "frames from the send threads, and Python's frames through control_send (rule 9)."},
+    {"release_control", (PyCFunction)Engine_release_control, METH_VARARGS,
+     "release_control(rank): no more writes on it (waits for one in progress); before "
+     "the connection is closed."},
+    {"control_send", (PyCFunction)Engine_control_send, METH_VARARGS,
+     "control_send(rank, frame): the whole frame onto rank's adopted connection, or "
+     "OSError (the connection's error once a write on it failed; ENOTCONN: none)."},
     {"fileno", (PyCFunction)Engine_fileno, METH_NOARGS,
      "fileno() -> the eventfd that is readable while reap() has something"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "stats() -> counters"},

@@ -53,6 +53,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..proto.context import PairKeys
 from .nonblocking import recv_now, send_now
@@ -82,6 +83,23 @@ _TIMER_NAMES = {TCP_RTO_MIN_US: "TCP_RTO_MIN_US", TCP_DELACK_MAX_US: "TCP_DELACK
 _timer_warned: set[int] = set()
 #: errors of a connection that was reset or aborted (a new one is tried once)
 _RESET = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+def frame(data: bytes) -> bytes:
+    """A control datagram as a connection carries it: its length, then it."""
+    return _FRAME.pack(len(data)) + data
+
+
+class SharedWrites(Protocol):
+    """Another writer of the outbound connections (the native engine's send
+    threads write each round's FINISH: rule 9 of ``dlcp/io/_engine.c``), with
+    whom every frame goes through one lock a connection."""
+
+    def adopt_control(self, dst: int, fd: int) -> None: ...
+
+    def release_control(self, dst: int) -> None: ...
+
+    def control_send(self, dst: int, data: bytes) -> None: ...
 
 
 def _proof_input(hello: bytes, to_rank: int, nonce: bytes) -> bytes:
@@ -229,6 +247,9 @@ class ControlChannel:
         #: told the descriptor of each inbound connection before it is closed (the
         #: receive loop may read RATE frames from it: dlcp.io.linger_rates)
         self.closing_inbound: Callable[[int], None] | None = None
+        #: who else writes on the outbound connections, if anyone: each is adopted
+        #: once its hello went, written through it, released before it closes
+        self.shared_writes: SharedWrites | None = None
 
     def close(self) -> None:
         """Close every socket (a selector watching them must be let go first:
@@ -236,6 +257,9 @@ class ControlChannel:
         if self.closing_inbound is not None:
             for s in self.inbound:
                 self.closing_inbound(s.fileno())
+        if self.shared_writes is not None:
+            for peer in self.outbound:
+                self.shared_writes.release_control(peer)
         for s in [self.listener, *self.inbound, *self.outbound.values()]:
             s.close()
         self.inbound.clear()
@@ -255,9 +279,12 @@ class ControlChannel:
                 selector.register(sock, selectors.EVENT_READ, "outbound")
 
     def _add_outbound(self, peer: int, sock: socket.socket) -> None:
+        """``sock``, its hello sent, is the connection to ``peer`` from now on."""
         self.outbound[peer] = sock
         if self._ends is not None:
             self._ends.register(sock, selectors.EVENT_READ, "outbound")
+        if self.shared_writes is not None:
+            self.shared_writes.adopt_control(peer, sock.fileno())
 
     # ------------------------------------------------------------------ send
 
@@ -265,12 +292,15 @@ class ControlChannel:
         """Send one control datagram to ``peer``; a LostPeer if that failed. A
         connection that was reset is replaced by a new one, once: a peer that
         refuses that one is gone."""
-        frame = _FRAME.pack(len(data)) + data
+        framed = frame(data)
         sock = self.outbound.get(peer)
         reset = ""
         if sock is not None:
             try:
-                self._send_all(sock, frame)
+                if self.shared_writes is not None:
+                    self.shared_writes.control_send(peer, framed)
+                else:
+                    self._send_all(sock, framed)
                 return None
             except _RESET as exc:  # (what was in flight on it may be lost: timers resend)
                 self._drop_outbound(peer)
@@ -280,17 +310,19 @@ class ControlChannel:
                 self._drop_outbound(peer)
                 return LostPeer(peer, f"control connection to rank {peer} at "
                                       f"{addr[0]}:{addr[1]} failed: {exc}")  # fmt: skip
-        try:
+        sock = None
+        try:  # (adopted once its hello went: nothing may go on it before)
             sock = self._connect(addr)
             sock.setblocking(False)
-            self._add_outbound(peer, sock)
-            self._send_all(sock, self._hello(peer) + frame)
+            self._send_all(sock, self._hello(peer) + framed)
         except OSError as exc:
-            self._drop_outbound(peer)
+            if sock is not None:
+                sock.close()
             return LostPeer(
                 peer,
                 f"control connection to rank {peer} at {addr[0]}:{addr[1]} failed: {exc}{reset}",
             )
+        self._add_outbound(peer, sock)
         return None
 
     def _hello(self, peer: int) -> bytes:
@@ -329,6 +361,8 @@ class ControlChannel:
     def _drop_outbound(self, peer: int) -> None:
         sock = self.outbound.pop(peer, None)
         if sock is not None:
+            if self.shared_writes is not None:  # (waits for a write in progress)
+                self.shared_writes.release_control(peer)
             if self._ends is not None:  # (before its descriptor can be reused)
                 self._ends.unregister(sock)
             sock.close()

@@ -53,6 +53,7 @@ import numpy.typing as npt
 from ..errors import ConfigError, EndpointClosed, PeerTimeout, TransferFailed, UsageError
 from ..proto.config import FillPolicy
 from ..proto.context import PairKeyLookup
+from ..proto.pacing import Pacer
 from ..proto.paths import weights_for_routes
 from ..proto.reassembler import check_accumulate
 from ..proto.session import (
@@ -141,11 +142,15 @@ class Endpoint(IOLoop):
             rcvbuf=cfg.rcvbuf,
             sndbuf=cfg.sndbuf,
         )
+        # the connect runs under the endpoint's lock: keep a peer that drops SYNs from
+        # stalling every other peer for long (a listening peer answers at once); a
+        # control write waits as long for room
+        control_timeout = min(cfg.timeout, 2.0)
         try:
             if self.engine == "native":
                 self._sender = NativeSender(
                     self._data, protocol, rank=rank, threads=cfg.engine_threads,
-                    queue_limit=cfg.host_queue_limit,
+                    queue_limit=cfg.host_queue_limit, control_timeout=control_timeout,
                 )
             elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)
                 log.info("dlcp: engine_threads=%d ignored: the Python engine runs",
@@ -155,15 +160,15 @@ class Endpoint(IOLoop):
                 cfg.control_port,
                 rank=rank,
                 job=job,
-                # the connect runs under the endpoint's lock: keep a peer that drops SYNs
-                # from stalling every other peer for long (a listening peer answers at once)
-                connect_timeout=min(cfg.timeout, 2.0),
+                connect_timeout=control_timeout,
                 # control messages decide when data moves: the highest priority class
                 tos=protocol.tos.tos(7, drop=False),
                 rto_min=cfg.control_rto_min,
                 keys=self._session.keys,
                 address_of=self._control_address,
             )
+            # (the engine's threads write each round's FINISH: rule 9 of its source)
+            self._control.shared_writes = self._sender
             self.address = PeerAddress(cfg.host, self._data.address[1], self._control.address[1])
             # junk is dropped, and counted, before it reaches the session's parser
             self._data.screen(
@@ -376,10 +381,13 @@ class Endpoint(IOLoop):
         fut: Future[dict[str, Any]] = Future()
 
         def command() -> None:
+            engine = self._sender.stats() if self._sender is not None else {}
             fut.set_result(
                 {
                     **dataclasses.asdict(self._session.stats),  # the protocol's counters
                     **dataclasses.asdict(self._stats),  # the driver's own counters
+                    # with the FINISH frames the engine's threads wrote (rule 9)
+                    "control_out": self._stats.control_out + engine.get("engine_finishes", 0),
                     "emulated_loss": self.config.emulated_loss,
                     "emulated_loss_dropped": self._emulator.dropped if self._emulator else 0,
                     "empty_datagrams": self._data.empty_datagrams,
@@ -398,7 +406,7 @@ class Endpoint(IOLoop):
                     "native_receive": self.native_receive,
                     # RATE reports the receive loop applied itself (not in control_in)
                     "control_rates_native": self._rates.taken if self._rates is not None else 0,
-                    **(self._sender.stats() if self._sender is not None else {}),
+                    **engine,
                 }
             )
 
@@ -436,6 +444,11 @@ class Endpoint(IOLoop):
             if self._closing or not self._transfers.forget(key, outgoing, fut):
                 return
         self._wake()  # the I/O thread sends what cancelling queued
+
+    def _pacer_for(self, dst: int) -> Pacer:
+        """The native engine's pacer of ``dst`` (the session's pacer factory)."""
+        assert self._sender is not None
+        return self._sender.pacer_for(dst)
 
     def _control_address(self, peer: int) -> tuple[str, int] | None:
         """A peer's control address if known (no waiting, no failing the peer)."""

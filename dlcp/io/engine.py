@@ -10,7 +10,9 @@ datagram, and when a round, a NACK or a STOP is due):
   (:class:`~dlcp.proto.events.RoundPost`) and the compiled engine
   (``dlcp.io._engine``, C) paces and sends it in a thread of its own, without
   the GIL, with pacers that are a port of ``dlcp.proto.pacing``'s; Python hears
-  once per round, through an eventfd.
+  once per round, through an eventfd, or (the round's FINISH written by the
+  engine's thread on the control connection it shares with Python: rule 9 of
+  ``_engine.c``) at its next turn, without a wake-up.
 
 ``EndpointConfig.engine`` (``DLCP_ENGINE``) picks one: ``native``, ``python``, or
 ``auto`` (the default: native where it was built). A build without a C compiler
@@ -22,6 +24,7 @@ threads the native engine runs (docs/engine.md, "Threads").
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from ..proto.config import ProtocolConfig
 from ..proto.events import RoundPost
 from ..proto.pacers import make_pacer
 from ..proto.pacing import Pacer
+from .control import frame
 from .extensions import BUILD_VARIABLES, load
 from .udp import DataSockets, datagrams_per_gso_message
 
@@ -74,6 +78,9 @@ class RoundReport:
     last: tuple[float, int]
     #: why the send failed (the system's words), None if it did not
     error: str | None
+    #: whether the engine wrote the round's FINISH (rule 9), and when the round ended
+    finish_sent: bool = False
+    ended: float = 0.0
 
 
 def native_available() -> bool:
@@ -139,6 +146,7 @@ class NativeSender:
         rank: int = 0,
         threads: int = 1,
         queue_limit: bool = True,
+        control_timeout: float = 2.0,
     ) -> None:
         assert _native is not None
         self._protocol = protocol
@@ -147,12 +155,17 @@ class NativeSender:
         self.threads = threads
         self._engine: Any = _native.Engine(
             [s.fileno() for s in data.send_socks], protocol.batch_packets, f"dlcp-send-{rank}",
-            threads=threads, queue_limit=queue_limit,
+            threads=threads, queue_limit=queue_limit, control_timeout=control_timeout,
         )
         self._pacers: dict[int, Any] = {}
         #: told each pacer as it is made, with its destination (dlcp.io.linger_rates)
         self.pacer_made: Callable[[int, Any], None] | None = None
         self._routed: dict[int, tuple[str, int]] = {}
+        #: the rounds handed over with their FINISH and not reaped yet, and when
+        #: (in posting order): their reports may come without a wake-up (rule 9)
+        self._quiet: dict[tuple[int, int, int], float] = {}
+        #: when reap() was last told the time: the rounds it did not return ended later
+        self._reaped_at = -math.inf
 
     def fileno(self) -> int:
         return int(self._engine.fileno())
@@ -170,10 +183,14 @@ class NativeSender:
             self.pacer_made(dst, pacer)
         return pacer  # type: ignore[no-any-return]
 
-    def post(self, item: RoundPost, address: tuple[str, int]) -> RoundReport | None:
-        """Hand a round over. A round of one batch that its pacer lets go now is
-        sent before this returns, which returns its report (rule 7 of the
-        engine); any other round's report comes from ``reap``."""
+    def post(
+        self, item: RoundPost, address: tuple[str, int], *, now: float = 0.0
+    ) -> RoundReport | None:
+        """Hand a round over at ``now``. A round of one batch that its pacer lets
+        go now is sent before this returns, which returns its report (rule 7 of
+        the engine); any other round's report comes from ``reap``: with the
+        round's FINISH (``item.finish``), perhaps without a wake-up (rule 9:
+        :attr:`quiet`)."""
         if self._routed.get(item.dst) != address:
             self._engine.add_peer(item.dst, address[0], address[1], self._pacers[item.dst])
             self._routed[item.dst] = address
@@ -185,16 +202,61 @@ class NativeSender:
             short_len=item.short_len, tos=item.tos, path=item.path, prio=item.prio,
             breaks=item.breaks, key=item.key, nonces=item.nonces, payload=item.payload,
             seqs=item.seqs, chunk_bytes=item.chunk_bytes,
+            finish=None if item.finish is None else frame(item.finish),
         )  # fmt: skip
-        return None if ended is None else _report(*ended)
+        if ended is not None:
+            return _report(*ended)
+        if item.finish is not None:
+            self._quiet[item.dst, item.step, item.msg] = now
+        return None
 
     def cancel(self, dst: int, step: int, msg: int) -> bool:
+        self._quiet.pop((dst, step, msg), None)
         return bool(self._engine.cancel(dst, step, msg))
 
-    def reap(self) -> list[RoundReport]:
-        """The rounds that ended since the last call (``fileno`` is readable while
-        there are some)."""
-        return [_report(*ended) for ended in self._engine.reap()]
+    def reap(self, now: float | None = None) -> list[RoundReport]:
+        """The rounds that ended since the last call, which was made at ``now``
+        or later (``fileno`` is readable while there are some whose FINISH
+        Python writes)."""
+        if now is not None:
+            self._reaped_at = now
+        reports = [_report(*ended) for ended in self._engine.reap()]
+        if self._quiet:
+            for r in reports:
+                self._quiet.pop((r.dst, r.step, r.msg), None)
+        return reports
+
+    @property
+    def quiet(self) -> bool:
+        """Whether a round whose report may come without a wake-up is under way
+        (rule 9): a driver reaps at every turn while one is."""
+        return bool(self._quiet)
+
+    def quiet_due(self, finish_timeout: float) -> float | None:
+        """The earliest time the FINISH timer of a round whose report may come
+        without a wake-up can be due (None: there is none): it runs from the
+        round's end, after the round was posted and after the last ``reap`` that
+        was told the time did not return it."""
+        for posted in self._quiet.values():  # (the earliest posted)
+            return max(posted, self._reaped_at) + finish_timeout
+        return None
+
+    # the control connections shared with the engine's threads (rule 9)
+
+    def adopt_control(self, dst: int, fd: int) -> None:
+        """``dst``'s control connection ``fd`` (its hello sent) takes the FINISH
+        frames of the rounds to ``dst``; every frame Python writes on it goes
+        through :meth:`control_send` from now on."""
+        self._engine.adopt_control(dst, fd)
+
+    def release_control(self, dst: int) -> None:
+        """No more writes on ``dst``'s connection (before it is closed)."""
+        self._engine.release_control(dst)
+
+    def control_send(self, dst: int, data: bytes) -> None:
+        """A whole frame onto ``dst``'s adopted connection; OSError as a socket's
+        ``sendall`` raises it (the connection's error once a write on it failed)."""
+        self._engine.control_send(dst, data)
 
     def address_of(self, dst: int) -> str:
         """Where this engine sends ``dst``'s data (for messages)."""
@@ -216,10 +278,12 @@ class NativeSender:
 
 def _report(
     dst: int, step: int, msg: int, failed: int, err: int,
-    began_t: float, began_b: int, last_t: float, last_b: int,
+    began_t: float, began_b: int, last_t: float, last_b: int, finish_sent: int, ended: float,
 ) -> RoundReport:  # fmt: skip
     why = f"[Errno {err}] {os.strerror(err)}" if failed else None
-    return RoundReport(dst, step, msg, (began_t, began_b), (last_t, last_b), why)
+    return RoundReport(
+        dst, step, msg, (began_t, began_b), (last_t, last_b), why, bool(finish_sent), ended
+    )
 
 
 def _native_pacer(**options: Any) -> Any:

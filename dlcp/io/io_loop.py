@@ -31,7 +31,6 @@ import numpy.typing as npt
 
 from ..errors import EndpointClosed, TransferFailed
 from ..proto.control import control_source
-from ..proto.pacing import Pacer
 from ..proto.receive_paths import Taken
 from ..proto.session import ControlDatagram, DataBatch, RoundPost, RoundRelease, Session
 from ..proto.wire import PacketType
@@ -162,7 +161,7 @@ class IOLoop:
             sel.register(self._sender.fileno(), selectors.EVENT_READ, "engine")
         with self._lock:  # (a caller's command may have opened some already)
             self._control.watch_ends(sel)
-        session, transfers = self._session, self._transfers
+        session, transfers, sender = self._session, self._transfers, self._sender
         try:
             # a turn with nothing due makes a few dozen Python calls: what only
             # matters when something happened is behind a test of plain values
@@ -178,6 +177,8 @@ class IOLoop:
                 with self._lock:
                     self._sleep_until = -math.inf
                     now = time.monotonic()
+                    if sender is not None and sender.quiet:
+                        self._rounds_sent(now)  # (rule 9: before a NACK or STOP about them)
                     session.note_idle(now - before, now=now)  # receive capacity
                     now = self._take_input(sel, ready, timer, now)
                     self._send_and_settle(now)
@@ -315,6 +316,9 @@ class IOLoop:
             wake = timer
         if self._accept_resume is not None and self._accept_resume < wake:
             wake = self._accept_resume
+        due = self._sender.quiet_due(self._session.config.finish_timeout) if self._sender else None
+        if due is not None and due < wake:  # (a FINISH timer of a round reported quietly)
+            wake = due
         deadline = self._transfers.earliest
         return deadline if deadline < wake else wake
 
@@ -434,25 +438,21 @@ class IOLoop:
             self._rates.follow(inbound)
         return bool(frames) or ended is not None
 
-    def _pacer_for(self, dst: int) -> Pacer:
-        assert self._sender is not None
-        return self._sender.pacer_for(dst)
-
-    def _rounds_sent(self) -> None:
-        """The native engine's reports: rounds sent (their FINISH is due) or
+    def _rounds_sent(self, now: float | None = None) -> None:
+        """The native engine's reports (reaped at ``now`` or later): rounds sent or
         failed (the peer's sends fail, as a failed send fails them here)."""
         assert self._sender is not None
-        for report in self._sender.reap():
+        for report in self._sender.reap(now):
             self._round_ended(report)
 
     def _round_ended(self, r: RoundReport) -> None:
         assert self._sender is not None
         if r.error is not None:
             self._send_failed(r.dst, self._sender.address_of(r.dst), r.error)
-        else:
-            self._session.round_sent(
-                r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last, now=time.monotonic()
-            )
+        else:  # (rule 9: the engine wrote its FINISH when the round ended)
+            self._session.round_sent(r.dst, step=r.step, msg=r.msg, began=r.began, last=r.last,
+                                     now=r.ended if r.finish_sent else time.monotonic(),
+                                     finish_sent=r.finish_sent)  # fmt: skip
 
     def _deliver(self, buf: npt.NDArray[np.uint8], segment_size: int) -> None:
         self._delivered += len(buf)
@@ -519,7 +519,7 @@ class IOLoop:
             )
             return
         try:
-            ended = self._sender.post(item, (addr.host, addr.data_port))
+            ended = self._sender.post(item, (addr.host, addr.data_port), now=time.monotonic())
         except ValueError as exc:  # (an address the engine cannot send to)
             self._send_failed(item.dst, f"{addr.host}:{addr.data_port}", exc)
             return

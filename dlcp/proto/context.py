@@ -98,14 +98,21 @@ class SessionContext:
     events: deque[Event] = field(default_factory=deque)
     control: list[ControlDatagram] = field(default_factory=list)
 
+    def encode(self, dst: int, ctrl: ControlMessage) -> bytes:
+        """``ctrl`` as the reliable control channel to ``dst`` carries it (tagged,
+        with a nonce of its own, when the session authenticates)."""
+        if self.keys is None:
+            return encode_control(ctrl, job=self.job)
+        return encode_control(
+            ctrl, job=self.job, key=self.keys.to(dst), nonce=self.keys.control_nonces.take(1)
+        )
+
     def queue(self, dst: int, ctrl: ControlMessage) -> None:
         """Encode ``ctrl`` for the reliable control channel to ``dst``."""
-        if self.keys is None:
-            raw = encode_control(ctrl, job=self.job)
-        else:
-            raw = encode_control(
-                ctrl, job=self.job, key=self.keys.to(dst), nonce=self.keys.control_nonces.take(1)
-            )
+        self.control.append(ControlDatagram(dst, self.encode(dst, ctrl)))
+
+    def queue_encoded(self, dst: int, raw: bytes) -> None:
+        """A control message :meth:`encode` made for ``dst``, for the channel now."""
         self.control.append(ControlDatagram(dst, raw))
 
 
@@ -118,3 +125,4 @@ class SessionSide:
         self.rank, self.job, self.keys = ctx.rank, ctx.job, ctx.keys
         self._events = ctx.events
         self._queue = ctx.queue
+        self._encode, self._queue_encoded = ctx.encode, ctx.queue_encoded

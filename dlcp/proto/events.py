@@ -64,7 +64,8 @@ class RoundPost:
     (a class change, just after the short record, the end). The driver sends
     them as the message's pacer allows, in the order the session's own pacing
     would (see ``dlcp.io._engine``), and reports the round with
-    :meth:`Session.round_sent`. ``records`` stays valid until the driver has
+    :meth:`Session.round_sent`, which queues the round's FINISH (``finish``)
+    unless the driver wrote it. ``records`` stays valid until the driver has
     acted on the message's :class:`RoundRelease`.
 
     Where the sender lent the message's bytes (``payload`` not None), the
@@ -105,6 +106,10 @@ class RoundPost:
     payload: npt.NDArray[np.uint8] | None = None
     seqs: npt.NDArray[np.int64] | None = None
     chunk_bytes: int = 0
+    #: the round's FINISH, encoded (and sealed) as the session queues it once the
+    #: round is sent; a driver that writes it on the control channel itself after
+    #: the round's last record says so to ``round_sent`` (``finish_sent``)
+    finish: bytes | None = None
 
     def datagram(self, i: int) -> bytes:
         """Datagram ``i`` of the round as it goes on the wire (before sealing,

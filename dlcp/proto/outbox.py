@@ -488,29 +488,41 @@ class Outbox(SessionSide):
         rec.sent_packets += n
         o.cursor = n
         short = run.short
+        tail = o.round_tail() if self.ordered_rounds else ()
+        o.finish_raw = self._encode(
+            dst, rec.finish_message(step=key[1], msg=key[2], src=self.rank, tail=tail)
+        )
         return RoundPost(
             dst, key[1], key[2], rec.round, o.order, run.records, run.stride, n, short,
             int(run.lengths[short]) if short >= 0 else 0, tos, path, run.prio, run.breaks,
             self.keys.to(dst) if self.keys is not None else None,
             self.keys.data_nonces.cell if self.keys is not None else None,
-            run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize,
+            run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize, o.finish_raw,
         )  # fmt: skip
 
     def round_sent(
-        self, key: Key, *, began: tuple[float, int], last: tuple[float, int], now: float
+        self,
+        key: Key,
+        *,
+        began: tuple[float, int],
+        last: tuple[float, int],
+        now: float,
+        finish_sent: bool = False,
     ) -> None:
         """The driver sent the last record of message ``key``'s round (whole
         rounds): ``began`` and ``last`` are (time, bytes sent to the peer before
-        it) of its first and last batch. A message that ended meanwhile is
-        ignored."""
+        it) of its first and last batch; ``finish_sent``: it wrote the round's
+        FINISH too, at ``now``. A message that ended meanwhile is ignored."""
         peer = self.peers.get(key[0])
         o = peer.outgoing.get(key) if peer is not None else None
         if o is None or o.recovery.phase is not SendPhase.SENDING or o.cursor < len(o.run):
             return
         o.round_began, o.round_last = began, last
-        self._round_sent(key, o, now=now)
+        self._round_sent(key, o, now=now, finish_sent=finish_sent)
 
-    def _round_sent(self, key: Key, o: OutgoingMessage, *, now: float) -> None:
+    def _round_sent(
+        self, key: Key, o: OutgoingMessage, *, now: float, finish_sent: bool = False
+    ) -> None:
         o.recovery.round_sent(now=now, tail=o.round_tail() if self.ordered_rounds else ())
         pacer = self.peers[key[0]].pacer
         allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
@@ -523,7 +535,13 @@ class Outbox(SessionSide):
             o.round_rate = min(sent, allowed) if allowed else sent
         else:  # the whole round went at once: as fast as the pacer let it
             o.round_rate = allowed
-        self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
+        raw, o.finish_raw = o.finish_raw, None
+        if finish_sent:
+            return
+        if raw is not None:  # (encoded when the round was posted whole)
+            self._queue_encoded(key[0], raw)
+        else:
+            self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
 
     # ------------------------------------------------------------------ timers
 

@@ -159,7 +159,12 @@ class SenderRecovery:
         #: its records left in order on each path
         self._tail: tuple[int, ...] = ()
 
-    def finish_message(self, *, step: int, msg: int, src: int) -> Finish:
+    def finish_message(
+        self, *, step: int, msg: int, src: int, tail: tuple[int, ...] | None = None
+    ) -> Finish:
+        """The current round's FINISH; ``tail``: the one :meth:`round_sent` will be
+        told (a driver that writes the FINISH itself gets it with the round), else
+        the one it was told."""
         return Finish(
             step,
             msg,
@@ -168,7 +173,7 @@ class SenderRecovery:
             total_chunks=self.table.n_chunks,
             protected_chunks=self._protected,
             class_chunks=self._class_chunks,
-            tail=self._tail,
+            tail=self._tail if tail is None else tail,
         )
 
     def round_sent(self, *, now: float, tail: tuple[int, ...] = ()) -> None:

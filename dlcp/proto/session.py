@@ -307,14 +307,19 @@ class Session:
         began: tuple[float, int],
         last: tuple[float, int],
         now: float,
+        finish_sent: bool = False,
     ) -> None:
         """Whole rounds: the driver sent the last record of the round of message
         (``dst``, ``step``, ``msg``) it was given; ``began`` and ``last`` are
         (time, bytes sent to ``dst`` before it) of the round's first and last
-        batch. The round's FINISH is queued."""
+        batch. The round's FINISH is queued, unless ``finish_sent``: the driver
+        wrote it (:attr:`RoundPost.finish <dlcp.proto.events.RoundPost.finish>`)
+        when the round ended, at ``now``."""
         if now > self._now:
             self._now = now
-        self._outbox.round_sent((dst, step, msg), began=began, last=last, now=now)
+        self._outbox.round_sent(
+            (dst, step, msg), began=began, last=last, now=now, finish_sent=finish_sent
+        )
 
     def release_round(self, dst: int, *, step: int, msg: int) -> None:
         """Whole rounds: the driver acted on a :class:`RoundRelease` and holds

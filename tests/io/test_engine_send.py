@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from dlcp.io.engine import native_available
+from dlcp.io.extensions import load
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native engine not built")
 
@@ -34,13 +35,13 @@ THREADS = [1, 2, 4]
 
 
 def _engine(fds: list[int], batch_packets: int = 352, threads: int = 1) -> Any:
-    from dlcp.io import _engine  # type: ignore[attr-defined]
+    _engine = load("_engine")  # (make sanitize: the build it names)
 
     return _engine.Engine(fds, batch_packets, "dlcp-send-test", threads=threads)
 
 
 def _pacer(**options: Any) -> Any:
-    from dlcp.io import _engine  # type: ignore[attr-defined]
+    _engine = load("_engine")  # (make sanitize: the build it names)
 
     return _engine.Pacer(**options)
 
@@ -133,9 +134,9 @@ def test_a_round_arrives_as_its_records_in_order(
         for i in range(0, 50, batch_packets):
             batch = [order.index(j) for j in range(i, min(i + batch_packets, 50))]
             assert batch == sorted(batch), f"the batch of record {i}"
-    ((dst, step, msg, failed, err, began_t, began_b, last_t, last_b),) = report
-    assert (dst, step, msg, failed, err) == (3, 7, 2, 0, 0)
-    assert began_b == 0 and last_b >= began_b and last_t >= began_t
+    ((dst, step, msg, failed, err, began_t, began_b, last_t, last_b, finish_sent, ended),) = report
+    assert (dst, step, msg, failed, err, finish_sent) == (3, 7, 2, 0, 0, 0)
+    assert began_b == 0 and last_b >= began_b and last_t >= began_t and ended >= last_t
 
 
 @pytest.mark.parametrize("threads", THREADS)
@@ -166,7 +167,9 @@ def test_a_paced_round_takes_its_time(threads: int) -> None:
             pacer = _pacer(initial_rate=20e6, min_rate=1e6, burst_bytes=65536)
             engine.add_peer(1, "127.0.0.1", rx.getsockname()[1], pacer)
             r = _round(count=1000, stride=1000, short_len=1000)
-            ((*_, began_t, _b, last_t, last_b),) = _post(engine, dst=1, step=0, msg=0, order=1, **r)
+            ((*_, began_t, _b, last_t, last_b, _f, _e),) = _post(
+                engine, dst=1, step=0, msg=0, order=1, **r
+            )
             _receive(rx, 1000)
         finally:
             engine.close()
@@ -378,7 +381,7 @@ def _thread_names() -> list[str]:
 
 
 def test_each_send_thread_is_named_and_stopped_by_close() -> None:
-    from dlcp.io import _engine as native  # type: ignore[attr-defined]
+    native = load("_engine")  # (make sanitize: the build it names)
 
     with _sockets() as (_, (tx,)):
         engine = native.Engine([tx.fileno()], 8, "dlcp-send-7", threads=3)

@@ -138,10 +138,18 @@ def test_tending_drops_silent_connections_once_due_and_sets_the_next_due_time() 
 def test_the_wait_ends_at_the_earliest_of_timer_pause_and_deadline() -> None:
     ep: Any = Endpoint.__new__(Endpoint)
     ep._accept_resume = None
+    ep._sender = None
     ep._transfers = SimpleNamespace(earliest=float("inf"))
     assert ep._next_time(100.0, None) == 101.0  # (a second at most)
     assert ep._next_time(100.0, 100.5) == 100.5
     ep._transfers.earliest = 100.2
     assert ep._next_time(100.0, 100.5) == 100.2
     ep._accept_resume = 100.1
+    assert ep._next_time(100.0, 100.5) == 100.1
+    # a round whose report may come without a wake-up: the earliest its FINISH
+    # timer can be due (the engine's rule 9)
+    ep._session = SimpleNamespace(config=SimpleNamespace(finish_timeout=0.05))
+    ep._sender = SimpleNamespace(quiet_due=lambda timeout: 100.0 + timeout)
+    assert ep._next_time(100.0, 100.5) == 100.05
+    ep._sender.quiet_due = lambda timeout: None  # (none under way)
     assert ep._next_time(100.0, 100.5) == 100.1
