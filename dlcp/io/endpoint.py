@@ -514,10 +514,13 @@ class Endpoint(IOLoop):
                 command()
                 now = time.monotonic()
                 self._send_and_settle(now)  # as in the I/O thread's turn
-                # (while the I/O thread is awake it plans its next wait after this)
+                # (while the I/O thread is awake it plans its next wait after this; a
+                # round it posted that the engine reports without a wake-up does not
+                # wake it either: any turn reaps it, and one comes within a second)
                 if (
                     self._sleep_until > now
-                    and self._next_time(now, self._session.get_timer()) < self._sleep_until
+                    and self._next_time(now, self._session.get_timer(), quiet=False)
+                    < self._sleep_until
                 ):
                     self._wake()
             finally:

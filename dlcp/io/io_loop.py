@@ -102,8 +102,7 @@ class IOLoop:
         self._selector: selectors.BaseSelector | None = None
         #: when to watch the control listener again after a refused accept
         self._accept_resume: float | None = None
-        #: no inbound control connection without a hello times out before this
-        #: (math.inf: none waits for its hello)
+        #: before this no inbound connection waiting for its hello times out (inf: none)
         self._hello_due = math.inf
         #: when the I/O thread next reads the data socket's kernel drop counter
         self._drops_due = -math.inf
@@ -118,8 +117,7 @@ class IOLoop:
         self._linger = 0.0
         self._nap = 0.0  # (EndpointConfig.receive_nap, where it lingers)
         self._lingering = False
-        #: the epoll set of the selector's files other than the data socket, which
-        #: end a linger (-1 until the thread runs)
+        #: the epoll set of the selector's other files, which end a linger (-1: not yet)
         self._watch = -1
 
     def _init_native_receive(self, on: bool) -> None:
@@ -305,19 +303,21 @@ class IOLoop:
         waiting = self._control.hello_waits()
         self._hello_due = math.inf if waiting is None else waiting + timeout
 
-    def _next_time(self, now: float, timer: float | None) -> float:
+    def _next_time(self, now: float, timer: float | None, *, quiet: bool = True) -> float:
         """When the I/O thread has something to do without input: the session's
         ``timer``, a deadline (:attr:`Transfers.earliest
         <dlcp.io.transfers.Transfers.earliest>`: the earliest or, once that
-        transfer ended, earlier) or the listener's pause, at most a second from
-        ``now``. (Plain comparisons: this runs every turn.)"""
+        transfer ended, earlier), the listener's pause or (``quiet``) a FINISH
+        timer of a round the engine reports without a wake-up, at most a second
+        from ``now``. (Plain comparisons: this runs every turn.)"""
         wake = now + 1.0
         if timer is not None and timer < wake:
             wake = timer
         if self._accept_resume is not None and self._accept_resume < wake:
             wake = self._accept_resume
-        due = self._sender.quiet_due(self._session.config.finish_timeout) if self._sender else None
-        if due is not None and due < wake:  # (a FINISH timer of a round reported quietly)
+        sender = self._sender if quiet else None
+        due = sender.quiet_due(self._session.config.finish_timeout) if sender else None
+        if due is not None and due < wake:  # (not a caller's: its round ends later)
             wake = due
         deadline = self._transfers.earliest
         return deadline if deadline < wake else wake
