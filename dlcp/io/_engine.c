@@ -78,11 +78,7 @@
  *     (adopt_control) and no write on it failed, is queued for reap() without the
  *     eventfd being written, and that thread writes the FINISH on the connection
  *     (../io/_control_writes.h: one mutex a connection, held for a whole frame;
- *     Python's own frames to the rank go through control_send), at once, or, while
- *     the host's queue holds datagrams of this engine, once that queue should have
- *     let the round's go at the destination's rate (finish_delay, at most 50 ms):
- *     the FINISH trails the round's data instead of overtaking it in the host's
- *     queue, where the control class goes first. Its report says
+ *     Python's own frames to the rank go through control_send). Its report says
  *     so (finish_sent) with the time the round ended (ended_t): Python, which reaps
  *     at every turn while rounds are under way, then neither wakes for it nor writes
  *     the FINISH. A write that fails after the report was queued is the
@@ -458,15 +454,6 @@ typedef struct Round {
 #endif
 } Round;
 
-/* Rule 9: a FINISH a send thread writes once it is due (finish_delay). */
-typedef struct PendingFinish {
-    struct PendingFinish *next;
-    ControlConn *c;
-    uint8_t *frame;
-    size_t len;
-    double due;
-} PendingFinish;
-
 typedef struct {
     int dst;
     struct sockaddr_in addr;
@@ -501,7 +488,6 @@ typedef struct Engine {
        the send threads wrote; signalled: the eventfd was written since reap()
        last read it */
     ControlConn **controls;
-    PendingFinish *finishes_due; /* (not sorted) */
     int n_controls, signalled;
     double control_timeout;
     unsigned long long finishes, finish_errors;
@@ -726,6 +712,36 @@ static void complete_round(Engine *e, Peer *peer, Round *r, int status, int err,
     e->signalled = 1;
 }
 
+/* Rule 9: a round r of peer that a send thread finished (send_batch_of returned 1),
+   completed; its FINISH written by this thread where one was given, the round was
+   sent and its rank's control connection takes frames. Called with the lock held;
+   returns with it, having let it go around the write. */
+static void round_done(Engine *e, Peer *peer, Round *r) {
+    ControlConn *c = r->dst < e->n_controls ? e->controls[r->dst] : NULL;
+    uint8_t *finish = NULL;
+    size_t len = 0;
+    if (r->status == ROUND_SENT && r->finish != NULL && control_usable(c)) {
+        finish = r->finish; /* (ours now: reap() may free r as soon as the lock goes) */
+        len = (size_t)r->finish_len;
+        r->finish = NULL;
+        r->finish_sent = 1;
+    }
+    complete_round(e, peer, r, r->status, r->err, finish == NULL);
+    if (finish == NULL)
+        return;
+    double timeout = e->control_timeout;
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&c->lock);
+    int err = control_write_locked(c, finish, len, timeout);
+    pthread_mutex_unlock(&c->lock);
+    PyMem_RawFree(finish);
+    pthread_mutex_lock(&e->lock);
+    if (err)
+        e->finish_errors++;
+    else
+        e->finishes++;
+}
+
 /* Lock m from a thread that may hold the GIL: post() keeps it (rule 7), *gil NULL
    while it does. At once if m is free; else the GIL goes first
    (*gil keeps the thread's state, for post() to take the GIL back once it holds no
@@ -873,95 +889,6 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
     return r;
 }
 
-/* Rule 9: how long a round's FINISH waits after the round's last batch: while what the
-   host's queue holds of this engine's datagrams (local_queue) may still hold the
-   round's, at the destination's rate, at most FINISH_DELAY_MAX. A FINISH that left at
-   once overtook them in the host's queue (the control class goes first), and a
-   receiver whose reorder grace (2 ms) is shorter than that queue then asked again for
-   data still on its way (testbed, 200 Mbit/s: tens to hundreds of packets resent a run
-   where none were). A loopback's or a veth's queue is empty: no wait. Called with the
-   lock held. */
-#define FINISH_DELAY_MAX 0.05
-static double finish_delay(Engine *e, Peer *peer) {
-    double queued = local_queue(e);
-    if (queued <= 0)
-        return 0;
-    pthread_mutex_lock(&peer->pacer->lock);
-    double rate = peer->pacer->rate;
-    pthread_mutex_unlock(&peer->pacer->lock);
-    if (!(rate > 0) || isinf(rate))
-        return 0;
-    double delay = queued / rate;
-    return delay < FINISH_DELAY_MAX ? delay : FINISH_DELAY_MAX;
-}
-
-/* One FINISH onto c, from a send thread that holds the lock (let go around the write);
-   frees the frame. */
-static void write_finish(Engine *e, ControlConn *c, uint8_t *frame, size_t len) {
-    double timeout = e->control_timeout;
-    pthread_mutex_unlock(&e->lock);
-    pthread_mutex_lock(&c->lock);
-    int err = control_write_locked(c, frame, len, timeout);
-    pthread_mutex_unlock(&c->lock);
-    PyMem_RawFree(frame);
-    pthread_mutex_lock(&e->lock);
-    if (err)
-        e->finish_errors++;
-    else
-        e->finishes++;
-}
-
-/* Rule 9: the FINISHes that are due by now written (the lock let go around each);
-   returns when the next is due (INFINITY: none waits). Called with the lock held. */
-static double write_due_finishes(Engine *e, double now) {
-    double next = INFINITY;
-    for (PendingFinish **at = &e->finishes_due; *at;) {
-        PendingFinish *f = *at;
-        if (f->due > now) {
-            if (f->due < next)
-                next = f->due;
-            at = &f->next;
-            continue;
-        }
-        *at = f->next; /* (unlinked before the lock goes: no other thread writes it) */
-        ControlConn *c = f->c;
-        uint8_t *frame = f->frame;
-        size_t len = f->len;
-        PyMem_RawFree(f);
-        write_finish(e, c, frame, len);
-        at = &e->finishes_due; /* (the list may have changed meanwhile) */
-    }
-    return next;
-}
-
-/* Rule 9: a round r of peer that a send thread finished (send_batch_of returned 1),
-   completed; its FINISH written by a send thread where one was given, the round was
-   sent and its rank's control connection takes frames: now, or once the host's
-   queue should have let the round's data go (finish_delay). Called with the lock
-   held; returns with it, having let it go around a write. */
-static void round_done(Engine *e, Peer *peer, Round *r) {
-    ControlConn *c = r->dst < e->n_controls ? e->controls[r->dst] : NULL;
-    uint8_t *finish = NULL;
-    size_t len = 0;
-    if (r->status == ROUND_SENT && r->finish != NULL && control_usable(c)) {
-        finish = r->finish; /* (ours now: reap() may free r as soon as the lock goes) */
-        len = (size_t)r->finish_len;
-        r->finish = NULL;
-        r->finish_sent = 1;
-    }
-    complete_round(e, peer, r, r->status, r->err, finish == NULL);
-    if (finish == NULL)
-        return;
-    double delay = finish_delay(e, peer);
-    PendingFinish *f = delay > 0 ? PyMem_RawMalloc(sizeof *f) : NULL;
-    if (f == NULL) { /* (no wait, or no memory for one: at once) */
-        write_finish(e, c, finish, len);
-        return;
-    }
-    *f = (PendingFinish){e->finishes_due, c, finish, len, monotonic_now() + delay};
-    e->finishes_due = f; /* (this thread's loop writes it when due) */
-}
-
 static void *send_thread(void *arg) {
     Engine *e = (Engine *)arg;
     pthread_mutex_lock(&e->lock);
@@ -985,9 +912,6 @@ static void *send_thread(void *arg) {
             sent = 1;
             now = monotonic_now();
         }
-        double finish_due = e->finishes_due ? write_due_finishes(e, monotonic_now()) : INFINITY;
-        if (finish_due < wake)
-            wake = finish_due;
         if (sent || e->stop)
             continue;
         /* idle: the thread with the earliest deadline waits for it, the others for
@@ -1445,12 +1369,6 @@ static void engine_free_rounds(Engine *e) {
         release_round(r);
     }
     e->done_tail = NULL;
-    while (e->finishes_due) { /* (not written: the engine closes) */
-        PendingFinish *f = e->finishes_due;
-        e->finishes_due = f->next;
-        PyMem_RawFree(f->frame);
-        PyMem_RawFree(f);
-    }
 }
 
 static void Engine_dealloc(Engine *e) {
