@@ -1487,9 +1487,9 @@ static PyObject *round_report(const Round *r) {
                          r->finish_sent, r->ended_t);
 }
 
-/* A FINISH frame on this rule's longest, bytes: a control frame's length field is
-   16 bits (dlcp.io.control) */
-#define FINISH_MAX 65537
+/* A FINISH frame on this rule's longest, bytes: the 4-byte length, then at most the
+   64 KiB of a control datagram that dlcp.io.control reads */
+#define FINISH_MAX (4 + 65536)
 
 /* post()'s finish: a copy of the frame for rule 9. */
 static int take_finish(Round *r, PyObject *finish) {
