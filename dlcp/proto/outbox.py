@@ -489,15 +489,16 @@ class Outbox(SessionSide):
         o.cursor = n
         short = run.short
         tail = o.round_tail() if self.ordered_rounds else ()
-        o.finish_raw = self._encode(
+        raw = self._encode(
             dst, rec.finish_message(step=key[1], msg=key[2], src=self.rank, tail=tail)
         )
+        o.posted_finish = (raw, tail)
         return RoundPost(
             dst, key[1], key[2], rec.round, o.order, run.records, run.stride, n, short,
             int(run.lengths[short]) if short >= 0 else 0, tos, path, run.prio, run.breaks,
             self.keys.to(dst) if self.keys is not None else None,
             self.keys.data_nonces.cell if self.keys is not None else None,
-            run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize, o.finish_raw,
+            run.payload, run.seq, o.table.chunk_elems * o.table.dtype.itemsize, raw,
         )  # fmt: skip
 
     def round_sent(
@@ -523,7 +524,11 @@ class Outbox(SessionSide):
     def _round_sent(
         self, key: Key, o: OutgoingMessage, *, now: float, finish_sent: bool = False
     ) -> None:
-        o.recovery.round_sent(now=now, tail=o.round_tail() if self.ordered_rounds else ())
+        # (its FINISH and tail, made when the round was posted whole, if it was)
+        posted, o.posted_finish = o.posted_finish, None
+        ordered = self.ordered_rounds
+        tail = posted[1] if posted is not None else o.round_tail() if ordered else ()
+        o.recovery.round_sent(now=now, tail=tail)
         pacer = self.peers[key[0]].pacer
         allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
         (began, o.round_began), (last, o.round_last) = (o.round_began, None), (o.round_last, None)
@@ -535,11 +540,10 @@ class Outbox(SessionSide):
             o.round_rate = min(sent, allowed) if allowed else sent
         else:  # the whole round went at once: as fast as the pacer let it
             o.round_rate = allowed
-        raw, o.finish_raw = o.finish_raw, None
         if finish_sent:
             return
-        if raw is not None:  # (encoded when the round was posted whole)
-            self._queue_encoded(key[0], raw)
+        if posted is not None:
+            self._queue_encoded(key[0], posted[0])
         else:
             self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
 

@@ -45,9 +45,9 @@ class OutgoingMessage:
     path_of_seq: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
     round_of_seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     nack_parts: list[Nack] = field(default_factory=list)
-    #: the current round's FINISH, encoded when the round was handed to the driver
-    #: whole (RoundPost.finish), until the round is sent
-    finish_raw: bytes | None = None
+    #: the current round's FINISH, encoded, and its tail, made when the round was
+    #: handed to the driver whole (RoundPost.finish), until the round is sent
+    posted_finish: tuple[bytes, tuple[int, ...]] | None = None
     #: (time, bytes sent to the peer before it) of this round's first batch and of
     #: its latest batch, and the rate the peer was sent at between the two (at
     #: most the pacer's; the pacer's if the round went at once; 0: unknown)
