@@ -183,9 +183,7 @@ class NativeSender:
             self.pacer_made(dst, pacer)
         return pacer  # type: ignore[no-any-return]
 
-    def post(
-        self, item: RoundPost, address: tuple[str, int], *, now: float = 0.0
-    ) -> RoundReport | None:
+    def post(self, item: RoundPost, address: tuple[str, int], *, now: float) -> RoundReport | None:
         """Hand a round over at ``now``. A round of one batch that its pacer lets
         go now is sent before this returns, which returns its report (rule 7 of
         the engine); any other round's report comes from ``reap``: with the

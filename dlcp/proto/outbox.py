@@ -524,26 +524,13 @@ class Outbox(SessionSide):
     def _round_sent(
         self, key: Key, o: OutgoingMessage, *, now: float, finish_sent: bool = False
     ) -> None:
-        # (its FINISH and tail, made when the round was posted whole, if it was)
-        posted, o.posted_finish = o.posted_finish, None
-        ordered = self.ordered_rounds
-        tail = posted[1] if posted is not None else o.round_tail() if ordered else ()
+        rate = self.peers[key[0]].pacer.rate
+        raw, tail = o.round_went(rate if math.isfinite(rate) else 0.0, ordered=self.ordered_rounds)
         o.recovery.round_sent(now=now, tail=tail)
-        pacer = self.peers[key[0]].pacer
-        allowed = pacer.rate if math.isfinite(pacer.rate) else 0.0
-        (began, o.round_began), (last, o.round_last) = (o.round_began, None), (o.round_last, None)
-        if began is not None and last is not None and last[0] > began[0]:
-            # the bytes sent before the last batch over the time until it went (the
-            # last batch's own bytes would need the time after it); the first batch
-            # may have spent tokens saved up, so this may exceed the pacer's rate
-            sent = (last[1] - began[1]) / (last[0] - began[0])
-            o.round_rate = min(sent, allowed) if allowed else sent
-        else:  # the whole round went at once: as fast as the pacer let it
-            o.round_rate = allowed
         if finish_sent:
             return
-        if posted is not None:
-            self._queue_encoded(key[0], posted[0])
+        if raw is not None:  # (encoded when the round was posted whole)
+            self._queue_encoded(key[0], raw)
         else:
             self._queue(key[0], o.recovery.finish_message(step=key[1], msg=key[2], src=self.rank))
 

@@ -71,6 +71,26 @@ class OutgoingMessage:
         _, last_from_end = np.unique(paths[::-1], return_index=True)
         return tuple(int(c) for c in seqs[len(seqs) - 1 - last_from_end])
 
+    def round_went(self, allowed: float, *, ordered: bool) -> tuple[bytes | None, tuple[int, ...]]:
+        """The current round's last record went: its rate (:attr:`round_rate`, at
+        most ``allowed``, the pacer's rate, 0 if unknown), and its FINISH as it was
+        encoded when the round was posted whole (None: it was not) with its tail
+        (``ordered``: its records left in order on each path; else none)."""
+        began, last = self.round_began, self.round_last
+        self.round_began = self.round_last = None
+        if began is not None and last is not None and last[0] > began[0]:
+            # the bytes sent before the last batch over the time until it went (the
+            # last batch's own bytes would need the time after it); the first batch
+            # may have spent tokens saved up, so this may exceed the pacer's rate
+            sent = (last[1] - began[1]) / (last[0] - began[0])
+            self.round_rate = min(sent, allowed) if allowed else sent
+        else:  # the whole round went at once: as fast as the pacer let it
+            self.round_rate = allowed
+        posted, self.posted_finish = self.posted_finish, None
+        if posted is not None:
+            return posted
+        return None, self.round_tail() if ordered else ()
+
     def queue_lost(self, sent: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]) -> bool:
         """Whether the chunks ``missing`` of the round that sent ``sent`` were lost to a
         switch's drop-eligible threshold (:func:`~.pacing.queue_signal`): only a first
