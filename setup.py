@@ -76,7 +76,7 @@ extensions = [
     Extension("dlcp.io._udpio", ["dlcp/io/_udpio.c"],
               depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_prefilter.h", "dlcp/io/_recv_runs.h",
                        "dlcp/io/_take_runs.h", "dlcp/io/_linger.h", "dlcp/io/_control_watch.h",
-                       "dlcp/io/_control_rates.h", "dlcp/io/_pacer_api.h",
+                       "dlcp/io/_control_frames.h", "dlcp/io/_pacer_api.h",
                        "dlcp/proto/_kernels_core.h", "dlcp/proto/gmac.h"],
               extra_compile_args=["-O2"], optional=True, **with_crypto),
     Extension("dlcp.io._engine", ["dlcp/io/_engine.c"],

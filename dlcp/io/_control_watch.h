@@ -1,9 +1,10 @@
 /*
- * The control connections whose RATE reports a MessageTable's linger takes
- * itself (_control_rates.h says which frames and why), and the native engine's
- * pacers they go to (_pacer_api.h). Used by _udpio.c: the table's methods
- * change this under the table's lock, and the receive call, which holds that
- * lock, reads it while it lingers, without the GIL.
+ * The control connections whose RATE and STOP frames a MessageTable's waits take
+ * themselves (_control_frames.h says which frames and why), and the native
+ * engine's pacers their RATEs go to and whose rounds their STOPs stop
+ * (_pacer_api.h). Used by _udpio.c: the table's methods change this under the
+ * table's lock, and the receive call and wait, which hold that lock while they
+ * look at a connection, read it without the GIL.
  *
  * Python decides what is watched (dlcp.io.io_loop): an inbound connection whose
  * hello named its rank, that has carried a valid message already (trusted), and
@@ -11,6 +12,17 @@
  * of its socket are the next ones of its stream; and, per source rank, the
  * pacer of the messages this rank sends it. It unwatches a connection before it
  * closes it, and whenever its read left a partial frame in Python's buffer.
+ *
+ * A STOP taken is kept here (the stash, with its source and time) for Python,
+ * which takes the stash at the start of its next turn and before it reads any
+ * control connection, and applies each STOP as if it had read it then. The waits
+ * end by `due_ns` (the first STOP kept plus `hold_ns`) so that a STOP waits for
+ * Python's next turn at most that long; a full stash takes no more STOPs. Nor is
+ * one taken while a caller waits for a send (`waiters`): the STOP that settles
+ * it must wake the I/O thread. A caller counts itself first and then looks at
+ * the stash under the table's lock (waking the I/O thread if a STOP is kept), and
+ * a wait looks at the count under that lock before it keeps a STOP, so every
+ * STOP is either left for Python's turn or seen by the caller.
  */
 #ifndef DLCP_CONTROL_WATCH_H
 #define DLCP_CONTROL_WATCH_H
@@ -18,12 +30,21 @@
 #include <Python.h>
 #include <sys/socket.h>
 
-#include "_control_rates.h"
+#include "_control_frames.h"
 #include "_linger.h"
 #include "_pacer_api.h"
 
 /* frames one look at a connection takes at most (the rest waits for the next) */
 #define CONTROL_WATCH_FRAMES 32
+/* STOPs the stash holds at most (Python's turn takes them all) */
+#define CONTROL_STASH_STOPS 256
+
+/* A STOP taken, for Python: its datagram as decode_control reads it. */
+typedef struct {
+    unsigned src;
+    int64_t t_ns; /* when it was taken (CLOCK_MONOTONIC) */
+    uint8_t datagram[STOP_DATAGRAM_BYTES];
+} StashedStop;
 
 typedef struct {
     int fd;
@@ -31,14 +52,21 @@ typedef struct {
 } WatchedConnection;
 
 typedef struct {
-    const DlcpPacerApi *api; /* NULL: every RATE is Python's */
+    const DlcpPacerApi *api; /* NULL: every frame is Python's */
     PyObject *api_owner;     /* (the capsule the api came in) */
-    RateRules rules;
+    ControlRules rules;      /* (rules.stop_first 0: every STOP is Python's) */
     PyObject **pacers; /* by source rank; NULL: none */
     size_t n_pacers;
     WatchedConnection *conns;
     size_t n_conns, cap_conns;
-    long long rates_taken;
+    long long rates_taken, stops_taken, rounds_stopped;
+    StashedStop stash[CONTROL_STASH_STOPS];
+    size_t n_stash;
+    /* callers waiting for a send's future (atomic: they count themselves without
+     * the table's lock, then look at the stash under it): while any waits, STOPs
+     * are Python's, whose turn settles the send at once */
+    int waiters;
+    int64_t hold_ns, due_ns; /* due_ns: INT64_MAX while the stash is empty */
     /* a read that took fewer bytes than the frames peeked: it cannot happen while
      * the I/O thread is the socket's only reader; if it did, the stream would be
      * cut and Python's read would refuse what follows and close the connection */
@@ -52,6 +80,7 @@ static void control_watch_free(ControlWatch *w) {
     PyMem_Free(w->conns);
     Py_XDECREF(w->api_owner);
     memset(w, 0, sizeof *w);
+    w->due_ns = INT64_MAX;
 }
 
 /* Watch fd for src's RATE frames (again, if it was); -1 with MemoryError. */
@@ -107,7 +136,8 @@ static int control_watch_pacer(ControlWatch *w, unsigned src, PyObject *pacer) {
 }
 
 /* LingerAbsorb's absorb, without the GIL: the RATE frames at the head of watched
- * connection fd go to their pacer; 1 if that was all fd had (the linger goes on). */
+ * connection fd go to their pacer and its STOPs stop their rounds and go to the
+ * stash; 1 if that was all fd had (the wait goes on). */
 static int control_watch_absorb(void *ctx, int fd) {
     ControlWatch *w = ctx;
     const WatchedConnection *c = NULL;
@@ -120,25 +150,38 @@ static int control_watch_absorb(void *ctx, int fd) {
     ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) /* (its end, an error or nothing after all: Python's read says) */
         return 0;
-    RateReport reports[CONTROL_WATCH_FRAMES];
-    size_t count;
-    size_t take = rate_frames(buf, (size_t)n, &w->rules, c->src, reports, CONTROL_WATCH_FRAMES,
-                              &count);
+    ControlFrame frames[CONTROL_WATCH_FRAMES];
+    size_t count, room = __atomic_load_n(&w->waiters, __ATOMIC_SEQ_CST) > 0
+                             ? 0
+                             : CONTROL_STASH_STOPS - w->n_stash;
+    size_t take = control_frames(buf, (size_t)n, &w->rules, c->src, frames,
+                                 CONTROL_WATCH_FRAMES, room, &count);
     if (take == 0)
         return 0;
     ssize_t got = recv(fd, buf, take, MSG_DONTWAIT);
     if (got <= 0) /* (nothing taken: Python reads them) */
         return 0;
-    if ((size_t)got < take) {
+    if ((size_t)got < take)
         w->cut_reads++;
-        count = (size_t)got / RATE_FRAME_BYTES;
-    }
-    double now = (double)linger_clock_ns() * 1e-9;
+    int64_t now_ns = linger_clock_ns();
+    double now = (double)now_ns * 1e-9;
     PyObject *pacer = w->pacers[c->src];
-    for (size_t i = 0; i < count; i++)
-        w->api->feedback(pacer, reports[i].bytes_per_s, reports[i].shared, reports[i].window,
-                         now);
-    w->rates_taken += (long long)count;
+    for (size_t i = 0; i < count && frames[i].at + frames[i].len <= (size_t)got; i++) {
+        const ControlFrame *f = &frames[i];
+        if (f->kind == FRAME_RATE) {
+            w->api->feedback(pacer, f->rate.bytes_per_s, f->rate.shared, f->rate.window, now);
+            w->rates_taken++;
+            continue;
+        }
+        w->rounds_stopped += w->api->stop_round(pacer, f->step, f->msg);
+        StashedStop *kept = &w->stash[w->n_stash++];
+        kept->src = c->src;
+        kept->t_ns = now_ns;
+        memcpy(kept->datagram, buf + f->at + CONTROL_FRAME_PREFIX, STOP_DATAGRAM_BYTES);
+        if (w->n_stash == 1) /* (read by waits that do not hold the table's lock) */
+            __atomic_store_n(&w->due_ns, now_ns + w->hold_ns, __ATOMIC_RELAXED);
+        w->stops_taken++;
+    }
     return (size_t)got == take && take == (size_t)n && (size_t)n < sizeof buf;
 }
 

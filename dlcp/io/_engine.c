@@ -86,6 +86,11 @@
  *     FINISH is lost as one lost on the way is: the sender's FINISH timer sends it
  *     again. A round post() sent (rule 7), or one without its connection, wakes
  *     Python as before, which writes its FINISH itself.
+ * 10. A round whose receiver's STOP the receive loop read (dlcp.io._udpio,
+ *     ../io/_control_watch.h, through PACER_API's stop_round) is stopped: no more
+ *     of its batches are claimed, the batch on its way finishes, and the round
+ *     never completes (no report, no FINISH); Python, which applies the STOP at
+ *     its next turn, cancels it as it cancels any round a STOP ended.
  *
  * Pacer objects may be used alone (tests) or attached to an engine
  * (Engine.add_peer); attached, their methods take the engine's lock and wake
@@ -433,6 +438,9 @@ typedef struct Round {
     /* in_flight: batches of it claimed and not yet sent (rules 5, 6); failed: one
        of them failed, so no more are claimed and the round ends failed */
     int in_flight, failed, cancelled, started, status, err;
+    /* rule 10: the receiver's STOP came (the receive loop read it): no batch is
+       claimed, and the round never completes; Python's cancel() takes it back */
+    int stopped;
     double began_t, last_t, ended_t;
     unsigned long long began_b, last_b;
     /* rule 9: the round's FINISH frame, as the control connection carries it (NULL:
@@ -644,7 +652,7 @@ static Py_ssize_t batch_nbytes(const Round *r, Py_ssize_t start, Py_ssize_t stop
 /* Whether r may have a batch claimed (rule 1): records left, and none of its
  * batches failed. */
 static int claimable(const Round *r) {
-    return r->cursor < r->count && !r->failed;
+    return r->cursor < r->count && !r->failed && !r->stopped;
 }
 
 /* Rule 1. */
@@ -809,7 +817,7 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     pthread_cond_broadcast(&e->settled);
     if (r->cancelled) /* cancel() unlinked it and frees it */
         return 0;
-    if (r->in_flight > 0 || claimable(r))
+    if (r->in_flight > 0 || claimable(r) || r->stopped) /* (rule 10: no FINISH) */
         return 0;
     r->status = r->failed ? ROUND_FAILED : ROUND_SENT;
     return 1;
@@ -1113,7 +1121,7 @@ static PyObject *Pacer_on_feedback(Pacer *p, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
-/* Pacer.on_feedback for the receive loop's linger (dlcp/io/_control_rates.h), which
+/* Pacer.on_feedback for the receive loop's linger (dlcp/io/_control_frames.h), which
  * calls it without the GIL with a report it read: its rate and window are finite
  * and >= 0 by construction, its time the monotonic clock's. It waits for the
  * locks as plain mutexes (LOCKED and pacer_wake would let go of a GIL it does not
@@ -1133,7 +1141,33 @@ static void pacer_feedback_without_gil(PyObject *obj, double rate, int shared, d
     }
 }
 
-static DlcpPacerApi pacer_api = {DLCP_PACER_API_VERSION, NULL, pacer_feedback_without_gil};
+/* Rule 10, for the receive loop (_control_watch.h), without the GIL: the round of
+ * message (step, msg) that the engine sends with pacer p (its destination's) stops
+ * where it is; 1 if there was one. The lock is taken as a plain mutex, as above. */
+static int pacer_stop_round_without_gil(PyObject *obj, uint32_t step, uint32_t msg) {
+    Pacer *p = (Pacer *)obj;
+    struct Engine *e = p->engine;
+    int found = 0;
+    if (e == NULL)
+        return 0;
+    pthread_mutex_lock(&e->lock);
+    for (int d = 0; d < e->n_peers && !found; d++) {
+        Peer *peer = e->peers[d];
+        if (peer == NULL || peer->pacer != p)
+            continue;
+        for (Round *r = peer->rounds; r; r = r->next)
+            if (r->step == step && r->msg == msg && !r->cancelled) {
+                r->stopped = 1;
+                found = 1;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return found;
+}
+
+static DlcpPacerApi pacer_api = {DLCP_PACER_API_VERSION, NULL, pacer_feedback_without_gil,
+                                 pacer_stop_round_without_gil};
 
 static PyObject *Pacer_on_loss(Pacer *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"lost_fraction", "send_rate", "now", "queue", NULL};

@@ -70,12 +70,22 @@ static inline int linger_slow(int64_t bytes, int64_t since_ns) {
 
 /* What the linger may handle itself of a ready file: absorb(ctx, fd) is 1 when
  * it took all that was ready on fd (then the file does not end the linger), 0
- * when the file is Python's (MessageTable's control connections: RATE reports,
- * _control_rates.h). */
+ * when the file is Python's (MessageTable's control connections: RATE reports
+ * and STOPs, _control_frames.h). What it took may need Python by a time: the
+ * linger ends by *due_ns (NULL: never). */
 typedef struct {
     int (*absorb)(void *ctx, int fd);
     void *ctx;
+    const int64_t *due_ns;
 } LingerAbsorb;
+
+/* end_ns, or earlier if what absorb took is due sooner. */
+static inline int64_t linger_end_by(const LingerAbsorb *absorb, int64_t end_ns) {
+    if (absorb == NULL || absorb->due_ns == NULL)
+        return end_ns;
+    int64_t due = __atomic_load_n(absorb->due_ns, __ATOMIC_RELAXED); /* (Python's turn clears it) */
+    return due < end_ns ? due : end_ns;
+}
 
 /* Whether a file other than data_fd is ready in the epoll set epfd (which may
  * hold data_fd too: CPython's select.epoll keeps each file's descriptor as its
@@ -101,11 +111,11 @@ static inline int linger_others_ready(int epfd, int data_fd, const LingerAbsorb 
 static inline int linger_for_data(int data_fd, int epfd, const LingerAbsorb *absorb,
                                   int64_t end_ns, int64_t *idle_ns) {
     for (;;) {
-        int64_t now = linger_clock_ns();
-        if (now >= end_ns)
+        int64_t now = linger_clock_ns(), end = linger_end_by(absorb, end_ns);
+        if (now >= end)
             return 0;
         struct pollfd fds[2] = {{data_fd, POLLIN, 0}, {epfd, POLLIN, 0}};
-        int64_t left = end_ns - now;
+        int64_t left = end - now;
         struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
         int n = ppoll(fds, epfd >= 0 ? 2 : 1, &ts, NULL);
         *idle_ns += linger_clock_ns() - now;
@@ -134,6 +144,7 @@ static inline int linger_for_data(int data_fd, int epfd, const LingerAbsorb *abs
 static inline int linger_nap(int data_fd, int epfd, const LingerAbsorb *absorb, int64_t end_ns,
                              int64_t nap_ns, int64_t *idle_ns) {
     int64_t now = linger_clock_ns();
+    end_ns = linger_end_by(absorb, end_ns);
     if (now >= end_ns)
         return 0;
     int64_t until = end_ns - now < nap_ns ? end_ns : now + nap_ns;

@@ -96,15 +96,17 @@
  *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
  *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
  *   take_rates(pacer_api, job, first, shared_flag), rate_pacer(src, pacer),
- *   watch_control(fd, src), unwatch_control(fd), wait(epfd, timeout_ns,
- *     max_events), control_counts(): the RATE reports of watched control
- *     connections, handed to the native engine's pacers (pacer_api:
- *     dlcp.io._engine.PACER_API, _pacer_api.h) wherever the I/O thread waits:
- *     in receive's linger and naps, and in wait, its selector's epoll_wait
- *     (_control_watch.h; the frames taken: _control_rates.h).
+ *   take_stops(first, hold_ns), stops(), watch_control(fd, src),
+ *   unwatch_control(fd), wait(epfd, timeout_ns, max_events), control_counts():
+ *     the RATE reports of watched control connections, handed to the native
+ *     engine's pacers (pacer_api: dlcp.io._engine.PACER_API, _pacer_api.h), and
+ *     their STOPs, which stop the engine's round and are kept for Python's next
+ *     turn (stops()), wherever the I/O thread waits: in receive's linger and
+ *     naps, and in wait, its selector's epoll_wait (_control_watch.h; the frames
+ *     taken: _control_frames.h).
  *
- * rate_frames(data, job, first, shared_flag, src) -> (consumed, reports): the
- *   walk those waits run over a connection's queued bytes, for tests.
+ * control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed,
+ *   frames): the walk those waits run over a connection's queued bytes, for tests.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -121,7 +123,7 @@
 #include "_recv_runs.h"  /* the receive loop, without Python */
 #include "_take_runs.h" /* the native receive path, without Python */
 #include "_linger.h"    /* waiting for the next burst in C (MessageTable.receive) */
-#include "_control_watch.h" /* RATE reports the linger hands to the engine's pacers */
+#include "_control_watch.h" /* RATE and STOP frames the waits take themselves */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h" /* AES-GMAC with libcrypto, as the send engine seals */
@@ -435,6 +437,7 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->n_keys = 0;
 #endif
     memset(&self->control, 0, sizeof self->control);
+    self->control.due_ns = INT64_MAX;
     self->ready = 0;
     pthread_mutex_init(&self->lock, NULL);
     return (PyObject *)self;
@@ -878,7 +881,7 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     table_lock(self);
     TakeTable *t = &self->t;
     self->pending = TAKE_DONE;
-    LingerAbsorb absorb = {control_watch_absorb, &self->control};
+    LingerAbsorb absorb = {control_watch_absorb, &self->control, &self->control.due_ns};
     Py_BEGIN_ALLOW_THREADS
     int64_t start_ns = linger_clock_ns();
     int64_t linger_end = linger_ns > 0 ? start_ns + linger_ns : 0;
@@ -1051,7 +1054,8 @@ static PyObject *table_take_rates(MessageTableObject *self, PyObject *args) {
     Py_INCREF(capsule);
     Py_XSETREF(self->control.api_owner, capsule);
     self->control.api = api;
-    self->control.rules = (RateRules){(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job};
+    self->control.rules = (ControlRules){(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
+                                         self->control.rules.stop_first};
     table_unlock(self);
     Py_RETURN_NONE;
 }
@@ -1131,8 +1135,11 @@ static PyObject *table_wait(MessageTableObject *self, PyObject *args) {
     int64_t end = timeout_ns < 0 ? -1 : timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
     for (;;) {
         int ms = -1;
-        if (end >= 0) {
-            int64_t left = end - linger_clock_ns();
+        /* (a STOP kept: Python's turn by then) */
+        int64_t due = __atomic_load_n(&self->control.due_ns, __ATOMIC_RELAXED);
+        int64_t until = end < 0 || due < end ? due : end;
+        if (until != INT64_MAX) {
+            int64_t left = until - linger_clock_ns();
             int64_t msl = left <= 0 ? 0 : (left + 999999) / 1000000;
             ms = msl > INT_MAX ? INT_MAX : (int)msl;
         }
@@ -1175,9 +1182,76 @@ static PyObject *table_control_counts(MessageTableObject *self, PyObject *unused
     if (!table_ready(self))
         return NULL;
     table_lock(self);
-    long long taken = self->control.rates_taken, cut = self->control.cut_reads;
+    const ControlWatch *w = &self->control;
+    long long taken = w->rates_taken, cut = w->cut_reads, stops = w->stops_taken,
+              stopped = w->rounds_stopped;
     table_unlock(self);
-    return Py_BuildValue("(LL)", taken, cut);
+    return Py_BuildValue("(LLLL)", taken, cut, stops, stopped);
+}
+
+/* take_stops(first, hold_ns): from now on the waits take STOP frames too (first: a
+ * STOP's first byte; 0: no more), each kept for Python's turn at most hold_ns. */
+static PyObject *table_take_stops(MessageTableObject *self, PyObject *args) {
+    unsigned first;
+    long long hold_ns;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "IL:take_stops", &first, &hold_ns))
+        return NULL;
+    if (first > 0xFF || hold_ns < 0) {
+        PyErr_Format(PyExc_ValueError, "take_stops: first byte %u or hold_ns %lld out of range",
+                     first, hold_ns);
+        return NULL;
+    }
+    if (self->control.api == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "take_stops: call take_rates first");
+        return NULL;
+    }
+    table_lock(self);
+    self->control.rules.stop_first = (uint8_t)first;
+    self->control.hold_ns = hold_ns;
+    table_unlock(self);
+    Py_RETURN_NONE;
+}
+
+/* waiting(delta) -> kept: callers waiting for a send's future, counted up or down by
+ * delta (while any waits, the waits take no STOP); how many STOPs are kept, looked at
+ * after the count changed (_control_watch.h). */
+static PyObject *table_waiting(MessageTableObject *self, PyObject *args) {
+    int delta;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "i:waiting", &delta))
+        return NULL;
+    __atomic_add_fetch(&self->control.waiters, delta, __ATOMIC_SEQ_CST);
+    table_lock(self);
+    size_t n = self->control.n_stash;
+    table_unlock(self);
+    return PyLong_FromSize_t(n);
+}
+
+/* stops() -> [(src, datagram, t), ...]: the STOPs the waits kept since the last
+ * call, in the order they were taken (the stash is empty after it). */
+static PyObject *table_stops(MessageTableObject *self, PyObject *unused) {
+    (void)unused;
+    if (!table_ready(self))
+        return NULL;
+    ControlWatch *w = &self->control;
+    StashedStop kept[CONTROL_STASH_STOPS];
+    table_lock(self);
+    size_t n = w->n_stash;
+    if (n > 0)
+        memcpy(kept, w->stash, n * sizeof *kept);
+    w->n_stash = 0;
+    __atomic_store_n(&w->due_ns, INT64_MAX, __ATOMIC_RELAXED);
+    table_unlock(self);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        PyObject *item = Py_BuildValue("(Iy#d)", kept[i].src, (const char *)kept[i].datagram,
+                                       (Py_ssize_t)STOP_DATAGRAM_BYTES,
+                                       (double)kept[i].t_ns * 1e-9);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
 }
 
 static PyMethodDef table_methods[] = {
@@ -1207,7 +1281,7 @@ static PyMethodDef table_methods[] = {
      "waits, the RATE frames at the head of a watched control connection go to their "
      "source's pacer "
      "(pacer_api: dlcp.io._engine.PACER_API; first: a RATE's first byte; see "
-     "dlcp/io/_control_rates.h)."},
+     "dlcp/io/_control_frames.h)."},
     {"rate_pacer", (PyCFunction)table_rate_pacer, METH_VARARGS,
      "rate_pacer(src, pacer): the native Pacer that src's RATE reports go to (None: Python)."},
     {"watch_control", (PyCFunction)table_watch_control, METH_VARARGS,
@@ -1220,8 +1294,18 @@ static PyMethodDef table_methods[] = {
      "of watched control connections taken as the linger takes them (the wait goes on "
      "while that was all that came)."},
     {"control_counts", (PyCFunction)table_control_counts, METH_NOARGS,
-     "control_counts() -> (rates_taken, cut_reads): RATE reports the loop handed to "
-     "pacers, and reads that took part of a frame (none expected)."},
+     "control_counts() -> (rates_taken, cut_reads, stops_taken, rounds_stopped): RATE reports "
+     "the loop handed to pacers, reads that took part of a frame (none expected), STOPs it "
+     "kept for Python and the engine's rounds they stopped."},
+    {"take_stops", (PyCFunction)table_take_stops, METH_VARARGS,
+     "take_stops(first, hold_ns): the waits take the STOP frames of watched connections too, "
+     "stop the engine's round each ends and keep them for stops(); a wait ends at most "
+     "hold_ns after the first STOP kept (first: a STOP's first byte; 0: no more)."},
+    {"waiting", (PyCFunction)table_waiting, METH_VARARGS,
+     "waiting(delta) -> kept: count callers waiting for a send up or down (while any waits, "
+     "STOPs are left to Python); how many STOPs are kept for stops()."},
+    {"stops", (PyCFunction)table_stops, METH_NOARGS,
+     "stops() -> [(src, datagram, t), ...]: the STOPs kept since the last call, oldest first."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1278,26 +1362,33 @@ static PyObject *recv_now(PyObject *self, PyObject *args) {
     return now_answer(got, err, 1);
 }
 
-/* rate_frames(data, job, first, shared_flag, src) -> (consumed, [(bytes_per_s, window,
- * shared)...]): the RATE frames at the head of a control stream that the linger would
- * take (_control_rates.h), at most CONTROL_WATCH_FRAMES of them; for tests. */
-static PyObject *rate_frames_py(PyObject *mod, PyObject *args) {
+/* control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed, frames):
+ * the frames at the head of a control stream that the waits would take
+ * (_control_frames.h), at most CONTROL_WATCH_FRAMES of them, each ("rate",
+ * bytes_per_s, window, shared) or ("stop", step, msg); for tests. */
+static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
     (void)mod;
     Py_buffer data;
-    unsigned job, first, shared_flag, src;
-    if (!PyArg_ParseTuple(args, "y*IIII:rate_frames", &data, &job, &first, &shared_flag, &src))
+    unsigned job, first, shared_flag, src, stop_first = 0;
+    if (!PyArg_ParseTuple(args, "y*IIII|I:control_frames", &data, &job, &first, &shared_flag,
+                          &src, &stop_first))
         return NULL;
-    RateRules rules = {(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job};
-    RateReport reports[CONTROL_WATCH_FRAMES];
+    ControlRules rules = {(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
+                          (uint8_t)stop_first};
+    ControlFrame frames[CONTROL_WATCH_FRAMES];
     size_t count = 0, consumed = 0;
-    if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF)
-        consumed = rate_frames(data.buf, (size_t)data.len, &rules, src, reports,
-                               CONTROL_WATCH_FRAMES, &count);
+    if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF &&
+        stop_first <= 0xFF)
+        consumed = control_frames(data.buf, (size_t)data.len, &rules, src, frames,
+                                  CONTROL_WATCH_FRAMES, CONTROL_WATCH_FRAMES, &count);
     PyBuffer_Release(&data);
     PyObject *list = PyList_New((Py_ssize_t)count);
     for (size_t i = 0; list != NULL && i < count; i++) {
-        PyObject *item = Py_BuildValue("(ddO)", reports[i].bytes_per_s, reports[i].window,
-                                       reports[i].shared ? Py_True : Py_False);
+        const ControlFrame *f = &frames[i];
+        PyObject *item = f->kind == FRAME_RATE
+                             ? Py_BuildValue("(sddO)", "rate", f->rate.bytes_per_s,
+                                             f->rate.window, f->rate.shared ? Py_True : Py_False)
+                             : Py_BuildValue("(sII)", "stop", f->step, f->msg);
         if (item == NULL)
             Py_CLEAR(list);
         else
@@ -1309,10 +1400,11 @@ static PyObject *rate_frames_py(PyObject *mod, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"rate_frames", rate_frames_py, METH_VARARGS,
-     "rate_frames(data, job, first, shared_flag, src) -> (consumed, reports): the RATE frames "
-     "at the head of a control stream that the receive loop's linger takes itself "
-     "(dlcp/io/_control_rates.h), as (bytes_per_s, window, shared); for tests."},
+    {"control_frames", control_frames_py, METH_VARARGS,
+     "control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed, frames): "
+     "the RATE and STOP frames at the head of a control stream that the receive loop's waits "
+     "take themselves (dlcp/io/_control_frames.h), as (\"rate\", bytes_per_s, window, shared) "
+     "or (\"stop\", step, msg); for tests."},
     {"send_now", send_now, METH_VARARGS,
      "send_now(fd, data) -> sent: one non-blocking send on a stream socket, holding the "
      "GIL; 0 where it would block (see the module source)."},

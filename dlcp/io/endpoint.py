@@ -274,8 +274,9 @@ class Endpoint(IOLoop):
         if self._prober is not None:
             self._prober.request(to, address)
         fut: TransferFuture[SendReport] = TransferFuture(
-            f"rank {self.rank}: {message}", blocked=self._runs_io
-        )
+            f"rank {self.rank}: {message}", blocked=self._runs_io,
+            waiting=self._in_waits.waiting if self._in_waits is not None else None,
+        )  # fmt: skip
 
         def command() -> None:
             key = (to, step, msg)
@@ -382,6 +383,7 @@ class Endpoint(IOLoop):
 
         def command() -> None:
             engine = self._sender.stats() if self._sender is not None else {}
+            waits = self._in_waits
             fut.set_result(
                 {
                     **dataclasses.asdict(self._session.stats),  # the protocol's counters
@@ -405,7 +407,11 @@ class Endpoint(IOLoop):
                     "engine_threads": self._sender.threads if self._sender else None,
                     "native_receive": self.native_receive,
                     # RATE reports the receive loop applied itself (not in control_in)
-                    "control_rates_native": self._rates.taken if self._rates is not None else 0,
+                    "control_rates_native": waits.taken if waits is not None else 0,
+                    # STOPs it took (in control_in once applied), and the engine's
+                    # rounds they stopped at once
+                    "control_stops_native": waits.stops_taken[0] if waits is not None else 0,
+                    "engine_rounds_stopped": waits.stops_taken[1] if waits is not None else 0,
                     **engine,
                 }
             )

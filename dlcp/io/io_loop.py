@@ -18,6 +18,8 @@ declared here and set up by ``Endpoint.__init__``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import selectors
@@ -30,15 +32,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import EndpointClosed, TransferFailed
-from ..proto.control import control_source
 from ..proto.receive_paths import Taken
 from ..proto.session import ControlDatagram, DataBatch, RoundPost, RoundRelease, Session
-from ..proto.wire import PacketType
 from .config import EndpointConfig
 from .control import ControlChannel, LostPeer
+from .control_in_waits import ControlInWaits
+from .control_input import ControlInput
 from .emulation import LossEmulator
 from .engine import NativeSender, RoundReport
-from .linger_rates import LingerRates
 from .native_receive import RunHandlers
 from .peers import PeerAddress, PeerBook
 from .readiness import ReadSelector
@@ -70,7 +71,7 @@ TRICKLE_LINGER = 0.02
 _DROPS_READ_EVERY = 1.0
 
 
-class IOLoop:
+class IOLoop(ControlInput):
     """The I/O thread's side of an endpoint. See the module docstring."""
 
     # set up by Endpoint.__init__ (dlcp.io.endpoint), shared with its commands
@@ -132,9 +133,11 @@ class IOLoop:
         # (the Python engine sends from this thread: it must not wait for data)
         self._linger = self.config.receive_linger if on and self._sender is not None else 0.0
         self._nap = self.config.receive_nap if self._linger else 0.0
-        #: RATE frames the receive loop hands to the engine's pacers (None: Python reads all)
-        self._rates = LingerRates.start(self._data.runs if self._linger else None, self._sender,
-                                        self._session, self._control)  # fmt: skip
+        #: RATE and STOP frames the receive loop's waits take (None: Python reads all)
+        self._in_waits = ControlInWaits.start(
+            self._data.runs if self._linger else None, self._sender, self._session,
+            self._control, functools.partial(self._wake_w.send, b"\0"),
+        )  # fmt: skip
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
@@ -149,8 +152,8 @@ class IOLoop:
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
         sel.set_apart(self._data.recv_sock)  # (the receive loop's linger waits on it itself)
-        if self._rates is not None:  # (and RATE frames are taken in the wait too)
-            sel.wait_with(self._rates.wait)
+        if self._in_waits is not None:  # (and RATE and STOP frames are taken in the wait too)
+            sel.wait_with(self._in_waits.wait)
         self._watch = sel.others_fileno()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
         sel.register(self._control.listener, selectors.EVENT_READ, "accept")
@@ -177,6 +180,8 @@ class IOLoop:
                     now = time.monotonic()
                     if sender is not None and sender.quiet:
                         self._rounds_sent(now)  # (rule 9: before a NACK or STOP about them)
+                    if self._in_waits is not None:  # (before any control connection is read)
+                        self._stops_taken()
                     session.note_idle(now - before, now=now)  # receive capacity
                     now = self._take_input(sel, ready, timer, now)
                     self._send_and_settle(now)
@@ -193,6 +198,11 @@ class IOLoop:
         finally:
             with self._lock:
                 self._closing = True  # after a crash too: later calls fail instead of hanging
+                if self._in_waits is not None:  # STOPs that came before the close count
+                    # (after a crash too, unless applying them fails: then they fail below)
+                    with contextlib.suppress(Exception):
+                        self._stops_taken()
+                        self._transfers.dispatch(defer=True)
                 self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
                 self._control.watch_ends(None)
                 sel.close()
@@ -401,43 +411,6 @@ class IOLoop:
         else:
             self._read_control(sel, sock)
 
-    def _read_control(self, sel: selectors.BaseSelector, sock: Any) -> bool:
-        """One read of inbound control connection ``sock``: its frames handed to
-        the session, its end (if it ended) to :meth:`_peer_gone`. Whether the
-        read found anything (frames or the end). A connection that ended since
-        ``select()`` saw it ready (a command's control send read its peer's last
-        words and closed it, see :meth:`_read_control_from`) is nothing to read."""
-        inbound = self._control.inbound.get(sock)
-        if inbound is None:
-            return False
-        frames, ended = self._control.read(sock)
-        if ended is not None:
-            sel.unregister(sock)
-        now = time.monotonic()
-        for peer, datagram in frames:
-            self._stats.control_in += 1
-            if not datagram or datagram[0] & 0x0F == PacketType.DATA:
-                self._stats.control_rejected += 1  # data travels over UDP only
-                continue
-            claimed = control_source(datagram)
-            if claimed is not None and claimed != peer:
-                self._stats.control_rejected += 1  # claims another rank than its hello
-                continue
-            stats = self._session.stats
-            # (the counts only grow: a copy of them tells whether it was rejected)
-            rejected, stale = dict(stats.rejected), stats.stale_control
-            self._session.receive_datagram(datagram, now=now)
-            if stats.rejected != rejected:
-                self._stats.control_rejected += 1
-            elif stats.stale_control == stale:
-                # (a stale message proves nothing: a replay of an old one is stale)
-                inbound.trusted = True
-        if ended is not None and (gone := self._control.ended(inbound, ended)) is not None:
-            self._peer_gone(gone)
-        elif ended is None and self._rates is not None:
-            self._rates.follow(inbound)
-        return bool(frames) or ended is not None
-
     def _rounds_sent(self, now: float | None = None) -> None:
         """The native engine's reports (reaped at ``now`` or later): rounds sent or
         failed (the peer's sends fail, as a failed send fails them here)."""
@@ -548,25 +521,6 @@ class IOLoop:
             # pending with it then fails.
             self._read_control_from(gone.rank)
             self._peer_gone(gone)
-
-    def _outbound_ready(self, sock: Any) -> None:
-        """A control connection this rank opened turned readable: it ended if its
-        peer closed or reset it; a peer whose control port then refuses is gone
-        (the end of a dying process's connection can be checked before its
-        listener closes: see :mod:`dlcp.io.control`)."""
-        gone = self._control.outbound_ended(sock)
-        if gone is not None:
-            self._read_control_from(gone.rank)
-            self._peer_gone(gone)
-
-    def _read_control_from(self, peer: int) -> None:
-        """Everything waiting on ``peer``'s inbound control connections, handled
-        and matched to its transfers now (not at the next turn)."""
-        if self._selector is None:
-            return
-        for sock in [s for s, c in self._control.inbound.items() if c.rank == peer]:
-            while sock in self._control.inbound and self._read_control(self._selector, sock):
-                pass
 
     def _address_of(self, peer: int) -> PeerAddress | None:
         """A peer's address, under the lock, without waiting: a peer that sent

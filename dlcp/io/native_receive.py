@@ -127,8 +127,8 @@ class MessageRuns:
     def __len__(self) -> int:
         return len(self.table)
 
-    # RATE reports on control connections, taken while the I/O thread waits
-    # (dlcp.io.linger_rates, dlcp/io/_control_rates.h)
+    # RATE reports and STOPs on control connections, taken while the I/O thread
+    # waits (dlcp.io.control_in_waits, dlcp/io/_control_frames.h)
 
     def take_rates(self, pacer_api: Any, job: int) -> None:
         """While :meth:`DataSockets.receive <dlcp.io.udp.DataSockets.receive>`
@@ -139,6 +139,19 @@ class MessageRuns:
         a session that does not authenticate: the loop takes no tagged RATE, and
         must not take an untagged one where tags are required."""
         self.table.take_rates(pacer_api, job, (VERSION << 4) | PacketType.RATE, RATE_SHARED)
+
+    def take_stops(self, hold: float) -> None:
+        """From now on (after :meth:`take_rates`) the untagged STOP frames at the
+        head of a watched connection are taken too: the native engine's round of
+        the message each ends is stopped at once, and the frame is kept for
+        :meth:`stops`; a wait ends at most ``hold`` seconds after the first one
+        kept, so that Python applies it by then."""
+        self.table.take_stops((VERSION << 4) | PacketType.STOP, round(hold * 1e9))
+
+    def stops(self) -> list[tuple[int, bytes, float]]:
+        """The STOPs kept since the last call, oldest first: (source rank, the
+        control datagram, when it was taken on the monotonic clock)."""
+        return self.table.stops()  # type: ignore[no-any-return]
 
     def rate_pacer(self, src: int, pacer: Any) -> None:
         """The native engine's pacer that ``src``'s RATE reports go to."""
@@ -159,6 +172,12 @@ class MessageRuns:
     def rates_taken(self) -> int:
         """RATE reports the loop handed to pacers itself."""
         return int(self.table.control_counts()[0])
+
+    @property
+    def stops_taken(self) -> tuple[int, int]:
+        """STOPs the loop kept for Python, and the engine's rounds they stopped."""
+        counts = self.table.control_counts()
+        return int(counts[2]), int(counts[3])
 
 
 class TakenRuns(Protocol):

@@ -16,6 +16,7 @@ from ..proto.loss_report import LossReport
 __all__ = ["DriverStats", "Pending", "Received", "TransferFuture"]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +43,38 @@ class TransferFuture(Future[_T]):
     held: its I/O thread, or a caller's. Waiting there for a transfer that is not
     done would stop the thread that must move it: ``result()`` and
     ``exception()`` raise RuntimeError instead (``blocked`` tells when: the
-    endpoint's test for "this thread runs its I/O or holds its lock")."""
+    endpoint's test for "this thread runs its I/O or holds its lock").
+    ``waiting(1)`` and ``waiting(-1)`` are called around a wait for it that is
+    not done yet (a send's: the receive loop leaves the STOP that settles it to
+    the I/O thread's turn meanwhile, ``dlcp.io.control_in_waits``)."""
 
-    def __init__(self, what: str = "", *, blocked: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        what: str = "",
+        *,
+        blocked: Callable[[], bool] | None = None,
+        waiting: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.what = what
         self._blocked = blocked
+        self._waiting = waiting
 
     def result(self, timeout: float | None = None) -> _T:
-        self._check_wait()
-        return super().result(timeout)
+        return self._wait(super().result, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._wait(super().exception, timeout)
+
+    def _wait(self, get: Callable[[float | None], _R], timeout: float | None) -> _R:
         self._check_wait()
-        return super().exception(timeout)
+        if self._waiting is None or self.done():
+            return get(timeout)
+        self._waiting(1)
+        try:
+            return get(timeout)
+        finally:
+            self._waiting(-1)
 
     def _check_wait(self) -> None:
         if not self.done() and self._blocked is not None and self._blocked():

@@ -20,9 +20,10 @@ describes at the top of its source:
   one by one, as one GRO read, reversed, with a duplicate and a stray datagram;
   once untagged and once tagged (AUTH and a trailer the harness's stand-in tag
   check accepts).
-* ``control_rates``: the control vectors as a stream of frames, for the job and
-  source of each RATE among them: each vector alone, all of them in order, and
-  the RATEs repeated behind one another, whole and cut short.
+* ``control_frames``: the control vectors as a stream of frames, for the job and
+  source of each RATE and STOP among them, with STOPs taken (up to 32 or 2) and
+  not: each vector alone, all of them in order, and each RATE or STOP repeated
+  behind itself, whole and cut short.
 
 The golden vectors and the layouts come from the repository (``dlcp.proto``),
 so the seeds follow any change of the wire format.
@@ -216,18 +217,21 @@ def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, i
     return head + events
 
 
-def rates_seeds(control: list[dict]) -> list[bytes]:
-    """control_rates' inputs (fuzz_control_rates.c): job, source, report limit,
-    then a stream of length-prefixed control datagrams."""
+def control_frames_seeds(control: list[dict]) -> list[bytes]:
+    """control_frames' inputs (fuzz_control_frames.c): job, source, frame limit,
+    STOP limit (top bit: STOPs off), then a stream of length-prefixed control
+    datagrams."""
     frames = [struct.pack(">I", len(d)) + d for d in (bytes.fromhex(v["hex"]) for v in control)]
     seeds = []
     for vector in control:
-        if vector["type"] != "RATE":
+        if vector["type"] not in ("RATE", "STOP"):
             continue
-        head = struct.pack(">HHB", vector["job"], vector["fields"]["src"], 32)
-        rate = struct.pack(">I", len(bytes.fromhex(vector["hex"]))) + bytes.fromhex(vector["hex"])
-        seeds += [head + b"".join(frames), head + rate * 5, head + rate * 3 + rate[:17]]
-        seeds += [head + frame for frame in frames]
+        datagram = bytes.fromhex(vector["hex"])
+        frame = struct.pack(">I", len(datagram)) + datagram
+        for stops in (32, 2, 0x80):
+            head = struct.pack(">HHBB", vector["job"], vector["fields"]["src"], 32, stops)
+            seeds += [head + b"".join(frames), head + frame * 5, head + frame * 3 + frame[:17]]
+            seeds += [head + f for f in frames]
     return seeds
 
 
@@ -275,8 +279,8 @@ def main(out: Path) -> dict[str, int]:
     lengths += [len(bytes.fromhex(v["hex"])) for v in golden["control"]]
     for i in range(len(golden["data"])):
         write(out, "recv_runs", recv_seed(lengths[i:] + lengths[:i], i), counts)
-    for seed in rates_seeds(golden["control"]):
-        write(out, "control_rates", seed, counts)
+    for seed in control_frames_seeds(golden["control"]):
+        write(out, "control_frames", seed, counts)
     return counts
 
 

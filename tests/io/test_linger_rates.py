@@ -1,5 +1,5 @@
 """RATE reports the receive loop's linger hands to the native engine's pacers
-(``dlcp/io/_control_rates.h``, ``dlcp.io.linger_rates``): the frames it takes are
+(``dlcp/io/_control_frames.h``, ``dlcp.io.control_in_waits``): the frames it takes are
 exactly the untagged RATEs ``decode_control`` accepts from the connection's rank;
 while it lingers, a watched connection's leading RATE frames reach their pacer as
 the Python path would apply them and the linger goes on; anything else stays on
@@ -54,13 +54,15 @@ def stop(src: int = SRC) -> bytes:
 
 
 def taken(stream: bytes, src: int = SRC) -> tuple[int, list[tuple[float, float, bool]]]:
-    consumed, reports = _udpio().rate_frames(stream, JOB, FIRST, RATE_SHARED, src)
-    return int(consumed), list(reports)
+    consumed, frames = _udpio().control_frames(stream, JOB, FIRST, RATE_SHARED, src)
+    assert all(f[0] == "rate" for f in frames)  # (STOPs are Python's unless asked for)
+    return int(consumed), [tuple(f[1:]) for f in frames]
 
 
-def python_takes(frame: bytes, src: int) -> RateFeedback | None:
-    """What the Python path makes of one frame: the RATE it applies, or None
-    (another message, another rank, a refused or tagged datagram)."""
+def python_takes(frame: bytes, src: int, kind: type[Any] = RateFeedback) -> Any:
+    """What the Python path makes of one frame: the message of type ``kind`` (RATE
+    by default) it applies, or None (another message, another rank, a refused or
+    tagged datagram)."""
     (length,) = struct.unpack_from(">I", frame)
     datagram = frame[4:]
     if length != len(datagram) or len(datagram) < 12:
@@ -71,7 +73,7 @@ def python_takes(frame: bytes, src: int) -> RateFeedback | None:
         ctrl = decode_control(datagram, job=JOB)
     except WireError:
         return None
-    if not isinstance(ctrl, RateFeedback) or datagram[1] & Flags.AUTH:
+    if not isinstance(ctrl, kind) or datagram[1] & Flags.AUTH:
         return None
     return ctrl
 

@@ -1,0 +1,142 @@
+/*
+ * The control frames at the head of a control connection that the receive loop
+ * takes itself wherever the I/O thread waits (MessageTable.receive's linger and
+ * MessageTable.wait in _udpio.c), without Python: RATE reports and STOPs.
+ *
+ * Why: RATE is the most frequent control message (a receiver reports each
+ * sender's rate every 5 to 20 ms), and each one the I/O thread's Python reads
+ * ends the linger and costs a turn (a select, a read, a decode, the pacer's
+ * call, the turn's settling: ~0.2 ms of CPU) to change a few numbers in the
+ * native engine's pacer, which is C. A STOP ends a send, and was the sender's
+ * one turn a message of its own: the loop stops the engine's round at once
+ * (rule 10 of _engine.c: no more of it goes, and no FINISH) and keeps the frame
+ * for Python's next turn, which applies it as if it had just read it. So while
+ * the loop waits, a control connection that turns readable is looked at here
+ * first: the whole RATE and STOP frames at its head are taken from the socket
+ * (control_frames below says which), and the wait goes on; anything else
+ * (another message, a tagged frame, a frame cut short, the connection's end)
+ * stays on the socket for Python's read, and ends the wait as before.
+ *
+ * A frame is a 4-byte big-endian length and one control datagram (docs/spec.md
+ * §5: dlcp.io.control frames them): a 16-byte header (version and type, flags,
+ * job, step, msg, src, body length, reserved: struct ">BBHIHHHH"), then the
+ * body: a RATE's 12 bytes (bytes per second, u64; the window, u32
+ * microseconds), a STOP's 4 (the elements received, u32). What is taken here is
+ * exactly what dlcp.proto.control.decode_control accepts as an untagged RATE or
+ * STOP, from the rank the connection's hello named.
+ */
+#ifndef DLCP_CONTROL_FRAMES_H
+#define DLCP_CONTROL_FRAMES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONTROL_FRAME_PREFIX 4
+#define CONTROL_HEADER_BYTES 16
+#define RATE_BODY_BYTES 12
+#define STOP_BODY_BYTES 4
+/* one frame on the wire, length prefix included */
+#define RATE_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + RATE_BODY_BYTES)
+#define STOP_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
+/* a STOP's datagram, as Python's decode_control takes it */
+#define STOP_DATAGRAM_BYTES (CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
+
+/* What the frames this endpoint takes look like (from Python's wire constants). */
+typedef struct {
+    uint8_t first;       /* a RATE's first byte: (version << 4) | RATE */
+    uint8_t shared_flag; /* the one header flag an untagged RATE may carry */
+    uint16_t job;
+    uint8_t stop_first; /* a STOP's first byte; 0: every STOP is Python's */
+} ControlRules;
+
+/* One report, as the pacer takes it. */
+typedef struct {
+    double bytes_per_s, window; /* (the window in seconds) */
+    int shared;
+} RateReport;
+
+enum { FRAME_RATE = 1, FRAME_STOP = 2 };
+
+/* One frame taken: where it starts in the walked bytes, how long it is, and what it says. */
+typedef struct {
+    int kind;
+    size_t at, len;
+    RateReport rate;    /* FRAME_RATE */
+    uint32_t step, msg; /* FRAME_STOP: the message it ends */
+} ControlFrame;
+
+static inline uint16_t frame_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+
+static inline uint32_t frame_be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Whether the header at d (after a length prefix of `length`) is one of job's,
+ * from rank src, with first byte `first`, only the flags in `flags_allowed`, a body
+ * of `body` bytes and no tag (a tagged frame is Python's to verify). */
+static inline int frame_header(uint32_t length, const uint8_t *d, const ControlRules *rules,
+                               unsigned src, uint8_t first, uint8_t flags_allowed, unsigned body) {
+    return length == CONTROL_HEADER_BYTES + body && d[0] == first &&
+           (d[1] & (uint8_t)~flags_allowed) == 0 && frame_be16(d + 2) == rules->job &&
+           frame_be16(d + 10) == src && frame_be16(d + 12) == body && frame_be16(d + 14) == 0;
+}
+
+/* Whether the RATE_FRAME_BYTES at f are one RATE frame from rank `src` that
+ * decode_control accepts untagged; its report in *out if so. */
+static inline int rate_frame(const uint8_t *f, const ControlRules *rules, unsigned src,
+                             RateReport *out) {
+    const uint8_t *d = f + CONTROL_FRAME_PREFIX;
+    if (!frame_header(frame_be32(f), d, rules, src, rules->first, rules->shared_flag,
+                      RATE_BODY_BYTES))
+        return 0;
+    const uint8_t *body = d + CONTROL_HEADER_BYTES;
+    uint64_t rate = (uint64_t)frame_be32(body) << 32 | frame_be32(body + 4);
+    out->bytes_per_s = (double)rate;
+    out->window = (double)frame_be32(body + 8) * 1e-6;
+    out->shared = (d[1] & rules->shared_flag) != 0;
+    return 1;
+}
+
+/* Whether the STOP_FRAME_BYTES at f are one STOP frame from rank `src` that
+ * decode_control accepts untagged (no flag); the message it ends in *step, *msg. */
+static inline int stop_frame(const uint8_t *f, const ControlRules *rules, unsigned src,
+                             uint32_t *step, uint32_t *msg) {
+    const uint8_t *d = f + CONTROL_FRAME_PREFIX;
+    if (rules->stop_first == 0 ||
+        !frame_header(frame_be32(f), d, rules, src, rules->stop_first, 0, STOP_BODY_BYTES))
+        return 0;
+    *step = frame_be32(d + 4);
+    *msg = frame_be16(d + 8);
+    return 1;
+}
+
+/* How many bytes at the head of buf (n of them) are whole RATE and STOP frames
+ * from rank `src` (rate_frame, stop_frame), at most max_out frames of which at most
+ * max_stops STOPs; each goes to out, in stream order, and *count says how many.
+ * The first frame that is neither, or that the limits leave, ends the walk. */
+static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlRules *rules,
+                                    unsigned src, ControlFrame *out, size_t max_out,
+                                    size_t max_stops, size_t *count) {
+    size_t at = 0, k = 0, stops = 0;
+    while (k < max_out) {
+        ControlFrame *f = &out[k];
+        if (n - at >= RATE_FRAME_BYTES && rate_frame(buf + at, rules, src, &f->rate)) {
+            f->kind = FRAME_RATE;
+            f->len = RATE_FRAME_BYTES;
+        } else if (stops < max_stops && n - at >= STOP_FRAME_BYTES &&
+                   stop_frame(buf + at, rules, src, &f->step, &f->msg)) {
+            f->kind = FRAME_STOP;
+            f->len = STOP_FRAME_BYTES;
+            stops++;
+        } else {
+            break;
+        }
+        f->at = at;
+        at += f->len;
+        k++;
+    }
+    *count = k;
+    return at;
+}
+
+#endif

@@ -1,0 +1,135 @@
+"""RATE reports and STOPs that the receive loop takes from control connections
+while the I/O thread waits.
+
+A receiver reports each sender's rate in a RATE message every 5 to 20 ms, the
+most frequent control message there is, and each one the I/O thread read in
+Python ended the receive loop's linger and cost a turn (~0.2 ms of CPU) to set a
+few numbers in a pacer of the native engine, which is C. A STOP ends a send, and
+was the sending side's one turn of its own a message. So, where the endpoint
+runs both the native receive path and the native engine and does not
+authenticate, the loop reads them itself wherever the I/O thread waits (the
+receive call's linger and naps, the selector's wait): a watched control
+connection that turns readable has the whole RATE and STOP frames at the head
+of its socket taken, without the GIL, and the wait goes on
+(``dlcp/io/_control_frames.h`` says which frames: exactly the untagged RATEs and
+STOPs ``decode_control`` accepts from the rank the connection's hello named).
+Each RATE goes to its source's pacer. Each STOP stops the engine's round of its
+message at once (rule 10 of ``dlcp/io/_engine.c``: no more of it goes, and no
+FINISH) and is kept for Python, which applies it at the start of its next turn
+as if it had read it then (:meth:`ControlInWaits.stops`), before it reads any
+control connection; a wait ends :data:`STOP_HOLD` after the first STOP kept at
+the latest; while a caller waits for a send's future no STOP is taken, and one
+that begins to wait while STOPs are kept wakes the I/O thread
+(:meth:`ControlInWaits.waiting`). Anything else stays on the
+socket for Python's read and ends the wait, as before.
+
+:class:`ControlInWaits` keeps the table's view in step with the control
+channel's: a connection is watched once its hello named its rank and a message
+on it passed the session's checks (trusted), and only while Python holds no
+partial frame of its stream; it is unwatched before it closes. Each
+destination's pacer is registered as the engine makes it. A session that
+authenticates keeps every control frame in Python: the loop verifies no control
+tag, and must not take an untagged frame where tags are required.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from ..proto.session import Session
+from .control import ControlChannel, Inbound
+from .engine import NativeSender
+from .native_receive import MessageRuns
+
+__all__ = ["STOP_HOLD", "ControlInWaits"]
+
+#: seconds a STOP taken in a wait waits, at most, for Python's next turn to apply
+#: it (a send's future is settled then). Busy, the I/O thread takes a turn well
+#: within that for the data it receives; the STOP's own turn is saved. A caller
+#: that waits for a send does not wait for this (:meth:`ControlInWaits.waiting`).
+STOP_HOLD = 0.002
+
+
+class ControlInWaits:
+    """The control frames one endpoint's receive loop takes itself (module docstring)."""
+
+    __slots__ = ("_runs", "_wake", "wait")
+
+    def __init__(self, runs: MessageRuns, pacer_api: Any, job: int, wake: Callable[[], object]):
+        self._runs = runs
+        self._wake = wake
+        runs.take_rates(pacer_api, job)
+        runs.take_stops(STOP_HOLD)
+        #: the I/O thread's wait for its files (``ReadSelector.wait_with``): the frames
+        #: of a watched connection that turns readable are taken as the linger takes
+        #: them, and the wait goes on if that was all (the table's, in C: no Python
+        #: frame of its own in a call made every turn)
+        self.wait: Callable[[int, int, int], list[int]] = runs.table.wait
+
+    @classmethod
+    def start(
+        cls,
+        runs: MessageRuns | None,
+        sender: NativeSender | None,
+        session: Session,
+        control: ControlChannel,
+        wake: Callable[[], object],
+    ) -> ControlInWaits | None:
+        """Take RATE and STOP frames in the waits of ``runs``' receive loop for
+        ``sender``'s pacers and rounds (each pacer registered as ``sender`` makes
+        it) from ``control``'s inbound connections (each forgotten before
+        ``control`` closes it), where that can be done: None without the native
+        receive path (``runs``), the native engine or its ``PACER_API``, or when
+        ``session`` authenticates. ``wake`` wakes the I/O thread. Before any pacer
+        is made."""
+        authenticates = session.keys is not None or session.config.authenticate
+        if runs is None or sender is None or authenticates or sender.pacer_api is None:
+            return None
+        waits = cls(runs, sender.pacer_api, session.job, wake)
+        sender.pacer_made = waits.pacer
+        control.closing_inbound = waits.forget
+        return waits
+
+    def pacer(self, dst: int, pacer: Any) -> None:
+        """``dst``'s RATE reports go to ``pacer`` (the engine's, for sends to ``dst``),
+        and its STOPs stop that pacer's rounds."""
+        self._runs.rate_pacer(dst, pacer)
+
+    def follow(self, conn: Inbound) -> None:
+        """After Python read inbound connection ``conn`` (still open): watch it if
+        its rank is known, it is trusted and Python holds none of its bytes."""
+        if conn.rank is not None and conn.trusted and not conn.buf:
+            self._runs.watch_control(conn.sock.fileno(), conn.rank)
+        else:
+            self._runs.unwatch_control(conn.sock.fileno())
+
+    def forget(self, fd: int) -> None:
+        """Inbound connection ``fd`` is about to close, or Python reads it now: the
+        loop takes nothing more from it (a wait that is taking some returns first)."""
+        self._runs.unwatch_control(fd)
+
+    def stops(self) -> list[tuple[int, bytes, float]]:
+        """The STOPs taken since the last call, oldest first, for the session:
+        (source rank, control datagram, when it was taken)."""
+        return self._runs.stops()
+
+    def waiting(self, delta: int) -> None:
+        """A caller begins (``delta`` 1) or ends (-1) a wait for a send's future.
+        While any waits, the loop leaves STOPs to Python's turn, which settles the
+        send at once; one that begins while STOPs are kept wakes the I/O thread to
+        apply them now rather than by :data:`STOP_HOLD`."""
+        if self._runs.table.waiting(delta) and delta > 0:
+            with contextlib.suppress(OSError):  # (already awake: its buffer is full; closing)
+                self._wake()
+
+    @property
+    def taken(self) -> int:
+        """RATE reports the loop applied."""
+        return self._runs.rates_taken
+
+    @property
+    def stops_taken(self) -> tuple[int, int]:
+        """STOPs the loop kept for Python, and the engine's rounds they stopped."""
+        return self._runs.stops_taken

@@ -1,0 +1,121 @@
+/*
+ * libFuzzer target: control_frames of dlcp/io/_control_frames.h, which finds the
+ * RATE and STOP frames at the head of a control connection's stream that the
+ * receive loop's waits take themselves (the bytes come from a peer's TCP
+ * connection).
+ *
+ * Input layout (tests/fuzz/make_corpus.py writes seeds in it):
+ *   job       2 bytes: the endpoint's job
+ *   src       2 bytes: the rank the connection's hello named
+ *   max_out   1 byte: the most frames the walk may take (0-255)
+ *   max_stops 1 byte: the most STOPs among them; its top bit set: STOPs are
+ *             Python's (the rules' stop_first is 0)
+ *   stream    the rest: the bytes queued on the connection (a heap block of
+ *             exactly their length)
+ *
+ * Oracle: a reference walk over the same bytes, written field by field from
+ * the frame layout (a 4-byte length, then the control header ">BBHIHHHH" and
+ * RATE's ">QI" body or STOP's ">I"): the bytes taken, the count and every frame
+ * (kind, place, length, report or message) equal its, the frames taken lie
+ * whole and back to back within the stream, and the walk stops at its limits.
+ */
+#include "fuzz_input.h"
+
+#include "../../dlcp/io/_control_frames.h"
+
+#define RATE_FIRST ((1 << 4) | 5) /* version 1, RATE */
+#define STOP_FIRST ((1 << 4) | 2) /* version 1, STOP */
+#define SHARED 0x01
+
+static uint64_t field(const uint8_t *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* The frame at f (left bytes of it in the stream), by the spec's rules for an
+ * untagged RATE or STOP from src of job: its kind and what it says, or 0. */
+static int reference_frame(const uint8_t *f, size_t left, unsigned job, unsigned src,
+                           int stops, ControlFrame *out) {
+    if (left < 20)
+        return 0;
+    uint64_t length = field(f, 4);
+    const uint8_t *d = f + 4;
+    unsigned vt = d[0], flags = d[1];
+    uint64_t hjob = field(d + 2, 2), hsrc = field(d + 10, 2), body = field(d + 12, 2),
+             reserved = field(d + 14, 2);
+    if (hjob != job || hsrc != src || reserved != 0)
+        return 0;
+    if (left >= 32 && length == 28 && vt == RATE_FIRST && (flags | SHARED) == SHARED &&
+        body == 12) {
+        out->kind = FRAME_RATE;
+        out->len = 32;
+        out->rate.bytes_per_s = (double)field(d + 16, 8);
+        out->rate.window = (double)field(d + 24, 4) * 1e-6;
+        out->rate.shared = flags == SHARED;
+        return 1;
+    }
+    if (stops && left >= 24 && length == 20 && vt == STOP_FIRST && flags == 0 && body == 4) {
+        out->kind = FRAME_STOP;
+        out->len = 24;
+        out->step = (uint32_t)field(d + 4, 4);
+        out->msg = (uint32_t)field(d + 8, 2);
+        return 1;
+    }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    FuzzInput in = {data, size};
+    unsigned job = (unsigned)take_uint(&in, 2), src = (unsigned)take_uint(&in, 2);
+    size_t max_out = (size_t)take_uint(&in, 1);
+    unsigned stop_byte = (unsigned)take_uint(&in, 1);
+    int stops_on = !(stop_byte & 0x80);
+    size_t max_stops = stop_byte & 0x7F;
+    size_t n = in.left;
+    uint8_t *stream = exact_alloc(n);
+    take_bytes(&in, stream, n);
+    ControlFrame *got = malloc((max_out + 1) * sizeof *got), *want = malloc(256 * sizeof *want);
+    if (got == NULL || want == NULL)
+        abort();
+    ControlRules rules = {RATE_FIRST, SHARED, (uint16_t)job, stops_on ? STOP_FIRST : 0};
+    size_t count = 0;
+    size_t taken = control_frames(stream, n, &rules, src, got, max_out, max_stops, &count);
+
+    size_t at = 0, k = 0, stops = 0;
+    while (k < max_out &&
+           reference_frame(stream + at, n - at, job, src, stops_on && stops < max_stops,
+                           &want[k])) {
+        want[k].at = at;
+        stops += want[k].kind == FRAME_STOP;
+        at += want[k].len;
+        k++;
+    }
+    if (taken != at || count != k || taken > n || count > max_out || stops > max_stops) {
+        fprintf(stderr, "control_frames took %zu bytes, %zu frames; the reference %zu, %zu\n",
+                taken, count, at, k);
+        abort();
+    }
+    size_t end = 0;
+    for (size_t i = 0; i < count; i++) {
+        const ControlFrame *g = &got[i], *w = &want[i];
+        int same = g->kind == w->kind && g->at == w->at && g->len == w->len && g->at == end;
+        if (same && g->kind == FRAME_RATE)
+            same = g->rate.bytes_per_s == w->rate.bytes_per_s &&
+                   g->rate.window == w->rate.window && g->rate.shared == w->rate.shared;
+        if (same && g->kind == FRAME_STOP)
+            same = g->step == w->step && g->msg == w->msg;
+        if (!same) {
+            fprintf(stderr, "frame %zu differs from the reference\n", i);
+            abort();
+        }
+        end += g->len;
+    }
+    if (end != taken)
+        abort();
+    free(got);
+    free(want);
+    free(stream);
+    return 0;
+}
