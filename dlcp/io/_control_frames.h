@@ -10,9 +10,12 @@
  * native engine's pacer, which is C. A STOP ends a send, and was the sender's
  * one turn a message of its own: the loop stops the engine's round at once
  * (rule 10 of _engine.c: no more of it goes, and no FINISH) and keeps the frame
- * for Python's next turn, which applies it as if it had just read it. So while
- * the loop waits, a control connection that turns readable is looked at here
- * first: the whole RATE and STOP frames at its head are taken from the socket
+ * for Python's next turn, which applies it as if it had just read it. A FINISH
+ * that comes after its message completed here (it crossed the receiver's STOP:
+ * the data alone completed the message, the usual case without loss) is one
+ * Python would read and do nothing with: the loop drops it. So while the loop
+ * waits, a control connection that turns readable is looked at here first: the
+ * whole RATE, STOP and such FINISH frames at its head are taken from the socket
  * (control_frames below says which), and the wait goes on; anything else
  * (another message, a tagged frame, a frame cut short, the connection's end)
  * stays on the socket for Python's read, and ends the wait as before.
@@ -21,9 +24,10 @@
  * §5: dlcp.io.control frames them): a 16-byte header (version and type, flags,
  * job, step, msg, src, body length, reserved: struct ">BBHIHHHH"), then the
  * body: a RATE's 12 bytes (bytes per second, u64; the window, u32
- * microseconds), a STOP's 4 (the elements received, u32). What is taken here is
- * exactly what dlcp.proto.control.decode_control accepts as an untagged RATE or
- * STOP, from the rank the connection's hello named.
+ * microseconds), a STOP's 4 (the elements received, u32), a FINISH's 76 and 4 a
+ * tail chunk (docs/spec.md §5.3). What is taken here is exactly what
+ * dlcp.proto.control.decode_control accepts as an untagged RATE, STOP or FINISH,
+ * from the rank the connection's hello named.
  */
 #ifndef DLCP_CONTROL_FRAMES_H
 #define DLCP_CONTROL_FRAMES_H
@@ -35,19 +39,32 @@
 #define CONTROL_HEADER_BYTES 16
 #define RATE_BODY_BYTES 12
 #define STOP_BODY_BYTES 4
+#define FINISH_BODY_BYTES 76 /* then tail_count x u32 */
+#define FINISH_MAX_TAIL 256
 /* one frame on the wire, length prefix included */
 #define RATE_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + RATE_BODY_BYTES)
 #define STOP_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
 /* a STOP's datagram, as Python's decode_control takes it */
 #define STOP_DATAGRAM_BYTES (CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
+/* the longest FINISH frame (256 tail chunks) */
+#define FINISH_FRAME_MAX \
+    (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + FINISH_BODY_BYTES + 4 * FINISH_MAX_TAIL)
 
 /* What the frames this endpoint takes look like (from Python's wire constants). */
 typedef struct {
-    uint8_t first;       /* a RATE's first byte: (version << 4) | RATE */
+    uint8_t first;       /* a RATE's first byte: (version << 4) | RATE; 0: RATEs are Python's */
     uint8_t shared_flag; /* the one header flag an untagged RATE may carry */
     uint16_t job;
-    uint8_t stop_first; /* a STOP's first byte; 0: every STOP is Python's */
+    uint8_t stop_first;   /* a STOP's first byte; 0: every STOP is Python's */
+    uint8_t finish_first; /* a FINISH's first byte; 0: every FINISH is Python's */
 } ControlRules;
+
+/* Whether a FINISH for message (step, msg) from the walk's source may be taken
+ * (the caller knows which messages ended here: _control_watch.h). */
+typedef struct {
+    int (*taken)(void *ctx, uint32_t step, uint32_t msg);
+    void *ctx;
+} FinishFilter;
 
 /* One report, as the pacer takes it. */
 typedef struct {
@@ -55,14 +72,14 @@ typedef struct {
     int shared;
 } RateReport;
 
-enum { FRAME_RATE = 1, FRAME_STOP = 2 };
+enum { FRAME_RATE = 1, FRAME_STOP = 2, FRAME_FINISH = 3 };
 
 /* One frame taken: where it starts in the walked bytes, how long it is, and what it says. */
 typedef struct {
     int kind;
     size_t at, len;
     RateReport rate;    /* FRAME_RATE */
-    uint32_t step, msg; /* FRAME_STOP: the message it ends */
+    uint32_t step, msg; /* FRAME_STOP, FRAME_FINISH: the message it is about */
 } ControlFrame;
 
 static inline uint16_t frame_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
@@ -86,8 +103,8 @@ static inline int frame_header(uint32_t length, const uint8_t *d, const ControlR
 static inline int rate_frame(const uint8_t *f, const ControlRules *rules, unsigned src,
                              RateReport *out) {
     const uint8_t *d = f + CONTROL_FRAME_PREFIX;
-    if (!frame_header(frame_be32(f), d, rules, src, rules->first, rules->shared_flag,
-                      RATE_BODY_BYTES))
+    if (rules->first == 0 || !frame_header(frame_be32(f), d, rules, src, rules->first,
+                                           rules->shared_flag, RATE_BODY_BYTES))
         return 0;
     const uint8_t *body = d + CONTROL_HEADER_BYTES;
     uint64_t rate = (uint64_t)frame_be32(body) << 32 | frame_be32(body + 4);
@@ -110,13 +127,47 @@ static inline int stop_frame(const uint8_t *f, const ControlRules *rules, unsign
     return 1;
 }
 
-/* How many bytes at the head of buf (n of them) are whole RATE and STOP frames
- * from rank `src` (rate_frame, stop_frame), at most max_out frames of which at most
- * max_stops STOPs; each goes to out, in stream order, and *count says how many.
- * The first frame that is neither, or that the limits leave, ends the walk. */
+/* Whether the `left` bytes at f begin with one FINISH frame from rank `src` that
+ * decode_control accepts untagged (no flag; a tail of at most 256 chunks, each
+ * inside the message; protected_chunks <= total_chunks = the sum of the 16 class
+ * counts) and Inbox.on_finish does not refuse (total_chunks > 0); the message it
+ * is about in *step, *msg and its length in *len if so. */
+static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules *rules,
+                               unsigned src, uint32_t *step, uint32_t *msg, size_t *len) {
+    const uint8_t *d = f + CONTROL_FRAME_PREFIX;
+    if (rules->finish_first == 0 ||
+        left < CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + FINISH_BODY_BYTES)
+        return 0;
+    const uint8_t *body = d + CONTROL_HEADER_BYTES;
+    unsigned tail = frame_be16(body + 2);
+    unsigned body_len = FINISH_BODY_BYTES + 4 * tail;
+    if (tail > FINISH_MAX_TAIL || left < CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + body_len ||
+        !frame_header(frame_be32(f), d, rules, src, rules->finish_first, 0, body_len))
+        return 0;
+    uint32_t total = frame_be32(body + 4), protected_chunks = frame_be32(body + 8);
+    uint64_t classed = 0;
+    for (int i = 0; i < 16; i++)
+        classed += frame_be32(body + 12 + 4 * i);
+    if (total == 0 || protected_chunks > total || classed != total)
+        return 0;
+    for (unsigned i = 0; i < tail; i++)
+        if (frame_be32(body + FINISH_BODY_BYTES + 4 * i) >= total)
+            return 0;
+    *step = frame_be32(d + 4);
+    *msg = frame_be16(d + 8);
+    *len = CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + body_len;
+    return 1;
+}
+
+/* How many bytes at the head of buf (n of them) are whole RATE, STOP and FINISH
+ * frames from rank `src` (rate_frame, stop_frame, finish_frame), at most max_out
+ * frames of which at most max_stops STOPs, and FINISHes only where `finishes` (NULL:
+ * none) takes them; each goes to out, in stream order, and *count says how many.
+ * The first frame that is none of these, or that the limits leave, ends the walk. */
 static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlRules *rules,
                                     unsigned src, ControlFrame *out, size_t max_out,
-                                    size_t max_stops, size_t *count) {
+                                    size_t max_stops, const FinishFilter *finishes,
+                                    size_t *count) {
     size_t at = 0, k = 0, stops = 0;
     while (k < max_out) {
         ControlFrame *f = &out[k];
@@ -128,6 +179,10 @@ static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlR
             f->kind = FRAME_STOP;
             f->len = STOP_FRAME_BYTES;
             stops++;
+        } else if (finishes != NULL &&
+                   finish_frame(buf + at, n - at, rules, src, &f->step, &f->msg, &f->len) &&
+                   finishes->taken(finishes->ctx, f->step, f->msg)) {
+            f->kind = FRAME_FINISH;
         } else {
             break;
         }

@@ -38,6 +38,21 @@
 #define CONTROL_WATCH_FRAMES 32
 /* STOPs the stash holds at most (Python's turn takes them all) */
 #define CONTROL_STASH_STOPS 256
+/* the messages that ended here last, that a FINISH may be dropped for: at most
+ * Python's own memory of ended messages (its completed_memory), which holds them
+ * all then (it forgets the oldest first) */
+#define CONTROL_ENDED_KEYS 256
+/* bytes one look at a connection peeks: 32 frames of RATE's size, or a long FINISH */
+#define CONTROL_WATCH_PEEK 4096
+_Static_assert(CONTROL_WATCH_PEEK >= FINISH_FRAME_MAX, "a look must hold the longest FINISH");
+
+/* A message that ended here (Python says so as it ends: MessageTable.ended). */
+typedef struct {
+    unsigned src;
+    uint32_t step, msg;
+    int64_t at_ns;
+    int completed;
+} EndedKey;
 
 /* A STOP taken, for Python: its datagram as decode_control reads it. */
 typedef struct {
@@ -67,6 +82,13 @@ typedef struct {
      * are Python's, whose turn settles the send at once */
     int waiters;
     int64_t hold_ns, due_ns; /* due_ns: INT64_MAX while the stash is empty */
+    /* the last n_ended of the messages that ended here, a ring (the next at
+     * ended_next); a FINISH for one that completed less than crossed_ns ago is
+     * dropped (0: every FINISH is Python's) */
+    EndedKey ended[CONTROL_ENDED_KEYS];
+    size_t n_ended, ended_next, ended_cap;
+    int64_t crossed_ns;
+    long long finishes_taken;
     /* a read that took fewer bytes than the frames peeked: it cannot happen while
      * the I/O thread is the socket's only reader; if it did, the stream would be
      * cut and Python's read would refuse what follows and close the connection */
@@ -135,18 +157,58 @@ static int control_watch_pacer(ControlWatch *w, unsigned src, PyObject *pacer) {
     return 0;
 }
 
+/* Message (src, step, msg) ended here at at_ns (completed or not): the newest of
+ * the ring, which forgets its oldest beyond ended_cap. */
+static void control_watch_ended(ControlWatch *w, unsigned src, uint32_t step, uint32_t msg,
+                                int64_t at_ns, int completed) {
+    if (w->ended_cap == 0)
+        return;
+    w->ended[w->ended_next] = (EndedKey){src, step, msg, at_ns, completed};
+    w->ended_next = (w->ended_next + 1) % w->ended_cap;
+    if (w->n_ended < w->ended_cap)
+        w->n_ended++;
+}
+
+/* The source whose frames a walk looks at, and when. */
+typedef struct {
+    const ControlWatch *w;
+    unsigned src;
+    int64_t now_ns;
+} CrossedFinishes;
+
+/* FinishFilter's test: the message completed here less than crossed_ns ago, so
+ * Inbox.on_finish would do nothing with its FINISH (a STOP again is its answer
+ * only from half the FINISH timeout on, which crossed_ns is). Newest first. */
+static int finish_crossed(void *ctx, uint32_t step, uint32_t msg) {
+    const CrossedFinishes *c = ctx;
+    const ControlWatch *w = c->w;
+    for (size_t i = 1; i <= w->n_ended; i++) {
+        const EndedKey *e = &w->ended[(w->ended_next + w->ended_cap - i) % w->ended_cap];
+        if (e->src == c->src && e->step == step && e->msg == msg)
+            return e->completed && c->now_ns - e->at_ns < w->crossed_ns;
+    }
+    return 0;
+}
+
 /* LingerAbsorb's absorb, without the GIL: the RATE frames at the head of watched
- * connection fd go to their pacer and its STOPs stop their rounds and go to the
- * stash; 1 if that was all fd had (the wait goes on). */
+ * connection fd go to their pacer, its STOPs stop their rounds and go to the
+ * stash, and the FINISHes that crossed their message's STOP are dropped; 1 if that
+ * was all fd had (the wait goes on). */
 static int control_watch_absorb(void *ctx, int fd) {
     ControlWatch *w = ctx;
     const WatchedConnection *c = NULL;
     for (size_t i = 0; w->api != NULL && i < w->n_conns && c == NULL; i++)
         if (w->conns[i].fd == fd)
             c = &w->conns[i];
-    if (c == NULL || c->src >= w->n_pacers || w->pacers[c->src] == NULL)
+    /* (RATEs and STOPs go to, and stop the rounds of, the pacer of the messages to
+       c->src: without one, they are Python's) */
+    PyObject *pacer = c != NULL && c->src < w->n_pacers ? w->pacers[c->src] : NULL;
+    if (c == NULL || (pacer == NULL && w->crossed_ns == 0))
         return 0;
-    uint8_t buf[CONTROL_WATCH_FRAMES * RATE_FRAME_BYTES];
+    ControlRules rules = w->rules;
+    if (pacer == NULL)
+        rules.first = rules.stop_first = 0;
+    uint8_t buf[CONTROL_WATCH_PEEK];
     ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) /* (its end, an error or nothing after all: Python's read says) */
         return 0;
@@ -154,8 +216,12 @@ static int control_watch_absorb(void *ctx, int fd) {
     size_t count, room = __atomic_load_n(&w->waiters, __ATOMIC_SEQ_CST) > 0
                              ? 0
                              : CONTROL_STASH_STOPS - w->n_stash;
-    size_t take = control_frames(buf, (size_t)n, &w->rules, c->src, frames,
-                                 CONTROL_WATCH_FRAMES, room, &count);
+    int64_t now_ns = linger_clock_ns();
+    CrossedFinishes crossed = {w, c->src, now_ns};
+    FinishFilter finishes = {finish_crossed, &crossed};
+    size_t take = control_frames(buf, (size_t)n, &rules, c->src, frames,
+                                 CONTROL_WATCH_FRAMES, room,
+                                 w->crossed_ns > 0 ? &finishes : NULL, &count);
     if (take == 0)
         return 0;
     ssize_t got = recv(fd, buf, take, MSG_DONTWAIT);
@@ -163,14 +229,16 @@ static int control_watch_absorb(void *ctx, int fd) {
         return 0;
     if ((size_t)got < take)
         w->cut_reads++;
-    int64_t now_ns = linger_clock_ns();
     double now = (double)now_ns * 1e-9;
-    PyObject *pacer = w->pacers[c->src];
     for (size_t i = 0; i < count && frames[i].at + frames[i].len <= (size_t)got; i++) {
         const ControlFrame *f = &frames[i];
         if (f->kind == FRAME_RATE) {
             w->api->feedback(pacer, f->rate.bytes_per_s, f->rate.shared, f->rate.window, now);
             w->rates_taken++;
+            continue;
+        }
+        if (f->kind == FRAME_FINISH) { /* (crossed its STOP: nothing to do) */
+            w->finishes_taken++;
             continue;
         }
         w->rounds_stopped += w->api->stop_round(pacer, f->step, f->msg);

@@ -96,17 +96,20 @@
  *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
  *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
  *   take_rates(pacer_api, job, first, shared_flag), rate_pacer(src, pacer),
- *   take_stops(first, hold_ns), stops(), watch_control(fd, src),
- *   unwatch_control(fd), wait(epfd, timeout_ns, max_events), control_counts():
- *     the RATE reports of watched control connections, handed to the native
- *     engine's pacers (pacer_api: dlcp.io._engine.PACER_API, _pacer_api.h), and
- *     their STOPs, which stop the engine's round and are kept for Python's next
- *     turn (stops()), wherever the I/O thread waits: in receive's linger and
- *     naps, and in wait, its selector's epoll_wait (_control_watch.h; the frames
- *     taken: _control_frames.h).
+ *   take_stops(first, hold_ns), stops(), waiting(delta), take_finishes(first,
+ *   crossed_ns, keys), ended(src, step, msg, completed_at), watch_control(fd,
+ *   src), unwatch_control(fd), wait(epfd, timeout_ns, max_events),
+ *   control_counts(): the RATE reports of watched control connections, handed to
+ *     the native engine's pacers (pacer_api: dlcp.io._engine.PACER_API,
+ *     _pacer_api.h), their STOPs, which stop the engine's round and are kept for
+ *     Python's next turn (stops()), and the FINISHes of messages that completed
+ *     here, dropped, wherever the I/O thread waits: in receive's linger and naps,
+ *     and in wait, its selector's epoll_wait (_control_watch.h; the frames taken:
+ *     _control_frames.h).
  *
- * control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed,
- *   frames): the walk those waits run over a connection's queued bytes, for tests.
+ * control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0)
+ *   -> (consumed, frames): the walk those waits run over a connection's queued
+ *   bytes, for tests.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1184,9 +1187,9 @@ static PyObject *table_control_counts(MessageTableObject *self, PyObject *unused
     table_lock(self);
     const ControlWatch *w = &self->control;
     long long taken = w->rates_taken, cut = w->cut_reads, stops = w->stops_taken,
-              stopped = w->rounds_stopped;
+              stopped = w->rounds_stopped, finishes = w->finishes_taken;
     table_unlock(self);
-    return Py_BuildValue("(LLLL)", taken, cut, stops, stopped);
+    return Py_BuildValue("(LLLLL)", taken, cut, stops, stopped, finishes);
 }
 
 /* take_stops(first, hold_ns): from now on the waits take STOP frames too (first: a
@@ -1208,6 +1211,72 @@ static PyObject *table_take_stops(MessageTableObject *self, PyObject *args) {
     table_lock(self);
     self->control.rules.stop_first = (uint8_t)first;
     self->control.hold_ns = hold_ns;
+    table_unlock(self);
+    Py_RETURN_NONE;
+}
+
+/* absorb(fd) -> bool: the frames at the head of watched connection fd taken as a wait
+ * takes them (control_watch_absorb); whether that was all it had. */
+static PyObject *table_absorb(MessageTableObject *self, PyObject *args) {
+    int fd;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "i:absorb", &fd))
+        return NULL;
+    table_lock(self);
+    int all = control_watch_absorb(&self->control, fd);
+    table_unlock(self);
+    return PyBool_FromLong(all);
+}
+
+/* take_finishes(first, crossed_ns, keys): from now on the waits drop the FINISH frames
+ * of messages that completed here less than crossed_ns ago (first: a FINISH's first
+ * byte; 0: no more), remembering the last `keys` messages that ended (ended()). */
+static PyObject *table_take_finishes(MessageTableObject *self, PyObject *args) {
+    unsigned first;
+    long long crossed_ns;
+    Py_ssize_t keys;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "ILn:take_finishes", &first, &crossed_ns, &keys))
+        return NULL;
+    if (first > 0xFF || crossed_ns < 0 || keys < 1 || keys > CONTROL_ENDED_KEYS) {
+        PyErr_Format(PyExc_ValueError,
+                     "take_finishes: first byte %u, crossed_ns %lld or keys %zd out of range "
+                     "(keys: 1 to %d)",
+                     first, crossed_ns, keys, CONTROL_ENDED_KEYS);
+        return NULL;
+    }
+    if (self->control.api == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "take_finishes: call take_rates first");
+        return NULL;
+    }
+    table_lock(self);
+    ControlWatch *w = &self->control;
+    w->rules.finish_first = (uint8_t)first;
+    w->crossed_ns = first ? crossed_ns : 0;
+    w->ended_cap = (size_t)keys;
+    w->n_ended = w->ended_next = 0;
+    table_unlock(self);
+    Py_RETURN_NONE;
+}
+
+/* ended(src, step, msg, completed_at): message (src, step, msg) ended here, completed
+ * at completed_at on the monotonic clock (None: it ended another way). */
+static PyObject *table_ended(MessageTableObject *self, PyObject *args) {
+    unsigned src;
+    unsigned long step, msg;
+    PyObject *at_obj;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "IkkO:ended", &src, &step, &msg, &at_obj))
+        return NULL;
+    double at = 0;
+    if (at_obj != Py_None && ((at = PyFloat_AsDouble(at_obj)) == -1.0 && PyErr_Occurred()))
+        return NULL;
+    if (src > 0xFFFF || step > 0xFFFFFFFFUL || msg > 0xFFFF || !isfinite(at)) {
+        PyErr_Format(PyExc_ValueError, "ended: rank %u, step %lu, msg %lu or time out of range",
+                     src, step, msg);
+        return NULL;
+    }
+    table_lock(self);
+    control_watch_ended(&self->control, src, (uint32_t)step, (uint32_t)msg,
+                        (int64_t)(at * 1e9), at_obj != Py_None);
     table_unlock(self);
     Py_RETURN_NONE;
 }
@@ -1294,9 +1363,19 @@ static PyMethodDef table_methods[] = {
      "of watched control connections taken as the linger takes them (the wait goes on "
      "while that was all that came)."},
     {"control_counts", (PyCFunction)table_control_counts, METH_NOARGS,
-     "control_counts() -> (rates_taken, cut_reads, stops_taken, rounds_stopped): RATE reports "
-     "the loop handed to pacers, reads that took part of a frame (none expected), STOPs it "
-     "kept for Python and the engine's rounds they stopped."},
+     "control_counts() -> (rates_taken, cut_reads, stops_taken, rounds_stopped, "
+     "finishes_taken): RATE reports the loop handed to pacers, reads that took part of a "
+     "frame (none expected), STOPs it kept for Python, the engine's rounds they stopped, and "
+     "FINISHes it dropped (their message had completed)."},
+    {"absorb", (PyCFunction)table_absorb, METH_VARARGS,
+     "absorb(fd) -> bool: take the frames at the head of watched connection fd as a wait "
+     "takes them; whether that was all it had."},
+    {"take_finishes", (PyCFunction)table_take_finishes, METH_VARARGS,
+     "take_finishes(first, crossed_ns, keys): the waits drop the FINISH frames of messages "
+     "that completed here less than crossed_ns ago, of the last `keys` that ended (ended())."},
+    {"ended", (PyCFunction)table_ended, METH_VARARGS,
+     "ended(src, step, msg, completed_at): a message ended here (completed_at: when it "
+     "completed, on the monotonic clock; None: it did not)."},
     {"take_stops", (PyCFunction)table_take_stops, METH_VARARGS,
      "take_stops(first, hold_ns): the waits take the STOP frames of watched connections too, "
      "stop the engine's round each ends and keep them for stops(); a wait ends at most "
@@ -1362,25 +1441,32 @@ static PyObject *recv_now(PyObject *self, PyObject *args) {
     return now_answer(got, err, 1);
 }
 
-/* control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed, frames):
- * the frames at the head of a control stream that the waits would take
- * (_control_frames.h), at most CONTROL_WATCH_FRAMES of them, each ("rate",
- * bytes_per_s, window, shared) or ("stop", step, msg); for tests. */
+static int every_finish(void *ctx, uint32_t step, uint32_t msg) {
+    (void)ctx, (void)step, (void)msg;
+    return 1;
+}
+
+/* control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0) ->
+ * (consumed, frames): the frames at the head of a control stream that the waits would
+ * take (_control_frames.h; a valid FINISH as if its message had completed), at most
+ * CONTROL_WATCH_FRAMES of them, each ("rate", bytes_per_s, window, shared), ("stop",
+ * step, msg) or ("finish", step, msg); for tests. */
 static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
     (void)mod;
     Py_buffer data;
-    unsigned job, first, shared_flag, src, stop_first = 0;
-    if (!PyArg_ParseTuple(args, "y*IIII|I:control_frames", &data, &job, &first, &shared_flag,
-                          &src, &stop_first))
+    unsigned job, first, shared_flag, src, stop_first = 0, finish_first = 0;
+    if (!PyArg_ParseTuple(args, "y*IIII|II:control_frames", &data, &job, &first, &shared_flag,
+                          &src, &stop_first, &finish_first))
         return NULL;
     ControlRules rules = {(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
-                          (uint8_t)stop_first};
+                          (uint8_t)stop_first, (uint8_t)finish_first};
+    FinishFilter finishes = {every_finish, NULL};
     ControlFrame frames[CONTROL_WATCH_FRAMES];
     size_t count = 0, consumed = 0;
     if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF &&
-        stop_first <= 0xFF)
+        stop_first <= 0xFF && finish_first <= 0xFF)
         consumed = control_frames(data.buf, (size_t)data.len, &rules, src, frames,
-                                  CONTROL_WATCH_FRAMES, CONTROL_WATCH_FRAMES, &count);
+                                  CONTROL_WATCH_FRAMES, CONTROL_WATCH_FRAMES, &finishes, &count);
     PyBuffer_Release(&data);
     PyObject *list = PyList_New((Py_ssize_t)count);
     for (size_t i = 0; list != NULL && i < count; i++) {
@@ -1388,7 +1474,8 @@ static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
         PyObject *item = f->kind == FRAME_RATE
                              ? Py_BuildValue("(sddO)", "rate", f->rate.bytes_per_s,
                                              f->rate.window, f->rate.shared ? Py_True : Py_False)
-                             : Py_BuildValue("(sII)", "stop", f->step, f->msg);
+                             : Py_BuildValue("(sII)", f->kind == FRAME_STOP ? "stop" : "finish",
+                                             f->step, f->msg);
         if (item == NULL)
             Py_CLEAR(list);
         else
@@ -1401,10 +1488,11 @@ static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"control_frames", control_frames_py, METH_VARARGS,
-     "control_frames(data, job, first, shared_flag, src, stop_first=0) -> (consumed, frames): "
-     "the RATE and STOP frames at the head of a control stream that the receive loop's waits "
-     "take themselves (dlcp/io/_control_frames.h), as (\"rate\", bytes_per_s, window, shared) "
-     "or (\"stop\", step, msg); for tests."},
+     "control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0) -> "
+     "(consumed, frames): the RATE, STOP and FINISH frames at the head of a control stream "
+     "that the receive loop's waits take themselves (dlcp/io/_control_frames.h; a FINISH as "
+     "if its message had completed), as (\"rate\", bytes_per_s, window, shared), (\"stop\", "
+     "step, msg) or (\"finish\", step, msg); for tests."},
     {"send_now", send_now, METH_VARARGS,
      "send_now(fd, data) -> sent: one non-blocking send on a stream socket, holding the "
      "GIL; 0 where it would block (see the module source)."},

@@ -245,7 +245,7 @@ class ControlChannel:
         self._ends: selectors.BaseSelector | None = None
         self._read_buf = bytearray(1 << 18)
         #: told the descriptor of each inbound connection before it is closed (the
-        #: receive loop may read RATE frames from it: dlcp.io.linger_rates)
+        #: receive loop may read control frames from it: dlcp.io.control_in_waits)
         self.closing_inbound: Callable[[int], None] | None = None
         #: who else writes on the outbound connections, if anyone: each is adopted
         #: once its hello went, written through it, released before it closes

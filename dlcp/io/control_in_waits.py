@@ -1,5 +1,5 @@
-"""RATE reports and STOPs that the receive loop takes from control connections
-while the I/O thread waits.
+"""RATE reports, STOPs and crossed FINISHes that the receive loop takes from
+control connections while the I/O thread waits.
 
 A receiver reports each sender's rate in a RATE message every 5 to 20 ms, the
 most frequent control message there is, and each one the I/O thread read in
@@ -20,8 +20,12 @@ as if it had read it then (:meth:`ControlInWaits.stops`), before it reads any
 control connection; a wait ends :data:`STOP_HOLD` after the first STOP kept at
 the latest; while a caller waits for a send's future no STOP is taken, and one
 that begins to wait while STOPs are kept wakes the I/O thread
-(:meth:`ControlInWaits.waiting`). Anything else stays on the
-socket for Python's read and ends the wait, as before.
+(:meth:`ControlInWaits.waiting`). A FINISH whose message completed here less
+than half the FINISH timeout ago (it crossed the receiver's STOP: without loss,
+the data alone completes a message before its FINISH comes) is one the inbox
+would read and do nothing with: the loop drops it, knowing the messages that
+ended here last (:data:`ENDED_KEYS`; the inbox tells it of each). Anything else
+stays on the socket for Python's read and ends the wait, as before.
 
 :class:`ControlInWaits` keeps the table's view in step with the control
 channel's: a connection is watched once its hello named its rank and a message
@@ -43,13 +47,16 @@ from .control import ControlChannel, Inbound
 from .engine import NativeSender
 from .native_receive import MessageRuns
 
-__all__ = ["STOP_HOLD", "ControlInWaits"]
+__all__ = ["ENDED_KEYS", "STOP_HOLD", "ControlInWaits"]
 
 #: seconds a STOP taken in a wait waits, at most, for Python's next turn to apply
 #: it (a send's future is settled then). Busy, the I/O thread takes a turn well
 #: within that for the data it receives; the STOP's own turn is saved. A caller
 #: that waits for a send does not wait for this (:meth:`ControlInWaits.waiting`).
 STOP_HOLD = 0.002
+#: the messages that ended here last, that the loop knows of to drop a FINISH for
+#: (the C table's ring; at most the session's own memory, ``completed_memory``)
+ENDED_KEYS = 256
 
 
 class ControlInWaits:
@@ -57,11 +64,22 @@ class ControlInWaits:
 
     __slots__ = ("_runs", "_wake", "wait")
 
-    def __init__(self, runs: MessageRuns, pacer_api: Any, job: int, wake: Callable[[], object]):
+    def __init__(
+        self,
+        runs: MessageRuns,
+        pacer_api: Any,
+        job: int,
+        wake: Callable[[], object],
+        *,
+        finish_timeout: float = 0.0,
+        completed_memory: int = 1,
+    ) -> None:
         self._runs = runs
         self._wake = wake
         runs.take_rates(pacer_api, job)
         runs.take_stops(STOP_HOLD)
+        if finish_timeout > 0:  # (the inbox answers such a FINISH only from then on)
+            runs.take_finishes(finish_timeout / 2, min(ENDED_KEYS, completed_memory))
         #: the I/O thread's wait for its files (``ReadSelector.wait_with``): the frames
         #: of a watched connection that turns readable are taken as the linger takes
         #: them, and the wait goes on if that was all (the table's, in C: no Python
@@ -87,7 +105,10 @@ class ControlInWaits:
         authenticates = session.keys is not None or session.config.authenticate
         if runs is None or sender is None or authenticates or sender.pacer_api is None:
             return None
-        waits = cls(runs, sender.pacer_api, session.job, wake)
+        config = session.config
+        waits = cls(runs, sender.pacer_api, session.job, wake,
+                    finish_timeout=config.finish_timeout,
+                    completed_memory=config.completed_memory)  # fmt: skip
         sender.pacer_made = waits.pacer
         control.closing_inbound = waits.forget
         return waits
@@ -110,6 +131,11 @@ class ControlInWaits:
         loop takes nothing more from it (a wait that is taking some returns first)."""
         self._runs.unwatch_control(fd)
 
+    def absorb(self, fd: int) -> bool:
+        """Take the frames at the head of watched connection ``fd`` as a wait would;
+        whether that was all it had."""
+        return bool(self._runs.table.absorb(fd))
+
     def stops(self) -> list[tuple[int, bytes, float]]:
         """The STOPs taken since the last call, oldest first, for the session:
         (source rank, control datagram, when it was taken)."""
@@ -128,6 +154,11 @@ class ControlInWaits:
     def taken(self) -> int:
         """RATE reports the loop applied."""
         return self._runs.rates_taken
+
+    @property
+    def finishes_taken(self) -> int:
+        """FINISHes the loop dropped: their message had completed here."""
+        return self._runs.finishes_taken
 
     @property
     def stops_taken(self) -> tuple[int, int]:

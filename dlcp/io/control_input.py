@@ -83,6 +83,17 @@ class ControlInput:
         # (a stale message proves nothing: a replay of an old one is stale)
         return stats.stale_control == stale
 
+    def _absorbed(self, sock: Any) -> bool:
+        """Whether the frames ready on inbound connection ``sock`` were all ones the
+        receive loop's waits take (:mod:`dlcp.io.control_in_waits`), taken now: the
+        data read earlier in this turn may have completed the message a FINISH
+        waiting behind it is about. The STOPs it kept are applied at once."""
+        if self._in_waits is None:
+            return False
+        taken = self._in_waits.absorb(sock.fileno())
+        self._stops_taken()
+        return taken
+
     def _stops_taken(self) -> None:
         """The STOPs the receive loop's waits took since the last turn, applied at
         the time each was taken, before any control connection is read (a frame

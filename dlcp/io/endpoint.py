@@ -412,6 +412,8 @@ class Endpoint(IOLoop):
                     # rounds they stopped at once
                     "control_stops_native": waits.stops_taken[0] if waits is not None else 0,
                     "engine_rounds_stopped": waits.stops_taken[1] if waits is not None else 0,
+                    # FINISHes it dropped: they came after their message completed
+                    "control_finishes_native": waits.finishes_taken if waits is not None else 0,
                     **engine,
                 }
             )

@@ -158,7 +158,7 @@ class NativeSender:
             threads=threads, queue_limit=queue_limit, control_timeout=control_timeout,
         )
         self._pacers: dict[int, Any] = {}
-        #: told each pacer as it is made, with its destination (dlcp.io.linger_rates)
+        #: told each pacer as it is made, with its destination (dlcp.io.control_in_waits)
         self.pacer_made: Callable[[int, Any], None] | None = None
         self._routed: dict[int, tuple[str, int]] = {}
         #: the rounds handed over with their FINISH and not reaped yet, and when

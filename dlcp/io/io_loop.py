@@ -408,7 +408,7 @@ class IOLoop(ControlInput):
                 # watching it for a while instead of spinning (turns resume it)
                 sel.unregister(sock)
                 self._accept_resume = now + _ACCEPT_PAUSE
-        else:
+        elif not self._absorbed(sock):
             self._read_control(sel, sock)
 
     def _rounds_sent(self, now: float | None = None) -> None:

@@ -148,6 +148,18 @@ class MessageRuns:
         kept, so that Python applies it by then."""
         self.table.take_stops((VERSION << 4) | PacketType.STOP, round(hold * 1e9))
 
+    def take_finishes(self, crossed: float, keys: int) -> None:
+        """From now on (after :meth:`take_rates`) the waits drop the untagged FINISH
+        frames at the head of a watched connection whose message completed here
+        less than ``crossed`` seconds ago (the inbox answers such a FINISH with
+        nothing: it crossed the STOP), of the last ``keys`` messages that ended
+        (:meth:`ended`; at most what the inbox remembers)."""
+        first = (VERSION << 4) | PacketType.FINISH
+        self.table.take_finishes(first, round(crossed * 1e9), keys)
+
+    def ended(self, key: Key, completed_at: float | None) -> None:
+        self.table.ended(*key, completed_at)
+
     def stops(self) -> list[tuple[int, bytes, float]]:
         """The STOPs kept since the last call, oldest first: (source rank, the
         control datagram, when it was taken on the monotonic clock)."""
@@ -172,6 +184,11 @@ class MessageRuns:
     def rates_taken(self) -> int:
         """RATE reports the loop handed to pacers itself."""
         return int(self.table.control_counts()[0])
+
+    @property
+    def finishes_taken(self) -> int:
+        """FINISHes the loop dropped (their message had completed here)."""
+        return int(self.table.control_counts()[4])
 
     @property
     def stops_taken(self) -> tuple[int, int]:

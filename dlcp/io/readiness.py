@@ -112,7 +112,7 @@ class ReadSelector(selectors.BaseSelector):
         """From now on :meth:`select` waits through ``wait(epoll descriptor,
         timeout in nanoseconds or -1, event limit)``, which returns the ready
         descriptors as ``epoll.poll`` would (the native receive table's, which
-        handles some control frames itself: :mod:`dlcp.io.linger_rates`)."""
+        handles some control frames itself: :mod:`dlcp.io.control_in_waits`)."""
         self._wait = wait
 
     def fileno(self) -> int:

@@ -421,6 +421,8 @@ class Inbox(ReceivePaths[_Incoming]):
 
     def _remember(self, key: Key, ended: Ended) -> None:
         self._ended[key] = ended
+        if self._native is not None:  # (its waits may drop a FINISH that crossed the STOP)
+            self._native.ended(key, ended.at if ended.outcome is _COMPLETED else None)
         while len(self._ended) > self.config.completed_memory:
             self._ended.popitem(last=False)
 

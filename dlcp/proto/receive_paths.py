@@ -104,6 +104,11 @@ class NativeRuns(Protocol):
     def unregister(self, key: Key) -> None:
         """It ended: nothing more is written to its buffers."""
 
+    def ended(self, key: Key, completed_at: float | None) -> None:
+        """Message ``key`` ended here (``completed_at``: when it completed; None:
+        another way), registered or not, as the inbox remembers it: a FINISH that
+        comes after its completion (it crossed the STOP) may be dropped unread."""
+
 
 class ReceivePaths(SessionSide, Generic[MessageT]):
     """The three receive paths, over an admission pipeline a subclass provides."""

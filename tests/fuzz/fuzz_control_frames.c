@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: control_frames of dlcp/io/_control_frames.h, which finds the
- * RATE and STOP frames at the head of a control connection's stream that the
- * receive loop's waits take themselves (the bytes come from a peer's TCP
+ * RATE, STOP and FINISH frames at the head of a control connection's stream that
+ * the receive loop's waits take themselves (the bytes come from a peer's TCP
  * connection).
  *
  * Input layout (tests/fuzz/make_corpus.py writes seeds in it):
@@ -10,13 +10,17 @@
  *   max_out   1 byte: the most frames the walk may take (0-255)
  *   max_stops 1 byte: the most STOPs among them; its top bit set: STOPs are
  *             Python's (the rules' stop_first is 0)
+ *   finishes  1 byte: 0 FINISHes are Python's (no filter), 1 every valid one is
+ *             taken, 2 those whose step + msg is odd (the filter says which
+ *             messages completed), anything else: finish_first 0 with a filter
  *   stream    the rest: the bytes queued on the connection (a heap block of
  *             exactly their length)
  *
  * Oracle: a reference walk over the same bytes, written field by field from
  * the frame layout (a 4-byte length, then the control header ">BBHIHHHH" and
- * RATE's ">QI" body or STOP's ">I"): the bytes taken, the count and every frame
- * (kind, place, length, report or message) equal its, the frames taken lie
+ * RATE's ">QI" body, STOP's ">I", or FINISH's ">HHII16I" and its tail of u32
+ * chunks, with the spec's rules for each): the bytes taken, the count and every
+ * frame (kind, place, length, report or message) equal its, the frames taken lie
  * whole and back to back within the stream, and the walk stops at its limits.
  */
 #include "fuzz_input.h"
@@ -25,6 +29,17 @@
 
 #define RATE_FIRST ((1 << 4) | 5) /* version 1, RATE */
 #define STOP_FIRST ((1 << 4) | 2) /* version 1, STOP */
+#define FINISH_FIRST ((1 << 4) | 3) /* version 1, FINISH */
+
+static int odd_message(void *ctx, uint32_t step, uint32_t msg) {
+    (void)ctx;
+    return (step + msg) & 1;
+}
+
+static int every_message(void *ctx, uint32_t step, uint32_t msg) {
+    (void)ctx, (void)step, (void)msg;
+    return 1;
+}
 #define SHARED 0x01
 
 static uint64_t field(const uint8_t *p, int bytes) {
@@ -37,7 +52,7 @@ static uint64_t field(const uint8_t *p, int bytes) {
 /* The frame at f (left bytes of it in the stream), by the spec's rules for an
  * untagged RATE or STOP from src of job: its kind and what it says, or 0. */
 static int reference_frame(const uint8_t *f, size_t left, unsigned job, unsigned src,
-                           int stops, ControlFrame *out) {
+                           int stops, int finishes, ControlFrame *out) {
     if (left < 20)
         return 0;
     uint64_t length = field(f, 4);
@@ -63,6 +78,24 @@ static int reference_frame(const uint8_t *f, size_t left, unsigned job, unsigned
         out->msg = (uint32_t)field(d + 8, 2);
         return 1;
     }
+    if (finishes && left >= 96 && vt == FINISH_FIRST && flags == 0) {
+        const uint8_t *b = d + 16;
+        uint64_t tail = field(b + 2, 2), total = field(b + 4, 4), protected_chunks = field(b + 8, 4);
+        uint64_t sum = 0;
+        for (int i = 0; i < 16; i++)
+            sum += field(b + 12 + 4 * i, 4);
+        if (tail > 256 || body != 76 + 4 * tail || length != 16 + body || left < 4 + length ||
+            total == 0 || protected_chunks > total || sum != total)
+            return 0;
+        for (uint64_t i = 0; i < tail; i++)
+            if (field(b + 76 + 4 * i, 4) >= total)
+                return 0;
+        out->kind = FRAME_FINISH;
+        out->len = (size_t)(4 + length);
+        out->step = (uint32_t)field(d + 4, 4);
+        out->msg = (uint32_t)field(d + 8, 2);
+        return finishes == 1 || ((out->step + out->msg) & 1);
+    }
     return 0;
 }
 
@@ -73,20 +106,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned stop_byte = (unsigned)take_uint(&in, 1);
     int stops_on = !(stop_byte & 0x80);
     size_t max_stops = stop_byte & 0x7F;
+    unsigned finish_mode = (unsigned)take_uint(&in, 1);
+    /* (the reference's: 0 none, 1 every valid one, 2 the odd ones) */
+    int finishes = finish_mode <= 2 ? (int)finish_mode : 0;
     size_t n = in.left;
     uint8_t *stream = exact_alloc(n);
     take_bytes(&in, stream, n);
     ControlFrame *got = malloc((max_out + 1) * sizeof *got), *want = malloc(256 * sizeof *want);
     if (got == NULL || want == NULL)
         abort();
-    ControlRules rules = {RATE_FIRST, SHARED, (uint16_t)job, stops_on ? STOP_FIRST : 0};
+    ControlRules rules = {RATE_FIRST, SHARED, (uint16_t)job, stops_on ? STOP_FIRST : 0,
+                          finish_mode <= 2 ? FINISH_FIRST : 0};
+    FinishFilter filter = {finish_mode == 2 ? odd_message : every_message, NULL};
     size_t count = 0;
-    size_t taken = control_frames(stream, n, &rules, src, got, max_out, max_stops, &count);
+    size_t taken = control_frames(stream, n, &rules, src, got, max_out, max_stops,
+                                  finish_mode == 0 ? NULL : &filter, &count);
 
     size_t at = 0, k = 0, stops = 0;
     while (k < max_out &&
            reference_frame(stream + at, n - at, job, src, stops_on && stops < max_stops,
-                           &want[k])) {
+                           finishes, &want[k])) {
         want[k].at = at;
         stops += want[k].kind == FRAME_STOP;
         at += want[k].len;
@@ -104,7 +143,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (same && g->kind == FRAME_RATE)
             same = g->rate.bytes_per_s == w->rate.bytes_per_s &&
                    g->rate.window == w->rate.window && g->rate.shared == w->rate.shared;
-        if (same && g->kind == FRAME_STOP)
+        if (same && g->kind != FRAME_RATE)
             same = g->step == w->step && g->msg == w->msg;
         if (!same) {
             fprintf(stderr, "frame %zu differs from the reference\n", i);

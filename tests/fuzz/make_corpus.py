@@ -21,9 +21,9 @@ describes at the top of its source:
   once untagged and once tagged (AUTH and a trailer the harness's stand-in tag
   check accepts).
 * ``control_frames``: the control vectors as a stream of frames, for the job and
-  source of each RATE and STOP among them, with STOPs taken (up to 32 or 2) and
-  not: each vector alone, all of them in order, and each RATE or STOP repeated
-  behind itself, whole and cut short.
+  source of each RATE, STOP and FINISH among them, with STOPs taken (up to 32 or
+  2) and not, and every FINISH, some or none taken: each vector alone, all of them
+  in order, and each repeated behind itself, whole and cut short.
 
 The golden vectors and the layouts come from the repository (``dlcp.proto``),
 so the seeds follow any change of the wire format.
@@ -219,17 +219,18 @@ def take_seed(h: dict, records: list[bytes], chunk_elems: int, msg_elems: int, i
 
 def control_frames_seeds(control: list[dict]) -> list[bytes]:
     """control_frames' inputs (fuzz_control_frames.c): job, source, frame limit,
-    STOP limit (top bit: STOPs off), then a stream of length-prefixed control
-    datagrams."""
+    STOP limit (top bit: STOPs off), which FINISHes are taken, then a stream of
+    length-prefixed control datagrams."""
     frames = [struct.pack(">I", len(d)) + d for d in (bytes.fromhex(v["hex"]) for v in control)]
     seeds = []
     for vector in control:
-        if vector["type"] not in ("RATE", "STOP"):
+        if vector["type"] not in ("RATE", "STOP", "FINISH"):
             continue
         datagram = bytes.fromhex(vector["hex"])
         frame = struct.pack(">I", len(datagram)) + datagram
-        for stops in (32, 2, 0x80):
-            head = struct.pack(">HHBB", vector["job"], vector["fields"]["src"], 32, stops)
+        for stops, finishes in ((32, 1), (2, 2), (0x80, 0), (32, 3)):
+            head = struct.pack(">HHBBB", vector["job"], vector["fields"]["src"], 32, stops,
+                               finishes)  # fmt: skip
             seeds += [head + b"".join(frames), head + frame * 5, head + frame * 3 + frame[:17]]
             seeds += [head + f for f in frames]
     return seeds

@@ -1,14 +1,15 @@
-"""STOPs taken in the receive loop's waits against STOPs read by Python, in
-alternate calls of one job (the 25 MB ring all-reduce, 4 ranks, ``p = 0.05``):
-the process CPU of every thread per call, summed over the ranks, and rank 0's
-median wall time per call. Between calls every rank switches its table's STOP
-taking on (``take_stops(STOP first byte, hold)``, as ``dlcp.io.control_in_waits``
-does) or off (``take_stops(0, hold)``: every STOP is Python's, as before).
+"""STOPs (or crossed FINISHes) taken in the receive loop's waits against read by
+Python, in alternate calls of one job (the 25 MB ring all-reduce, 4 ranks,
+``p = 0.05``): the process CPU of every thread per call, summed over the ranks,
+and rank 0's median wall time per call. Between calls every rank switches its
+table's taking of that frame on (``take_stops(STOP first byte, hold)``,
+``take_finishes(FINISH first byte, window, keys)``, as ``dlcp.io.control_in_waits``
+does) or off (a first byte of 0: every such frame is Python's, as before).
 
-Run under dlcp.launch, 4 ranks on the loopback:
+Run under dlcp.launch, 4 ranks on the loopback (``stops``, ``finishes`` or ``both``):
 
     python -c "import sys; from dlcp.launch import launch; launch([sys.executable,
-        'ab_calls.py', '100', '6250000', '0.05'], 4, timeout=900)"
+        'ab_calls.py', '100', '6250000', '0.05', 'stops'], 4, timeout=900)"
 """
 
 import sys
@@ -20,11 +21,11 @@ import torch.distributed as dist
 
 from dlcp.collectives import Communicator
 from dlcp.collectives.ring import ring_allreduce
-from dlcp.io.control_in_waits import STOP_HOLD
+from dlcp.io.control_in_waits import ENDED_KEYS, STOP_HOLD
 from dlcp.proto.wire import VERSION, PacketType
 from dlcp.rendezvous import connect
 
-iters, n, p = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+iters, n, p, what = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 data = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
@@ -34,7 +35,15 @@ segments = [(0, n // 2, 0), (n // 2, n - n // 2, 1)]
 waits = endpoint._in_waits
 assert waits is not None, "this endpoint takes no control frames in its waits"
 table = waits._runs.table
-first = (VERSION << 4) | PacketType.STOP
+window = round(endpoint._session.config.finish_timeout / 2 * 1e9)
+
+
+def switch(on: bool) -> None:
+    if what in ("stops", "both"):
+        table.take_stops(((VERSION << 4) | PacketType.STOP) if on else 0, round(STOP_HOLD * 1e9))
+    if what in ("finishes", "both"):
+        table.take_finishes(((VERSION << 4) | PacketType.FINISH) if on else 0, window, ENDED_KEYS)
+
 
 
 def call() -> None:
@@ -48,7 +57,7 @@ cpu: dict[str, list[float]] = {m: [] for m in modes}
 wall: dict[str, list[float]] = {m: [] for m in modes}
 for i in range(iters):
     mode = modes[i % 2]
-    table.take_stops(first if mode == "waits" else 0, round(STOP_HOLD * 1e9))
+    switch(mode == "waits")
     dist.barrier()
     c0, w0 = time.process_time(), time.perf_counter()
     call()
@@ -61,10 +70,10 @@ stats = endpoint.stats()
 if rank == 0:
     k = iters // 2
     print(
-        f"ring: CPU ms per call (4 ranks): STOPs read by Python {t[0] / k * 1e3:.1f}, "
+        f"ring, {what}: CPU ms per call (4 ranks): read by Python {t[0] / k * 1e3:.1f}, "
         f"taken in the waits {t[1] / k * 1e3:.1f}, ratio {t[1] / t[0]:.3f}; rank 0 median "
         f"wall ms: {np.median(wall['python']) * 1e3:.1f} / {np.median(wall['waits']) * 1e3:.1f}; "
         f"rank 0 STOPs taken {stats['control_stops_native']}, rounds stopped "
-        f"{stats['engine_rounds_stopped']}"
+        f"{stats['engine_rounds_stopped']}, FINISHes dropped {stats['control_finishes_native']}"
     )
 endpoint.close()
