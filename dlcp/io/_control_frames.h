@@ -161,9 +161,10 @@ static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules
 
 /* How many bytes at the head of buf (n of them) are whole RATE, STOP and FINISH
  * frames from rank `src` (rate_frame, stop_frame, finish_frame), at most max_out
- * frames of which at most max_stops STOPs, and FINISHes only where `finishes` (NULL:
- * none) takes them; each goes to out, in stream order, and *count says how many.
- * The first frame that is none of these, or that the limits leave, ends the walk. */
+ * frames of which at most max_stops STOPs, no RATE behind a STOP, and FINISHes only
+ * where `finishes` (NULL: none) takes them; each goes to out, in stream order, and
+ * *count says how many. The first frame that is none of these, or that the limits
+ * leave, ends the walk. */
 static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlRules *rules,
                                     unsigned src, ControlFrame *out, size_t max_out,
                                     size_t max_stops, const FinishFilter *finishes,
@@ -171,7 +172,10 @@ static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlR
     size_t at = 0, k = 0, stops = 0;
     while (k < max_out) {
         ControlFrame *f = &out[k];
-        if (n - at >= RATE_FRAME_BYTES && rate_frame(buf + at, rules, src, &f->rate)) {
+        /* (a RATE behind a STOP taken would reach the pacer before the STOP, which
+           Python applies later: it is left to Python, after the STOP) */
+        if (stops == 0 && n - at >= RATE_FRAME_BYTES &&
+            rate_frame(buf + at, rules, src, &f->rate)) {
             f->kind = FRAME_RATE;
             f->len = RATE_FRAME_BYTES;
         } else if (stops < max_stops && n - at >= STOP_FRAME_BYTES &&

@@ -208,6 +208,9 @@ static int control_watch_absorb(void *ctx, int fd) {
     ControlRules rules = w->rules;
     if (pacer == NULL)
         rules.first = rules.stop_first = 0;
+    for (size_t i = 0; i < w->n_stash && rules.first != 0; i++)
+        if (w->stash[i].src == c->src) /* (its RATEs wait behind its STOP: the walk's rule) */
+            rules.first = 0;
     uint8_t buf[CONTROL_WATCH_PEEK];
     ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) /* (its end, an error or nothing after all: Python's read says) */

@@ -1058,7 +1058,8 @@ static PyObject *table_take_rates(MessageTableObject *self, PyObject *args) {
     Py_XSETREF(self->control.api_owner, capsule);
     self->control.api = api;
     self->control.rules = (ControlRules){(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
-                                         self->control.rules.stop_first};
+                                         self->control.rules.stop_first,
+                                         self->control.rules.finish_first};
     table_unlock(self);
     Py_RETURN_NONE;
 }
@@ -1192,6 +1193,9 @@ static PyObject *table_control_counts(MessageTableObject *self, PyObject *unused
     return Py_BuildValue("(LLLLL)", taken, cut, stops, stopped, finishes);
 }
 
+/* the longest hold or crossing window a table takes (an hour, in nanoseconds) */
+#define MAX_WAIT_NS (3600LL * 1000000000LL)
+
 /* take_stops(first, hold_ns): from now on the waits take STOP frames too (first: a
  * STOP's first byte; 0: no more), each kept for Python's turn at most hold_ns. */
 static PyObject *table_take_stops(MessageTableObject *self, PyObject *args) {
@@ -1199,7 +1203,7 @@ static PyObject *table_take_stops(MessageTableObject *self, PyObject *args) {
     long long hold_ns;
     if (!table_ready(self) || !PyArg_ParseTuple(args, "IL:take_stops", &first, &hold_ns))
         return NULL;
-    if (first > 0xFF || hold_ns < 0) {
+    if (first > 0xFF || hold_ns < 0 || hold_ns > MAX_WAIT_NS) {
         PyErr_Format(PyExc_ValueError, "take_stops: first byte %u or hold_ns %lld out of range",
                      first, hold_ns);
         return NULL;
@@ -1237,7 +1241,8 @@ static PyObject *table_take_finishes(MessageTableObject *self, PyObject *args) {
     if (!table_ready(self) ||
         !PyArg_ParseTuple(args, "ILn:take_finishes", &first, &crossed_ns, &keys))
         return NULL;
-    if (first > 0xFF || crossed_ns < 0 || keys < 1 || keys > CONTROL_ENDED_KEYS) {
+    if (first > 0xFF || crossed_ns < 0 || crossed_ns > MAX_WAIT_NS || keys < 1 ||
+        keys > CONTROL_ENDED_KEYS) {
         PyErr_Format(PyExc_ValueError,
                      "take_finishes: first byte %u, crossed_ns %lld or keys %zd out of range "
                      "(keys: 1 to %d)",
@@ -1269,7 +1274,7 @@ static PyObject *table_ended(MessageTableObject *self, PyObject *args) {
     double at = 0;
     if (at_obj != Py_None && ((at = PyFloat_AsDouble(at_obj)) == -1.0 && PyErr_Occurred()))
         return NULL;
-    if (src > 0xFFFF || step > 0xFFFFFFFFUL || msg > 0xFFFF || !isfinite(at)) {
+    if (src > 0xFFFF || step > 0xFFFFFFFFUL || msg > 0xFFFF || !(fabs(at) < 1e9)) {
         PyErr_Format(PyExc_ValueError, "ended: rank %u, step %lu, msg %lu or time out of range",
                      src, step, msg);
         return NULL;
@@ -1307,8 +1312,6 @@ static PyObject *table_stops(MessageTableObject *self, PyObject *unused) {
     size_t n = w->n_stash;
     if (n > 0)
         memcpy(kept, w->stash, n * sizeof *kept);
-    w->n_stash = 0;
-    __atomic_store_n(&w->due_ns, INT64_MAX, __ATOMIC_RELAXED);
     table_unlock(self);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list != NULL && i < n; i++) {
@@ -1320,6 +1323,14 @@ static PyObject *table_stops(MessageTableObject *self, PyObject *unused) {
         else
             PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
+    if (list == NULL || n == 0) /* (kept for the next call: their rounds are stopped) */
+        return list;
+    table_lock(self); /* (a wait may have kept more meanwhile: they stay, in order) */
+    memmove(w->stash, w->stash + n, (w->n_stash - n) * sizeof *w->stash);
+    w->n_stash -= n;
+    int64_t due = w->n_stash ? w->stash[0].t_ns + w->hold_ns : INT64_MAX;
+    __atomic_store_n(&w->due_ns, due, __ATOMIC_RELAXED);
+    table_unlock(self);
     return list;
 }
 

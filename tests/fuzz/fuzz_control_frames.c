@@ -19,7 +19,8 @@
  * Oracle: a reference walk over the same bytes, written field by field from
  * the frame layout (a 4-byte length, then the control header ">BBHIHHHH" and
  * RATE's ">QI" body, STOP's ">I", or FINISH's ">HHII16I" and its tail of u32
- * chunks, with the spec's rules for each): the bytes taken, the count and every
+ * chunks, with the spec's rules for each; no RATE behind a STOP taken): the
+ * bytes taken, the count and every
  * frame (kind, place, length, report or message) equal its, the frames taken lie
  * whole and back to back within the stream, and the walk stops at its limits.
  */
@@ -52,7 +53,7 @@ static uint64_t field(const uint8_t *p, int bytes) {
 /* The frame at f (left bytes of it in the stream), by the spec's rules for an
  * untagged RATE or STOP from src of job: its kind and what it says, or 0. */
 static int reference_frame(const uint8_t *f, size_t left, unsigned job, unsigned src,
-                           int stops, int finishes, ControlFrame *out) {
+                           int rates, int stops, int finishes, ControlFrame *out) {
     if (left < 20)
         return 0;
     uint64_t length = field(f, 4);
@@ -61,6 +62,8 @@ static int reference_frame(const uint8_t *f, size_t left, unsigned job, unsigned
     uint64_t hjob = field(d + 2, 2), hsrc = field(d + 10, 2), body = field(d + 12, 2),
              reserved = field(d + 14, 2);
     if (hjob != job || hsrc != src || reserved != 0)
+        return 0;
+    if (vt == RATE_FIRST && !rates) /* (behind a STOP taken: Python's) */
         return 0;
     if (left >= 32 && length == 28 && vt == RATE_FIRST && (flags | SHARED) == SHARED &&
         body == 12) {
@@ -124,8 +127,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     size_t at = 0, k = 0, stops = 0;
     while (k < max_out &&
-           reference_frame(stream + at, n - at, job, src, stops_on && stops < max_stops,
-                           finishes, &want[k])) {
+           reference_frame(stream + at, n - at, job, src, stops == 0,
+                           stops_on && stops < max_stops, finishes, &want[k])) {
         want[k].at = at;
         stops += want[k].kind == FRAME_STOP;
         at += want[k].len;

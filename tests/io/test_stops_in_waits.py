@@ -82,12 +82,14 @@ def test_the_stops_taken_are_the_untagged_stops_decode_control_accepts() -> None
 
 
 def test_rates_and_stops_are_walked_in_stream_order_up_to_32() -> None:
-    stream = rate(1000) + stop(1, 2) + rate(2000, shared=True) + stop(3, 4)
-    consumed, got = walked(stream + b"\0" * 8)
+    """RATEs, then STOPs, in stream order; a RATE behind a STOP taken is left (its
+    pacer would hear it before the STOP, which Python applies later)."""
+    stream = rate(1000) + rate(2000, shared=True) + stop(1, 2) + stop(3, 4)
+    consumed, got = walked(stream + rate(3000))
     assert consumed == len(stream)
-    assert [g[0] for g in got] == ["rate", "stop", "rate", "stop"]
-    assert got[1] == ("stop", 1, 2) and got[3] == ("stop", 3, 4)
-    assert got[2][1:] == (2000.0, 0.005, True)
+    assert [g[0] for g in got] == ["rate", "rate", "stop", "stop"]
+    assert got[1][1:] == (2000.0, 0.005, True)
+    assert got[2] == ("stop", 1, 2) and got[3] == ("stop", 3, 4)
     consumed, got = walked(stop() * 40)
     assert consumed == 32 * 24 and len(got) == 32
 
@@ -154,10 +156,27 @@ def test_a_stop_taken_while_lingering_stops_the_round_and_is_kept_for_python(
 
 def test_a_stop_for_no_round_is_kept_and_stops_nothing(stopping: Stopping) -> None:
     t = stopping
-    t.ctl_w.sendall(stop(1, 1) + rate(5000))
-    t.receive(30.0)
+    t.ctl_w.sendall(rate(5000) + stop(1, 1))
+    t.receive(0.05)
     assert t.runs.stops_taken == (1, 0) and t.runs.rates_taken == 1
     assert [s[1] for s in t.runs.stops()] == [stop(1, 1)[4:]]
+
+
+def test_rates_behind_a_kept_stop_wait_for_python(stopping: Stopping) -> None:
+    """While a STOP from a source is kept, that source's RATEs stay on the socket
+    (in the same walk or a later wait): Python reads them after it applied the STOP,
+    as it would have read them in stream order."""
+    t = stopping
+    t.ctl_w.sendall(stop(1, 1) + rate(5000))
+    assert t.receive(30.0) < 10.0
+    assert t.runs.stops_taken == (1, 0) and t.runs.rates_taken == 0
+    assert t.left_on_socket() == rate(5000)
+    t.ctl_w.sendall(rate(6000))
+    assert t.receive(30.0) < 10.0 and t.left_on_socket() == rate(6000)
+    assert len(t.runs.stops()) == 1  # (Python's turn took it: RATEs are taken again)
+    t.ctl_w.sendall(rate(7000))
+    t.receive(0.05)
+    assert t.runs.rates_taken == 1 and t.left_on_socket() == b""
 
 
 def test_the_i_o_threads_wait_takes_a_stop_and_ends_by_the_hold(stopping: Stopping) -> None:
@@ -245,8 +264,9 @@ def test_endpoints_take_stops_in_their_waits_and_deliver_exactly() -> None:
 @pytest.mark.integration
 def test_a_stop_kept_when_the_endpoint_closes_settles_its_send() -> None:
     """A send nobody waits for, whose STOP the sender's waits keep (a hold of 60 s
-    here) when the sender closes: its future gets the report, as it would have at
-    the next turn, not the endpoint's closing error."""
+    here) when the sender closes: its future gets the report, not the endpoint's
+    closing error (the turn that the close wakes the I/O thread for applies it; a STOP
+    kept during that turn is applied as the thread ends)."""
     from tests.io.test_engines import _data, pair
 
     kept = False
