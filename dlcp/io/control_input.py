@@ -5,8 +5,9 @@ frames of each inbound control connection to the session (after the checks
 that hold a connection to the rank its hello named), marks a connection trusted
 once a message on it passed the session's checks, applies the STOPs the receive
 loop's waits took (:mod:`dlcp.io.control_in_waits`) before any connection is
-read, and reads what a peer said before it went, so that its last words count
-before what is still pending with it fails.
+read, offers a ready connection to the loop's table first (what it takes, Python
+need not read), and reads what a peer said before it went, so that its last
+words count before what is still pending with it fails.
 """
 
 from __future__ import annotations

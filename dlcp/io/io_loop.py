@@ -133,7 +133,8 @@ class IOLoop(ControlInput):
         # (the Python engine sends from this thread: it must not wait for data)
         self._linger = self.config.receive_linger if on and self._sender is not None else 0.0
         self._nap = self.config.receive_nap if self._linger else 0.0
-        #: RATE and STOP frames the receive loop's waits take (None: Python reads all)
+        #: the control frames the receive loop's waits take (RATE, STOP, FINISHes that
+        #: crossed their STOP: dlcp.io.control_in_waits; None: Python reads them all)
         self._in_waits = ControlInWaits.start(
             self._data.runs if self._linger else None, self._sender, self._session,
             self._control, functools.partial(self._wake_w.send, b"\0"),
@@ -152,7 +153,7 @@ class IOLoop(ControlInput):
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
         sel.set_apart(self._data.recv_sock)  # (the receive loop's linger waits on it itself)
-        if self._in_waits is not None:  # (and RATE and STOP frames are taken in the wait too)
+        if self._in_waits is not None:  # (and control frames are taken in the wait too)
             sel.wait_with(self._in_waits.wait)
         self._watch = sel.others_fileno()
         sel.register(self._data.recv_sock, selectors.EVENT_READ, "data")
