@@ -212,8 +212,7 @@ class Inbox(ReceivePaths[_Incoming]):
         if p is not None and p < r.bound:
             r.bound = p
             r.allowed_loss = allowed_loss(p, r.msg_elems)
-            # (one waiting out the grace to complete by the looser bound now
-            # needs what is missing)
+            # (one waiting out the grace for the looser bound now needs what is missing)
             state.recovery.on_bound_tightened()
         own = r.out if out is not None and r.owns_buffer else None
         if out is not None:
@@ -251,8 +250,7 @@ class Inbox(ReceivePaths[_Incoming]):
 
     # ------------------------------------------------------------------ data
 
-    # the admission pipeline: one method per rule of the module docstring (the
-    # receive paths call them)
+    # the admission pipeline: a method per rule of the module docstring (for the receive paths)
 
     def _count_in(self, n: int, nbytes: int, *, fast: bool = False) -> None:
         """Rule 1: ``n`` datagrams of ``nbytes`` bytes in all were handed over."""
