@@ -38,9 +38,8 @@ tag, and must not take an untagged frame where tags are required.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ..proto.session import Session
 from .control import ControlChannel, Inbound
@@ -69,7 +68,7 @@ class ControlInWaits:
         runs: MessageRuns,
         pacer_api: Any,
         job: int,
-        wake: Callable[[], object],
+        wake: Callable[[], None],
         *,
         finish_timeout: float = 0.0,
         completed_memory: int = 1,
@@ -93,11 +92,12 @@ class ControlInWaits:
         sender: NativeSender | None,
         session: Session,
         control: ControlChannel,
-        wake: Callable[[], object],
+        wake: Callable[[], None],
     ) -> ControlInWaits | None:
-        """Take RATE and STOP frames in the waits of ``runs``' receive loop for
-        ``sender``'s pacers and rounds (each pacer registered as ``sender`` makes
-        it) from ``control``'s inbound connections (each forgotten before
+        """Take RATE and STOP frames, and FINISHes that crossed their STOP, in the
+        waits of ``runs``' receive loop for ``sender``'s pacers and rounds (each pacer
+        registered as ``sender`` makes it) from ``control``'s inbound connections (each
+        forgotten before
         ``control`` closes it), where that can be done: None without the native
         receive path (``runs``), the native engine or its ``PACER_API``, or when
         ``session`` authenticates. ``wake`` wakes the I/O thread. Before any pacer
@@ -147,20 +147,16 @@ class ControlInWaits:
         send at once; one that begins while STOPs are kept wakes the I/O thread to
         apply them now rather than by :data:`STOP_HOLD`."""
         if self._runs.table.waiting(delta) and delta > 0:
-            with contextlib.suppress(OSError):  # (already awake: its buffer is full; closing)
-                self._wake()
+            self._wake()
 
-    @property
-    def taken(self) -> int:
-        """RATE reports the loop applied."""
-        return self._runs.rates_taken
+    #: :meth:`stats` of an endpoint whose waits take nothing
+    NO_STATS: Final = {"control_rates_native": 0, "control_stops_native": 0,
+                       "engine_rounds_stopped": 0, "control_finishes_native": 0}  # fmt: skip
 
-    @property
-    def finishes_taken(self) -> int:
-        """FINISHes the loop dropped: their message had completed here."""
-        return self._runs.finishes_taken
-
-    @property
-    def stops_taken(self) -> tuple[int, int]:
-        """STOPs the loop kept for Python, and the engine's rounds they stopped."""
-        return self._runs.stops_taken
+    def stats(self) -> dict[str, int]:
+        """What the waits took: RATE reports applied (not in ``control_in``), STOPs
+        kept for Python (in ``control_in`` once applied) and the engine's rounds they
+        stopped at once, FINISHes dropped (they came after their message completed)."""
+        rates, _, stops, stopped, finishes = self._runs.table.control_counts()
+        return {"control_rates_native": rates, "control_stops_native": stops,
+                "engine_rounds_stopped": stopped, "control_finishes_native": finishes}  # fmt: skip

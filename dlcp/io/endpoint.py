@@ -64,6 +64,7 @@ from ..proto.wire import AUTH_TRAILER_LEN, DType, bound_to_wire
 from .arguments import check_auth, check_layers, check_message, check_out, check_rank, flat_message
 from .config import EndpointConfig
 from .control import ControlChannel
+from .control_in_waits import ControlInWaits
 from .emulation import LossEmulator
 from .engine import NativeSender, choose_engine
 from .io_loop import IOLoop
@@ -406,14 +407,8 @@ class Endpoint(IOLoop):
                     # the native engine's send threads (None: the Python engine)
                     "engine_threads": self._sender.threads if self._sender else None,
                     "native_receive": self.native_receive,
-                    # RATE reports the receive loop applied itself (not in control_in)
-                    "control_rates_native": waits.taken if waits is not None else 0,
-                    # STOPs it took (in control_in once applied), and the engine's
-                    # rounds they stopped at once
-                    "control_stops_native": waits.stops_taken[0] if waits is not None else 0,
-                    "engine_rounds_stopped": waits.stops_taken[1] if waits is not None else 0,
-                    # FINISHes it dropped: they came after their message completed
-                    "control_finishes_native": waits.finishes_taken if waits is not None else 0,
+                    # the control frames the receive loop's waits took
+                    **(waits.stats() if waits is not None else ControlInWaits.NO_STATS),
                     **engine,
                 }
             )
@@ -533,7 +528,3 @@ class Endpoint(IOLoop):
                     self._wake()
             finally:
                 self._holder = outer
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # already awake (buffer full), or closing
-            self._wake_w.send(b"\0")

@@ -19,7 +19,6 @@ declared here and set up by ``Endpoint.__init__``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import selectors
@@ -137,8 +136,13 @@ class IOLoop(ControlInput):
         #: crossed their STOP: dlcp.io.control_in_waits; None: Python reads them all)
         self._in_waits = ControlInWaits.start(
             self._data.runs if self._linger else None, self._sender, self._session,
-            self._control, functools.partial(self._wake_w.send, b"\0"),
+            self._control, self._wake,
         )  # fmt: skip
+
+    def _wake(self) -> None:
+        """Wake the I/O thread (from a caller's thread)."""
+        with contextlib.suppress(OSError):  # already awake (buffer full), or closing
+            self._wake_w.send(b"\0")
 
     def _close_sockets(self) -> None:
         """Every socket this endpoint opened, of those it got to open (the native
