@@ -125,7 +125,8 @@ sanitize: setup
 	  tests/io/test_posted_receives.py \
 	  tests/io/test_udp_receive.py tests/io/test_prefilter.py tests/io/test_endpoint_accumulate.py \
 	  tests/io/test_receive_linger.py tests/io/test_readiness.py tests/io/test_linger_rates.py \
-	  tests/io/test_engine_finish.py tests/io/test_stops_in_waits.py tests/io/test_finishes_in_waits.py && \
+	  tests/io/test_engine_finish.py tests/io/test_stops_in_waits.py tests/io/test_finishes_in_waits.py \
+	  tests/io/test_control_tags_in_waits.py && \
 	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
 

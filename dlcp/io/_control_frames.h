@@ -28,6 +28,15 @@
  * tail chunk (docs/spec.md §5.3). What is taken here is exactly what
  * dlcp.proto.control.decode_control accepts as an untagged RATE, STOP or FINISH,
  * from the rank the connection's hello named.
+ *
+ * In a job that authenticates (rules.auth_flag), exactly what decode_control
+ * accepts there instead: each frame carries the AUTH flag, and its datagram ends
+ * with the 24-byte trailer (nonce and AES-GMAC tag, docs/spec.md §3) whose tag
+ * verifies under the key of the pair (the source -> this rank) in the control
+ * domain (a TagCheck: the table's key of the source, ../proto/gmac.h). The tag is
+ * checked last, once the frame is otherwise one the walk takes; an untagged frame,
+ * or one whose tag does not verify, ends the walk: Python's read refuses it
+ * (auth_required, auth_failed) as it always did.
  */
 #ifndef DLCP_CONTROL_FRAMES_H
 #define DLCP_CONTROL_FRAMES_H
@@ -41,14 +50,18 @@
 #define STOP_BODY_BYTES 4
 #define FINISH_BODY_BYTES 76 /* then tail_count x u32 */
 #define FINISH_MAX_TAIL 256
-/* one frame on the wire, length prefix included */
+/* an authenticated datagram's trailer: its nonce (8 bytes) and tag (16) */
+#define CONTROL_TRAILER_BYTES 24
+/* one untagged frame on the wire, length prefix included */
 #define RATE_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + RATE_BODY_BYTES)
 #define STOP_FRAME_BYTES (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
-/* a STOP's datagram, as Python's decode_control takes it */
+/* a STOP's datagram, as Python's decode_control takes it: untagged, and at most */
 #define STOP_DATAGRAM_BYTES (CONTROL_HEADER_BYTES + STOP_BODY_BYTES)
-/* the longest FINISH frame (256 tail chunks) */
-#define FINISH_FRAME_MAX \
-    (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + FINISH_BODY_BYTES + 4 * FINISH_MAX_TAIL)
+#define STOP_DATAGRAM_MAX (STOP_DATAGRAM_BYTES + CONTROL_TRAILER_BYTES)
+/* the longest FINISH frame (256 tail chunks, tagged) */
+#define FINISH_FRAME_MAX                                                                       \
+    (CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + FINISH_BODY_BYTES + 4 * FINISH_MAX_TAIL + \
+     CONTROL_TRAILER_BYTES)
 
 /* What the frames this endpoint takes look like (from Python's wire constants). */
 typedef struct {
@@ -57,7 +70,16 @@ typedef struct {
     uint16_t job;
     uint8_t stop_first;   /* a STOP's first byte; 0: every STOP is Python's */
     uint8_t finish_first; /* a FINISH's first byte; 0: every FINISH is Python's */
+    uint8_t auth_flag;    /* the job authenticates: the AUTH flag every frame carries; 0: none */
 } ControlRules;
+
+/* In a job that authenticates: whether the `len`-byte control datagram d (trailer
+ * included) from rank src carries a tag that verifies (1; 0 if not, or if there is
+ * no key for src). */
+typedef struct {
+    int (*verifies)(void *ctx, unsigned src, const uint8_t *d, size_t len);
+    void *ctx;
+} TagCheck;
 
 /* Whether a FINISH for message (step, msg) from the walk's source may be taken
  * (the caller knows which messages ended here: _control_watch.h). */
@@ -88,24 +110,48 @@ static inline uint32_t frame_be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* Whether the header at d (after a length prefix of `length`) is one of job's,
- * from rank src, with first byte `first`, only the flags in `flags_allowed`, a body
- * of `body` bytes and no tag (a tagged frame is Python's to verify). */
-static inline int frame_header(uint32_t length, const uint8_t *d, const ControlRules *rules,
-                               unsigned src, uint8_t first, uint8_t flags_allowed, unsigned body) {
-    return length == CONTROL_HEADER_BYTES + body && d[0] == first &&
-           (d[1] & (uint8_t)~flags_allowed) == 0 && frame_be16(d + 2) == rules->job &&
-           frame_be16(d + 10) == src && frame_be16(d + 12) == body && frame_be16(d + 14) == 0;
+/* The bytes after the body of each datagram under rules: the trailer where the job
+ * authenticates. */
+static inline size_t frame_trailer(const ControlRules *rules) {
+    return rules->auth_flag ? CONTROL_TRAILER_BYTES : 0;
 }
 
-/* Whether the RATE_FRAME_BYTES at f are one RATE frame from rank `src` that
- * decode_control accepts untagged; its report in *out if so. */
-static inline int rate_frame(const uint8_t *f, const ControlRules *rules, unsigned src,
-                             RateReport *out) {
+/* Whether the header at d (after a length prefix of `length`) is one of job's,
+ * from rank src, with first byte `first`, only the flags in `flags_allowed`, a body
+ * of `body` bytes and, where the job authenticates, the AUTH flag and a trailer
+ * (whose tag frame_tag checks), else no tag. */
+static inline int frame_header(uint32_t length, const uint8_t *d, const ControlRules *rules,
+                               unsigned src, uint8_t first, uint8_t flags_allowed, unsigned body) {
+    uint8_t auth = rules->auth_flag;
+    return length == CONTROL_HEADER_BYTES + body + frame_trailer(rules) && d[0] == first &&
+           (d[1] & (uint8_t)~(flags_allowed | auth)) == 0 && (d[1] & auth) == auth &&
+           frame_be16(d + 2) == rules->job && frame_be16(d + 10) == src &&
+           frame_be16(d + 12) == body && frame_be16(d + 14) == 0;
+}
+
+/* Whether the frame at f, whose header frame_header accepted, may be taken: no tag
+ * needed, or its tag verifies. */
+static inline int frame_tag(const uint8_t *f, const ControlRules *rules, const TagCheck *tags,
+                            unsigned src) {
+    if (!rules->auth_flag)
+        return 1;
+    return tags != NULL &&
+           tags->verifies(tags->ctx, src, f + CONTROL_FRAME_PREFIX, frame_be32(f)) == 1;
+}
+
+/* Whether the `left` bytes at f begin with one RATE frame from rank `src` that
+ * decode_control accepts (untagged, or tagged where the job authenticates); its
+ * report in *out and its length in *len if so. */
+static inline int rate_frame(const uint8_t *f, size_t left, const ControlRules *rules,
+                             const TagCheck *tags, unsigned src, RateReport *out, size_t *len) {
     const uint8_t *d = f + CONTROL_FRAME_PREFIX;
-    if (rules->first == 0 || !frame_header(frame_be32(f), d, rules, src, rules->first,
-                                           rules->shared_flag, RATE_BODY_BYTES))
+    size_t bytes = RATE_FRAME_BYTES + frame_trailer(rules);
+    if (rules->first == 0 || left < bytes ||
+        !frame_header(frame_be32(f), d, rules, src, rules->first, rules->shared_flag,
+                      RATE_BODY_BYTES) ||
+        !frame_tag(f, rules, tags, src))
         return 0;
+    *len = bytes;
     const uint8_t *body = d + CONTROL_HEADER_BYTES;
     uint64_t rate = (uint64_t)frame_be32(body) << 32 | frame_be32(body + 4);
     out->bytes_per_s = (double)rate;
@@ -114,24 +160,30 @@ static inline int rate_frame(const uint8_t *f, const ControlRules *rules, unsign
     return 1;
 }
 
-/* Whether the STOP_FRAME_BYTES at f are one STOP frame from rank `src` that
- * decode_control accepts untagged (no flag); the message it ends in *step, *msg. */
-static inline int stop_frame(const uint8_t *f, const ControlRules *rules, unsigned src,
-                             uint32_t *step, uint32_t *msg) {
+/* Whether the `left` bytes at f begin with one STOP frame from rank `src` that
+ * decode_control accepts (no flag but AUTH where the job authenticates); the
+ * message it ends in *step, *msg and its length in *len if so. */
+static inline int stop_frame(const uint8_t *f, size_t left, const ControlRules *rules,
+                             const TagCheck *tags, unsigned src, uint32_t *step, uint32_t *msg,
+                             size_t *len) {
     const uint8_t *d = f + CONTROL_FRAME_PREFIX;
-    if (rules->stop_first == 0 ||
-        !frame_header(frame_be32(f), d, rules, src, rules->stop_first, 0, STOP_BODY_BYTES))
+    size_t bytes = STOP_FRAME_BYTES + frame_trailer(rules);
+    if (rules->stop_first == 0 || left < bytes ||
+        !frame_header(frame_be32(f), d, rules, src, rules->stop_first, 0, STOP_BODY_BYTES) ||
+        !frame_tag(f, rules, tags, src))
         return 0;
+    *len = bytes;
     *step = frame_be32(d + 4);
     *msg = frame_be16(d + 8);
     return 1;
 }
 
 /* Whether the `left` bytes at f begin with one FINISH frame from rank `src` that
- * decode_control accepts untagged (no flag; a tail of at most 256 chunks, each
- * inside the message; protected_chunks <= total_chunks = the sum of the 16 class
- * counts) and Inbox.on_finish does not refuse (total_chunks > 0); the message it
- * is about in *step, *msg and its length in *len if so. */
+ * decode_control accepts (no flag but AUTH where the job authenticates; a tail of
+ * at most 256 chunks, each inside the message; protected_chunks <= total_chunks =
+ * the sum of the 16 class counts) and Inbox.on_finish does not refuse
+ * (total_chunks > 0); the message it is about in *step, *msg and its length in
+ * *len if so. Its tag is not checked here (control_frames checks it last). */
 static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules *rules,
                                unsigned src, uint32_t *step, uint32_t *msg, size_t *len) {
     const uint8_t *d = f + CONTROL_FRAME_PREFIX;
@@ -140,9 +192,10 @@ static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules
         return 0;
     const uint8_t *body = d + CONTROL_HEADER_BYTES;
     unsigned tail = frame_be16(body + 2);
-    unsigned body_len = FINISH_BODY_BYTES + 4 * tail;
-    if (tail > FINISH_MAX_TAIL || left < CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + body_len ||
-        !frame_header(frame_be32(f), d, rules, src, rules->finish_first, 0, body_len))
+    size_t body_len = FINISH_BODY_BYTES + 4 * (size_t)tail;
+    size_t bytes = CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + body_len + frame_trailer(rules);
+    if (tail > FINISH_MAX_TAIL || left < bytes ||
+        !frame_header(frame_be32(f), d, rules, src, rules->finish_first, 0, (unsigned)body_len))
         return 0;
     uint32_t total = frame_be32(body + 4), protected_chunks = frame_be32(body + 8);
     uint64_t classed = 0;
@@ -155,37 +208,36 @@ static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules
             return 0;
     *step = frame_be32(d + 4);
     *msg = frame_be16(d + 8);
-    *len = CONTROL_FRAME_PREFIX + CONTROL_HEADER_BYTES + body_len;
+    *len = bytes;
     return 1;
 }
 
 /* How many bytes at the head of buf (n of them) are whole RATE, STOP and FINISH
  * frames from rank `src` (rate_frame, stop_frame, finish_frame), at most max_out
  * frames of which at most max_stops STOPs, no RATE behind a STOP, and FINISHes only
- * where `finishes` (NULL: none) takes them; each goes to out, in stream order, and
+ * where `finishes` (NULL: none) takes them; where the job authenticates, each with a
+ * tag that `tags` verifies (NULL: none does). Each goes to out, in stream order, and
  * *count says how many. The first frame that is none of these, or that the limits
  * leave, ends the walk. */
 static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlRules *rules,
-                                    unsigned src, ControlFrame *out, size_t max_out,
-                                    size_t max_stops, const FinishFilter *finishes,
-                                    size_t *count) {
+                                    const TagCheck *tags, unsigned src, ControlFrame *out,
+                                    size_t max_out, size_t max_stops,
+                                    const FinishFilter *finishes, size_t *count) {
     size_t at = 0, k = 0, stops = 0;
     while (k < max_out) {
         ControlFrame *f = &out[k];
         /* (a RATE behind a STOP taken would reach the pacer before the STOP, which
            Python applies later: it is left to Python, after the STOP) */
-        if (stops == 0 && n - at >= RATE_FRAME_BYTES &&
-            rate_frame(buf + at, rules, src, &f->rate)) {
+        if (stops == 0 && rate_frame(buf + at, n - at, rules, tags, src, &f->rate, &f->len)) {
             f->kind = FRAME_RATE;
-            f->len = RATE_FRAME_BYTES;
-        } else if (stops < max_stops && n - at >= STOP_FRAME_BYTES &&
-                   stop_frame(buf + at, rules, src, &f->step, &f->msg)) {
+        } else if (stops < max_stops &&
+                   stop_frame(buf + at, n - at, rules, tags, src, &f->step, &f->msg, &f->len)) {
             f->kind = FRAME_STOP;
-            f->len = STOP_FRAME_BYTES;
             stops++;
         } else if (finishes != NULL &&
                    finish_frame(buf + at, n - at, rules, src, &f->step, &f->msg, &f->len) &&
-                   finishes->taken(finishes->ctx, f->step, f->msg)) {
+                   finishes->taken(finishes->ctx, f->step, f->msg) &&
+                   frame_tag(buf + at, rules, tags, src)) {
             f->kind = FRAME_FINISH;
         } else {
             break;

@@ -54,11 +54,13 @@ typedef struct {
     int completed;
 } EndedKey;
 
-/* A STOP taken, for Python: its datagram as decode_control reads it. */
+/* A STOP taken, for Python: its datagram as decode_control reads it (with its
+ * trailer where the job authenticates: Python verifies it again). */
 typedef struct {
     unsigned src;
     int64_t t_ns; /* when it was taken (CLOCK_MONOTONIC) */
-    uint8_t datagram[STOP_DATAGRAM_BYTES];
+    uint8_t len;
+    uint8_t datagram[STOP_DATAGRAM_MAX];
 } StashedStop;
 
 typedef struct {
@@ -70,6 +72,7 @@ typedef struct {
     const DlcpPacerApi *api; /* NULL: every frame is Python's */
     PyObject *api_owner;     /* (the capsule the api came in) */
     ControlRules rules;      /* (rules.stop_first 0: every STOP is Python's) */
+    TagCheck tags;           /* rules.auth_flag: the tags' check (the table's keys) */
     PyObject **pacers; /* by source rank; NULL: none */
     size_t n_pacers;
     WatchedConnection *conns;
@@ -222,8 +225,8 @@ static int control_watch_absorb(void *ctx, int fd) {
     int64_t now_ns = linger_clock_ns();
     CrossedFinishes crossed = {w, c->src, now_ns};
     FinishFilter finishes = {finish_crossed, &crossed};
-    size_t take = control_frames(buf, (size_t)n, &rules, c->src, frames,
-                                 CONTROL_WATCH_FRAMES, room,
+    size_t take = control_frames(buf, (size_t)n, &rules, w->tags.verifies ? &w->tags : NULL,
+                                 c->src, frames, CONTROL_WATCH_FRAMES, room,
                                  w->crossed_ns > 0 ? &finishes : NULL, &count);
     if (take == 0)
         return 0;
@@ -248,7 +251,8 @@ static int control_watch_absorb(void *ctx, int fd) {
         StashedStop *kept = &w->stash[w->n_stash++];
         kept->src = c->src;
         kept->t_ns = now_ns;
-        memcpy(kept->datagram, buf + f->at + CONTROL_FRAME_PREFIX, STOP_DATAGRAM_BYTES);
+        kept->len = (uint8_t)(f->len - CONTROL_FRAME_PREFIX);
+        memcpy(kept->datagram, buf + f->at + CONTROL_FRAME_PREFIX, kept->len);
         if (w->n_stash == 1) /* (read by waits that do not hold the table's lock) */
             __atomic_store_n(&w->due_ns, now_ns + w->hold_ns, __ATOMIC_RELAXED);
         w->stops_taken++;

@@ -95,21 +95,25 @@
  *     None, or what the registered messages took since the last call, a tuple
  *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
  *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
- *   take_rates(pacer_api, job, first, shared_flag), rate_pacer(src, pacer),
- *   take_stops(first, hold_ns), stops(), waiting(delta), take_finishes(first,
- *   crossed_ns, keys), ended(src, step, msg, completed_at), watch_control(fd,
- *   src), unwatch_control(fd), wait(epfd, timeout_ns, max_events),
+ *   take_rates(pacer_api, job, first, shared_flag, auth_flag=0), rate_pacer(src,
+ *   pacer), take_stops(first, hold_ns), stops(), waiting(delta), take_finishes(first,
+ *   crossed_ns, keys), ended(src, step, msg, completed_at), watch_control(fd, src,
+ *   tag_key=None), unwatch_control(fd), wait(epfd, timeout_ns, max_events),
  *   control_counts(): the RATE reports of watched control connections, handed to
  *     the native engine's pacers (pacer_api: dlcp.io._engine.PACER_API,
  *     _pacer_api.h), their STOPs, which stop the engine's round and are kept for
  *     Python's next turn (stops()), and the FINISHes of messages that completed
  *     here, dropped, wherever the I/O thread waits: in receive's linger and naps,
  *     and in wait, its selector's epoll_wait (_control_watch.h; the frames taken:
- *     _control_frames.h).
+ *     _control_frames.h). With auth_flag (a job that authenticates; only where
+ *     the module was built with libcrypto) only frames with that flag and a tag
+ *     that verifies under the table's key of their source are taken: the key a
+ *     tagged message of src was registered with, or watch_control's tag_key (the
+ *     same key, spec §3: the pair src -> this rank).
  *
- * control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0)
- *   -> (consumed, frames): the walk those waits run over a connection's queued
- *   bytes, for tests.
+ * control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0,
+ *   auth_flag=0, tag_key=None) -> (consumed, frames): the walk those waits run over
+ *   a connection's queued bytes, for tests.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -386,7 +390,9 @@ typedef struct {
     HeldBuffers *held; /* t.n_slots of them, for the live slots */
     ssize_t n_held;
 #ifdef DLCP_LIBCRYPTO
-    SourceKey **keys; /* one per source rank a tagged message was registered for */
+    /* one per source rank a tagged message or control key was given for (the array
+     * grows under the table's lock: the waits' control walk reads it) */
+    SourceKey **keys;
     ssize_t n_keys;
 #endif
     RecvScratch *scratch;
@@ -410,6 +416,18 @@ static void table_lock(MessageTableObject *self) {
 }
 
 static void table_unlock(MessageTableObject *self) { pthread_mutex_unlock(&self->lock); }
+
+#ifdef DLCP_LIBCRYPTO
+/* TagCheck of the waits' control walk (a job that authenticates): the datagram's
+ * tag verifies under the table's key of src. Called with the table's lock held. */
+static int control_tag_verifies(void *ctx, unsigned src, const uint8_t *d, size_t len) {
+    MessageTableObject *self = ctx;
+    for (ssize_t i = 0; i < self->n_keys; i++)
+        if (self->keys[i]->src == src)
+            return gmac_verify_control(&self->keys[i]->gmac, d, len) == 1;
+    return 0;
+}
+#endif
 
 static void held_release(HeldBuffers *h) {
     PyBuffer_Release(&h->out);
@@ -586,22 +604,31 @@ static void *table_verifier(MessageTableObject *self, unsigned src, PyObject *ta
         PyBuffer_Release(&given);
         return NULL;
     }
-    if (k == NULL) { /* (no message points at a new one yet: no lock needed) */
-        SourceKey **keys = PyMem_RawRealloc(self->keys, sizeof *keys * (size_t)(self->n_keys + 1));
-        if (keys != NULL)
-            self->keys = keys;
-        k = keys != NULL ? PyMem_RawCalloc(1, sizeof *k) : NULL;
-        if (k == NULL) {
-            gmac_free(&fresh);
+    if (k == NULL) { /* (no message points at a new one yet; the array, under the lock) */
+        k = PyMem_RawCalloc(1, sizeof *k);
+        SourceKey **keys = NULL;
+        if (k != NULL) {
+            k->src = src;
+            k->gmac = fresh;
+            k->len = (size_t)given.len;
+            memcpy(k->key, given.buf, k->len);
+            table_lock(self);
+            keys = PyMem_RawRealloc(self->keys, sizeof *keys * (size_t)(self->n_keys + 1));
+            if (keys != NULL) {
+                self->keys = keys;
+                self->keys[self->n_keys++] = k;
+            }
+            table_unlock(self);
+        }
+        if (keys == NULL) {
+            if (k != NULL)
+                source_key_free(k);
+            else
+                gmac_free(&fresh);
             PyBuffer_Release(&given);
             PyErr_NoMemory();
             return NULL;
         }
-        k->src = src;
-        k->gmac = fresh;
-        k->len = (size_t)given.len;
-        memcpy(k->key, given.buf, k->len);
-        self->keys[self->n_keys++] = k;
     } else { /* another key for src: no receive step may check a tag meanwhile */
         table_lock(self);
         Gmac old = k->gmac;
@@ -1033,14 +1060,30 @@ static Py_ssize_t table_len(MessageTableObject *self) { return self->t.n_live; }
 
 static PyObject *table_take_rates(MessageTableObject *self, PyObject *args) {
     PyObject *capsule;
-    unsigned job, first, shared_flag;
-    if (!table_ready(self) ||
-        !PyArg_ParseTuple(args, "OIII:take_rates", &capsule, &job, &first, &shared_flag))
+    unsigned job, first, shared_flag, auth_flag = 0;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "OIII|I:take_rates", &capsule, &job, &first,
+                                                &shared_flag, &auth_flag))
         return NULL;
     if (job > 0xFFFF || first > 0xFF || shared_flag > 0xFF) {
         PyErr_Format(PyExc_ValueError, "job %u, first byte %u or shared_flag %u out of range", job,
                      first, shared_flag);
         return NULL;
+    }
+    if (auth_flag > 0xFF || (auth_flag & (auth_flag - 1)) || (auth_flag & shared_flag)) {
+        PyErr_Format(PyExc_ValueError, "auth_flag %u is not one flag bit apart from shared_flag %u",
+                     auth_flag, shared_flag);
+        return NULL;
+    }
+    TagCheck tags = {NULL, NULL};
+    if (auth_flag) {
+#ifdef DLCP_LIBCRYPTO
+        tags = (TagCheck){control_tag_verifies, self};
+#else
+        PyErr_SetString(PyExc_ValueError,
+                        "take_rates: an auth_flag was given but dlcp.io._udpio was built without "
+                        "OpenSSL's libcrypto: it verifies no tags (VERIFIES_TAGS is False)");
+        return NULL;
+#endif
     }
     if (!PyCapsule_IsValid(capsule, DLCP_PACER_API_NAME)) {
         PyErr_Format(PyExc_TypeError, "take_rates: pacer_api must be %s, not %.100s",
@@ -1057,9 +1100,13 @@ static PyObject *table_take_rates(MessageTableObject *self, PyObject *args) {
     Py_INCREF(capsule);
     Py_XSETREF(self->control.api_owner, capsule);
     self->control.api = api;
-    self->control.rules = (ControlRules){(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
+    self->control.rules = (ControlRules){(uint8_t)first,
+                                         (uint8_t)shared_flag,
+                                         (uint16_t)job,
                                          self->control.rules.stop_first,
-                                         self->control.rules.finish_first};
+                                         self->control.rules.finish_first,
+                                         (uint8_t)auth_flag};
+    self->control.tags = tags;
     table_unlock(self);
     Py_RETURN_NONE;
 }
@@ -1093,13 +1140,18 @@ static PyObject *table_rate_pacer(MessageTableObject *self, PyObject *args) {
 static PyObject *table_watch_control(MessageTableObject *self, PyObject *args) {
     int fd;
     unsigned src;
-    if (!table_ready(self) || !PyArg_ParseTuple(args, "iI:watch_control", &fd, &src))
+    PyObject *tag_key = Py_None;
+    if (!table_ready(self) ||
+        !PyArg_ParseTuple(args, "iI|O:watch_control", &fd, &src, &tag_key))
         return NULL;
     if (fd < 0 || src > 0xFFFF) {
         PyErr_Format(PyExc_ValueError, "watch_control: descriptor %d or rank %u out of range", fd,
                      src);
         return NULL;
     }
+    /* (the key src's tags verify under, shared with its data: table_verifier) */
+    if (tag_key != Py_None && table_verifier(self, src, tag_key) == NULL)
+        return NULL;
     table_lock(self);
     int err = control_watch_add(&self->control, fd, src);
     table_unlock(self);
@@ -1316,7 +1368,7 @@ static PyObject *table_stops(MessageTableObject *self, PyObject *unused) {
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list != NULL && i < n; i++) {
         PyObject *item = Py_BuildValue("(Iy#d)", kept[i].src, (const char *)kept[i].datagram,
-                                       (Py_ssize_t)STOP_DATAGRAM_BYTES,
+                                       (Py_ssize_t)kept[i].len,
                                        (double)kept[i].t_ns * 1e-9);
         if (item == NULL)
             Py_CLEAR(list);
@@ -1457,28 +1509,52 @@ static int every_finish(void *ctx, uint32_t step, uint32_t msg) {
     return 1;
 }
 
-/* control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0) ->
- * (consumed, frames): the frames at the head of a control stream that the waits would
- * take (_control_frames.h; a valid FINISH as if its message had completed), at most
- * CONTROL_WATCH_FRAMES of them, each ("rate", bytes_per_s, window, shared), ("stop",
- * step, msg) or ("finish", step, msg); for tests. */
+#ifdef DLCP_LIBCRYPTO
+/* TagCheck under one key, whatever the source (control_frames_py's). */
+static int one_key_verifies(void *ctx, unsigned src, const uint8_t *d, size_t len) {
+    (void)src;
+    return gmac_verify_control((Gmac *)ctx, d, len) == 1;
+}
+#endif
+
+/* control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0,
+ * auth_flag=0, tag_key=None) -> (consumed, frames): the frames at the head of a
+ * control stream that the waits would take (_control_frames.h; a valid FINISH as if
+ * its message had completed; with auth_flag, tagged frames whose tags verify under
+ * tag_key, an AES key), at most CONTROL_WATCH_FRAMES of them, each ("rate",
+ * bytes_per_s, window, shared), ("stop", step, msg) or ("finish", step, msg); for
+ * tests. */
 static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
     (void)mod;
-    Py_buffer data;
-    unsigned job, first, shared_flag, src, stop_first = 0, finish_first = 0;
-    if (!PyArg_ParseTuple(args, "y*IIII|II:control_frames", &data, &job, &first, &shared_flag,
-                          &src, &stop_first, &finish_first))
+    Py_buffer data, key = {0};
+    unsigned job, first, shared_flag, src, stop_first = 0, finish_first = 0, auth_flag = 0;
+    if (!PyArg_ParseTuple(args, "y*IIII|IIIz*:control_frames", &data, &job, &first,
+                          &shared_flag, &src, &stop_first, &finish_first, &auth_flag, &key))
         return NULL;
-    ControlRules rules = {(uint8_t)first, (uint8_t)shared_flag, (uint16_t)job,
-                          (uint8_t)stop_first, (uint8_t)finish_first};
+    ControlRules rules = {(uint8_t)first,     (uint8_t)shared_flag,   (uint16_t)job,
+                          (uint8_t)stop_first, (uint8_t)finish_first, (uint8_t)auth_flag};
     FinishFilter finishes = {every_finish, NULL};
     ControlFrame frames[CONTROL_WATCH_FRAMES];
     size_t count = 0, consumed = 0;
+    TagCheck tags = {NULL, NULL}, *check = NULL;
+#ifdef DLCP_LIBCRYPTO
+    Gmac gmac = {NULL, NULL};
+    if (key.buf != NULL && gmac_init(&gmac, key.buf, (size_t)key.len) == 0) {
+        tags = (TagCheck){one_key_verifies, &gmac};
+        check = &tags;
+    }
+#endif
     if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF &&
-        stop_first <= 0xFF && finish_first <= 0xFF)
-        consumed = control_frames(data.buf, (size_t)data.len, &rules, src, frames,
+        stop_first <= 0xFF && finish_first <= 0xFF && auth_flag <= 0xFF)
+        consumed = control_frames(data.buf, (size_t)data.len, &rules, check, src, frames,
                                   CONTROL_WATCH_FRAMES, CONTROL_WATCH_FRAMES, &finishes, &count);
+#ifdef DLCP_LIBCRYPTO
+    gmac_free(&gmac);
+#endif
+    (void)tags;
     PyBuffer_Release(&data);
+    if (key.buf != NULL)
+        PyBuffer_Release(&key);
     PyObject *list = PyList_New((Py_ssize_t)count);
     for (size_t i = 0; list != NULL && i < count; i++) {
         const ControlFrame *f = &frames[i];
@@ -1499,11 +1575,12 @@ static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"control_frames", control_frames_py, METH_VARARGS,
-     "control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0) -> "
-     "(consumed, frames): the RATE, STOP and FINISH frames at the head of a control stream "
-     "that the receive loop's waits take themselves (dlcp/io/_control_frames.h; a FINISH as "
-     "if its message had completed), as (\"rate\", bytes_per_s, window, shared), (\"stop\", "
-     "step, msg) or (\"finish\", step, msg); for tests."},
+     "control_frames(data, job, first, shared_flag, src, stop_first=0, finish_first=0, "
+     "auth_flag=0, tag_key=None) -> (consumed, frames): the RATE, STOP and FINISH frames at "
+     "the head of a control stream that the receive loop's waits take themselves "
+     "(dlcp/io/_control_frames.h; a FINISH as if its message had completed; with auth_flag, "
+     "tagged frames whose tags verify under tag_key), as (\"rate\", bytes_per_s, window, "
+     "shared), (\"stop\", step, msg) or (\"finish\", step, msg); for tests."},
     {"send_now", send_now, METH_VARARGS,
      "send_now(fd, data) -> sent: one non-blocking send on a stream socket, holding the "
      "GIL; 0 where it would block (see the module source)."},

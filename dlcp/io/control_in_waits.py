@@ -6,13 +6,15 @@ most frequent control message there is, and each one the I/O thread read in
 Python ended the receive loop's linger and cost a turn (~0.2 ms of CPU) to set a
 few numbers in a pacer of the native engine, which is C. A STOP ends a send, and
 was the sending side's one turn of its own a message. So, where the endpoint
-runs both the native receive path and the native engine and does not
-authenticate, the loop reads them itself wherever the I/O thread waits (the
+runs both the native receive path and the native engine, the loop reads them
+itself wherever the I/O thread waits (the
 receive call's linger and naps, the selector's wait): a watched control
 connection that turns readable has the whole RATE and STOP frames at the head
 of its socket taken, without the GIL, and the wait goes on
-(``dlcp/io/_control_frames.h`` says which frames: exactly the untagged RATEs and
-STOPs ``decode_control`` accepts from the rank the connection's hello named).
+(``dlcp/io/_control_frames.h`` says which frames: exactly the RATEs and STOPs
+``decode_control`` accepts from the rank the connection's hello named, untagged,
+or, in a session that authenticates, tagged with a tag that verifies under the
+key of the pair that rank -> this one, as the session verifies them).
 Each RATE goes to its source's pacer. Each STOP stops the engine's round of its
 message at once (rule 10 of ``dlcp/io/_engine.c``: no more of it goes, and no
 FINISH) and is kept for Python, which applies it at the start of its next turn
@@ -31,9 +33,13 @@ stays on the socket for Python's read and ends the wait, as before.
 channel's: a connection is watched once its hello named its rank and a message
 on it passed the session's checks (trusted), and only while Python holds no
 partial frame of its stream; it is unwatched before it closes. Each
-destination's pacer is registered as the engine makes it. A session that
-authenticates keeps every control frame in Python: the loop verifies no control
-tag, and must not take an untagged frame where tags are required.
+destination's pacer is registered as the engine makes it. In a session that
+authenticates, a connection is watched with the key its rank's tags verify under
+(``PairKeys.of``: the key the table verifies that rank's data with too); a frame
+without a tag, or whose tag does not verify, stays on the socket for Python,
+which refuses it as before. That takes a build of ``dlcp.io._udpio`` with
+libcrypto (:func:`~dlcp.io.native_receive.verifies_tags`), which the native
+receive path needs in such a session anyway.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from ..proto.context import PairKeys
 from ..proto.session import Session
 from .control import ControlChannel, Inbound
 from .engine import NativeSender
@@ -61,7 +68,7 @@ ENDED_KEYS = 256
 class ControlInWaits:
     """The control frames one endpoint's receive loop takes itself (module docstring)."""
 
-    __slots__ = ("_runs", "_wake", "wait")
+    __slots__ = ("_keys", "_runs", "_wake", "wait")
 
     def __init__(
         self,
@@ -72,10 +79,14 @@ class ControlInWaits:
         *,
         finish_timeout: float = 0.0,
         completed_memory: int = 1,
+        keys: PairKeys | None = None,
     ) -> None:
         self._runs = runs
         self._wake = wake
-        runs.take_rates(pacer_api, job)
+        #: the session's keys where it authenticates: frames must carry tags that
+        #: verify under the key of their source
+        self._keys = keys
+        runs.take_rates(pacer_api, job, authenticates=keys is not None)
         runs.take_stops(STOP_HOLD)
         if finish_timeout > 0:  # (the inbox answers such a FINISH only from then on)
             runs.take_finishes(finish_timeout / 2, min(ENDED_KEYS, completed_memory))
@@ -100,15 +111,20 @@ class ControlInWaits:
         forgotten before
         ``control`` closes it), where that can be done: None without the native
         receive path (``runs``), the native engine or its ``PACER_API``, or when
-        ``session`` authenticates. ``wake`` wakes the I/O thread. Before any pacer
+        ``session`` authenticates and either has no keys (it refuses every frame) or
+        the table verifies no tags. ``wake`` wakes the I/O thread. Before any pacer
         is made."""
-        authenticates = session.keys is not None or session.config.authenticate
-        if runs is None or sender is None or authenticates or sender.pacer_api is None:
+        if runs is None or sender is None or sender.pacer_api is None:
+            return None
+        keys = session.keys
+        if (session.config.authenticate and keys is None) or (
+            keys is not None and not runs.verifies_tags
+        ):
             return None
         config = session.config
         waits = cls(runs, sender.pacer_api, session.job, wake,
                     finish_timeout=config.finish_timeout,
-                    completed_memory=config.completed_memory)  # fmt: skip
+                    completed_memory=config.completed_memory, keys=keys)  # fmt: skip
         sender.pacer_made = waits.pacer
         control.closing_inbound = waits.forget
         return waits
@@ -120,11 +136,19 @@ class ControlInWaits:
 
     def follow(self, conn: Inbound) -> None:
         """After Python read inbound connection ``conn`` (still open): watch it if
-        its rank is known, it is trusted and Python holds none of its bytes."""
-        if conn.rank is not None and conn.trusted and not conn.buf:
-            self._runs.watch_control(conn.sock.fileno(), conn.rank)
-        else:
-            self._runs.unwatch_control(conn.sock.fileno())
+        its rank is known, it is trusted and Python holds none of its bytes (and,
+        where the session authenticates, there is a key its rank's tags verify
+        under)."""
+        fd, rank = conn.sock.fileno(), conn.rank
+        if rank is not None and conn.trusted and not conn.buf:
+            if self._keys is None:
+                self._runs.watch_control(fd, rank)
+                return
+            key = self._keys.of(rank)
+            if key is not None:
+                self._runs.watch_control(fd, rank, key)
+                return
+        self._runs.unwatch_control(fd)
 
     def forget(self, fd: int) -> None:
         """Inbound connection ``fd`` is about to close, or Python reads it now: the

@@ -130,15 +130,18 @@ class MessageRuns:
     # RATE reports and STOPs on control connections, taken while the I/O thread
     # waits (dlcp.io.control_in_waits, dlcp/io/_control_frames.h)
 
-    def take_rates(self, pacer_api: Any, job: int) -> None:
+    def take_rates(self, pacer_api: Any, job: int, *, authenticates: bool = False) -> None:
         """While :meth:`DataSockets.receive <dlcp.io.udp.DataSockets.receive>`
         lingers or the table's ``wait`` waits (the I/O thread's selector), the
-        untagged RATE frames of job ``job`` at the head of a watched
-        control connection go to the pacer of their source (:meth:`rate_pacer`)
-        without Python (``pacer_api``: the native engine's ``PACER_API``). Only for
-        a session that does not authenticate: the loop takes no tagged RATE, and
-        must not take an untagged one where tags are required."""
-        self.table.take_rates(pacer_api, job, (VERSION << 4) | PacketType.RATE, RATE_SHARED)
+        RATE frames of job ``job`` at the head of a watched control connection go
+        to the pacer of their source (:meth:`rate_pacer`) without Python
+        (``pacer_api``: the native engine's ``PACER_API``): untagged ones, or, for
+        a session that ``authenticates`` (only where :attr:`verifies_tags`), the
+        tagged ones whose tags verify under the key of their source
+        (:meth:`watch_control`'s); this holds for the STOPs and FINISHes below."""
+        first = (VERSION << 4) | PacketType.RATE
+        auth = int(Flags.AUTH) if authenticates else 0
+        self.table.take_rates(pacer_api, job, first, RATE_SHARED, auth)
 
     def take_stops(self, hold: float) -> None:
         """From now on (after :meth:`take_rates`) the untagged STOP frames at the
@@ -169,11 +172,13 @@ class MessageRuns:
         """The native engine's pacer that ``src``'s RATE reports go to."""
         self.table.rate_pacer(src, pacer)
 
-    def watch_control(self, fd: int, src: int) -> None:
+    def watch_control(self, fd: int, src: int, tag_key: bytes | None = None) -> None:
         """The loop may take ``src``'s RATE frames from inbound control connection
         ``fd``: Python holds none of its stream's bytes unread, so the frames at
-        the head of the socket are its next ones."""
-        self.table.watch_control(fd, src)
+        the head of the socket are its next ones. ``tag_key``: the key of the pair
+        ``src`` -> this rank, which a session that authenticates verifies ``src``'s
+        tags with (the table's key of ``src``, its data's too: :meth:`register`)."""
+        self.table.watch_control(fd, src, tag_key)
 
     def unwatch_control(self, fd: int) -> None:
         """Not any more (before ``fd`` is closed, and while Python holds a partial

@@ -34,7 +34,9 @@ enum {
     GMAC_IV_LEN = 12,
     GMAC_DATA_HEADER_LEN = 32,
     GMAC_DATA_SRC_OFFSET = 26, /* the data header's src field */
+    GMAC_CONTROL_SRC_OFFSET = 10, /* the control header's src field */
     GMAC_DOMAIN_DATA = 0x44,   /* "D" */
+    GMAC_DOMAIN_CONTROL = 0x43, /* "C" */
 };
 
 /* The block cipher GCM runs on: AES-ECB under the key, and whether a block failed. */
@@ -156,15 +158,28 @@ static inline int gmac_seal_gathered(Gmac *g, const uint8_t *header, const uint8
                                3, trailer + GMAC_NONCE_LEN);
 }
 
-/* 1 when a data record's tag is right (compared in constant time), 0 when not, -1 when
- * libcrypto failed. */
-static inline int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
+/* 1 when the tag of a `len`-byte datagram of `domain` (trailer included; its source
+ * rank at src_offset) is right (compared in constant time), 0 when not, -1 when
+ * libcrypto failed. The caller has checked that len holds the header and trailer. */
+static inline int gmac_verify(Gmac *g, int domain, size_t src_offset, const uint8_t *record,
+                              size_t len) {
     const uint8_t *trailer = record + len - GMAC_TRAILER_LEN;
     uint8_t want[GMAC_TAG_LEN];
-    if (gmac_compute(g, GMAC_DOMAIN_DATA, record + GMAC_DATA_SRC_OFFSET,
-                     gmac_load_be64(trailer), record, len - GMAC_TAG_LEN, want) < 0)
+    if (gmac_compute(g, domain, record + src_offset, gmac_load_be64(trailer), record,
+                     len - GMAC_TAG_LEN, want) < 0)
         return -1;
     return CRYPTO_memcmp(want, trailer + GMAC_NONCE_LEN, GMAC_TAG_LEN) == 0;
+}
+
+/* gmac_verify of a data record. */
+static inline int gmac_verify_data(Gmac *g, const uint8_t *record, size_t len) {
+    return gmac_verify(g, GMAC_DOMAIN_DATA, GMAC_DATA_SRC_OFFSET, record, len);
+}
+
+/* gmac_verify of a control datagram (docs/spec.md §5: a 16-byte header, its body,
+ * the trailer). */
+static inline int gmac_verify_control(Gmac *g, const uint8_t *datagram, size_t len) {
+    return gmac_verify(g, GMAC_DOMAIN_CONTROL, GMAC_CONTROL_SRC_OFFSET, datagram, len);
 }
 
 /* Reserves n nonces of a counter cell shared by every thread (and Python's

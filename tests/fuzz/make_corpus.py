@@ -233,7 +233,28 @@ def control_frames_seeds(control: list[dict]) -> list[bytes]:
                                finishes)  # fmt: skip
             seeds += [head + b"".join(frames), head + frame * 5, head + frame * 3 + frame[:17]]
             seeds += [head + f for f in frames]
+        # the job authenticates (the finishes byte's top bit): the same frames tagged
+        # with the target's stand-in tag, one of them with a tag it refuses
+        src = vector["fields"]["src"]
+        tagged = _stand_in_tagged(datagram, src)
+        bad = tagged[:-1] + bytes([tagged[-1] ^ 1])
+        head = struct.pack(">HHBBB", vector["job"], src, 32, 32, 0x80 | 1)
+        seeds += [head + _framed(tagged) * 3, head + _framed(tagged) + _framed(bad),
+                  head + _framed(datagram) + _framed(tagged)]  # fmt: skip
     return seeds
+
+
+def _stand_in_tagged(datagram: bytes, src: int) -> bytes:
+    """``datagram`` with the AUTH flag and a trailer (a nonce, and the tag that
+    fuzz_control_frames.c's stand-in check accepts: 16 bytes of the tagged
+    datagram's length, low byte, xor the source's)."""
+    length = len(datagram) + 24
+    head = datagram[:1] + bytes([datagram[1] | 0x04]) + datagram[2:]
+    return head + struct.pack(">Q", 1) + bytes([(length ^ src) & 0xFF]) * 16
+
+
+def _framed(datagram: bytes) -> bytes:
+    return struct.pack(">I", len(datagram)) + datagram
 
 
 def write(out: Path, target: str, seed: bytes, counts: dict[str, int]) -> None:

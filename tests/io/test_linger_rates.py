@@ -288,7 +288,7 @@ def test_bad_arguments_are_named(lingering: Lingering) -> None:
 def test_endpoints_take_rates_in_the_linger_and_deliver_exactly(authenticate: bool) -> None:
     """Two native endpoints on the loopback, messages one way: the sender's
     linger takes some of the receiver's RATE reports itself and every message
-    arrives exact; an authenticating pair takes none (its RATEs stay Python's)."""
+    arrives exact; an authenticating pair too (tagged RATEs whose tags verify)."""
     from dlcp.io.engine import native_seals
     from dlcp.proto.config import ProtocolConfig
     from tests.io.test_engines import _data, pair, transfer
@@ -304,5 +304,4 @@ def test_endpoints_take_rates_in_the_linger_and_deliver_exactly(authenticate: bo
             data = _data(msg)
             received, _, out = transfer(a, b, data, msg=msg, p=0.0)
             assert np.array_equal(out, data) and received.report.lost_elems == 0
-        by_loop = a.stats()["control_rates_native"]
-        assert by_loop == 0 if authenticate else by_loop > 0
+        assert a.stats()["control_rates_native"] > 0
