@@ -6,10 +6,14 @@ rank 0's median wall, receive calls and control frames read by Python per call.
     DLCP_AUTHENTICATE=1 python -c "import sys; from dlcp.launch import launch; launch(
         [sys.executable, 'ab_auth.py', '60', '6250000', '0.05'], 4, timeout=900)"
 """
-import sys, time
+
+import sys
+import time
+
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from dlcp.collectives import Communicator
 from dlcp.collectives.ring import ring_allreduce
 from dlcp.io.control_in_waits import ENDED_KEYS, STOP_HOLD
@@ -34,8 +38,13 @@ window = round(endpoint._session.config.finish_timeout / 2 * 1e9)
 
 def switch(on: bool) -> None:
     first = lambda t: ((VERSION << 4) | t) if on else 0  # noqa: E731
-    table.take_rates(_native.PACER_API, endpoint._session.job, first(PacketType.RATE),
-                     RATE_SHARED, int(Flags.AUTH))
+    table.take_rates(
+        _native.PACER_API,
+        endpoint._session.job,
+        first(PacketType.RATE),
+        RATE_SHARED,
+        int(Flags.AUTH),
+    )
     table.take_stops(first(PacketType.STOP), round(STOP_HOLD * 1e9))
     table.take_finishes(first(PacketType.FINISH), window, ENDED_KEYS)
 
@@ -64,14 +73,17 @@ for i in range(iters):
     s1 = endpoint.stats()
     turns[mode] += s1["receive_calls"] - s0["receive_calls"]
     read[mode] += (s1["control_in"] - s1["control_stops_native"]) - (
-        s0["control_in"] - s0["control_stops_native"])
+        s0["control_in"] - s0["control_stops_native"]
+    )
 t = torch.tensor([sum(cpu[m]) for m in modes], dtype=torch.float64)
 dist.all_reduce(t)
 if rank == 0:
     k = iters // 2
-    print(f"ring, authenticated: CPU ms per call (4 ranks): read by Python {t[0] / k * 1e3:.1f}, "
-          f"taken in the waits {t[1] / k * 1e3:.1f}, ratio {t[1] / t[0]:.3f}; rank 0 median wall "
-          f"ms {np.median(wall['python']) * 1e3:.1f} / {np.median(wall['waits']) * 1e3:.1f}; "
-          f"rank 0 receive calls per call {turns['python'] / k:.1f} / {turns['waits'] / k:.1f}, "
-          f"control frames read by Python per call {read['python'] / k:.1f} / {read['waits'] / k:.1f}")
+    print(
+        f"ring, authenticated: CPU ms per call (4 ranks): read by Python {t[0] / k * 1e3:.1f}, "
+        f"taken in the waits {t[1] / k * 1e3:.1f}, ratio {t[1] / t[0]:.3f}; rank 0 median wall "
+        f"ms {np.median(wall['python']) * 1e3:.1f} / {np.median(wall['waits']) * 1e3:.1f}; "
+        f"rank 0 receive calls per call {turns['python'] / k:.1f} / {turns['waits'] / k:.1f}, "
+        f"control frames read by Python per call {read['python'] / k:.1f} / {read['waits'] / k:.1f}"
+    )
 endpoint.close()
