@@ -606,19 +606,29 @@ static void *table_verifier(MessageTableObject *self, unsigned src, PyObject *ta
     }
     if (k == NULL) { /* (no message points at a new one yet; the array, under the lock) */
         k = PyMem_RawCalloc(1, sizeof *k);
-        SourceKey **keys = NULL;
+        SourceKey **keys = NULL, *other = NULL;
         if (k != NULL) {
             k->src = src;
             k->gmac = fresh;
             k->len = (size_t)given.len;
             memcpy(k->key, given.buf, k->len);
-            table_lock(self);
-            keys = PyMem_RawRealloc(self->keys, sizeof *keys * (size_t)(self->n_keys + 1));
-            if (keys != NULL) {
+            table_lock(self); /* (which may let another thread in first: look again) */
+            for (ssize_t i = 0; i < self->n_keys && other == NULL; i++)
+                if (self->keys[i]->src == src)
+                    other = self->keys[i];
+            keys = other != NULL ? self->keys
+                                 : PyMem_RawRealloc(self->keys,
+                                                    sizeof *keys * (size_t)(self->n_keys + 1));
+            if (keys != NULL && other == NULL) {
                 self->keys = keys;
                 self->keys[self->n_keys++] = k;
             }
             table_unlock(self);
+        }
+        if (other != NULL) { /* (another thread made src's key meanwhile: give it this one) */
+            source_key_free(k);
+            PyBuffer_Release(&given);
+            return table_verifier(self, src, tag_key);
         }
         if (keys == NULL) {
             if (k != NULL)
@@ -1531,6 +1541,16 @@ static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*IIII|IIIz*:control_frames", &data, &job, &first,
                           &shared_flag, &src, &stop_first, &finish_first, &auth_flag, &key))
         return NULL;
+    if (auth_flag > 0xFF || (key.buf != NULL && key.len != 16 && key.len != 24 && key.len != 32)) {
+        PyErr_Format(PyExc_ValueError,
+                     "control_frames: auth_flag %u out of range or a tag_key of %zd bytes "
+                     "(an AES key: 16, 24 or 32)",
+                     auth_flag, key.buf != NULL ? key.len : (Py_ssize_t)0);
+        PyBuffer_Release(&data);
+        if (key.buf != NULL)
+            PyBuffer_Release(&key);
+        return NULL;
+    }
     ControlRules rules = {(uint8_t)first,     (uint8_t)shared_flag,   (uint16_t)job,
                           (uint8_t)stop_first, (uint8_t)finish_first, (uint8_t)auth_flag};
     FinishFilter finishes = {every_finish, NULL};

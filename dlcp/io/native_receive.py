@@ -144,19 +144,20 @@ class MessageRuns:
         self.table.take_rates(pacer_api, job, first, RATE_SHARED, auth)
 
     def take_stops(self, hold: float) -> None:
-        """From now on (after :meth:`take_rates`) the untagged STOP frames at the
-        head of a watched connection are taken too: the native engine's round of
-        the message each ends is stopped at once, and the frame is kept for
-        :meth:`stops`; a wait ends at most ``hold`` seconds after the first one
-        kept, so that Python applies it by then."""
+        """From now on (after :meth:`take_rates`) the STOP frames at the head of a
+        watched connection are taken too (tagged where the session authenticates):
+        the native engine's round of the message each ends is stopped at once, and
+        the frame is kept for :meth:`stops`; a wait ends at most ``hold`` seconds
+        after the first one kept, so that Python applies it by then."""
         self.table.take_stops((VERSION << 4) | PacketType.STOP, round(hold * 1e9))
 
     def take_finishes(self, crossed: float, keys: int) -> None:
-        """From now on (after :meth:`take_rates`) the waits drop the untagged FINISH
-        frames at the head of a watched connection whose message completed here
-        less than ``crossed`` seconds ago (the inbox answers such a FINISH with
-        nothing: it crossed the STOP), of the last ``keys`` messages that ended
-        (:meth:`ended`; at most what the inbox remembers)."""
+        """From now on (after :meth:`take_rates`) the waits drop the FINISH frames
+        (tagged where the session authenticates) at the head of a watched connection
+        whose message completed here less than ``crossed`` seconds ago (the inbox
+        answers such a FINISH with nothing: it crossed the STOP), of the last
+        ``keys`` messages that ended (:meth:`ended`; at most what the inbox
+        remembers)."""
         first = (VERSION << 4) | PacketType.FINISH
         self.table.take_finishes(first, round(crossed * 1e9), keys)
 

@@ -18,8 +18,8 @@
  *             whose tag the check accepts: here, a stand-in for AES-GMAC that
  *             accepts a tag of 16 bytes equal to the datagram's length, low
  *             byte, xor the source's low byte, so that the fuzzer can reach both
- *             answers; tests/io/test_control_frames.py holds the real tags to
- *             decode_control)
+ *             answers; tests/io/test_control_tags_in_waits.py holds the real tags
+ *             to decode_control)
  *   stream    the rest: the bytes queued on the connection (a heap block of
  *             exactly their length)
  *

@@ -8,6 +8,7 @@ socket for Python, which refuses it as it always did.
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from dlcp.io import native_receive
 from dlcp.io.engine import native_available, native_seals
+from dlcp.proto.auth import Domain
 from dlcp.proto.control import (
     RATE_SHARED,
     ControlMessage,
@@ -26,7 +28,7 @@ from dlcp.proto.control import (
     decode_control,
     encode_control,
 )
-from dlcp.proto.wire import VERSION, Flags, PacketType, WireError
+from dlcp.proto.wire import VERSION, Flags, PacketType, WireError, seal_datagram
 from tests.io.test_linger_rates import FIRST, JOB, SRC, Lingering, _udpio, framed
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +70,8 @@ def walked(stream: bytes, *, auth: int = AUTH, key: bytes | None = KEY) -> tuple
 
 
 def python_applies(frame: bytes, kind: type[Any]) -> bool:
-    """Whether the session, verifying with KEY, applies ``frame`` as a ``kind`` from SRC."""
+    """Whether the session, verifying with KEY, applies ``frame`` as a ``kind`` from SRC
+    (a FINISH with chunks in it: the inbox refuses one without)."""
     (length,) = struct.unpack_from(">I", frame)
     datagram = frame[4:]
     if length != len(datagram) or len(datagram) < 16:
@@ -77,7 +80,19 @@ def python_applies(frame: bytes, kind: type[Any]) -> bool:
         ctrl = decode_control(datagram, job=JOB, key=KEY)
     except WireError:
         return False
+    if isinstance(ctrl, Finish) and ctrl.total_chunks == 0:
+        return False
     return isinstance(ctrl, kind) and ctrl.src == SRC
+
+
+def resealed(frame: bytes, key: bytes = KEY) -> bytes:
+    """``frame`` with its tag made again over what it now says (its header's source
+    rank and its nonce), as a sender with ``key`` would have tagged it."""
+    datagram = frame[4:]
+    src = struct.unpack_from(">H", datagram, 10)[0]
+    nonce = int.from_bytes(datagram[-24:-16], "big")
+    sealed = seal_datagram(datagram[:-24], key, domain=Domain.CONTROL, src=src, nonce=nonce)
+    return frame[:4] + sealed
 
 
 @pytest.mark.parametrize(("kind", "make"), [(RateFeedback, rate), (Stop, stop), (Finish, finish)])
@@ -98,6 +113,45 @@ def test_a_tagged_frame_is_taken_exactly_when_decode_control_accepts_it(
             consumed, _ = walked(frame + good)
             want = len(frame) + len(good) if python_applies(frame, kind) else 0
             assert consumed == want, (i, value)
+
+
+@pytest.mark.parametrize(("kind", "make"), [(RateFeedback, rate), (Stop, stop), (Finish, finish)])
+def test_a_changed_frame_tagged_again_is_taken_exactly_when_decode_control_accepts_it(
+    kind: type[Any], make: Any
+) -> None:
+    """Every single-byte change of a RATE, STOP or FINISH's header and body (its
+    flags, job, source, lengths, counts, tail) tagged again under the key, so that
+    the tag verifies: the walk takes it exactly when the session applies it."""
+    base = make()
+    good = stop(8, 2)
+    taken = 0
+    for i in range(4, len(base) - 24):  # (the length prefix and the trailer aside)
+        for value in {0, 0x80, 0xFF, base[i] ^ 1}:
+            frame = resealed(base[:i] + bytes([value]) + base[i + 1 :])
+            consumed, _ = walked(frame + good)
+            applies = python_applies(frame, kind)
+            taken += applies
+            assert consumed == (len(frame) + len(good) if applies else 0), (i, value)
+    assert taken > 0  # (changes of the step, message and values are still messages)
+
+
+def test_a_frame_tagged_with_another_ranks_key_is_not_taken() -> None:
+    """A table holding the keys of two ranks: a frame on SRC's connection that claims
+    SRC but is tagged with the other rank's key is left to Python."""
+    t = TaggedLingering()
+    other_r, other_w = socket.socketpair()
+    try:
+        t.runs.watch_control(other_r.fileno(), SRC + 1, OTHER_KEY)  # (its key is held too)
+        t.ctl_w.sendall(stop(key=OTHER_KEY))
+        assert t.receive(30.0) < 30.0
+        assert t.left_on_socket() == stop(key=OTHER_KEY) and t.runs.stops_taken == (0, 0)
+        t.ctl_w.sendall(stop())
+        t.receive(0.05)
+        assert t.left_on_socket() == b"" and t.runs.stops_taken == (1, 0)
+    finally:
+        other_r.close()
+        other_w.close()
+        t.close()
 
 
 def test_untagged_wrongly_keyed_and_keyless_frames_stay_for_python() -> None:
@@ -157,7 +211,7 @@ def test_tagged_frames_are_taken_in_the_linger_and_a_bad_tag_ends_it(
     assert t.left_on_socket() == forged and t.runs.rates_taken == 1
 
 
-def test_a_connection_watched_without_a_key_leaves_every_frame_to_python() -> None:
+def test_a_rank_the_table_has_no_key_of_has_every_frame_left_to_python() -> None:
     t = TaggedLingering(key=None)
     try:
         t.ctl_w.sendall(rate())
@@ -168,6 +222,8 @@ def test_a_connection_watched_without_a_key_leaves_every_frame_to_python() -> No
 
 
 def test_bad_arguments_are_named(tagged_lingering: TaggedLingering) -> None:
+    with pytest.raises(ValueError, match="a tag_key of 5 bytes"):
+        walked(stop(), key=b"short")
     table = tagged_lingering.runs.table
     for flag in (3, 1):  # (two bits; the SHARED bit)
         with pytest.raises(ValueError, match=f"auth_flag {flag} is not one flag bit apart from "
