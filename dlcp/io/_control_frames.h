@@ -130,12 +130,12 @@ static inline int frame_header(uint32_t length, const uint8_t *d, const ControlR
 }
 
 /* Whether the frame at f, whose header frame_header accepted, may be taken: no tag
- * needed, or its tag verifies. */
+ * needed, or its tag verifies (tags NULL, or without a check: none does). */
 static inline int frame_tag(const uint8_t *f, const ControlRules *rules, const TagCheck *tags,
                             unsigned src) {
     if (!rules->auth_flag)
         return 1;
-    return tags != NULL &&
+    return tags != NULL && tags->verifies != NULL &&
            tags->verifies(tags->ctx, src, f + CONTROL_FRAME_PREFIX, frame_be32(f)) == 1;
 }
 
@@ -216,7 +216,7 @@ static inline int finish_frame(const uint8_t *f, size_t left, const ControlRules
  * frames from rank `src` (rate_frame, stop_frame, finish_frame), at most max_out
  * frames of which at most max_stops STOPs, no RATE behind a STOP, and FINISHes only
  * where `finishes` (NULL: none) takes them; where the job authenticates, each with a
- * tag that `tags` verifies (NULL: none does). Each goes to out, in stream order, and
+ * tag that `tags` verifies (frame_tag). Each goes to out, in stream order, and
  * *count says how many. The first frame that is none of these, or that the limits
  * leave, ends the walk. */
 static inline size_t control_frames(const uint8_t *buf, size_t n, const ControlRules *rules,

@@ -225,8 +225,8 @@ static int control_watch_absorb(void *ctx, int fd) {
     int64_t now_ns = linger_clock_ns();
     CrossedFinishes crossed = {w, c->src, now_ns};
     FinishFilter finishes = {finish_crossed, &crossed};
-    size_t take = control_frames(buf, (size_t)n, &rules, w->tags.verifies ? &w->tags : NULL,
-                                 c->src, frames, CONTROL_WATCH_FRAMES, room,
+    size_t take = control_frames(buf, (size_t)n, &rules, &w->tags, c->src, frames,
+                                 CONTROL_WATCH_FRAMES, room,
                                  w->crossed_ns > 0 ? &finishes : NULL, &count);
     if (take == 0)
         return 0;

@@ -1556,22 +1556,19 @@ static PyObject *control_frames_py(PyObject *mod, PyObject *args) {
     FinishFilter finishes = {every_finish, NULL};
     ControlFrame frames[CONTROL_WATCH_FRAMES];
     size_t count = 0, consumed = 0;
-    TagCheck tags = {NULL, NULL}, *check = NULL;
+    TagCheck tags = {NULL, NULL}; /* (no key: no tag verifies) */
 #ifdef DLCP_LIBCRYPTO
     Gmac gmac = {NULL, NULL};
-    if (key.buf != NULL && gmac_init(&gmac, key.buf, (size_t)key.len) == 0) {
+    if (key.buf != NULL && gmac_init(&gmac, key.buf, (size_t)key.len) == 0)
         tags = (TagCheck){one_key_verifies, &gmac};
-        check = &tags;
-    }
 #endif
     if (job <= 0xFFFF && first <= 0xFF && shared_flag <= 0xFF && src <= 0xFFFF &&
-        stop_first <= 0xFF && finish_first <= 0xFF && auth_flag <= 0xFF)
-        consumed = control_frames(data.buf, (size_t)data.len, &rules, check, src, frames,
+        stop_first <= 0xFF && finish_first <= 0xFF)
+        consumed = control_frames(data.buf, (size_t)data.len, &rules, &tags, src, frames,
                                   CONTROL_WATCH_FRAMES, CONTROL_WATCH_FRAMES, &finishes, &count);
 #ifdef DLCP_LIBCRYPTO
     gmac_free(&gmac);
 #endif
-    (void)tags;
     PyBuffer_Release(&data);
     if (key.buf != NULL)
         PyBuffer_Release(&key);

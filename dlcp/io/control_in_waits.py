@@ -7,10 +7,10 @@ Python ended the receive loop's linger and cost a turn (~0.2 ms of CPU) to set a
 few numbers in a pacer of the native engine, which is C. A STOP ends a send, and
 was the sending side's one turn of its own a message. So, where the endpoint
 runs both the native receive path and the native engine, the loop reads them
-itself wherever the I/O thread waits (the
-receive call's linger and naps, the selector's wait): a watched control
-connection that turns readable has the whole RATE and STOP frames at the head
-of its socket taken, without the GIL, and the wait goes on
+itself wherever the I/O thread waits (the receive call's linger and naps, the
+selector's wait): a watched control connection that turns readable has the whole
+RATE and STOP frames at the head of its socket taken, without the GIL, and the
+wait goes on
 (``dlcp/io/_control_frames.h`` says which frames: exactly the RATEs and STOPs
 ``decode_control`` accepts from the rank the connection's hello named, untagged,
 or, in a session that authenticates, tagged with a tag that verifies under the
@@ -108,16 +108,12 @@ class ControlInWaits:
         """Take RATE and STOP frames, and FINISHes that crossed their STOP, in the
         waits of ``runs``' receive loop for ``sender``'s pacers and rounds (each pacer
         registered as ``sender`` makes it) from ``control``'s inbound connections (each
-        forgotten before
-        ``control`` closes it), where that can be done: None without the native
-        receive path (``runs``), the native engine or its ``PACER_API``, or when
-        ``session`` authenticates and either has no keys (it refuses every frame) or
-        the table verifies no tags. ``wake`` wakes the I/O thread. Before any pacer
-        is made."""
-        if runs is None or sender is None or sender.pacer_api is None:
-            return None
+        forgotten before ``control`` closes it), where that can be done: None without
+        the native receive path (``runs``), the native engine or its ``PACER_API``, or
+        when ``session`` authenticates (it has keys) and the table verifies no tags.
+        ``wake`` wakes the I/O thread. Before any pacer is made."""
         keys = session.keys
-        if (session.config.authenticate and keys is None) or (
+        if runs is None or sender is None or sender.pacer_api is None or (
             keys is not None and not runs.verifies_tags
         ):
             return None
