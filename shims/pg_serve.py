@@ -105,6 +105,7 @@ class OrderedServers(Generic[_Item]):
     def _loop(self) -> None:
         name_os_thread(self._os_name)
         me = threading.current_thread()
+        counted = True  # whether this thread is one of self._free
         try:
             while True:
                 with self._turn:
@@ -115,6 +116,7 @@ class OrderedServers(Generic[_Item]):
                     complete = self._execute(item)
                 with self._state:
                     self._free -= 1
+                    counted = False
                     if self._free == 0:  # nobody would take the next turn
                         self._start()
                 try:
@@ -122,10 +124,17 @@ class OrderedServers(Generic[_Item]):
                 except Exception:  # a callback's error must not end the group's thread
                     log.exception("%s: completing an operation failed", self._name)
                 with self._state:
-                    self._free += 1
-                    if self._free > KEPT:
+                    # leave if KEPT others are free, never counted again: a thread
+                    # counted as free until its exit made others that looked
+                    # meanwhile leave too, or not start one, and the group was left
+                    # with no thread (the next item never ran)
+                    if self._free >= KEPT:
+                        self._threads.discard(me)
                         return
+                    self._free += 1
+                    counted = True
         finally:
             with self._state:
                 self._threads.discard(me)
-                self._free -= 1
+                if counted:
+                    self._free -= 1

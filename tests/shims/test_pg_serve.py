@@ -105,6 +105,58 @@ def test_threads_beyond_the_kept_ones_leave() -> None:
     assert servers.join(10)
 
 
+class _PausingLock:
+    """A lock whose holder pauses a moment after each release: it widens the gaps
+    between the servers' steps under their state lock, where another thread's step
+    may run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pause = threading.Event()  # (never set: a pause of a known length)
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._pause.wait(0.001)
+
+
+def test_completions_that_return_together_leave_a_thread_for_the_next_item() -> None:
+    """Three completions held at once (four threads), released together, then one
+    more item, twenty times. A thread that decided to leave still counted as free
+    until its exit: the others returning meanwhile left too, the one taking the
+    turn started no thread, and the group was left with none, so the next item
+    never ran (a point-to-point receive then waited out its timeout)."""
+    done = threading.Semaphore(0)
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    def execute(item: int) -> Callable[[], None]:
+        def complete() -> None:
+            if item < 3:
+                entered.release()
+                release.wait(10)
+            done.release()
+
+        return complete
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="t", os_name="t")
+    servers._state = _PausingLock()  # type: ignore[assignment]
+    for round_ in range(20):
+        release.clear()
+        for i in range(3):
+            servers.put(i)
+        assert all(entered.acquire(timeout=10) for _ in range(3)), f"round {round_}"
+        release.set()
+        assert all(done.acquire(timeout=10) for _ in range(3)), f"round {round_}"
+        servers.put(3)
+        assert done.acquire(timeout=10), f"round {round_}: no thread ran the next item"
+        assert 1 <= servers.threads <= KEPT + 1
+    servers.stop()
+    assert servers.join(10)
+
+
 def test_a_completion_may_stop_and_join_its_own_servers() -> None:
     """A callback that shuts the group (or DDP hook state) down joins the threads
     from one of them: it waits for the others, not for itself (joining the
