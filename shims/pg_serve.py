@@ -60,7 +60,8 @@ class OrderedServers(Generic[_Item]):
         self._turn = threading.Lock()
         self._state = threading.Lock()
         self._threads: set[threading.Thread] = set()
-        self._free = 0  # threads not inside a completion
+        #: threads waiting for the turn or holding it (not inside a completion, nor leaving)
+        self._free = 0
         self._started = 0
         with self._state:
             self._start()
@@ -89,7 +90,8 @@ class OrderedServers(Generic[_Item]):
 
     @property
     def threads(self) -> int:
-        """Threads running now (for tests and diagnostics)."""
+        """Threads running now, less those that decided to leave (for tests and
+        diagnostics)."""
         with self._state:
             return len(self._threads)
 
@@ -100,7 +102,12 @@ class OrderedServers(Generic[_Item]):
         )
         self._threads.add(thread)
         self._free += 1
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # (no thread: "can't start new thread")
+            self._threads.discard(thread)
+            self._free -= 1
+            raise
 
     def _loop(self) -> None:
         name_os_thread(self._os_name)

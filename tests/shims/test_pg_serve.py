@@ -125,9 +125,10 @@ class _PausingLock:
 def test_completions_that_return_together_leave_a_thread_for_the_next_item() -> None:
     """Three completions held at once (four threads), released together, then one
     more item, twenty times. A thread that decided to leave still counted as free
-    until its exit: the others returning meanwhile left too, the one taking the
-    turn started no thread, and the group was left with none, so the next item
-    never ran (a point-to-point receive then waited out its timeout)."""
+    until its exit: the others returning meanwhile left too, or the one taking the
+    turn started no thread, and within a few rounds no thread waited for the turn:
+    the items after that never ran (a point-to-point receive then waited out its
+    timeout)."""
     done = threading.Semaphore(0)
     entered = threading.Semaphore(0)
     release = threading.Event()
@@ -147,12 +148,13 @@ def test_completions_that_return_together_leave_a_thread_for_the_next_item() -> 
         release.clear()
         for i in range(3):
             servers.put(i)
-        assert all(entered.acquire(timeout=10) for _ in range(3)), f"round {round_}"
+        ran = all(entered.acquire(timeout=10) for _ in range(3))
+        assert ran, f"round {round_}: no thread ran the round's items"
         release.set()
         assert all(done.acquire(timeout=10) for _ in range(3)), f"round {round_}"
         servers.put(3)
         assert done.acquire(timeout=10), f"round {round_}: no thread ran the next item"
-        assert 1 <= servers.threads <= KEPT + 1
+        assert servers.threads >= 1
     servers.stop()
     assert servers.join(10)
 
