@@ -90,8 +90,7 @@ class OrderedServers(Generic[_Item]):
 
     @property
     def threads(self) -> int:
-        """Threads running now, less those that decided to leave (for tests and
-        diagnostics)."""
+        """Threads running now (for tests and diagnostics)."""
         with self._state:
             return len(self._threads)
 
@@ -100,14 +99,11 @@ class OrderedServers(Generic[_Item]):
         thread = threading.Thread(
             target=self._loop, name=f"{self._name}-{self._started}", daemon=True
         )
+        # started, then counted: one that fails to start never is, and one that starts
+        # cannot leave before it is (leaving takes self._state, held here)
+        thread.start()
         self._threads.add(thread)
         self._free += 1
-        try:
-            thread.start()
-        except BaseException:  # (no thread: "can't start new thread")
-            self._threads.discard(thread)
-            self._free -= 1
-            raise
 
     def _loop(self) -> None:
         name_os_thread(self._os_name)
@@ -136,7 +132,6 @@ class OrderedServers(Generic[_Item]):
                     # meanwhile leave too, or not start one, and the group was left
                     # with no thread (the next item never ran)
                     if self._free >= KEPT:
-                        self._threads.discard(me)
                         return
                     self._free += 1
                     counted = True
