@@ -254,12 +254,16 @@ class Transfers:
                     self.earliest = min(self.earliest, pending.deadline)
                     break
                 del table[key]
+                seen = self._session.progress(
+                    key[0], step=key[1], msg=key[2], outgoing=outgoing, now=now
+                )
                 self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
                 what = "to" if outgoing else "from"
                 pending.future.set_exception(
                     PeerTimeout(
                         f"rank {self._rank}: message (step {key[1]}, msg {key[2]}) {what} rank "
                         f"{key[0]} did not complete within {self._timeout:g} s"
+                        + (f": {seen}" if seen else "")
                     )
                 )
 

@@ -83,7 +83,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Set
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -97,7 +96,9 @@ from .control import Abort, AbortReason, Finish, RateFeedback, Stop
 from .ended import ABORT_OF, Ended, Outcome
 from .events import MessageFailed, MessageReceived
 from .expectation import Expectation
+from .incoming import OPEN_MESSAGE_BYTES, IncomingMessage
 from .orphans import SILENT_WHY, OrphanFinishes
+from .progress import receive_progress
 from .rate_meter import RateMeter
 from .reassembler import GeometryError, Reassembler, check_accumulate
 from .receive_paths import Geometry, ReceivePaths
@@ -112,34 +113,18 @@ __all__ = ["OPEN_MESSAGE_BYTES", "Inbox"]
 _COMPLETED: Final = Outcome.COMPLETED
 
 
-#: what an open message costs beyond its buffer (its reassembler and recovery
-#: state, a few hundred bytes of Python objects; counted against
-#: ``max_unexpected_bytes`` with the buffer)
-OPEN_MESSAGE_BYTES = 1024
-
-
-@dataclass(slots=True)
-class _Incoming:
-    reassembler: Reassembler
-    recovery: ReceiverRecovery
-    unexpected_bytes: int  # buffer bytes charged against max_unexpected_bytes
-    #: the application asked for it (expect): once complete it is handed over, not
-    #: parked, so its charge ends then
-    expected: bool = False
-
-
 #: the most kept of early messages' buffers (two a size; max_unexpected_bytes if less)
 SPARE_BYTES: Final = 128 << 20
 
 
-class Inbox(ReceivePaths[_Incoming]):
+class Inbox(ReceivePaths[IncomingMessage]):
     """Receive state of one rank: every message coming in, from any peer."""
 
     def __init__(self, ctx: SessionContext, peers: Set[int] | None) -> None:
         super().__init__(ctx)
         #: the ranks data may come from (None: any)
         self.peers = peers
-        self._incoming: dict[Key, _Incoming] = {}
+        self._incoming: dict[Key, IncomingMessage] = {}
         self._expected: dict[Key, Expectation] = {}
         #: the messages that ended here, oldest first (``completed_memory`` of them)
         self._ended: OrderedDict[Key, Ended] = OrderedDict()
@@ -232,8 +217,17 @@ class Inbox(ReceivePaths[_Incoming]):
             self._native.unregister(key)
         return want
 
-    def _open_posted(self, key: Key, bound: int, *, now: float) -> _Incoming:
+    def _open_posted(self, key: Key, bound: int, *, now: float) -> IncomingMessage:
         return self._start(key, self._expected.pop(key).opened(bound, now=now), 0, now=now)
+
+    def progress(self, key: Key, *, now: float) -> str:
+        """What this rank had of message ``key`` (:func:`.progress.receive_progress`)."""
+        state = self._incoming.get(key)
+        first, nacked = self._orphan_finish.heard(key)
+        return receive_progress(
+            None if state is None else state.reassembler, finish_first=first,
+            nacked_round=nacked, last_data=self._last_data.get(key[0]), now=now,
+        )  # fmt: skip
 
     def cancel(self, key: Key) -> bool:
         """Forget message ``key`` (the receiver cancelled it); True if it was known."""
@@ -275,7 +269,7 @@ class Inbox(ReceivePaths[_Incoming]):
         now: float,
         geometry: Geometry | None = None,
         headers: npt.NDArray[np.void] | None = None,
-    ) -> _Incoming | None:
+    ) -> IncomingMessage | None:
         """Rules 3 and 4: the message ``n`` admitted datagrams of ``key`` go to,
         opened if it is not under way with the ``geometry`` (dtype, elements,
         chunk elements, wire bound) their header gave, or, for a group of parsed
@@ -294,7 +288,7 @@ class Inbox(ReceivePaths[_Incoming]):
             return None
         return self._open(key, *geometry, n, now=now)
 
-    def _landed(self, key: Key, state: _Incoming, wire_bytes: int, fresh: int, *,
+    def _landed(self, key: Key, state: IncomingMessage, wire_bytes: int, fresh: int, *,
                 now: float, native: bool = False) -> None:  # fmt: skip
         """Rule 5: datagrams of ``wire_bytes`` bytes were written to ``state``,
         ``fresh`` of them new data (``native``: by the native receive loop, which
@@ -317,7 +311,7 @@ class Inbox(ReceivePaths[_Incoming]):
         n_packets: int,
         *,
         now: float,
-    ) -> _Incoming | None:
+    ) -> IncomingMessage | None:
         """Start receiving message ``key`` with the geometry its first ``n_packets``
         packets gave (and their wire ``bound``); None if it cannot be received
         (then those packets are counted as rejected)."""
@@ -368,13 +362,13 @@ class Inbox(ReceivePaths[_Incoming]):
         return self._start(key, r, charged, expected=want is not None, now=now, register=True)
 
     def _start(self, key: Key, r: Reassembler, charged: int, *, now: float, expected: bool = True,
-               register: bool = False) -> _Incoming:  # fmt: skip
+               register: bool = False) -> IncomingMessage:  # fmt: skip
         """Message ``key`` is under way in ``r`` (charged ``charged`` bytes;
         ``register``: with the native loop, if any, which had not got ``r``)."""
         # (a message NACKed whole as an orphan FINISH waited its grace then)
         orphan, nacked_round = self._orphan_finish.claim(key)
         recovery = ReceiverRecovery(r, self.config, nacked_round=nacked_round)
-        state = _Incoming(r, recovery, charged, expected)
+        state = IncomingMessage(r, recovery, charged, expected)
         self._incoming[key] = state
         src = key[0]
         if src in self._under_way:
@@ -388,7 +382,7 @@ class Inbox(ReceivePaths[_Incoming]):
             self._apply_finish(key, state, orphan, now=now)
         return state
 
-    def _check_complete(self, key: Key, state: _Incoming, *, now: float) -> None:
+    def _check_complete(self, key: Key, state: IncomingMessage, *, now: float) -> None:
         r = state.reassembler
         if not r.is_complete() or not state.recovery.on_complete(now=now):
             return  # (complete by the bound: SETTLING, data still in flight may land)
@@ -402,7 +396,7 @@ class Inbox(ReceivePaths[_Incoming]):
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
 
-    def _leave(self, key: Key) -> _Incoming | None:
+    def _leave(self, key: Key) -> IncomingMessage | None:
         """Message ``key`` is no longer under way (whatever ended it): its state,
         if it was. The native receive loop writes nothing more into it."""
         state = self._incoming.pop(key, None)
@@ -424,7 +418,9 @@ class Inbox(ReceivePaths[_Incoming]):
         while len(self._ended) > self.config.completed_memory:
             self._ended.popitem(last=False)
 
-    def _apply_finish(self, key: Key, state: _Incoming, finish: Finish, *, now: float) -> None:
+    def _apply_finish(
+        self, key: Key, state: IncomingMessage, finish: Finish, *, now: float
+    ) -> None:
         if not state.reassembler.on_finish(finish):
             self.stats.reject("geometry")
             return
@@ -456,7 +452,9 @@ class Inbox(ReceivePaths[_Incoming]):
         refusal = Abort(key[1], key[2], self.rank, AbortReason.UNCLAIMED_LIMIT, by_receiver=True)
         self._queue(key[0], refusal)
 
-    def fail(self, key: Key, state: _Incoming | None, why: str, peer_timeout: bool = False) -> None:
+    def fail(
+        self, key: Key, state: IncomingMessage | None, why: str, peer_timeout: bool = False
+    ) -> None:
         if state is not None:
             self._unexpected_bytes -= state.unexpected_bytes
         self._remember(key, Ended(Outcome.FAILED))

@@ -64,6 +64,12 @@ class OrphanFinishes:
         has since the first (the silent-path clock runs for it)."""
         return key in self._silent_since
 
+    def heard(self, key: Key) -> tuple[float | None, int | None]:
+        """When message ``key``'s first FINISH came while none of its data had
+        (None: none did, or it was forgotten), and the round NACKed whole (None)."""
+        entry = self._by_key.get(key)
+        return (entry[2] if entry else self._silent_since.get(key)), self._nacked.get(key)
+
     def keys(self) -> KeysView[Key]:
         return self._by_key.keys()
 

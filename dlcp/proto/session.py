@@ -53,6 +53,7 @@ from .inbox import Inbox
 from .outbox import Outbox
 from .pacing import Pacer
 from .packetizer import Segments
+from .progress import send_progress
 from .receive_paths import NativeRuns, Taken
 from .wire import PacketType, WireError
 
@@ -196,6 +197,18 @@ class Session:
             Abort(step, msg, self.rank, reason=AbortReason.CANCELLED, by_receiver=not outgoing),
         )
         return True
+
+    def progress(self, peer: int, *, step: int, msg: int, outgoing: bool, now: float) -> str:
+        """What this rank had seen of a message it sends to (``outgoing``) or
+        receives from ``peer``, in words (:mod:`.progress`): for the error of a
+        driver that gives up on it. "" for a send it does not know."""
+        key = (peer, step, msg)
+        if not outgoing:
+            return self._inbox.progress(key, now=now)
+        dst = self._outbox.peers.get(peer)
+        o = dst.outgoing.get(key) if dst is not None else None
+        timeout = self.config.finish_timeout  # (the FINISH's timer runs from its last try)
+        return "" if o is None else send_progress(o, finish_timeout=timeout, now=now)
 
     def release(self, src: int, *, step: int, msg: int) -> None:
         """The application took message (src, step, msg), which completed before
