@@ -116,12 +116,24 @@ class OrderedServers(Generic[_Item]):
                     if item is None:
                         self._items.put(None)  # for the other threads
                         return
-                    complete = self._execute(item)
+                    try:
+                        complete = self._execute(item)
+                    except Exception:  # (execute settles its own errors: a defect)
+                        # the thread stays: it may be the only one the turn waits for
+                        log.exception("%s: running an operation failed", self._name)
+                        continue
                 with self._state:
                     self._free -= 1
                     counted = False
                     if self._free == 0:  # nobody would take the next turn
-                        self._start()
+                        try:
+                            self._start()
+                        except RuntimeError:  # (no thread to be had: this one goes on)
+                            log.exception(
+                                "%s: no thread for the next operation; it waits until this "
+                                "one's completion returns",
+                                self._name,
+                            )
                 try:
                     complete()
                 except Exception:  # a callback's error must not end the group's thread

@@ -75,6 +75,55 @@ def test_a_failing_completion_does_not_stop_the_others(caplog: pytest.LogCapture
     assert "srv: completing an operation failed" in caplog.text
 
 
+def test_an_operation_that_raises_does_not_end_the_thread_the_turn_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """execute settles its own errors; one that raises anyway (a defect) is logged,
+    and the thread goes on: it may be the only one waiting for the turn, and
+    without it the items queued after would never run."""
+    ran: list[int] = []
+
+    def execute(item: int) -> Callable[[], None]:
+        if item == 1:
+            raise RuntimeError("a defect in execute")
+        ran.append(item)
+        return lambda: None
+
+    servers: OrderedServers[int] = OrderedServers(execute, name="srv", os_name="srv")
+    for i in range(4):
+        servers.put(i)
+    servers.stop()
+    assert servers.join(10)
+    assert ran == [0, 2, 3]
+    assert "srv: running an operation failed" in caplog.text
+
+
+def test_a_thread_that_cannot_be_started_leaves_the_next_item_to_the_one_that_tried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When every thread is in a completion the group starts another; if the
+    system has none to give, the thread that asked completes its operation and
+    then takes the next turn itself (before, the error ended it, its completion
+    never ran and nothing ran the items after)."""
+    real = threading.Thread
+
+    class Refused(real):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    completed: list[int] = []
+    servers: OrderedServers[int] = OrderedServers(
+        lambda item: lambda: completed.append(item), name="srv", os_name="srv"
+    )
+    monkeypatch.setattr("shims.pg_serve.threading.Thread", Refused)  # (after the first)
+    for i in range(3):
+        servers.put(i)
+    servers.stop()
+    assert servers.join(10)
+    assert completed == [0, 1, 2]
+    assert "srv: no thread for the next operation" in caplog.text
+
+
 def test_threads_beyond_the_kept_ones_leave() -> None:
     release = threading.Event()
     entered = threading.Semaphore(0)
