@@ -81,7 +81,7 @@ extensions = [
               extra_compile_args=["-O2"], optional=True, **with_crypto),
     Extension("dlcp.io._engine", ["dlcp/io/_engine.c"],
               depends=["dlcp/io/_sendmmsg.h", "dlcp/io/_round_geometry.h", "dlcp/io/_pacer_api.h",
-                       "dlcp/io/_control_writes.h", "dlcp/proto/gmac.h"],
+                       "dlcp/io/_control_writes.h", "dlcp/io/_host_queue.h", "dlcp/proto/gmac.h"],
               extra_compile_args=["-O2", *WARNINGS], extra_link_args=["-lpthread"],
               optional=True, **with_crypto),
 ]  # fmt: skip

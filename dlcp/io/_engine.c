@@ -31,10 +31,12 @@
  *     the same calls and compares every answer). The pacer is asked and
  *     charged under the engine's lock when the batch is claimed, so the rate
  *     holds whatever the number of threads. With queue_limit (the default), it
- *     goes only while the host holds no more than four bursts of the engine's
- *     datagrams (queue_full): a pacer above the host link's rate would otherwise
- *     fill the host's qdisc, which reaches the switch at the link's rate whatever
- *     the pacer learns later.
+ *     goes only while the host holds little of the engine's datagrams (four
+ *     bursts, then 2 ms of what the host's queue was seen to drain; a batch no
+ *     more than the room left: _host_queue.h): a pacer above the host link's rate
+ *     would otherwise fill the host's qdisc, which reaches the switch at the
+ *     link's rate whatever the pacer learns later, and which the rank's
+ *     retransmissions and control messages wait behind.
  *  4. Within a batch, runs of records with the same path go in sendmmsg calls,
  *     per_message datagrams (the round's) per (GSO) message, with the batch's
  *     TOS byte, from the round's own memory (no copy). One thread sends a
@@ -131,6 +133,7 @@
 #include "_round_geometry.h" /* post()'s checks and the batches of a round */
 #include "_control_writes.h"
 #include "_pacer_api.h" /* the pacers as the receive loop's linger feeds them */
+#include "_host_queue.h" /* rule 8: the host's queue of the engine's datagrams */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h"
@@ -487,10 +490,8 @@ typedef struct Engine {
     int n_peers;
     Round *done_head, *done_tail; /* completed, for reap() */
     unsigned long long batches, datagrams, send_calls;
-    /* the host's queue of this engine's datagrams (local_queue): on or off, what it
-       held when last read, and the bytes claimed since */
-    int queue_limited;
-    double queue_seen, queue_unread;
+    /* the host's queue of this engine's datagrams (_host_queue.h) */
+    HostQueue queue;
     /* rule 9: the control connections by rank (NULL: none adopted yet; an entry
        lives as long as the engine), how long a write may wait for room, and what
        the send threads wrote; signalled: the eventfd was written since reap()
@@ -823,50 +824,6 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     return 1;
 }
 
-/* What the host still holds of this engine's datagrams, bytes as the kernel charges
-   them (each with its buffer's overhead): queued in front of the NIC, in the
-   qdisc or the device's ring, until they leave. SIOCOUTQ, summed over the data
-   sockets. (A loopback or a veth frees a datagram as it passes it on.) */
-static double local_queue(const Engine *e) {
-    double sum = 0;
-    for (int i = 0; i < e->n_fds; i++) {
-        int v = 0;
-        if (ioctl(e->fds[i], SIOCOUTQ, &v) == 0 && v > 0)
-            sum += v;
-    }
-    return sum;
-}
-
-/* Whether the host's queue holds more than a few bursts: then the pacer's rate is
-   above what the host's link drains, and sending more would only lengthen that
-   queue, which reaches the switch at the link's rate whatever the pacer learns
-   later. If so, *wake gets when enough of it should have left; if not, the batch
-   of nbytes is counted as claimed. A queue that held anything is read again before
-   every batch, an empty one once half the limit was claimed since (a loopback or a
-   veth lets a datagram go as it passes it on: there it stays empty). */
-#define QUEUE_MIN_LIMIT (64.0 * 1024.0)
-static int queue_full(Engine *e, double burst, double rate, double nbytes, double now,
-                      double *wake) {
-    if (!e->queue_limited)
-        return 0;
-    double limit = 4.0 * burst;
-    if (limit < QUEUE_MIN_LIMIT)
-        limit = QUEUE_MIN_LIMIT;
-    if (e->queue_seen > 0 || e->queue_unread >= limit / 2) {
-        e->queue_seen = local_queue(e);
-        e->queue_unread = 0;
-    }
-    if (e->queue_seen <= limit) {
-        e->queue_unread += nbytes;
-        return 0;
-    }
-    double wait = (e->queue_seen - limit) / rate;
-    double t = now + (wait > 5e-5 ? wait : 5e-5);
-    if (t < *wake)
-        *wake = t;
-    return 1;
-}
-
 /* The next batch to peer if its pacer lets it go at `now`: its round (NULL if
  * none, or none may go yet: *wake then says when one may), its end and bytes.
  * With the lock held. */
@@ -882,6 +839,7 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
         most = 1;
     if (most > e->batch_packets)
         most = e->batch_packets;
+    most = host_queue_batch(&e->queue, burst, r->stride, most);
     *stop = batch_end(r, r->cursor, most);
     *nbytes = (double)batch_nbytes(r, r->cursor, *stop);
     double t = pacer_next_send_time(peer->pacer, *nbytes, now);
@@ -892,7 +850,8 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
             *wake = t;
         return NULL;
     }
-    if (!isinf(rate) && queue_full(e, burst, rate, *nbytes, now, wake))
+    if (!isinf(rate) &&
+        host_queue_full(&e->queue, e->fds, e->n_fds, burst, rate, *nbytes, now, wake))
         return NULL;
     return r;
 }
@@ -1313,7 +1272,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(seq);
     e->n_fds = (int)n;
     e->batch_packets = batch_packets;
-    e->queue_limited = queue_limit;
+    e->queue.limited = queue_limit;
     e->n_threads = n_threads;
     e->timed_wait = INFINITY;
     e->control_timeout = control_timeout;
