@@ -133,7 +133,7 @@
 #include "_round_geometry.h" /* post()'s checks and the batches of a round */
 #include "_control_writes.h"
 #include "_pacer_api.h" /* the pacers as the receive loop's linger feeds them */
-#include "_host_queue.h" /* rule 8: the host's queue of the engine's datagrams */
+#include "_host_queue.h" /* rule 3: the host's queue of the engine's datagrams */
 #include "_sendmmsg.h"
 #ifdef DLCP_LIBCRYPTO
 #include "../proto/gmac.h"
@@ -781,6 +781,7 @@ static int send_batch_of(Engine *e, Peer *peer, Round *r, Py_ssize_t stop, doubl
     }
     r->last_t = now;
     r->last_b = peer->sent_bytes;
+    host_queue_claim(&e->queue, nbytes);
     /* the pacer is charged now, as the Python engine charges it when it decides:
        another thread deciding while this batch is on its way sees it spent */
     lock_from(&peer->pacer->lock, gil);
@@ -839,7 +840,6 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
         most = 1;
     if (most > e->batch_packets)
         most = e->batch_packets;
-    most = host_queue_batch(&e->queue, burst, r->stride, most);
     *stop = batch_end(r, r->cursor, most);
     *nbytes = (double)batch_nbytes(r, r->cursor, *stop);
     double t = pacer_next_send_time(peer->pacer, *nbytes, now);
@@ -850,9 +850,15 @@ static Round *next_batch(Engine *e, Peer *peer, double now, Py_ssize_t *stop, do
             *wake = t;
         return NULL;
     }
-    if (!isinf(rate) &&
-        host_queue_full(&e->queue, e->fds, e->n_fds, burst, rate, *nbytes, now, wake))
+    if (isinf(rate))
+        return r;
+    if (host_queue_hold(&e->queue, e->fds, e->n_fds, burst, rate, now, wake))
         return NULL;
+    Py_ssize_t room = host_queue_batch(&e->queue, burst, r->stride, *stop - r->cursor);
+    if (room < *stop - r->cursor) { /* (fewer records: the pacer's answer holds) */
+        *stop = batch_end(r, r->cursor, room);
+        *nbytes = (double)batch_nbytes(r, r->cursor, *stop);
+    }
     return r;
 }
 

@@ -18,9 +18,12 @@
  *
  * The drain is measured between two reads of a queue that stayed backlogged while
  * the engine claimed nothing (it was holding its batches): what left over the time
- * between them is the link's rate, as charged. Once measured, a batch claims no
- * more than the room left under the limit, and a held batch waits until half the
- * limit is left, not for each datagram's room. A queue that held anything is read
+ * between them is the link's rate, as charged; a queue found empty after such a
+ * wait drained at least what it held, which raises a lower estimate. Once measured,
+ * a batch claims about the room left under the limit (in its datagrams' bytes), and
+ * a held batch waits until half the limit is left, not for each datagram's room.
+ * The engine calls host_queue_hold, then host_queue_batch, under its lock when it
+ * plans a batch, and host_queue_claim when it sends one. A queue that held anything is read
  * before every batch, an empty one once half the limit was claimed since (a
  * loopback or a veth lets a datagram go as it passes it on: there it stays empty,
  * and the first rule stands).
@@ -74,8 +77,49 @@ static inline double host_queue_limit(const HostQueue *q, double burst) {
     return limit;
 }
 
-/* The most records of `stride` bytes the next batch may claim (at least one): the
-   room left under the limit once the drain is known, else no bound. */
+/* Reads the queue if it is due (it held anything when last read, or half the limit
+   was claimed since), and learns its drain from the read: a queue that stayed
+   backlogged while nothing was claimed drained (before - now) over the time
+   between; one found empty drained at least all it held then, which raises an
+   estimate that was lower (a wait planned on too low a drain outlasts the queue,
+   and an empty queue gives no other sample). Then whether the queue is too full for
+   another batch (1), with *wake lowered to when enough of it should have left, or
+   not (0). `rate`: the pacer's, what the wait assumes until the drain is known. */
+static inline int host_queue_hold(HostQueue *q, const int *fds, int n_fds, double burst,
+                                  double rate, double now, double *wake) {
+    if (!q->limited)
+        return 0;
+    double limit = host_queue_limit(q, burst);
+    if (q->seen > 0 || q->unread >= limit / 2) {
+        double seen = host_queue_read(fds, n_fds);
+        double dt = now - q->read_t;
+        if (q->unread == 0 && q->seen > seen && dt >= HOST_QUEUE_MIN_INTERVAL) {
+            double d = (q->seen - seen) / dt;
+            if (seen > 0) /* (all of it left while it stayed backlogged) */
+                q->drain = q->drain > 0 ? q->drain + HOST_QUEUE_DRAIN_GAIN * (d - q->drain) : d;
+            else if (q->drain > 0 && d > q->drain) /* (at least this left) */
+                q->drain = d;
+            limit = host_queue_limit(q, burst);
+        }
+        q->seen = seen;
+        q->read_t = now;
+        q->unread = 0;
+    }
+    if (q->seen <= limit)
+        return 0;
+    double wait = q->drain > 0 ? (q->seen - limit / 2) / q->drain : (q->seen - limit) / rate;
+    /* (not measured yet: the next read comes late enough to measure it) */
+    double least = q->drain > 0 ? 5e-5 : HOST_QUEUE_MIN_INTERVAL;
+    double t = now + (wait > least ? wait : least);
+    if (t < *wake)
+        *wake = t;
+    return 1;
+}
+
+/* The most records of `stride` bytes the next batch may claim (at least one, at most
+   `most`), once the drain is known: the room left under the limit at the read
+   host_queue_hold just made, in the records' own bytes (the kernel charges each
+   datagram more: the queue may pass the limit by that much). */
 static inline ssize_t host_queue_batch(const HostQueue *q, double burst, ssize_t stride,
                                        ssize_t most) {
     if (!q->limited || q->drain <= 0 || stride <= 0)
@@ -87,37 +131,10 @@ static inline ssize_t host_queue_batch(const HostQueue *q, double burst, ssize_t
     return n < most ? n : most;
 }
 
-/* Whether the queue is too full for a batch of nbytes now (1), with *wake then
-   lowered to when enough of it should have left, or not (0), with the batch counted
-   as claimed. `rate`: the pacer's, what the wait assumes until the drain is known. */
-static inline int host_queue_full(HostQueue *q, const int *fds, int n_fds, double burst,
-                                  double rate, double nbytes, double now, double *wake) {
-    if (!q->limited)
-        return 0;
-    double limit = host_queue_limit(q, burst);
-    if (q->seen > 0 || q->unread >= limit / 2) {
-        double seen = host_queue_read(fds, n_fds);
-        double dt = now - q->read_t;
-        if (q->unread == 0 && seen > 0 && q->seen > seen && dt >= HOST_QUEUE_MIN_INTERVAL) {
-            double d = (q->seen - seen) / dt; /* (nothing added: all of it left) */
-            q->drain = q->drain > 0 ? q->drain + HOST_QUEUE_DRAIN_GAIN * (d - q->drain) : d;
-            limit = host_queue_limit(q, burst);
-        }
-        q->seen = seen;
-        q->read_t = now;
-        q->unread = 0;
-    }
-    if (q->seen <= limit) {
-        q->unread += nbytes;
-        return 0;
-    }
-    double wait = q->drain > 0 ? (q->seen - limit / 2) / q->drain : (q->seen - limit) / rate;
-    /* (not measured yet: the next read comes late enough to measure it) */
-    double least = q->drain > 0 ? 5e-5 : HOST_QUEUE_MIN_INTERVAL;
-    double t = now + (wait > least ? wait : least);
-    if (t < *wake)
-        *wake = t;
-    return 1;
+/* A batch of nbytes went into the queue (counted where it is sent, so a batch
+   planned but not sent is not). */
+static inline void host_queue_claim(HostQueue *q, double nbytes) {
+    q->unread += nbytes;
 }
 
 #endif

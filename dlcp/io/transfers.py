@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from ..proto.session import MessageDelivered, MessageFailed, MessageReceived, Se
 from .records import Pending, Received
 
 __all__ = ["Key", "Transfers"]
+
+log = logging.getLogger("dlcp.io")
 
 Key = tuple[int, int, int]  # (peer, step, msg)
 
@@ -254,9 +257,13 @@ class Transfers:
                     self.earliest = min(self.earliest, pending.deadline)
                     break
                 del table[key]
-                seen = self._session.progress(
-                    key[0], step=key[1], msg=key[2], outgoing=outgoing, now=now
-                )
+                try:  # (words for the error: never a reason to end the I/O thread)
+                    seen = self._session.progress(
+                        key[0], step=key[1], msg=key[2], outgoing=outgoing, now=now
+                    )
+                except Exception:
+                    log.exception("rank %d: describing message %s failed", self._rank, key)
+                    seen = ""
                 self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
                 what = "to" if outgoing else "from"
                 pending.future.set_exception(

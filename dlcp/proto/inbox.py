@@ -222,11 +222,12 @@ class Inbox(ReceivePaths[IncomingMessage]):
 
     def progress(self, key: Key, *, now: float) -> str:
         """What this rank had of message ``key`` (:func:`.progress.receive_progress`)."""
-        state = self._incoming.get(key)
+        state, want = self._incoming.get(key), self._expected.get(key)
         first, nacked = self._orphan_finish.heard(key)
         return receive_progress(
             None if state is None else state.reassembler, finish_first=first,
             nacked_round=nacked, last_data=self._last_data.get(key[0]), now=now,
+            misfit=want.misfit if want else None, misfits=want.misfits if want else 0,
         )  # fmt: skip
 
     def cancel(self, key: Key) -> bool:

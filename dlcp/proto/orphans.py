@@ -52,6 +52,9 @@ class OrphanFinishes:
         #: when each message's first FINISH came, while none of its data has (kept
         #: across its rounds, the newest MAX_ORPHAN_FINISH): a silent path's clock
         self._silent_since: dict[Key, float] = {}
+        #: the same, kept until its data comes or it ends (not cleared by a NACK or by
+        #: other data of its sender, as the clock above is): what a timeout reports
+        self._first_heard: dict[Key, float] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -67,8 +70,7 @@ class OrphanFinishes:
     def heard(self, key: Key) -> tuple[float | None, int | None]:
         """When message ``key``'s first FINISH came while none of its data had
         (None: none did, or it was forgotten), and the round NACKed whole (None)."""
-        entry = self._by_key.get(key)
-        return (entry[2] if entry else self._silent_since.get(key)), self._nacked.get(key)
+        return self._first_heard.get(key), self._nacked.get(key)
 
     def keys(self) -> KeysView[Key]:
         return self._by_key.keys()
@@ -83,6 +85,9 @@ class OrphanFinishes:
         self._silent_since.setdefault(key, now)
         if len(self._silent_since) > MAX_ORPHAN_FINISH:
             del self._silent_since[next(iter(self._silent_since))]
+        self._first_heard.setdefault(key, now)
+        if len(self._first_heard) > MAX_ORPHAN_FINISH:
+            del self._first_heard[next(iter(self._first_heard))]
 
     def pop(self, key: Key) -> Finish | None:
         """The FINISH of ``key``, forgotten here (its data came, or it ended)."""
@@ -93,6 +98,7 @@ class OrphanFinishes:
         FINISH (None: none came) and the round NACKed whole (None: none)."""
         entry = self._by_key.pop(key, None)
         self._silent_since.pop(key, None)
+        self._first_heard.pop(key, None)
         return (None if entry is None else entry[0]), self._nacked.pop(key, None)
 
     def next_deadline(self) -> float | None:

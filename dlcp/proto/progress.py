@@ -34,17 +34,25 @@ def receive_progress(
     nacked_round: int | None,
     last_data: float | None,
     now: float,
+    misfit: str | None = None,
+    misfits: int = 0,
 ) -> str:
-    """A receive's state: ``r`` the message's reassembler (None: no data of it
-    came), ``finish_first`` when its first FINISH came with none of its data (None:
+    """A receive's state: ``r`` the message's reassembler (None: no data of it was
+    taken), ``finish_first`` when its first FINISH came with none of its data (None:
     none came), ``nacked_round`` the round whose chunks were all asked for again
     (None: none), ``last_data`` when any data of the same sender last arrived
-    (None: none has)."""
+    (None: none has), ``misfit`` why its datagrams were refused and ``misfits`` how
+    many (the receive posted for it does not fit them)."""
     sender = (
         "no data from that rank has arrived here"
         if last_data is None
         else f"data from that rank last arrived {_ago(last_data, now)}"
     )
+    if r is None and misfits:
+        return (
+            f"{misfits:,} of its datagrams arrived and were refused: {misfit}; "
+            f"{'its FINISH arrived' if finish_first is not None else 'no FINISH came'}; {sender}"
+        )
     if r is None:
         if finish_first is None:
             return f"nothing of it arrived here, neither data nor its FINISH; {sender}"
@@ -75,8 +83,10 @@ def send_progress(o: OutgoingMessage, *, finish_timeout: float, now: float) -> s
             f"all {total:,} datagrams of round {rec.round} went out and its FINISH was sent "
             f"{rec.finish_tries} time(s){last}, and neither STOP nor NACK came back"
         )
-    if rec.phase is not SendPhase.SENDING:
-        return f"it had {rec.phase.value}"
+    if rec.phase is SendPhase.DONE:
+        return "its STOP had come"
+    if rec.phase is SendPhase.FAILED:
+        return f"it had failed: {rec.failure.message if rec.failure else 'no reason kept'}"
     if o.cursor == 0:
         return (
             f"none of the {total:,} datagrams of round {rec.round} had gone out (held by "

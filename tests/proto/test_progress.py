@@ -135,3 +135,38 @@ def test_a_send_that_has_not_gone_out_says_what_holds_it() -> None:
 def test_a_message_the_session_does_not_know_says_nothing() -> None:
     a, _ = _pair()
     assert a.progress(1, step=9, msg=9, outgoing=True, now=1.0) == ""
+
+
+def test_a_finish_nacked_whole_while_other_data_of_its_sender_came_still_says_so() -> None:
+    """The orphan FINISH's entry and its silent-path clock are cleared by its NACK and
+    by the sender's other data; what a timeout reports is kept until its own data
+    comes (before, it read "nothing of it arrived" then)."""
+    a, b = _pair()
+    b.expect_message(0, step=2, msg=0, out=np.zeros_like(X))
+    a.send_message(1, X, step=2, msg=0, now=0.0)
+    data, control = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    step_of = [int.from_bytes(bytes(d.data[4:8]), "big") for d in data]
+    for d, step in zip(data, step_of, strict=True):  # step 1's data is lost, step 2's comes
+        if step == 2:
+            b.receive_batch(np.frombuffer(bytes(d.data), np.uint8), d.segment_size, now=0.5)
+    for c in control:  # both FINISHes come
+        b.receive_datagram(c.data, now=0.5)
+    now = 0.5
+    while (timer := b.get_timer()) is not None and timer < 2.0:  # step 1's FINISH NACKed whole
+        now = timer
+        b.handle_timer(now=now)
+    said = _receive_progress(b, 10.5)
+    assert said.startswith("its FINISH arrived 10 s ago (all of round 0 was NACKed)"), said
+
+
+def test_data_refused_by_the_receive_posted_for_it_says_why() -> None:
+    a, b = (Session(rank=r, job=JOB, config=CFG) for r in range(2))
+    b.expect_message(0, step=1, msg=0, out=np.zeros(100, np.float32))  # not the message's size
+    a.send_message(1, X, step=1, msg=0, now=0.0)
+    data, _ = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    _receive(b, _datagrams(data), now=1.0)
+    said = _receive_progress(b, 2.0)
+    assert re.match(r"100 of its datagrams arrived and were refused: packet does not fit", said), (
+        said
+    )
+    assert said.endswith("no FINISH came; data from that rank last arrived 1 s ago"), said

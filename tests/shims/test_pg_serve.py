@@ -79,22 +79,26 @@ def test_an_operation_that_raises_does_not_end_the_thread_the_turn_waits_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """execute settles its own errors; one that raises anyway (a defect) is logged,
-    and the thread goes on: it may be the only one waiting for the turn, and
-    without it the items queued after would never run."""
-    ran: list[int] = []
+    and the thread goes on. Here it is the only thread free to take the turn: item
+    0's completion waits for item 2 to run, and item 1's execute raises. Before, the
+    error ended that thread, item 2 never ran and item 0's completion waited for
+    ever."""
+    two_ran = threading.Event()
+    waited: list[bool] = []
 
     def execute(item: int) -> Callable[[], None]:
         if item == 1:
             raise RuntimeError("a defect in execute")
-        ran.append(item)
-        return lambda: None
+        if item == 2:
+            two_ran.set()
+        return lambda: waited.append(two_ran.wait(10)) if item == 0 else None
 
     servers: OrderedServers[int] = OrderedServers(execute, name="srv", os_name="srv")
-    for i in range(4):
+    for i in range(3):
         servers.put(i)
     servers.stop()
-    assert servers.join(10)
-    assert ran == [0, 2, 3]
+    assert servers.join(15)
+    assert waited == [True], "item 2 never ran: no thread took the turn after item 1's"
     assert "srv: running an operation failed" in caplog.text
 
 
