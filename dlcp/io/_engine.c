@@ -32,8 +32,8 @@
  *     charged under the engine's lock when the batch is claimed, so the rate
  *     holds whatever the number of threads. With queue_limit (the default), it
  *     goes only while the host holds little of the engine's datagrams (four
- *     bursts, then 2 ms of what the host's queue was seen to drain; a batch no
- *     more than the room left: _host_queue.h): a pacer above the host link's rate
+ *     bursts, then 2 ms of what the host's queue was seen to drain; a batch of
+ *     about the room left: _host_queue.h): a pacer above the host link's rate
  *     would otherwise fill the host's qdisc, which reaches the switch at the
  *     link's rate whatever the pacer learns later, and which the rank's
  *     retransmissions and control messages wait behind.

@@ -32,6 +32,19 @@ def _split(items: list[object]) -> tuple[list[DataBatch], list[ControlDatagram]]
     return data, control
 
 
+def _sent(a: Session) -> tuple[list[DataBatch], list[ControlDatagram]]:
+    """What ``a`` sends at time 0: its data batches and its control datagrams."""
+    return _split(a.datagrams_to_send(now=0.0, max_batches=64))
+
+
+def _run_timers(s: Session, now: float, *, until: float) -> float:
+    """``s``'s timers as they fall due from ``now`` up to ``until``; the last one's time."""
+    while (timer := s.get_timer()) is not None and timer < until:
+        now = timer
+        s.handle_timer(now=now)
+    return now
+
+
 def _datagrams(batches: list[DataBatch]) -> list[tuple[bytes, int]]:
     out = []
     for b in batches:
@@ -61,7 +74,7 @@ def test_a_receive_of_which_nothing_came_says_so_and_when_its_sender_was_last_he
 
 def test_a_finish_without_data_points_at_the_data_path() -> None:
     a, b = _pair()
-    _, control = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    _, control = _sent(a)
     assert control, "the round's FINISH follows its data"
     for c in control:  # the FINISH arrives, the data does not
         b.receive_datagram(c.data, now=1.0)
@@ -72,7 +85,7 @@ def test_a_finish_without_data_points_at_the_data_path() -> None:
 
 def test_part_of_the_data_and_no_finish_says_how_much_and_that_the_sender_stopped() -> None:
     a, b = _pair()
-    data, _ = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    data, _ = _sent(a)
     grams = _datagrams(data)
     assert len(grams) == 100
     _receive(b, grams[:30], now=2.0)  # 30 chunks; the rest and the FINISH do not come
@@ -85,15 +98,12 @@ def test_part_of_the_data_and_no_finish_says_how_much_and_that_the_sender_stoppe
 
 def test_data_with_a_loss_and_the_finish_says_the_round_and_the_nacks() -> None:
     a, b = _pair()
-    data, control = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    data, control = _sent(a)
     grams = _datagrams(data)
     _receive(b, grams[:50] + grams[51:], now=0.5)  # chunk 50 is lost
     for c in control:
         b.receive_datagram(c.data, now=0.5)
-    now = 0.5
-    while (timer := b.get_timer()) is not None and timer < 1.0:  # its NACK goes out
-        now = timer
-        b.handle_timer(now=now)
+    now = _run_timers(b, 0.5, until=1.0)  # its NACK goes out
     nacks = [
         i for i in b.datagrams_to_send(now=now, max_batches=64) if isinstance(i, ControlDatagram)
     ]
@@ -144,17 +154,14 @@ def test_a_finish_nacked_whole_while_other_data_of_its_sender_came_still_says_so
     a, b = _pair()
     b.expect_message(0, step=2, msg=0, out=np.zeros_like(X))
     a.send_message(1, X, step=2, msg=0, now=0.0)
-    data, control = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    data, control = _sent(a)
     step_of = [int.from_bytes(bytes(d.data[4:8]), "big") for d in data]
     for d, step in zip(data, step_of, strict=True):  # step 1's data is lost, step 2's comes
         if step == 2:
             b.receive_batch(np.frombuffer(bytes(d.data), np.uint8), d.segment_size, now=0.5)
     for c in control:  # both FINISHes come
         b.receive_datagram(c.data, now=0.5)
-    now = 0.5
-    while (timer := b.get_timer()) is not None and timer < 2.0:  # step 1's FINISH NACKed whole
-        now = timer
-        b.handle_timer(now=now)
+    _run_timers(b, 0.5, until=2.0)  # step 1's FINISH NACKed whole
     said = _receive_progress(b, 10.5)
     assert said.startswith("its FINISH arrived 10 s ago (all of round 0 was NACKed)"), said
 
@@ -163,7 +170,7 @@ def test_data_refused_by_the_receive_posted_for_it_says_why() -> None:
     a, b = (Session(rank=r, job=JOB, config=CFG) for r in range(2))
     b.expect_message(0, step=1, msg=0, out=np.zeros(100, np.float32))  # not the message's size
     a.send_message(1, X, step=1, msg=0, now=0.0)
-    data, _ = _split(a.datagrams_to_send(now=0.0, max_batches=64))
+    data, _ = _sent(a)
     _receive(b, _datagrams(data), now=1.0)
     said = _receive_progress(b, 2.0)
     assert re.match(r"100 of its datagrams arrived and were refused: packet does not fit", said), (
