@@ -268,7 +268,12 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
     run = _router(line)
     apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
     prot, drop = TOS.tos(5, drop=False), TOS.tos(5, drop=True)
-    res = _blast(line, [(prot, LINK_MBIT), (drop, LINK_MBIT)])
+    # twice the link in all, the protected half of it at half the link: had the
+    # protected flow the whole link, it would lose packets to any hold-up of the
+    # sender's or the shaper's on a busy machine (its frames are 1 % over the
+    # link's rate as HTB counts them, and its queue holds 100), for no fault of
+    # the classes; at half the link only drop-eligible packets need dropping
+    res = _blast(line, [(prot, LINK_MBIT / 2), (drop, 1.5 * LINK_MBIT)])
     ctr = class_counters(run, line.if_rb)
 
     def frac(name: str) -> float:
