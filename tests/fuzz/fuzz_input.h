@@ -78,6 +78,8 @@ static inline void add_floats(uint8_t *to, const uint8_t *from, size_t n) {
  * both NaN (which NaN an add of two NaNs gives depends on the order of its
  * operands, which the compiler may choose). */
 static inline int same_floats(const uint8_t *a, const uint8_t *b, size_t n) {
+    if (memcmp(a, b, n) == 0) /* (the same bytes: one call, not a traced loop) */
+        return 1;
     for (size_t k = 0; k + 4 <= n; k += 4) {
         float x, y;
         memcpy(&x, a + k, 4);
