@@ -268,12 +268,14 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
     run = _router(line)
     apply(run, line.if_rb, SwitchPolicy(link_rate_mbit=LINK_MBIT))
     prot, drop = TOS.tos(5, drop=False), TOS.tos(5, drop=True)
-    # twice the link in all, the protected half of it at half the link: had the
-    # protected flow the whole link, it would lose packets to any hold-up of the
-    # sender's or the shaper's on a busy machine (its frames are 1 % over the
-    # link's rate as HTB counts them, and its queue holds 100), for no fault of
-    # the classes; at half the link only drop-eligible packets need dropping
-    res = _blast(line, [(prot, LINK_MBIT / 2), (drop, 1.5 * LINK_MBIT)])
+    # twice the link in all. The class's two leaves share it 16:1 while both are
+    # backlogged, so the protected flow may have ~47 Mbit/s: offered the whole
+    # link (~50.5 as HTB counts frames) it lost packets on an idle machine, and
+    # 45 % where the shaper fell behind on a busy one. At 0.7 of the link it
+    # loses nothing while the shaper keeps its rate, and still far less than the
+    # drop-eligible flow where it does not; leaves served alike (1:1, or a FIFO)
+    # would cost it about half of what the drop-eligible flow loses, and fail
+    res = _blast(line, [(prot, 0.7 * LINK_MBIT), (drop, 1.3 * LINK_MBIT)])
     ctr = class_counters(run, line.if_rb)
 
     def frac(name: str) -> float:
