@@ -270,8 +270,8 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
     prot, drop = TOS.tos(5, drop=False), TOS.tos(5, drop=True)
     # twice the link in all. The class's two leaves share it 16:1 while both are
     # backlogged, so the protected flow may have ~47 Mbit/s: offered the whole
-    # link (~50.5 as HTB counts frames) it lost packets on an idle machine, and
-    # 45 % where the shaper fell behind on a busy one. At 0.7 of the link it
+    # link (~50.5 as HTB counts frames) it lost ~7 % beside two busy loops, and
+    # 45 % where the shaper fell behind on a busy machine. At 0.7 of the link it
     # loses nothing while the shaper keeps its rate, and still far less than the
     # drop-eligible flow where it does not; leaves served alike (1:1, or a FIFO)
     # would cost it about half of what the drop-eligible flow loses, and fail
