@@ -126,6 +126,7 @@ class OrphanFinishes:
                 del self._silent_since[key]
                 self._by_key.pop(key, None)
                 self._nacked.pop(key, None)
+                self._first_heard.pop(key, None)
                 abort = Abort(key[1], key[2], self.rank, reason=AbortReason.DATA_SILENT,
                               by_receiver=True)  # fmt: skip
                 out.append((key, abort))
