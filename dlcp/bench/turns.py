@@ -23,6 +23,16 @@ benchmark; the JSON says which):
 * ``ms``: milliseconds per message, for scale only (the two endpoints share the
   machine's cores with everything else).
 
+With ``--bytecodes``, a second pass of as many messages on a new pair of endpoints
+counts the Python bytecodes each thread executes per message
+(:mod:`dlcp.bench.bytecode_count`): ``bytecodes_caller`` (the thread that posts and
+waits; the benchmark's own loop is not counted), ``bytecodes_sender_io`` and
+``bytecodes_receiver_io`` (the two I/O threads), ``bytecodes_other`` (any other
+thread). The native engine's send threads run no Python. Unlike the CPU time these
+counts hardly move from run to run on a busy machine, and how they grow with the
+message's size says whether Python runs per message or per datagram. Tracing slows
+Python many times over: the first pass's figures do not include it.
+
 A turn serves whatever is ready at once, so these are counts of wake-ups, not
 of messages handled: the figures say how often Python runs per message, on each
 side, and how much of it the control channel causes. No target and no baseline:
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from typing import Any
 
@@ -43,6 +54,7 @@ from dlcp.errors import BenchError, DLCPError
 from dlcp.io import Endpoint, EndpointConfig
 
 from . import Addresses, positive_counts
+from .bytecode_count import BytecodeCounter
 from .outcome import engine_of_run, finish
 
 #: the job id of the two endpoints
@@ -50,6 +62,9 @@ JOB = 0x7A2
 #: the figures of one size and engine, in the table's order
 FIGURES = ("sender_turns", "receiver_turns", "control_to_receiver", "control_to_sender",
            "datagrams", "cpu_us", "ms")  # fmt: skip
+#: the bytecode figures (``--bytecodes``), in the table's order
+BYTECODE_FIGURES = ("bytecodes_caller", "bytecodes_sender_io", "bytecodes_receiver_io",
+                    "bytecodes_other")  # fmt: skip
 #: seconds one message may take before the run fails
 _TIMEOUT = 60.0
 
@@ -64,15 +79,10 @@ def _transfer(tx: Endpoint, rx: Endpoint, data: np.ndarray, out: np.ndarray, msg
 def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[str, float]:
     """The :data:`FIGURES` per message, for ``messages`` messages of ``n_elems``
     float32 elements from rank 0 to rank 1 on ``engine``, after ``warmup``."""
-    store = Addresses()
-    config = EndpointConfig.from_env(timeout=_TIMEOUT, engine=engine)  # (DLCP_* apply)
     eps: list[Endpoint] = []
     try:
-        for rank in range(2):
-            eps.append(Endpoint(rank, store=store, world_size=2, job=JOB, config=config))
-        tx, rx = eps
-        data = np.random.default_rng(n_elems).standard_normal(n_elems).astype(np.float32)
-        out = np.empty_like(data)
+        tx, rx = _pair(eps, engine)
+        data, out = _message(n_elems)
         for msg in range(warmup):
             _transfer(tx, rx, data, out, msg)
         before = [ep.stats() for ep in eps]
@@ -84,8 +94,7 @@ def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[st
     finally:
         for ep in eps:
             ep.close()
-    if not np.array_equal(out, data):
-        raise BenchError(f"{n_elems} elements on {engine}: the last message arrived different")
+    _check_arrived(out, data, n_elems, engine)
 
     def delta(rank: int, name: str) -> float:
         return round(float(after[rank][name] - before[rank][name]) / messages, 2)
@@ -101,12 +110,67 @@ def measure(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[st
     }
 
 
+def _pair(eps: list[Endpoint], engine: str) -> tuple[Endpoint, Endpoint]:
+    """Two endpoints of one process on ``engine``, appended to ``eps`` (the caller
+    closes them)."""
+    store = Addresses()
+    config = EndpointConfig.from_env(timeout=_TIMEOUT, engine=engine)  # (DLCP_* apply)
+    for rank in range(2):
+        eps.append(Endpoint(rank, store=store, world_size=2, job=JOB, config=config))
+    return eps[0], eps[1]
+
+
+def _message(n_elems: int) -> tuple[np.ndarray, np.ndarray]:
+    data = np.random.default_rng(n_elems).standard_normal(n_elems).astype(np.float32)
+    return data, np.empty_like(data)
+
+
+def _check_arrived(out: np.ndarray, data: np.ndarray, n_elems: int, engine: str) -> None:
+    if not np.array_equal(out, data):
+        raise BenchError(f"{n_elems} elements on {engine}: the last message arrived different")
+
+
+def count_bytecodes(n_elems: int, *, engine: str, messages: int, warmup: int) -> dict[str, int]:
+    """The :data:`BYTECODE_FIGURES` per message (rounded), for ``messages``
+    messages of ``n_elems`` float32 elements from rank 0 to rank 1 on ``engine``,
+    after ``warmup``, on endpoints of their own whose threads are traced."""
+    counter = BytecodeCounter(skip=(__file__,))
+    eps: list[Endpoint] = []
+    with counter:  # (before the endpoints: their threads inherit the hook)
+        try:
+            tx, rx = _pair(eps, engine)
+            data, out = _message(n_elems)
+            for msg in range(warmup):
+                _transfer(tx, rx, data, out, msg)
+            counter.on = True
+            for msg in range(warmup, warmup + messages):
+                _transfer(tx, rx, data, out, msg)
+            counter.on = False
+        finally:
+            for ep in eps:
+                ep.close()
+    _check_arrived(out, data, n_elems, engine)
+    counts = counter.by_thread()
+    caller = threading.current_thread().name
+    named = {caller: "bytecodes_caller", f"dlcp-io-{tx.rank}": "bytecodes_sender_io",
+             f"dlcp-io-{rx.rank}": "bytecodes_receiver_io"}  # fmt: skip
+    figures = dict.fromkeys(BYTECODE_FIGURES, 0)
+    for name, n in counts.items():
+        figures[named.get(name, "bytecodes_other")] += n
+    return {k: round(v / messages) for k, v in figures.items()}
+
+
 def _table(result: dict[str, Any]) -> str:
     lines = [f"per message, rank 0 -> rank 1, loopback, lossless, {result['engine']} engine, "
              f"{result['messages']} messages:",
              f"  {'elements':>9}" + "".join(f"{f:>20}" for f in FIGURES)]  # fmt: skip
     for n, fig in result["sizes"].items():
         lines.append(f"  {n:>9}" + "".join(f"{fig[f]:20g}" for f in FIGURES))
+    if result.get("bytecodes"):
+        lines.append("  Python bytecodes per message, by thread (a traced pass of its own):")
+        lines.append(f"  {'elements':>9}" + "".join(f"{f:>24}" for f in BYTECODE_FIGURES))
+        for n, fig in result["sizes"].items():
+            lines.append(f"  {n:>9}" + "".join(f"{fig[f]:24d}" for f in BYTECODE_FIGURES))
     return "\n".join(lines)
 
 
@@ -127,6 +191,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.turns"
         default=5,
         help="messages of each size before the measured ones (default 5)",
     )
+    ap.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="also count each thread's Python bytecodes per message, in a traced pass",
+    )
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
     if args.messages < 1 or args.warmup < 0:
@@ -136,7 +205,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.turns"
         engine = engine_of_run()  # (DLCP_ENGINE chooses, as for the other benchmarks)
         sizes = {str(n): measure(n, engine=engine, messages=args.messages, warmup=args.warmup)
                  for n in args.sizes}  # fmt: skip
-        return {"bench": "turns", "engine": engine, "messages": args.messages, "sizes": sizes}
+        if args.bytecodes:
+            for n in args.sizes:
+                sizes[str(n)].update(count_bytecodes(n, engine=engine, messages=args.messages,
+                                                     warmup=args.warmup))  # fmt: skip
+        return {"bench": "turns", "engine": engine, "messages": args.messages,
+                "bytecodes": args.bytecodes, "sizes": sizes}  # fmt: skip
 
     return finish("turns", run, _table, args, errors=(BenchError, DLCPError),
                   cleaned_up="both endpoints were closed")  # fmt: skip
