@@ -1,6 +1,7 @@
 """Rank 0 of the 25 MB ring: the time from each received message's completion
 (Inbox._check_complete queues its MessageReceived) to its receive future's
-settlement (Transfers.complete_recv).
+settlement (Transfers.complete_recv); rank 0's wall time and the four ranks' CPU a
+call. TRIAL_END_AT_COMPLETION=1 switches trial_end_call_at_completion.diff on.
 
     python -c "import sys; from dlcp.launch import launch; launch([sys.executable,
         'settle_delay.py', '40', '6250000', '0.05'], 4, timeout=600)"
@@ -10,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 import dlcp.collectives.ring as ring
@@ -54,11 +56,13 @@ for _ in range(3):
     ring.ring_allreduce(comm, data, segments=segments, p=p, average=True)
 dist.barrier()
 measuring[0] = True
-w0 = time.monotonic()
+w0, c0 = time.monotonic(), time.process_time()
 for _ in range(iters):
     ring.ring_allreduce(comm, data, segments=segments, p=p, average=True)
-w1 = time.monotonic()
+w1, c1 = time.monotonic(), time.process_time()
 measuring[0] = False
+cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+dist.all_reduce(cpu)
 dist.barrier()
 if rank == 0:
     d = np.array(delays) * 1e3
@@ -66,6 +70,7 @@ if rank == 0:
     wall = 1e3 * (w1 - w0) / iters
     print(
         f"{len(d)} completions; completion -> future settled ms: {spread}; "
-        f"mean {d.mean():.3f}; wall/call {wall:.1f} ms"
+        f"mean {d.mean():.3f}; wall/call {wall:.1f} ms; "
+        f"all ranks cpu/call {1e3 * cpu.item() / iters:.1f} ms"
     )
 endpoint.close()
