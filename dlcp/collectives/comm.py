@@ -19,6 +19,7 @@ refused.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 import weakref
@@ -119,10 +120,12 @@ class ReportBuilder:
     def build(self) -> CollectiveReport:
         lost = [0] * N_CLASSES
         total = [0] * N_CLASSES
-        for lost_c, received_c in self.chunk_counts:
-            for i, (a, b) in enumerate(zip(lost_c, received_c, strict=True)):
-                lost[i] += a
-                total[i] += a + b
+        for lost_c, received_c in self.chunk_counts:  # (per class: map and sum run in C)
+            if len(lost_c) != N_CLASSES or len(received_c) != N_CLASSES:
+                raise ValueError(f"a report of {len(lost_c)} / {len(received_c)} classes")
+            lost = list(map(operator.add, lost, lost_c))
+            total = list(map(operator.add, total, lost_c))
+            total = list(map(operator.add, total, received_c))
         return CollectiveReport(
             op=self.op,
             call=self.call,

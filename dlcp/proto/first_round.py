@@ -31,6 +31,9 @@ _PLAN_LAYOUT = bytes(
     HEADER_DTYPE.fields[name][1]  # type: ignore[index]
     for name in ("flags", "layer", "seq", "offset", "payload_len", "tclass")
 )
+#: plan_round counts records by send-order key (7 - prio) * 2 + drop: the key of
+#: class prio * 2 + drop, for each of the 16 classes, is 14 - class + 2 * drop
+_KEY_OF_CLASS = tuple(14 - c + 2 * (c & 1) for c in range(16))
 
 
 class FirstRound(NamedTuple):
@@ -88,13 +91,12 @@ def first_round(
     tail_bytes = (table.msg_elems - (n - 1) * table.chunk_elems) * table.dtype.itemsize
     lengths = np.full(n, stride, dtype=np.int64)
     lengths[last_row] = DATA_HEADER_LEN + tail_bytes + tag
-    ends = list(itertools.accumulate(counts))
+    ends = set(itertools.accumulate(counts))
+    ends.discard(0)
+    ends.discard(n)
     run = RecordRun(
         records, lengths, order, prio, drop, stride,
         short=last_row if tail_bytes != chunk_bytes else -1, payload=payload,
-        class_ends=[e for e in ends if 0 < e < n],
+        class_ends=sorted(ends),
     )  # fmt: skip
-    # (counts come in send order, key (7 - prio) * 2 + drop: class prio * 2 + drop
-    # is key 14 - class + 2 * drop)
-    by_class = tuple(counts[14 - c + 2 * (c & 1)] for c in range(16))
-    return FirstRound(run, order, row_of_seq, by_class)
+    return FirstRound(run, order, row_of_seq, tuple(map(counts.__getitem__, _KEY_OF_CLASS)))
