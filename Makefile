@@ -78,7 +78,7 @@ TEST_WORKERS ?= 2
 test: lint
 	$(BIN)/pytest -q --durations=25 -m "not integration" -n $(TEST_WORKERS)
 	$(BIN)/pytest -q --durations=25 -m integration
-	$(MAKE) test-python-engine sanitize
+	$(MAKE) test-python-engine sanitize test-no-extensions
 
 # The quick tests (tests/README.md): the package folders' in-process tests, without those
 # marked integration (whole endpoints, processes or programs on loopback)
@@ -95,6 +95,24 @@ ENGINE_TESTS := tests/io/test_endpoint.py tests/io/test_engines.py tests/io/test
 	tests/training/test_training.py
 test-python-engine: setup
 	DLCP_ENGINE=python $(BIN)/pytest -q $(ENGINE_TESTS)
+
+# The package as a machine without a C compiler builds and installs it (CC=false: every
+# extension of setup.py is optional), in a folder of its own, and the tests of what
+# sends data run against that install (tests/tree/test_no_extensions.py checks that no
+# extension is there and that the Python engine runs and says so). The tests run from a
+# copy of tests/ so that the source tree is not imported instead.
+NOEXT := build/no-extensions
+NOEXT_TESTS := tests/tree/test_no_extensions.py tests/io/test_endpoint.py \
+	tests/io/test_engines.py tests/collectives/test_halving.py
+test-no-extensions: setup
+	rm -rf $(NOEXT) && mkdir -p $(NOEXT)/src $(NOEXT)/run
+	git ls-files -z | xargs -0 tar -c | tar -x -C $(NOEXT)/src
+	cd $(NOEXT)/src && CC=false LDSHARED=false $(abspath $(BIN))/pip wheel -q --no-deps \
+	  --no-build-isolation -w ../wheel .
+	$(BIN)/pip install -q --no-deps --target $(NOEXT)/site $(NOEXT)/wheel/dlcp-*.whl
+	cp -r tests pyproject.toml $(NOEXT)/run/
+	cd $(NOEXT)/run && EXPECT_NO_EXTENSIONS=1 PYTHONPATH=$(abspath $(NOEXT)/site) \
+	  $(abspath $(BIN))/pytest -q -p no:cacheprovider $(NOEXT_TESTS)
 
 # The native engine and the UDP receive loop (the native receive path) built with
 # AddressSanitizer and UBSan (any finding aborts), loaded in place of the normal builds
