@@ -99,14 +99,16 @@ test-python-engine: setup
 # The package as a machine without a C compiler builds and installs it (CC=false: every
 # extension of setup.py is optional), in a folder of its own, and the tests of what
 # sends data run against that install (tests/tree/test_no_extensions.py checks that no
-# extension is there and that the Python engine runs and says so). The tests run from a
-# copy of tests/ so that the source tree is not imported instead.
+# extension is there and that the Python engine runs and says so). The wheel is built from
+# a copy of the sources without the extensions an editable install built in place; the
+# tests run from a copy of tests/ so that the source tree is not imported instead.
 NOEXT := build/no-extensions
 NOEXT_TESTS := tests/tree/test_no_extensions.py tests/io/test_endpoint.py \
 	tests/io/test_engines.py tests/collectives/test_halving.py
 test-no-extensions: setup
 	rm -rf $(NOEXT) && mkdir -p $(NOEXT)/src $(NOEXT)/run
-	git ls-files -z | xargs -0 tar -c | tar -x -C $(NOEXT)/src
+	tar -c --exclude='*.so' --exclude=__pycache__ pyproject.toml setup.py README.md \
+	  dlcp shims testbed | tar -x -C $(NOEXT)/src
 	cd $(NOEXT)/src && CC=false LDSHARED=false $(abspath $(BIN))/pip wheel -q --no-deps \
 	  --no-build-isolation -w ../wheel .
 	$(BIN)/pip install -q --no-deps --target $(NOEXT)/site $(NOEXT)/wheel/dlcp-*.whl
