@@ -1,8 +1,9 @@
 """Python bytecodes executed per thread: how much interpreter work a transfer costs.
 
-CPU time on a shared machine moves by several percent from run to run; the number
-of bytecodes a thread executes for the same transfer hardly moves, so it compares
-versions and engines where timings cannot. :class:`BytecodeCounter` counts, with the
+CPU time on a shared machine moves by 10-20 % from run to run; the number of
+bytecodes a thread executes for the same work moves far less (what varies is how often
+a loop turns: an I/O thread's receive calls), so it compares versions and engines where
+timings cannot. :class:`BytecodeCounter` counts, with the
 interpreter's trace hook and ``f_trace_opcodes``, every bytecode of every thread
 started after :meth:`BytecodeCounter.install` (``threading.settrace``) and of the
 installing thread's later calls (``sys.settrace``), while :attr:`BytecodeCounter.on`
@@ -37,19 +38,23 @@ class BytecodeCounter:
         #: (thread ident, thread name) -> [bytecodes] (an ident may be reused)
         self._cells: dict[tuple[int, str], list[int]] = {}
         self._installed = False
+        #: the hooks this one replaced (a debugger's, coverage's), put back by uninstall
+        self._before: tuple[Any, Any] = (None, None)
 
     def install(self) -> None:
-        """Trace the threads started from now on, and this thread's calls."""
+        """Trace the threads started from now on, and this thread's calls (instead
+        of any hook set before, which :meth:`uninstall` puts back)."""
+        self._before = (threading.gettrace(), sys.gettrace())
         threading.settrace(self._call)
         sys.settrace(self._call)
         self._installed = True
 
     def uninstall(self) -> None:
-        """No more tracing of new threads, nor of this thread (threads already
-        traced keep their hook until they end)."""
+        """The hooks as they were before :meth:`install`, for new threads and this
+        one (threads already traced keep this hook until they end)."""
         if self._installed:
-            threading.settrace(None)
-            sys.settrace(None)
+            threading.settrace(self._before[0])
+            sys.settrace(self._before[1])
             self._installed = False
 
     def __enter__(self) -> BytecodeCounter:

@@ -28,9 +28,10 @@ counts the Python bytecodes each thread executes per message
 (:mod:`dlcp.bench.bytecode_count`): ``bytecodes_caller`` (the thread that posts and
 waits; the benchmark's own loop is not counted), ``bytecodes_sender_io`` and
 ``bytecodes_receiver_io`` (the two I/O threads), ``bytecodes_other`` (any other
-thread). The native engine's send threads run no Python. Unlike the CPU time these
-counts hardly move from run to run on a busy machine, and how they grow with the
-message's size says whether Python runs per message or per datagram. Tracing slows
+thread). The native engine's send threads run no Python. The caller's and the sender's
+counts move by a few percent between runs, the receiver's with its receive calls (which
+the machine's load moves); how they grow with the message's size says whether Python
+runs per message or per datagram. Tracing slows
 Python many times over: the first pass's figures do not include it.
 
 A turn serves whatever is ready at once, so these are counts of wake-ups, not

@@ -120,7 +120,7 @@ class ReportBuilder:
     def build(self) -> CollectiveReport:
         lost = [0] * N_CLASSES
         total = [0] * N_CLASSES
-        for lost_c, received_c in self.chunk_counts:  # (per class: map and sum run in C)
+        for lost_c, received_c in self.chunk_counts:  # (map adds the 16 classes in C)
             if len(lost_c) != N_CLASSES or len(received_c) != N_CLASSES:
                 raise ValueError(f"a report of {len(lost_c)} / {len(received_c)} classes")
             lost = list(map(operator.add, lost, lost_c))

@@ -47,7 +47,7 @@ def test_turns_benchmark_json(engine: str, monkeypatch: pytest.MonkeyPatch) -> N
         assert fig["control_to_sender"] >= 1, (size, fig)  # every message's STOP
         for name in ("bytecodes_caller", "bytecodes_sender_io", "bytecodes_receiver_io"):
             positive(fig, name)  # (each thread posts, sends or receives every message)
-        assert fig["bytecodes_other"] >= 0
+        assert fig["bytecodes_other"] == 0, fig  # (one path: no other thread runs)
     # 100,000 float32 elements need at least 273 datagrams of MTU 1500
     assert r["sizes"]["100000"]["datagrams"] >= 273
 
@@ -56,10 +56,11 @@ def test_native_engine_runs_python_per_message_not_per_datagram(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 25 MB message (17,362 datagrams) costs the three threads' Python less
-    than 2 bytecodes a datagram more than a message of one element: Python runs
-    per message and per receive call, not per datagram or batch. (The Python
-    engine, which cuts and sends batches in Python, measured ~7 a datagram; a
-    Python call per datagram would be dozens.)"""
+    than 2 bytecodes a datagram more than a message of one element (measured: 0.53;
+    0.48-0.56 beside two busy loops): Python runs per message and per receive
+    call, not per datagram. A Python call per datagram would be dozens a datagram;
+    the Python engine, which cuts and sends batches in Python, measured ~7. (A few
+    hundred bytecodes per batch of 352 would pass.)"""
     if not native_available():
         pytest.skip("native engine not built")
     monkeypatch.setenv("DLCP_ENGINE", "native")

@@ -5,6 +5,7 @@ calls), not in skipped files."""
 from __future__ import annotations
 
 import dis
+import sys
 import threading
 
 from dlcp.bench.bytecode_count import BytecodeCounter
@@ -48,6 +49,23 @@ def test_counts_nothing_while_off_or_after_uninstall() -> None:
     counter.on = True
     _straight(1)  # (uninstalled: no hook on this frame)
     assert counter.by_thread() == {threading.current_thread().name: 0}
+
+
+def test_uninstall_puts_back_the_hooks_it_replaced() -> None:
+    calls: list[str] = []
+
+    def earlier(frame: object, event: str, arg: object) -> None:
+        calls.append(event)
+
+    sys.settrace(earlier)
+    threading.settrace(earlier)
+    try:
+        with BytecodeCounter():
+            assert sys.gettrace() is not earlier
+        assert sys.gettrace() is earlier and threading.gettrace() is earlier
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
 
 
 def test_threads_started_after_install_count_under_their_names() -> None:
