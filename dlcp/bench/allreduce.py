@@ -109,6 +109,7 @@ def worker(args: argparse.Namespace) -> int:
     if endpoint.engine == "native":
         import dataclasses
 
+
         py_config = dataclasses.replace(endpoint.config, engine="python", engine_threads=1)
         py_endpoint, _ = connect(group="bench-allreduce-python", config=py_config)
         py_comm = Communicator(py_endpoint, job.world_size, channel=1)
@@ -125,7 +126,6 @@ def worker(args: argparse.Namespace) -> int:
     floor_data = original.copy()
     half = n // 2  # two layers: packets carry two priority classes
     segments = [(0, half, 0), (half, n - half, 1)]
-
     def gloo() -> None:  # the same averaging as DLCP's (average=True): values stay put
         dist.all_reduce(tensor)
         tensor.div_(job.world_size)
@@ -204,7 +204,9 @@ def _floor(rank: int, world: int) -> tuple[UdpRingFloor | None, str | None]:
     return floor, None
 
 
-def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int, floor: Any) -> None:
+def _verify(
+    comm: Any, data: Any, original: Any, segments: Any, world: int, floor: Any
+) -> None:
     """What was timed must be right (untimed, after the rounds): the replicas of
     the lossy calls (``data``) hold the same bytes on every rank, and the same
     calls with no loss allowed give, from each rank's ``original``, the mean Gloo
@@ -228,10 +230,8 @@ def _verify(comm: Any, data: Any, original: Any, segments: Any, world: int, floo
     want.div_(world)
     for name, call in (
         ("DLCP ring", lambda x: ring_allreduce(comm, x, segments=segments, p=0.0, average=True)),
-        (
-            "DLCP halving-doubling",
-            lambda x: halving_doubling_allreduce(comm, x, segments=segments, p=0.0, average=True),
-        ),
+        ("DLCP halving-doubling", lambda x: halving_doubling_allreduce(
+            comm, x, segments=segments, p=0.0, average=True)),
         ("DLCP ps", lambda x: ps_allreduce(comm, x, segments=segments, p_push=0.0, average=True)),
         *([("UDP floor", floor.allreduce)] if floor is not None else []),
     ):
@@ -347,13 +347,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ring_python_cpu_ms": round(cpu[RING_PYTHON], 2) if RING_PYTHON in med else None,
         "ring_python_over_floor_cpu": (
             round(cpu[RING_PYTHON] / cpu[FLOOR], 3)
-            if floor and RING_PYTHON in med and cpu[FLOOR]
-            else None
+            if floor and RING_PYTHON in med and cpu[FLOOR] else None
         ),
         "ring_over_ring_python_cpu": (
             round(cpu["ring"] / cpu[RING_PYTHON], 3)
-            if RING_PYTHON in med and cpu[RING_PYTHON]
-            else None
+            if RING_PYTHON in med and cpu[RING_PYTHON] else None
         ),
         # rank 0's share of the elements it received under the loss bound that were
         # lost, over its DLCP calls (comparable with p; not over all 2 * elems)
@@ -375,11 +373,8 @@ def table(r: dict[str, Any]) -> str:
         f"  {'Gloo':14}{r['gloo_ms']:9.2f}{r['gloo_cpu_ms']:13.1f}",
         *(
             f"  {label:14}{r[k + '_ms']:9.2f}{r[k + '_cpu_ms']:13.1f}{r['ratio_' + k]:8.2f}"
-            for k, label in (
-                ("ring", "DLCP ring"),
-                ("hd", "DLCP halv.-dbl."),
-                ("ps", "DLCP PS-style"),
-            )
+            for k, label in (("ring", "DLCP ring"), ("hd", "DLCP halv.-dbl."),
+                             ("ps", "DLCP PS-style"))
         ),
     ]
     if r.get("ring_python_ms") is not None:
@@ -392,8 +387,8 @@ def table(r: dict[str, Any]) -> str:
             f"  {'UDP floor':14}{r['floor_ms']:9.2f}{r['floor_cpu_ms']:13.1f}"
             f"{r['ratio_floor']:8.2f}",
             f"  DLCP ring over the UDP floor: {r['ring_over_floor']:.2f} in time, "
-            + (f"{r['ring_over_floor_cpu']:.2f}" if r["ring_over_floor_cpu"] is not None else "-")
-            + " in CPU",
+            + (f"{r['ring_over_floor_cpu']:.2f}" if r["ring_over_floor_cpu"] is not None
+               else "-") + " in CPU",
         ]
     elif r["floor_error"]:
         lines.append(f"  UDP floor: left out ({r['floor_error']})")
@@ -429,19 +424,11 @@ def _parser(prog: str = "python -m dlcp.bench.allreduce") -> argparse.ArgumentPa
     ap.add_argument("--link-rate", type=float, default=200.0, help="testbed links, Mbit/s")
     ap.add_argument("--paths", type=int, default=8, help="DLCP source ports (testbed)")
     ap.add_argument("--loopback", action="store_true", help="loopback even as root")
-    ap.add_argument(
-        "--no-udp-floor",
-        dest="udp_floor",
-        action="store_false",
-        help="skip the UDP floor's calls (loopback as root only)",
-    )
+    ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
+                    help="skip the UDP floor's calls (loopback as root only)")
     ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="seconds one job of 4 ranks may take (default 600)",
-    )
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds one job of 4 ranks may take (default 600)")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument(
         "--auth",

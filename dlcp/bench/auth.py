@@ -53,24 +53,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.auth")
         prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument("--size-mib", type=int, default=16, help="record buffer, MiB (default 16)")
-    ap.add_argument(
-        "--datagram-bytes",
-        type=int,
-        default=1456,
-        help="bytes of one datagram, header and trailer included (default 1456)",
-    )
-    ap.add_argument(
-        "--batch-packets",
-        type=int,
-        default=ProtocolConfig().batch_packets,
-        help="datagrams per C call (default: the protocol's, %(default)s)",
-    )
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=7,
-        help="timed repetitions after the warm-up; medians (default 7)",
-    )
+    ap.add_argument("--datagram-bytes", type=int, default=1456,
+                    help="bytes of one datagram, header and trailer included (default 1456)")
+    ap.add_argument("--batch-packets", type=int, default=ProtocolConfig().batch_packets,
+                    help="datagrams per C call (default: the protocol's, %(default)s)")
+    ap.add_argument("--repeat", type=int, default=7,
+                    help="timed repetitions after the warm-up; medians (default 7)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args(argv)
     size = args.datagram_bytes

@@ -306,60 +306,34 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
     ap = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument(
-        "--size-mib",
-        type=int,
-        default=64,
-        help="float32 tensor sent through the sessions, MiB (default 64)",
-    )
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=5,
-        help="timed transfers and copies after the warm-up one; medians (default 5)",
-    )
-    ap.add_argument(
-        "--batch-packets",
-        type=int,
-        default=ProtocolConfig().batch_packets,
-        help="datagrams the sender takes per pacing decision (default: the "
-        "protocol's, %(default)s)",
-    )
-    ap.add_argument(
-        "--spray-packets",
-        type=int,
-        default=ProtocolConfig().spray_packets,
-        help="datagrams per path choice (default: the protocol's, %(default)s)",
-    )
-    ap.add_argument(
-        "--authenticate",
-        action="store_true",
-        help="the sessions seal and verify every datagram (default: not)",
-    )
-    ap.add_argument(
-        "--receive-path",
-        choices=["native", "python"],
-        help="how the receiving session takes the data runs (module doc; "
-        "default: native where dlcp.io.native_receive was built, as the "
-        "endpoint's default)",
-    )
+    ap.add_argument("--size-mib", type=int, default=64,
+                    help="float32 tensor sent through the sessions, MiB (default 64)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="timed transfers and copies after the warm-up one; medians (default 5)")
+    ap.add_argument("--batch-packets", type=int, default=ProtocolConfig().batch_packets,
+                    help="datagrams the sender takes per pacing decision (default: the "
+                    "protocol's, %(default)s)")
+    ap.add_argument("--spray-packets", type=int, default=ProtocolConfig().spray_packets,
+                    help="datagrams per path choice (default: the protocol's, %(default)s)")
+    ap.add_argument("--authenticate", action="store_true",
+                    help="the sessions seal and verify every datagram (default: not)")
+    ap.add_argument("--receive-path", choices=["native", "python"],
+                    help="how the receiving session takes the data runs (module doc; "
+                    "default: native where dlcp.io.native_receive was built, as the "
+                    "endpoint's default)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args(argv)
 
     engine = engine_of_run()
     if engine == "native" and args.authenticate:
-        ap.error(
-            "--authenticate runs on the Python engine's path only (DLCP_ENGINE=python): "
-            "the native engine seals in its own thread, which this harness does not run"
-        )
+        ap.error("--authenticate runs on the Python engine's path only (DLCP_ENGINE=python): "
+                 "the native engine seals in its own thread, which this harness does not run")
     # (an authenticating session takes the C table only where it verifies tags)
     native_ok = native_receive.verifies_tags() if args.authenticate else native_receive.available()
     receive_path = args.receive_path or ("native" if native_ok else "python")
     if receive_path == "native" and not native_ok:
-        ap.error(
-            "--receive-path native: dlcp.io.native_receive is not built here"
-            + (" with libcrypto (it cannot verify tags)" if args.authenticate else "")
-        )
+        ap.error("--receive-path native: dlcp.io.native_receive is not built here"
+                 + (" with libcrypto (it cannot verify tags)" if args.authenticate else ""))
     n = args.size_mib * (1 << 20) // 4
     start = cpu_times()
     data = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -368,7 +342,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.core")
         pacer="unpaced",
         batch_packets=args.batch_packets,
         spray_packets=args.spray_packets,
-        authenticate=args.authenticate,
+        authenticate=args.authenticate
     )
     key = b"k" * 32 if args.authenticate else None
     # one pair of sessions for all repeats, as a training job keeps its endpoints

@@ -193,46 +193,20 @@ def worker(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- parent
 
 
-def run_job(
-    args: argparse.Namespace,
-    transport: str,
-    *,
-    prefix: list[str] | None = None,
-    env_extra: dict[str, str] | None = None,
-    p: float | None = None,
-) -> dict[str, Any]:
+def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | None = None,
+            env_extra: dict[str, str] | None = None, p: float | None = None) -> dict[str, Any]:
     """One job of ``args.nproc`` ranks; the figures of its measured iterations."""
     from dlcp.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="dlcp-bench-ddp-") as tmp:
         out_path = Path(tmp) / "result.json"
         cmd = [
-            *(prefix or []),
-            sys.executable,
-            "-u",
-            "-m",
-            "dlcp.bench.ddp",
-            "--worker",
-            "--transport",
-            transport,
-            "--out",
-            str(out_path),
-            "--iters",
-            str(args.iters),
-            "--warmup",
-            str(args.warmup),
-            "--width",
-            str(args.width),
-            "--depth",
-            str(args.depth),
-            "--inputs",
-            str(args.inputs),
-            "--batch",
-            str(args.batch),
-            "--collective",
-            args.collective,
-            "--p",
-            repr(args.p if p is None else p),
+            *(prefix or []), sys.executable, "-u", "-m", "dlcp.bench.ddp", "--worker",
+            "--transport", transport, "--out", str(out_path),
+            "--iters", str(args.iters), "--warmup", str(args.warmup),
+            "--width", str(args.width), "--depth", str(args.depth),
+            "--inputs", str(args.inputs), "--batch", str(args.batch),
+            "--collective", args.collective, "--p", repr(args.p if p is None else p),
         ]
         env = {k: v for k, v in os.environ.items() if k != "DLCP_EMULATED_LOSS"}
         env.update(env_extra or {})
@@ -273,15 +247,10 @@ def run_job(
 def _progress(args: argparse.Namespace, what: str, fig: dict[str, Any]) -> None:
     extra = ""
     if "lost_fraction" in fig:
-        extra = (
-            f", lost {100 * fig['lost_fraction']:.2f}% of elements, "
-            f"{fig['retransmitted_per_iter']:.1f} packets retransmitted/iter (all ranks)"
-        )
-    print(
-        f"  {what}: {1e3 * fig['iter_s']:.1f} ms/iter (median of {args.iters}){extra}",
-        file=sys.stderr,
-        flush=True,
-    )
+        extra = (f", lost {100 * fig['lost_fraction']:.2f}% of elements, "
+                 f"{fig['retransmitted_per_iter']:.1f} packets retransmitted/iter (all ranks)")
+    print(f"  {what}: {1e3 * fig['iter_s']:.1f} ms/iter (median of {args.iters}){extra}",
+          file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -335,9 +304,7 @@ def _combined(figs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _turns(
-    args: argparse.Namespace,
-    what: str,
-    transports: tuple[str, ...],
+    args: argparse.Namespace, what: str, transports: tuple[str, ...],
     job: Callable[[str], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     """``args.rounds`` jobs of each transport, taking turns (the first of a round
@@ -413,7 +380,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {**summary(args, res, kernel=box is not None), "authenticated": authenticated}
 
 
-def _round_ratios(d: dict[str, Any] | None, g: dict[str, Any] | None) -> list[float | None] | None:
+def _round_ratios(
+    d: dict[str, Any] | None, g: dict[str, Any] | None
+) -> list[float | None] | None:
     """Each round's DLCP / Gloo ratio (the jobs of a round in turn)."""
     if not d or not g:
         return None
@@ -536,9 +505,8 @@ def table(r: dict[str, Any]) -> str:
 
 
 def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument(
         "--auth",
@@ -547,39 +515,25 @@ def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
     )
     ap.add_argument("--nproc", type=int, default=4, help="local ranks (default 4)")
     ap.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
-    ap.add_argument(
-        "--warmup", type=int, default=3, help="iterations before the measured ones (default 3)"
-    )
-    ap.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="jobs per transport and phase, Gloo and DLCP in turn (default 3)",
-    )
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="iterations before the measured ones (default 3)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="jobs per transport and phase, Gloo and DLCP in turn (default 3)")
     ap.add_argument("--width", type=int, default=1664, help="units of each hidden layer")
     ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
     ap.add_argument("--inputs", type=int, default=1024, help="input features")
     ap.add_argument("--batch", type=int, default=32, help="per rank")
-    ap.add_argument(
-        "--collective",
-        choices=["ring", "halving-doubling", "ps"],
-        default="ring",
-        help="DLCP's all-reduce (default ring)",
-    )
+    ap.add_argument("--collective", choices=["ring", "halving-doubling", "ps"], default="ring",
+                    help="DLCP's all-reduce (default ring)")
     ap.add_argument("--p", type=float, default=0.05, help="DLCP loss bound (default 0.05)")
     ap.add_argument("--loss", type=float, default=1.0, help="loss in percent (default 1)")
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
-    ap.add_argument(
-        "--no-udp-floor",
-        dest="udp_floor",
-        action="store_false",
-        help="skip the UDP floor's jobs (root only; see dlcp/bench/ddp_floor.py)",
-    )
+    ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
+                    help="skip the UDP floor's jobs (root only; see dlcp/bench/ddp_floor.py)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--transport", choices=["dlcp", "gloo", "nocomm", "udpfloor"], help=argparse.SUPPRESS
-    )
+    ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm", "udpfloor"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap
 
@@ -598,9 +552,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.ddp") 
         print(f"dlcp bench ddp: --rounds={args.rounds} must be >= 1", file=sys.stderr)
         return 2
     if not 0 < args.loss < 100:
-        print(
-            f"dlcp bench ddp: --loss={args.loss} is not a percentage in (0, 100)", file=sys.stderr
-        )
+        print(f"dlcp bench ddp: --loss={args.loss} is not a percentage in (0, 100)",
+              file=sys.stderr)
         return 2
     return finish(
         "ddp", run, table, args, errors=BenchError, cleaned_up="ranks stopped, namespace removed"

@@ -97,15 +97,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.messag
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,9570,38282", help="float32 elements, comma-separated")
     ap.add_argument("--p", type=float, default=0.05, help="loss bound of the messages")
-    ap.add_argument(
-        "--messages", type=int, default=2000, help="measured messages of each size (default 2000)"
-    )
-    ap.add_argument(
-        "--warmup",
-        type=int,
-        default=200,
-        help="messages of each size before the measured ones (default 200)",
-    )
+    ap.add_argument("--messages", type=int, default=2000,
+                    help="measured messages of each size (default 2000)")
+    ap.add_argument("--warmup", type=int, default=200,
+                    help="messages of each size before the measured ones (default 200)")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
@@ -124,16 +119,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.messag
     if args.json:
         print(
             # (sessions driven in-process: they pace and cut batches themselves)
-            json.dumps(
-                {
-                    "bench": "messages",
-                    "engine": "python",
-                    "engine_threads": None,
-                    "p": args.p,
-                    "messages": args.messages,
-                    "sizes": rows,
-                }
-            )
+            json.dumps({"bench": "messages", "engine": "python", "engine_threads": None,
+                        "p": args.p, "messages": args.messages, "sizes": rows})
         )
     return 0
 

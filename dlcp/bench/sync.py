@@ -304,47 +304,24 @@ def _parser(prog: str = "python -m dlcp.bench.sync") -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=100, help="iterations per worker (default 100)")
     ap.add_argument("--delay", type=float, default=0.02, help="injected compute s/iteration")
     ap.add_argument("--slow-rank", type=int, default=-1, help="-1: none")
-    ap.add_argument(
-        "--slowdown", type=int, default=3, help="--slow-rank's compute, times --delay (default 3)"
-    )
-    ap.add_argument(
-        "--seeds", type=int, default=1, help="runs per scheme, seeds 0..N-1; medians (default 1)"
-    )
-    ap.add_argument(
-        "--lr", type=float, default=None, help="default 0.2 (digits, SGD), 0.05 (ctr, Adagrad)"
-    )
+    ap.add_argument("--slowdown", type=int, default=3,
+                    help="--slow-rank's compute, times --delay (default 3)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="runs per scheme, seeds 0..N-1; medians (default 1)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default 0.2 (digits, SGD), 0.05 (ctr, Adagrad)")
     ap.add_argument("--p", type=float, default=0.0, help="DLCP loss bound of pushes/reduces")
-    ap.add_argument(
-        "--task",
-        choices=["digits", "ctr"],
-        default="digits",
-        help="digits CNN (metric: test accuracy) or the CTR task (metric: AUC)",
-    )
-    ap.add_argument(
-        "--target",
-        type=float,
-        default=None,
-        help="metric to reach (default 0.85 accuracy, 0.75 AUC)",
-    )
-    ap.add_argument(
-        "--eval-every",
-        type=int,
-        default=10,
-        help="rank 0 evaluates the model every N steps (default 10)",
-    )
-    ap.add_argument(
-        "--job-timeout",
-        type=float,
-        default=300.0,
-        help="seconds one run of a scheme may take (default 300)",
-    )
-    ap.add_argument(
-        "--testbed-cross-mbit",
-        type=float,
-        default=0.0,
-        help="root: run on the namespace testbed, the two halves joined by "
-        "links of this rate (Mbit/s); 0: local loopback",
-    )
+    ap.add_argument("--task", choices=["digits", "ctr"], default="digits",
+                    help="digits CNN (metric: test accuracy) or the CTR task (metric: AUC)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="metric to reach (default 0.85 accuracy, 0.75 AUC)")
+    ap.add_argument("--eval-every", type=int, default=10,
+                    help="rank 0 evaluates the model every N steps (default 10)")
+    ap.add_argument("--job-timeout", type=float, default=300.0,
+                    help="seconds one run of a scheme may take (default 300)")
+    ap.add_argument("--testbed-cross-mbit", type=float, default=0.0,
+                    help="root: run on the namespace testbed, the two halves joined by "
+                    "links of this rate (Mbit/s); 0: local loopback")
     ap.add_argument("--out", default=None, help="directory for JSON, CSV and PNG")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

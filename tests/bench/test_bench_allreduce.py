@@ -63,10 +63,8 @@ def test_allreduce_benchmark_without_the_floor() -> None:
     positive(r, "ring_ms")
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv (to drop CAP_NET_ADMIN)",
-)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv (to drop CAP_NET_ADMIN)")
 def test_a_floor_refused_its_buffers_is_left_out_and_the_rest_stands() -> None:
     # root without CAP_NET_ADMIN (as in many containers): SO_RCVBUFFORCE fails, the
     # floor's buffers stay small, and it would drop a burst it never resends

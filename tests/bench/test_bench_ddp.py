@@ -25,25 +25,9 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 300.0  # seconds: up to nine jobs of two ranks, each importing torch
 
 ARGV = [
-    sys.executable,
-    "-m",
-    "dlcp.bench.ddp",
-    "--json",
-    "--emulated",
-    "--iters",
-    "3",
-    "--warmup",
-    "1",
-    "--width",
-    "64",
-    "--depth",
-    "2",
-    "--inputs",
-    "32",
-    "--rounds",
-    "2",
-    "--nproc",
-    "2",
+    sys.executable, "-m", "dlcp.bench.ddp", "--json", "--emulated",
+    "--iters", "3", "--warmup", "1", "--width", "64", "--depth", "2", "--inputs", "32",
+    "--rounds", "2", "--nproc", "2",
 ]
 
 
@@ -80,13 +64,8 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
     # emulated loss: DLCP alone, Gloo's loss figures and the floor's ratio null
     assert r["loss_method"] == "emulated", r["loss_method"]
     positive(r, "dlcp_iter_s_loss")
-    for key in (
-        "gloo_iter_s_loss",
-        "ratio_loss",
-        "floor_ratio_loss",
-        "nocomm_iter_s_loss",
-        "udp_floor_iter_s_loss_phase",
-    ):
+    for key in ("gloo_iter_s_loss", "ratio_loss", "floor_ratio_loss", "nocomm_iter_s_loss",
+                "udp_floor_iter_s_loss_phase"):
         assert r[key] is None, f"{key} = {r[key]!r} under emulated loss, want null"
     assert r["emulated_loss_dropped"] > 0, "the emulator dropped nothing: no loss was measured"
     # the UDP floor: as root on the loopback, in turns with the others; never under loss
