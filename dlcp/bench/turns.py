@@ -31,8 +31,8 @@ waits; the benchmark's own loop is not counted), ``bytecodes_sender_io`` and
 thread). The native engine's send threads run no Python. The caller's and the sender's
 counts move by a few percent between runs, the receiver's with its receive calls (which
 the machine's load moves); how they grow with the message's size says whether Python
-runs per message or per datagram. Tracing slows
-Python many times over: the first pass's figures do not include it.
+runs per message or per datagram. Tracing slows Python many times over: the first
+pass's figures do not include it.
 
 A turn serves whatever is ready at once, so these are counts of wake-ups, not
 of messages handled: the figures say how often Python runs per message, on each

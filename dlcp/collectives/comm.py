@@ -124,8 +124,7 @@ class ReportBuilder:
             if len(lost_c) != N_CLASSES or len(received_c) != N_CLASSES:
                 raise ValueError(f"a report of {len(lost_c)} / {len(received_c)} classes")
             lost = list(map(operator.add, lost, lost_c))
-            total = list(map(operator.add, total, lost_c))
-            total = list(map(operator.add, total, received_c))
+            total = list(map(operator.add, total, map(operator.add, lost_c, received_c)))
         return CollectiveReport(
             op=self.op,
             call=self.call,
