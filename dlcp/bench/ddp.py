@@ -82,7 +82,17 @@ from typing import Any
 
 from dlcp.errors import BenchError
 
-from .outcome import finish, ranks_authenticate
+from .ddp_figures import (
+    PYTHON_ENGINE,
+    check_python_engine_jobs,
+    job_env,
+    python_engine_lines,
+    python_engine_summary,
+    ratio,
+    round_ratios,
+    rounded,
+)
+from .outcome import engine_of_run, finish, ranks_authenticate
 
 # ---------------------------------------------------------------------- worker (one rank)
 
@@ -198,18 +208,20 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
     """One job of ``args.nproc`` ranks; the figures of its measured iterations."""
     from dlcp.launch import launch
 
+    worker_transport, engine_env = job_env(transport)
+
     with tempfile.TemporaryDirectory(prefix="dlcp-bench-ddp-") as tmp:
         out_path = Path(tmp) / "result.json"
         cmd = [
             *(prefix or []), sys.executable, "-u", "-m", "dlcp.bench.ddp", "--worker",
-            "--transport", transport, "--out", str(out_path),
+            "--transport", worker_transport, "--out", str(out_path),
             "--iters", str(args.iters), "--warmup", str(args.warmup),
             "--width", str(args.width), "--depth", str(args.depth),
             "--inputs", str(args.inputs), "--batch", str(args.batch),
             "--collective", args.collective, "--p", repr(args.p if p is None else p),
         ]
         env = {k: v for k, v in os.environ.items() if k != "DLCP_EMULATED_LOSS"}
-        env.update(env_extra or {})
+        env.update({**engine_env, **(env_extra or {})})
         log = io.StringIO()
         started = time.monotonic()
         result = launch(cmd, args.nproc, env=env, stdout=log, stderr=log, timeout=args.timeout)
@@ -230,7 +242,7 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
         "iter_s_p90": sorted(per_iter)[int(0.9 * (len(per_iter) - 1))],
         "job_s": time.monotonic() - started,
     }
-    if transport == "dlcp":
+    if worker_transport == "dlcp":
         elems = sum(r["elems"] for r in ranks)
         fig["lost_fraction"] = sum(r["lost_elems"] for r in ranks) / elems if elems else 0.0
         # (all ranks together: the packets the job resent per iteration)
@@ -275,14 +287,6 @@ def _tcp_timers_like_dlcp(box: Any) -> int | None:
     return tcp_timers_like_dlcp(
         lambda argv: subprocess.run(box.exec_argv(list(argv)), capture_output=True, text=True)
     )
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
-def _r(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else round(x, digits)
 
 
 def _combined(figs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -332,6 +336,9 @@ def _turns(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     authenticated = ranks_authenticate(args.auth)
+    if args.python_engine:
+        check_python_engine_jobs(engine_of_run())
+    py = (PYTHON_ENGINE,) if args.python_engine else ()
     res: dict[str, Any] = {}
     print(f"lossless, loopback ({args.nproc} ranks):", file=sys.stderr, flush=True)
     res["nocomm"] = _combined([run_job(args, "nocomm", p=args.p)])
@@ -341,14 +348,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs_floor = args.udp_floor and args.collective == "ring" and args.p > 0
     floor = ("udpfloor",) if runs_floor and os.geteuid() == 0 else ()
     args.notes = {}
-    res.update(_turns(args, "lossless", ("gloo", "dlcp", *floor),
+    res.update(_turns(args, "lossless", ("gloo", "dlcp", *py, *floor),
                       lambda t: run_job(args, t, p=args.p)))  # fmt: skip
     with _lossy_place(args) as box:
         if box is not None:
             res["netns_tcp_rto_min_us"] = _tcp_timers_like_dlcp(box)
             prefix = box.exec_argv([])
             print(f"namespace {box.ns}: loopback MTU 1500, offloads off", file=sys.stderr)
-            netns = _turns(args, "lossless netns", ("gloo", "dlcp", *floor),
+            netns = _turns(args, "lossless netns", ("gloo", "dlcp", *py, *floor),
                            lambda t: run_job(args, t, prefix=prefix))  # fmt: skip
             res.update({f"{t}_netns": f for t, f in netns.items()})
             box.set_loss(args.loss)
@@ -368,25 +375,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             # the floors take their turns with the lossy jobs: a ratio of two phases
             # run one after the other would carry the machine's drift between them
-            lost = _turns(args, f"{args.loss:g}% loss", ("gloo", "dlcp", "nocomm", *floor),
+            lost = _turns(args, f"{args.loss:g}% loss", ("gloo", "dlcp", *py, "nocomm", *floor),
                           lossy)  # fmt: skip
             res.update({f"{t}_loss": f for t, f in lost.items()})
         else:
             print(f"EMULATED loss {args.loss:g}% (DLCP only):", file=sys.stderr)
             env = {"DLCP_EMULATED_LOSS": repr(args.loss / 100)}
-            emulated = _turns(args, "emulated loss", ("dlcp",),
+            emulated = _turns(args, "emulated loss", ("dlcp", *py),
                               lambda t: run_job(args, t, env_extra=env))  # fmt: skip
-            res["dlcp_loss"] = emulated["dlcp"]
+            res.update({f"{t}_loss": f for t, f in emulated.items()})
     return {**summary(args, res, kernel=box is not None), "authenticated": authenticated}
-
-
-def _round_ratios(
-    d: dict[str, Any] | None, g: dict[str, Any] | None
-) -> list[float | None] | None:
-    """Each round's DLCP / Gloo ratio (the jobs of a round in turn)."""
-    if not d or not g:
-        return None
-    return [_ratio(a, b) for a, b in zip(d["iter_s_jobs"], g["iter_s_jobs"], strict=True)]
 
 
 def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> dict[str, Any]:
@@ -407,52 +405,56 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         "collective": args.collective,
         "p": args.p,
         "path": "loopback",
-        "dlcp_iter_s": _r(d["iter_s"]),
-        "gloo_iter_s": _r(g["iter_s"]),
-        "ratio": _ratio(d["iter_s"], g["iter_s"]),
+        "dlcp_iter_s": rounded(d["iter_s"]),
+        "gloo_iter_s": rounded(g["iter_s"]),
+        "ratio": ratio(d["iter_s"], g["iter_s"]),
         "rounds": args.rounds,
-        "ratio_rounds": _round_ratios(d, g),
-        "dlcp_comm_s": _r(d["comm_s"]),
-        "nocomm_iter_s": _r(floor),
-        "dlcp_comm_cost_s": _r(d["iter_s"] - floor),
-        "gloo_comm_cost_s": _r(g["iter_s"] - floor),
-        "ratio_comm_cost": _ratio(d["iter_s"] - floor, g["iter_s"] - floor),
-        "dlcp_lost_fraction": _r(d["lost_fraction"], 6),
+        "ratio_rounds": round_ratios(d, g),
+        "dlcp_comm_s": rounded(d["comm_s"]),
+        "nocomm_iter_s": rounded(floor),
+        "dlcp_comm_cost_s": rounded(d["iter_s"] - floor),
+        "gloo_comm_cost_s": rounded(g["iter_s"] - floor),
+        "ratio_comm_cost": ratio(d["iter_s"] - floor, g["iter_s"] - floor),
+        "dlcp_lost_fraction": rounded(d["lost_fraction"], 6),
         "loss_percent": args.loss,
         "loss_method": "nftables" if kernel else "emulated",
         # the namespace's TCP minimum RTO (Gloo's sockets), as DLCP's control channel
         "netns_tcp_rto_min_us": res.get("netns_tcp_rto_min_us"),
         "loss_path": "netns-lo-mtu1500-offloads-off" if kernel else "loopback",
-        "dlcp_iter_s_netns_lossless": _r(dn["iter_s"]) if dn else None,
-        "gloo_iter_s_netns_lossless": _r(gn["iter_s"]) if gn else None,
-        "ratio_netns_lossless": _ratio(dn["iter_s"], gn["iter_s"]) if dn and gn else None,
-        "ratio_netns_lossless_rounds": _round_ratios(dn, gn),
-        "dlcp_iter_s_loss": _r(dl.get("iter_s")),
-        "gloo_iter_s_loss": _r(gl["iter_s"]) if gl else None,
-        "ratio_loss": _ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
-        "ratio_loss_rounds": _round_ratios(dl, gl),
-        "nocomm_iter_s_loss": _r(nl["iter_s"]) if nl else None,
-        "floor_ratio_loss": _ratio(nl["iter_s"], gl["iter_s"]) if nl and gl else None,
-        "floor_ratio_loss_rounds": _round_ratios(nl, gl),
+        "dlcp_iter_s_netns_lossless": rounded(dn["iter_s"]) if dn else None,
+        "gloo_iter_s_netns_lossless": rounded(gn["iter_s"]) if gn else None,
+        "ratio_netns_lossless": ratio(dn["iter_s"], gn["iter_s"]) if dn and gn else None,
+        "ratio_netns_lossless_rounds": round_ratios(dn, gn),
+        "dlcp_iter_s_loss": rounded(dl.get("iter_s")),
+        "gloo_iter_s_loss": rounded(gl["iter_s"]) if gl else None,
+        "ratio_loss": ratio(dl.get("iter_s"), gl["iter_s"]) if gl else None,
+        "ratio_loss_rounds": round_ratios(dl, gl),
+        "nocomm_iter_s_loss": rounded(nl["iter_s"]) if nl else None,
+        "floor_ratio_loss": ratio(nl["iter_s"], gl["iter_s"]) if nl and gl else None,
+        "floor_ratio_loss_rounds": round_ratios(nl, gl),
         # the UDP floor (dlcp/bench/ddp_floor.py): the same ring in bare DLCP-sized datagrams
-        "udp_floor_iter_s": _r(uf["iter_s"]) if uf else None,
-        "udp_floor_ratio": _ratio(uf["iter_s"], g["iter_s"]) if uf else None,
-        "udp_floor_iter_s_netns_lossless": _r(ufn["iter_s"]) if ufn else None,
+        "udp_floor_iter_s": rounded(uf["iter_s"]) if uf else None,
+        "udp_floor_ratio": ratio(uf["iter_s"], g["iter_s"]) if uf else None,
+        "udp_floor_iter_s_netns_lossless": rounded(ufn["iter_s"]) if ufn else None,
         "udp_floor_ratio_netns_lossless": (
-            _ratio(ufn["iter_s"], gn["iter_s"]) if ufn and gn else None
+            ratio(ufn["iter_s"], gn["iter_s"]) if ufn and gn else None
         ),
-        "udp_floor_iter_s_loss_phase": _r(ufl["iter_s"]) if ufl else None,
-        "udp_floor_ratio_loss": _ratio(ufl["iter_s"], gl["iter_s"]) if ufl and gl else None,
-        "udp_floor_rounds": [_r(x) for x in uf["iter_s_jobs"]] if uf else None,
-        "udp_floor_rounds_netns_lossless": [_r(x) for x in ufn["iter_s_jobs"]] if ufn else None,
+        "udp_floor_iter_s_loss_phase": rounded(ufl["iter_s"]) if ufl else None,
+        "udp_floor_ratio_loss": ratio(ufl["iter_s"], gl["iter_s"]) if ufl and gl else None,
+        "udp_floor_rounds": [rounded(x) for x in uf["iter_s_jobs"]] if uf else None,
+        "udp_floor_rounds_netns_lossless": (
+            [rounded(x) for x in ufn["iter_s_jobs"]] if ufn else None
+        ),
         "udp_floor_error": getattr(args, "notes", {}).get("udpfloor_error"),
-        "dlcp_lost_fraction_loss": _r(dl.get("lost_fraction"), 6),
-        "dlcp_retransmitted_per_iter_loss": _r(dl.get("retransmitted_per_iter"), 1),
-        "dlcp_comm_s_loss": _r(dl.get("comm_s")),
+        "dlcp_lost_fraction_loss": rounded(dl.get("lost_fraction"), 6),
+        "dlcp_retransmitted_per_iter_loss": rounded(dl.get("retransmitted_per_iter"), 1),
+        "dlcp_comm_s_loss": rounded(dl.get("comm_s")),
         "nft_dropped": (
             {"dlcp": dl.get("nft_dropped"), "gloo": gl.get("nft_dropped")} if gl else None
         ),
         "emulated_loss_dropped": dl.get("emulated_loss_dropped") if not kernel else None,
+        # with --python-engine: DLCP's jobs again on the Python engine, in the same turns
+        "python_engine": python_engine_summary(res, floor),
         # the project's goals for these ratios (docs/benchmarks.md's engine table)
         "targets": {"ratio": 1.05, "ratio_comm_cost": 1.1, "ratio_loss": 0.85},
     }
@@ -501,7 +503,7 @@ def table(r: dict[str, Any]) -> str:
             f"{ms(r['nocomm_iter_s_loss'])} in turns with them, over Gloo's): "
             f"{r['floor_ratio_loss']}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, *python_engine_lines(r)])
 
 
 def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
@@ -530,6 +532,9 @@ def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
     ap.add_argument("--emulated", action="store_true", help="emulated loss even as root")
     ap.add_argument("--no-udp-floor", dest="udp_floor", action="store_false",
                     help="skip the UDP floor's jobs (root only; see dlcp/bench/ddp_floor.py)")
+    ap.add_argument("--python-engine", action="store_true",
+                    help="run DLCP's jobs on the Python engine too (DLCP_ENGINE=python), in "
+                         "the same turns as the native engine's: the python_engine figures")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--transport", choices=["dlcp", "gloo", "nocomm", "udpfloor"],

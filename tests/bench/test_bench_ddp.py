@@ -31,8 +31,17 @@ ARGV = [
 ]
 
 
+def _native_engine_runs() -> bool:
+    from dlcp.bench.outcome import engine_of_run
+
+    return engine_of_run() == "native"
+
+
 def _run() -> dict[str, Any]:
-    return run_json(ARGV, TIMEOUT)
+    # where DLCP's jobs run the native engine, its jobs on the Python engine take
+    # their turns too (--python-engine refuses a run whose jobs are the Python
+    # engine's already: tests/bench/test_bench_ddp_summary.py)
+    return run_json(ARGV + ["--python-engine"] * _native_engine_runs(), TIMEOUT)
 
 
 HALF = 5e-5  # half the JSON's rounding step of a time
@@ -74,3 +83,16 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
         _is_quotient(r["udp_floor_ratio"], positive(r, "udp_floor_iter_s"), gloo)
     else:
         assert r["udp_floor_iter_s"] is None and r["udp_floor_ratio"] is None, r
+    # the Python engine's jobs, in the same turns: their own ratios to Gloo and to them
+    py = r["python_engine"]
+    if r["engine"] != "native":
+        assert py is None, py
+        return
+    python = py["iter_s"]
+    assert python > 0, py
+    _is_quotient(py["ratio"], python, gloo)
+    _is_quotient(py["native_over_python"], dlcp, python)
+    assert len(py["ratio_rounds"]) == 2 and len(py["native_over_python_rounds"]) == 2, py
+    assert py["iter_s_loss"] > 0 and py["lost_fraction_loss"] >= 0, py
+    _is_quotient(py["native_over_python_loss"], r["dlcp_iter_s_loss"], py["iter_s_loss"])
+    assert py["ratio_loss"] is None, py  # (emulated: no Gloo under loss)

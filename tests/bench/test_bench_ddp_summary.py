@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import pytest
+
 from dlcp.bench.ddp import summary
+from dlcp.bench.ddp_figures import check_python_engine_jobs
+from dlcp.errors import BenchError
 
 
 def _config(iter_s: list[float], **extra: Any) -> dict[str, Any]:
@@ -48,3 +52,41 @@ def test_the_floor_ratios_under_loss_divide_jobs_of_the_same_rounds() -> None:
     assert r["udp_floor_iter_s_loss_phase"] == 0.02
     assert r["udp_floor_ratio_loss"] == 0.5  # 20 ms over 40, not the lossless phase's 10
     assert r["udp_floor_ratio_netns_lossless"] == round(0.010 / 0.012, 3)  # (unchanged)
+
+
+def test_the_python_engines_jobs_are_divided_by_the_jobs_of_their_rounds() -> None:
+    """``--python-engine``: the Python engine's jobs against Gloo's and the native
+    engine's of the same rounds, in each phase."""
+    args = argparse.Namespace(nproc=4, inputs=32, width=64, depth=2, batch=32, iters=3,
+                              warmup=1, collective="ring", p=0.05, loss=1.0, rounds=2)  # fmt: skip
+    res = {
+        "nocomm": _config([0.002]),
+        "gloo": _config([0.010, 0.012]),
+        "dlcp": _dlcp([0.012, 0.018]),
+        "dlcp_python": _dlcp([0.016, 0.020]),
+        "gloo_netns": _config([0.020, 0.020]),
+        "dlcp_netns": _dlcp([0.024, 0.024]),
+        "dlcp_python_netns": _dlcp([0.030, 0.030]),
+        "gloo_loss": _config([0.040, 0.040]),
+        "dlcp_loss": _dlcp([0.030, 0.036]),
+        "dlcp_python_loss": _dlcp([0.045, 0.036]) | {"lost_fraction": 0.01},
+    }
+    py = summary(args, res, kernel=True)["python_engine"]
+    assert py["iter_s"] == 0.02  # (the median of two jobs: the slower, as _config takes it)
+    assert py["ratio"] == round(0.020 / 0.012, 3)
+    assert py["ratio_rounds"] == [1.6, round(0.020 / 0.012, 3)]
+    assert py["ratio_comm_cost"] == round((0.020 - 0.002) / (0.012 - 0.002), 3)
+    assert py["native_over_python"] == 0.9 and py["native_over_python_rounds"] == [0.75, 0.9]
+    assert py["ratio_netns_lossless"] == 1.5 and py["native_over_python_netns_lossless"] == 0.8
+    assert py["ratio_loss_rounds"] == [1.125, 0.9]
+    assert py["native_over_python_loss_rounds"] == [round(0.030 / 0.045, 3), 1.0]
+    assert py["lost_fraction_loss"] == 0.01
+    # without --python-engine the block is null
+    del res["dlcp_python"], res["dlcp_python_netns"], res["dlcp_python_loss"]
+    assert summary(args, res, kernel=True)["python_engine"] is None
+
+
+def test_python_engine_jobs_need_the_native_engine_beside_them() -> None:
+    check_python_engine_jobs("native")
+    with pytest.raises(BenchError, match=r"--python-engine .* already use the python engine"):
+        check_python_engine_jobs("python")
