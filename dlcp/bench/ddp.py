@@ -53,11 +53,16 @@ drift of the machine. A job of it that fails (``udp_floor_error``) leaves its
 figures null and the rest of the run standing.
 
 The transports take turns: each phase runs ``--rounds`` (default 3) rounds of
-one job each, in the order Gloo, DLCP (, floor) in odd rounds and reversed in
-even ones, so that a drift of the machine during the phase falls on all. A
-configuration's figure is the median of its jobs' medians; ``ratio*_rounds``
-lists each round's DLCP / Gloo ratio. The no-communication floor of the loopback
-phase is one job.
+one job each, in the order Gloo, DLCP (, DLCP on the Python engine, floor) in odd
+rounds and reversed in even ones, so that a drift of the machine during the
+phase falls on all. A configuration's figure is the median of its jobs' medians;
+``ratio*_rounds`` lists each round's DLCP / Gloo ratio. The no-communication
+floor of the loopback phase is one job.
+
+``--python-engine`` adds DLCP's jobs on the Python engine (``DLCP_ENGINE=python``)
+to every phase's turns (:mod:`dlcp.bench.ddp_figures`): ``python_engine`` in the
+JSON. Every DLCP job's ranks report the engine they ran; a job on another engine
+than its name says fails the run.
 
 The last stdout line (``--json``) is one JSON object with every figure.
 """
@@ -84,6 +89,7 @@ from dlcp.errors import BenchError
 
 from .ddp_figures import (
     PYTHON_ENGINE,
+    check_job_engines,
     check_python_engine_jobs,
     job_env,
     python_engine_lines,
@@ -243,6 +249,12 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
         "job_s": time.monotonic() - started,
     }
     if worker_transport == "dlcp":
+        engines = [r["stats"].get("engine") for r in ranks]
+        named = env.get("DLCP_ENGINE")  # (the job's own setting, else the run's choice)
+        check_job_engines(
+            transport, engines, named if named in ("native", "python") else engine_of_run()
+        )
+        fig["engine"] = engines[0]
         elems = sum(r["elems"] for r in ranks)
         fig["lost_fraction"] = sum(r["lost_elems"] for r in ranks) / elems if elems else 0.0
         # (all ranks together: the packets the job resent per iteration)
@@ -297,6 +309,8 @@ def _combined(figs: list[dict[str, Any]]) -> dict[str, Any]:
         "iter_s": statistics.median(f["iter_s"] for f in figs),
         "iter_s_jobs": [f["iter_s"] for f in figs],
     }
+    if "engine" in figs[0]:  # (a DLCP configuration: the engine of each job)
+        out["engines"] = [f["engine"] for f in figs]
     if "lost_fraction" in figs[0]:
         out["lost_fraction"] = statistics.fmean(f["lost_fraction"] for f in figs)
         out["retransmitted_per_iter"] = statistics.fmean(f["retransmitted_per_iter"] for f in figs)
@@ -520,7 +534,7 @@ def _parser(prog: str = "python -m dlcp.bench.ddp") -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3,
                     help="iterations before the measured ones (default 3)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="jobs per transport and phase, Gloo and DLCP in turn (default 3)")
+                    help="jobs per transport and phase, the transports in turn (default 3)")
     ap.add_argument("--width", type=int, default=1664, help="units of each hidden layer")
     ap.add_argument("--depth", type=int, default=4, help="hidden layers of --width")
     ap.add_argument("--inputs", type=int, default=1024, help="input features")

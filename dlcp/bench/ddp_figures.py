@@ -4,9 +4,11 @@ With ``--python-engine`` every phase of the DDP benchmark runs a fourth
 transport, ``dlcp_python``: DLCP's jobs again with ``DLCP_ENGINE=python``, in the
 same turns as Gloo's and the default (native) engine's. Both engines' iterations
 then meet the same machine, and :func:`python_engine_summary` gives their ratios
-to Gloo and to each other phase by phase and round by round: separate jobs of
-the benchmark, minutes apart, moved Gloo's iteration by 14 % on these VMs, more
-than the engines differ.
+to Gloo and to each other phase by phase and round by round: two separate runs of
+the benchmark, minutes apart, once moved Gloo's iteration by 14 % on a 2-vCPU VM,
+more than the engines differ. Every DLCP job's ranks report the engine they ran,
+and a job whose ranks ran another engine than its name says fails the run
+(:func:`check_job_engines`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dlcp.errors import BenchError
 
 __all__ = [
     "PYTHON_ENGINE",
+    "check_job_engines",
     "check_python_engine_jobs",
     "job_env",
     "python_engine_lines",
@@ -53,21 +56,34 @@ def _iter_s(config: dict[str, Any] | None) -> float | None:
 
 def check_python_engine_jobs(engine: str) -> None:
     """``--python-engine`` compares the Python engine with the native one: the
-    run's own DLCP jobs (``engine``, from ``DLCP_ENGINE`` and the build) must be
-    the native engine's."""
+    run's own DLCP jobs (``engine``, from ``DLCP_ENGINE``, the build and, with
+    ``--auth``, whether the native engine can tag) must be the native engine's."""
     if engine != "native":
         raise BenchError(
             "--python-engine runs DLCP's jobs on both engines, but this run's DLCP jobs "
-            f"already use the {engine} engine (DLCP_ENGINE unset or 'native' needs the "
-            "native engine built: pip install with a C compiler)"
+            f"would run the {engine} engine already: DLCP_ENGINE is 'python', or the "
+            "native engine was not built (install with a C compiler), or --auth needs "
+            "tags the native engine cannot make (built without libcrypto)"
         )
 
 
 def job_env(transport: str) -> tuple[str, dict[str, str]]:
-    """The worker's transport and the extra environment of a job of ``transport``."""
+    """The worker's transport and the extra environment of a job of ``transport``
+    (the Python engine has no send threads: ``DLCP_ENGINE_THREADS`` set for the
+    native engine's jobs must not reach its jobs)."""
     if transport == PYTHON_ENGINE:
-        return "dlcp", {"DLCP_ENGINE": "python"}
+        return "dlcp", {"DLCP_ENGINE": "python", "DLCP_ENGINE_THREADS": "1"}
     return transport, {}
+
+
+def check_job_engines(transport: str, engines: list[str], expected: str) -> None:
+    """A DLCP job's ranks ran ``engines`` (each rank's endpoint says); its name
+    promised ``expected``."""
+    if any(e != expected for e in engines):
+        raise BenchError(
+            f"{transport} job: its ranks ran the engines {engines}, not {expected!r} "
+            "on every rank: its figures would be another engine's"
+        )
 
 
 def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str, Any] | None:
@@ -77,9 +93,11 @@ def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str
     if p is None:
         return None
     d, g = res["dlcp"], res["gloo"]
-    pn, dn, gn = (_iter_s(res.get(f"{t}_netns")) for t in (PYTHON_ENGINE, "dlcp", "gloo"))
+    pn_, dn_, gn_ = (res.get(f"{t}_netns") for t in (PYTHON_ENGINE, "dlcp", "gloo"))
+    pn, dn, gn = _iter_s(pn_), _iter_s(dn_), _iter_s(gn_)
     pl, dl, gl = (res.get(f"{t}_loss") for t in (PYTHON_ENGINE, "dlcp", "gloo"))
     return {
+        "engines": p.get("engines"),  # (each lossless job's, as its ranks reported it)
         "iter_s": rounded(p["iter_s"]),
         "ratio": ratio(p["iter_s"], g["iter_s"]),
         "ratio_rounds": round_ratios(p, g),
@@ -90,7 +108,9 @@ def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str
         "native_over_python_rounds": round_ratios(d, p),
         "iter_s_netns_lossless": rounded(pn),
         "ratio_netns_lossless": ratio(pn, gn),
+        "ratio_netns_lossless_rounds": round_ratios(pn_, gn_),
         "native_over_python_netns_lossless": ratio(dn, pn),
+        "native_over_python_netns_lossless_rounds": round_ratios(dn_, pn_),
         "iter_s_loss": rounded(_iter_s(pl)),
         "ratio_loss": ratio(_iter_s(pl), _iter_s(gl)),
         "ratio_loss_rounds": round_ratios(pl, gl),
@@ -98,6 +118,9 @@ def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str
         "native_over_python_loss_rounds": round_ratios(dl, pl),
         "lost_fraction_loss": rounded(pl["lost_fraction"], 6) if pl else None,
         "retransmitted_per_iter_loss": rounded(pl["retransmitted_per_iter"], 1) if pl else None,
+        # what the loss took from these jobs: the emulator's drops, or nftables'
+        "emulated_loss_dropped": pl.get("emulated_loss_dropped") if pl else None,
+        "nft_dropped": pl.get("nft_dropped") if pl else None,
     }
 
 
@@ -109,6 +132,9 @@ def python_engine_lines(r: dict[str, Any]) -> list[str]:
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{1e3 * x:.1f} ms"
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x}"
 
     lines = [
         f"  Python engine, lossless, loopback: {ms(p['iter_s'])}  over Gloo {p['ratio']}  "
@@ -123,7 +149,8 @@ def python_engine_lines(r: dict[str, Any]) -> list[str]:
         )
     if p["iter_s_loss"] is not None:
         lines.append(
-            f"  Python engine, {r['loss_percent']:g}% loss: {ms(p['iter_s_loss'])}  over Gloo "
-            f"{p['ratio_loss']}; native over Python {p['native_over_python_loss']}"
+            f"  Python engine, {r['loss_percent']:g}% loss ({r['loss_method']}): "
+            f"{ms(p['iter_s_loss'])}  over Gloo {num(p['ratio_loss'])}; native over Python "
+            f"{num(p['native_over_python_loss'])}"
         )
     return lines

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dlcp.bench.ddp import summary
-from dlcp.bench.ddp_figures import check_python_engine_jobs
+from dlcp.bench.ddp import summary, table
+from dlcp.bench.ddp_figures import check_job_engines, check_python_engine_jobs, job_env
 from dlcp.errors import BenchError
 
 
@@ -81,12 +81,53 @@ def test_the_python_engines_jobs_are_divided_by_the_jobs_of_their_rounds() -> No
     assert py["ratio_loss_rounds"] == [1.125, 0.9]
     assert py["native_over_python_loss_rounds"] == [round(0.030 / 0.045, 3), 1.0]
     assert py["lost_fraction_loss"] == 0.01
+    assert py["comm_cost_s"] == 0.018 and py["iter_s_loss"] == 0.045
+    assert py["ratio_loss"] == 1.125 and py["native_over_python_loss"] == 0.8
+    assert py["ratio_netns_lossless_rounds"] == [1.5, 1.5]
+    assert py["native_over_python_netns_lossless_rounds"] == [0.8, 0.8]
+    assert py["retransmitted_per_iter_loss"] == 0.0 and py["emulated_loss_dropped"] == 0
     # without --python-engine the block is null
     del res["dlcp_python"], res["dlcp_python_netns"], res["dlcp_python_loss"]
     assert summary(args, res, kernel=True)["python_engine"] is None
 
 
+def test_the_python_engines_jobs_under_emulated_loss_have_no_gloo_ratio() -> None:
+    """Without root the loss is DLCP's emulator, on both engines' jobs: their
+    iterations and their ratio to each other, no Gloo figures; the table says "-"."""
+    args = argparse.Namespace(nproc=2, inputs=32, width=64, depth=2, batch=32, iters=3,
+                              warmup=1, collective="ring", p=0.05, loss=1.0, rounds=2)  # fmt: skip
+    res = {
+        "nocomm": _config([0.002]),
+        "gloo": _config([0.010, 0.010]),
+        "dlcp": _dlcp([0.012, 0.012]),
+        "dlcp_python": _dlcp([0.015, 0.015]),
+        "dlcp_loss": _dlcp([0.020, 0.030]) | {"emulated_loss_dropped": 7},
+        "dlcp_python_loss": _dlcp([0.025, 0.025]) | {"emulated_loss_dropped": 9},
+    }
+    r = summary(args, res, kernel=False)
+    py = r["python_engine"]
+    assert py["iter_s_loss"] == 0.025 and py["emulated_loss_dropped"] == 9
+    assert py["native_over_python_loss_rounds"] == [0.8, 1.2]
+    assert py["ratio_loss"] is None and py["ratio_loss_rounds"] is None
+    assert py["ratio_netns_lossless"] is None and py["ratio_netns_lossless_rounds"] is None
+    r.update(ratio_netns_lossless=None, udp_floor_ratio=None, udp_floor_ratio_loss=None)
+    lines = [line for line in table(r).splitlines() if "Python engine" in line]
+    assert len(lines) == 2, lines  # (lossless and loss: no namespace phase)
+    assert "over Gloo -;" in lines[1] and "native over Python 1.2" in lines[1], lines[1]
+
+
+def test_the_python_engines_jobs_run_the_python_engine_alone() -> None:
+    """A Python-engine job gets DLCP_ENGINE=python and no send threads (the native
+    engine's DLCP_ENGINE_THREADS would make its endpoints refuse to start); a job
+    whose ranks report another engine than promised fails the run."""
+    assert job_env("dlcp_python") == ("dlcp", {"DLCP_ENGINE": "python", "DLCP_ENGINE_THREADS": "1"})
+    assert job_env("dlcp") == ("dlcp", {}) and job_env("gloo") == ("gloo", {})
+    check_job_engines("dlcp_python", ["python", "python"], "python")
+    with pytest.raises(BenchError, match=r"dlcp_python job: its ranks ran .*'native'"):
+        check_job_engines("dlcp_python", ["python", "native"], "python")
+
+
 def test_python_engine_jobs_need_the_native_engine_beside_them() -> None:
     check_python_engine_jobs("native")
-    with pytest.raises(BenchError, match=r"--python-engine .* already use the python engine"):
+    with pytest.raises(BenchError, match=r"--python-engine .* would run the python engine already"):
         check_python_engine_jobs("python")

@@ -12,6 +12,9 @@ from collections import defaultdict
 HZ = 1999
 RANKS = 4
 ITERATIONS = 43  # the job's 3 warm-up and 40 measured iterations
+#: the threads that move gradients: DLCP's I/O, send and hook threads; Gloo's loops
+DLCP_THREADS = ("dlcp-",)
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
 
 
 def kind(comm: str) -> str:
@@ -39,3 +42,13 @@ for path in sys.argv[1:]:
     for (k, c), s in sorted(seconds.items(), key=lambda kv: -kv[1]):
         if s >= 0.1:
             print(f"  {k:16s} {c:12s} {s:6.2f} s  {1e3 * s / RANKS / ITERATIONS:6.1f} ms")
+    # DLCP's threads and Gloo's (every row of them, however small): a DLCP job has
+    # Gloo's too, for the process group DDP starts with and the benchmark's barriers
+    for name, prefixes in (("DLCP's", DLCP_THREADS), ("Gloo's", GLOO_THREADS)):
+        moving: dict[str, float] = defaultdict(float)
+        for (k, c), s in seconds.items():
+            if k.startswith(prefixes):
+                moving[c] += s
+        per = {c: 1e3 * s / RANKS / ITERATIONS for c, s in sorted(moving.items())}
+        parts = ", ".join(f"{c} {ms:.1f}" for c, ms in per.items())
+        print(f"  {name} threads, ms an iteration a rank: {parts}; in all {sum(per.values()):.1f}")

@@ -5,7 +5,7 @@ at two values in alternate calls of one job: the 25 MB ring all-reduce, 4 ranks,
 over the ranks, rank 0's median wall time and its I/O thread's turns (receive calls).
 
     python -c "import sys; from dlcp.launch import launch; launch([sys.executable,
-        'ab_hold.py', '100', '6250000', '0.05', '0.002', '0.02'], 4, timeout=900)"
+        'ab_hold.py', '80', '6250000', '0.05', '0.002', '0.02'], 4, timeout=900)"
 """
 
 import sys
