@@ -91,6 +91,7 @@ from .ddp_figures import (
     PYTHON_ENGINE,
     check_job_engines,
     check_python_engine_jobs,
+    expected_engine,
     job_env,
     python_engine_lines,
     python_engine_summary,
@@ -250,10 +251,7 @@ def run_job(args: argparse.Namespace, transport: str, *, prefix: list[str] | Non
     }
     if worker_transport == "dlcp":
         engines = [r["stats"].get("engine") for r in ranks]
-        named = env.get("DLCP_ENGINE")  # (the job's own setting, else the run's choice)
-        check_job_engines(
-            transport, engines, named if named in ("native", "python") else engine_of_run()
-        )
+        check_job_engines(transport, engines, expected_engine(env, engine_of_run))
         fig["engine"] = engines[0]
         elems = sum(r["elems"] for r in ranks)
         fig["lost_fraction"] = sum(r["lost_elems"] for r in ranks) / elems if elems else 0.0
@@ -468,7 +466,9 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
         ),
         "emulated_loss_dropped": dl.get("emulated_loss_dropped") if not kernel else None,
         # with --python-engine: DLCP's jobs again on the Python engine, in the same turns
-        "python_engine": python_engine_summary(res, floor),
+        "python_engine": python_engine_summary(res, floor, kernel=kernel),
+        # the engine each lossless DLCP job's ranks reported (native unless DLCP_ENGINE)
+        "dlcp_engines": d.get("engines"),
         # the project's goals for these ratios (docs/benchmarks.md's engine table)
         "targets": {"ratio": 1.05, "ratio_comm_cost": 1.1, "ratio_loss": 0.85},
     }
@@ -495,8 +495,8 @@ def table(r: dict[str, Any]) -> str:
     lines.append(
         f"  {r['loss_percent']:g}% loss ({r['loss_method']}, {r['loss_path']}): "
         f"DLCP {ms(r['dlcp_iter_s_loss'])}  Gloo {ms(r['gloo_iter_s_loss'])}  "
-        f"ratio {r['ratio_loss']}  (DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% "
-        "of gradient elements)"
+        f"ratio {'-' if r['ratio_loss'] is None else r['ratio_loss']}  "
+        f"(DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% of gradient elements)"
     )
     if r["udp_floor_ratio"] is not None:
         lines.append(

@@ -13,6 +13,7 @@ and a job whose ranks ran another engine than its name says fails the run
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dlcp.errors import BenchError
@@ -21,6 +22,7 @@ __all__ = [
     "PYTHON_ENGINE",
     "check_job_engines",
     "check_python_engine_jobs",
+    "expected_engine",
     "job_env",
     "python_engine_lines",
     "python_engine_summary",
@@ -76,9 +78,20 @@ def job_env(transport: str) -> tuple[str, dict[str, str]]:
     return transport, {}
 
 
-def check_job_engines(transport: str, engines: list[str], expected: str) -> None:
-    """A DLCP job's ranks ran ``engines`` (each rank's endpoint says); its name
-    promised ``expected``."""
+def expected_engine(env: Mapping[str, str], run_engine: Callable[[], str]) -> str:
+    """The engine a DLCP job's ranks must report: the one its environment ``env``
+    names (``DLCP_ENGINE`` native or python), else what ``auto`` gives this run
+    (``run_engine``: the build, and whether the ranks authenticate)."""
+    named = env.get("DLCP_ENGINE")
+    return named if named in ("native", "python") else run_engine()
+
+
+def check_job_engines(transport: str, engines: list[str | None], expected: str) -> None:
+    """A DLCP job's ranks ran ``engines`` (each rank's endpoint says; None: the rank
+    had no endpoint); its name promised ``expected``."""
+    missing = [rank for rank, e in enumerate(engines) if e is None]
+    if missing:
+        raise BenchError(f"{transport} job: rank(s) {missing} reported no endpoint's engine")
     if any(e != expected for e in engines):
         raise BenchError(
             f"{transport} job: its ranks ran the engines {engines}, not {expected!r} "
@@ -86,9 +99,12 @@ def check_job_engines(transport: str, engines: list[str], expected: str) -> None
         )
 
 
-def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str, Any] | None:
+def python_engine_summary(
+    res: dict[str, Any], nocomm_iter_s: float, *, kernel: bool
+) -> dict[str, Any] | None:
     """The Python engine's figures beside the native engine's (``res``: the
-    benchmark's configurations by name), None when it did not run."""
+    benchmark's configurations by name; ``kernel``: the loss was nftables', not
+    the emulator's), None when it did not run."""
     p = res.get(PYTHON_ENGINE)
     if p is None:
         return None
@@ -119,8 +135,8 @@ def python_engine_summary(res: dict[str, Any], nocomm_iter_s: float) -> dict[str
         "lost_fraction_loss": rounded(pl["lost_fraction"], 6) if pl else None,
         "retransmitted_per_iter_loss": rounded(pl["retransmitted_per_iter"], 1) if pl else None,
         # what the loss took from these jobs: the emulator's drops, or nftables'
-        "emulated_loss_dropped": pl.get("emulated_loss_dropped") if pl else None,
-        "nft_dropped": pl.get("nft_dropped") if pl else None,
+        "emulated_loss_dropped": pl.get("emulated_loss_dropped") if pl and not kernel else None,
+        "nft_dropped": pl.get("nft_dropped") if pl and kernel else None,
     }
 
 
@@ -138,7 +154,7 @@ def python_engine_lines(r: dict[str, Any]) -> list[str]:
 
     lines = [
         f"  Python engine, lossless, loopback: {ms(p['iter_s'])}  over Gloo {p['ratio']}  "
-        f"(communication cost over Gloo's {p['ratio_comm_cost']}); native over Python "
+        f"(communication cost over Gloo's {num(p['ratio_comm_cost'])}); native over Python "
         f"{p['native_over_python']} (rounds {p['native_over_python_rounds']})"
     ]
     if p["ratio_netns_lossless"] is not None:

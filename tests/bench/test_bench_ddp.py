@@ -83,6 +83,8 @@ def test_ddp_benchmark_json_and_its_no_communication_floor() -> None:
         _is_quotient(r["udp_floor_ratio"], positive(r, "udp_floor_iter_s"), gloo)
     else:
         assert r["udp_floor_iter_s"] is None and r["udp_floor_ratio"] is None, r
+    # each DLCP job's ranks reported the engine they ran: the run's (a mismatch fails it)
+    assert r["dlcp_engines"] == [r["engine"]] * 2, (r["dlcp_engines"], r["engine"])
     # the Python engine's jobs, in the same turns: their own ratios to Gloo and to them
     py = r["python_engine"]
     if r["engine"] != "native":

@@ -7,18 +7,24 @@ the ratio."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import Any
 
 import pytest
 
 from dlcp.bench.ddp import summary, table
-from dlcp.bench.ddp_figures import check_job_engines, check_python_engine_jobs, job_env
+from dlcp.bench.ddp_figures import (
+    check_job_engines,
+    check_python_engine_jobs,
+    expected_engine,
+    job_env,
+)
 from dlcp.errors import BenchError
 
 
 def _config(iter_s: list[float], **extra: Any) -> dict[str, Any]:
-    ordered = sorted(iter_s)
-    return {"params": 6922, "iter_s": ordered[len(ordered) // 2], "iter_s_jobs": iter_s,
+    """A configuration as ``_combined`` makes it: the median of its jobs' times."""
+    return {"params": 6922, "iter_s": statistics.median(iter_s), "iter_s_jobs": iter_s,
             **extra}  # fmt: skip
 
 
@@ -69,23 +75,26 @@ def test_the_python_engines_jobs_are_divided_by_the_jobs_of_their_rounds() -> No
         "dlcp_python_netns": _dlcp([0.030, 0.030]),
         "gloo_loss": _config([0.040, 0.040]),
         "dlcp_loss": _dlcp([0.030, 0.036]),
-        "dlcp_python_loss": _dlcp([0.045, 0.036]) | {"lost_fraction": 0.01},
+        "dlcp_python_loss": _dlcp([0.045, 0.035]) | {"lost_fraction": 0.01, "nft_dropped": 5},
     }
     py = summary(args, res, kernel=True)["python_engine"]
-    assert py["iter_s"] == 0.02  # (the median of two jobs: the slower, as _config takes it)
-    assert py["ratio"] == round(0.020 / 0.012, 3)
+    assert py["iter_s"] == 0.018  # (the median of two jobs)
+    assert py["ratio"] == round(0.018 / 0.011, 3)
     assert py["ratio_rounds"] == [1.6, round(0.020 / 0.012, 3)]
-    assert py["ratio_comm_cost"] == round((0.020 - 0.002) / (0.012 - 0.002), 3)
-    assert py["native_over_python"] == 0.9 and py["native_over_python_rounds"] == [0.75, 0.9]
+    assert py["ratio_comm_cost"] == round((0.018 - 0.002) / (0.011 - 0.002), 3)
+    assert py["native_over_python"] == round(0.015 / 0.018, 3)
+    assert py["native_over_python_rounds"] == [0.75, 0.9]
     assert py["ratio_netns_lossless"] == 1.5 and py["native_over_python_netns_lossless"] == 0.8
-    assert py["ratio_loss_rounds"] == [1.125, 0.9]
-    assert py["native_over_python_loss_rounds"] == [round(0.030 / 0.045, 3), 1.0]
-    assert py["lost_fraction_loss"] == 0.01
-    assert py["comm_cost_s"] == 0.018 and py["iter_s_loss"] == 0.045
-    assert py["ratio_loss"] == 1.125 and py["native_over_python_loss"] == 0.8
     assert py["ratio_netns_lossless_rounds"] == [1.5, 1.5]
     assert py["native_over_python_netns_lossless_rounds"] == [0.8, 0.8]
-    assert py["retransmitted_per_iter_loss"] == 0.0 and py["emulated_loss_dropped"] == 0
+    assert py["comm_cost_s"] == 0.016 and py["iter_s_loss"] == 0.04
+    assert py["ratio_loss"] == 1.0 and py["ratio_loss_rounds"] == [1.125, 0.875]
+    assert py["native_over_python_loss"] == 0.825
+    rounds = [round(0.030 / 0.045, 3), round(0.036 / 0.035, 3)]
+    assert py["native_over_python_loss_rounds"] == rounds
+    assert py["lost_fraction_loss"] == 0.01 and py["retransmitted_per_iter_loss"] == 0.0
+    # nftables' loss: its drops, and no emulator's count (0 would read as "no loss")
+    assert py["nft_dropped"] == 5 and py["emulated_loss_dropped"] is None
     # without --python-engine the block is null
     del res["dlcp_python"], res["dlcp_python_netns"], res["dlcp_python_loss"]
     assert summary(args, res, kernel=True)["python_engine"] is None
@@ -107,13 +116,17 @@ def test_the_python_engines_jobs_under_emulated_loss_have_no_gloo_ratio() -> Non
     r = summary(args, res, kernel=False)
     py = r["python_engine"]
     assert py["iter_s_loss"] == 0.025 and py["emulated_loss_dropped"] == 9
+    assert py["nft_dropped"] is None
+    assert py["native_over_python_loss"] == 1.0
     assert py["native_over_python_loss_rounds"] == [0.8, 1.2]
     assert py["ratio_loss"] is None and py["ratio_loss_rounds"] is None
     assert py["ratio_netns_lossless"] is None and py["ratio_netns_lossless_rounds"] is None
-    r.update(ratio_netns_lossless=None, udp_floor_ratio=None, udp_floor_ratio_loss=None)
-    lines = [line for line in table(r).splitlines() if "Python engine" in line]
+    text = table(r).splitlines()
+    lines = [line for line in text if "Python engine" in line]
     assert len(lines) == 2, lines  # (lossless and loss: no namespace phase)
-    assert "over Gloo -;" in lines[1] and "native over Python 1.2" in lines[1], lines[1]
+    assert "over Gloo -;" in lines[1] and "native over Python 1.0" in lines[1], lines[1]
+    (loss,) = [line for line in text if line.startswith("  1% loss (emulated")]
+    assert "Gloo -  ratio -  (DLCP lost" in loss, loss  # (no Gloo under emulated loss)
 
 
 def test_the_python_engines_jobs_run_the_python_engine_alone() -> None:
@@ -122,9 +135,16 @@ def test_the_python_engines_jobs_run_the_python_engine_alone() -> None:
     whose ranks report another engine than promised fails the run."""
     assert job_env("dlcp_python") == ("dlcp", {"DLCP_ENGINE": "python", "DLCP_ENGINE_THREADS": "1"})
     assert job_env("dlcp") == ("dlcp", {}) and job_env("gloo") == ("gloo", {})
+    # the engine a job must report: its own DLCP_ENGINE, else what auto gives the run
+    assert expected_engine({"DLCP_ENGINE": "python"}, lambda: "native") == "python"
+    assert expected_engine({"DLCP_ENGINE": "native"}, lambda: "python") == "native"
+    assert expected_engine({"DLCP_ENGINE": "auto"}, lambda: "native") == "native"
+    assert expected_engine({}, lambda: "python") == "python"
     check_job_engines("dlcp_python", ["python", "python"], "python")
     with pytest.raises(BenchError, match=r"dlcp_python job: its ranks ran .*'native'"):
         check_job_engines("dlcp_python", ["python", "native"], "python")
+    with pytest.raises(BenchError, match=r"dlcp job: rank\(s\) \[1\] reported no endpoint's"):
+        check_job_engines("dlcp", ["native", None], "native")
 
 
 def test_python_engine_jobs_need_the_native_engine_beside_them() -> None:
