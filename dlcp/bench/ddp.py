@@ -93,6 +93,8 @@ from .ddp_figures import (
     check_python_engine_jobs,
     expected_engine,
     job_env,
+    ms,
+    or_dash,
     python_engine_lines,
     python_engine_summary,
     ratio,
@@ -475,9 +477,6 @@ def summary(args: argparse.Namespace, res: dict[str, Any], *, kernel: bool) -> d
 
 
 def table(r: dict[str, Any]) -> str:
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{1e3 * x:.1f} ms"
-
     lines = [
         f"DDP, {r['world_size']} ranks, {r['params'] / 1e6:.1f}M parameters ({r['model']}), "
         f"DLCP {r['collective']} p={r['p']:g}, median per iteration:",
@@ -495,7 +494,7 @@ def table(r: dict[str, Any]) -> str:
     lines.append(
         f"  {r['loss_percent']:g}% loss ({r['loss_method']}, {r['loss_path']}): "
         f"DLCP {ms(r['dlcp_iter_s_loss'])}  Gloo {ms(r['gloo_iter_s_loss'])}  "
-        f"ratio {'-' if r['ratio_loss'] is None else r['ratio_loss']}  "
+        f"ratio {or_dash(r['ratio_loss'])}  "
         f"(DLCP lost {100 * (r['dlcp_lost_fraction_loss'] or 0):.2f}% of gradient elements)"
     )
     if r["udp_floor_ratio"] is not None:

@@ -24,6 +24,8 @@ __all__ = [
     "check_python_engine_jobs",
     "expected_engine",
     "job_env",
+    "ms",
+    "or_dash",
     "python_engine_lines",
     "python_engine_summary",
     "ratio",
@@ -42,6 +44,16 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def rounded(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
+
+
+def ms(x: float | None) -> str:
+    """A time in seconds as the table shows it, in milliseconds ("-": none)."""
+    return "-" if x is None else f"{1e3 * x:.1f} ms"
+
+
+def or_dash(x: float | None) -> str:
+    """A ratio as the table shows it ("-": none)."""
+    return "-" if x is None else f"{x}"
 
 
 def round_ratios(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[float | None] | None:
@@ -145,16 +157,9 @@ def python_engine_lines(r: dict[str, Any]) -> list[str]:
     p = r.get("python_engine")
     if not p:
         return []
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{1e3 * x:.1f} ms"
-
-    def num(x: float | None) -> str:
-        return "-" if x is None else f"{x}"
-
     lines = [
         f"  Python engine, lossless, loopback: {ms(p['iter_s'])}  over Gloo {p['ratio']}  "
-        f"(communication cost over Gloo's {num(p['ratio_comm_cost'])}); native over Python "
+        f"(communication cost over Gloo's {or_dash(p['ratio_comm_cost'])}); native over Python "
         f"{p['native_over_python']} (rounds {p['native_over_python_rounds']})"
     ]
     if p["ratio_netns_lossless"] is not None:
@@ -166,7 +171,7 @@ def python_engine_lines(r: dict[str, Any]) -> list[str]:
     if p["iter_s_loss"] is not None:
         lines.append(
             f"  Python engine, {r['loss_percent']:g}% loss ({r['loss_method']}): "
-            f"{ms(p['iter_s_loss'])}  over Gloo {num(p['ratio_loss'])}; native over Python "
-            f"{num(p['native_over_python_loss'])}"
+            f"{ms(p['iter_s_loss'])}  over Gloo {or_dash(p['ratio_loss'])}; native over Python "
+            f"{or_dash(p['native_over_python_loss'])}"
         )
     return lines
