@@ -57,6 +57,7 @@ __all__ = [
     "NoneClassifier",
     "available_classifiers",
     "classify_chunks",
+    "classify_uint16_f32",
     "magnitude_class",
     "make_classifier",
     "register_classifier",
@@ -518,6 +519,29 @@ def classify_chunks(
     if may_drop:
         return classes
     return ChunkClasses(classes.prio, np.zeros_like(classes.drop), classes.mag)
+
+
+def classify_uint16_f32(
+    classifier: Classifier,
+    layers: NDArray[np.uint16],
+    magnitudes: NDArray[np.float32],
+    *,
+    n_layers: int,
+    may_drop: bool,
+) -> tuple[NDArray[np.uint8], NDArray[np.bool_], NDArray[np.uint8]] | None:
+    """:func:`classify_chunks`' C pass as (prio, drop, mag), for the arrays
+    :func:`~dlcp.proto.packetizer.plan_message` makes (contiguous uint16 layers
+    and float32 magnitudes, which the kernel checks), without the checks and the
+    :class:`ChunkClasses` around it; None where that pass does not apply (another
+    classifier, no accelerator, a layer not below ``n_layers``): then
+    :func:`classify_chunks` classifies, or says what is wrong."""
+    if type(classifier) not in _RULED or not kernels.ACCELERATED or not 1 <= n_layers <= MAX_LAYERS:
+        return None
+    prio, eligible, fraction, threshold = _rule_tables(cast(_Ruled, classifier), n_layers)
+    return kernels.classify_chunks(
+        layers, n_layers, magnitudes, prio, eligible, fraction, threshold, may_drop,
+        _MAG_BIAS, _MAG_MAX, convert=False,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -149,6 +149,24 @@ def block_abs_mean(
     return out
 
 
+def abs_means_f32(
+    data: npt.NDArray[np.float32],
+    chunk_elems: int,
+    n_chunks: int,
+    starts: Int64Array,
+    block: int,
+    out: npt.NDArray[np.float32],
+) -> None:
+    """:func:`block_abs_mean` of the first ``n_chunks`` chunks of ``data`` (1-D
+    float32, contiguous) into ``out``, without its checks in Python: the C
+    kernel checks the sizes and the sample blocks itself (ValueError,
+    IndexError). For :func:`dlcp.proto.packetizer.plan_message`, whose arrays are
+    of those types already; only with :data:`ACCELERATED`."""
+    if _accel is None:
+        raise RuntimeError("abs_means_f32 needs the C accelerator (dlcp.proto._kernels)")
+    _accel.block_abs_mean_f32(data, chunk_elems, n_chunks, starts, block, out)
+
+
 def gather_records(
     records: UInt8Array,
     wire: np.dtype[np.void],
@@ -300,23 +318,30 @@ def classify_chunks(
     may_drop: bool,
     bias: int,
     top: int,
+    *,
+    convert: bool = True,
 ) -> tuple[UInt8Array, npt.NDArray[np.bool_], UInt8Array] | None:
     """A built-in classifier's tags (prio, drop, mag) for each chunk, in one pass of
     the C kernel (see ``classify_chunks`` in ``_kernels.c``); None if a layer is not
     below ``n_layers``. Only with :data:`ACCELERATED`:
     :func:`dlcp.proto.classify.classify_chunks` falls back to the classifier's
-    ``classify`` otherwise."""
+    ``classify`` otherwise. ``convert=False``: the arrays are contiguous, aligned
+    and of the kernel's types already (a caller that made them so), and are
+    passed as they are; the kernel checks their sizes and alignment (ValueError)."""
     if _accel is None:
         raise RuntimeError("classify_chunks needs the C accelerator (dlcp.proto._kernels)")
+    if convert:
+        layers, magnitudes = _aligned(layers, np.uint16), _aligned(magnitudes, np.float32)
+        layer_prio = _aligned(layer_prio, np.uint8)
+        if layer_eligible is not None:
+            layer_eligible = _aligned(layer_eligible, np.uint8)
     n = len(layers)
     prio = np.empty(n, np.uint8)
     drop = np.empty(n, np.bool_)
     mag = np.empty(n, np.uint8)
     bad = _accel.classify_chunks(
-        _aligned(layers, np.uint16), n_layers, _aligned(magnitudes, np.float32),
-        _aligned(layer_prio, np.uint8),
-        None if layer_eligible is None else _aligned(layer_eligible, np.uint8),
-        fraction, threshold, may_drop, bias, top, prio, drop.view(np.uint8), mag,
+        layers, n_layers, magnitudes, layer_prio, layer_eligible, fraction, threshold,
+        may_drop, bias, top, prio, drop.view(np.uint8), mag,
     )  # fmt: skip
     return None if bad >= 0 else (prio, drop, mag)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlcp.proto import kernels
+from dlcp.proto import kernels, packetizer
 from dlcp.proto.chunk_layers import chunk_layers
 from dlcp.proto.classify import make_classifier
 from dlcp.proto.first_round import first_round
@@ -182,3 +182,68 @@ def test_c_plan_round_names_a_bad_class_and_writes_nothing() -> None:
             table.drop, table.mag, table.layer, 16, 64, 4, 0, int(Flags.LAST), None,
         )  # fmt: skip
     assert (records == 0xAA).all()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_float32_plan_in_the_kernels_alone_gives_the_general_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """plan_message's float32 path (magnitudes and classes from the C kernels,
+    without the general path's wrappers) gives the same table, bit for bit,
+    NaN, infinities, short last chunks and the loss bound's no-drop rule included."""
+    rng = np.random.default_rng(23)
+    fast = packetizer._plan_float32
+    taken = []
+
+    def counted(*args: object) -> ChunkTable | None:
+        table = fast(*args)  # type: ignore[arg-type]
+        taken.append(table is not None)
+        return table
+
+    cases = 0
+    for name in ("layer", "magnitude", "combined", "none"):
+        classifier = make_classifier(name)
+        for n_elems in (1, 16, 17, 2237, 65537):
+            for chunk_bytes, sample in ((64, 1), (1400, 17), (8952, 100)):
+                for p in (None, 0.0, 0.05):
+                    scale = rng.choice([1e-6, 1.0, 1e6])
+                    data = (rng.standard_normal(n_elems) * scale).astype(np.float32)
+                    if n_elems > 5:
+                        data[rng.integers(0, n_elems, 3)] = [np.nan, np.inf, -np.inf]
+                    half = n_elems // 2
+                    segments = [(0, half, 0), (half, n_elems - half, 1)] if half else None
+                    args = {"chunk_bytes": chunk_bytes, "classifier": classifier,
+                            "segments": segments, "magnitude_sample": sample,
+                            "loss_bound": p}  # fmt: skip
+                    monkeypatch.setattr(packetizer, "_plan_float32", counted)
+                    got = plan_message(data, DType.FLOAT32, **args)
+                    monkeypatch.setattr(packetizer, "_plan_float32", lambda *a: None)
+                    want = plan_message(data, DType.FLOAT32, **args)
+                    for field in ("layer", "prio", "drop", "mag", "magnitude"):
+                        a, b = getattr(got, field), getattr(want, field)
+                        assert a.dtype == b.dtype, field
+                        np.testing.assert_array_equal(a, b, err_msg=f"{name} {n_elems} {field}")
+                    assert (got.dtype, got.msg_elems, got.chunk_elems) == (
+                        want.dtype, want.msg_elems, want.chunk_elems)  # fmt: skip
+                    cases += 1
+    assert len(taken) == cases and all(taken)  # (the kernels' path planned every one)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_float32_plan_leaves_to_the_general_path_what_it_cannot_read_as_it_is() -> None:
+    """float64 values named float32, a strided array and a sample as large as a
+    chunk go the general way (which converts and samples them); the table is
+    then what that path gives."""
+    values = np.random.default_rng(5).standard_normal(300)
+    classifier = make_classifier("combined")
+    args = {"chunk_bytes": 64, "classifier": classifier, "segments": None}
+    for data, sample in ((values, 4), (values.astype(np.float32)[::2], 4),
+                         (values.astype(np.float32), 16)):  # fmt: skip
+        layers = np.zeros(-(-len(data) // 16), np.uint16)
+        assert packetizer._plan_float32(data, 16, len(layers), layers, 1, classifier, sample,
+                                        True) is None  # fmt: skip
+        table = plan_message(data, DType.FLOAT32, magnitude_sample=sample, **args)
+        want = np.abs(data[:16].astype(np.float32)).mean(dtype=np.float64)
+        if sample >= 16:  # (all of the first chunk's values: the mean of their magnitudes)
+            assert table.magnitude[0] == np.float32(want)
+        assert len(table.magnitude) == len(layers)
