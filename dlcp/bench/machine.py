@@ -10,7 +10,9 @@ So every result says where and under what load it was measured:
   :data:`FEATURES` the CPU has: the copies' and the MAC's instructions),
   ``hypervisor`` (a guest of a VM), ``logical_cpus`` (those this process may
   run on), ``kernel``, ``openssl`` (the library authentication's speed comes
-  from, as Python's ``ssl`` reports it);
+  from: the libcrypto DLCP's C code seals and verifies with, as it reports itself,
+  or Python's ``ssl``'s where that code is not built: on one CPU, one version may
+  tag datagrams twice as fast as another, docs/security.md);
 * over the benchmark's run, from ``/proc/stat``: ``cpu_busy_fraction`` (the
   share of all CPUs' time not idle: the benchmark's own processes and anything
   else's) and ``cpu_steal_fraction`` (the share the hypervisor gave to other
@@ -25,6 +27,8 @@ import os
 import platform
 from pathlib import Path
 from typing import Any
+
+from ..proto.auth import LIBCRYPTO_VERSION
 
 __all__ = ["FEATURES", "CpuTimes", "cpu_times", "describe"]
 
@@ -74,6 +78,8 @@ def _cpu_identity(proc: Path) -> tuple[str | None, list[str], bool]:
 
 
 def _openssl() -> str | None:
+    if LIBCRYPTO_VERSION is not None:
+        return LIBCRYPTO_VERSION
     try:
         import ssl
     except ImportError:  # (a Python built without it)

@@ -11,9 +11,13 @@
  *   Verifier(key).verified_prefix(buf, segment_size) -> n
  *                                           leading datagrams of one receive whose
  *                                           tags are right, under a key expanded once
+ *   LIBCRYPTO_VERSION                       the version string of the libcrypto loaded
+ *                                           (the one the engines seal and verify with)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <openssl/crypto.h>
 
 #include "gmac.h"
 
@@ -312,7 +316,8 @@ PyMODINIT_FUNC PyInit__gmac(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Verifier", (PyObject *)&VerifierType) < 0) {
+    if (PyModule_AddObjectRef(m, "Verifier", (PyObject *)&VerifierType) < 0 ||
+        PyModule_AddStringConstant(m, "LIBCRYPTO_VERSION", OpenSSL_version(OPENSSL_VERSION)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -39,6 +39,7 @@ __all__ = [
     "AUTH_NONCE_LEN",
     "AUTH_TAG_LEN",
     "AUTH_TRAILER_LEN",
+    "LIBCRYPTO_VERSION",
     "Domain",
     "NonceCounter",
     "check_auth_key",
@@ -58,6 +59,10 @@ except ImportError:  # built without OpenSSL's headers: AESGCM record by record
 
 #: True when the C batch functions (libcrypto) are loaded
 ACCELERATED: bool = _accel is not None
+#: the version of the libcrypto the C functions and the native engine run on (the one
+#: loaded into this process); None without them. A newer one may seal several times
+#: faster on the same CPU (docs/security.md, "Cost")
+LIBCRYPTO_VERSION: str | None = _accel.LIBCRYPTO_VERSION if _accel is not None else None
 
 AUTH_NONCE_LEN: Final = 8
 AUTH_TAG_LEN: Final = 16

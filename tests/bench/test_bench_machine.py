@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from dlcp.bench.machine import cpu_times, describe
 from dlcp.bench.outcome import finish
+from dlcp.proto import auth
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -73,3 +75,14 @@ def test_every_finished_result_says_where_it_ran(capsys: pytest.CaptureFixture[s
     machine = result["machine"]
     assert set(machine) >= {"cpu", "logical_cpus", "kernel", "cpu_busy_fraction"}
     assert machine["kernel"]  # (this machine's release, never empty)
+
+
+@pytest.mark.skipif(not auth.ACCELERATED, reason="built without libcrypto's headers")
+def test_openssl_names_the_libcrypto_loaded_into_the_process(tmp_path: Path) -> None:
+    # the library the C code seals with, as that library reports itself at run time
+    # (a libcrypto.so.3 of another version put first on the loader's path shows there)
+    libcrypto = ctypes.CDLL("libcrypto.so.3")  # (the one already loaded)
+    libcrypto.OpenSSL_version.restype = ctypes.c_char_p
+    loaded = libcrypto.OpenSSL_version(0).decode()  # OPENSSL_VERSION
+    assert loaded == auth.LIBCRYPTO_VERSION
+    assert describe(None, None, proc=_proc(tmp_path, "cpu 1 1 1 1 1 0 0 0\n"))["openssl"] == loaded
