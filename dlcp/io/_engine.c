@@ -557,7 +557,7 @@ static int seal_batch(Round *r, int seal, Py_ssize_t start, Py_ssize_t stop) {
     if (!r->sealed)
         return 0;
     Gmac *gmac = &r->seals[seal];
-    if (gmac->gcm == NULL && gmac_init(gmac, r->key, r->key_len) < 0)
+    if (!gmac_ready(gmac) && gmac_init(gmac, r->key, r->key_len) < 0)
         return EIO;
     if (gmac_take_nonces((uint64_t *)r->nonces.buf, (uint64_t)(stop - start), &first) < 0)
         return EOVERFLOW;

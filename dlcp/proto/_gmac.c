@@ -13,6 +13,13 @@
  *                                           tags are right, under a key expanded once
  *   LIBCRYPTO_VERSION                       the version string of the libcrypto loaded
  *                                           (the one the engines seal and verify with)
+ *   backend() -> "modes" or "evp"           how this module's keys compute tags now
+ *   use_backend(name) -> previous           how its later keys do: "auto" (as the
+ *                                           engines do, gmac.h), "modes" or "evp"
+ *                                           (the same tags: tests, benchmarks)
+ *   seal_gathered(header, payload, trailer, key, nonce)
+ *                                           the engine's sealing of a datagram sent
+ *                                           from three places (tests)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,14 +63,64 @@ static int length_ok(int64_t len, Py_ssize_t stride) {
     return len >= GMAC_DATA_HEADER_LEN + GMAC_TRAILER_LEN && len <= stride;
 }
 
+/* How this module's keys compute tags (use_backend), and the names it takes. */
+static int module_backend = GMAC_AUTO;
+static const char *const backend_names[] = {"auto", "modes", "evp"};
+
 static int key_of(Py_buffer *key, Gmac *g) {
-    if (gmac_init(g, (const uint8_t *)key->buf, (size_t)key->len) < 0) {
+    if (gmac_init_backend(g, (const uint8_t *)key->buf, (size_t)key->len, module_backend) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "authentication key must be 16, 24 or 32 bytes (an AES key), got %zd",
                      key->len);
         return -1;
     }
     return 0;
+}
+
+static PyObject *backend(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    int b = module_backend == GMAC_AUTO ? gmac_auto_backend() : module_backend;
+    return PyUnicode_FromString(backend_names[b]);
+}
+
+static PyObject *use_backend(PyObject *Py_UNUSED(self), PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:use_backend", &name))
+        return NULL;
+    for (int b = GMAC_AUTO; b <= GMAC_EVP; b++)
+        if (strcmp(name, backend_names[b]) == 0) {
+            const char *previous = backend_names[module_backend];
+            module_backend = b;
+            return PyUnicode_FromString(previous);
+        }
+    PyErr_Format(PyExc_ValueError, "unknown AES-GMAC backend %R: 'auto', 'modes' or 'evp'",
+                 PyTuple_GET_ITEM(args, 0));
+    return NULL;
+}
+
+static PyObject *seal_gathered(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer header, payload, trailer, key;
+    unsigned long long nonce;
+    if (!PyArg_ParseTuple(args, "y*y*w*y*K:seal_gathered", &header, &payload, &trailer, &key,
+                          &nonce))
+        return NULL;
+    PyObject *result = NULL;
+    Gmac g = {NULL};
+    if (header.len != GMAC_DATA_HEADER_LEN || trailer.len != GMAC_TRAILER_LEN)
+        PyErr_Format(PyExc_ValueError, "a data header is %d bytes and a trailer %d, got %zd and %zd",
+                     (int)GMAC_DATA_HEADER_LEN, (int)GMAC_TRAILER_LEN, header.len, trailer.len);
+    else if (key_of(&key, &g) == 0) {
+        if (gmac_seal_gathered(&g, header.buf, payload.buf, (size_t)payload.len, trailer.buf,
+                               (uint64_t)nonce) < 0)
+            PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
+        else
+            result = Py_NewRef(Py_None);
+        gmac_free(&g);
+    }
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&payload);
+    PyBuffer_Release(&trailer);
+    PyBuffer_Release(&key);
+    return result;
 }
 
 static PyObject *take_nonces(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -255,7 +312,7 @@ static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
     Py_ssize_t segment_size;
     if (!PyArg_ParseTuple(args, "y*n:verified_prefix", &buf, &segment_size))
         return NULL;
-    if (self->gmac.gcm == NULL || self->lock == NULL) {
+    if (!gmac_ready(&self->gmac) || self->lock == NULL) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "verified_prefix: the Verifier has no key");
         return NULL;
@@ -294,6 +351,14 @@ static PyTypeObject VerifierType = {
 };
 
 static PyMethodDef methods[] = {
+    {"backend", backend, METH_NOARGS,
+     "backend() -> 'modes' or 'evp': how this module's keys compute tags now"},
+    {"use_backend", use_backend, METH_VARARGS,
+     "use_backend(name) -> previous: how this module's later keys compute tags ('auto': as "
+     "the engines, by the libcrypto and the CPU; 'modes' or 'evp'; the same tags either way)"},
+    {"seal_gathered", seal_gathered, METH_VARARGS,
+     "seal_gathered(header, payload, trailer, key, nonce): writes the trailer's nonce and tag "
+     "of a data datagram sent from three places, as the native engine seals a lent one"},
     {"take_nonces", take_nonces, METH_VARARGS,
      "take_nonces(cell, n) -> first: reserve n nonces of a uint64 counter cell, atomically"},
     {"seal_data", seal_data, METH_VARARGS,

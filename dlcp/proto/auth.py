@@ -43,9 +43,11 @@ __all__ = [
     "Domain",
     "NonceCounter",
     "check_auth_key",
+    "gmac_backend",
     "gmac_iv",
     "gmac_tag",
     "seal_records",
+    "use_gmac_backend",
     "verified_prefix",
     "verify_records",
 ]
@@ -61,7 +63,7 @@ except ImportError:  # built without OpenSSL's headers: AESGCM record by record
 ACCELERATED: bool = _accel is not None
 #: the version of the libcrypto the C functions and the native engine run on (the one
 #: loaded into this process); None without them. A newer one may seal several times
-#: faster on the same CPU (docs/security.md, "Cost")
+#: faster on the same CPU (:func:`gmac_backend`)
 LIBCRYPTO_VERSION: str | None = _accel.LIBCRYPTO_VERSION if _accel is not None else None
 
 AUTH_NONCE_LEN: Final = 8
@@ -256,3 +258,22 @@ def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
         one = np.zeros(1, dtype=np.int64)
         n += int(verify_records(last, np.array([tail], np.int64), one, key)[0])
     return n
+
+
+def gmac_backend() -> str | None:
+    """How the C code computes tags now: ``"modes"`` (libcrypto's GCM mode functions)
+    or ``"evp"`` (EVP's AES-GCM, where the libcrypto and the CPU make it the faster:
+    ``dlcp/proto/gmac.h``); the native engines always choose so. None without the C
+    code."""
+    return _accel.backend() if _accel is not None else None
+
+
+def use_gmac_backend(name: str) -> str:
+    """How :mod:`dlcp.proto._gmac`'s later keys compute tags: ``"auto"`` (as the
+    engines), ``"modes"`` or ``"evp"``, the same tags either way (tests,
+    benchmarks; the verifiers :func:`verified_prefix` keeps keep their way);
+    returns the setting it replaces. A ValueError names a backend
+    that does not exist; a UsageError says the C code is not built."""
+    if _accel is None:
+        raise UsageError("dlcp.proto._gmac is not built (no libcrypto headers): one backend")
+    return str(_accel.use_backend(name))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,21 @@ from dlcp.proto import auth, wire
 from dlcp.proto.auth import AUTH_NONCE_LEN, AUTH_TAG_LEN, AUTH_TRAILER_LEN, NonceCounter
 
 needs_c = pytest.mark.skipif(not auth.ACCELERATED, reason="built without libcrypto")
+
+
+@pytest.fixture(params=["modes", "evp"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    """Each way the C code computes tags (dlcp/proto/gmac.h), for the keys
+    dlcp.proto._gmac expands during the test (the verifiers auth caches by key are
+    forgotten before and after, so none of another backend's is used)."""
+    gmac = auth._accel  # (a test may take it from auth meanwhile: the reference)
+    auth._verifiers.clear()
+    previous = gmac.use_backend(request.param)
+    try:
+        yield request.param
+    finally:
+        gmac.use_backend(previous)
+        auth._verifiers.clear()
 
 
 def _records(seed: int, n: int, stride: int, *, short: int | None = None) -> tuple[Any, Any]:
@@ -41,7 +57,9 @@ def _nonce_of(record: Any, length: int) -> int:
 @needs_c
 @pytest.mark.parametrize("key_len", [16, 24, 32])
 @pytest.mark.parametrize(("stride", "short"), [(1480, 100), (56, None), (9000, 57)])
-def test_c_and_python_seal_the_same_bytes(key_len: int, stride: int, short: int | None) -> None:
+def test_c_and_python_seal_the_same_bytes(
+    key_len: int, stride: int, short: int | None, backend: str
+) -> None:
     key = bytes(range(7, 7 + key_len))
     records, lengths = _records(key_len + stride, 40, stride, short=short)
     by_c, by_py = records.copy(), records.copy()
@@ -58,7 +76,7 @@ def test_c_and_python_seal_the_same_bytes(key_len: int, stride: int, short: int 
 
 @needs_c
 @pytest.mark.parametrize("sealed_by_c", [True, False])
-def test_each_side_verifies_what_the_other_sealed(sealed_by_c: bool) -> None:
+def test_each_side_verifies_what_the_other_sealed(sealed_by_c: bool, backend: str) -> None:
     key = bytes(range(32))
     records, lengths = _records(5, 64, 1480, short=200)
     auth.seal_records(records, lengths, 0, 64, key, NonceCounter(1), accelerated=sealed_by_c)
@@ -99,6 +117,44 @@ def test_bad_arguments_are_refused_by_name() -> None:
         auth.seal_records(records, short, 0, 4, bytes(16), NonceCounter(0))
     with pytest.raises(ValueError, match="row 4 is not a tagged record"):
         auth.verify_records(records, lengths, np.array([4]), bytes(16))
+
+
+@needs_c
+@pytest.mark.parametrize("payload_len", [0, 1, 1400, 8940])
+def test_a_datagram_sealed_where_its_pieces_lie_carries_the_reference_tag(
+    payload_len: int, backend: str
+) -> None:
+    # the native engine's lent sends: header, payload and trailer in three places,
+    # handed to GCM as additional data one after the other
+    key = bytes(range(3, 35))
+    records, lengths = _records(payload_len, 1, wire.DATA_HEADER_LEN + payload_len + 24)
+    whole = records.copy()
+    auth.seal_records(whole, lengths, 0, 1, key, NonceCounter(77), accelerated=False)
+    header = records[0, : wire.DATA_HEADER_LEN].tobytes()
+    payload = records[0, wire.DATA_HEADER_LEN : wire.DATA_HEADER_LEN + payload_len].tobytes()
+    trailer = bytearray(AUTH_TRAILER_LEN)
+    auth._accel.seal_gathered(header, payload, trailer, key, 77)
+    assert bytes(trailer) == whole[0, -AUTH_TRAILER_LEN:].tobytes()
+    with pytest.raises(ValueError, match="a data header is 32 bytes and a trailer 24"):
+        auth._accel.seal_gathered(header[:-1], payload, trailer, key, 77)
+
+
+@needs_c
+def test_the_backend_is_chosen_from_the_library_and_the_cpu_unless_set() -> None:
+    flags = set(Path("/proc/cpuinfo").read_text().split("\n\n")[0].split())
+    assert auth.LIBCRYPTO_VERSION is not None
+    version = tuple(int(n) for n in auth.LIBCRYPTO_VERSION.split()[1].split(".")[:2])
+    wanted = {"avx512f", "avx512bw", "avx512vl", "vaes", "vpclmulqdq"}
+    fast_evp = version >= (3, 1) and wanted <= flags
+    assert auth.gmac_backend() == ("evp" if fast_evp else "modes")
+    assert auth.use_gmac_backend("evp") == "auto"
+    try:
+        assert auth.gmac_backend() == "evp"
+        with pytest.raises(ValueError, match="unknown AES-GMAC backend 'gcm': 'auto', 'modes'"):
+            auth.use_gmac_backend("gcm")
+        assert auth.gmac_backend() == "evp"  # (a refused name changes nothing)
+    finally:
+        assert auth.use_gmac_backend("auto") == "evp"
 
 
 @pytest.mark.parametrize("accelerated", [True, False])
@@ -315,7 +371,12 @@ def _received(n: int, stride: int, tail: int, key: bytes) -> Any:
     ],
 )
 def test_verified_prefix_in_c_agrees_with_the_reference(
-    stride: int, tail: int, spoil: int | None, want: int, monkeypatch: pytest.MonkeyPatch
+    stride: int,
+    tail: int,
+    spoil: int | None,
+    want: int,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     key = bytes(range(40, 72))
     buf = _received(12, stride, tail, key)

@@ -133,12 +133,13 @@ def _source_of(module: str) -> Path:
 PY_MODULES = [m for m in MODULES if _source_of(m).suffix == ".py"]
 
 #: the headers the C accelerators of the core may include: Python's and libc's integer,
-#: math and memory routines, SSE2 streaming stores, libcrypto's EVP ciphers (AES-GMAC,
-#: computed in memory) and the core's own gmac.h; nothing that reaches a socket, a
-#: thread or the clock
+#: math and memory routines, SSE2 streaming stores, the compiler's CPUID (which AES-GMAC
+#: code suits the CPU), libcrypto's EVP ciphers (AES-GMAC, computed in memory) and the
+#: core's own gmac.h; nothing that reaches a socket, a thread or the clock
 C_INCLUDES_ALLOWED = {
-    "Python.h", "math.h", "stdint.h", "string.h", "emmintrin.h", "openssl/evp.h",
-    "openssl/crypto.h", "openssl/modes.h", "gmac.h", "sys/types.h", "_kernels_core.h",
+    "Python.h", "math.h", "stdint.h", "limits.h", "string.h", "emmintrin.h", "cpuid.h",
+    "openssl/evp.h", "openssl/crypto.h", "openssl/modes.h", "gmac.h", "sys/types.h",
+    "_kernels_core.h",
 }  # fmt: skip
 
 
