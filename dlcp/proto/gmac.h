@@ -126,12 +126,25 @@ static inline void gmac_free(Gmac *g) {
     g->evp = NULL;
 }
 
+/* AES of a key of key_len bytes in the mode of `backend` (GCM for GMAC_EVP, ECB for
+ * the block the mode functions encrypt); NULL for another length. */
+static inline const EVP_CIPHER *gmac_cipher(size_t key_len, int backend) {
+    int gcm = backend == GMAC_EVP;
+    switch (key_len) {
+    case 16:
+        return gcm ? EVP_aes_128_gcm() : EVP_aes_128_ecb();
+    case 24:
+        return gcm ? EVP_aes_192_gcm() : EVP_aes_192_ecb();
+    case 32:
+        return gcm ? EVP_aes_256_gcm() : EVP_aes_256_ecb();
+    default:
+        return NULL;
+    }
+}
+
 /* gmac_init with EVP's AES-GCM. */
 static inline int gmac_init_evp(Gmac *g, const uint8_t *key, size_t key_len) {
-    const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_gcm()
-                               : key_len == 24 ? EVP_aes_192_gcm()
-                               : key_len == 32 ? EVP_aes_256_gcm()
-                                               : NULL;
+    const EVP_CIPHER *cipher = gmac_cipher(key_len, GMAC_EVP);
     g->gcm = NULL;
     g->block = NULL;
     g->evp = cipher ? EVP_CIPHER_CTX_new() : NULL;
@@ -150,10 +163,7 @@ static inline int gmac_init_backend(Gmac *g, const uint8_t *key, size_t key_len,
         backend = gmac_auto_backend();
     if (backend == GMAC_EVP)
         return gmac_init_evp(g, key, key_len);
-    const EVP_CIPHER *cipher = key_len == 16   ? EVP_aes_128_ecb()
-                               : key_len == 24 ? EVP_aes_192_ecb()
-                               : key_len == 32 ? EVP_aes_256_ecb()
-                                               : NULL;
+    const EVP_CIPHER *cipher = gmac_cipher(key_len, GMAC_MODES);
     g->gcm = NULL;
     g->evp = NULL;
     g->block = cipher ? OPENSSL_zalloc(sizeof(GmacBlock)) : NULL;
