@@ -1,0 +1,3 @@
+#include <openssl/crypto.h>
+#include <stdio.h>
+int main(void){printf("%s\n", OpenSSL_version(OPENSSL_VERSION));return 0;}
