@@ -215,8 +215,8 @@ def connect(
             config, host=local_address(job.master_addr, hosts_beyond=beyond)
         )
     # off unless asked for, also for a job with a secret: with it on, a lossless
-    # transfer kept 0.63-0.82 of its throughput on 2-core machines and a 25 MB ring
-    # all-reduce 0.74 (docs/benchmarks.md, 2026-11-28), short of the 0.75 that
+    # transfer at MTU 1500 keeps 0.65 of its plain throughput on 2-core machines
+    # (0.69 with OpenSSL 3.5's libcrypto; docs/security.md), short of the 0.75 that
     # would make it cheap enough to leave on
     auth = config.protocol.authenticate if authenticate is None else authenticate
     if auth != config.protocol.authenticate:  # (the argument over DLCP_AUTHENTICATE)
