@@ -273,10 +273,22 @@ static int Verifier_init(Verifier *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    gmac_free(&self->gmac);
-    int bad = key_of(&key, &self->gmac);
+    /* The new key is expanded aside and swapped in under the lock, so that a thread
+     * in verified_prefix finishes with the key it started with. */
+    Gmac fresh = {0};
+    int bad = key_of(&key, &fresh);
     PyBuffer_Release(&key);
-    return bad;
+    if (bad < 0)
+        return -1;
+    Gmac old;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    old = self->gmac;
+    self->gmac = fresh;
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    gmac_free(&old);
+    return 0;
 }
 
 static void Verifier_dealloc(Verifier *self) {
@@ -312,18 +324,20 @@ static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
     Py_ssize_t segment_size;
     if (!PyArg_ParseTuple(args, "y*n:verified_prefix", &buf, &segment_size))
         return NULL;
-    if (!gmac_ready(&self->gmac) || self->lock == NULL) {
-        PyBuffer_Release(&buf);
+    Py_ssize_t n = -2; /* -2: no key */
+    if (self->lock != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        if (gmac_ready(&self->gmac))
+            n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size);
+        PyThread_release_lock(self->lock);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&buf);
+    if (n == -2) {
         PyErr_SetString(PyExc_ValueError, "verified_prefix: the Verifier has no key");
         return NULL;
     }
-    Py_ssize_t n;
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size);
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buf);
     if (n < 0) {
         PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
         return NULL;

@@ -19,13 +19,15 @@
  *   AES-ECB through EVP (AES-NI where the CPU has it). On OpenSSL 3.0 EVP's AES-GCM
  *   costs about 260 ns a 1,432-byte datagram against 150 here (one core, CPU time):
  *   its provider layer looks parameters up by name on every IV set and tag read.
- * - GMAC_EVP: EVP's AES-GCM. From OpenSSL 3.1 on, on a CPU with AVX-512 (F, BW, VL),
+ * - GMAC_EVP: EVP's AES-GCM. From OpenSSL 3.1 on, on a CPU with AVX-512 (F, DQ, BW, VL),
  *   VAES and VPCLMULQDQ, its provider hashes with those instructions, which the mode
  *   functions do not use: measured on a 2-vCPU AMD EPYC (Zen 4) with OpenSSL 3.5.8,
- *   EVP tagged 8,972-byte datagrams at about 17 GB/s against 7 (1,456 bytes: 6-8
- *   against 5-6; docs/results/2026-12-03/auth_seal_cap/).
+ *   dlcp.bench.auth sealed 8,972-byte datagrams at 9.7-10.5 GB/s through EVP against
+ *   4.5-6.6 through the mode functions (1,456 bytes: 3.6-4.2 against 3.1-3.8;
+ *   docs/results/2026-12-03/auth_seal_cap/evp_backend/).
  *
- * gmac_init (the engines) takes EVP where both hold, the mode functions elsewhere;
+ * gmac_init (the engines) takes EVP where both hold, the mode functions elsewhere,
+ * deciding once per process (CPUID is slow in some VMs: microseconds);
  * gmac_init_backend takes either (dlcp.proto._gmac.use_backend: tests, benchmarks).
  */
 #ifndef DLCP_GMAC_H
@@ -77,7 +79,7 @@ static inline int gmac_ready(const Gmac *g) {
 }
 
 /* Whether the CPU has, and the kernel saves the registers of, the instructions
- * OpenSSL's AVX-512 AES-GCM needs: AVX-512 F, BW and VL, VAES and VPCLMULQDQ. */
+ * OpenSSL's AVX-512 AES-GCM needs: AVX-512 F, DQ, BW and VL, VAES and VPCLMULQDQ. */
 static inline int gmac_cpu_has_vaes_avx512(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     unsigned int a, b, c, d;
@@ -89,7 +91,7 @@ static inline int gmac_cpu_has_vaes_avx512(void) {
         return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return 0;
-    const unsigned int ebx = (1u << 16) | (1u << 30) | (1u << 31); /* F, BW, VL */
+    const unsigned int ebx = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
     const unsigned int ecx = (1u << 9) | (1u << 10);               /* VAES, VPCLMULQDQ */
     return (b & ebx) == ebx && (c & ecx) == ecx;
 #else
@@ -97,10 +99,19 @@ static inline int gmac_cpu_has_vaes_avx512(void) {
 #endif
 }
 
-/* The backend for the libcrypto loaded, on this CPU. */
+/* The backend for the libcrypto loaded, on this CPU: decided on the first call
+ * (per extension module) and kept. Two threads deciding at once both store the
+ * same answer. */
 static inline int gmac_auto_backend(void) {
-    return OpenSSL_version_num() >= 0x30100000L && gmac_cpu_has_vaes_avx512() ? GMAC_EVP
-                                                                               : GMAC_MODES;
+    static int decided = GMAC_AUTO;
+    int backend = __atomic_load_n(&decided, __ATOMIC_RELAXED);
+    if (backend == GMAC_AUTO) {
+        backend = OpenSSL_version_num() >= 0x30100000L && gmac_cpu_has_vaes_avx512()
+                      ? GMAC_EVP
+                      : GMAC_MODES;
+        __atomic_store_n(&decided, backend, __ATOMIC_RELAXED);
+    }
+    return backend;
 }
 
 static inline void gmac_encrypt_block(const unsigned char in[16], unsigned char out[16],
@@ -149,7 +160,7 @@ static inline int gmac_init_evp(Gmac *g, const uint8_t *key, size_t key_len) {
     g->block = NULL;
     g->evp = cipher ? EVP_CIPHER_CTX_new() : NULL;
     if (g->evp == NULL || EVP_EncryptInit_ex(g->evp, cipher, NULL, key, NULL) != 1 ||
-        EVP_CIPHER_CTX_get_iv_length(g->evp) != GMAC_IV_LEN) {
+        EVP_CIPHER_CTX_iv_length(g->evp) != GMAC_IV_LEN) {
         gmac_free(g);
         return -1;
     }

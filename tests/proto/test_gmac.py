@@ -144,7 +144,7 @@ def test_the_backend_is_chosen_from_the_library_and_the_cpu_unless_set() -> None
     flags = set(Path("/proc/cpuinfo").read_text().split("\n\n")[0].split())
     assert auth.LIBCRYPTO_VERSION is not None
     version = tuple(int(n) for n in auth.LIBCRYPTO_VERSION.split()[1].split(".")[:2])
-    wanted = {"avx512f", "avx512bw", "avx512vl", "vaes", "vpclmulqdq"}
+    wanted = {"avx512f", "avx512dq", "avx512bw", "avx512vl", "vaes", "vpclmulqdq"}
     fast_evp = version >= (3, 1) and wanted <= flags
     assert auth.gmac_backend() == ("evp" if fast_evp else "modes")
     assert auth.use_gmac_backend("evp") == "auto"
