@@ -72,6 +72,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import re
 import statistics
 import sys
@@ -81,6 +82,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlcp.errors import DLCPError, UsageError
+from dlcp.io.engine import send_threads
 from dlcp.train_demo import example_script
 
 from .backend import RouterTraffic, TestbedBackend, backend_class
@@ -262,6 +264,11 @@ def _rank_commands(
     """Each rank's command, run in its host's namespace; rank 0 writes ``out``."""
     t = net.topology
     master = net.host_addr(t.host_names[0])
+    if "DLCP_ENGINE_THREADS" not in os.environ and "DLCP_ENGINE_THREADS" not in env:
+        # each host's rank is alone on its host (LOCAL_WORLD_SIZE=1), but the hosts
+        # share this machine's CPUs: DLCP's "auto" send threads get their share
+        hosts = {"LOCAL_WORLD_SIZE": str(len(t.host_names))}
+        env = {**env, "DLCP_ENGINE_THREADS": str(send_threads(0, hosts))}
     cmds: dict[int, list[str]] = {}
     for rank, host in enumerate(t.host_names):
         argv = [

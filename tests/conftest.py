@@ -46,9 +46,9 @@ def _engine_from_the_environment(
 
     def make(self: Any, *args: Any, config: EndpointConfig | None = None, **kw: Any) -> None:
         if config is not None:
-            if engine is not None and config.engine == "auto" and config.engine_threads == 1:
+            if engine is not None and config.engine == "auto" and config.engine_threads <= 1:
                 config = dataclasses.replace(config, engine=chosen.engine)
-            if raw is not None and config.engine != "python" and config.engine_threads == 1:
+            if raw is not None and config.engine != "python" and config.engine_threads <= 1:
                 config = dataclasses.replace(config, engine_threads=chosen.engine_threads)
         made(self, *args, config=config, **kw)
 

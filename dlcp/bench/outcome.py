@@ -26,10 +26,14 @@ def engine_of_run() -> str:
 
 def engine_threads_of_run(engine: str) -> int | None:
     """The send threads of the native engine in this run's endpoints
-    (``DLCP_ENGINE_THREADS``), None when they run the Python ``engine``."""
+    (``DLCP_ENGINE_THREADS``; ``auto`` as it resolves in this process's
+    environment), None when they run the Python ``engine``."""
     from dlcp.io.config import EndpointConfig
+    from dlcp.io.engine import send_threads
 
-    return EndpointConfig.from_env().engine_threads if engine == "native" else None
+    if engine != "native":
+        return None
+    return send_threads(EndpointConfig.from_env().engine_threads)
 
 
 def ranks_authenticate(asked: bool) -> bool:

@@ -162,6 +162,9 @@ def summary(
         else "loopback defaults",
         "gso": ready["gso"],
         "gro": ready["gro"],
+        # (the sender's, as its endpoint runs them: dlcp.bench.outcome places them)
+        "engine": ready["engine"],
+        "engine_threads": ready["engine_threads"],
         "dlcp_config": ready["config"],
         "notes": [],
     }

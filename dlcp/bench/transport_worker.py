@@ -194,6 +194,8 @@ class Worker:
             pid=os.getpid(),
             gso=stats["gso"],
             gro=stats["gro"],
+            engine=ep.engine,
+            engine_threads=stats["engine_threads"],
             config=config_dict(ep.config),
         )
         for line in commands:

@@ -59,9 +59,11 @@ class EndpointConfig:
     #: "python", or "auto" (native where it was built)
     engine: str = "auto"
     #: the native engine's send threads (dlcp.io.engine, docs/engine.md#threads):
-    #: 1..MAX_ENGINE_THREADS; more than 1 needs the native engine (engine="python"
-    #: refuses it; "auto" that runs the Python engine ignores it, and logs that)
-    engine_threads: int = 1
+    #: 1..MAX_ENGINE_THREADS, or 0 (``DLCP_ENGINE_THREADS=auto``): the host's CPUs
+    #: shared by its ranks (dlcp.io.engine.send_threads); more than 1 needs the
+    #: native engine (engine="python" refuses it; "auto" that runs the Python
+    #: engine ignores it, and logs that)
+    engine_threads: int = 0
     #: DIAGNOSTIC: the native engine holds its next batch while the host still
     #: holds more than a few bursts of its datagrams (SIOCOUTQ of the data sockets:
     #: docs/engine.md, "The host's queue"), so that a pacer above the host link's
@@ -131,11 +133,12 @@ class EndpointConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use 'auto', 'on' or 'off'")
         if self.engine not in ("auto", "native", "python"):
             raise ConfigError(f"engine={self.engine!r}: use 'auto', 'native' or 'python'")
-        if not 1 <= self.engine_threads <= MAX_ENGINE_THREADS:
+        if not 0 <= self.engine_threads <= MAX_ENGINE_THREADS:
             raise ConfigError(
-                f"engine_threads={self.engine_threads} outside 1..{MAX_ENGINE_THREADS}"
+                f"engine_threads={self.engine_threads} outside 1..{MAX_ENGINE_THREADS} "
+                "(0: auto)"
             )
-        if self.engine == "python" and self.engine_threads != 1:
+        if self.engine == "python" and self.engine_threads > 1:
             raise ConfigError(
                 f"engine_threads={self.engine_threads} with engine='python': send threads "
                 "are the native engine's (use engine='native' or 'auto', or 1 thread)"
@@ -213,6 +216,9 @@ class EndpointConfig:
                 continue
             if name == "mtu" and raw.strip().lower() == "auto":
                 endpoint_kw["mtu_from_interface"] = True
+                continue
+            if name == "engine_threads" and raw.strip().lower() == "auto":
+                endpoint_kw["engine_threads"] = 0
                 continue
             if name in ours:
                 endpoint_kw[name] = _parse(var, raw, cls.__dataclass_fields__[name].type)

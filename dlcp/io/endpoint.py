@@ -66,7 +66,7 @@ from .config import EndpointConfig
 from .control import ControlChannel
 from .control_in_waits import ControlInWaits
 from .emulation import LossEmulator
-from .engine import NativeSender, choose_engine
+from .engine import NativeSender, choose_engine, send_threads
 from .io_loop import IOLoop
 from .native_receive import available as native_receive_available
 from .native_receive import verifies_tags as native_receive_verifies_tags
@@ -121,6 +121,7 @@ class Endpoint(IOLoop):
         protocol = dataclasses.replace(protocol, finish_retries=retries)
         #: "native" or "python": what sends the data (dlcp.io.engine)
         self.engine = choose_engine(cfg.engine, authenticate=protocol.authenticate)
+        threads = send_threads(cfg.engine_threads) if self.engine == "native" else 1
         self._sender: NativeSender | None = None
         self._session = Session(
             rank=rank,
@@ -131,7 +132,7 @@ class Endpoint(IOLoop):
             pacer_factory=self._pacer_for if self.engine == "native" else None,
             whole_rounds=self.engine == "native",
             # (several native send threads interleave a round's batches)
-            ordered_rounds=self.engine != "native" or cfg.engine_threads == 1,
+            ordered_rounds=threads == 1,
             nonce_start=time.time_ns(),  # spec §3: above any nonce of an earlier run
         )
         self._data = DataSockets(
@@ -150,7 +151,7 @@ class Endpoint(IOLoop):
         try:
             if self.engine == "native":
                 self._sender = NativeSender(
-                    self._data, protocol, rank=rank, threads=cfg.engine_threads,
+                    self._data, protocol, rank=rank, threads=threads,
                     queue_limit=cfg.host_queue_limit, control_timeout=control_timeout,
                 )
             elif cfg.engine_threads > 1:  # ("auto" ran the Python engine: config.py)

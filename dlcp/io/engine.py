@@ -18,7 +18,8 @@ datagram, and when a round, a NACK or a STOP is due):
 ``auto`` (the default: native where it was built). A build without a C compiler
 has no ``_engine``; ``auto`` then runs the Python engine and says so in the log.
 ``EndpointConfig.engine_threads`` (``DLCP_ENGINE_THREADS``) is how many send
-threads the native engine runs (docs/engine.md, "Threads").
+threads the native engine runs, or ``auto`` (0, the default): :func:`send_threads`
+(docs/engine.md, "Threads").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +52,16 @@ __all__ = [
     "choose_engine",
     "native_available",
     "native_seals",
+    "send_threads",
 ]
 
 log = logging.getLogger("dlcp.io")
 
 #: the values of ``EndpointConfig.engine`` / ``DLCP_ENGINE``
 ENGINES = ("auto", "native", "python")
+#: the most send threads ``engine_threads="auto"`` runs: 2 is what was measured
+#: (docs/engine.md, "Threads")
+AUTO_THREADS_MAX = 2
 
 #: the native engine's pacers burst for this long at their rate (unless the
 #: configuration's pacer_options set ``burst_time``): its thread wakes when the
@@ -92,6 +97,25 @@ def native_seals() -> bool:
     """Whether the native engine was built with libcrypto, so that it tags an
     authenticating job's datagrams as it sends them (rule 8 of ``_engine.c``)."""
     return _native is not None and bool(getattr(_native, "SEALS", 0))
+
+
+def send_threads(setting: int, env: Mapping[str, str] | None = None) -> int:
+    """The native engine's send threads for an ``engine_threads`` setting: itself,
+    or for 0 (``auto``) the CPUs this process may run on shared by the ranks on
+    this host (``LOCAL_WORLD_SIZE`` in ``env``, which ``torchrun`` and ``dlcp
+    launch`` set), at least 1 and at most :data:`AUTO_THREADS_MAX`; 1 where the
+    ranks on the host are not known (``LOCAL_WORLD_SIZE`` unset or not a whole
+    number above 0: several endpoints of one process, a hand-made launch)."""
+    if setting:
+        return setting
+    env = os.environ if env is None else env
+    try:
+        local_ranks = int(env.get("LOCAL_WORLD_SIZE", ""))
+    except ValueError:
+        return 1
+    if local_ranks < 1:
+        return 1
+    return max(1, min(AUTO_THREADS_MAX, len(os.sched_getaffinity(0)) // local_ranks))
 
 
 def choose_engine(setting: str, *, authenticate: bool = False) -> str:

@@ -15,6 +15,7 @@ speed: this is not a performance check.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -72,6 +73,11 @@ def test_transport_benchmark_json_on_loopback() -> None:
     # loopback's 64 KiB MTU is no link: DLCP keeps --mtu's 1500 there, not DLCP_MTU=auto's
     assert report["dlcp_config"]["mtu"] == 1500, report["dlcp_config"]
     assert report["size_bytes"] == SIZE_MIB << 20, report["size_bytes"]
+    # the sender's engine and send threads as its endpoint runs them (two workers, no
+    # LOCAL_WORLD_SIZE: "auto" runs one thread, DLCP_ENGINE_THREADS what it says)
+    threads = int(os.environ.get("DLCP_ENGINE_THREADS", "auto").replace("auto", "1"))
+    native = report["engine"] == "native"
+    assert report["engine_threads"] == (threads if native else None), report["engine_threads"]
     for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", "ratio_lossless"):
         positive(report, key)
 

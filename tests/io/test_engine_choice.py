@@ -9,6 +9,7 @@ engine, ignored (and said) where ``auto`` runs it."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -94,8 +95,8 @@ def test_a_bad_setting_is_named(value: str) -> None:
 @pytest.mark.parametrize(
     ("value", "said"),
     [
-        ("0", "DLCP_ENGINE_THREADS=0 outside 1..32"),
-        ("33", "DLCP_ENGINE_THREADS=33 outside 1..32"),
+        ("-1", "DLCP_ENGINE_THREADS=-1 outside 1..32 (0: auto)"),
+        ("33", "DLCP_ENGINE_THREADS=33 outside 1..32 (0: auto)"),
         ("two", "DLCP_ENGINE_THREADS='two' is not a valid int"),
         ("1.5", "DLCP_ENGINE_THREADS='1.5' is not a valid int"),
     ],
@@ -104,9 +105,29 @@ def test_a_bad_thread_count_is_named_as_typed(value: str, said: str) -> None:
     with pytest.raises(ConfigError) as by_variable:
         EndpointConfig.from_env({"DLCP_ENGINE_THREADS": value})
     assert str(by_variable.value) == said
-    with pytest.raises(ConfigError, match=r"^engine_threads=0 outside 1\.\.32$"):
-        EndpointConfig(engine_threads=0)
+    with pytest.raises(ConfigError, match=r"^engine_threads=33 outside 1\.\.32 \(0: auto\)$"):
+        EndpointConfig(engine_threads=33)
     assert EndpointConfig.from_env({"DLCP_ENGINE_THREADS": "4"}).engine_threads == 4
+
+
+@pytest.mark.parametrize("typed", ["auto", " Auto ", "0"])
+def test_auto_send_threads_are_the_hosts_cpus_shared_by_its_ranks(
+    typed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` (the default) is the CPUs this process may use over LOCAL_WORLD_SIZE,
+    1 to 2; 1 where the ranks on the host are not known; a number is itself."""
+    assert EndpointConfig().engine_threads == 0
+    assert EndpointConfig.from_env({"DLCP_ENGINE_THREADS": typed}).engine_threads == 0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert [engine.send_threads(0, {"LOCAL_WORLD_SIZE": n}) for n in ("1", "4", "8", "16")] == [
+        2, 2, 1, 1
+    ]
+    for unknown in ({}, {"LOCAL_WORLD_SIZE": ""}, {"LOCAL_WORLD_SIZE": "x"},
+                    {"LOCAL_WORLD_SIZE": "0"}):  # fmt: skip
+        assert engine.send_threads(0, unknown) == 1
+    assert engine.send_threads(3, {"LOCAL_WORLD_SIZE": "1"}) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert engine.send_threads(0, {"LOCAL_WORLD_SIZE": "1"}) == 1
 
 
 def test_send_threads_are_the_native_engines(
@@ -130,3 +151,27 @@ def test_send_threads_are_the_native_engines(
     ):
         assert a.engine == "python" and a.stats()["engine_threads"] is None
     assert "engine_threads=2 ignored: the Python engine runs" in caplog.text
+
+
+def test_an_endpoint_alone_on_its_host_sends_from_two_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default (``auto``) as an endpoint resolves it: 2 threads for the one rank
+    of a 2-CPU host, 1 for one of two ranks there; the JSON-facing count is the
+    one that runs."""
+    from dlcp.io import Endpoint
+    from tests.io.endpoint_helpers import JOB
+
+    if not engine.native_available():
+        pytest.skip("the native engine was not built")
+    if "DLCP_ENGINE_THREADS" in os.environ:
+        pytest.skip("DLCP_ENGINE_THREADS sets every endpoint's count (tests/conftest.py)")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for local_ranks, want in (("1", 2), ("2", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+        cfg = EndpointConfig(engine="native")
+        ep = Endpoint(0, peers={}, job=JOB, config=cfg)
+        try:
+            assert ep.stats()["engine_threads"] == want
+        finally:
+            ep.close()

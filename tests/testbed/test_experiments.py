@@ -368,3 +368,43 @@ def test_rows_name_the_code_they_were_measured_with(tmp_path: Path) -> None:
     (work / "code.py").write_text("x = 2\n")
     assert code_revision(work) == clean + "+dirty"
     assert {"finished_utc", "code_rev"} <= set(ex.CSV_FIELDS)
+
+
+def test_ranks_get_their_hosts_share_of_the_machines_cpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each rank is alone on its host (LOCAL_WORLD_SIZE=1), but the hosts share this
+    machine's CPUs: DLCP's automatic send threads are set from their share, unless
+    DLCP_ENGINE_THREADS is set."""
+    hosts = ["h1", "h2", "h3", "h4"]
+
+    class Topology:
+        host_names = hosts
+
+        @staticmethod
+        def leaf_of(host: str) -> str:
+            return "leaf1"
+
+    class Network:
+        topology = Topology()
+
+        @staticmethod
+        def host_addr(host: str) -> str:
+            return "10.0.0.1"
+
+        @staticmethod
+        def exec_argv(host: str, argv: list[str]) -> list[str]:
+            return argv
+
+    def threads_set(env: dict[str, str]) -> list[str]:
+        cmds = ex._rank_commands(Network(), None, env, [], tmp_path / "out.json")  # type: ignore[arg-type]
+        assert set(cmds) == set(range(4)) and all("LOCAL_WORLD_SIZE=1" in c for c in cmds.values())
+        return [a for a in cmds[0] if a.startswith("DLCP_ENGINE_THREADS=")]
+
+    monkeypatch.delenv("DLCP_ENGINE_THREADS", raising=False)
+    for cpus, want in ((2, "1"), (8, "2"), (64, "2")):
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert threads_set({}) == [f"DLCP_ENGINE_THREADS={want}"]
+    assert threads_set({"DLCP_ENGINE_THREADS": "3"}) == ["DLCP_ENGINE_THREADS=3"]
+    monkeypatch.setenv("DLCP_ENGINE_THREADS", "4")  # (the ranks inherit it)
+    assert threads_set({}) == []
