@@ -13,10 +13,10 @@
  *                                           tags are right, under a key expanded once
  *   LIBCRYPTO_VERSION                       the version string of the libcrypto loaded
  *                                           (the one the engines seal and verify with)
- *   backend() -> "modes" or "evp"           how this module's keys compute tags now
+ *   backend() -> "modes", "evp" or "sized"  how this module's keys compute tags now
  *   use_backend(name) -> previous           how its later keys do: "auto" (as the
- *                                           engines do, gmac.h), "modes" or "evp"
- *                                           (the same tags: tests, benchmarks)
+ *                                           engines do, gmac.h), "modes", "evp" or
+ *                                           "sized" (the same tags: tests, benchmarks)
  *   seal_gathered(header, payload, trailer, key, nonce)
  *                                           the engine's sealing of a datagram sent
  *                                           from three places (tests)
@@ -65,7 +65,7 @@ static int length_ok(int64_t len, Py_ssize_t stride) {
 
 /* How this module's keys compute tags (use_backend), and the names it takes. */
 static int module_backend = GMAC_AUTO;
-static const char *const backend_names[] = {"auto", "modes", "evp"};
+static const char *const backend_names[] = {"auto", "modes", "evp", "sized"};
 
 static int key_of(Py_buffer *key, Gmac *g) {
     if (gmac_init_backend(g, (const uint8_t *)key->buf, (size_t)key->len, module_backend) < 0) {
@@ -86,13 +86,13 @@ static PyObject *use_backend(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s:use_backend", &name))
         return NULL;
-    for (int b = GMAC_AUTO; b <= GMAC_EVP; b++)
+    for (int b = GMAC_AUTO; b <= GMAC_SIZED; b++)
         if (strcmp(name, backend_names[b]) == 0) {
             const char *previous = backend_names[module_backend];
             module_backend = b;
             return PyUnicode_FromString(previous);
         }
-    PyErr_Format(PyExc_ValueError, "unknown AES-GMAC backend %R: 'auto', 'modes' or 'evp'",
+    PyErr_Format(PyExc_ValueError, "unknown AES-GMAC backend %R: 'auto', 'modes', 'evp' or 'sized'",
                  PyTuple_GET_ITEM(args, 0));
     return NULL;
 }
@@ -366,10 +366,11 @@ static PyTypeObject VerifierType = {
 
 static PyMethodDef methods[] = {
     {"backend", backend, METH_NOARGS,
-     "backend() -> 'modes' or 'evp': how this module's keys compute tags now"},
+     "backend() -> 'modes', 'evp' or 'sized': how this module's keys compute tags now"},
     {"use_backend", use_backend, METH_VARARGS,
      "use_backend(name) -> previous: how this module's later keys compute tags ('auto': as "
-     "the engines, by the libcrypto and the CPU; 'modes' or 'evp'; the same tags either way)"},
+     "the engines, by the libcrypto and the CPU; 'modes', 'evp' or 'sized': EVP from 4,096 "
+     "bytes; the same tags every way)"},
     {"seal_gathered", seal_gathered, METH_VARARGS,
      "seal_gathered(header, payload, trailer, key, nonce): writes the trailer's nonce and tag "
      "of a data datagram sent from three places, as the native engine seals a lent one"},

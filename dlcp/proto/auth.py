@@ -261,8 +261,9 @@ def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
 
 
 def gmac_backend() -> str | None:
-    """How the C code computes tags now: ``"modes"`` (libcrypto's GCM mode functions)
-    or ``"evp"`` (EVP's AES-GCM, where the libcrypto and the CPU make it the faster:
+    """How the C code computes tags now: ``"modes"`` (libcrypto's GCM mode functions),
+    ``"evp"`` (EVP's AES-GCM, where the libcrypto and the CPU make it the faster) or
+    ``"sized"`` (EVP for datagrams of 4,096 bytes or more, the mode functions below:
     ``dlcp/proto/gmac.h``); the native engines always choose so. None without the C
     code."""
     return _accel.backend() if _accel is not None else None
@@ -270,7 +271,7 @@ def gmac_backend() -> str | None:
 
 def use_gmac_backend(name: str) -> str:
     """How :mod:`dlcp.proto._gmac`'s later keys compute tags: ``"auto"`` (as the
-    engines), ``"modes"`` or ``"evp"``, the same tags either way (tests,
+    engines), ``"modes"``, ``"evp"`` or ``"sized"``, the same tags every way (tests,
     benchmarks; the verifiers :func:`verified_prefix` keeps keep their way);
     returns the setting it replaces. A ValueError names a backend
     that does not exist; a UsageError says the C code is not built."""

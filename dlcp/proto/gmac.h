@@ -25,10 +25,18 @@
  *   dlcp.bench.auth sealed 8,972-byte datagrams at 9.7-10.5 GB/s through EVP against
  *   4.5-6.6 through the mode functions (1,456 bytes: 3.6-4.2 against 3.1-3.8;
  *   docs/results/2026-12-03/auth_seal_cap/evp_backend/).
+ * - GMAC_SIZED: EVP for datagrams of GMAC_EVP_FROM bytes or more, the mode functions
+ *   for shorter ones (a key holds both). EVP's AVX-512 code costs more per call: on a
+ *   2-vCPU Intel Xeon (Ice Lake) VM with OpenSSL 3.5.8, sealing 1,456-byte datagrams
+ *   gathered as the engine sends them took 314-410 ns each through EVP against 257-376
+ *   through the mode functions (behind in each of six triples), 8,972-byte ones
+ *   1,119-1,240 ns against 1,269-1,551; on the AMD EPYC above EVP was ahead at both
+ *   sizes (docs/results/2026-12-04/head_figures/).
  *
- * gmac_init (the engines) takes EVP where both hold, the mode functions elsewhere,
- * deciding once per process (CPUID is slow in some VMs: microseconds);
- * gmac_init_backend takes either (dlcp.proto._gmac.use_backend: tests, benchmarks).
+ * gmac_init (the engines) takes, with OpenSSL 3.1 or later on a CPU with those
+ * instructions, EVP on an AMD CPU and GMAC_SIZED on others; the mode functions
+ * elsewhere. It decides once per process (CPUID is slow in some VMs: microseconds).
+ * gmac_init_backend takes any (dlcp.proto._gmac.use_backend: tests, benchmarks).
  */
 #ifndef DLCP_GMAC_H
 #define DLCP_GMAC_H
@@ -55,8 +63,9 @@ enum {
     GMAC_DOMAIN_CONTROL = 0x43, /* "C" */
 };
 
-/* The backends (above). */
-enum { GMAC_AUTO = 0, GMAC_MODES = 1, GMAC_EVP = 2 };
+/* The backends (above), and the shortest datagram GMAC_SIZED tags through EVP. */
+enum { GMAC_AUTO = 0, GMAC_MODES = 1, GMAC_EVP = 2, GMAC_SIZED = 3 };
+enum { GMAC_EVP_FROM = 4096 };
 
 /* The block cipher GCM runs on: AES-ECB under the key, and whether a block failed. */
 typedef struct {
@@ -65,17 +74,31 @@ typedef struct {
 } GmacBlock;
 
 /* One key, expanded once (AES key schedule and GHASH tables): the IV is set per
- * datagram. Not for two threads at once. One of gcm (GMAC_MODES, with block) and
- * evp (GMAC_EVP) is set once gmac_init succeeded; all NULL before. */
+ * datagram. Not for two threads at once. Once gmac_init succeeded, gcm (with block:
+ * GMAC_MODES, GMAC_SIZED) or evp (GMAC_EVP, GMAC_SIZED) or both are set, and
+ * datagrams of evp_from bytes or more (the bytes the tag covers) go through evp; all
+ * NULL before. */
 typedef struct {
     GmacBlock *block;
     GCM128_CONTEXT *gcm;
     EVP_CIPHER_CTX *evp;
+    size_t evp_from;
 } Gmac;
 
 /* Whether gmac_init has set g up (and gmac_free not yet taken it down). */
 static inline int gmac_ready(const Gmac *g) {
     return g->gcm != NULL || g->evp != NULL;
+}
+
+/* Whether the CPU says it is AMD's. */
+static inline int gmac_cpu_is_amd(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned int a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
+           c == 0x444d4163u; /* "AuthenticAMD" */
+#else
+    return 0;
+#endif
 }
 
 /* Whether the CPU has, and the kernel saves the registers of, the instructions
@@ -106,9 +129,10 @@ static inline int gmac_auto_backend(void) {
     static int decided = GMAC_AUTO;
     int backend = __atomic_load_n(&decided, __ATOMIC_RELAXED);
     if (backend == GMAC_AUTO) {
-        backend = OpenSSL_version_num() >= 0x30100000L && gmac_cpu_has_vaes_avx512()
-                      ? GMAC_EVP
-                      : GMAC_MODES;
+        if (OpenSSL_version_num() >= 0x30100000L && gmac_cpu_has_vaes_avx512())
+            backend = gmac_cpu_is_amd() ? GMAC_EVP : GMAC_SIZED;
+        else
+            backend = GMAC_MODES;
         __atomic_store_n(&decided, backend, __ATOMIC_RELAXED);
     }
     return backend;
@@ -153,17 +177,27 @@ static inline const EVP_CIPHER *gmac_cipher(size_t key_len, int backend) {
     }
 }
 
-/* gmac_init with EVP's AES-GCM. */
+/* g's EVP AES-GCM context under `key`: 0 or -1 (g's other fields untouched). */
 static inline int gmac_init_evp(Gmac *g, const uint8_t *key, size_t key_len) {
     const EVP_CIPHER *cipher = gmac_cipher(key_len, GMAC_EVP);
-    g->gcm = NULL;
-    g->block = NULL;
     g->evp = cipher ? EVP_CIPHER_CTX_new() : NULL;
     if (g->evp == NULL || EVP_EncryptInit_ex(g->evp, cipher, NULL, key, NULL) != 1 ||
-        EVP_CIPHER_CTX_iv_length(g->evp) != GMAC_IV_LEN) {
-        gmac_free(g);
+        EVP_CIPHER_CTX_iv_length(g->evp) != GMAC_IV_LEN)
         return -1;
-    }
+    return 0;
+}
+
+/* g's GCM mode functions' context (and its block cipher) under `key`: 0 or -1. */
+static inline int gmac_init_modes(Gmac *g, const uint8_t *key, size_t key_len) {
+    const EVP_CIPHER *cipher = gmac_cipher(key_len, GMAC_MODES);
+    g->block = cipher ? OPENSSL_zalloc(sizeof(GmacBlock)) : NULL;
+    if (g->block == NULL)
+        return -1;
+    g->block->ecb = EVP_CIPHER_CTX_new();
+    if (g->block->ecb == NULL || EVP_EncryptInit_ex(g->block->ecb, cipher, NULL, key, NULL) != 1 ||
+        EVP_CIPHER_CTX_set_padding(g->block->ecb, 0) != 1 ||
+        (g->gcm = CRYPTO_gcm128_new(g->block, gmac_encrypt_block)) == NULL || g->block->failed)
+        return -1;
     return 0;
 }
 
@@ -172,19 +206,12 @@ static inline int gmac_init_evp(Gmac *g, const uint8_t *key, size_t key_len) {
 static inline int gmac_init_backend(Gmac *g, const uint8_t *key, size_t key_len, int backend) {
     if (backend == GMAC_AUTO)
         backend = gmac_auto_backend();
-    if (backend == GMAC_EVP)
-        return gmac_init_evp(g, key, key_len);
-    const EVP_CIPHER *cipher = gmac_cipher(key_len, GMAC_MODES);
+    g->block = NULL;
     g->gcm = NULL;
     g->evp = NULL;
-    g->block = cipher ? OPENSSL_zalloc(sizeof(GmacBlock)) : NULL;
-    if (g->block == NULL)
-        return -1;
-    g->block->ecb = EVP_CIPHER_CTX_new();
-    if (g->block->ecb == NULL || EVP_EncryptInit_ex(g->block->ecb, cipher, NULL, key, NULL) != 1 ||
-        EVP_CIPHER_CTX_set_padding(g->block->ecb, 0) != 1 ||
-        (g->gcm = CRYPTO_gcm128_new(g->block, gmac_encrypt_block)) == NULL ||
-        g->block->failed) {
+    g->evp_from = backend == GMAC_EVP ? 0 : backend == GMAC_SIZED ? GMAC_EVP_FROM : SIZE_MAX;
+    if ((backend != GMAC_EVP && gmac_init_modes(g, key, key_len) < 0) ||
+        (backend != GMAC_MODES && gmac_init_evp(g, key, key_len) < 0)) {
         gmac_free(g);
         return -1;
     }
@@ -223,7 +250,10 @@ static inline int gmac_compute_pieces(Gmac *g, int domain, const uint8_t src[2],
                                       uint8_t tag[GMAC_TAG_LEN]) {
     uint8_t iv[GMAC_IV_LEN] = {(uint8_t)domain, 0, src[0], src[1]};
     gmac_store_be64(iv + 4, nonce);
-    if (g->evp != NULL) {
+    size_t covered = 0;
+    for (int i = 0; i < n_pieces; i++)
+        covered += pieces[i].len;
+    if (g->evp != NULL && (g->gcm == NULL || covered >= g->evp_from)) {
         int out_len;
         uint8_t none[16]; /* (no plaintext: nothing is written) */
         if (EVP_EncryptInit_ex(g->evp, NULL, NULL, NULL, iv) != 1)
