@@ -22,7 +22,8 @@ times, side by side in one process and one after the other:
   before AES-GMAC, on a tenth of the buffer.
 
 GB/s count every byte of the datagrams (trailer included), medians over the
-repetitions; ``*_ratio`` is that GB/s over memcpy's of the same repetition.
+repetitions; ``*_ratio`` is that GB/s over memcpy's of the same repetition. Each
+repetition runs the cases in turn from a different first one.
 """
 
 from __future__ import annotations
@@ -127,8 +128,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m dlcp.bench.auth")
         fn()
     gbps: dict[str, list[float]] = {name: [] for name in cases}
     ratios: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.repeat):
-        this = {name: count * size / _timed(fn) / 1e9 for name, (fn, count) in cases.items()}
+    names = list(cases)
+    for rep in range(args.repeat):
+        # each repetition starts one case further on, so that no case always runs
+        # after the same one (the caches and the CPU's clock it leaves behind)
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        this = {name: cases[name][1] * size / _timed(cases[name][0]) / 1e9 for name in order}
         for name, value in this.items():
             gbps[name].append(value)
             ratios[name].append(value / this["memcpy"])
