@@ -130,6 +130,14 @@ def summary(
         "p99_method": f"numpy.percentile(q=99, linear) of {len(dloss)} samples: between the "
         "two largest, so effectively the maximum",
         "dlcp_loss_seconds": [round(x, 4) for x in dloss],
+        # transfer by transfer, beside dlcp_loss_seconds: the sender's transmission
+        # rounds, and the TCP segments both namespaces resent meanwhile (DLCP's only
+        # TCP is its control channel: a control message lost on the way waits for it)
+        "dlcp_loss_rounds": [s["rounds"] for s in sends],
+        "dlcp_loss_control_resent_segs": [
+            r.sender["counters"]["tcp_RetransSegs"] + r.receiver["counters"]["tcp_RetransSegs"]
+            for r in res["dlcp_loss"]
+        ],
         "tcp_loss_seconds": [round(x, 4) for x in tloss] if tloss else None,
         "dlcp_loss_lost_fraction_mean": _mean(
             [r["lost_elems"] / r["msg_elems"] for r in reports], 5

@@ -89,6 +89,10 @@ def test_transport_benchmark_json_on_loopback() -> None:
     for key in ("dlcp_loss_median_s", "dlcp_loss_p99_s"):
         positive(report, key)
     assert report["dlcp_loss_p99_s"] >= report["dlcp_loss_median_s"], report
+    # transfer by transfer: the sender's rounds (one at least), the control's resent segments
+    n = len(report["dlcp_loss_seconds"])
+    assert len(report["dlcp_loss_rounds"]) == n and min(report["dlcp_loss_rounds"]) >= 1, report
+    assert len(report["dlcp_loss_control_resent_segs"]) == n, report
     # the UDP floor needs kernel loss (root): null here
     assert report["udp_floor_loss_median_s"] is None, report["udp_floor_loss_median_s"]
     assert report["udp_floor_ratio_loss_median"] is None
