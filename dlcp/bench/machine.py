@@ -12,9 +12,9 @@ So every result says where and under what load it was measured:
   run on), ``kernel``, ``openssl`` (the library authentication's speed comes
   from: the libcrypto DLCP's C code seals and verifies with, as it reports itself,
   or Python's ``ssl``'s where that code is not built), ``gmac_backend`` (how that
-  code computes tags with it on this CPU, ``dlcp/proto/gmac.h``: with OpenSSL 3.5's
-  EVP on an AVX-512 CPU, 1.6-2.1 times as fast at 8,972-byte datagrams as the mode
-  functions; None where it is not built);
+  code computes tags with it on this CPU, ``dlcp/proto/gmac.h``: ``"modes"``,
+  ``"evp"`` or ``"sized"``; with OpenSSL 3.5's EVP on an AVX-512 CPU, 1.6-2.1 times
+  as fast at 8,972-byte datagrams as the mode functions; None where it is not built);
 * over the benchmark's run, from ``/proc/stat``: ``cpu_busy_fraction`` (the
   share of all CPUs' time not idle: the benchmark's own processes and anything
   else's) and ``cpu_steal_fraction`` (the share the hypervisor gave to other
