@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlcp.errors import DLCPError, UsageError
-from dlcp.io.engine import send_threads
+from dlcp.io.engine import shared_host_threads
 from dlcp.train_demo import example_script
 
 from .backend import RouterTraffic, TestbedBackend, backend_class
@@ -264,11 +264,9 @@ def _rank_commands(
     """Each rank's command, run in its host's namespace; rank 0 writes ``out``."""
     t = net.topology
     master = net.host_addr(t.host_names[0])
-    if "DLCP_ENGINE_THREADS" not in os.environ and "DLCP_ENGINE_THREADS" not in env:
-        # each host's rank is alone on its host (LOCAL_WORLD_SIZE=1), but the hosts
-        # share this machine's CPUs: DLCP's "auto" send threads get their share
-        hosts = {"LOCAL_WORLD_SIZE": str(len(t.host_names))}
-        env = {**env, "DLCP_ENGINE_THREADS": str(send_threads(0, hosts))}
+    # each host's rank is alone on its host (LOCAL_WORLD_SIZE=1), but the hosts share
+    # this machine's CPUs: DLCP's "auto" send threads get their share
+    env = {**env, **shared_host_threads(len(t.host_names), {**os.environ, **env})}
     cmds: dict[int, list[str]] = {}
     for rank, host in enumerate(t.host_names):
         argv = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,16 +25,21 @@ def engine_of_run() -> str:
     return choose_engine(config.engine, authenticate=config.protocol.authenticate)
 
 
-def engine_threads_of_run(engine: str) -> int | None:
+def engine_threads_of_run(engine: str, local_ranks: int | None = None) -> int | None:
     """The send threads of the native engine in this run's endpoints
-    (``DLCP_ENGINE_THREADS``; ``auto`` as it resolves in this process's
-    environment), None when they run the Python ``engine``."""
+    (``DLCP_ENGINE_THREADS``; ``auto`` as it resolves for ranks launched
+    ``local_ranks`` to this host, as ``dlcp launch`` sets ``LOCAL_WORLD_SIZE``, or,
+    without, in this process's environment), None when they run the Python
+    ``engine``."""
     from dlcp.io.config import EndpointConfig
     from dlcp.io.engine import send_threads
 
     if engine != "native":
         return None
-    return send_threads(EndpointConfig.from_env().engine_threads)
+    env = dict(os.environ)
+    if local_ranks is not None:
+        env["LOCAL_WORLD_SIZE"] = str(local_ranks)
+    return send_threads(EndpointConfig.from_env().engine_threads, env)
 
 
 def ranks_authenticate(asked: bool) -> bool:
@@ -91,7 +97,8 @@ def finish(
         print(f"dlcp bench {name}: interrupted ({cleaned_up})", file=sys.stderr)
         return 130
     engine = result.get("engine", engine_of_run())
-    threads = result.get("engine_threads", engine_threads_of_run(engine))
+    # (a benchmark whose ranks dlcp launch started on this host says how many)
+    threads = result.get("engine_threads", engine_threads_of_run(engine, result.get("world_size")))
     placed: dict[str, Any] = {}  # (the thread count beside the engine)
     for key, value in {**result, "engine": engine}.items():
         if key != "engine_threads":

@@ -223,6 +223,7 @@ def _launch_on_testbed(cmd: list[str], cfg: dict[str, Any], env: dict[str, str])
     links, fast within a half and slow between them."""
     import dataclasses
 
+    from dlcp.io.engine import shared_host_threads
     from dlcp.launch import launch
     from dlcp.switch.policy import FifoPolicy
     from testbed.impairments import apply_profile
@@ -247,6 +248,8 @@ def _launch_on_testbed(cmd: list[str], cfg: dict[str, Any], env: dict[str, str])
             argv = ["env", f"MASTER_ADDR={master}", f"MASTER_PORT={port}", f"RANK={rank}",
                     f"WORLD_SIZE={world}", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
                     f"GLOO_SOCKET_IFNAME={t.leaf_of(host)}",
+                    # (the hosts share this machine's CPUs: their share of send threads)
+                    *(f"{k}={v}" for k, v in shared_host_threads(world, env).items()),
                     "OMP_NUM_THREADS=1", *cmd]  # fmt: skip
             cmds[rank] = net.exec_argv(host, argv)
         return launch(cmds[0], world, rank_cmd=cmds, master_port=port, env=env,

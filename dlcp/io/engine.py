@@ -53,6 +53,7 @@ __all__ = [
     "native_available",
     "native_seals",
     "send_threads",
+    "shared_host_threads",
 ]
 
 log = logging.getLogger("dlcp.io")
@@ -116,6 +117,18 @@ def send_threads(setting: int, env: Mapping[str, str] | None = None) -> int:
     if local_ranks < 1:
         return 1
     return max(1, min(AUTO_THREADS_MAX, len(os.sched_getaffinity(0)) // local_ranks))
+
+
+def shared_host_threads(hosts: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that give ranks their share of this machine's CPUs where each
+    runs as the one rank of an emulated host (``LOCAL_WORLD_SIZE=1``: the testbed's
+    namespaces) and ``hosts`` such hosts share the machine: ``DLCP_ENGINE_THREADS``
+    as ``auto`` gives ``hosts`` ranks of one host; nothing where ``env`` (default:
+    this process's, which the ranks inherit) sets ``DLCP_ENGINE_THREADS``."""
+    env = os.environ if env is None else env
+    if "DLCP_ENGINE_THREADS" in env:
+        return {}
+    return {"DLCP_ENGINE_THREADS": str(send_threads(0, {"LOCAL_WORLD_SIZE": str(hosts)}))}
 
 
 def choose_engine(setting: str, *, authenticate: bool = False) -> str:
