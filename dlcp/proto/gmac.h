@@ -253,7 +253,7 @@ static inline int gmac_compute_pieces(Gmac *g, int domain, const uint8_t src[2],
     size_t covered = 0;
     for (int i = 0; i < n_pieces; i++)
         covered += pieces[i].len;
-    if (g->evp != NULL && (g->gcm == NULL || covered >= g->evp_from)) {
+    if (g->evp != NULL && covered >= g->evp_from) { /* (GMAC_EVP: evp_from 0) */
         int out_len;
         uint8_t none[16]; /* (no plaintext: nothing is written) */
         if (EVP_EncryptInit_ex(g->evp, NULL, NULL, NULL, iv) != 1)
