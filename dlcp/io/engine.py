@@ -124,9 +124,10 @@ def shared_host_threads(hosts: int, env: Mapping[str, str] | None = None) -> dic
     runs as the one rank of an emulated host (``LOCAL_WORLD_SIZE=1``: the testbed's
     namespaces) and ``hosts`` such hosts share the machine: ``DLCP_ENGINE_THREADS``
     as ``auto`` gives ``hosts`` ranks of one host; nothing where ``env`` (default:
-    this process's, which the ranks inherit) sets ``DLCP_ENGINE_THREADS``."""
+    this process's, which the ranks inherit) sets ``DLCP_ENGINE_THREADS``, or asks
+    for the Python engine (``DLCP_ENGINE=python``), which refuses more than one."""
     env = os.environ if env is None else env
-    if "DLCP_ENGINE_THREADS" in env:
+    if "DLCP_ENGINE_THREADS" in env or env.get("DLCP_ENGINE", "").strip().lower() == "python":
         return {}
     return {"DLCP_ENGINE_THREADS": str(send_threads(0, {"LOCAL_WORLD_SIZE": str(hosts)}))}
 

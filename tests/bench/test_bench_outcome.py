@@ -74,3 +74,7 @@ def test_hosts_that_share_the_machine_get_their_share_of_send_threads(
     assert shared_host_threads(4, {}) == {"DLCP_ENGINE_THREADS": "1"}
     assert shared_host_threads(1, {}) == {"DLCP_ENGINE_THREADS": "2"}
     assert shared_host_threads(4, {"DLCP_ENGINE_THREADS": "2"}) == {}
+    # the Python engine refuses more than one: on 8 CPUs 4 hosts would get 2 each
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert shared_host_threads(4, {}) == {"DLCP_ENGINE_THREADS": "2"}
+    assert shared_host_threads(4, {"DLCP_ENGINE": " Python"}) == {}

@@ -15,12 +15,13 @@ speed: this is not a performance check.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import pytest
 
+from dlcp.io import EndpointConfig
+from dlcp.io.engine import send_threads
 from testbed import netns
 from tests.bench.bench_helpers import positive, run_json
 
@@ -75,7 +76,7 @@ def test_transport_benchmark_json_on_loopback() -> None:
     assert report["size_bytes"] == SIZE_MIB << 20, report["size_bytes"]
     # the sender's engine and send threads as its endpoint runs them (two workers, no
     # LOCAL_WORLD_SIZE: "auto" runs one thread, DLCP_ENGINE_THREADS what it says)
-    threads = int(os.environ.get("DLCP_ENGINE_THREADS", "auto").replace("auto", "1"))
+    threads = send_threads(EndpointConfig.from_env().engine_threads, {})
     native = report["engine"] == "native"
     assert report["engine_threads"] == (threads if native else None), report["engine_threads"]
     for key in ("dlcp_lossless_gbps", "tcp_lossless_gbps", "ratio_lossless"):

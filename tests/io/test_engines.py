@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dlcp.io import Endpoint, EndpointConfig
-from dlcp.io.engine import native_available, native_seals
+from dlcp.io.engine import native_available, native_seals, send_threads
 from dlcp.proto.config import ProtocolConfig
 from tests.io.endpoint_helpers import JOB, LocalStore, dlcp_threads
 
@@ -45,9 +45,11 @@ def pair(
         assert [ep.engine for ep in eps] == [
             e if e != "auto" else ("native" if native_available() else "python") for e in engines
         ]
-        # (DLCP_ENGINE_THREADS, where set, replaces threads=1: tests/conftest.py)
+        # (DLCP_ENGINE_THREADS, where set, replaces threads=1: tests/conftest.py; auto
+        # resolves as the endpoint resolves it)
         assert [ep.stats()["engine_threads"] for ep in eps] == [
-            ep.config.engine_threads if ep.engine == "native" else None for ep in eps
+            send_threads(ep.config.engine_threads) if ep.engine == "native" else None
+            for ep in eps
         ]
         yield eps[0], eps[1]
     finally:
