@@ -369,8 +369,8 @@ static PyMethodDef methods[] = {
      "backend() -> 'modes', 'evp' or 'sized': how this module's keys compute tags now"},
     {"use_backend", use_backend, METH_VARARGS,
      "use_backend(name) -> previous: how this module's later keys compute tags ('auto': as "
-     "the engines, by the libcrypto and the CPU; 'modes', 'evp' or 'sized': EVP from 4,096 "
-     "bytes; the same tags every way)"},
+     "the engines, by the libcrypto and the CPU; 'modes', 'evp' or 'sized': EVP from "
+     "4,112-byte datagrams; the same tags every way)"},
     {"seal_gathered", seal_gathered, METH_VARARGS,
      "seal_gathered(header, payload, trailer, key, nonce): writes the trailer's nonce and tag "
      "of a data datagram sent from three places, as the native engine seals a lent one"},
