@@ -376,7 +376,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
             self._under_way[src] += 1
         else:  # (the meter hears when the number of sources changes)
             self._under_way[src] = 1
-            self._meter.senders_under_way(len(self._under_way))
+            self._meter.senders_under_way(len(self._under_way), now=now)
         if register and self._native is not None:
             self._register_native(key, r)
         if orphan is not None:
@@ -388,7 +388,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
         if not r.is_complete() or not state.recovery.on_complete(now=now):
             return  # (complete by the bound: SETTLING, data still in flight may land)
         report = r.complete(now=now)
-        self._leave(key)
+        self._leave(key, now=now)
         if state.expected or not state.unexpected_bytes:
             self._unexpected_bytes -= state.unexpected_bytes
         else:  # parked until the application claims it: still charged
@@ -397,9 +397,10 @@ class Inbox(ReceivePaths[IncomingMessage]):
         self._queue(key[0], Stop(key[1], key[2], self.rank, received_elems=r.received_elems))
         self._events.append(MessageReceived(key[0], key[1], key[2], r.out, report))
 
-    def _leave(self, key: Key) -> IncomingMessage | None:
-        """Message ``key`` is no longer under way (whatever ended it): its state,
-        if it was. The native receive loop writes nothing more into it."""
+    def _leave(self, key: Key, *, now: float | None = None) -> IncomingMessage | None:
+        """Message ``key`` is no longer under way (whatever ended it, at ``now`` if
+        known): its state, if it was. The native receive loop writes nothing more
+        into it."""
         state = self._incoming.pop(key, None)
         if state is not None:
             src = key[0]
@@ -407,7 +408,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
                 self._under_way[src] -= 1
             else:
                 del self._under_way[src]
-                self._meter.senders_under_way(len(self._under_way))
+                self._meter.senders_under_way(len(self._under_way), now=now)
             if self._native is not None:
                 self._native.unregister(key)
         return state
@@ -573,7 +574,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
                 for part in nacks:
                     self._queue(key[0], part)
             elif state.recovery.phase is ReceivePhase.FAILED:
-                self._leave(key)
+                self._leave(key, now=now)
                 timeout = AbortReason.PEER_TIMEOUT
                 self._queue(key[0], Abort(key[1], key[2], self.rank, timeout, by_receiver=True))
                 f = state.recovery.failure

@@ -68,17 +68,22 @@ class RateMeter:
     drops. (Shares of exactly what they brought drifted down: a window that
     measured less lowered every cap, and none measured more than the port.)
 
-    A driver that knows which sources have messages under way says how many do
-    (:meth:`senders_under_way`), and then a window is shared only if, at some time
-    in it, two or more did: sources that came one after the other (a
-    halving-doubling all-reduce hears from one partner, and once that message has
-    completed, from the next) share nothing in front of the receiver. What they
-    brought over the window is mostly the gap between their messages, and as a cap
-    it held them there: on the loopback, small halving-doubling all-reduces were
-    paced at 3-30 MB/s and took 3.7 times as long as unpaced. Each source of such a
-    window is told its own rate, as a lone source is. (The arrival times of their
-    datagrams cannot tell: the receive loop hands them over a call at a time, and
-    at 50 Mbit/s the pushes of an incast's workers then look one after the other.)
+    A driver that knows which sources have messages under way says how many do,
+    and when (:meth:`senders_under_way`), and then a window is shared only if two
+    or more did for at least ``together`` (a fraction) of the window's time in
+    which any did: sources that came one after the other (a halving-doubling
+    all-reduce hears from one partner, and once that message has completed, from
+    the next) share nothing in front of the receiver. What they brought over the
+    window is mostly the gap between their messages, and as a cap it held them
+    there: on the loopback, small halving-doubling all-reduces were paced at 3-30
+    MB/s and took 3.7 times as long as unpaced. Each source of such a window is
+    told its own rate, as a lone source is. A partner one step ahead overlaps the
+    other's message only briefly (its message opens as the other's completes), and
+    a window with any overlap at all was shared as often as not: small
+    halving-doubling calls still took twice their unpaced time. (The arrival times
+    of the datagrams cannot tell: the receive loop hands them over a call at a
+    time, and at 50 Mbit/s the pushes of an incast's workers then look one after
+    the other; the messages under way, which last as long as the pushes, can.)
 
     Such a driver may also give a steady lone source a longer window
     (``lone_interval``): a window lasts ``lone_interval`` when at most one source
@@ -95,14 +100,17 @@ class RateMeter:
     """
 
     __slots__ = (
+        "_any_time",
+        "_both_time",
         "_bytes",
+        "_heard",
         "_idle",
+        "_mark",
         "_peak",
         "_plain_until",
         "_smooth",
         "_start",
         "_steady",
-        "_together",
         "_told",
         "_under_way",
         "claim_hold",
@@ -116,6 +124,7 @@ class RateMeter:
         "share_probe",
         "shared",
         "steady",
+        "together",
     )
 
     def __init__(
@@ -129,6 +138,7 @@ class RateMeter:
         saturated: float = 0.97,
         lone_interval: float | None = None,
         steady: float = 0.1,
+        together: float = 0.5,
     ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise UsageError(f"interval={interval} must be a finite duration > 0 seconds")
@@ -147,6 +157,9 @@ class RateMeter:
         if not 0.0 <= steady < 1.0:
             raise UsageError(f"steady={steady} outside [0, 1)")
         self.steady = float(steady)
+        if not 0.0 < together <= 1.0:
+            raise UsageError(f"together={together} outside (0, 1]")
+        self.together = float(together)
         #: whether the last window was lone and its report moved less than steady
         self._steady = False
         #: the lone source last reported and its rate then (None: none yet)
@@ -178,8 +191,13 @@ class RateMeter:
         #: how many sources have messages under way, as the driver last said
         #: (None: it never says, and every window with several sources is shared)
         self._under_way: int | None = None
-        #: whether two sources or more had messages under way at once in this window
-        self._together = False
+        #: seconds of this window in which one source or more had messages under
+        #: way, and two or more, up to the time of the last change (_mark)
+        self._any_time = 0.0
+        self._both_time = 0.0
+        self._mark = -math.inf
+        #: the latest time a call said (a change without a time is taken as then)
+        self._heard = -math.inf
 
     def __repr__(self) -> str:
         return f"RateMeter(interval={self.interval}, window_start={self._start})"
@@ -207,6 +225,8 @@ class RateMeter:
         receive side: a rank and a byte count of its own, the driver's finite
         time), without checking them again (once per message per receive step)."""
         self._open(now)
+        if now > self._heard:
+            self._heard = now
         try:
             self._bytes[src] += nbytes
         except KeyError:  # (its first bytes in this window)
@@ -243,6 +263,8 @@ class RateMeter:
             raise UsageError(f"seconds={seconds} must be a finite duration >= 0")
         if not -math.inf < now < math.inf:
             raise UsageError(f"now={now} must be a finite time in seconds")
+        if now > self._heard:
+            self._heard = now
         if self._start is not None:
             inside = now - self._start
             if seconds < inside:
@@ -250,16 +272,32 @@ class RateMeter:
             if inside > 0.0:
                 self._idle += inside
 
-    def senders_under_way(self, n: int) -> None:
-        """``n`` sources have messages under way now (the driver says so whenever
-        the number changes): a window is shared only if two or more did at once."""
+    def senders_under_way(self, n: int, *, now: float | None = None) -> None:
+        """``n`` sources have messages under way from ``now`` on (the driver says so
+        whenever the number changes; None: the latest time any call said): a window
+        is shared only if two or more did for ``together`` of the time any did
+        (class doc)."""
+        self._accrue(self._heard if now is None else now)
         self._under_way = n
-        if n > 1:
-            self._together = True
-            if self._start is not None:  # (a lone window: cut to a shared one's length)
-                due = self._start + self.interval
-                if self.deadline is None or due < self.deadline:
-                    self.deadline = due
+        if n > 1 and self._start is not None:  # (a lone window: cut to a shared one's length)
+            due = self._start + self.interval
+            if self.deadline is None or due < self.deadline:
+                self.deadline = due
+
+    def _accrue(self, now: float) -> None:
+        """The time since the last change, at the number under way then, counted
+        for the window (from its start, if it opened since)."""
+        start, n = self._start, self._under_way
+        if start is not None and n:
+            since = self._mark if self._mark > start else start
+            if now > since:
+                self._any_time += now - since
+                if n > 1:
+                    self._both_time += now - since
+        if now > self._mark:
+            self._mark = now
+        if now > self._heard:
+            self._heard = now
 
     def withhold_claim(self, src: int, *, now: float) -> None:
         """Data from ``src`` went missing (the receiver NACKs it): report to it what
@@ -311,7 +349,9 @@ class RateMeter:
         elapsed = now - self._start
         if elapsed <= 0:
             return {}
-        self.shared = len(self._bytes) > 1 and (self._under_way is None or self._together)
+        self._accrue(now)
+        together = self._both_time > 0.0 and self._both_time >= self.together * self._any_time
+        self.shared = len(self._bytes) > 1 and (self._under_way is None or together)
         rates: dict[int, float] = {}
         if self._bytes:
             total = sum(self._bytes.values()) / elapsed
@@ -331,7 +371,7 @@ class RateMeter:
         self.deadline = None if self._start is None else now + self._window()
         self._bytes = {}
         self._idle = 0.0
-        self._together = self._under_way is not None and self._under_way > 1
+        self._any_time = self._both_time = 0.0
         return rates
 
 

@@ -197,31 +197,33 @@ def test_rate_meter_errors() -> None:
 
 
 def test_sources_one_after_the_other_are_told_their_own_rates() -> None:
-    """A driver that says how many sources have messages under way: a window with
-    two sources that never had messages under way at once (a halving-doubling
-    rank's partners, one after the other) is not shared; one in which they did is,
-    and so is the next window while they still do."""
+    """A driver that says how many sources have messages under way, and when: a
+    window with two sources that never had messages under way at once (a
+    halving-doubling rank's partners, one after the other) is not shared, nor is
+    one in which they did only briefly (a partner one step ahead, whose message
+    opens as the other's completes); one in which they did for at least half the
+    time any did is, and so is the next window while they still do."""
     meter = RateMeter(interval=0.1, **NO_STEP)
-    meter.senders_under_way(1)  # partner 1's message
+    meter.senders_under_way(1, now=0.0)  # partner 1's message
     meter.on_bytes(1, 1000, now=0.0)
-    meter.senders_under_way(0)  # ... completed
-    meter.senders_under_way(1)  # partner 2's
+    meter.senders_under_way(0, now=0.04)  # ... completed
+    meter.senders_under_way(1, now=0.05)  # partner 2's
     meter.on_bytes(2, 3000, now=0.05)
     assert meter.sample(now=0.1) == {1: pytest.approx(1e4), 2: pytest.approx(3e4)}
     assert not meter.shared
-    meter.senders_under_way(2)  # both at once (an incast's pushes)
+    meter.senders_under_way(2, now=0.1)  # both at once (an incast's pushes)
     meter.on_bytes(1, 1000, now=0.1)
     meter.on_bytes(2, 3000, now=0.15)
-    meter.senders_under_way(1)
+    meter.senders_under_way(1, now=0.19)
     assert meter.sample(now=0.2) == {1: pytest.approx(2e4), 2: pytest.approx(2e4)}
     assert meter.shared
-    meter.senders_under_way(2)
+    meter.senders_under_way(2, now=0.2)
     meter.on_bytes(1, 1000, now=0.2)
     meter.on_bytes(2, 1000, now=0.25)
     assert meter.sample(now=0.3) == {1: pytest.approx(1e4), 2: pytest.approx(1e4)}
-    assert meter.shared  # (still two under way as the window opened)
+    assert meter.shared  # (both under way all through)
     meter.on_bytes(1, 1000, now=0.3)  # a window that opened with both under way
-    meter.senders_under_way(1)
+    meter.senders_under_way(1, now=0.36)  # ... for more than half of it
     meter.on_bytes(2, 1000, now=0.35)
     meter.sample(now=0.4)
     assert meter.shared
@@ -229,3 +231,20 @@ def test_sources_one_after_the_other_are_told_their_own_rates() -> None:
     meter.on_bytes(2, 1000, now=0.45)
     meter.sample(now=0.5)
     assert not meter.shared
+    meter.on_bytes(1, 1000, now=0.5)  # partner 2 a step ahead: a brief overlap
+    meter.senders_under_way(2, now=0.55)
+    meter.on_bytes(2, 1000, now=0.55)
+    meter.senders_under_way(1, now=0.56)  # partner 1's message completed
+    assert meter.sample(now=0.6) == {1: pytest.approx(1e4), 2: pytest.approx(1e4)}
+    assert not meter.shared  # (together 0.01 s of the 0.1 s any was under way)
+    meter.senders_under_way(2)  # a change without a time: the latest time said (0.6)
+    meter.on_bytes(1, 1000, now=0.65)
+    meter.on_bytes(2, 1000, now=0.65)
+    meter.sample(now=0.7)
+    assert meter.shared
+
+
+def test_together_must_be_a_fraction() -> None:
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="together="):
+            RateMeter(0.1, together=bad)

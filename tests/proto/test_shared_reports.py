@@ -17,11 +17,17 @@ from tests.proto.session_helpers import JOB, config
 N = 4096  # float32 elements a message: several datagrams of 256 bytes
 
 
-def _send_all(tx: Session, rx: Session, now: float, *, keep: int = 0) -> None:
-    """Hand ``tx``'s datagrams to ``rx``, all but the last ``keep`` data batches."""
+def _send_all(tx: Session, rx: Session, now: float, *, keep: int = 0) -> list[DataBatch]:
+    """Hand ``tx``'s datagrams to ``rx``, all but the last ``keep`` data batches,
+    which are returned (for :func:`_deliver`)."""
     items = tx.datagrams_to_send(now=now, max_batches=1024)
     batches = [i for i in items if isinstance(i, DataBatch)]
-    for item in batches[: len(batches) - keep]:
+    _deliver(batches[: len(batches) - keep], rx, now)
+    return batches[len(batches) - keep :]
+
+
+def _deliver(batches: list[DataBatch], rx: Session, now: float) -> None:
+    for item in batches:
         rx.receive_batch(np.frombuffer(item.data, dtype=np.uint8), item.segment_size, now=now)
 
 
@@ -67,3 +73,22 @@ def test_senders_with_messages_under_way_together_share() -> None:
     _send_all(a, rx, 0.0, keep=1)  # a's message under way ...
     _send_all(b, rx, 0.001, keep=1)  # ... when b's begins
     assert _reports(rx, 0.01) == {1: True, 2: True}
+
+
+def test_a_partner_one_step_ahead_does_not_share() -> None:
+    """b's message opens while a's is still under way (b is a step ahead), and a's
+    completes soon after: together for a tenth of the window, not shared. Before,
+    any time together made the window shared, and small halving-doubling calls
+    were capped at the rate of the gaps between their messages."""
+    rx, a, b, data = _setup()
+    out_a, out_b = np.empty_like(data), np.empty_like(data)
+    rx.expect_message(1, step=0, msg=0, out=out_a)
+    rx.expect_message(2, step=0, msg=0, out=out_b)
+    a.send_message(0, data, step=0, msg=0, now=0.0, p=0.0)
+    b.send_message(0, data, step=0, msg=0, now=0.0, p=0.0)
+    a_last = _send_all(a, rx, 0.0, keep=1)  # a's message under way from 0 ...
+    b_last = _send_all(b, rx, 0.004, keep=1)  # ... b's from 0.004 ...
+    _deliver(a_last, rx, 0.0045)  # ... a's completes at 0.0045 ...
+    _deliver(b_last, rx, 0.005)  # ... and b's at 0.005
+    assert np.array_equal(out_a, data) and np.array_equal(out_b, data)
+    assert _reports(rx, 0.01) == {1: False, 2: False}
