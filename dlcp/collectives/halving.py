@@ -24,7 +24,12 @@ digits CNN's 153 KB of gradients (p = 0.05): on one host (loopback) a call took
 ms per iteration. On the namespace testbed (4 software routers, 200 Mbit/s
 links) it was slower, 40-42 against 37-39 ms per call: its first step sends
 half the array to a rank across the fabric at once, where the ring sends a
-quarter. So it is a choice (the DDP hook's ``collective="halving-doubling"``),
+quarter. Since receivers stopped capping partners that overlap only for a moment
+(2026-12-04, docs/results/2026-12-04/shared_windows_by_time/) it took 31-35
+against the ring's 35-38 there, and 8.6-9.5 against 11.2-12.5 on the loopback;
+but the demo's training under 1 % emulated loss ran at 29-58 ms an iteration
+against the ring's 22-32 (its larger first messages wait for NACK rounds more
+often). So it is a choice (the DDP hook's ``collective="halving-doubling"``),
 not a default.
 """
 
