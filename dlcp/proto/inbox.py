@@ -230,9 +230,9 @@ class Inbox(ReceivePaths[IncomingMessage]):
             misfit=want.misfit if want else None, misfits=want.misfits if want else 0,
         )  # fmt: skip
 
-    def cancel(self, key: Key) -> bool:
-        """Forget message ``key`` (the receiver cancelled it); True if it was known."""
-        state = self._leave(key)
+    def cancel(self, key: Key, *, now: float | None = None) -> bool:
+        """Forget message ``key`` (cancelled here, at ``now``); True if it was known."""
+        state = self._leave(key, now=now)
         expected = self._drop_expected(key)
         self._orphan_finish.pop(key)
         if state is None and expected is None:
@@ -503,7 +503,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
             return
         self._apply_finish(key, state, finish, now=now)
 
-    def on_abort(self, key: Key, abort: Abort) -> bool:
+    def on_abort(self, key: Key, abort: Abort, *, now: float | None = None) -> bool:
         """The sender aborted message ``key``: fail it, whether it is under way,
         only expected (the application waiting for it must hear of it too), or
         not yet known here (a receive posted later fails at once). False for a
@@ -511,7 +511,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
         why = f"sender aborted the message ({abort.reason.name.lower()})"
         if abort.reason is AbortReason.GAVE_UP and self._orphan_finish.unheard(key):
             why += "; none of its data had arrived here (is the UDP data path blocked?)"
-        state = self._leave(key)
+        state = self._leave(key, now=now)
         if state is not None:
             state.recovery.on_abort()
             self.fail(key, state, why)

@@ -252,6 +252,8 @@ class RateMeter:
         uniq, inverse = np.unique(s, return_inverse=True)
         totals = np.bincount(inverse.reshape(-1), weights=b, minlength=len(uniq))
         self._open(now)
+        if now > self._heard:
+            self._heard = now
         for src, total in zip(uniq.tolist(), totals.tolist(), strict=True):
             self._bytes[src] = self._bytes.get(src, 0) + int(total)
 
@@ -277,6 +279,8 @@ class RateMeter:
         whenever the number changes; None: the latest time any call said): a window
         is shared only if two or more did for ``together`` of the time any did
         (class doc)."""
+        if now is not None and not -math.inf < now < math.inf:
+            raise UsageError(f"now={now} must be a finite time in seconds")
         self._accrue(self._heard if now is None else now)
         self._under_way = n
         if n > 1 and self._start is not None:  # (a lone window: cut to a shared one's length)
@@ -372,6 +376,8 @@ class RateMeter:
         self._bytes = {}
         self._idle = 0.0
         self._any_time = self._both_time = 0.0
+        # (counted from here on: a time said earlier from another clock cannot hold it)
+        self._mark = self._heard = now
         return rates
 
 

@@ -189,8 +189,8 @@ class Session:
         told with ABORT(CANCELLED). True if there was something to cancel. No
         event is emitted for a cancelled message."""
         key = (peer, step, msg)
-        side = self._outbox if outgoing else self._inbox
-        if not side.cancel(key):
+        # (a receive's end is told to the rate meter at the latest time this session heard)
+        if not (self._outbox.cancel(key) if outgoing else self._inbox.cancel(key, now=self._now)):
             return False
         self._ctx.queue(
             peer,
@@ -285,7 +285,7 @@ class Session:
         if isinstance(ctrl, Finish):
             self._inbox.on_finish(key, ctrl, now=now)
         elif isinstance(ctrl, Abort) and not ctrl.by_receiver:  # about a message we receive
-            if not self._inbox.on_abort(key, ctrl):
+            if not self._inbox.on_abort(key, ctrl, now=now):
                 self.stats.stale_control += 1
         else:  # STOP, NACK, or ABORT by the receiver: about a message we send
             self._outbox.on_control(key, ctrl, now=now)

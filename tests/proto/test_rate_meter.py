@@ -248,3 +248,41 @@ def test_together_must_be_a_fraction() -> None:
     for bad in (0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(ValueError, match="together="):
             RateMeter(0.1, together=bad)
+
+
+def test_overlap_is_counted_within_the_window_only() -> None:
+    """The time together is counted from the window's start: a window that closed
+    (nothing came) and opened again does not count the time between; an overlap
+    of 40 % is not shared; a change said without a time is taken at the latest
+    time a call said, bytes included; a time that is not finite is refused."""
+    meter = RateMeter(interval=0.1, **NO_STEP)
+    meter.senders_under_way(2, now=0.0)
+    meter.on_bytes(1, 1000, now=0.0)
+    meter.on_bytes(2, 1000, now=0.05)
+    meter.sample(now=0.1)
+    assert meter.shared
+    assert meter.sample(now=0.2) == {}  # nothing came: the window closes
+    meter.on_bytes(1, 1000, now=0.3)  # it opens again, both still under way ...
+    meter.on_bytes(2, 1000, now=0.3)
+    meter.senders_under_way(1, now=0.33)  # ... for 0.03 s of its 0.1
+    meter.sample(now=0.4)
+    assert not meter.shared  # (counted from 0.2 it would be 0.13 of 0.2)
+    meter.senders_under_way(2, now=0.4)  # together for 0.04 s of 0.1: 40 %
+    meter.on_bytes(1, 1000, now=0.4)
+    meter.on_bytes(2, 1000, now=0.4)
+    meter.senders_under_way(1, now=0.44)
+    meter.sample(now=0.5)
+    assert not meter.shared
+    meter.on_bytes(1, 1000, now=0.5)
+    meter.on_batch(np.array([1]), np.array([1000]), now=0.56)  # the latest time said
+    meter.senders_under_way(2)  # ... so together from 0.56: 40 % again
+    meter.on_bytes(2, 1000, now=0.58)
+    meter.sample(now=0.6)
+    assert not meter.shared
+    meter.on_bytes(1, 1000, now=0.6)  # still together: the whole window
+    meter.on_bytes(2, 1000, now=0.6)
+    meter.sample(now=0.7)
+    assert meter.shared
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="now="):
+            meter.senders_under_way(1, now=bad)

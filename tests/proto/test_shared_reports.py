@@ -92,3 +92,22 @@ def test_a_partner_one_step_ahead_does_not_share() -> None:
     _deliver(b_last, rx, 0.005)  # ... and b's at 0.005
     assert np.array_equal(out_a, data) and np.array_equal(out_b, data)
     assert _reports(rx, 0.01) == {1: False, 2: False}
+
+
+def test_an_abort_ends_the_overlap_when_it_comes() -> None:
+    """b's message is under way beside a's from 0.001 until its ABORT comes at
+    0.009: together for most of the window, which is shared (the ABORT's time is
+    when the overlap ended, not the last data's)."""
+    rx, a, b, data = _setup()
+    rx.expect_message(1, step=0, msg=0, out=np.empty_like(data))
+    rx.expect_message(2, step=0, msg=0, out=np.empty_like(data))
+    a.send_message(0, data, step=0, msg=0, now=0.0, p=0.0)
+    b.send_message(0, data, step=0, msg=0, now=0.0, p=0.0)
+    _send_all(a, rx, 0.0, keep=1)
+    _send_all(b, rx, 0.001, keep=1)
+    assert b.cancel(0, step=0, msg=0, outgoing=True)  # b gives up; its ABORT ...
+    aborts = [i for i in b.datagrams_to_send(now=0.009) if isinstance(i, ControlDatagram)]
+    assert aborts
+    for item in aborts:
+        rx.receive_datagram(item.data, now=0.009)  # ... reaches the receiver at 0.009
+    assert _reports(rx, 0.01) == {1: True, 2: True}
