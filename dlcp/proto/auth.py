@@ -264,9 +264,8 @@ def gmac_backend() -> str | None:
     """How the C code computes tags now: ``"modes"`` (libcrypto's GCM mode functions),
     ``"evp"`` (EVP's AES-GCM, where the libcrypto and the CPU make it the faster) or
     ``"sized"`` (EVP for datagrams of 4,112 bytes or more, tag included, the mode
-    functions below:
-    ``dlcp/proto/gmac.h``); the native engines always choose so. None without the C
-    code."""
+    functions below: ``dlcp/proto/gmac.h``); the native engines always choose so.
+    None without the C code."""
     return _accel.backend() if _accel is not None else None
 
 

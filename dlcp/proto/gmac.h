@@ -26,7 +26,8 @@
  *   4.5-6.6 through the mode functions (1,456 bytes: 3.6-4.2 against 3.1-3.8;
  *   docs/results/2026-12-03/auth_seal_cap/evp_backend/).
  * - GMAC_SIZED: EVP for datagrams whose tag covers GMAC_EVP_FROM bytes or more (all
- *   but the 16-byte tag), the mode functions for shorter ones (a key holds both). EVP's AVX-512 code costs more per call: on a
+ *   but the 16-byte tag), the mode functions for shorter ones (a key holds both).
+ *   EVP's AVX-512 code costs more per call: on a
  *   2-vCPU Intel Xeon (Ice Lake) VM with OpenSSL 3.5.8, sealing 1,456-byte datagrams
  *   gathered as the engine sends them took 314-410 ns each through EVP against 257-376
  *   through the mode functions (behind in each of six triples), 8,972-byte ones
