@@ -21,7 +21,7 @@ from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
 
 DATA_PORT, CONTROL_PORT = 47100, 47101
-N_PATHS = 8
+N_PATHS = 16
 SMALL, LARGE = 1 << 18, 1 << 21  # float32 values: 1 MB, 8 MB
 
 

@@ -2,11 +2,16 @@
 the spines as they fall, and DLCP evens the routes out (dlcp.io.path_probe).
 
 On the default testbed topology (two leaves, two spines, ECMP on the 5-tuple),
-a sender on h1 with 8 paths probes its routes to h3, on the other leaf: every
+a sender on h1 with 16 paths probes its routes to h3, on the other leaf: every
 path traced has the three hops leaf1, a spine, leaf2; both spines appear; the
 weights give each route half of the traffic; and an 8 MB message then crosses
 the two spines within 40/60 whatever the hash did with the ports. The receiver
 sees no probe (none is sent with a TTL that reaches it): it rejects nothing.
+
+The ports are random and so is the kernel's hash key, so all paths land on one
+spine with probability 2 / 2**n_paths. Nothing can even out a single route,
+and with 8 paths (1 run in 128) a CI run failed that way; 16 paths make it 1
+in 32,768 at the price of about 10 s more of probing (routers rate-limit ICMP).
 """
 
 from __future__ import annotations
