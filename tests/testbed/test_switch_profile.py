@@ -270,11 +270,13 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
     prot, drop = TOS.tos(5, drop=False), TOS.tos(5, drop=True)
     # twice the link in all. The class's two leaves share it 16:1 while both are
     # backlogged, so the protected flow may have ~47 Mbit/s: offered the whole
-    # link (~50.5 as HTB counts frames) it lost ~7 % beside two busy loops, and
-    # 45 % where the shaper fell behind on a busy machine. At 0.7 of the link it
-    # loses nothing while the shaper keeps its rate, and still far less than the
-    # drop-eligible flow where it does not; leaves served alike (1:1, or a FIFO)
-    # would cost it about half of what the drop-eligible flow loses, and fail
+    # link (~50.5 as HTB counts frames) it lost ~7 % beside two busy loops. At 0.7
+    # of the link it loses nothing while the shaper keeps its rate; where the
+    # shaper falls behind on a busy machine it loses too (44 % in one CI run, the
+    # drop-eligible flow 98 %), so what is compared is the share of each flow that
+    # got through: 16:1 leaves give the protected flow 4.3 times the drop-eligible
+    # one's at the link's rate and more at any lower one; leaves served alike (1:1)
+    # give it 1.9 times, a FIFO the same share: both fail
     res = _blast(line, [(prot, 0.7 * LINK_MBIT), (drop, 1.3 * LINK_MBIT)])
     ctr = class_counters(run, line.if_rb)
 
@@ -284,9 +286,9 @@ def test_drop_eligible_dropped_first(line: NetnsLine) -> None:
 
     print("selective", res, ctr, frac("c5-protected"), frac("c5-drop"))
     assert frac("c5-drop") > 0.5
-    assert frac("c5-drop") > 3 * frac("c5-protected")
-    rx_loss = {t: 1 - res["recv"].get(t, 0) / res["sent"][t] for t in res["sent"]}
-    assert rx_loss[str(drop)] > 3 * max(0.01, rx_loss[str(prot)])
+    assert 1 - frac("c5-protected") > 3 * (1 - frac("c5-drop"))
+    through = {t: res["recv"].get(t, 0) / res["sent"][t] for t in res["sent"]}
+    assert through[str(prot)] > 3 * through[str(drop)], through
 
 
 TCP_SERVER = r"""
