@@ -1,5 +1,6 @@
 """Pin a dlcp.bench.transport worker to one CPU by its role (diagnostic only):
 PIN_SEND_CPU / PIN_RECV_CPU name the CPU of the sending / receiving worker."""
+
 import os
 
 try:
