@@ -5,13 +5,19 @@ On the default testbed topology (two leaves, two spines, ECMP on the 5-tuple),
 a sender on h1 with 16 paths probes its routes to h3, on the other leaf: every
 path traced has the three hops leaf1, a spine, leaf2; both spines appear; the
 weights give each route half of the traffic; and an 8 MB message then crosses
-the two spines within 40/60 whatever the hash did with the ports. The receiver
-sees no probe (none is sent with a TTL that reaches it): it rejects nothing.
+the two spines as the weights say, whatever the hash did with the ports. The
+receiver sees no probe (none is sent with a TTL that reaches it): it rejects
+nothing.
 
 The ports are random and so is the kernel's hash key, so all paths land on one
-spine with probability 2 / 2**n_paths. Nothing can even out a single route,
-and with 8 paths (1 run in 128) a CI run failed that way; 16 paths make it 1
-in 32,768 at the price of about 10 s more of probing (routers rate-limit ICMP).
+spine with probability 2 / 2**n_paths: with 8 paths (1 run in 128) a CI run
+failed that way; 16 make it 1 in 32,768. Routers limit the ICMP errors they send
+(Linux: a burst of 6 to a destination, then one a second) and 16 paths ask each
+leaf for 16, so this test's routers answer every probe
+(``net.ipv4.icmp_ratelimit=0``): a path left untraced keeps an equal path's
+share on a route nobody knows (tests/proto/test_paths.py), and with the limit on
+one run's spines carried 38/62. The split allowed is each route's share, plus
+the untraced paths' if any, within 0.1.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ def _start(net: Network, host: str, role: str) -> subprocess.Popen[str]:
 def test_probed_routes_even_out_the_spines() -> None:
     topo = Topology.default()
     with build(topo, prefix="dlcptr") as net:
+        for router in (*topo.leaves, *topo.spines):
+            net.run(router, ["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"])
         started = [_start(net, "h3", "receiver")]
         receiver = started[0]
         try:
@@ -73,19 +81,23 @@ def test_probed_routes_even_out_the_spines() -> None:
                     p.wait()
     assert found["distance"] == 4  # h1 -> leaf1 -> spine -> leaf2 -> h3
     traced = [tuple(r) for r in found["routes"] if r is not None]
-    assert len(traced) >= 6, found  # (a router may stay silent past the retries)
+    assert len(traced) >= 12, found  # (a probe or its answer may still be lost)
     assert all(len(r) == 3 for r in traced), found
     assert len(set(traced)) == 2, found  # one route per spine
     weights = found["weights"]
     per_route: dict[tuple[str, ...], float] = {}
+    untraced = 0.0  # the share of the paths whose route is not known
     for route, w in zip(found["routes"], weights, strict=True):
         if route is not None:
             per_route[tuple(route)] = per_route.get(tuple(route), 0.0) + w
+        else:
+            untraced += w
     shares = sorted(per_route.values())
     assert shares[0] == pytest.approx(shares[1])
     crossed = {s: after[s] - before[s] for s in after}
     total = sum(crossed.values())
     assert total >= (8 << 20) // 1500, crossed
+    low, high = shares[0] - 0.1, shares[0] + untraced + 0.1
     for spine, n in crossed.items():
-        assert 0.4 * total <= n <= 0.6 * total, f"{spine} carried {n} of {total}: {crossed}"
+        assert low * total <= n <= high * total, f"{spine} carried {n} of {total}: {crossed}"
     assert not any(json.loads(out)["rejected"].values()), out
