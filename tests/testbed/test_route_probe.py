@@ -11,13 +11,13 @@ nothing.
 
 The ports are random and so is the kernel's hash key, so all paths land on one
 spine with probability 2 / 2**n_paths: with 8 paths (1 run in 128) a CI run
-failed that way; 16 make it 1 in 32,768. Routers limit the ICMP errors they send
-(Linux: a burst of 6 to a destination, then one a second) and 16 paths ask each
-leaf for 16, so this test's routers answer every probe
-(``net.ipv4.icmp_ratelimit=0``): a path left untraced keeps an equal path's
-share on a route nobody knows (tests/proto/test_paths.py), and with the limit on
-one run's spines carried 38/62. The split allowed is each route's share, plus
-the untraced paths' if any, within 0.1.
+failed that way; 16 make it 1 in 32,768. The routers keep Linux's limit on the
+ICMP errors they send (a burst of 6 to a destination, then one a second), which
+16 paths, each asking every hop, run into: the prober asks each hop up to once
+per path (``default_attempts``), about 30 s here. A path still left untraced
+keeps an equal path's share on a route nobody knows (tests/proto/test_paths.py),
+so the split allowed is each route's share, plus the untraced paths' if any,
+within 0.1.
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ def _start(net: Network, host: str, role: str) -> subprocess.Popen[str]:
 def test_probed_routes_even_out_the_spines() -> None:
     topo = Topology.default()
     with build(topo, prefix="dlcptr") as net:
-        for router in (*topo.leaves, *topo.spines):
-            net.run(router, ["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"])
         started = [_start(net, "h3", "receiver")]
         receiver = started[0]
         try:
@@ -81,7 +79,7 @@ def test_probed_routes_even_out_the_spines() -> None:
                     p.wait()
     assert found["distance"] == 4  # h1 -> leaf1 -> spine -> leaf2 -> h3
     traced = [tuple(r) for r in found["routes"] if r is not None]
-    assert len(traced) >= 12, found  # (a probe or its answer may still be lost)
+    assert len(traced) >= 14, found  # (a probe or its answer may still be lost)
     assert all(len(r) == 3 for r in traced), found
     assert len(set(traced)) == 2, found  # one route per spine
     weights = found["weights"]
