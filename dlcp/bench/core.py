@@ -12,20 +12,26 @@ memory speed the protocol work runs.
 
 The receiver gets what the endpoint would hand it: the endpoint's UDP driver
 reads GRO batches back to back into its receive buffer, ``RECEIVE_STEP_BYTES``
-(256 KB) a step, as runs of same-size datagrams. Here the sender's consecutive
-data batches already lie back to back in its record buffer, so a run is a view of
-them, up to that size (the kernel's copy into the receive buffer is not core work
-and is not timed; the transport benchmark measures it with everything else). The
-receiving session takes the runs by the path the endpoint takes them by
+(256 KB) a step, as runs of same-size datagrams, and takes each step's runs
+while they are still in the core's cache. Here the sender's consecutive data
+batches already lie back to back in its record buffer, so a run is a view of
+them, up to that size, which the harness copies into a step buffer of its own
+before the receiving session takes it from there (that copy is the kernel's into
+the receive buffer: not core work, not timed; the transport benchmark measures it
+with everything else). Taken from the record buffer itself, every run came from
+memory, 64 MiB after it was written; the endpoint's loop reads a step it just
+read. The receiving session takes the runs by the path the endpoint takes them by
 (``--receive-path``, in the JSON ``receive_path``):
 
 * ``native`` (the default where ``dlcp.io.native_receive`` was built, on either
-  engine, as the endpoint's default ``native_receive``): the runs are staged in
-  the C table of the messages under way and taken there, a receive call's worth
-  (``RECEIVE_BUDGET_BYTES``, 4 MB) at a time, and the session applies what each
-  call took once (``hand_over``); the receive is posted with its buffer before
-  the data, so the table takes the first run too, as in the endpoint (a run it
-  does not take goes to ``receive_batch``);
+  engine, as the endpoint's default ``native_receive``): each step's run is staged
+  in the C table of the messages under way and taken there, and the session applies
+  what the table took once a receive call's worth (``RECEIVE_BUDGET_BYTES``, 4 MB),
+  each message's counts added up as the endpoint's receive call adds them in C (in
+  Python here, timed), or at once where the table stops for a completion check;
+  the receive is posted with its buffer before the data, so the table takes the
+  first run too, as in the endpoint (a run it does not take goes to
+  ``receive_batch``);
 * ``python`` (the endpoint with ``native_receive`` off, or without the
   extension): one ``receive_batch`` call per run.
 
@@ -50,12 +56,13 @@ import json
 import statistics
 import sys
 import time
+from typing import Any, cast
 
 import numpy as np
 
 from dlcp.errors import ArgumentTypeError, BenchError
 from dlcp.io import native_receive
-from dlcp.io.native_receive import MessageRuns, hand_over
+from dlcp.io.native_receive import TAKE_REST, TAKE_WHOLE, MessageRuns
 from dlcp.io.udp import RECEIVE_BUDGET_BYTES, RECEIVE_STEP_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
@@ -84,57 +91,78 @@ def as_control(item: Transmit) -> ControlDatagram:
 
 
 class Receiver:
-    """The receiving session and the path its data runs take (module doc): with
-    ``table``, a ``MessageRuns`` the session registers its messages with, the
-    runs are staged there a receive call's worth at a time; without, each goes to
+    """The receiving session and the path its data runs take (module doc). Each run
+    is first read into the receive buffer's step, as the endpoint's loop reads it
+    (:meth:`land`: the kernel's copy, not timed), and taken from there while it is
+    in the cache: with ``table``, a ``MessageRuns`` the session registers its
+    messages with, by the C table, step by step, the session applying what it
+    took once a receive call's worth (:meth:`apply`); without, by
     ``receive_batch``."""
 
     def __init__(self, session: Session, table: MessageRuns | None) -> None:
         self.session = session
         self.table = table
         self.now = 0.0
-        self._staged: list[tuple[int, int, int]] = []  # (start, end, segment size)
-        self._staged_bytes = 0
-        self._owner = self._flat = np.empty(0, np.uint8)  # (the staged runs' buffer)
+        #: the start of the receive buffer: every step is read to it
+        self._step = np.empty(RECEIVE_STEP_BYTES, np.uint8)
+        #: what the table took since the last apply, per message (as one receive
+        #: call reports it), and the bytes of the steps it took them from
+        self._took: dict[tuple[int, int, int], list[Any]] = {}
+        self._call_bytes = 0
         if table is not None:
             session.take_runs_natively(table)
 
-    def must_take_before(self, buf: np.ndarray) -> bool:
-        """Whether the staged runs are a receive call's worth without the run in
-        ``buf`` (or it lies in another buffer): they are taken before it is staged."""
-        return bool(self._staged) and (
-            self._staged_bytes + len(buf) > RECEIVE_BUDGET_BYTES or _owner(buf) is not self._owner
-        )
+    def land(self, buf: np.ndarray) -> np.ndarray:
+        """Run ``buf`` read into the receive buffer's step (the harness's work)."""
+        if len(buf) > len(self._step):
+            self._step = np.empty(len(buf), np.uint8)
+        step = self._step[: len(buf)]
+        np.copyto(step, buf)
+        return step
 
-    def stage(self, buf: np.ndarray, segment_size: int) -> None:
-        """A run of same-size data datagrams, staged until :meth:`take` (where it
-        lies: the harness's work, not the core's)."""
-        if not self._staged:
-            self._owner = _owner(buf)
-            self._flat = self._owner.reshape(-1).view(np.uint8)
-        start = buf.ctypes.data - self._flat.ctypes.data
-        self._staged.append((start, start + len(buf), segment_size))
-        self._staged_bytes += len(buf)
+    def must_apply_before(self, buf: np.ndarray) -> bool:
+        """Whether what was taken is a receive call's worth without the run in
+        ``buf``: the session applies it before that run is taken."""
+        return bool(self._took) and self._call_bytes + len(buf) > RECEIVE_BUDGET_BYTES
 
-    def take(self) -> None:
-        """The staged runs, taken in C as one receive call takes them."""
-        if not self._staged:
-            return
+    def take(self, step: np.ndarray, segment_size: int) -> None:
+        """One step's run, taken in C as the receive loop takes it; what the table
+        hands over goes to the session at once, after what was taken before it."""
         assert self.table is not None
-        self.table.table.stage(self._flat, self._staged)
-        self._staged = []
-        self._staged_bytes = 0
-        hand_over(self.table.table, self._flat, self._whole, self)
+        table = self.table.table
+        table.stage(step, [(0, len(step), segment_size)])
+        self._call_bytes += len(step)
+        while True:
+            handover, took = table.next(step)
+            for entry in took or ():
+                self._merge(entry)
+            if handover is None:
+                return
+            self.apply()  # (a run that may have completed its message: TAKE_CHECK)
+            start, end, seg, kind = handover
+            if kind == TAKE_WHOLE:
+                self.session.receive_batch(step[start:end], seg, now=self.now)
+            elif kind == TAKE_REST:
+                self.session.receive_rest(step[start:end], seg, now=self.now)
 
-    def _whole(self, buf: np.ndarray, segment_size: int) -> None:
-        self.session.receive_batch(buf, segment_size, now=self.now)
+    def _merge(self, entry: Taken) -> None:
+        """One message's counts, added up over the steps of a call, as the
+        endpoint's receive call adds them up in C."""
+        key = (entry[0], entry[1], entry[2])
+        had = self._took.get(key)
+        if had is None:
+            self._took[key] = list(entry)
+        else:
+            for i in range(3, 10):
+                had[i] += entry[i]
 
-    # (what the C table took, and the datagrams after a taken prefix: TakenRuns)
-    def taken(self, taken: list[Taken]) -> None:
-        self.session.receive_taken(taken, now=self.now)
-
-    def rest(self, buf: np.ndarray, segment_size: int) -> None:
-        self.session.receive_rest(buf, segment_size, now=self.now)
+    def apply(self) -> None:
+        """What the table took since the last apply, applied by the session once."""
+        if self._took:
+            took = [cast(Taken, tuple(v)) for v in self._took.values()]
+            self._took = {}
+            self.session.receive_taken(took, now=self.now)
+        self._call_bytes = 0
 
 
 def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndarray,
@@ -159,19 +187,21 @@ def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndar
             raise BenchError("sender went idle before the message completed")
         for item in _as_received(items):
             if type(item) is tuple:
+                buf, seg = item
+                t0 = clock()
+                if receiver.must_apply_before(buf):
+                    receiver.apply()
+                core += clock() - t0
+                landed = receiver.land(buf)
+                t0 = clock()
                 if receiver.table is None:
-                    t0 = clock()
-                    rx.receive_batch(*item, now=now)
-                    core += clock() - t0
-                    continue
-                if receiver.must_take_before(item[0]):
-                    t0 = clock()
-                    receiver.take()
-                    core += clock() - t0
-                receiver.stage(*item)
+                    rx.receive_batch(landed, seg, now=now)
+                else:
+                    receiver.take(landed, seg)
+                core += clock() - t0
                 continue
             t0 = clock()
-            receiver.take()  # (the data before it first, as the endpoint takes it)
+            receiver.apply()  # (the data before it first, as the endpoint takes it)
             if isinstance(item, ControlDatagram):
                 rx.receive_datagram(item.data, now=now)
             elif isinstance(item, RoundPost):  # its datagrams went (the runs before it)
@@ -183,7 +213,7 @@ def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndar
                 tx.release_round(item.dst, step=item.step, msg=item.msg)
             core += clock() - t0
         t0 = clock()
-        receiver.take()
+        receiver.apply()
         for reply in rx.datagrams_to_send(now=now):
             tx.receive_datagram(as_control(reply).data, now=now)
         while (ev := rx.next_event()) is not None:

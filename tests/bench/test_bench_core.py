@@ -78,10 +78,9 @@ def test_what_the_c_table_takes_is_checked_too(
     monkeypatch.setenv("DLCP_ENGINE", engine)
     real = core.Receiver.take
 
-    def flip_a_byte(self: core.Receiver) -> None:
-        if self._staged:
-            self._flat[self._staged[-1][1] - 1] ^= 0xFF  # the last payload byte staged
-        real(self)
+    def flip_a_byte(self: core.Receiver, step: np.ndarray, segment_size: int) -> None:
+        step[-1] ^= 0xFF  # the last payload byte of the step
+        real(self, step, segment_size)
 
     monkeypatch.setattr(core.Receiver, "take", flip_a_byte)
     with pytest.raises(RuntimeError, match="not bit-exact"):
