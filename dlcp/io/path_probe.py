@@ -30,10 +30,11 @@ that ECMP hashes the probe as it hashes the path's data):
    the tuple of them.
 
 Routers limit the ICMP they send (Linux: a burst of 6 to a destination, then
-one a second), so probes left unanswered are sent again, up to ``attempts``
-times, ``retry_pause`` apart: by default 8 times, or once per path where there
-are more, since each hop is asked for one answer per path (on the testbed's
-Linux routers 8 attempts traced 12 of 16 paths, 16 traced all, in about 30 s).
+one a second), so probes left unanswered are sent again, ``retry_pause`` apart,
+up to ``attempts`` times in all: 8 for the distance, and for the paths' hops 8
+or, where there are more paths, one per path, since each hop is asked for one
+answer per path (on the testbed's three-router routes, 8 traced 12 of 16 paths,
+16 traced all in 26-30 s: docs/results/2026-12-04/route_probe_attempts/).
 A path with a hop that never answered has no known route and keeps an equal
 path's share. Nothing here sends to the peer's data port with a TTL that reaches
 it: the peer sees no probe.
@@ -231,17 +232,18 @@ def probe_routes(
     stop: threading.Event | None = None,
 ) -> ProbeResult:
     """The route from each of the path ports ``ports`` (bound to ``host``) to
-    ``peer`` (module docstring; ``attempts`` None: :func:`default_attempts`).
-    Socket errors propagate (OSError)."""
+    ``peer`` (module docstring). ``attempts``: how many times in all a probe is
+    sent; None: :data:`MIN_ATTEMPTS` for the distance (one probe a hop) and
+    :func:`default_attempts` for the paths' hops. Socket errors propagate
+    (OSError)."""
     stop = stop if stop is not None else threading.Event()
-    attempts = default_attempts(len(ports)) if attempts is None else attempts
-    ask = functools.partial(_ask, wait=wait, attempts=attempts, retry_pause=retry_pause, stop=stop)
+    ask = functools.partial(_ask, wait=wait, retry_pause=retry_pause, stop=stop)
     unknown: tuple[Route | None, ...] = (None,) * len(ports)
     distance, sent = None, 0
     ranger = _Probe((host, 0), (peer.host, peer.control_port), share=False)
     try:
         for ttl in range(1, MAX_HOPS + 1):
-            sent += ask([ranger], ttl)
+            sent += ask([ranger], ttl, attempts=attempts or MIN_ATTEMPTS)
             got = ranger.answer(ttl)
             if got is not None and got[1] == _ICMP_DEST_UNREACH and got[0] == peer.host:
                 distance = ttl
@@ -257,7 +259,7 @@ def probe_routes(
         for port in ports:
             probes.append(_Probe((host, port), (peer.host, peer.data_port), share=True))
         for ttl in range(1, distance):
-            sent += ask(probes, ttl)
+            sent += ask(probes, ttl, attempts=attempts or default_attempts(len(ports)))
             if stop.is_set():
                 return ProbeResult(distance, unknown, sent)
     finally:

@@ -33,7 +33,7 @@ def main() -> None:
         host=peers[rank][0],
         data_port=DATA_PORT,
         control_port=CONTROL_PORT,
-        timeout=60.0,
+        timeout=120.0,
         protocol=ProtocolConfig(n_paths=N_PATHS),
     )
     values = [np.arange(n, dtype=np.float32) for n in (SMALL, LARGE)]
@@ -41,19 +41,19 @@ def main() -> None:
         if rank == 1:
             print("ready", flush=True)
             for msg, want in enumerate(values):
-                got = ep.recv(src=0, msg=msg).result(timeout=60)
+                got = ep.recv(src=0, msg=msg).result(timeout=120)
                 assert np.array_equal(got.data, want), f"message {msg} arrived altered"
             stats = ep.stats()
             print(json.dumps({"rejected": stats["rejected"]}), flush=True)
             return
-        ep.send(values[0], to=1, msg=0).result(timeout=60)
-        deadline = time.monotonic() + 60
+        ep.send(values[0], to=1, msg=0).result(timeout=120)
+        deadline = time.monotonic() + 120
         while 1 not in (routes := ep.stats()["path_routes"]):
-            assert time.monotonic() < deadline, "no routes probed within 60 s"
+            assert time.monotonic() < deadline, "no routes probed within 120 s"
             time.sleep(0.05)  # (polling the endpoint's own record of the probe)
         print(json.dumps(routes[1]), flush=True)
         sys.stdin.readline()
-        ep.send(values[1], to=1, msg=1).result(timeout=60)
+        ep.send(values[1], to=1, msg=1).result(timeout=120)
         print("sent", flush=True)
 
 

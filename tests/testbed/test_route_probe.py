@@ -4,7 +4,7 @@ the spines as they fall, and DLCP evens the routes out (dlcp.io.path_probe).
 On the default testbed topology (two leaves, two spines, ECMP on the 5-tuple),
 a sender on h1 with 16 paths probes its routes to h3, on the other leaf: every
 path traced has the three hops leaf1, a spine, leaf2; both spines appear; the
-weights give each route half of the traffic; and an 8 MB message then crosses
+weights give each route the same share; and an 8 MB message then crosses
 the two spines as the weights say, whatever the hash did with the ports. The
 receiver sees no probe (none is sent with a TTL that reaches it): it rejects
 nothing.
@@ -70,8 +70,8 @@ def test_probed_routes_even_out_the_spines() -> None:
             sender.stdin.flush()
             assert sender.stdout.readline().strip() == "sent"
             after = _spine_tx(net)
-            out, _ = receiver.communicate(timeout=60)
-            assert sender.wait(timeout=60) == 0 and receiver.returncode == 0
+            out, _ = receiver.communicate(timeout=150)
+            assert sender.wait(timeout=150) == 0 and receiver.returncode == 0
         finally:
             for p in started:
                 if p.poll() is None:
@@ -98,4 +98,10 @@ def test_probed_routes_even_out_the_spines() -> None:
     low, high = shares[0] - 0.1, shares[0] + untraced + 0.1
     for spine, n in crossed.items():
         assert low * total <= n <= high * total, f"{spine} carried {n} of {total}: {crossed}"
+    # where the hash split the ports unevenly enough (45 % of runs), the split is
+    # the weights', not the one equal shares per port would have made
+    ports = [sum(tuple(r) == route for r in traced) / len(weights) for route in per_route]
+    if not untraced and 0.5 - min(ports) >= 0.1:
+        measured = min(crossed.values()) / total
+        assert abs(measured - shares[0]) < abs(measured - min(ports)), (crossed, ports)
     assert not any(json.loads(out)["rejected"].values()), out
