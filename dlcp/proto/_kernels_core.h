@@ -39,7 +39,16 @@ static inline void stream_ragged(char **d, const char **s, size_t *n, size_t byt
  * is also written by the neighbouring row's streamed stores. Measured (64 MiB in
  * rows from a cached source, CPU time, best of 4 runs interleaved on a busy
  * 2-core VM): 1,416-byte rows 17.0 ms with ordinary stores at the ends, 5.1 with
- * the ends streamed; 1,408-byte rows, which have no ragged ends, 5.3. */
+ * the ends streamed; 1,408-byte rows, which have no ragged ends, 5.3.
+ *
+ * The 64-byte loop starts on a destination line: 16-byte stores first up to it, so
+ * that each turn of the loop fills one line. A large numpy array starts 16 bytes
+ * into a line (glibc puts a header before an mmap'ed block), and every other
+ * 1,440-byte row starts half-way into one: turns that each wrote into two lines
+ * took longer on an Intel Xeon (Ice Lake) VM: 64 MiB of 1,440-byte rows from a hot
+ * source, best of 7 in two runs, 5.2-7.7 ms by the destination's offset in its
+ * line, 4.2-5.2 with the loop on lines; 1,416-byte rows 7.3-7.5 against 6.2-6.3
+ * (docs/results/2026-12-04/row_alignment/). */
 static inline void copy_row(char *d, const char *s, size_t n, int stream) {
 #if defined(__SSE2__)
     if (stream && n >= 64) {
@@ -53,6 +62,8 @@ static inline void copy_row(char *d, const char *s, size_t n, int stream) {
             s += head;
             n -= head;
         }
+        for (; n >= 16 && ((uintptr_t)d & 63) != 0; n -= 16, d += 16, s += 16)
+            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
         for (; n >= 64; n -= 64, d += 64, s += 64) {
             __m128i a = _mm_loadu_si128((const __m128i *)s);
             __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
