@@ -28,7 +28,8 @@ read. The receiving session takes the runs by the path the endpoint takes them b
   in the C table of the messages under way and taken there, and the session applies
   what the table took once a receive call's worth (``RECEIVE_BUDGET_BYTES``, 4 MB),
   each message's counts added up as the endpoint's receive call adds them in C (in
-  Python here, timed), or at once where the table stops for a completion check;
+  Python here, timed), and also before a control datagram and before each run the
+  table hands over (one that may complete its message, one it does not take);
   the receive is posted with its buffer before the data, so the table takes the
   first run too, as in the endpoint (a run it does not take goes to
   ``receive_batch``);
@@ -138,7 +139,7 @@ class Receiver:
                 self._merge(entry)
             if handover is None:
                 return
-            self.apply()  # (a run that may have completed its message: TAKE_CHECK)
+            self._apply_taken()  # (a run that may have completed its message: TAKE_CHECK)
             start, end, seg, kind = handover
             if kind == TAKE_WHOLE:
                 self.session.receive_batch(step[start:end], seg, now=self.now)
@@ -157,12 +158,18 @@ class Receiver:
                 had[i] += entry[i]
 
     def apply(self) -> None:
-        """What the table took since the last apply, applied by the session once."""
+        """The receive call ends (its budget spent, or a control datagram next):
+        what the table took since the last apply, applied by the session once."""
+        self._apply_taken()
+        self._call_bytes = 0
+
+    def _apply_taken(self) -> None:
+        """What the table took so far, applied now (before a run it hands over:
+        the call goes on, as the endpoint's does, against the same budget)."""
         if self._took:
             took = [cast(Taken, tuple(v)) for v in self._took.values()]
             self._took = {}
             self.session.receive_taken(took, now=self.now)
-        self._call_bytes = 0
 
 
 def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndarray,
