@@ -128,7 +128,9 @@ class Receiver:
 
     def take(self, step: np.ndarray, segment_size: int) -> None:
         """One step's run, taken in C as the receive loop takes it; what the table
-        hands over goes to the session at once, after what was taken before it."""
+        hands over goes to the session at once, after what was taken before it.
+        (``native_receive.hand_over``'s loop, but for when counts are applied:
+        there at every report, here at the call's end or before a handover.)"""
         assert self.table is not None
         table = self.table.table
         table.stage(step, [(0, len(step), segment_size)])
