@@ -10,6 +10,12 @@ of the process group (Gloo's TCP pairs):
 * the server receives them all, adds them to its own in rank order, divides
   by the world size, and sends the average back to every rank.
 
+It moves a bucket in the pieces DLCP's parameter server cuts a co-located
+server's shard into (:func:`dlcp.collectives.ps.piece_bounds`, ``piece_bytes``,
+0 for whole buckets), a tagged send and receive each: the server sends a
+piece's average back once every rank's push of it is in, while the later
+pieces are still pushed, as DLCP's does.
+
 Every replica ends with the server's bytes (the hook returns them), so
 replicas stay identical. As DLCP's hook does, it hands the bucket to a
 transport thread of its own and returns a future at once: the exchange
@@ -27,6 +33,7 @@ tensors: a CUDA bucket is copied to the host and back.
 # at run time and wants the real dist.GradBucket / torch.futures.Future objects
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +44,7 @@ import torch.distributed as dist
 # torch.distributed re-exports GradBucket from here without declaring it to type checkers
 from torch._C._distributed_c10d import GradBucket
 
+from dlcp.collectives.ps import MAX_PIECES, PIECE_BYTES, piece_bounds
 from dlcp.errors import UsageError, UsageStateError
 
 from .pg_serve import OrderedServers, result_of
@@ -49,11 +57,13 @@ _Job = tuple[torch.Tensor, "torch.futures.Future[torch.Tensor]"]
 
 @dataclass
 class TcpPsState:
-    """Which rank serves, and in which process group (default: the default
-    group); and the transport threads that exchange the buckets."""
+    """Which rank serves, in which process group (default: the default group),
+    the pieces a bucket moves in (module doc); and the transport threads that
+    exchange the buckets."""
 
     server: int = 0
     group: dist.ProcessGroup | None = None
+    piece_bytes: int = PIECE_BYTES
     _servers: "OrderedServers[_Job] | None" = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
@@ -62,6 +72,10 @@ class TcpPsState:
         world = dist.get_world_size(self.group)
         if not 0 <= self.server < world:
             raise UsageError(f"server={self.server} is not a rank of 0..{world - 1}")
+        if type(self.piece_bytes) is not int or self.piece_bytes < 0:
+            raise UsageError(
+                f"piece_bytes={self.piece_bytes!r} must be an int >= 0 (0: whole buckets)"
+            )
 
     def submit(self, buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
         """Queue ``buffer``'s exchange; the future completes with it averaged."""
@@ -110,18 +124,33 @@ def _exchange(state: TcpPsState, grad: torch.Tensor) -> None:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if world == 1:
         return
+    bounds = piece_bounds(0, len(grad), grad.element_size(), state.piece_bytes)
+    pieces = list(itertools.pairwise(bounds))
     if rank != server:
-        dist.send(grad, dst=_global(group, server), group=group)
-        dist.recv(grad, src=_global(group, server), group=group)
+        src = _global(group, server)
+        mine = grad.clone()  # (the pulls land in grad while the later pieces go)
+        works = [dist.isend(mine[a:b], dst=src, group=group, tag=k)
+                 for k, (a, b) in enumerate(pieces)]  # fmt: skip
+        works += [dist.irecv(grad[a:b], src=src, group=group, tag=MAX_PIECES + k)
+                  for k, (a, b) in enumerate(pieces)]  # fmt: skip
+        _wait_all(works)
         return
     workers = [r for r in range(world) if r != server]
     pushed = {r: torch.empty_like(grad) for r in workers}
-    _wait_all([dist.irecv(pushed[r], src=_global(group, r), group=group) for r in workers])
-    total = torch.zeros_like(grad)
-    for r in range(world):  # rank order: the same sum whichever push came first
-        total += grad if r == server else pushed[r]
-    grad.copy_(total.div_(world))
-    _wait_all([dist.isend(grad, dst=_global(group, r), group=group) for r in workers])
+    incoming = [
+        [dist.irecv(pushed[r][a:b], src=_global(group, r), group=group, tag=k) for r in workers]
+        for k, (a, b) in enumerate(pieces)
+    ]
+    outgoing: list[dist.Work | None] = []
+    for k, (a, b) in enumerate(pieces):
+        _wait_all(incoming[k])
+        total = torch.zeros_like(grad[a:b])
+        for r in range(world):  # rank order: the same sum whichever push came first
+            total += grad[a:b] if r == server else pushed[r][a:b]
+        grad[a:b].copy_(total.div_(world))
+        outgoing += [dist.isend(grad[a:b], dst=_global(group, r), group=group, tag=MAX_PIECES + k)
+                     for r in workers]  # fmt: skip
+    _wait_all(outgoing)
 
 
 def _wait_all(works: list[dist.Work | None]) -> None:

@@ -12,10 +12,20 @@ Servers are either co-located (a worker that also serves a shard: with every
 rank a server this is a "PS-style all-reduce") or dedicated (a rank that holds
 no data of its own and calls :func:`ps_serve` once per step; it learns the
 shard size from the self-describing packets).
+
+A co-located server's shard moves in pieces (:func:`piece_bounds`: about
+``piece_bytes`` each, at most :data:`MAX_PIECES`), each push and pull of a piece
+its own message: the server sends a piece's aggregate back as soon as every
+worker's push of that piece is in, so its link carries the first pulls while
+the later pushes still arrive, where a whole shard's pulls waited for the last
+push (under incast the server's link carries pushes, then pulls, one direction
+at a time). Every worker cuts a shard the same way from its length. A dedicated
+server learns its shard only from the pushes, so its shards move whole.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -39,9 +49,23 @@ from .comm import (
 )
 from .ring import SendTracker, check_array, chunk_bounds
 
-__all__ = ["check_roles", "ps_allreduce", "ps_serve"]
+__all__ = ["MAX_PIECES", "PIECE_BYTES", "check_roles", "piece_bounds", "ps_allreduce", "ps_serve"]
 
-PUSH, PULL = 4000, 4001
+#: roles of the push and the pull of piece k of a shard: PUSH + k and PULL + k
+PUSH, PULL = 0, 2048
+#: a co-located server's shard is cut into pieces of at least this many bytes
+#: (the default of ``piece_bytes``) ...
+PIECE_BYTES = 256 * 1024
+#: ... and at most this many pieces
+MAX_PIECES = 8
+
+
+def piece_bounds(a: int, b: int, itemsize: int, piece_bytes: int) -> list[int]:
+    """Element boundaries of the pieces shard ``[a, b)`` moves in: near-equal
+    pieces of at least ``piece_bytes`` (one, if the shard is smaller), at most
+    :data:`MAX_PIECES`; ``piece_bytes=0``: the whole shard as one piece."""
+    pieces = 1 if piece_bytes == 0 else (b - a) * itemsize // piece_bytes
+    return [a + x for x in chunk_bounds(b - a, max(1, min(MAX_PIECES, pieces)))]
 
 
 def check_roles(
@@ -71,14 +95,19 @@ def ps_allreduce(
     p_pull: float = 0.0,
     fill: FillPolicy = FillPolicy.ZERO,
     average: bool = False,
+    piece_bytes: int = PIECE_BYTES,
 ) -> CollectiveReport:
     """A worker's step: push ``data``'s shards, pull the aggregate back into ``data``.
-    A rank that is both worker and server also aggregates its own shard."""
+    A rank that is both worker and server also aggregates its own shard.
+    ``piece_bytes``: the pieces a co-located server's shard moves in (module
+    doc; 0: whole shards); every rank of the call must pass the same."""
     # first: a call this rank refuses still takes its number (a dedicated server,
     # which cannot see why, took its own: later calls stay paired)
     call = comm.next_call()
     check_array(data, "ps_allreduce")
     check_reduce_fill(fill, "ps_allreduce")
+    if type(piece_bytes) is not int or piece_bytes < 0:
+        raise UsageError(f"piece_bytes={piece_bytes!r} must be an int >= 0 (0: whole shards)")
     srv, wrk = check_roles(comm.world_size, servers, workers)
     r = comm.rank
     if r not in wrk:
@@ -95,46 +124,43 @@ def ps_allreduce(
     report = ReportBuilder("ps_allreduce", call, len(data))
     sends = SendTracker()  # pushes, and a co-located server's pulls
     pull_fill = copy_fill(p_pull)
+    # each shard's pieces: a dedicated server's shard is one
+    pieces = [
+        piece_bounds(bounds[i], bounds[i + 1], data.itemsize, piece_bytes if s in wrk else 0)
+        for i, s in enumerate(srv)
+    ]
     incoming: list[Future[Received]] = []
     try:
         for i, server in enumerate(srv):
-            a, b = bounds[i], bounds[i + 1]
-            if server != r and a < b:  # fewer elements than servers: empty shards move nothing
-                sends.add(comm.send_part(data, a, b, to=server, call=call, role=PUSH,
-                                         segments=segments, p=p_push))  # fmt: skip
+            if server != r and bounds[i] < bounds[i + 1]:  # (empty shards move nothing)
+                for k, (a, b) in enumerate(itertools.pairwise(pieces[i])):
+                    sends.add(comm.send_part(data, a, b, to=server, call=call, role=PUSH + k,
+                                             segments=segments, p=p_push))  # fmt: skip
         if p_pull > 0 and not average:  # (the pushes have copied their bytes already)
             for i, server in enumerate(srv):
                 if server != r:  # a lost pulled element keeps this worker's estimate of the sum
                     data[bounds[i] : bounds[i + 1]] *= data.dtype.type(len(wrk))
         for i, server in enumerate(srv):
             if server != r and bounds[i] < bounds[i + 1]:
-                incoming.append(
-                    comm.recv(
-                        data[bounds[i] : bounds[i + 1]],
-                        src=server,
-                        call=call,
-                        role=PULL,
-                        p=p_pull,
-                        fill=pull_fill,
-                    )
-                )
+                for k, (a, b) in enumerate(itertools.pairwise(pieces[i])):
+                    incoming.append(comm.recv(data[a:b], src=server, call=call, role=PULL + k,
+                                              p=p_pull, fill=pull_fill))  # fmt: skip
         i = srv.index(r) if r in srv else -1
         if i >= 0 and bounds[i] < bounds[i + 1]:  # co-located server: aggregate, serve back
-            a, b = bounds[i], bounds[i + 1]
-            _aggregate(
+            _serve_pieces(
                 comm,
-                data[a:b],
+                data,
+                pieces[i],
                 [w for w in wrk if w != r],
                 call,
                 report,
+                sends,
+                segments=segments,
                 p_push=p_push,
+                p_pull=p_pull,
                 fill=fill,
                 divide=len(wrk) if average else 0,
             )
-            for w in wrk:
-                if w != r:
-                    sends.add(comm.send_part(data, a, b, to=w, call=call, role=PULL,
-                                             segments=segments, p=p_pull))  # fmt: skip
         for fut in incoming:  # (a failed push ends the wait: the call has failed)
             report.received(sends.await_receive(comm, fut), bounded=p_pull > 0)
         sends.wait(comm, report, data.itemsize)
@@ -221,35 +247,52 @@ def _serve_shards(
     return report.build()
 
 
-def _aggregate(
+def _serve_pieces(
     comm: Communicator,
-    shard: npt.NDArray[Any],
+    data: npt.NDArray[Any],
+    pieces: list[int],
     others: list[int],
     call: int,
     report: ReportBuilder,
+    sends: SendTracker,
     *,
+    segments: Segments | None,
     p_push: float,
+    p_pull: float,
     fill: FillPolicy,
     divide: int,
 ) -> None:
+    """A co-located server's shard, ``data[pieces[0]:pieces[-1]]``: every piece's
+    pushes received into it and aggregated, and each piece sent back to the
+    other workers as soon as all of theirs are in (in piece order)."""
     # float32 pushes whose lost elements add nothing are added into the shard as
     # their chunks arrive (in arrival order); the others land in buffers first
     # and are added in the workers' order
+    a0 = pieces[0]
+    shard = data[a0 : pieces[-1]]
     added = shard.dtype == np.float32 and fill is FillPolicy.ZERO
     buffers = [shard if added else np.empty_like(shard) for _ in others]
-    futs: list[Future[Any]] = []
+    futs: list[list[Future[Any]]] = []  # per piece, one per other worker
     try:
         # posted in the try: a later recv that raises (a worker without an
         # address) must not leave the earlier ones posted, taking pushes
-        for buf, w in zip(buffers, others, strict=True):
-            futs.append(comm.recv(buf, src=w, call=call, role=PUSH, p=p_push, fill=fill,
-                                  accumulate=added))  # fmt: skip
-        for fut, buf in zip(futs, buffers, strict=True):
-            report.received(comm.wait(fut), bounded=p_push > 0)
+        for k, (a, b) in enumerate(itertools.pairwise(pieces)):
+            futs.append([])
+            for buf, w in zip(buffers, others, strict=True):
+                futs[k].append(comm.recv(buf[a - a0 : b - a0], src=w, call=call, role=PUSH + k,
+                                         p=p_push, fill=fill, accumulate=added))  # fmt: skip
+        for k, (a, b) in enumerate(itertools.pairwise(pieces)):
+            for fut in futs[k]:
+                report.received(sends.await_receive(comm, fut), bounded=p_push > 0)
+            piece = data[a:b]
             if not added:
-                shard += buf
+                for buf in buffers:
+                    piece += buf[a - a0 : b - a0]
+            if divide:
+                piece /= piece.dtype.type(divide)
+            for w in others:
+                sends.add(comm.send_part(data, a, b, to=w, call=call, role=PULL + k,
+                                         segments=segments, p=p_pull))  # fmt: skip
     except BaseException:  # nothing of the call stays behind in the endpoint
-        cancel_all(futs)
+        cancel_all([f for piece_futs in futs for f in piece_futs])
         raise
-    if divide:
-        shard /= shard.dtype.type(divide)

@@ -4,8 +4,10 @@ Started by :func:`dlcp.launch.launch` with two ranks over Gloo. Rank 1 serves.
 Rank 0 calls the hook with a bucket and records whether the future it got back
 was already done; only then does it let rank 1 (through the store) call its own
 hook, so rank 0's exchange cannot have ended when its hook returned. Both
-futures must then give the average of the two buckets, and a closed state must
-refuse a later bucket. Prints ``RESULT {json}``; any failure exits non-zero.
+futures must then give the average of the two buckets. A second bucket of 1.2 MB
+moves in pieces (four of the default ``piece_bytes``): its average must be the
+one of the whole buckets, bit for bit. A closed state must refuse a later
+bucket. Prints ``RESULT {json}``; any failure exits non-zero.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ def main() -> int:
         fut = tcp_ps_hook(state, _Bucket(grad))  # type: ignore[arg-type]
         done_at_return = None
     out = fut.wait()
+    # a bucket in pieces: the server's sum in rank order, piece by piece
+    big = [torch.randn(300_000, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
+    want = (torch.zeros(300_000) + big[0] + big[1]).div_(2)
+    pieces_ok = bool(torch.equal(tcp_ps_hook(state, _Bucket(big[rank].clone())).wait(), want))  # type: ignore[arg-type]
     state.close()
     try:
         tcp_ps_hook(state, _Bucket(grad))  # type: ignore[arg-type]
@@ -56,6 +62,7 @@ def main() -> int:
         "done_at_return": done_at_return,
         "mean_ok": bool(torch.equal(out, torch.full((50_000,), 1.5))),
         "same_buffer": out.data_ptr() == grad.data_ptr(),
+        "pieces_ok": pieces_ok,
         "refused_after_close": refused,
     }
     print("RESULT " + json.dumps(result), flush=True)

@@ -87,7 +87,8 @@ def test_the_tcp_parameter_server_hook_returns_before_its_exchange() -> None:
     """tests/training/tcp_ps_worker.py: the TCP baseline's hook hands the
     bucket to its thread as DLCP's does (rank 0's future is not done when the
     hook returns: rank 1 has not even called its hook yet); both ranks get the
-    average in their own buffer; a closed state refuses the next bucket."""
+    average in their own buffer, of a bucket moved in pieces too; a closed state
+    refuses the next bucket."""
     cmd = [sys.executable, "-u", "-m", "tests.training.tcp_ps_worker"]
     result, out, err = _launch(cmd, _env(), timeout=120, nproc=2)
     assert result.returncode == 0, _explain(result, out, err)
@@ -97,6 +98,7 @@ def test_the_tcp_parameter_server_hook_returns_before_its_exchange() -> None:
     assert by_rank[0]["done_at_return"] is False
     for r in rows:
         assert r["mean_ok"] and r["same_buffer"] and r["refused_after_close"], r
+        assert r["pieces_ok"], r
 
 
 # ---------------------------------------------------------------------------- loss
