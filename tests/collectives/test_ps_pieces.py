@@ -16,7 +16,7 @@ import pytest
 
 from dlcp.collectives import Communicator, ps_allreduce, ps_serve
 from dlcp.collectives.comm import MAX_ROLE, ReportBuilder
-from dlcp.collectives.ps import MAX_PIECES, PULL, PUSH, piece_bounds
+from dlcp.collectives.ps import MAX_PIECES, PIECE_BYTES, PULL, PUSH, piece_bounds
 from dlcp.collectives.ring import chunk_bounds
 from dlcp.errors import UsageError
 from tests.collectives.test_ps_dedicated import (
@@ -135,6 +135,26 @@ def test_a_worker_pushes_in_pieces_and_pulls_in_pieces() -> None:
     assert comm.events == [("send", PUSH + k, 0) for k in range(4)] + [
         ("recv", PULL + k, 0) for k in range(4)
     ]
+
+
+@pytest.mark.parametrize(
+    ("servers", "pieces"),
+    [([0], 6), ([0, 1, 2], 1), (None, 1)],
+    ids=["one-server", "every-rank", "every-rank-by-default"],
+)
+def test_pieces_by_default_only_with_fewer_servers_than_workers(
+    monkeypatch: pytest.MonkeyPatch, servers: list[int] | None, pieces: int
+) -> None:
+    """Where every worker serves a shard, each rank's link carries both ways in
+    both phases already: whole shards, as many messages as before."""
+    monkeypatch.setattr(ReportBuilder, "received", lambda self, got, bounded: None)
+    monkeypatch.setattr(ReportBuilder, "sent", lambda self, report, itemsize: None)
+    comm = _Recorder(0, 3)
+    # 6 pieces' worth: one server's shard would be 6 pieces, each of three 2
+    nbytes = 6 * PIECE_BYTES
+    ps_allreduce(comm, np.ones(nbytes // 4, np.float32), servers=servers)  # type: ignore[arg-type]
+    roles = {role for what, role, _ in comm.events if what == "recv" and role < PULL}
+    assert roles == {PUSH + k for k in range(pieces)}
 
 
 def _run(
