@@ -122,7 +122,8 @@ class DLCPState:
     ring's guarantees in ``2 log2(n)`` steps instead of ``2 (n - 1)``; a
     power-of-two number of ranks; see :mod:`dlcp.collectives.halving` for where
     it pays) or ``"ps"`` (parameter server with every rank serving a shard, or
-    the ranks in ``servers``).
+    the ranks in ``servers``; ``piece_bytes``: the pieces a shard moves in,
+    :func:`dlcp.collectives.ps_allreduce`'s, None for its default).
     ``p``: loss bound of the reduce-scatter / push phase; the gather / pull
     phase uses ``p_gather`` (default 0: every replica gets identical bytes; above
     0, at most ``p``, a replica keeps its own estimate where its copy lost some:
@@ -157,6 +158,7 @@ class DLCPState:
     p_gather: float = 0.0
     fill: str = "zero"
     servers: list[int] | None = None
+    piece_bytes: int | None = None
     direct_max_bytes: int = DIRECT_MAX_BYTES
     lanes: int = 1
     endpoint: Endpoint | None = None
@@ -178,9 +180,16 @@ class DLCPState:
             raise UsageError(f"DLCPState: p={self.p} outside [0, {MAX_LOSS_BOUND}]")
         if not 0.0 <= self.p_gather <= self.p:
             raise UsageError(f"DLCPState: p_gather={self.p_gather} must be in [0, p={self.p}]")
-        if self.servers is not None and self.collective != "ps":
+        for name in ("servers", "piece_bytes"):
+            if getattr(self, name) is not None and self.collective != "ps":
+                raise UsageError(
+                    f"DLCPState: {name}= is for collective='ps', not {self.collective!r}"
+                )
+        if self.piece_bytes is not None and (
+            type(self.piece_bytes) is not int or self.piece_bytes < 0
+        ):
             raise UsageError(
-                f"DLCPState: servers= is for collective='ps', not {self.collective!r}"
+                f"DLCPState: piece_bytes={self.piece_bytes!r} must be an int >= 0 (0: whole shards)"
             )
         self._fill = FillPolicy(self.fill)
         check_reduce_fill(self._fill, "DLCPState")
@@ -396,6 +405,7 @@ class DLCPState:
             comm,
             data,
             servers=self.servers,
+            piece_bytes=self.piece_bytes,
             segments=segments,
             p_push=self.p,
             p_pull=self.p_gather,

@@ -128,8 +128,8 @@ def _exchange(state: TcpPsState, grad: torch.Tensor) -> None:
     pieces = list(itertools.pairwise(bounds))
     if rank != server:
         src = _global(group, server)
-        mine = grad.clone()  # (the pulls land in grad while the later pieces go)
-        works = [dist.isend(mine[a:b], dst=src, group=group, tag=k)
+        # (pull k lands in grad[a:b] only after the server has all of push k)
+        works = [dist.isend(grad[a:b], dst=src, group=group, tag=k)
                  for k, (a, b) in enumerate(pieces)]  # fmt: skip
         works += [dist.irecv(grad[a:b], src=src, group=group, tag=MAX_PIECES + k)
                   for k, (a, b) in enumerate(pieces)]  # fmt: skip

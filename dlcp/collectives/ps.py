@@ -13,8 +13,8 @@ rank a server this is a "PS-style all-reduce") or dedicated (a rank that holds
 no data of its own and calls :func:`ps_serve` once per step; it learns the
 shard size from the self-describing packets).
 
-Where there are fewer servers than workers, a co-located server's shard moves
-in pieces (:func:`piece_bounds`: about ``piece_bytes`` each, at most
+Where some worker serves no shard, a co-located server's shard moves in
+pieces (:func:`piece_bounds`: about ``piece_bytes`` each, at most
 :data:`MAX_PIECES`), each push and pull of a piece its own message: the server
 sends a piece's aggregate back as soon as every worker's push of that piece is
 in, so its link carries the first pulls while the later pushes still arrive.
@@ -58,7 +58,7 @@ __all__ = ["MAX_PIECES", "PIECE_BYTES", "check_roles", "piece_bounds", "ps_allre
 #: roles of the push and the pull of piece k of a shard: PUSH + k and PULL + k
 PUSH, PULL = 0, 2048
 #: a co-located server's shard is cut into pieces of at least this many bytes
-#: (``piece_bytes`` where there are fewer servers than workers) ...
+#: (``piece_bytes`` where some worker serves no shard) ...
 PIECE_BYTES = 256 * 1024
 #: ... and at most this many pieces
 MAX_PIECES = 8
@@ -104,8 +104,8 @@ def ps_allreduce(
     """A worker's step: push ``data``'s shards, pull the aggregate back into ``data``.
     A rank that is both worker and server also aggregates its own shard.
     ``piece_bytes``: the pieces a co-located server's shard moves in (module
-    doc; 0: whole shards; None: :data:`PIECE_BYTES` where there are fewer
-    servers than workers, else 0); every rank of the call must pass the same."""
+    doc; 0: whole shards; None: :data:`PIECE_BYTES` where some worker serves
+    no shard, else 0); every rank of the call must pass the same."""
     # first: a call this rank refuses still takes its number (a dedicated server,
     # which cannot see why, took its own: later calls stay paired)
     call = comm.next_call()
@@ -115,7 +115,7 @@ def ps_allreduce(
         raise UsageError(f"piece_bytes={piece_bytes!r} must be an int >= 0 (0: whole shards)")
     srv, wrk = check_roles(comm.world_size, servers, workers)
     if piece_bytes is None:
-        piece_bytes = PIECE_BYTES if len(srv) < len(wrk) else 0
+        piece_bytes = 0 if set(wrk) <= set(srv) else PIECE_BYTES
     r = comm.rank
     if r not in wrk:
         raise UsageError(f"rank {r} is not a worker; a dedicated server calls ps_serve")

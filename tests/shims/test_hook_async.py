@@ -156,6 +156,8 @@ def test_bfloat16_buckets_are_reduced_through_float32_and_float64_is_refused() -
         ({"collective": "ps", "servers": [1, 1]}, r"servers=\[1, 1\] must be distinct"),
         ({"collective": "ps", "servers": []}, r"servers=\[\] must be distinct"),
         ({"servers": [0]}, r"servers= is for collective='ps', not 'ring'"),
+        ({"piece_bytes": 4096}, r"piece_bytes= is for collective='ps', not 'ring'"),
+        ({"collective": "ps", "piece_bytes": -1}, r"DLCPState: piece_bytes=-1 must be an int >= 0"),
         ({"lanes": 0}, r"DLCPState: lanes=0 outside 1\.\.4"),
         ({"lanes": 5}, r"DLCPState: lanes=5 outside 1\.\.4"),
     ],

@@ -5,8 +5,8 @@ Rank 0 calls the hook with a bucket and records whether the future it got back
 was already done; only then does it let rank 1 (through the store) call its own
 hook, so rank 0's exchange cannot have ended when its hook returned. Both
 futures must then give the average of the two buckets. A second bucket of 1.2 MB
-moves in pieces (four of the default ``piece_bytes``): its average must be the
-one of the whole buckets, bit for bit. A closed state must refuse a later
+moves in pieces (four of the default ``piece_bytes``, four sends a rank): its
+average must be the one of the whole buckets, bit for bit. A closed state must refuse a later
 bucket. Prints ``RESULT {json}``; any failure exits non-zero.
 """
 
@@ -47,10 +47,22 @@ def main() -> int:
         fut = tcp_ps_hook(state, _Bucket(grad))  # type: ignore[arg-type]
         done_at_return = None
     out = fut.wait()
-    # a bucket in pieces: the server's sum in rank order, piece by piece
+    # a bucket in pieces: the server's sum in rank order, piece by piece; the
+    # sends counted (rank 0 pushes 4 pieces, rank 1 serves 4 back)
     big = [torch.randn(300_000, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
     want = (torch.zeros(300_000) + big[0] + big[1]).div_(2)
-    pieces_ok = bool(torch.equal(tcp_ps_hook(state, _Bucket(big[rank].clone())).wait(), want))  # type: ignore[arg-type]
+    isend, sends = dist.isend, []
+
+    def counted(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        sends.append(tensor.numel())
+        return isend(tensor, *args, **kwargs)  # type: ignore[arg-type]
+
+    dist.isend = counted  # type: ignore[assignment]
+    try:
+        got = tcp_ps_hook(state, _Bucket(big[rank].clone())).wait()  # type: ignore[arg-type]
+    finally:
+        dist.isend = isend
+    pieces_ok = bool(torch.equal(got, want)) and sends == [75_000] * 4
     state.close()
     try:
         tcp_ps_hook(state, _Bucket(grad))  # type: ignore[arg-type]
