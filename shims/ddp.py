@@ -55,7 +55,7 @@ from dlcp.collectives import (
 )
 from dlcp.collectives.comm import CollectiveReport, check_reduce_fill
 from dlcp.collectives.halving import is_power_of_two
-from dlcp.collectives.ps import check_roles
+from dlcp.collectives.ps import check_piece_bytes, check_roles
 from dlcp.errors import ArgumentTypeError, UsageError, UsageStateError
 from dlcp.io.endpoint import Endpoint
 from dlcp.proto.config import FillPolicy
@@ -185,12 +185,8 @@ class DLCPState:
                 raise UsageError(
                     f"DLCPState: {name}= is for collective='ps', not {self.collective!r}"
                 )
-        if self.piece_bytes is not None and (
-            type(self.piece_bytes) is not int or self.piece_bytes < 0
-        ):
-            raise UsageError(
-                f"DLCPState: piece_bytes={self.piece_bytes!r} must be an int >= 0 (0: whole shards)"
-            )
+        if self.piece_bytes is not None:
+            check_piece_bytes(self.piece_bytes, "DLCPState: ")
         self._fill = FillPolicy(self.fill)
         check_reduce_fill(self._fill, "DLCPState")
         created = self.endpoint is None

@@ -44,7 +44,7 @@ import torch.distributed as dist
 # torch.distributed re-exports GradBucket from here without declaring it to type checkers
 from torch._C._distributed_c10d import GradBucket
 
-from dlcp.collectives.ps import MAX_PIECES, PIECE_BYTES, piece_bounds
+from dlcp.collectives.ps import MAX_PIECES, PIECE_BYTES, check_piece_bytes, piece_bounds
 from dlcp.errors import UsageError, UsageStateError
 
 from .pg_serve import OrderedServers, result_of
@@ -72,10 +72,7 @@ class TcpPsState:
         world = dist.get_world_size(self.group)
         if not 0 <= self.server < world:
             raise UsageError(f"server={self.server} is not a rank of 0..{world - 1}")
-        if type(self.piece_bytes) is not int or self.piece_bytes < 0:
-            raise UsageError(
-                f"piece_bytes={self.piece_bytes!r} must be an int >= 0 (0: whole buckets)"
-            )
+        check_piece_bytes(self.piece_bytes, "TcpPsState: ")
 
     def submit(self, buffer: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
         """Queue ``buffer``'s exchange; the future completes with it averaged."""

@@ -53,7 +53,15 @@ from .comm import (
 )
 from .ring import SendTracker, check_array, chunk_bounds
 
-__all__ = ["MAX_PIECES", "PIECE_BYTES", "check_roles", "piece_bounds", "ps_allreduce", "ps_serve"]
+__all__ = [
+    "MAX_PIECES",
+    "PIECE_BYTES",
+    "check_piece_bytes",
+    "check_roles",
+    "piece_bounds",
+    "ps_allreduce",
+    "ps_serve",
+]
 
 #: roles of the push and the pull of piece k of a shard: PUSH + k and PULL + k
 PUSH, PULL = 0, 2048
@@ -70,6 +78,13 @@ def piece_bounds(a: int, b: int, itemsize: int, piece_bytes: int) -> list[int]:
     :data:`MAX_PIECES`; ``piece_bytes=0``: the whole shard as one piece."""
     pieces = 1 if piece_bytes == 0 else (b - a) * itemsize // piece_bytes
     return [a + x for x in chunk_bounds(b - a, max(1, min(MAX_PIECES, pieces)))]
+
+
+def check_piece_bytes(piece_bytes: object, who: str = "") -> None:
+    """Refuse a ``piece_bytes`` that is not an int >= 0, naming it (``who``: a
+    prefix saying whose setting it is)."""
+    if type(piece_bytes) is not int or piece_bytes < 0:
+        raise UsageError(f"{who}piece_bytes={piece_bytes!r} must be an int >= 0 (0: whole shards)")
 
 
 def check_roles(
@@ -111,8 +126,8 @@ def ps_allreduce(
     call = comm.next_call()
     check_array(data, "ps_allreduce")
     check_reduce_fill(fill, "ps_allreduce")
-    if piece_bytes is not None and (type(piece_bytes) is not int or piece_bytes < 0):
-        raise UsageError(f"piece_bytes={piece_bytes!r} must be an int >= 0 (0: whole shards)")
+    if piece_bytes is not None:
+        check_piece_bytes(piece_bytes)
     srv, wrk = check_roles(comm.world_size, servers, workers)
     if piece_bytes is None:
         piece_bytes = 0 if set(wrk) <= set(srv) else PIECE_BYTES
