@@ -55,6 +55,9 @@ import torch.distributed as dist
 from torch import nn
 
 EXIT_CODE_INJECTED = 3
+#: the endpoint counters a DLCP run reports per rank (``endpoint_counters``)
+ENDPOINT_COUNTERS = ("datagrams_in", "packets_out", "late_packets", "socket_drops", "rejected",
+                     "control_in", "control_out")  # fmt: skip
 
 
 def build_model(hidden: int = 64) -> nn.Module:
@@ -286,6 +289,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "parameters_hash": f"{params_hash(model):016x}",
     }
     if state is not None:
+        # each rank's datagram counters, once (where the data went: late, dropped
+        # at the socket, rejected), for the testbed's record of the run
+        counters = [None] * world
+        stats = state.endpoint.stats()
+        dist.all_gather_object(counters, {k: stats[k] for k in ENDPOINT_COUNTERS})
+        result["endpoint_counters"] = counters
         # peers closing their control connections at the end is expected: not a warning
         logging.getLogger("dlcp.io").setLevel(logging.ERROR)
     dist.barrier()

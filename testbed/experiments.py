@@ -432,6 +432,12 @@ def _result(
         "median_ms_per_iter": 1e3 * statistics.median(e["iter_s"] for e in ep),
         "lost_fraction": statistics.fmean(e["loss_fraction"] for e in ep) if dlcp else None,
         "retransmissions": sum(e["retransmitted_packets"] for e in ep) if dlcp else None,
+        # datagrams of messages that had ended where they arrived (DLCP's ranks, all)
+        "late_packets": (
+            sum(c["late_packets"] for c in train["endpoint_counters"])
+            if "endpoint_counters" in train
+            else None
+        ),
         "router_drops": drops_summary(routers.classes),
         # what the cross traffic really sent, in Mbit/s as HTB counts it
         "background_mbit": round(traffic.sent["mbit"], 1) if traffic and traffic.sent else None,

@@ -243,9 +243,14 @@ def test_short_training_run_completes(
         assert any(k != "c0-drop" and k != "best-effort" and v["packets"] > 100
                    for k, v in r["router_classes"].items())  # fmt: skip
         assert r["retransmissions"] is not None and r["lost_fraction"] is not None
+        # (each rank's counters came with the training's result; late ones summed)
+        counters = saved["train"]["endpoint_counters"]
+        assert r["late_packets"] == sum(c["late_packets"] for c in counters) >= 0
+        assert len(counters) == 4 and all(c["datagrams_in"] > 0 for c in counters)
     else:  # the baseline's routers had one FIFO, which carried all of its traffic
         # (its TCP reports neither lost elements nor retransmissions: blank, not 0)
         assert r["retransmissions"] is None and r["lost_fraction"] is None
+        assert r["late_packets"] is None
         row = next(row for row in rows if row["transport"] == "gloo")
         assert row["retransmissions"] == "" and row["lost_fraction"] == ""
         assert r["profile"] == "fifo" and saved["setup"]["profile"] == "fifo"

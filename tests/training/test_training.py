@@ -150,6 +150,10 @@ def test_lossy_training_keeps_replicas_identical_and_accuracy(
     for e in epochs:
         assert 0.0 < e["loss_fraction"] <= 0.05, e  # the loss bit, within the bound
         assert e["retransmitted_packets"] > 0, e
+    counters = lossy["endpoint_counters"]  # (each rank's, gathered at the end)
+    assert isinstance(counters, list) and len(counters) == 4, counters
+    assert all(c["datagrams_in"] > 0 and c["packets_out"] > 0 for c in counters), counters
+    assert "endpoint_counters" not in gloo_reference
     ref_acc, acc = gloo_reference["final_test_accuracy"], lossy["final_test_accuracy"]
     assert isinstance(ref_acc, float) and isinstance(acc, float)
     assert ref_acc > 90.0, gloo_reference
