@@ -13,3 +13,7 @@ for r in 1 2; do
   run /tmp/wt_w1 weight1-$r
 done
 echo done > /tmp/inc/turns/DONE
+
+# A third round afterwards (turns3.sh): HEAD, protected_weight 1, protected_weight 4
+# (/tmp/wt_w4: the same edit with 4), one run each:
+#   run /work/main head-3; run /tmp/wt_w1 weight1-3; run /tmp/wt_w4 weight4-3
