@@ -55,6 +55,7 @@ try:
         while True:
             most = max(most, queued())
             ready, _, _ = select.select([engine.fileno()], [], [], 0.001)
+            most = max(most, queued())  # (a round can end while this thread waits)
             if ready:
                 (ended,) = engine.reap()
                 break
