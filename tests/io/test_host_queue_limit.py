@@ -53,9 +53,8 @@ try:
         assert ended is None, "a round of 2,000 datagrams went from post()"
         most = 0
         while True:
-            most = max(most, queued())
             ready, _, _ = select.select([engine.fileno()], [], [], 0.001)
-            most = max(most, queued())  # (a round can end while this thread waits)
+            most = max(most, queued())  # (after the wait: a round can end during it)
             if ready:
                 (ended,) = engine.reap()
                 break
