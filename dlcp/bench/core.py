@@ -27,8 +27,8 @@ read. The receiving session takes the runs by the path the endpoint takes them b
   engine, as the endpoint's default ``native_receive``): each step's run is staged
   in the C table of the messages under way and taken there, and the session applies
   what the table took once a receive call's worth (``RECEIVE_BUDGET_BYTES``, 4 MB),
-  each message's counts added up as the endpoint's receive call adds them in C (in
-  Python here, timed), and also before a control datagram and before each run the
+  each message's counts added up over the call's steps in the table, as in the
+  endpoint's receive call, and also before a control datagram and before each run the
   table hands over (one that may complete its message, one it does not take);
   the receive is posted with its buffer before the data, so the table takes the
   first run too, as in the endpoint (a run it does not take goes to
@@ -57,7 +57,6 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +66,6 @@ from dlcp.io.native_receive import TAKE_REST, TAKE_WHOLE, MessageRuns
 from dlcp.io.udp import RECEIVE_BUDGET_BYTES, RECEIVE_STEP_BYTES
 from dlcp.proto import kernels
 from dlcp.proto.config import ProtocolConfig
-from dlcp.proto.receive_paths import Taken
 from dlcp.proto.session import (
     ControlDatagram,
     DataBatch,
@@ -106,9 +104,7 @@ class Receiver:
         self.now = 0.0
         #: the start of the receive buffer: every step is read to it
         self._step = np.empty(RECEIVE_STEP_BYTES, np.uint8)
-        #: what the table took since the last apply, per message (as one receive
-        #: call reports it), and the bytes of the steps it took them from
-        self._took: dict[tuple[int, int, int], list[Any]] = {}
+        #: the bytes of the steps taken since the last apply (a receive call's)
         self._call_bytes = 0
         if table is not None:
             session.take_runs_natively(table)
@@ -124,54 +120,37 @@ class Receiver:
     def must_apply_before(self, buf: np.ndarray) -> bool:
         """Whether what was taken is a receive call's worth without the run in
         ``buf``: the session applies it before that run is taken."""
-        return bool(self._took) and self._call_bytes + len(buf) > RECEIVE_BUDGET_BYTES
+        return self._call_bytes > 0 and self._call_bytes + len(buf) > RECEIVE_BUDGET_BYTES
 
     def take(self, step: np.ndarray, segment_size: int) -> None:
-        """One step's run, taken in C as the receive loop takes it; what the table
-        hands over goes to the session at once, after what was taken before it.
-        (``native_receive.hand_over``'s loop, but for when counts are applied:
-        there at every report, here at the call's end or before a handover.)"""
+        """One step's run, taken in C as the receive loop takes it: the table keeps
+        each message's counts over the steps of a call, as the receive call does,
+        and reports them with a run it hands over (those counts go to the session
+        first) or when the call ends (:meth:`apply`)."""
         assert self.table is not None
         table = self.table.table
         table.stage(step, [(0, len(step), segment_size)])
         self._call_bytes += len(step)
         while True:
-            handover, took = table.next(step)
-            for entry in took or ():
-                self._merge(entry)
+            handover, took = table.next(step, False)
             if handover is None:
                 return
-            self._apply_taken()  # (a run that may have completed its message: TAKE_CHECK)
+            if took:  # (a run that may have completed its message: TAKE_CHECK)
+                self.session.receive_taken(took, now=self.now)
             start, end, seg, kind = handover
             if kind == TAKE_WHOLE:
                 self.session.receive_batch(step[start:end], seg, now=self.now)
             elif kind == TAKE_REST:
                 self.session.receive_rest(step[start:end], seg, now=self.now)
 
-    def _merge(self, entry: Taken) -> None:
-        """One message's counts, added up over the steps of a call, as the
-        endpoint's receive call adds them up in C."""
-        key = (entry[0], entry[1], entry[2])
-        had = self._took.get(key)
-        if had is None:
-            self._took[key] = list(entry)
-        else:
-            for i in range(3, 10):
-                had[i] += entry[i]
-
     def apply(self) -> None:
         """The receive call ends (its budget spent, or a control datagram next):
-        what the table took since the last apply, applied by the session once."""
-        self._apply_taken()
+        what the table took since the last report, applied by the session once."""
+        if self.table is not None and self._call_bytes:
+            _, took = self.table.table.next(self._step)  # (nothing staged is left)
+            if took:
+                self.session.receive_taken(took, now=self.now)
         self._call_bytes = 0
-
-    def _apply_taken(self) -> None:
-        """What the table took so far, applied now (before a run it hands over:
-        the call goes on, as the endpoint's does, against the same budget)."""
-        if self._took:
-            took = [cast(Taken, tuple(v)) for v in self._took.values()]
-            self._took = {}
-            self.session.receive_taken(took, now=self.now)
 
 
 def one_transfer(tx: Session, receiver: Receiver, data: np.ndarray, out: np.ndarray,

@@ -1034,7 +1034,8 @@ static int report_taken(void *context, const TakenMessage *m) {
 
 static PyObject *table_next(MessageTableObject *self, PyObject *args) {
     PyObject *buf_obj;
-    if (!table_ready(self) || !PyArg_ParseTuple(args, "O:next", &buf_obj))
+    int report = 1;
+    if (!table_ready(self) || !PyArg_ParseTuple(args, "O|p:next", &buf_obj, &report))
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
@@ -1052,7 +1053,9 @@ static PyObject *table_next(MessageTableObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     PyObject *taken = Py_NewRef(Py_None);
-    if (self->t.n_touched) {
+    /* (a handover is always reported with what came before it: Python applies
+     * those counts before it takes the run handed over) */
+    if (self->t.n_touched && (report || kind != TAKE_DONE)) {
         Py_SETREF(taken, PyList_New(0));
         if (taken != NULL && take_report(&self->t, report_taken, taken) < 0)
             Py_CLEAR(taken);
@@ -1417,7 +1420,9 @@ static PyMethodDef table_methods[] = {
     {"stage", (PyCFunction)table_stage, METH_VARARGS,
      "stage(buf, runs): stage (start, end, segment_size) runs of buf for next()."},
     {"next", (PyCFunction)table_next, METH_VARARGS,
-     "next(buf) -> (handover, taken): take staged runs until one needs Python."},
+     "next(buf, report=True) -> (handover, taken): take staged runs until one needs Python; "
+     "taken: what each message took since the last report (None: nothing, or report false "
+     "and no handover: the counts stay for a later call, as within a receive call)."},
     {"take_rates", (PyCFunction)table_take_rates, METH_VARARGS,
      "take_rates(pacer_api, job, first, shared_flag): while receive() lingers or wait() "
      "waits, the RATE frames at the head of a watched control connection go to their "

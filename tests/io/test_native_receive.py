@@ -454,6 +454,42 @@ def test_what_the_table_took_is_not_synced_back(monkeypatch: pytest.MonkeyPatch)
     assert got.report.lost_elems == 0 and out.tobytes() == want.tobytes()
 
 
+def test_counts_held_over_steps_are_reported_once() -> None:
+    """``next(buf, False)`` keeps what it took in the table's counts, as a receive
+    call's steps do; a later ``next`` reports them as one entry per message, and
+    a run it hands over (here the check of the run that completes the message)
+    comes with everything taken before it."""
+    n_elems = config().chunk_bytes // 4 * 9  # (nine full datagrams: runs of one size)
+    grams, _ = message(n_elems, seed=16)
+    seg = len(grams[0])
+    assert len(grams) == 9 and all(len(g) == seg for g in grams)
+    runs, session, out = registered(n_elems)
+    session.receive_batch(np.frombuffer(grams[0], np.uint8), seg, now=NOW)  # (opens it)
+    table = runs.table
+
+    def step(part: list[bytes]) -> npt.NDArray[np.uint8]:
+        raw = np.frombuffer(b"".join(part), np.uint8).copy()
+        table.stage(raw, [(0, len(raw), seg)])
+        return raw
+
+    for part in (grams[1:3], grams[3:5]):
+        raw = step(part)
+        assert table.next(raw, False) == (None, None)
+    (held,) = table.next(raw)[1]
+    assert held[:5] == (0, STEP, MSG, 4, 4 * seg)  # four datagrams, in one entry
+    session.receive_taken([held], now=NOW)
+    raw = step(grams[5:7])
+    assert table.next(raw, False) == (None, None)
+    raw = step(grams[7:])
+    handover, taken = table.next(raw, False)
+    assert handover == (len(raw), len(raw), seg, native_receive.TAKE_CHECK)
+    assert [t[:5] for t in taken] == [(0, STEP, MSG, 4, 4 * seg)]
+    session.receive_taken(taken, now=NOW)
+    (got,) = received_events(session)
+    want = np.random.default_rng(16).standard_normal(n_elems).astype(np.float32)
+    assert got.report.lost_elems == 0 and out.tobytes() == want.tobytes()
+
+
 def test_a_removed_message_is_never_written() -> None:
     """Runs staged while a message was registered, taken after it was removed: the
     table hands them over whole and writes nothing into its buffer."""
