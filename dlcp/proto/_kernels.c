@@ -548,6 +548,49 @@ static inline void prefetch_blocks(const float *d, Py_ssize_t c, Py_ssize_t ahea
 #endif
 }
 
+/* -1 with IndexError unless every sample block of `block` values at st[0..n_starts)
+   lies within a chunk of chunk_elems values and n_chunks such chunks fit n_data
+   values (at least one block). */
+static int check_samples(const int64_t *st, Py_ssize_t n_starts, Py_ssize_t block,
+                         Py_ssize_t chunk_elems, Py_ssize_t n_chunks, Py_ssize_t n_data) {
+    for (Py_ssize_t j = 0; j < n_starts; j++)
+        if (st[j] < 0 || st[j] > (int64_t)chunk_elems - (int64_t)block) {
+            PyErr_Format(PyExc_IndexError, "sample block at %lld leaves a chunk of %zd",
+                         (long long)st[j], chunk_elems);
+            return -1;
+        }
+    if (n_starts == 0 || (n_chunks > 0 && n_chunks > n_data / chunk_elems)) {
+        PyErr_Format(PyExc_IndexError, "%zd chunks of %zd values do not fit %zd values",
+                     n_chunks, chunk_elems, n_data);
+        return -1;
+    }
+    return 0;
+}
+
+/* The sampled mean |value| of each of the first n_chunks chunks of d into o, on
+   arguments check_samples passed; no Python (block_abs_mean_f32 and plan_send). */
+static void abs_means(const float *d, Py_ssize_t chunk_elems, Py_ssize_t n_chunks,
+                      const int64_t *st, Py_ssize_t n_starts, Py_ssize_t block, float *o) {
+    const double count = (double)(n_starts * block);
+    const Py_ssize_t ahead = prefetch_ahead(chunk_elems * 4);
+    Py_ssize_t c = 0;
+#if defined(__SSE2__)
+    if (block % 4 == 0)
+        for (; c + SUMS_AT_ONCE <= n_chunks; c += SUMS_AT_ONCE) {
+            for (Py_ssize_t q = 0; q < SUMS_AT_ONCE; q++)
+                prefetch_blocks(d, c + q, ahead, n_chunks, chunk_elems, st, n_starts, block);
+            double sums[SUMS_AT_ONCE];
+            abs_sums(d + c * chunk_elems, chunk_elems, st, n_starts, block, sums);
+            for (Py_ssize_t q = 0; q < SUMS_AT_ONCE; q++)
+                o[c + q] = (float)(sums[q] / count);
+        }
+#endif
+    for (; c < n_chunks; c++) {
+        prefetch_blocks(d, c, ahead, n_chunks, chunk_elems, st, n_starts, block);
+        o[c] = (float)(abs_sum(d + c * chunk_elems, st, n_starts, block) / count);
+    }
+}
+
 static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *data_obj, *starts_obj, *out_obj;
@@ -575,39 +618,12 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
                          n_chunks);
             goto done;
         }
-        for (Py_ssize_t j = 0; j < n_starts; j++) {
-            if (st[j] < 0 || st[j] > (int64_t)chunk_elems - (int64_t)block) {
-                PyErr_Format(PyExc_IndexError, "sample block at %lld leaves a chunk of %zd",
-                             (long long)st[j], chunk_elems);
-                goto done;
-            }
-        }
-        if (n_starts == 0 || (n_chunks > 0 && n_chunks > n_data / chunk_elems)) {
-            PyErr_Format(PyExc_IndexError, "%zd chunks of %zd values do not fit %zd values",
-                         n_chunks, chunk_elems, n_data);
+        if (check_samples(st, n_starts, block, chunk_elems, n_chunks, n_data) < 0)
             goto done;
-        }
         const float *d = (const float *)data.view.buf;
         float *o = (float *)out.view.buf;
-        double count = (double)(n_starts * block);
-        Py_ssize_t ahead = prefetch_ahead(chunk_elems * 4);
         Py_BEGIN_ALLOW_THREADS
-        Py_ssize_t c = 0;
-#if defined(__SSE2__)
-        if (block % 4 == 0)
-            for (; c + SUMS_AT_ONCE <= n_chunks; c += SUMS_AT_ONCE) {
-                for (Py_ssize_t q = 0; q < SUMS_AT_ONCE; q++)
-                    prefetch_blocks(d, c + q, ahead, n_chunks, chunk_elems, st, n_starts, block);
-                double sums[SUMS_AT_ONCE];
-                abs_sums(d + c * chunk_elems, chunk_elems, st, n_starts, block, sums);
-                for (Py_ssize_t q = 0; q < SUMS_AT_ONCE; q++)
-                    o[c + q] = (float)(sums[q] / count);
-            }
-#endif
-        for (; c < n_chunks; c++) {
-            prefetch_blocks(d, c, ahead, n_chunks, chunk_elems, st, n_starts, block);
-            o[c] = (float)(abs_sum(d + c * chunk_elems, st, n_starts, block) / count);
-        }
+        abs_means(d, chunk_elems, n_chunks, st, n_starts, block, o);
         Py_END_ALLOW_THREADS
     }
     result = Py_NewRef(Py_None);
@@ -748,6 +764,23 @@ done:
  *     keys has.
  */
 #define PLAN_KEYS 16
+
+/*
+ * plan_send(data, chunk_elems, starts, block, tail_magnitude, layer, n_layers,
+ *           layer_prio, layer_eligible, fraction, threshold, may_drop, bias, top,
+ *           records, row_bytes, template, layout, flags, last_flag, lend, stream,
+ *           magnitude, classes, order)
+ *     a float32 message planned and its first round laid out in one call:
+ *     block_abs_mean_f32 of its whole chunks into magnitude (tail_magnitude for
+ *     a short last chunk, which the caller works out as the general path does),
+ *     classify_chunks' pass over them into the first three n-byte parts of
+ *     classes (prio, drop, mag), then plan_round with the message's own bytes as
+ *     the source (lend: headers only) into records, the last two parts of
+ *     classes (sent_prio, sent_drop) and the two n-item parts of order (the send
+ *     order, row_of_seq). layer_prio's classes must be at most 7 and top at most
+ *     15. Returns the first chunk whose layer is not below n_layers (nothing is
+ *     then written to records), or the 16 counts plan_round returns.
+ */
 
 /*
  * magnitude_class_f32(magnitudes, bias, top, out)
@@ -1077,6 +1110,141 @@ __attribute__((always_inline)) static inline Py_ssize_t plan_header(const PlanHe
     return bytes;
 }
 
+/* A first round's arrays and buffers, checked (plan_round, plan_send). */
+typedef struct {
+    const uint8_t *prio, *drop;
+    int64_t *order, *row_of_seq;
+    uint8_t *sent_prio, *sent_drop;
+    unsigned char *records;
+    Py_ssize_t row_bytes;
+    const unsigned char *tmpl;
+    Py_ssize_t tmpl_len;
+    const unsigned char *source; /* the message's bytes; NULL: headers only */
+    int stream;
+} PlanRecords;
+
+/* plan_round's pass on checked arguments (no Python): the send order, the class
+   of each record, each record, and how many records each key has (counts, zeroed
+   by the caller). */
+static void plan_records(const PlanRecords *a, const PlanHeader h, Py_ssize_t counts[PLAN_KEYS]) {
+    const uint8_t *pr = a->prio, *dr = a->drop;
+    const Py_ssize_t n = h.n, row_bytes = a->row_bytes, tmpl_len = a->tmpl_len;
+    const Py_ssize_t chunk_bytes = h.chunk_bytes;
+    const unsigned char *tmpl = a->tmpl, *sb = a->source;
+    int64_t *ord = a->order, *ros = a->row_of_seq;
+    uint8_t *sp = a->sent_prio, *sd = a->sent_drop;
+    unsigned char *d = a->records;
+    const int stream = a->stream;
+    /* run by run of one priority (a layer's chunks are one run): the two keys
+       of a run, protected and drop-eligible, are counted and placed from
+       locals, not through counts[] and next[] in memory, whose increments
+       would each wait for the one before */
+    for (Py_ssize_t s = 0; s < n;) {
+        const uint8_t p = pr[s];
+        Py_ssize_t e = s, drops = 0;
+        for (; e < n && pr[e] == p; e++)
+            drops += dr[e];
+        counts[(7 - p) * 2] += e - s - drops;
+        counts[(7 - p) * 2 + 1] += drops;
+        s = e;
+    }
+    Py_ssize_t next[PLAN_KEYS];
+    for (Py_ssize_t k = 0, at = 0; k < PLAN_KEYS; at += counts[k], k++)
+        next[k] = at;
+    for (Py_ssize_t s = 0; s < n;) {
+        const uint8_t p = pr[s];
+        const int k = (7 - p) * 2;
+        Py_ssize_t kept = next[k], eligible = next[k + 1];
+        for (; s < n && pr[s] == p; s++) {
+            const uint8_t dd = dr[s];
+            const Py_ssize_t r = dd ? eligible : kept;
+            ord[r] = s;
+            ros[s] = r;
+            sp[r] = p;
+            sd[r] = dd;
+            eligible += dd;
+            kept += 1 - dd;
+        }
+        next[k] = kept;
+        next[k + 1] = eligible;
+    }
+    if (sb == NULL) {
+        /* headers only: written in record order, one after the other, the
+           template first and the fields over it (fields put in `line` and then
+           copied out whole would stall the copy's loads on the fields' stores) */
+        for (Py_ssize_t r = 0; r < n; r++) {
+            unsigned char *at = d + r * row_bytes;
+            if (tmpl_len == 32) /* (DLCP's header: a copy the compiler inlines) */
+                memcpy(at, tmpl, 32);
+            else
+                memcpy(at, tmpl, (size_t)tmpl_len);
+            plan_header(h, at, ord[r]);
+        }
+    } else {
+        /* with payload: in chunk order, so that the message is read front to
+           back; each header is put together in `line` with its payload's start
+           (put_record) */
+        unsigned char line[MAX_HEAD];
+        memcpy(line, tmpl, (size_t)tmpl_len);
+        for (Py_ssize_t s = 0; s < n; s++) {
+            Py_ssize_t bytes = plan_header(h, line, s);
+            unsigned char *at = d + ros[s] * row_bytes;
+            put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes, stream && s < n - 1);
+            if (bytes < chunk_bytes)
+                memset(at + tmpl_len + bytes, 0, (size_t)(row_bytes - tmpl_len - bytes));
+        }
+    }
+#if defined(__SSE2__)
+    if (stream && sb != NULL)
+        _mm_sfence();
+#endif
+}
+
+/* The 16 counts as a tuple of ints (NULL with the error set). */
+static PyObject *counts_tuple(const Py_ssize_t counts[PLAN_KEYS]) {
+    PyObject *result = PyTuple_New(PLAN_KEYS);
+    for (int k = 0; result != NULL && k < PLAN_KEYS; k++) {
+        PyObject *count = PyLong_FromSsize_t(counts[k]);
+        if (count == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, k, count);
+    }
+    return result;
+}
+
+/* -1 with ValueError (named for `fn`) unless a round's header template, layout
+   and sizes fit each other (plan_round, plan_send). */
+static int check_plan(const char *fn, Py_ssize_t tmpl_len, Py_ssize_t row_bytes,
+                      const unsigned char *layout, Py_ssize_t layout_len,
+                      Py_ssize_t chunk_elems, Py_ssize_t msg_elems, Py_ssize_t itemsize,
+                      int with_payload) {
+    /* flags, layer, seq, offset, payload_len, tclass: their sizes */
+    static const int sizes[6] = {1, 2, 4, 4, 2, 1};
+    if (tmpl_len > MAX_HEAD || tmpl_len > row_bytes || layout_len != 6 || chunk_elems <= 0 ||
+        msg_elems <= 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
+        chunk_elems * itemsize > 0xFFFF || msg_elems > 0xFFFFFFFFLL) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: need a template of at most 64 bytes and row_bytes, a 6-byte layout, "
+                     "positive sizes, chunks of at most 65535 bytes and messages of fewer than "
+                     "2**32 elements", fn);
+        return -1;
+    }
+    for (int k = 0; k < 6; k++)
+        if (layout[k] + sizes[k] > tmpl_len) {
+            PyErr_Format(PyExc_ValueError, "%s: layout field %d (%d bytes at %d) is outside a "
+                         "%zd-byte header", fn, k, sizes[k], layout[k], tmpl_len);
+            return -1;
+        }
+    const Py_ssize_t chunk_bytes = chunk_elems * itemsize;
+    if (with_payload && row_bytes < tmpl_len + chunk_bytes) {
+        PyErr_Format(PyExc_ValueError, "%s: rows of %zd bytes cannot hold a %zd-byte header "
+                     "and a %zd-byte chunk", fn, row_bytes, tmpl_len, chunk_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *plan_round(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *rec_obj, *prio_obj, *drop_obj, *mag_obj, *layer_obj, *src_obj, *order_obj,
@@ -1089,31 +1257,12 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
                           &layer_obj, &chunk_elems, &msg_elems, &itemsize, &flags, &last_flag,
                           &src_obj, &order_obj, &row_obj, &sprio_obj, &sdrop_obj, &stream))
         return NULL;
-    /* flags, layer, seq, offset, payload_len, tclass: their sizes */
-    static const int sizes[6] = {1, 2, 4, 4, 2, 1};
-    if (tmpl_len > MAX_HEAD || tmpl_len > row_bytes || layout_len != 6 || chunk_elems <= 0 ||
-        msg_elems <= 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
-        chunk_elems * itemsize > 0xFFFF || msg_elems > 0xFFFFFFFFLL) {
-        PyErr_SetString(PyExc_ValueError,
-                        "plan_round: need a template of at most 64 bytes and row_bytes, a "
-                        "6-byte layout, positive sizes, chunks of at most 65535 bytes and "
-                        "messages of fewer than 2**32 elements");
+    const int with_payload = src_obj != Py_None;
+    if (check_plan("plan_round", tmpl_len, row_bytes, layout, layout_len, chunk_elems, msg_elems,
+                   itemsize, with_payload) < 0)
         return NULL;
-    }
-    for (int k = 0; k < 6; k++)
-        if (layout[k] + sizes[k] > tmpl_len) {
-            PyErr_Format(PyExc_ValueError, "plan_round: layout field %d (%d bytes at %d) is "
-                         "outside a %zd-byte header", k, sizes[k], layout[k], tmpl_len);
-            return NULL;
-        }
     const Py_ssize_t n = (msg_elems + chunk_elems - 1) / chunk_elems;
     const Py_ssize_t chunk_bytes = chunk_elems * itemsize;
-    const int with_payload = src_obj != Py_None;
-    if (with_payload && row_bytes < tmpl_len + chunk_bytes) {
-        PyErr_Format(PyExc_ValueError, "plan_round: rows of %zd bytes cannot hold a %zd-byte "
-                     "header and a %zd-byte chunk", row_bytes, tmpl_len, chunk_bytes);
-        return NULL;
-    }
     Buf rec = {0}, prio = {0}, drop = {0}, mag = {0}, layer = {0}, src = {0}, order = {0},
         row = {0}, sprio = {0}, sdrop = {0};
     PyObject *result = NULL;
@@ -1150,89 +1299,17 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
         }
     Py_ssize_t counts[PLAN_KEYS] = {0};
     {
-        const uint16_t *ly = layer.view.buf;
-        int64_t *ord = order.view.buf, *ros = row.view.buf;
-        uint8_t *sp = sprio.view.buf, *sd = sdrop.view.buf;
-        unsigned char *d = rec.view.buf;
-        const unsigned char *sb = with_payload ? src.view.buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
-        /* run by run of one priority (a layer's chunks are one run): the two keys
-           of a run, protected and drop-eligible, are counted and placed from
-           locals, not through counts[] and next[] in memory, whose increments
-           would each wait for the one before */
-        for (Py_ssize_t s = 0; s < n;) {
-            const uint8_t p = pr[s];
-            Py_ssize_t e = s, drops = 0;
-            for (; e < n && pr[e] == p; e++)
-                drops += dr[e];
-            counts[(7 - p) * 2] += e - s - drops;
-            counts[(7 - p) * 2 + 1] += drops;
-            s = e;
-        }
-        Py_ssize_t next[PLAN_KEYS];
-        for (Py_ssize_t k = 0, at = 0; k < PLAN_KEYS; at += counts[k], k++)
-            next[k] = at;
-        for (Py_ssize_t s = 0; s < n;) {
-            const uint8_t p = pr[s];
-            const int k = (7 - p) * 2;
-            Py_ssize_t kept = next[k], eligible = next[k + 1];
-            for (; s < n && pr[s] == p; s++) {
-                const uint8_t d = dr[s];
-                const Py_ssize_t r = d ? eligible : kept;
-                ord[r] = s;
-                ros[s] = r;
-                sp[r] = p;
-                sd[r] = d;
-                eligible += d;
-                kept += 1 - d;
-            }
-            next[k] = kept;
-            next[k + 1] = eligible;
-        }
+        const PlanRecords a = {pr, dr, order.view.buf, row.view.buf, sprio.view.buf,
+                               sdrop.view.buf, rec.view.buf, row_bytes, tmpl, tmpl_len,
+                               with_payload ? src.view.buf : NULL, stream};
         const PlanHeader h = {layout[0], layout[1], layout[2], layout[3], layout[4], layout[5],
-                              ly, pr, dr, mg, n, chunk_elems, chunk_bytes, msg_elems, itemsize,
-                              flags, last_flag};
-        if (sb == NULL) {
-            /* headers only: written in record order, one after the other, the
-               template first and the fields over it (fields put in `line` and then
-               copied out whole would stall the copy's loads on the fields' stores) */
-            for (Py_ssize_t r = 0; r < n; r++) {
-                unsigned char *at = d + r * row_bytes;
-                if (tmpl_len == 32) /* (DLCP's header: a copy the compiler inlines) */
-                    memcpy(at, tmpl, 32);
-                else
-                    memcpy(at, tmpl, (size_t)tmpl_len);
-                plan_header(h, at, ord[r]);
-            }
-        } else {
-            /* with payload: in chunk order, so that the message is read front to
-               back; each header is put together in `line` with its payload's start
-               (put_record) */
-            unsigned char line[MAX_HEAD];
-            memcpy(line, tmpl, (size_t)tmpl_len);
-            for (Py_ssize_t s = 0; s < n; s++) {
-                Py_ssize_t bytes = plan_header(h, line, s);
-                unsigned char *at = d + ros[s] * row_bytes;
-                put_record(at, line, tmpl_len, sb + s * chunk_bytes, bytes,
-                           stream && s < n - 1);
-                if (bytes < chunk_bytes)
-                    memset(at + tmpl_len + bytes, 0, (size_t)(row_bytes - tmpl_len - bytes));
-            }
-        }
-#if defined(__SSE2__)
-        if (stream && sb != NULL)
-            _mm_sfence();
-#endif
+                              layer.view.buf, pr, dr, mg, n, chunk_elems, chunk_bytes,
+                              msg_elems, itemsize, flags, last_flag};
+        Py_BEGIN_ALLOW_THREADS
+        plan_records(&a, h, counts);
         Py_END_ALLOW_THREADS
     }
-    result = PyTuple_New(PLAN_KEYS);
-    for (int k = 0; result != NULL && k < PLAN_KEYS; k++) {
-        PyObject *count = PyLong_FromSsize_t(counts[k]);
-        if (count == NULL)
-            Py_CLEAR(result);
-        else
-            PyTuple_SET_ITEM(result, k, count);
-    }
+    result = counts_tuple(counts);
 done:
     buf_release(&sdrop);
     buf_release(&sprio);
@@ -1244,6 +1321,107 @@ done:
     buf_release(&drop);
     buf_release(&prio);
     buf_release(&rec);
+    return result;
+}
+
+static PyObject *plan_send(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data_obj, *starts_obj, *layer_obj, *lprio_obj, *lelig_obj, *rec_obj, *mag_obj,
+        *cls_obj, *ord_obj;
+    Py_ssize_t chunk_elems, block, n_layers, row_bytes, tmpl_len, layout_len;
+    double tail_magnitude, fraction, threshold;
+    int may_drop, bias, top, flags, last_flag, lend, stream;
+    const unsigned char *tmpl, *layout;
+    if (!PyArg_ParseTuple(args, "OnOndOnOOddpiiOny#y#iippOOO:plan_send", &data_obj,
+                          &chunk_elems, &starts_obj, &block, &tail_magnitude, &layer_obj,
+                          &n_layers, &lprio_obj, &lelig_obj, &fraction, &threshold, &may_drop,
+                          &bias, &top, &rec_obj, &row_bytes, &tmpl, &tmpl_len, &layout,
+                          &layout_len, &flags, &last_flag, &lend, &stream, &mag_obj, &cls_obj,
+                          &ord_obj))
+        return NULL;
+    if (bias < 0 || bias > 126 || top < 0 || top > 15 || n_layers < 1 || n_layers > 0x10000 ||
+        block <= 0 || !(fraction <= 1.0) || (fraction < 0 && !is_float32(threshold))) {
+        PyErr_SetString(PyExc_ValueError, "plan_send: need 0 <= bias <= 126, 0 <= top <= 15, "
+                                          "1..65536 layers, a positive block, a fraction of "
+                                          "at most 1 and a float32 threshold");
+        return NULL;
+    }
+    Buf data = {0}, starts = {0}, layer = {0}, lprio = {0}, lelig = {0}, rec = {0}, mag = {0},
+        cls = {0}, ord = {0};
+    PyObject *result = NULL;
+    if (buf_get(data_obj, 0, &data) < 0 || get_rows(starts_obj, "starts", 0, &starts) < 0 ||
+        buf_get(layer_obj, 0, &layer) < 0 || buf_get(lprio_obj, 0, &lprio) < 0 ||
+        (lelig_obj != Py_None && buf_get(lelig_obj, 0, &lelig) < 0) ||
+        buf_get(rec_obj, 1, &rec) < 0 || buf_get(mag_obj, 1, &mag) < 0 ||
+        buf_get(cls_obj, 1, &cls) < 0 || buf_get(ord_obj, 1, &ord) < 0)
+        goto done;
+    if (data.view.len % 4 || (uintptr_t)data.view.buf % 4) {
+        PyErr_SetString(PyExc_ValueError, "plan_send: data must be aligned float32 values");
+        goto done;
+    }
+    const Py_ssize_t msg_elems = data.view.len / 4;
+    if (check_plan("plan_send", tmpl_len, row_bytes, layout, layout_len, chunk_elems,
+                   msg_elems, 4, !lend) < 0)
+        goto done;
+    const Py_ssize_t n = (msg_elems + chunk_elems - 1) / chunk_elems;
+    const Py_ssize_t n_full = msg_elems / chunk_elems;
+    const Py_ssize_t n_starts = starts.view.len / 8;
+    const int64_t *st = starts.view.buf;
+    if (check_samples(st, n_starts, block, chunk_elems, n_full, msg_elems) < 0)
+        goto done;
+    if ((uintptr_t)layer.view.buf % 2 || (uintptr_t)mag.view.buf % 4 ||
+        (uintptr_t)ord.view.buf % 8 || layer.view.len != 2 * n || mag.view.len != 4 * n ||
+        cls.view.len != 5 * n || ord.view.len != 16 * n || rec.view.len < n * row_bytes ||
+        lprio.view.len != n_layers || (lelig.held && lelig.view.len != n_layers)) {
+        PyErr_Format(PyExc_ValueError, "plan_send: a message of %zd chunks needs aligned "
+                     "uint16 layers, float32 magnitudes, 5 * %zd class bytes, 2 * %zd int64 "
+                     "order items, %zd record bytes and per-layer tables of %zd", n, n, n,
+                     n * row_bytes, n_layers);
+        goto done;
+    }
+    const uint8_t *lp = lprio.view.buf;
+    for (Py_ssize_t l = 0; l < n_layers; l++)
+        if (lp[l] > 7) {
+            PyErr_Format(PyExc_ValueError, "plan_send: layer %zd has prio %d (at most 7)", l,
+                         lp[l]);
+            goto done;
+        }
+    {
+        uint8_t *c = cls.view.buf;
+        int64_t *o = ord.view.buf;
+        const ChunkPass pass = {layer.view.buf, mag.view.buf, lp,
+                                lelig.held ? lelig.view.buf : NULL, n, n_layers, fraction,
+                                threshold, may_drop, bias, top, c, c + n, c + 2 * n};
+        const PlanRecords a = {c, c + n, o, o + n, c + 3 * n, c + 4 * n, rec.view.buf,
+                               row_bytes, tmpl, tmpl_len, lend ? NULL : data.view.buf, stream};
+        const PlanHeader h = {layout[0], layout[1], layout[2], layout[3], layout[4], layout[5],
+                              layer.view.buf, c, c + n, c + 2 * n, n, chunk_elems,
+                              chunk_elems * 4, msg_elems, 4, flags, last_flag};
+        Py_ssize_t counts[PLAN_KEYS] = {0}, bad;
+        float *m = mag.view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        abs_means(data.view.buf, chunk_elems, n_full, st, n_starts, block, m);
+        if (n_full < n)
+            m[n - 1] = (float)tail_magnitude;
+        bad = chunk_pass(&pass);
+        if (bad == -1)
+            plan_records(&a, h, counts);
+        Py_END_ALLOW_THREADS
+        if (bad == -2)
+            PyErr_NoMemory();
+        else
+            result = bad >= 0 ? PyLong_FromSsize_t(bad) : counts_tuple(counts);
+    }
+done:
+    buf_release(&ord);
+    buf_release(&cls);
+    buf_release(&mag);
+    buf_release(&rec);
+    buf_release(&lelig);
+    buf_release(&lprio);
+    buf_release(&layer);
+    buf_release(&starts);
+    buf_release(&data);
     return result;
 }
 
@@ -1267,6 +1445,11 @@ static PyMethodDef methods[] = {
      "msg_elems, itemsize, flags, last_flag, source, order, row_of_seq, sent_prio, sent_drop, "
      "stream): a message's send order and first-round records in one pass (see the module "
      "source)."},
+    {"plan_send", plan_send, METH_VARARGS,
+     "plan_send(data, chunk_elems, starts, block, tail_magnitude, layer, n_layers, layer_prio, "
+     "layer_eligible, fraction, threshold, may_drop, bias, top, records, row_bytes, template, "
+     "layout, flags, last_flag, lend, stream, magnitude, classes, order): a float32 message "
+     "sampled, classified and its first round laid out in one call (see the module source)."},
     {"classify_chunks", classify_chunks, METH_VARARGS,
      "classify_chunks(layer, n_layers, magnitudes, layer_prio, layer_eligible, fraction, "
      "threshold, may_drop, bias, top, prio, drop, mag): the built-in classifiers' rule over a "

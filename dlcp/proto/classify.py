@@ -37,7 +37,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeAlias, TypeVar, cast
+from typing import Final, NamedTuple, Protocol, TypeAlias, TypeVar, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -52,12 +52,14 @@ __all__ = [
     "ChunkRule",
     "Classifier",
     "CombinedClassifier",
+    "KernelRule",
     "LayerClassifier",
     "MagnitudeClassifier",
     "NoneClassifier",
     "available_classifiers",
     "classify_chunks",
     "classify_uint16_f32",
+    "kernel_rule",
     "magnitude_class",
     "make_classifier",
     "register_classifier",
@@ -507,10 +509,10 @@ def classify_chunks(
         and magnitudes.dtype == np.float32
         and 1 <= n_layers <= MAX_LAYERS
     ):
-        prio, eligible, fraction, threshold = _rule_tables(cast(_Ruled, classifier), n_layers)
+        rule = _kernel_rule(cast(_Ruled, classifier), n_layers)
         tags = kernels.classify_chunks(
-            cast("NDArray[np.uint16]", layers), n_layers, magnitudes, prio, eligible, fraction,
-            threshold, may_drop, _MAG_BIAS, _MAG_MAX,
+            cast("NDArray[np.uint16]", layers), n_layers, magnitudes, rule.layer_prio,
+            rule.layer_eligible, rule.fraction, rule.threshold, may_drop, rule.bias, rule.top,
         )  # fmt: skip
         if tags is not None:
             return ChunkClasses(*tags)
@@ -535,29 +537,49 @@ def classify_uint16_f32(
     :class:`ChunkClasses` around it; None where that pass does not apply (another
     classifier, no accelerator, a layer not below ``n_layers``): then
     :func:`classify_chunks` classifies, or says what is wrong."""
-    if type(classifier) not in _RULED or not kernels.ACCELERATED or not 1 <= n_layers <= MAX_LAYERS:
+    rule = kernel_rule(classifier, n_layers)
+    if rule is None:
         return None
-    prio, eligible, fraction, threshold = _rule_tables(cast(_Ruled, classifier), n_layers)
     return kernels.classify_chunks(
-        layers, n_layers, magnitudes, prio, eligible, fraction, threshold, may_drop,
-        _MAG_BIAS, _MAG_MAX, convert=False,
+        layers, n_layers, magnitudes, rule.layer_prio, rule.layer_eligible, rule.fraction,
+        rule.threshold, may_drop, rule.bias, rule.top, convert=False,
     )  # fmt: skip
 
 
+class KernelRule(NamedTuple):
+    """A built-in classifier's :class:`ChunkRule` as the C kernels take it
+    (``classify_chunks``, ``plan_send``)."""
+
+    layer_prio: NDArray[np.uint8]
+    layer_eligible: NDArray[np.uint8] | None
+    #: the drop fraction, -1.0 where the rule drops by threshold
+    fraction: float
+    #: the threshold in float32, as the reference compares it
+    threshold: float
+    #: the magnitude class's bias and largest value (:func:`magnitude_class`)
+    bias: int
+    top: int
+
+
+def kernel_rule(classifier: Classifier, n_layers: int) -> KernelRule | None:
+    """``classifier``'s rule for a message of ``n_layers`` layers as the C kernels
+    take it; None where they do not apply (another classifier, no accelerator,
+    a number of layers outside 1..MAX_LAYERS)."""
+    if type(classifier) not in _RULED or not kernels.ACCELERATED or not 1 <= n_layers <= MAX_LAYERS:
+        return None
+    return _kernel_rule(cast(_Ruled, classifier), n_layers)
+
+
 @functools.lru_cache(maxsize=64)
-def _rule_tables(
-    classifier: _Ruled, n_layers: int
-) -> tuple[NDArray[np.uint8], NDArray[np.uint8] | None, float, float]:
-    """A built-in classifier's :class:`ChunkRule` as the C kernel takes it: the
-    fraction (-1: by threshold) and the threshold in float32, as the reference
-    compares it."""
+def _kernel_rule(classifier: _Ruled, n_layers: int) -> KernelRule:
     rule = classifier.chunk_rule(n_layers)
     eligible = None if rule.layer_eligible is None else rule.layer_eligible.view(np.uint8)
     for table in (rule.layer_prio, eligible):  # (shared by every call: read-only)
         if table is not None:
             table.flags.writeable = False
     if rule.drop_fraction is not None:
-        return rule.layer_prio, eligible, float(rule.drop_fraction), 0.0
-    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
-        threshold = float(np.float32(rule.threshold))
-    return rule.layer_prio, eligible, -1.0, threshold
+        fraction, threshold = float(rule.drop_fraction), 0.0
+    else:
+        with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
+            fraction, threshold = -1.0, float(np.float32(rule.threshold))
+    return KernelRule(rule.layer_prio, eligible, fraction, threshold, _MAG_BIAS, _MAG_MAX)

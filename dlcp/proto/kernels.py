@@ -31,6 +31,7 @@ __all__ = [
     "gather_records",
     "magnitude_class_f32",
     "plan_round",
+    "plan_send",
     "scatter_run",
     "streams",
     "streams_received",
@@ -396,6 +397,49 @@ def plan_round(
         sent_prio, sent_drop.view(np.uint8), stream,
     )  # fmt: skip
     return order, row_of_seq, sent_prio, sent_drop, counts
+
+
+def plan_send(
+    data: npt.NDArray[np.float32],
+    chunk_elems: int,
+    starts: Int64Array,
+    block: int,
+    tail_magnitude: float,
+    layer: npt.NDArray[np.uint16],
+    n_layers: int,
+    rule: tuple[UInt8Array, UInt8Array | None, float, float, int, int],
+    may_drop: bool,
+    records: UInt8Array,
+    template: bytes,
+    layout: bytes,
+    flags: int,
+    last_flag: int,
+    *,
+    lend: bool,
+    stream: bool,
+    magnitude: npt.NDArray[np.float32],
+    classes: UInt8Array,
+    order: Int64Array,
+) -> tuple[int, ...] | None:
+    """A float32 message sampled (:func:`block_abs_mean`), classified by a
+    built-in classifier's ``rule`` (:func:`classify_chunks`: layer_prio,
+    layer_eligible, fraction, threshold, bias, top) and its first round laid
+    out (:func:`plan_round`, its source ``data`` itself) in one call of the C
+    accelerator (see ``plan_send`` in ``_kernels.c``): ``magnitude`` gets each
+    chunk's, ``classes`` (5 n bytes) prio, drop, mag, then each record's prio
+    and drop, ``order`` (2 n) the send order, then the record of each chunk.
+    Returns plan_round's 16 counts; None if a layer is not below ``n_layers``
+    (nothing laid out). The arrays are passed as they are: the kernel checks
+    their sizes and alignment (ValueError). Only with :data:`ACCELERATED`."""
+    if _accel is None:
+        raise RuntimeError("plan_send needs the C accelerator (dlcp.proto._kernels)")
+    layer_prio, eligible, fraction, threshold, bias, top = rule
+    counts = _accel.plan_send(
+        data, chunk_elems, starts, block, tail_magnitude, layer, n_layers, layer_prio, eligible,
+        fraction, threshold, may_drop, bias, top, records.reshape(-1), records.shape[1],
+        template, layout, flags, last_flag, lend, stream, magnitude, classes, order,
+    )  # fmt: skip
+    return None if type(counts) is int else counts
 
 
 @functools.lru_cache(maxsize=16)

@@ -42,7 +42,7 @@ from .events import (
     SendReport,
     Transmit,
 )
-from .first_round import first_round
+from .first_round import plan_first_round
 from .outgoing import Destination, OutgoingMessage
 from .pacers import make_pacer
 from .pacing import Pacer, queue_signal
@@ -50,15 +50,11 @@ from .packetizer import (
     MessageId,
     Segments,
     build_records,
-    plan_message,
-    record_stride,
     seal,
 )
 from .paths import PathScheduler, path_loss_from_nack
 from .recovery import MAX_NACK_PARTS, SenderRecovery, SendPhase, chunks_in_ranges
 from .wire import (
-    AUTH_TRAILER_LEN,
-    DATA_HEADER_LEN,
     MAX_NACK_RANGES,
     DType,
     bound_from_wire,
@@ -154,29 +150,21 @@ class Outbox(SessionSide):
             )
         dtype = DType.of(data, bfloat16=bfloat16)
         bound = bound_to_wire(self.config.default_p if p is None else p)
-        data = np.ascontiguousarray(data)
-        table = plan_message(
-            data,
+        ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
+        table, (first, _, row_of_seq, class_chunks) = plan_first_round(
+            np.ascontiguousarray(data),
             dtype,
+            ident,
             chunk_bytes=self.config.chunk_bytes,
             classifier=self._classifier,
             segments=segments,
             magnitude_sample=self.config.magnitude_sample,
             loss_bound=bound_from_wire(bound),  # as the receiver will see it
-        )
-        ident = MessageId(job=self.job, step=step, msg=msg, src=self.rank, bound=bound)
-        stride = record_stride(table, authenticate=self.keys is not None)
-        n_chunks = table.n_chunks
-        lent = borrow and self.whole_rounds
-        tag = AUTH_TRAILER_LEN if self.keys is not None else 0
-        first, _, row_of_seq, class_chunks = first_round(
-            data.reshape(-1).view(np.uint8),
-            table,
-            ident,
             authenticate=self.keys is not None,
-            buffer=self._pool.take((n_chunks, DATA_HEADER_LEN + tag if lent else stride)),
-            lend=lent,
+            lend=borrow and self.whole_rounds,
+            take=self._pool.take,
         )
+        n_chunks = table.n_chunks
         self.may_send = True
         self._sent_messages += 1
         peer.outgoing[key] = OutgoingMessage(

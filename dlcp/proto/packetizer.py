@@ -20,7 +20,7 @@ import bisect
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,8 @@ from . import kernels
 from .auth import NonceCounter, seal_records
 from .chunk_layers import chunk_layers
 from .classify import Classifier, classify_chunks, classify_uint16_f32
-from .kernels import block_abs_mean, gather_records, streams
+from .kernels import gather_records, streams
+from .magnitudes import SAMPLE_BLOCK, chunk_magnitudes, float32_sampling
 from .wire import (
     AUTH_TRAILER_LEN,
     DATA_HEADER_LEN,
@@ -45,9 +46,11 @@ from .wire import (
 __all__ = [
     "ChunkTable",
     "MessageId",
+    "MessageShape",
     "RecordRun",
     "build_records",
     "header_template",
+    "message_shape",
     "plan_message",
     "record_stride",
     "seal",
@@ -106,60 +109,6 @@ class ChunkTable:
         return seqs[np.argsort(key.astype(np.uint8), kind="stable")]
 
 
-def _as_float32(values: npt.NDArray[np.generic], dtype: DType) -> npt.NDArray[np.float32]:
-    if dtype is DType.BFLOAT16:
-        return (values.astype(np.uint32) << 16).view(np.float32)
-    return values.astype(np.float32, copy=False)
-
-
-_BLOCK = 16  # values per sampled block
-
-
-def _magnitudes_of(
-    data: npt.NDArray[np.generic], dtype: DType, chunk_elems: int, sample: int
-) -> npt.NDArray[np.float32]:
-    n_elems = len(data)
-    n_full = n_elems // chunk_elems
-    out = np.empty(-(-n_elems // chunk_elems), dtype=np.float32)
-    if n_full:
-        full = data[: n_full * chunk_elems].reshape(n_full, chunk_elems)
-        if 0 < sample < chunk_elems:
-            # blocks of 16 neighbouring values (one cache line of float32) at evenly
-            # spaced places: touches a few lines per chunk instead of `sample` lines
-            starts = _block_starts(chunk_elems, -(-sample // _BLOCK))
-            if dtype is DType.FLOAT32 and chunk_elems >= _BLOCK:
-                out[:n_full] = block_abs_mean(full.view(np.float32), starts, _BLOCK)
-                return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
-            total = np.zeros(n_full, dtype=np.float64)
-            count = 0
-            for b in starts.tolist():
-                part = full[:, b : b + min(_BLOCK, chunk_elems - b)]
-                total += np.abs(_as_float32(part, dtype)).sum(axis=1, dtype=np.float64)
-                count += part.shape[1]
-            out[:n_full] = total / count
-        else:
-            out[:n_full] = np.abs(_as_float32(full, dtype)).mean(axis=1, dtype=np.float64)
-    return _tail_magnitude(data, dtype, n_full * chunk_elems, out)
-
-
-@functools.lru_cache(maxsize=64)
-def _block_starts(chunk_elems: int, blocks: int) -> npt.NDArray[np.int64]:
-    """Where the sampled blocks of a chunk start (read-only: shared between calls)."""
-    starts = np.linspace(0, chunk_elems - _BLOCK, blocks).astype(np.int64)
-    starts.flags.writeable = False
-    return starts
-
-
-def _tail_magnitude(
-    data: npt.NDArray[np.generic], dtype: DType, tail_start: int, out: npt.NDArray[np.float32]
-) -> npt.NDArray[np.float32]:
-    """Fill in the short last chunk's magnitude (all its values), if there is one."""
-    if tail_start < len(data):
-        tail = _as_float32(data[tail_start:], dtype)
-        out[-1] = np.abs(tail).sum(dtype=np.float64) / len(tail)
-    return out
-
-
 def plan_message(
     data: npt.NDArray[np.generic],
     dtype: DType,
@@ -178,32 +127,18 @@ def plan_message(
     here every dropped chunk would have to be sent again: marking it would only
     invite the loss (small messages, and every message with ``p = 0``).
     """
-    if data.ndim != 1:
-        raise UsageError(f"a message is a 1-D array, got shape {data.shape}")
-    if len(data) == 0:
-        raise UsageError("a message needs at least one element")
-    if len(data) > 0xFFFFFFFF:
-        raise UsageError(f"a message holds at most 2**32-1 elements, got {len(data)}")
-    chunk_elems = chunk_bytes // dtype.itemsize
-    if chunk_elems * dtype.itemsize != chunk_bytes:
-        raise UsageError(f"chunk_bytes={chunk_bytes} is not a multiple of {dtype.itemsize}")
-    n_chunks = -(-len(data) // chunk_elems)
-    if n_chunks > 0xFFFFFFFF:
-        raise UsageError(f"message needs {n_chunks} chunks, more than a seq number holds")
-    layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
-    may_drop = loss_bound is None or allowed_loss(loss_bound, len(data)) >= chunk_elems
-    if dtype is DType.FLOAT32 and kernels.ACCELERATED and chunk_elems >= _BLOCK:
-        planned = _plan_float32(
-            data, chunk_elems, n_chunks, layers, n_layers, classifier, magnitude_sample, may_drop
-        )
+    shape = message_shape(data, dtype, chunk_bytes, segments=segments, loss_bound=loss_bound)
+    chunk_elems, layers = shape.chunk_elems, shape.layers
+    if dtype is DType.FLOAT32:
+        planned = _plan_float32(data, shape, classifier, magnitude_sample)
         if planned is not None:
             return planned
     # one errstate for both (entering one costs microseconds): NaN/inf chunks
     # are protected, not errors
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        magnitude = _magnitudes_of(data, dtype, chunk_elems, magnitude_sample)
+        magnitude = chunk_magnitudes(data, dtype, chunk_elems, magnitude_sample)
         classes = classify_chunks(
-            classifier, layers, magnitude, n_layers=n_layers, may_drop=may_drop
+            classifier, layers, magnitude, n_layers=shape.n_layers, may_drop=shape.may_drop
         )
     return ChunkTable(
         dtype=dtype,
@@ -218,37 +153,29 @@ def plan_message(
 
 
 def _plan_float32(
-    data: npt.NDArray[np.generic],
-    chunk_elems: int,
-    n_chunks: int,
-    layers: npt.NDArray[np.uint16],
-    n_layers: int,
-    classifier: Classifier,
-    sample: int,
-    may_drop: bool,
+    data: npt.NDArray[np.generic], shape: MessageShape, classifier: Classifier, sample: int
 ) -> ChunkTable | None:
     """:func:`plan_message` of a float32 message by the C kernels alone, where
     they apply (float32 values as they are, a sample smaller than a chunk, a
     built-in classifier), without the general path's conversions and checks in
     Python: the same table. None elsewhere."""
-    if (
-        not 0 < sample < chunk_elems
-        or data.dtype != np.float32
-        or not data.flags.c_contiguous
-        or layers.dtype != np.uint16
-    ):
+    sampling = float32_sampling(data, shape.chunk_elems, sample)
+    if sampling is None or shape.layers.dtype != np.uint16:
         return None
+    starts, tail = sampling
+    chunk_elems, n_chunks = shape.chunk_elems, shape.n_chunks
     n_full = len(data) // chunk_elems
     magnitude = np.empty(n_chunks, dtype=np.float32)
     if n_full:
-        starts = _block_starts(chunk_elems, -(-sample // _BLOCK))
         kernels.abs_means_f32(
-            cast("npt.NDArray[np.float32]", data), chunk_elems, n_full, starts, _BLOCK, magnitude
-        )
+            cast("npt.NDArray[np.float32]", data), chunk_elems, n_full, starts, SAMPLE_BLOCK,
+            magnitude,
+        )  # fmt: skip
     if n_full < n_chunks:  # (the short last chunk: all its values, as the general path)
-        tail = data[n_full * chunk_elems :]
-        magnitude[-1] = np.abs(tail).sum(dtype=np.float64) / len(tail)
-    tags = classify_uint16_f32(classifier, layers, magnitude, n_layers=n_layers, may_drop=may_drop)
+        magnitude[-1] = tail
+    tags = classify_uint16_f32(
+        classifier, shape.layers, magnitude, n_layers=shape.n_layers, may_drop=shape.may_drop
+    )
     if tags is None:
         return None
     prio, drop, mag = tags
@@ -256,12 +183,53 @@ def _plan_float32(
         dtype=DType.FLOAT32,
         msg_elems=len(data),
         chunk_elems=chunk_elems,
-        layer=layers,
+        layer=shape.layers,
         prio=prio,
         drop=drop,
         mag=mag,
         magnitude=magnitude,
     )
+
+
+class MessageShape(NamedTuple):
+    """How a message is cut into chunks (:func:`message_shape`)."""
+
+    chunk_elems: int
+    n_chunks: int
+    #: each chunk's layer (uint16 where the segments were remembered: then
+    #: read-only, shared by every message with those segments)
+    layers: npt.NDArray[np.uint16]
+    n_layers: int
+    #: whether any chunk may be drop-eligible: the loss bound lets the receiver
+    #: give up at least a chunk's elements
+    may_drop: bool
+
+
+def message_shape(
+    data: npt.NDArray[np.generic],
+    dtype: DType,
+    chunk_bytes: int,
+    *,
+    segments: Segments | None,
+    loss_bound: float | None,
+) -> MessageShape:
+    """:func:`plan_message`'s checks of a message (UsageError naming what does not
+    fit) and the chunking that follows from them."""
+    if data.ndim != 1:
+        raise UsageError(f"a message is a 1-D array, got shape {data.shape}")
+    if len(data) == 0:
+        raise UsageError("a message needs at least one element")
+    if len(data) > 0xFFFFFFFF:
+        raise UsageError(f"a message holds at most 2**32-1 elements, got {len(data)}")
+    chunk_elems = chunk_bytes // dtype.itemsize
+    if chunk_elems * dtype.itemsize != chunk_bytes:
+        raise UsageError(f"chunk_bytes={chunk_bytes} is not a multiple of {dtype.itemsize}")
+    n_chunks = -(-len(data) // chunk_elems)
+    if n_chunks > 0xFFFFFFFF:
+        raise UsageError(f"message needs {n_chunks} chunks, more than a seq number holds")
+    layers, n_layers = _chunk_layers(segments, n_chunks, chunk_elems, len(data))
+    may_drop = loss_bound is None or allowed_loss(loss_bound, len(data)) >= chunk_elems
+    return MessageShape(chunk_elems, n_chunks, layers, n_layers, may_drop)
 
 
 #: segments lists up to this long are remembered with their chunk layers

@@ -3,13 +3,16 @@ out, and the first round that the C accelerator plans in one pass."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from dlcp.proto import first_round as first_round_module
 from dlcp.proto import kernels, packetizer
 from dlcp.proto.chunk_layers import chunk_layers
-from dlcp.proto.classify import make_classifier
-from dlcp.proto.first_round import first_round
+from dlcp.proto.classify import Classifier, make_classifier
+from dlcp.proto.first_round import FirstRound, first_round, plan_first_round
 from dlcp.proto.packetizer import (
     ChunkTable,
     MessageId,
@@ -184,6 +187,15 @@ def test_c_plan_round_names_a_bad_class_and_writes_nothing() -> None:
     assert (records == 0xAA).all()
 
 
+def _same_table(got: ChunkTable, want: ChunkTable, label: str) -> None:
+    for field in ("layer", "prio", "drop", "mag", "magnitude"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.dtype == b.dtype, f"{label} {field}"
+        np.testing.assert_array_equal(a, b, err_msg=f"{label} {field}")
+    assert (got.dtype, got.msg_elems, got.chunk_elems) == (
+        want.dtype, want.msg_elems, want.chunk_elems)  # fmt: skip
+
+
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 def test_float32_plan_in_the_kernels_alone_gives_the_general_table(
     monkeypatch: pytest.MonkeyPatch,
@@ -219,12 +231,7 @@ def test_float32_plan_in_the_kernels_alone_gives_the_general_table(
                     got = plan_message(data, DType.FLOAT32, **args)
                     monkeypatch.setattr(packetizer, "_plan_float32", lambda *a: None)
                     want = plan_message(data, DType.FLOAT32, **args)
-                    for field in ("layer", "prio", "drop", "mag", "magnitude"):
-                        a, b = getattr(got, field), getattr(want, field)
-                        assert a.dtype == b.dtype, field
-                        np.testing.assert_array_equal(a, b, err_msg=f"{name} {n_elems} {field}")
-                    assert (got.dtype, got.msg_elems, got.chunk_elems) == (
-                        want.dtype, want.msg_elems, want.chunk_elems)  # fmt: skip
+                    _same_table(got, want, f"{name} {n_elems}")
                     cases += 1
     assert len(taken) == cases and all(taken)  # (the kernels' path planned every one)
 
@@ -240,10 +247,149 @@ def test_float32_plan_leaves_to_the_general_path_what_it_cannot_read_as_it_is() 
     for data, sample in ((values, 4), (values.astype(np.float32)[::2], 4),
                          (values.astype(np.float32), 16)):  # fmt: skip
         layers = np.zeros(-(-len(data) // 16), np.uint16)
-        assert packetizer._plan_float32(data, 16, len(layers), layers, 1, classifier, sample,
-                                        True) is None  # fmt: skip
+        shape = packetizer.message_shape(data, DType.FLOAT32, 64, segments=None, loss_bound=None)
+        assert packetizer._plan_float32(data, shape, classifier, sample) is None
         table = plan_message(data, DType.FLOAT32, magnitude_sample=sample, **args)
         want = np.abs(data[:16].astype(np.float32)).mean(dtype=np.float64)
         if sample >= 16:  # (all of the first chunk's values: the mean of their magnitudes)
             assert table.magnitude[0] == np.float32(want)
         assert len(table.magnitude) == len(layers)
+
+
+def _same_round(got: FirstRound, want: FirstRound, authenticate: bool) -> None:
+    np.testing.assert_array_equal(got.order, want.order)
+    np.testing.assert_array_equal(got.row_of_seq, want.row_of_seq)
+    assert got.class_chunks == want.class_chunks
+    run, ref = got.run, want.run
+    # (the authentication trailer's room is written when a record is sealed)
+    written = run.records.shape[1] - (AUTH_TRAILER_LEN if authenticate else 0)
+    assert run.records.shape == ref.records.shape
+    np.testing.assert_array_equal(run.records[:, :written], ref.records[:, :written])
+    for name in ("lengths", "seq", "prio", "drop", "breaks"):
+        np.testing.assert_array_equal(getattr(run, name), getattr(ref, name), err_msg=name)
+    assert (run.short, run.stride) == (ref.short, ref.stride)
+    assert (run.payload is None) == (ref.payload is None)
+    if run.payload is not None:
+        np.testing.assert_array_equal(run.payload, ref.payload)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_send_planned_in_one_call_gives_the_table_and_round_of_the_two_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """plan_first_round's one call of plan_send (sampling, classes, send order,
+    records) gives what plan_message and first_round give one after the other,
+    bit for bit: NaN, infinities, short last chunks, the loss bound's no-drop
+    rule, lent and authenticated rounds, a buffer taken or refused."""
+    rng = np.random.default_rng(29)
+    fused = first_round_module._plan_send
+    taken = []
+
+    def counted(*args: object) -> object:
+        got = fused(*args)  # type: ignore[arg-type]
+        taken.append(got is not None)
+        return got
+
+    ident = MessageId(job=0xBEEF, step=0xFFFFFFFF, msg=7, src=3, bound=50)
+    cases = 0
+    for name in ("layer", "magnitude", "combined", "none"):
+        classifier = make_classifier(name)
+        for n_elems in (1, 16, 17, 2237, 65537):
+            for chunk_bytes, sample in ((64, 1), (1400, 17), (8952, 100)):
+                p = (None, 0.0, 0.05)[cases % 3]
+                authenticate, lend = bool(cases & 4), bool(cases & 8)
+                data = (rng.standard_normal(n_elems) * rng.choice([1e-6, 1e6])).astype(np.float32)
+                if n_elems > 5:
+                    data[rng.integers(0, n_elems, 3)] = [np.nan, np.inf, -np.inf]
+                half = n_elems // 2
+                args: dict[str, Any] = {"chunk_bytes": chunk_bytes, "classifier": classifier,
+                        "segments": [(0, half, 0), (half, n_elems - half, 1)] if half else None,
+                        "magnitude_sample": sample, "loss_bound": p}  # fmt: skip
+                shapes: list[tuple[int, int]] = []
+
+                def take(
+                    shape: tuple[int, int],
+                    shapes: list[tuple[int, int]] = shapes,
+                    refuse: bool = bool(cases % 2),
+                ) -> np.ndarray | None:
+                    shapes.append(shape)
+                    return None if refuse else np.full(shape, 0xAA, np.uint8)
+
+                monkeypatch.setattr(first_round_module, "_plan_send", counted)
+                table, got = plan_first_round(
+                    data, DType.FLOAT32, ident, **args, authenticate=authenticate, lend=lend,
+                    take=take,
+                )  # fmt: skip
+                want_table = plan_message(data, DType.FLOAT32, **args)
+                want = first_round(
+                    data.view(np.uint8), want_table, ident, authenticate=authenticate, lend=lend,
+                    accelerated=False,
+                )  # fmt: skip
+                _same_table(table, want_table, f"{name} {n_elems}")
+                _same_round(got, want, authenticate)
+                assert shapes == [want.run.records.shape]
+                cases += 1
+    assert len(taken) == cases and all(taken)  # (one call planned every one)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_sends_the_one_call_cannot_take_are_planned_in_two_steps() -> None:
+    """float16 values, a float32 view of strided values, a sample as large as a
+    chunk and a classifier of the user's own go through plan_message and
+    first_round, with the same outcome."""
+    rng = np.random.default_rng(31)
+    ident = MessageId(job=1, step=2, msg=3, src=0, bound=50)
+
+    class Halves(Classifier):  # (not a built-in: the kernels cannot run it)
+        def classify(self, layers, magnitudes, *, n_layers):  # type: ignore[no-untyped-def]
+            return make_classifier("combined").classify(layers, magnitudes, n_layers=n_layers)
+
+    values = rng.standard_normal(3001).astype(np.float32)
+    for data, dtype, sample, classifier in (
+        (values.astype(np.float16), DType.FLOAT16, 4, make_classifier("combined")),
+        (values, DType.FLOAT32, 16, make_classifier("combined")),
+        (values, DType.FLOAT32, 4, Halves()),
+    ):
+        args: dict[str, Any] = {"chunk_bytes": 64, "classifier": classifier, "segments": None,
+                                "magnitude_sample": sample}  # fmt: skip
+        assert first_round_module._plan_send(
+            data, packetizer.message_shape(data, dtype, 64, segments=None, loss_bound=None),
+            ident, classifier, sample, False, False, None,
+        ) is None  # fmt: skip
+        table, got = plan_first_round(data, dtype, ident, **args, authenticate=False)
+        want_table = plan_message(data, dtype, **args)
+        np.testing.assert_array_equal(table.drop, want_table.drop)
+        want = first_round(data.view(np.uint8), want_table, ident, authenticate=False,
+                           accelerated=False)  # fmt: skip
+        _same_round(got, want, False)
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_plan_send_names_what_does_not_fit_and_writes_nothing() -> None:
+    data = np.ones(64, np.float32)
+    starts = np.zeros(1, np.int64)
+    layers = np.zeros(4, np.uint16)
+    rule = (np.zeros(1, np.uint8), None, -1.0, 0.0, 20, 15)
+    header, layout = bytes(DATA_HEADER_LEN), bytes([1, 10, 12, 16, 24, 28])
+
+    def plan(records: np.ndarray, **changes: object) -> object:
+        a = {"layer": layers, "n_layers": 1, "rule": rule, "classes": np.empty(20, np.uint8)}
+        a.update(changes)
+        return kernels.plan_send(
+            data, 16, starts, 16, 0.0, a["layer"], a["n_layers"], a["rule"], True, records,  # type: ignore[arg-type]
+            header, layout, 0, int(Flags.LAST), lend=True, stream=False,
+            magnitude=np.empty(4, np.float32), classes=a["classes"], order=np.empty(8, np.int64),  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    records = np.full((4, DATA_HEADER_LEN), 0xAA, np.uint8)
+    with pytest.raises(ValueError, match="layer 0 has prio 8"):
+        plan(records, rule=(np.full(1, 8, np.uint8), None, -1.0, 0.0, 20, 15))
+    with pytest.raises(ValueError, match="4 chunks needs aligned uint16 layers"):
+        plan(records, classes=np.empty(19, np.uint8))
+    with pytest.raises(ValueError, match="0 <= top <= 15"):
+        plan(records, rule=(np.zeros(1, np.uint8), None, -1.0, 0.0, 20, 16))
+    # a layer not below n_layers: nothing is laid out (plan_message names it)
+    assert plan(records, layer=np.array([0, 0, 1, 0], np.uint16)) is None
+    assert (records == 0xAA).all()
+    assert plan(records) == (0,) * 14 + (4, 0)  # (all of class 0, protected: key 14)
+    assert (records[:, :DATA_HEADER_LEN] != 0xAA).any()
