@@ -118,12 +118,13 @@ test-no-extensions: setup
 
 # The native engine and the UDP receive loop (the native receive path) built with
 # AddressSanitizer and UBSan (any finding aborts), loaded in place of the normal builds
-# (DLCP_ENGINE_BUILD, DLCP_UDPIO_BUILD), under their own tests and the endpoint's (the
-# engine's own tests run 1, 2 and 4 send threads; the endpoint's run again on 2:
-# DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8; the receive loop's tag checks)
-# when the normal build has it
+# (DLCP_ENGINE_BUILD, DLCP_UDPIO_BUILD, DLCP_KERNELS_BUILD), under their own tests and
+# the endpoint's (the engine's own tests run 1, 2 and 4 send threads; the endpoint's run
+# again on 2: DLCP_ENGINE_THREADS); with libcrypto (sealing, rule 8; the receive loop's
+# tag checks) when the normal build has it
 SANITIZED := build/sanitize/_engine.so
 SANITIZED_UDPIO := build/sanitize/_udpio.so
+SANITIZED_KERNELS := build/sanitize/_kernels.so
 SANITIZE_FLAGS := -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
 	-fno-sanitize-recover=all -Wall -Wextra -Wno-missing-field-initializers \
 	-Wno-cast-function-type
@@ -136,8 +137,10 @@ sanitize: setup
 	include="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" && \
 	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_engine.c -o $(SANITIZED) -lpthread $$crypto && \
 	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/io/_udpio.c -o $(SANITIZED_UDPIO) -lpthread $$crypto && \
+	$(CC) $(SANITIZE_FLAGS) -I"$$include" dlcp/proto/_kernels.c -o $(SANITIZED_KERNELS) && \
 	export DLCP_ENGINE=native DLCP_ENGINE_BUILD=$(abspath $(SANITIZED)) \
 	  DLCP_UDPIO_BUILD=$(abspath $(SANITIZED_UDPIO)) \
+	  DLCP_KERNELS_BUILD=$(abspath $(SANITIZED_KERNELS)) \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 && \
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
@@ -146,7 +149,9 @@ sanitize: setup
 	  tests/io/test_udp_receive.py tests/io/test_prefilter.py tests/io/test_endpoint_accumulate.py \
 	  tests/io/test_receive_linger.py tests/io/test_readiness.py tests/io/test_linger_rates.py \
 	  tests/io/test_engine_finish.py tests/io/test_stops_in_waits.py tests/io/test_finishes_in_waits.py \
-	  tests/io/test_control_tags_in_waits.py && \
+	  tests/io/test_control_tags_in_waits.py tests/proto/test_kernels.py \
+	  tests/proto/test_packetizer.py tests/proto/test_lent_rounds.py tests/proto/test_receive_run.py \
+	  tests/proto/test_accumulate.py && \
 	DLCP_ENGINE_THREADS=2 $(BIN)/pytest -q tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py
 

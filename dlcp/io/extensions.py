@@ -2,19 +2,17 @@
 
 Each is optional (``setup.py``): :func:`load` returns None where it was not
 built, and the code it speeds up runs in Python instead. An environment
-variable (:data:`BUILD_VARIABLES`) names another build of it to load instead:
-``make sanitize`` loads the same sources built with AddressSanitizer and UBSan.
+variable (:data:`BUILD_VARIABLES`) names another build of it to load instead
+(:func:`dlcp.builds.alternate_build`): ``make sanitize`` loads the same sources
+built with AddressSanitizer and UBSan.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
-import os
 from types import ModuleType
 
-from ..errors import ConfigError
+from ..builds import alternate_build
 
 __all__ = ["BUILD_VARIABLES", "load"]
 
@@ -26,17 +24,9 @@ BUILD_VARIABLES = {"_engine": "DLCP_ENGINE_BUILD", "_udpio": "DLCP_UDPIO_BUILD"}
 def load(name: str) -> ModuleType | None:
     """Extension ``dlcp.io.<name>`` (loaded once), from the file its build variable
     names if set; None where it was not built."""
-    variable = BUILD_VARIABLES[name]
-    full = f"dlcp.io.{name}"
-    build = os.environ.get(variable)
-    if build:
-        loader = importlib.machinery.ExtensionFileLoader(full, build)
-        spec = importlib.util.spec_from_file_location(full, build, loader=loader)
-        if spec is None:
-            raise ConfigError(f"{variable}={build!r} is not an extension module")
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return module
+    alternate = alternate_build(f"dlcp.io.{name}", BUILD_VARIABLES[name])
+    if alternate is not None:
+        return alternate
     try:
         return _BUILT[name]()
     except ImportError:  # built without a C compiler

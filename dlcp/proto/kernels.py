@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..builds import alternate_build
 from ..errors import ArgumentTypeError, UsageError
 
 __all__ = [
@@ -39,12 +40,18 @@ __all__ = [
     "unpack_uniform",
 ]
 
-try:
-    from . import _kernels as _c  # type: ignore[attr-defined]
+#: the environment variable that names another build of the accelerator to load
+#: (``make sanitize``: the same source with AddressSanitizer and UBSan)
+BUILD_VARIABLE = "DLCP_KERNELS_BUILD"
 
-    _accel: ModuleType | None = _c
-except ImportError:  # not built: numpy does the same work, slower
-    _accel = None
+_accel: ModuleType | None = alternate_build("dlcp.proto._kernels", BUILD_VARIABLE)
+if _accel is None:
+    try:
+        from . import _kernels as _c  # type: ignore[attr-defined]
+
+        _accel = _c
+    except ImportError:  # not built: numpy does the same work, slower
+        _accel = None
 
 #: True when the C accelerator is loaded
 ACCELERATED: bool = _accel is not None

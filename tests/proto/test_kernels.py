@@ -4,7 +4,10 @@ accelerator is really built where a C compiler is present."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -362,3 +365,28 @@ def test_c_gather_records_refuses_a_field_offset_near_the_int_limit() -> None:
         _kernels.gather_records(dst, 64, 32, None, np.zeros(64, np.uint8), 16, None, 4, 16,
                                 bytes(32), [field], False)  # fmt: skip
     assert not dst.any()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_another_build_of_the_accelerator_is_loaded_where_a_variable_names_one(
+    tmp_path: Path,
+) -> None:
+    """DLCP_KERNELS_BUILD (make sanitize's build with AddressSanitizer) is loaded in
+    place of the package's own; a file that is no such build is refused by name."""
+    own = kernels._accel.__file__  # type: ignore[union-attr]
+    copy = tmp_path / "kernels_copy.so"
+    shutil.copyfile(own, copy)
+    probe = "from dlcp.proto import kernels; print(kernels._accel.__file__, kernels.ACCELERATED)"
+    env = {**os.environ, kernels.BUILD_VARIABLE: str(copy)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(copy), "True"]
+    not_a_build = tmp_path / "notes.txt"
+    not_a_build.write_text("not a shared object\n")
+    env[kernels.BUILD_VARIABLE] = str(not_a_build)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert (
+        f"ConfigError: DLCP_KERNELS_BUILD='{not_a_build}' is not a build of dlcp.proto._kernels"
+        in out.stderr
+    )
