@@ -610,6 +610,11 @@ static PyObject *block_abs_mean_f32(PyObject *self, PyObject *args) {
         goto done;
     if (get_rows(starts_obj, "starts", 0, &starts) < 0)
         goto done;
+    if ((uintptr_t)data.view.buf % 4 || (uintptr_t)out.view.buf % 4) {
+        PyErr_SetString(PyExc_ValueError, "block_abs_mean_f32: data and out must be aligned "
+                                          "float32 values");
+        goto done;
+    }
     {
         Py_ssize_t n_data = data.view.len / 4, n_starts = starts.view.len / 8;
         const int64_t *st = (const int64_t *)starts.view.buf;
@@ -1223,7 +1228,8 @@ static int check_plan(const char *fn, Py_ssize_t tmpl_len, Py_ssize_t row_bytes,
     static const int sizes[6] = {1, 2, 4, 4, 2, 1};
     if (tmpl_len > MAX_HEAD || tmpl_len > row_bytes || layout_len != 6 || chunk_elems <= 0 ||
         msg_elems <= 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
-        chunk_elems * itemsize > 0xFFFF || msg_elems > 0xFFFFFFFFLL) {
+        chunk_elems > 0xFFFF / itemsize /* (divided: a product could wrap) */ ||
+        msg_elems > 0xFFFFFFFFLL) {
         PyErr_Format(PyExc_ValueError,
                      "%s: need a template of at most 64 bytes and row_bytes, a 6-byte layout, "
                      "positive sizes, chunks of at most 65535 bytes and messages of fewer than "
@@ -1281,13 +1287,13 @@ static PyObject *plan_round(PyObject *self, PyObject *args) {
     if (prio.view.len != n || drop.view.len != n || mag.view.len != n ||
         layer.view.len != 2 * n || layer.view.itemsize != 2 || order.view.itemsize != 8 ||
         row.view.itemsize != 8 || order.view.len != 8 * n || row.view.len != 8 * n ||
-        sprio.view.len != n || sdrop.view.len != n || rec.view.len < n * row_bytes ||
+        sprio.view.len != n || sdrop.view.len != n || row_bytes > rec.view.len / n ||
         (with_payload && src.view.len != msg_elems * itemsize)) {
         PyErr_Format(PyExc_ValueError,
                      "plan_round: a message of %zd chunks needs %zd one-byte prio, drop, mag, "
                      "sent_prio and sent_drop items, %zd uint16 layers, %zd int64 order and "
-                     "row_of_seq items, %zd record bytes and a source of %zd bytes", n, n, n,
-                     n, n * row_bytes, msg_elems * itemsize);
+                     "row_of_seq items, %zd rows of %zd record bytes and a source of %zd bytes",
+                     n, n, n, n, n, row_bytes, msg_elems * itemsize);
         goto done;
     }
     const uint8_t *pr = prio.view.buf, *dr = drop.view.buf, *mg = mag.view.buf;
@@ -1371,14 +1377,18 @@ static PyObject *plan_send(PyObject *self, PyObject *args) {
         goto done;
     if ((uintptr_t)layer.view.buf % 2 || (uintptr_t)mag.view.buf % 4 ||
         (uintptr_t)ord.view.buf % 8 || layer.view.len != 2 * n || mag.view.len != 4 * n ||
-        cls.view.len != 5 * n || ord.view.len != 16 * n || rec.view.len < n * row_bytes ||
+        cls.view.len != 5 * n || ord.view.len != 16 * n || row_bytes > rec.view.len / n ||
         lprio.view.len != n_layers || (lelig.held && lelig.view.len != n_layers)) {
         PyErr_Format(PyExc_ValueError, "plan_send: a message of %zd chunks needs aligned "
                      "uint16 layers, float32 magnitudes, 5 * %zd class bytes, 2 * %zd int64 "
-                     "order items, %zd record bytes and per-layer tables of %zd", n, n, n,
-                     n * row_bytes, n_layers);
+                     "order items, %zd rows of %zd record bytes and per-layer tables of %zd",
+                     n, n, n, n, row_bytes, n_layers);
         goto done;
     }
+    /* plan_round checks every chunk's class; here the classes come from chunk_pass,
+       so its inputs are checked instead: prio from layer_prio (at most 7), mag at
+       most top (at most 15), drop 0 or 1 by construction (plan_records counts with
+       it and would place records out of bounds otherwise) */
     const uint8_t *lp = lprio.view.buf;
     for (Py_ssize_t l = 0; l < n_layers; l++)
         if (lp[l] > 7) {

@@ -2,7 +2,11 @@
 chunk, and every record's header (and, unless the payload is lent, its chunk), by
 the C accelerator's ``plan_round`` where it is built, else by
 :meth:`.ChunkTable.send_order` and :func:`.build_records` in numpy, which the
-tests hold it to."""
+tests hold it to (:func:`first_round`). A send's plan and first round together
+(:func:`plan_first_round`, what :class:`.Outbox` calls): for a float32 message the
+kernels read as it is, one call of the accelerator's ``plan_send`` samples,
+classifies and lays out the round; for any other, :func:`.plan_message` and
+:func:`first_round`."""
 
 from __future__ import annotations
 

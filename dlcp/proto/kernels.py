@@ -147,7 +147,7 @@ def block_abs_mean(
         raise IndexError(f"sample blocks {starts.tolist()} of {block} leave rows of {width}")
     use_c = ACCELERATED if accelerated is None else accelerated
     out = np.empty(n, dtype=np.float32)
-    if use_c and _accel is not None and full.flags.c_contiguous:
+    if use_c and _accel is not None and full.flags.c_contiguous and full.flags.aligned:
         _accel.block_abs_mean_f32(full, width, n, starts, block, out)
         return out
     total = np.zeros(n, dtype=np.float64)

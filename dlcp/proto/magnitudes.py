@@ -85,8 +85,9 @@ def _tail_magnitude(
 def float32_sampling(
     data: npt.NDArray[np.generic], chunk_elems: int, sample: int
 ) -> tuple[npt.NDArray[np.int64], float] | None:
-    """Where the C kernels sample ``data`` as it is (float32 values, C-contiguous,
-    a sample smaller than a chunk of at least a block, the accelerator built):
+    """Where the C kernels sample ``data`` as it is (float32 values, C-contiguous
+    and aligned, a sample smaller than a chunk of at least a block, the
+    accelerator built):
     the sample blocks' starts and the short last chunk's magnitude (0.0: the
     last chunk is whole), which :func:`chunk_magnitudes` gives too. None
     elsewhere: :func:`chunk_magnitudes` then samples it."""
@@ -95,6 +96,7 @@ def float32_sampling(
         or chunk_elems < SAMPLE_BLOCK
         or data.dtype != np.float32
         or not data.flags.c_contiguous
+        or not data.flags.aligned
         or not kernels.ACCELERATED
     ):
         return None

@@ -334,8 +334,8 @@ def test_send_planned_in_one_call_gives_the_table_and_round_of_the_two_steps(
 
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 def test_sends_the_one_call_cannot_take_are_planned_in_two_steps() -> None:
-    """float16 values, a float32 view of strided values, a sample as large as a
-    chunk and a classifier of the user's own go through plan_message and
+    """float16 values, a sample as large as a chunk, a classifier of the user's
+    own and float32 values off their alignment go through plan_message and
     first_round, with the same outcome."""
     rng = np.random.default_rng(31)
     ident = MessageId(job=1, step=2, msg=3, src=0, bound=50)
@@ -345,10 +345,14 @@ def test_sends_the_one_call_cannot_take_are_planned_in_two_steps() -> None:
             return make_classifier("combined").classify(layers, magnitudes, n_layers=n_layers)
 
     values = rng.standard_normal(3001).astype(np.float32)
+    # (float32 values one byte off their alignment: contiguous, but not for C loads)
+    unaligned = np.frombuffer(b"\0" + values.tobytes(), np.float32, offset=1)
+    assert unaligned.flags.c_contiguous and not unaligned.flags.aligned
     for data, dtype, sample, classifier in (
         (values.astype(np.float16), DType.FLOAT16, 4, make_classifier("combined")),
         (values, DType.FLOAT32, 16, make_classifier("combined")),
         (values, DType.FLOAT32, 4, Halves()),
+        (unaligned, DType.FLOAT32, 4, make_classifier("combined")),
     ):
         args: dict[str, Any] = {"chunk_bytes": 64, "classifier": classifier, "segments": None,
                                 "magnitude_sample": sample}  # fmt: skip
@@ -393,3 +397,30 @@ def test_c_plan_send_names_what_does_not_fit_and_writes_nothing() -> None:
     assert (records == 0xAA).all()
     assert plan(records) == (0,) * 14 + (4, 0)  # (all of class 0, protected: key 14)
     assert (records[:, :DATA_HEADER_LEN] != 0xAA).any()
+
+
+@pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
+def test_c_plans_refuse_sizes_whose_products_would_wrap() -> None:
+    """A chunk of 2**62 elements or rows of 2**62 bytes (only a direct call of the
+    accelerator can name them) are refused, not multiplied past the int64 range
+    into a check they would then pass."""
+    accel = kernels._accel
+    assert accel is not None
+    data, records = np.ones(64, np.float32), np.zeros((4, DATA_HEADER_LEN), np.uint8)
+    header, layout = bytes(DATA_HEADER_LEN), bytes([1, 10, 12, 16, 24, 28])
+    u8, i64 = np.zeros(4, np.uint8), np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match="chunks of at most 65535 bytes"):
+        accel.plan_round(records.reshape(-1), 2**62, header, layout, u8, u8, u8,
+                         np.zeros(1, np.uint16), 2**62, 64, 4, 0, 1, data.view(np.uint8),
+                         i64[:1], i64[:1], u8[:1], u8[:1], False)  # fmt: skip
+    with pytest.raises(ValueError, match="4 rows of 4611686018427387904 record bytes"):
+        accel.plan_round(records.reshape(-1), 2**62, header, layout, u8, u8, u8,
+                         np.zeros(4, np.uint16), 16, 64, 4, 0, 1, None, i64, i64, u8.copy(),
+                         u8.copy(), False)  # fmt: skip
+    with pytest.raises(ValueError, match="4 rows of 4611686018427387904 record bytes"):
+        accel.plan_send(data, 16, np.zeros(1, np.int64), 16, 0.0, np.zeros(4, np.uint16), 1,
+                        np.zeros(1, np.uint8), None, -1.0, 0.0, True, 20, 15,
+                        records.reshape(-1), 2**62, header, layout, 0, 1, True, False,
+                        np.empty(4, np.float32), np.empty(20, np.uint8),
+                        np.empty(8, np.int64))  # fmt: skip
+    assert not records.any()
