@@ -31,7 +31,7 @@ from .packetizer import (
     UInt8Array,
     build_records,
     message_shape,
-    plan_message,
+    plan_shaped,
     record_stride,
     shared_header,
 )
@@ -153,17 +153,14 @@ def plan_first_round(
     out in one call of the accelerator (``plan_send``), without the Python
     between the two; every other the two functions plan. Both give the same
     table and round (tests/proto/test_packetizer.py)."""
+    shape = message_shape(data, dtype, chunk_bytes, segments=segments, loss_bound=loss_bound)
     if dtype is DType.FLOAT32:
-        shape = message_shape(data, dtype, chunk_bytes, segments=segments, loss_bound=loss_bound)
         fused = _plan_send(
             data, shape, ident, classifier, magnitude_sample, authenticate, lend, take
         )
         if fused is not None:
             return fused
-    table = plan_message(
-        data, dtype, chunk_bytes=chunk_bytes, classifier=classifier, segments=segments,
-        magnitude_sample=magnitude_sample, loss_bound=loss_bound,
-    )  # fmt: skip
+    table = plan_shaped(data, dtype, shape, classifier, magnitude_sample)
     tag = AUTH_TRAILER_LEN if authenticate else 0
     shape_of = (
         table.n_chunks,

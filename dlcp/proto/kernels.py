@@ -407,27 +407,13 @@ def plan_round(
 
 
 def plan_send(
-    data: npt.NDArray[np.float32],
-    chunk_elems: int,
-    starts: Int64Array,
-    block: int,
-    tail_magnitude: float,
-    layer: npt.NDArray[np.uint16],
-    n_layers: int,
-    rule: tuple[UInt8Array, UInt8Array | None, float, float, int, int],
-    may_drop: bool,
-    records: UInt8Array,
-    template: bytes,
-    layout: bytes,
-    flags: int,
-    last_flag: int,
-    *,
-    lend: bool,
-    stream: bool,
-    magnitude: npt.NDArray[np.float32],
-    classes: UInt8Array,
+    data: npt.NDArray[np.float32], chunk_elems: int, starts: Int64Array, block: int,
+    tail_magnitude: float, layer: npt.NDArray[np.uint16], n_layers: int,
+    rule: tuple[UInt8Array, UInt8Array | None, float, float, int, int], may_drop: bool,
+    records: UInt8Array, template: bytes, layout: bytes, flags: int, last_flag: int, *,
+    lend: bool, stream: bool, magnitude: npt.NDArray[np.float32], classes: UInt8Array,
     order: Int64Array,
-) -> tuple[int, ...] | None:
+) -> tuple[int, ...] | None:  # fmt: skip
     """A float32 message sampled (:func:`block_abs_mean`), classified by a
     built-in classifier's ``rule`` (:func:`classify_chunks`: layer_prio,
     layer_eligible, fraction, threshold, bias, top) and its first round laid

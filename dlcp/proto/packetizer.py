@@ -52,6 +52,7 @@ __all__ = [
     "header_template",
     "message_shape",
     "plan_message",
+    "plan_shaped",
     "record_stride",
     "seal",
     "shared_header",
@@ -128,6 +129,18 @@ def plan_message(
     invite the loss (small messages, and every message with ``p = 0``).
     """
     shape = message_shape(data, dtype, chunk_bytes, segments=segments, loss_bound=loss_bound)
+    return plan_shaped(data, dtype, shape, classifier, magnitude_sample)
+
+
+def plan_shaped(
+    data: npt.NDArray[np.generic],
+    dtype: DType,
+    shape: MessageShape,
+    classifier: Classifier,
+    magnitude_sample: int,
+) -> ChunkTable:
+    """:func:`plan_message` of a message that :func:`message_shape` has checked and
+    cut into ``shape``."""
     chunk_elems, layers = shape.chunk_elems, shape.layers
     if dtype is DType.FLOAT32:
         planned = _plan_float32(data, shape, classifier, magnitude_sample)
