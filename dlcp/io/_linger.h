@@ -90,18 +90,24 @@ static inline int64_t linger_end_by(const LingerAbsorb *absorb, int64_t end_ns) 
 /* Whether a file other than data_fd is ready in the epoll set epfd (which may
  * hold data_fd too: CPython's select.epoll keeps each file's descriptor as its
  * event data) that `absorb` (NULL: none) did not take. A full event array counts
- * as "yes": it may hide others. */
-static inline int linger_others_ready(int epfd, int data_fd, const LingerAbsorb *absorb) {
+ * as "yes": it may hide others. *data_ready (NULL: not asked) says whether data_fd
+ * was among the files ready. */
+static inline int linger_others_ready(int epfd, int data_fd, const LingerAbsorb *absorb,
+                                      int *data_ready) {
     struct epoll_event events[8];
     int n = epoll_wait(epfd, events, 8, 0);
     if (n < 0)
         return errno != EINTR; /* (a bad set ends the linger: Python's turn will say why) */
     if (n == 8)
         return 1;
-    for (int i = 0; i < n; i++)
-        if (events[i].data.fd != data_fd &&
-            !(absorb != NULL && absorb->absorb(absorb->ctx, events[i].data.fd)))
+    for (int i = 0; i < n; i++) {
+        if (events[i].data.fd == data_fd) {
+            if (data_ready != NULL)
+                *data_ready = 1;
+        } else if (!(absorb != NULL && absorb->absorb(absorb->ctx, events[i].data.fd))) {
             return 1;
+        }
+    }
     return 0;
 }
 
@@ -126,7 +132,8 @@ static inline int linger_for_data(int data_fd, int epfd, const LingerAbsorb *abs
         }
         if (n == 0)
             return 0;
-        if (epfd >= 0 && (fds[1].revents & POLLIN) && linger_others_ready(epfd, data_fd, absorb))
+        if (epfd >= 0 && (fds[1].revents & POLLIN) &&
+            linger_others_ready(epfd, data_fd, absorb, NULL))
             return 0;
         if (fds[0].revents & (POLLERR | POLLNVAL | POLLHUP))
             return 0; /* (the read that follows would not block: let the turn see it) */
@@ -140,26 +147,35 @@ static inline int linger_for_data(int data_fd, int epfd, const LingerAbsorb *abs
  * linger's end or when a file of epfd other than data_fd is ready (and absorb did
  * not take it), which ends the nap at once if epfd does not hold data_fd (the I/O
  * thread's set of its other files; one that holds it wakes the nap whenever data
- * is queued: then it sleeps on). Adds the time slept to *idle_ns. */
+ * is queued: then it sleeps on to the nap's end). After frames absorb took, the
+ * nap goes on watching epfd until its end, which those frames may bring closer
+ * (a STOP kept for Python: LingerAbsorb's due_ns). Adds the time slept to *idle_ns. */
 static inline int linger_nap(int data_fd, int epfd, const LingerAbsorb *absorb, int64_t end_ns,
                              int64_t nap_ns, int64_t *idle_ns) {
     int64_t now = linger_clock_ns();
-    end_ns = linger_end_by(absorb, end_ns);
-    if (now >= end_ns)
+    if (now >= linger_end_by(absorb, end_ns))
         return 0;
-    int64_t until = end_ns - now < nap_ns ? end_ns : now + nap_ns;
-    for (int64_t t = now; t < until; t = linger_clock_ns()) {
+    for (int64_t t = now;; t = linger_clock_ns()) {
+        int64_t end = linger_end_by(absorb, end_ns);
+        int64_t until = end - now < nap_ns ? end : now + nap_ns;
+        if (t >= until)
+            break;
         int64_t left = until - t;
         struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
         struct pollfd fd = {epfd, POLLIN, 0};
         int n = ppoll(&fd, epfd >= 0 ? 1 : 0, &ts, NULL); /* (no epfd: a plain sleep) */
-        if (n > 0 && linger_others_ready(epfd, data_fd, absorb)) {
+        int data_ready = 0;
+        if (n > 0 && linger_others_ready(epfd, data_fd, absorb, &data_ready)) {
             *idle_ns += linger_clock_ns() - now;
             return 0;
         }
-        if (n > 0) /* (data_fd in epfd: sleep on without polling) */
-            while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+        if (data_ready) { /* (data_fd in epfd: sleep out the nap without polling) */
+            end = linger_end_by(absorb, end_ns);
+            until = end < until ? end : until;
+            struct timespec at = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
+            while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR)
                 ;
+        }
         if (n < 0 && errno != EINTR)
             break;
     }
