@@ -148,9 +148,14 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         for src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes, bound in taken:
             key = (src, step, msg)
             state = self._incoming.get(key)
+            opened = state is None
             if state is None:  # (registered when its receive was posted: these open it)
                 state = self._open_posted(key, bound, now=now)
             state.reassembler.count_taken(n, fresh, elems, droppable, retx, now=now)
+            if opened and self._native is not None:
+                # (opening applied a FINISH that came first, whose sync gave the table
+                # the counts without these: it holds them again)
+                self._native.sync(key, state.reassembler)
             self._took(key, state, n, nbytes, payload_bytes, fresh, now=now, native=True)
 
     def receive_rest(self, buf: npt.NDArray[np.uint8], segment_size: int, *, now: float) -> None:

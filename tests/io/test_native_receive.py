@@ -332,6 +332,22 @@ def test_a_message_that_completes_mid_call_takes_nothing_behind_it() -> None:
     assert len(pair.native.runs) == 0
 
 
+def test_a_finish_before_any_data_leaves_the_tables_counts_whole() -> None:
+    """A posted receive whose FINISH overtook all of its data: the table's first
+    report opens the message, which applies that FINISH; the table's counts must
+    still hold what that report took, so that the run which completes the message
+    is the last it takes (the duplicates behind it are late, as Python counts them)."""
+    n = 20_000
+    grams, finish = message(n, seed=24)  # p = 0: complete once every element is in
+    seg = len(grams[0])
+    pair = Pair(n, expect=True, ordered_paths=False)
+    pair.control(finish)
+    pair.feed([(grams[:50], seg)])
+    pair.feed([(grams[50:], seg), (grams[:10], seg)])  # completes it; duplicates behind
+    assert pair.native.session._inbox.stats.late_packets == 10
+    assert pair.native.handovers[native_receive.TAKE_CHECK] == 1
+
+
 def test_completion_by_the_bound_waits_and_takes_what_still_arrives() -> None:
     """With the sender's FINISH in, a message that lost some datagrams completes
     by its bound: its check is due mid-call (SETTLING, then the grace), and the
