@@ -901,6 +901,12 @@ static PyObject *table_receive(MessageTableObject *self, PyObject *args) {
     Py_buffer view, counts;
     if (PyObject_GetBuffer(buf_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
+    if (read_size > view.len) { /* (no step could read: the loop would never end) */
+        PyErr_Format(PyExc_ValueError, "read_size (%zd) is larger than buf (%zd bytes)",
+                     read_size, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     memset(&counts, 0, sizeof counts);
     if (counts_obj != NULL) {
         if (PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {

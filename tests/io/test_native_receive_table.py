@@ -5,6 +5,7 @@ another thread takes), bad arguments are named."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import numpy as np
@@ -138,6 +139,12 @@ def test_bad_arguments_are_named() -> None:
         table.stage(buf, [(0, 100, 0)])
     with pytest.raises(ValueError, match="head_layout"):
         native_receive._udpio.MessageTable(JOB, 0x12, 3, b"\x00" * 7, bytes(32), bytes(8))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)  # (no step could read into 1000 bytes: it would spin)
+        with pytest.raises(ValueError, match=r"read_size \(65536\) is larger than buf \(1000"):
+            table.receive(sock.fileno(), np.empty(1000, np.uint8), 4 << 20, 100, 65536,
+                          256 << 10, None)  # fmt: skip
 
 
 def test_no_write_after_unregister_returns_while_another_thread_takes() -> None:
