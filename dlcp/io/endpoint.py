@@ -204,8 +204,9 @@ class Endpoint(IOLoop):
         self._init_turn_state()
         #: the sends and receives in flight, and messages nobody asked for yet
         self._transfers = Transfers(
-            self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss
-        )
+            self._session, rank=rank, timeout=cfg.timeout, emulated_loss=cfg.emulated_loss,
+            stop_sending=self._sender.cancel if self._sender is not None else None,
+        )  # fmt: skip
         self._gone: dict[int, str] = {}
         self._stats = DriverStats()
         self._emulator = (

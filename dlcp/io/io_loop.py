@@ -153,6 +153,12 @@ class IOLoop(ControlInput):
             if (sock := getattr(self, name, None)) is not None:
                 sock.close()
 
+    def _stop_engine(self) -> None:
+        """Stop the native engine's threads before failing what is pending: a lent
+        array is its caller's again once the future settles."""
+        if self._sender is not None:
+            self._sender.close()
+
     def _run(self) -> None:
         name_os_thread(f"dlcp-io-{self.rank}")
         sel = self._selector = ReadSelector()
@@ -198,6 +204,7 @@ class IOLoop(ControlInput):
             log.exception("dlcp rank %d: I/O thread failed", self.rank)
             failed = TransferFailed(f"rank {self.rank}: I/O thread failed: {exc!r}")
             with self._lock:  # (callers change the tables under it)
+                self._stop_engine()
                 self._transfers.fail_all(failed)
             raise
         finally:
@@ -208,6 +215,7 @@ class IOLoop(ControlInput):
                     with contextlib.suppress(Exception):
                         self._stops_taken()
                         self._transfers.dispatch(defer=True)
+                self._stop_engine()
                 self._transfers.fail_all(EndpointClosed(f"rank {self.rank}: endpoint closed"))
                 self._control.watch_ends(None)
                 sel.close()

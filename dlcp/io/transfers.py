@@ -52,8 +52,20 @@ _MAX_UNCLAIMED_FAILURES = 1024
 class Transfers:
     """Pending sends and receives of one endpoint (see the module docstring)."""
 
-    def __init__(self, session: Session, *, rank: int, timeout: float, emulated_loss: float):
+    def __init__(
+        self,
+        session: Session,
+        *,
+        rank: int,
+        timeout: float,
+        emulated_loss: float,
+        stop_sending: Callable[[int, int, int], object] | None = None,
+    ):
         self._session = session
+        #: stops a send's round in the native engine at once (dst, step, msg), so that
+        #: a send failed or cancelled here is no longer read from the caller's array
+        #: when its future settles (a lent array is the caller's again then)
+        self._stop_sending = stop_sending
         self._rank = rank
         self._timeout = timeout
         self._emulated_loss = emulated_loss
@@ -79,6 +91,13 @@ class Transfers:
         (self.sends if outgoing else self.recvs)[key] = pending
         if pending.deadline < self.earliest:
             self.earliest = pending.deadline
+
+    def _drop(self, key: Key, *, outgoing: bool) -> None:
+        """Have the session stop transfer ``key`` (and tell the peer); a send's
+        round stops in the engine before this returns."""
+        self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+        if outgoing and self._stop_sending is not None:
+            self._stop_sending(*key)
 
     def waits_on(self, peer: int) -> bool:
         """Whether anything pending is with ``peer``."""
@@ -243,7 +262,7 @@ class Transfers:
         if pending is None or pending.future is not fut:
             return False
         del table[key]
-        self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+        self._drop(key, outgoing=outgoing)
         return True
 
     def expire(self, now: float) -> None:
@@ -264,7 +283,7 @@ class Transfers:
                 except Exception:
                     log.exception("rank %d: describing message %s failed", self._rank, key)
                     seen = ""
-                self._session.cancel(key[0], step=key[1], msg=key[2], outgoing=outgoing)
+                self._drop(key, outgoing=outgoing)
                 what = "to" if outgoing else "from"
                 pending.future.set_exception(
                     PeerTimeout(
@@ -284,7 +303,7 @@ class Transfers:
                 pending = table.pop(key, None)
                 if pending is None:
                     continue
-                self._session.cancel(peer, step=key[1], msg=key[2], outgoing=outgoing)
+                self._drop(key, outgoing=outgoing)
                 pending.future.set_exception(
                     TransferFailed(
                         f"rank {self._rank}: message (step {key[1]}, msg {key[2]}) "
