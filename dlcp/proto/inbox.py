@@ -161,15 +161,12 @@ class Inbox(ReceivePaths[IncomingMessage]):
         """Where message ``key`` goes and how strict to be (``Session.expect_message``)."""
         src, step, msg = key
         check_message_key(step, msg)
+        what = f"message (step {step}, msg {msg}) from rank {src}"
         if out is not None and not out.flags.writeable:
-            raise UsageError(
-                f"out for message (step {step}, msg {msg}) from rank {src} is read-only"
-            )
+            raise UsageError(f"out for {what} is read-only")
         ended = self._ended.get(key)
         if ended is not None:
-            raise UsageError(
-                f"message (step {step}, msg {msg}) from rank {src} already {ended.outcome.value}"
-            )
+            raise UsageError(f"{what} already {ended.outcome.value}")
         if p is not None:
             bound_to_wire(p)  # validates the range
         fill = fill or self.config.default_fill
@@ -189,10 +186,12 @@ class Inbox(ReceivePaths[IncomingMessage]):
             if self._native is not None and (r := want.post(self.config.chunk_bytes)) is not None:
                 self._register_native(key, r)
             return
-        state.expected = True
-        r = state.reassembler
+        r = state.reassembler  # (every check first: a refused receive changes nothing)
         if fill is FillPolicy.RESCALE and r.dtype is DType.UINT8:
             raise UsageError("fill='rescale' needs a floating-point message, not uint8")
+        if out is not None:
+            r.check_output(out)
+        state.expected = True
         r.fill = fill
         if p is not None and p < r.bound:
             r.bound = p

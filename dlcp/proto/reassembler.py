@@ -110,9 +110,8 @@ class Reassembler:
         if out is None:
             out = np.empty(msg_elems, dtype=dtype.numpy()) if spare is None else spare
             if fill is FillPolicy.PREVIOUS:
-                # no previous values in a buffer of our own: lost elements are zeroed,
-                # and the report says so (a receive that brings its buffer later
-                # sets the fill again, see Inbox.expect)
+                # no previous values in a buffer of our own: lost elements are zeroed and
+                # the report says so (a receive bringing its buffer later sets the fill)
                 fill = FillPolicy.ZERO
         if out.dtype != dtype.numpy() or out.shape != (msg_elems,) or not out.flags.c_contiguous:
             raise GeometryError(
@@ -196,14 +195,18 @@ class Reassembler:
             msg_elems=msg_elems,
         )
 
-    def replace_output(self, out: npt.NDArray[np.generic], *, accumulate: bool = False) -> None:
-        """Move to a caller's buffer (the message arrived before it was asked for);
-        with ``accumulate``, what arrived so far is added to it, and the rest will be."""
+    def check_output(self, out: npt.NDArray[np.generic]) -> None:
+        """GeometryError unless ``out`` can hold this message (type, shape, contiguous)."""
         if out.dtype != self.out.dtype or out.shape != self.out.shape or not out.flags.c_contiguous:
             raise GeometryError(
                 f"output buffer is {out.dtype}{list(out.shape)}, message is "
                 f"{self.out.dtype}{list(self.out.shape)} (contiguous)"
             )
+
+    def replace_output(self, out: npt.NDArray[np.generic], *, accumulate: bool = False) -> None:
+        """Move to a caller's buffer (the message arrived before it was asked for);
+        with ``accumulate``, what arrived so far is added to it, and the rest will be."""
+        self.check_output(out)
         if accumulate:
             check_accumulate(self.dtype, self.fill, out)
             full, tail = self._masks_for(self.received)

@@ -224,6 +224,42 @@ def test_previous_fill_without_a_buffer_of_the_callers_fills_zeros_and_says_so()
     assert not got.data[192:256].any()
 
 
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_refused_receive_leaves_the_message_as_it_was(refused: bool) -> None:
+    """A receive posted, with fill='previous' and a tighter bound, for a message
+    already arriving, and refused (its out= is the wrong size): the message keeps
+    its fill, bound and charge as if it had never been posted. (It took the fill
+    before the size check, and its lost elements came out as whatever its own
+    buffer held, a spare with another message's values, reported as 'previous'.)"""
+    from dlcp.proto.config import FillPolicy
+    from dlcp.proto.reassembler import GeometryError
+
+    cfg = ProtocolConfig(pacer="unpaced", payload_bytes=256, classifier="magnitude",
+                         classifier_options={"drop_fraction": 0.5})  # fmt: skip
+    a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
+    b.keep_spare(np.full(4096, 7.0, np.float32))  # (another message's values)
+    a.send_message(1, np.ones(4096, np.float32), step=0, msg=0, now=0.0, p=0.2)
+    for item in a.datagrams_to_send(now=0.0):
+        if isinstance(item, DataBatch):
+            data = bytes(item.data)
+            for at in range(0, len(data), item.segment_size):
+                dgram = data[at : at + item.segment_size]
+                if int.from_bytes(dgram[12:16], "big") != 3:  # chunk 3 is lost
+                    b.receive_datagram(dgram, now=0.0)
+                if refused and at == 0:  # (the message is under way: refuse a receive)
+                    with pytest.raises(GeometryError, match=r"output buffer is float32\[10\]"):
+                        b.expect_message(0, step=0, msg=0, out=np.zeros(10, np.float32),
+                                         p=0.0, fill=FillPolicy.PREVIOUS)  # fmt: skip
+        else:
+            b.receive_datagram(item.data, now=0.0)
+    ev = _pump([a, b], until=0.5)
+    (got,) = [e for e in ev[1] if isinstance(e, MessageReceived)]
+    assert got.report.lost_ranges == ((192, 64),)  # (the bound of 0.2 held: not resent)
+    assert got.report.fill is FillPolicy.ZERO
+    assert not got.data[192:256].any()
+    assert b._inbox._unexpected_bytes > 0  # (still charged: nobody claimed it)
+
+
 def test_a_message_key_is_not_reused_while_its_receiver_remembers_it() -> None:
     """A second message under a key that completed a moment ago was taken by the
     receiver for a late copy of the first: its data dropped as late, its FINISH
