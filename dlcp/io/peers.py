@@ -50,7 +50,7 @@ class PeerAddress:
 
     @classmethod
     def decode(cls, raw: str | bytes) -> PeerAddress:
-        text = raw.decode() if isinstance(raw, bytes) else raw
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         try:
             host, data, ctrl = text.split()
             return cls(host, int(data), int(ctrl))

@@ -226,6 +226,9 @@ class Outbox(SessionSide):
         if out is None:
             self.stats.stale_control += 1
         elif isinstance(ctrl, Stop):
+            if ctrl.received_elems > out.table.msg_elems:  # (not this message's STOP)
+                self.stats.reject("geometry")
+                return
             if out.recovery.phase is SendPhase.AWAITING and out.recovery.round == 0:
                 table = out.table
                 missed = table.msg_elems - min(ctrl.received_elems, table.msg_elems)

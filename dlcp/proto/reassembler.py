@@ -188,12 +188,9 @@ class Reassembler:
     ) -> int:
         """:meth:`chunk_elems_of` from a data header's fields as they are on the wire."""
         return cls.chunk_elems_of(
-            seq=seq,
-            offset=offset,
-            payload_elems=payload_len // dtype.itemsize,
-            last=bool(flags & _LAST),
-            msg_elems=msg_elems,
-        )
+            seq=seq, offset=offset, payload_elems=payload_len // dtype.itemsize,
+            last=bool(flags & _LAST), msg_elems=msg_elems,
+        )  # fmt: skip
 
     def check_output(self, out: npt.NDArray[np.generic]) -> None:
         """GeometryError unless ``out`` can hold this message (type, shape, contiguous)."""
@@ -426,14 +423,13 @@ class Reassembler:
         self, headers: npt.NDArray[np.void], seq: Int64Array, start: Int64Array, elems: Int64Array
     ) -> BoolArray:
         flags = headers["flags"]
-        bad: BoolArray = (
+        return (  # type: ignore[no-any-return]
             (headers["offset"] != start)
             | (headers["payload_len"] != elems * self.dtype.itemsize)
             | (headers["msg_elems"] != self.msg_elems)
             | (headers["dtype"] != self._dtype_byte)
             | (((flags & _LAST) != 0) != (seq == self.n_chunks - 1))
         )
-        return bad
 
     def _write(self, seq: Int64Array, payloads: UInt8Array) -> None:
         cb = self.chunk_bytes
@@ -489,8 +485,12 @@ class Reassembler:
         return f"payload_len {int(h['payload_len'])} does not fit chunk {seq} of this message"
 
     def on_finish(self, finish: Finish) -> bool:
-        """Record the sender's FINISH; False if it contradicts the message."""
-        if finish.total_chunks != self.n_chunks:
+        """Record the sender's FINISH; False if it contradicts the message (whose
+        chunk counts every round's FINISH repeats)."""
+        first, counts = self.finish, (finish.protected_chunks, finish.class_chunks)
+        if finish.total_chunks != self.n_chunks or (
+            first is not None and counts != (first.protected_chunks, first.class_chunks)
+        ):
             return False
         if self.finish is None or finish.round >= self.finish.round:
             self.finish = finish
