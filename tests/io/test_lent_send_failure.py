@@ -30,13 +30,18 @@ N = 1 << 20
 SLOW = ProtocolConfig(pacer_options={"initial_rate": 5e5, "min_rate": 1e5, "max_rate": 1e6})
 
 
-def _pair(sender_timeout: float) -> tuple[Endpoint, Endpoint]:
+def _lent_send(sender_timeout: float) -> tuple[Endpoint, Endpoint, Any, Future[Any], Future[Any]]:
+    """Two endpoints, and a lent send from the first to the second under way:
+    (sender, receiver, the lent array, the receive, the send)."""
     store = LocalStore()
-    return tuple(  # type: ignore[return-value]
+    a, b = (
         Endpoint(r, store=store, world_size=2, job=JOB, config=EndpointConfig(
             timeout=sender_timeout if r == 0 else 30.0, engine="native", protocol=SLOW))
         for r in range(2)
     )  # fmt: skip
+    arr = np.ones(N, np.float32)
+    rx = b.recv(src=0, msg=1, out=np.zeros_like(arr), p=0.0)
+    return a, b, arr, rx, a.send(arr, to=1, msg=1, borrow=True, p=0.0)
 
 
 def _engine_datagrams(ep: Endpoint) -> int:
@@ -58,11 +63,8 @@ def _nothing_sent_after(a: Endpoint, arr: Any, rx: Future[Any], sent: int) -> No
 
 
 def test_a_lent_send_that_times_out_is_not_read_after_its_future_failed() -> None:
-    a, b = _pair(sender_timeout=0.5)
+    a, b, arr, rx, fut = _lent_send(sender_timeout=0.5)
     try:
-        arr = np.ones(N, np.float32)
-        rx = b.recv(src=0, msg=1, out=np.zeros_like(arr), p=0.0)
-        fut = a.send(arr, to=1, msg=1, borrow=True, p=0.0)
         assert isinstance(fut.exception(timeout=30), PeerTimeout)
         sent = _engine_datagrams(a)
         assert 0 < sent < N * 4 // 1400  # (it failed in the middle)
@@ -73,11 +75,8 @@ def test_a_lent_send_that_times_out_is_not_read_after_its_future_failed() -> Non
 
 
 def test_a_lent_send_cancelled_is_not_read_after_cancel_returned() -> None:
-    a, b = _pair(sender_timeout=30.0)
+    a, b, arr, rx, fut = _lent_send(sender_timeout=30.0)
     try:
-        arr = np.ones(N, np.float32)
-        rx = b.recv(src=0, msg=1, out=np.zeros_like(arr), p=0.0)
-        fut = a.send(arr, to=1, msg=1, borrow=True, p=0.0)
         deadline = time.monotonic() + 30
         while _engine_datagrams(a) < 100:  # (under way: the engine has sent some)
             assert not fut.done() and time.monotonic() < deadline

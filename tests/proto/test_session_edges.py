@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -208,6 +210,17 @@ def test_previous_fill_without_a_buffer_of_the_callers_fills_zeros_and_says_so()
     del junk
     x = np.ones(4096, np.float32)
     a.send_message(1, x, step=0, msg=0, now=0.0, p=0.2)
+    got = _losing_chunk_3(a, b)
+    assert got.report.lost_ranges == ((192, 64),)
+    assert got.report.fill is FillPolicy.ZERO
+    assert not got.data[192:256].any()
+
+
+def _losing_chunk_3(
+    a: Session, b: Session, *, after_first: Callable[[], None] | None = None
+) -> MessageReceived:
+    """``a``'s first round to ``b`` but chunk 3 (``after_first`` runs once ``b``
+    has its first datagram), then both until ``b`` has the message."""
     for item in a.datagrams_to_send(now=0.0):
         if isinstance(item, DataBatch):
             data = bytes(item.data)
@@ -215,13 +228,13 @@ def test_previous_fill_without_a_buffer_of_the_callers_fills_zeros_and_says_so()
                 dgram = data[at : at + item.segment_size]
                 if int.from_bytes(dgram[12:16], "big") != 3:  # chunk 3 is lost
                     b.receive_datagram(dgram, now=0.0)
+                if at == 0 and after_first is not None:
+                    after_first()
         else:
             b.receive_datagram(item.data, now=0.0)
     ev = _pump([a, b], until=0.5)
     (got,) = [e for e in ev[1] if isinstance(e, MessageReceived)]
-    assert got.report.lost_ranges == ((192, 64),)
-    assert got.report.fill is FillPolicy.ZERO
-    assert not got.data[192:256].any()
+    return got
 
 
 @pytest.mark.parametrize("refused", [False, True])
@@ -239,21 +252,13 @@ def test_a_refused_receive_leaves_the_message_as_it_was(refused: bool) -> None:
     a, b = (Session(rank=r, job=JOB, config=cfg) for r in range(2))
     b.keep_spare(np.full(4096, 7.0, np.float32))  # (another message's values)
     a.send_message(1, np.ones(4096, np.float32), step=0, msg=0, now=0.0, p=0.2)
-    for item in a.datagrams_to_send(now=0.0):
-        if isinstance(item, DataBatch):
-            data = bytes(item.data)
-            for at in range(0, len(data), item.segment_size):
-                dgram = data[at : at + item.segment_size]
-                if int.from_bytes(dgram[12:16], "big") != 3:  # chunk 3 is lost
-                    b.receive_datagram(dgram, now=0.0)
-                if refused and at == 0:  # (the message is under way: refuse a receive)
-                    with pytest.raises(GeometryError, match=r"output buffer is float32\[10\]"):
-                        b.expect_message(0, step=0, msg=0, out=np.zeros(10, np.float32),
-                                         p=0.0, fill=FillPolicy.PREVIOUS)  # fmt: skip
-        else:
-            b.receive_datagram(item.data, now=0.0)
-    ev = _pump([a, b], until=0.5)
-    (got,) = [e for e in ev[1] if isinstance(e, MessageReceived)]
+
+    def refuse() -> None:  # (the message is under way: a receive refused)
+        with pytest.raises(GeometryError, match=r"output buffer is float32\[10\]"):
+            b.expect_message(0, step=0, msg=0, out=np.zeros(10, np.float32), p=0.0,
+                             fill=FillPolicy.PREVIOUS)  # fmt: skip
+
+    got = _losing_chunk_3(a, b, after_first=refuse if refused else None)
     assert got.report.lost_ranges == ((192, 64),)  # (the bound of 0.2 held: not resent)
     assert got.report.fill is FillPolicy.ZERO
     assert not got.data[192:256].any()
