@@ -27,6 +27,28 @@ from .pg_tensors import DLCPWork, HostTensor, TensorList, check_tensors
 
 __all__ = ["Exchanges"]
 
+#: element types a sparse all-reduce names (the index of each is its code)
+_SPARSE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.complex64,
+                  torch.complex128)  # fmt: skip
+#: dimensions a sparse all-reduce compares across ranks (more: the first of them)
+_SPARSE_DIMS = 8
+
+
+def _sparse_shape(t: torch.Tensor) -> list[int]:
+    """What every rank's sparse tensor must agree on: its type, sparse and dense
+    dimensions and size, as integers (-1: not given)."""
+    code = _SPARSE_DTYPES.index(t.dtype) if t.dtype in _SPARSE_DTYPES else -1
+    dims = list(t.shape[:_SPARSE_DIMS]) + [-1] * (_SPARSE_DIMS - min(t.dim(), _SPARSE_DIMS))
+    return [code, t.sparse_dim(), t.dim(), *dims]
+
+
+def _describe(shape: list[int]) -> str:
+    code, sparse_dim, ndim, *dims = shape
+    dtype = _SPARSE_DTYPES[code] if 0 <= code < len(_SPARSE_DTYPES) else "another type"
+    size = [d for d in dims if d >= 0] + (["..."] if ndim > _SPARSE_DIMS else [])
+    return f"a sparse {dtype} tensor of size {size} with {sparse_dim} sparse dimensions"
+
 
 def _splits(sizes: list[int], rows: int, world: int, what: str) -> list[int]:
     """Rows per rank: the given split sizes, or equal splits when none are given."""
@@ -210,15 +232,24 @@ class Exchanges(GroupMixin):
         indices = local.indices().contiguous()
         values = local.values().contiguous()
         peers = [q for q in range(self._size) if q != self._rank]
-        # 1. how many entries each rank holds
+        # 1. how many entries each rank holds, and what tensor (refused on every rank
+        # where they differ, as Gloo does: summing them would take this rank's shape)
         call = self.comm.next_call()
         sizes = ReportBuilder("allreduce_sparse_sizes", call, self._size)
-        counts = torch.zeros(self._size, dtype=torch.int64)
-        counts[self._rank] = indices.shape[1]
-        rows = counts.view(torch.uint8).numpy().reshape(self._size, -1)
+        shape = _sparse_shape(local)
+        table = torch.zeros((self._size, 1 + len(shape)), dtype=torch.int64)
+        table[self._rank] = torch.tensor([indices.shape[1], *shape])
+        rows = table.view(torch.uint8).numpy()
         self._transport.transfer(
             call, [(q, 0, rows[self._rank]) for q in peers], [(q, 0, rows[q]) for q in peers], sizes
         )
+        for q in peers:
+            if table[q, 1:].tolist() != shape:
+                raise UsageError(
+                    f"allreduce (sparse): rank {q} has {_describe(table[q, 1:].tolist())}, "
+                    f"rank {self._rank} has {_describe(shape)}"
+                )
+        counts = table[:, 0]
         # 2. their indices (role 0) and values (role 1)
         call = self.comm.next_call()
         data = ReportBuilder("allreduce_sparse", call, int(counts.sum()))

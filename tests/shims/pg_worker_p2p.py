@@ -287,6 +287,23 @@ def sparse_all_reduce_matches_gloo() -> None:
 
 
 @check
+def sparse_all_reduce_of_other_sizes_is_refused() -> str:
+    """Rank 0's tensor is (21, 3), the others' (20, 3): every rank is told, as
+    Gloo tells it, and the ranks still meet after."""
+    size = (21 if C.rank == 0 else 20, 3)
+    t = torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1, 3), size)
+    msg = ""
+    try:
+        dist.all_reduce(t)
+    except Exception as exc:  # (the work's error, as the backend raises it)
+        msg = str(exc)
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    assert x.eq(C.world).all(), x
+    return msg
+
+
+@check
 def ddp_with_sparse_embeddings_matches_gloo() -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 

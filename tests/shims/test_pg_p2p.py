@@ -55,6 +55,13 @@ def test_point_to_point_misuse_names_what_was_wrong(ranks: list[dict[str, Any]])
         assert f"peer rank {WORLD + 3} outside 0..{WORLD - 1}" in seen["peer"], seen
 
 
+def test_a_sparse_all_reduce_of_other_sizes_names_them(ranks: list[dict[str, Any]]) -> None:
+    for rank, msg in enumerate(outcome(ranks, "sparse_all_reduce_of_other_sizes_is_refused")):
+        theirs = "size [20, 3]" if rank == 0 else "size [21, 3]"
+        assert "allreduce (sparse): rank" in msg and theirs in msg, msg
+        assert "torch.float32" in msg and "1 sparse dimensions" in msg, msg
+
+
 def test_all_to_all_misuse_names_the_splits(ranks: list[dict[str, Any]]) -> None:
     for msg in outcome(ranks, "all_to_all_misuse_is_refused_and_keeps_ranks_paired"):
         assert "output_split_sizes=[5, 5, 5]" in msg and "the 3 rows of output" in msg, msg
