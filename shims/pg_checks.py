@@ -12,7 +12,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 from dlcp.errors import UsageError
 
-from .pg_tensors import TensorList, check_tensors
+from .pg_tensors import FOLDS, TensorList, check_tensors
 
 __all__ = ["check_gather_list", "check_reducible", "reduce_op", "root_rank"]
 
@@ -44,6 +44,15 @@ def check_reducible(t: torch.Tensor, red: Any, op: str) -> None:
         raise UsageError(f"{op}: {red.name} needs integer or bool tensors, got {t.dtype}")
     if red in (_Red.MAX, _Red.MIN) and t.is_complex():
         raise UsageError(f"{op}: {red.name} is undefined for complex tensors")
+    fold, probe = FOLDS.get(red), torch.zeros(2, dtype=t.dtype)
+    try:  # (on one element each: a type torch cannot fold fails here, before any message)
+        if fold is not None:
+            fold(probe[:1], probe[1:])
+    except (NotImplementedError, RuntimeError):
+        raise NotImplementedError(
+            f"dlcp process group does not implement {op} with {red.name} of {t.dtype} "
+            "tensors (torch cannot fold them on the CPU, where the group reduces)"
+        ) from None
 
 
 def check_gather_list(

@@ -400,6 +400,16 @@ def unsupported_ops_raise_clear_errors() -> dict[str, str]:
         seen["avg_int64"] = str(exc)
     else:
         raise AssertionError("AVG of int64 did not raise")
+    try:  # (a type torch cannot add on the CPU: refused before any message)
+        dist.all_reduce(torch.zeros(3, dtype=torch.uint16))
+    except NotImplementedError as exc:
+        assert "allreduce with SUM of torch.uint16" in str(exc), str(exc)
+        seen["sum_uint16"] = str(exc)
+    else:
+        raise AssertionError("SUM of uint16 did not raise")
+    x = torch.ones(3)
+    dist.all_reduce(x)  # (the ranks still meet)
+    assert x.eq(C.world).all(), x
     return seen
 
 

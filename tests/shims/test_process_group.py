@@ -142,7 +142,7 @@ def test_ddp_powersgd_hook_matches_gloo(ranks: list[dict[str, Any]]) -> None:
 
 def test_unsupported_ops_name_themselves(ranks: list[dict[str, Any]]) -> None:
     for seen in outcome(ranks, "unsupported_ops_raise_clear_errors"):
-        assert set(seen) == {"avg_int64"}
+        assert set(seen) == {"avg_int64", "sum_uint16"}
 
 
 def test_mismatched_shapes_raise_on_receivers(ranks: list[dict[str, Any]]) -> None:
