@@ -77,6 +77,8 @@ class CollectiveReport:
     retransmitted_packets: int
     nack_rounds: int
     seconds: float
+    #: elements of incoming messages in bounded-loss phases (lost_fraction's divisor)
+    bounded_elems: int = 0
 
     @property
     def lost_fraction_per_class(self) -> tuple[float, ...]:
@@ -138,6 +140,7 @@ class ReportBuilder:
             retransmitted_packets=self.retransmitted,
             nack_rounds=self.nack_rounds,
             seconds=time.perf_counter() - self.started,
+            bounded_elems=self.bounded_elems,
         )
 
 

@@ -67,7 +67,7 @@ class AllReduceSync(SyncScheme):
         self.clock += 1
         report = StepReport(scheme=self.name, clock=self.clock, version=self.clock,
                             lost_elems=rep.lost_elems,
-                            bounded_elems=rep.elems if self.p > 0 else 0,
+                            bounded_elems=rep.bounded_elems,
                             lost_chunks=rep.lost_chunks, class_chunks=rep.class_chunks,
                             wait_seconds=wait)  # fmt: skip
         self.reports.append(report)

@@ -40,7 +40,7 @@ class DSSync(GroupAveraging):
         group_size: int = 2,
         seed: int = 0,
         p: float = 0.0,
-        fill: str | FillPolicy = FillPolicy.ZERO,
+        fill: str | FillPolicy = FillPolicy.PREVIOUS,
     ) -> None:
         # (checked before the base class looks at the model or the endpoint)
         self.schedule = ShuffleSchedule(world_size, group_size, seed)

@@ -4,9 +4,11 @@ DLCP endpoints, for the decentralised schemes (Ripples, DS-Sync).
 The group's ``k`` members (ranks, sorted) cut the array into ``k`` contiguous
 chunks; member ``i`` owns chunk ``i``. Reduce-scatter: every member sends chunk
 ``j`` to member ``j`` with the loss bound ``p`` (lost elements zero-filled or
-rescaled, and reported); member ``i`` adds the ``k`` copies of its chunk in
-member order and divides by ``k`` for an average. All-gather: member ``i`` sends
-its reduced chunk to every other member reliably (bound 0). So every member
+rescaled, or with ``fill="previous"`` taken as this member's own value, its
+estimate, as averaging parameters needs; reported); member ``i`` adds the ``k``
+copies of its chunk in member order and divides by ``k`` for an average.
+All-gather: member ``i`` sends its reduced chunk to every other member reliably
+(bound 0). So every member
 ends with identical bytes, and with ``p = 0`` the group's sum is preserved.
 
 Messages: ``step`` is the group's id (``Group.gid``: unique in the schedule, so
@@ -78,7 +80,10 @@ def preduce(
     i = group.index(me)
     b = _bounds(len(data), k)
     rs, ag = sync_msg(role), sync_msg(role + 1)
-    scratch = {m: np.empty(b[i + 1] - b[i], np.float32) for m in group if m != me}
+    mine = data[b[i] : b[i + 1]]
+    # (previous: a member's lost element keeps this member's own value, its estimate)
+    scratch = {m: mine.copy() if fill is FillPolicy.PREVIOUS else np.empty_like(mine)
+               for m in group if m != me}  # fmt: skip
     futs: list[tuple[int, Future[Any]]] = []
     sends: list[tuple[int, Future[Any]]] = []
     try:
@@ -149,14 +154,16 @@ class GroupAveraging(SyncScheme):
         endpoint: Endpoint,
         world_size: int,
         p: float = 0.0,
-        fill: str | FillPolicy = FillPolicy.ZERO,
+        fill: str | FillPolicy = FillPolicy.PREVIOUS,
     ) -> None:
         check_world(endpoint.rank, world_size)
         check_loss_bound("p", p)
         self.fill = FillPolicy(fill) if isinstance(fill, str) else fill
-        if self.fill is FillPolicy.PREVIOUS:
+        if self.fill is not FillPolicy.PREVIOUS and p > 0:
             raise ConfigError(
-                "fill='previous': a reduce adds what it receives: use 'zero' or 'rescale'"
+                f"fill='{self.fill.value}' with p={p}: averaging parameters, a lost element "
+                "filled so pulls the average away from the replicas' values; use "
+                "'previous' (this rank's own value stands for it)"
             )
         super().__init__(model, optimizer)
         self.endpoint, self.world_size, self.p = endpoint, world_size, p

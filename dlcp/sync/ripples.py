@@ -48,7 +48,7 @@ class Ripples(GroupAveraging):
         slowdown: Mapping[int, int] | None = None,
         static: bool | None = None,
         p: float = 0.0,
-        fill: str | FillPolicy = FillPolicy.ZERO,
+        fill: str | FillPolicy = FillPolicy.PREVIOUS,
     ) -> None:
         homogeneous = all(x == 1 for x in (slowdown or {}).values())
         self.generator = GroupGenerator(

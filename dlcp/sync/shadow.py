@@ -6,7 +6,10 @@ the others over and over, one *round* at a time, with one of three algorithms:
 
 * ``ma`` (S-MA, model averaging): all-reduce (DLCP ring, bound ``p``) the
   average of the replicas as they were at the round's start, ``x0``; then
-  ``x <- avg + (x - x0)``: the local progress made meanwhile is kept.
+  ``x <- avg + (x - x0)``: the local progress made meanwhile is kept. What the
+  ring sums is each replica's difference from the last round's average, which
+  every rank holds alike (the first round sums the replicas exactly): a lost
+  element then stands for "no change since", not for a parameter of 0.
 * ``bmuf`` (S-BMUF, block-wise model-update filtering): the same average, then
   the block update ``g = avg - x_global``, block momentum
   ``delta <- momentum * delta + block_lr * g``, ``x_global <- x_global + delta``
@@ -126,6 +129,8 @@ class ShadowSync(SyncScheme):
         self._stop = threading.Event()
         self._pending: npt.NDArray[np.float32] | None = None
         self._last_loss = (0, 0, (0,) * N_CLASSES, (0,) * N_CLASSES)
+        #: the last round's average, the same on every rank (None before the first)
+        self._reference: npt.NDArray[np.float32] | None = None
         self._comm: Communicator | None = None
         self._centre: _Centre | None = None
         if algorithm == "easgd":
@@ -218,13 +223,18 @@ class ShadowSync(SyncScheme):
         assert self._comm is not None
         with self.lock:
             x0 = self._replica()
+        ref = self._reference
         buf = np.empty(self.flat.numel + 1, np.float32)
-        buf[:-1] = x0
+        buf[:-1] = x0 if ref is None else x0 - ref
         buf[-1] = 1.0 if self._stop.is_set() else 0.0
-        rep = ring_allreduce(self._comm, buf, p=self.p)  # (the sum; averaged below)
-        self._last_loss = (rep.lost_elems, rep.elems if self.p > 0 else 0, rep.lost_chunks,
+        # (the sum; averaged below; exact in the first round, which has no reference)
+        rep = ring_allreduce(self._comm, buf, p=self.p if ref is not None else 0.0)
+        self._last_loss = (rep.lost_elems, rep.bounded_elems, rep.lost_chunks,
                            rep.class_chunks)  # fmt: skip
         avg = buf[:-1] / np.float32(self.world_size)
+        if ref is not None:
+            avg += ref
+        self._reference = avg
         if self.algorithm == "ma":
             restart = avg
         else:  # block momentum on the block's update
