@@ -61,7 +61,7 @@ def test_group_averaging_under_loss_leaves_identical_replicas_as_they_were() -> 
         model = _model()
         start = _flat(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        with pytest.raises(ConfigError, match="fill='zero' with p=0.05: averaging parameters"):
+        with pytest.raises(ConfigError, match=r"fill='zero' with p=0\.05: averaging parameters"):
             make("ds-sync", model, opt, endpoint=ep, world_size=WORLD, p=0.05, fill="zero")
         sync = make("ds-sync", model, opt, endpoint=ep, world_size=WORLD, p=0.05)
         lost = sum(sync.step().lost_elems for _ in range(5))
