@@ -8,8 +8,8 @@ rescaled, or with ``fill="previous"`` taken as this member's own value, its
 estimate, as averaging parameters needs; reported); member ``i`` adds the ``k``
 copies of its chunk in member order and divides by ``k`` for an average.
 All-gather: member ``i`` sends its reduced chunk to every other member reliably
-(bound 0). So every member
-ends with identical bytes, and with ``p = 0`` the group's sum is preserved.
+(bound 0). So every member ends with identical bytes, and with ``p = 0`` the
+group's sum is preserved.
 
 Messages: ``step`` is the group's id (``Group.gid``: unique in the schedule, so
 two groups never meet), ``msg`` the sync channel with the scheme's role base.
