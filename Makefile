@@ -145,7 +145,7 @@ sanitize: setup
 	  $(BIN)/pytest -q tests/io/test_engine_send.py tests/io/test_engine_pacer.py \
 	  tests/proto/test_gmac.py tests/io/test_engines.py tests/io/test_endpoint.py \
 	  tests/collectives/test_halving.py tests/io/test_native_receive.py tests/io/test_native_receive_auth.py \
-	  tests/io/test_posted_receives.py tests/io/test_lent_send_failure.py \
+	  tests/io/test_posted_receives.py tests/io/test_lent_send_failure.py tests/io/test_native_replay.py \
 	  tests/io/test_udp_receive.py tests/io/test_prefilter.py tests/io/test_endpoint_accumulate.py \
 	  tests/io/test_receive_linger.py tests/io/test_readiness.py tests/io/test_linger_rates.py \
 	  tests/io/test_engine_finish.py tests/io/test_stops_in_waits.py tests/io/test_finishes_in_waits.py \

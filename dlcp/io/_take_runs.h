@@ -86,6 +86,10 @@ typedef struct {
     /* what its datagrams' tags are verified with (TakeTable.verify's first
      * argument; the caller's, alive while registered), NULL: they carry none */
     void *verifier;
+    /* tagged datagrams: the lowest nonce taken (below it, a datagram is handed
+     * back to Python, which refuses it as replayed: dlcp/proto/replay.py), and
+     * one above the highest nonce taken since it was registered (0: none) */
+    uint64_t nonce_floor, nonce_next;
     /* the reassembler's received_elems and received_protected, and the values at
      * which Reassembler.is_complete may turn true: all elements, or (once the
      * sender's FINISH came) complete_elems with complete_protected protected chunks */
@@ -215,6 +219,7 @@ static inline ssize_t take_register(TakeTable *t, const TakenMessage *m) {
         next.fresh_retx = old->fresh_retx;
         next.payload_bytes = old->payload_bytes;
         next.bound = old->bound;
+        next.nonce_next = old->nonce_next;
         next.reported = old->reported;
         next.live = 1;
         *old = next;
@@ -307,10 +312,17 @@ static inline TakenMessage *take_message_of(const TakeTable *t, const unsigned c
     return extra == 0 ? m : NULL;
 }
 
+/* The nonce of a tagged datagram of `size` bytes at `record` (the trailer's
+ * first 8 bytes, big-endian). */
+static inline uint64_t take_nonce(const TakeTable *t, const unsigned char *record, ssize_t size) {
+    const unsigned char *p = record + size - t->trailer_len;
+    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
 /* How many of the k leading datagrams at `at` (seg apart, `bytes` in all: the
- * last may be shorter) carry the right tag under m's verifier; a datagram too
- * short for a header and a trailer ends the count, as verified_prefix in
- * dlcp/proto/auth.py counts. */
+ * last may be shorter) carry a nonce of at least m's floor and the right tag
+ * under m's verifier; a datagram too short for a header and a trailer ends the
+ * count, as verified_prefix in dlcp/proto/auth.py counts. */
 static inline ssize_t take_verified(const TakeTable *t, const TakenMessage *m,
                                     const unsigned char *at, ssize_t k, ssize_t seg,
                                     ssize_t bytes) {
@@ -318,7 +330,8 @@ static inline ssize_t take_verified(const TakeTable *t, const TakenMessage *m,
     ssize_t right = 0;
     for (; right < k; right++) {
         ssize_t size = bytes - right * seg < seg ? bytes - right * seg : seg;
-        if (size < least || t->verify(m->verifier, at + right * seg, (size_t)size) != 1)
+        if (size < least || take_nonce(t, at + right * seg, size) < m->nonce_floor ||
+            t->verify(m->verifier, at + right * seg, (size_t)size) != 1)
             break;
     }
     return right;
@@ -359,6 +372,12 @@ static inline void take_scatter(const TakeTable *t, TakenMessage *m, const unsig
         ScatterResult part = {0, 0, 0, 0, 0, 0};
         if (scatter_check_args(&a) == SCATTER_OK && scatter_check_buffers(&a) == SCATTER_OK)
             scatter_records(&a, &part);
+        for (ssize_t i = 0; m->verifier != NULL && i < part.taken; i++) {
+            ssize_t size = bytes - i * seg < seg ? bytes - i * seg : seg;
+            uint64_t nonce = take_nonce(t, at + i * seg, size);
+            if (nonce >= m->nonce_next)
+                m->nonce_next = nonce < UINT64_MAX ? nonce + 1 : UINT64_MAX;
+        }
         r->taken += part.taken;
         r->fresh += part.fresh;
         r->fresh_drop += part.fresh_drop;

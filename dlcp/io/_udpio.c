@@ -60,7 +60,7 @@
  *   register(src, step, msg, out, received, received_class, chunk_elems,
  *            msg_elems, itemsize, dtype_byte, stream, add, received_elems,
  *            received_protected, complete_elems, complete_protected,
- *            tag_key=None)
+ *            tag_key=None, nonce_floor=0)
  *     adds (or replaces) a message: its reassembler's output bytes and chunk
  *     maps (held, as Py_buffers, until it is removed), geometry (with add, its
  *     float32 payloads are added to what out holds), and the counts
@@ -69,7 +69,8 @@
  *     libcrypto: VERIFIES_TAGS) its datagrams carry the AUTH flag (auth_flag)
  *     and a trailer, and only those whose AES-GMAC tag verifies under the key
  *     are taken (dlcp/proto/gmac.h, the bytes of dlcp/proto/auth.py), their
- *     trailers left out of the payload. The table keeps one key per source rank,
+ *     trailers left out of the payload, and none whose nonce is below
+ *     nonce_floor (a replay: dlcp/proto/replay.py). The table keeps one key per source rank,
  *     expanded once: a register that gives another key for src replaces it for
  *     every message of src (it waits for a running receive step, as unregister
  *     does), so no step checks a tag under a key the session no longer gives.
@@ -94,7 +95,9 @@
  *     (TAKE_WHOLE), 2 (TAKE_REST) or 3 (TAKE_CHECK) as _take_runs.h says. taken:
  *     None, or what the registered messages took since the last call, a tuple
  *     (src, step, msg, datagrams, nbytes, fresh, fresh_elems, fresh_droppable,
- *     fresh_retransmitted, payload_bytes) each, to apply before the handover.
+ *     fresh_retransmitted, payload_bytes, bound, nonce_next) each, to apply
+ *     before the handover (nonce_next: one above the highest nonce it took since
+ *     it was registered, 0 if none).
  *   take_rates(pacer_api, job, first, shared_flag, auth_flag=0), rate_pacer(src,
  *   pacer), take_stops(first, hold_ns), stops(), waiting(delta), take_finishes(first,
  *   crossed_ns, keys), ended(src, step, msg, completed_at), watch_control(fd, src,
@@ -670,11 +673,12 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     int stream, add;
     long long received_elems, received_protected, complete_elems, complete_protected;
     PyObject *tag_key = Py_None;
+    unsigned long long nonce_floor = 0;
     if (!table_ready(self) ||
-        !PyArg_ParseTuple(args, "KKKOOOnnnIppLLLL|O:register", &src, &step, &msg, &out_obj,
+        !PyArg_ParseTuple(args, "KKKOOOnnnIppLLLL|OK:register", &src, &step, &msg, &out_obj,
                           &recv_obj, &cls_obj, &chunk_elems, &msg_elems, &itemsize, &dtype_byte,
                           &stream, &add, &received_elems, &received_protected, &complete_elems,
-                          &complete_protected, &tag_key))
+                          &complete_protected, &tag_key, &nonce_floor))
         return NULL;
     uint64_t key;
     if (key_of(src, step, msg, &key) < 0)
@@ -739,6 +743,7 @@ static PyObject *table_register(MessageTableObject *self, PyObject *args) {
     m.stream = stream;
     m.add = add;
     m.verifier = verifier;
+    m.nonce_floor = nonce_floor;
     m.received_elems = received_elems;
     m.received_protected = received_protected;
     m.complete_elems = complete_elems;
@@ -1026,11 +1031,11 @@ done:
 }
 
 static int report_taken(void *context, const TakenMessage *m) {
-    PyObject *t = Py_BuildValue("(KKKLLLLLLLi)", (unsigned long long)(m->key >> 48),
+    PyObject *t = Py_BuildValue("(KKKLLLLLLLiK)", (unsigned long long)(m->key >> 48),
                                 (unsigned long long)((m->key >> 16) & 0xFFFFFFFFULL),
                                 (unsigned long long)(m->key & 0xFFFF), m->datagrams, m->nbytes,
                                 m->fresh, m->fresh_elems, m->fresh_drop, m->fresh_retx,
-                                m->payload_bytes, m->bound);
+                                m->payload_bytes, m->bound, (unsigned long long)m->nonce_next);
     if (t == NULL)
         return -1;
     int err = PyList_Append((PyObject *)context, t);
@@ -1409,8 +1414,9 @@ static PyMethodDef table_methods[] = {
     {"register", (PyCFunction)table_register, METH_VARARGS,
      "register(src, step, msg, out, received, received_class, chunk_elems, msg_elems, "
      "itemsize, dtype_byte, stream, add, received_elems, received_protected, complete_elems, "
-     "complete_protected, tag_key=None): take this message's runs from now on, those whose "
-     "tags verify under tag_key if given (see the module source)."},
+     "complete_protected, tag_key=None, nonce_floor=0): take this message's runs from now on, "
+     "those whose tags verify under tag_key and nonces are at least nonce_floor if given (see "
+     "the module source)."},
     {"sync", (PyCFunction)table_sync, METH_VARARGS,
      "sync(src, step, msg, received_elems, received_protected, complete_elems, "
      "complete_protected) -> registered: the counts that say when its completion check is due."},

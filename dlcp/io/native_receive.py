@@ -109,14 +109,17 @@ class MessageRuns:
         """Whether messages registered with a tag key are taken (:func:`verifies_tags`)."""
         return verifies_tags()
 
-    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None) -> None:
+    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None,
+                 nonce_floor: int = 0) -> None:  # fmt: skip
         """Take message ``key``'s runs from now on; with ``tag_key`` (the key of
         the pair source -> this rank) only the datagrams whose tags verify under
-        it. The table keeps one key per source rank: another ``tag_key`` for the
-        same source replaces it for every message of that source."""
+        it and whose nonces are at least ``nonce_floor``. The table keeps one key
+        per source rank: another ``tag_key`` for the same source replaces it for
+        every message of that source."""
         self.table.register(
-            *key, *reassembler.run_target(), *reassembler.completion_counts(), tag_key
-        )
+            *key, *reassembler.run_target(), *reassembler.completion_counts(), tag_key,
+            nonce_floor,
+        )  # fmt: skip
 
     def sync(self, key: Key, reassembler: Reassembler) -> None:
         self.table.sync(*key, *reassembler.completion_counts())

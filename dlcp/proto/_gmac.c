@@ -8,9 +8,11 @@
  *                                           nonce and tag of records [start, stop)
  *   verify_data(records, lengths, rows, key, ok) -> failed
  *                                           ok[i] = tag of record rows[i] is right
- *   Verifier(key).verified_prefix(buf, segment_size) -> n
+ *   Verifier(key).verified_prefix(buf, segment_size, floor=0) -> (n, nonce_next)
  *                                           leading datagrams of one receive whose
- *                                           tags are right, under a key expanded once
+ *                                           nonces are at least floor and tags are
+ *                                           right, under a key expanded once, and one
+ *                                           above their highest nonce (0: none)
  *   LIBCRYPTO_VERSION                       the version string of the libcrypto loaded
  *                                           (the one the engines seal and verify with)
  *   backend() -> "modes", "evp" or "sized"  how this module's keys compute tags now
@@ -299,10 +301,14 @@ static void Verifier_dealloc(Verifier *self) {
 }
 
 /* How many leading datagrams of `buf` (segment_size apart, the last possibly
- * shorter, as one receive hands them over) carry the right tag; a short last one
- * counts only if it can hold a data header and a trailer. -1: libcrypto failed. */
-static Py_ssize_t prefix_of(Gmac *g, const uint8_t *buf, Py_ssize_t len, Py_ssize_t segment_size) {
+ * shorter, as one receive hands them over) carry a nonce of at least `floor` and
+ * the right tag, and in *next one above the highest of their nonces (0: none); a
+ * short last one counts only if it can hold a data header and a trailer. -1:
+ * libcrypto failed. */
+static Py_ssize_t prefix_of(Gmac *g, const uint8_t *buf, Py_ssize_t len, Py_ssize_t segment_size,
+                            uint64_t floor, uint64_t *next) {
     const Py_ssize_t least = GMAC_DATA_HEADER_LEN + GMAC_TRAILER_LEN;
+    *next = 0;
     if (segment_size < least)
         return 0;
     Py_ssize_t n = 0;
@@ -310,11 +316,19 @@ static Py_ssize_t prefix_of(Gmac *g, const uint8_t *buf, Py_ssize_t len, Py_ssiz
         Py_ssize_t size = len - at < segment_size ? len - at : segment_size;
         if (size < least)
             break;
+        const uint8_t *p = buf + at + size - GMAC_TRAILER_LEN;
+        uint64_t nonce = 0;
+        for (int k = 0; k < 8; k++)
+            nonce = nonce << 8 | p[k];
+        if (nonce < floor)
+            break;
         int right = gmac_verify_data(g, buf + at, (size_t)size);
         if (right < 0)
             return -1;
         if (!right)
             break;
+        if (nonce >= *next)
+            *next = nonce < UINT64_MAX ? nonce + 1 : UINT64_MAX;
     }
     return n;
 }
@@ -322,14 +336,17 @@ static Py_ssize_t prefix_of(Gmac *g, const uint8_t *buf, Py_ssize_t len, Py_ssiz
 static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t segment_size;
-    if (!PyArg_ParseTuple(args, "y*n:verified_prefix", &buf, &segment_size))
+    unsigned long long floor = 0;
+    if (!PyArg_ParseTuple(args, "y*n|K:verified_prefix", &buf, &segment_size, &floor))
         return NULL;
     Py_ssize_t n = -2; /* -2: no key */
+    uint64_t next = 0;
     if (self->lock != NULL) {
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
         if (gmac_ready(&self->gmac))
-            n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size);
+            n = prefix_of(&self->gmac, (const uint8_t *)buf.buf, buf.len, segment_size,
+                          (uint64_t)floor, &next);
         PyThread_release_lock(self->lock);
         Py_END_ALLOW_THREADS
     }
@@ -342,13 +359,14 @@ static PyObject *Verifier_verified_prefix(Verifier *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "libcrypto failed to compute an AES-GMAC tag");
         return NULL;
     }
-    return PyLong_FromSsize_t(n);
+    return Py_BuildValue("(nK)", n, (unsigned long long)next);
 }
 
 static PyMethodDef Verifier_methods[] = {
     {"verified_prefix", (PyCFunction)Verifier_verified_prefix, METH_VARARGS,
-     "verified_prefix(buf, segment_size) -> n: how many leading datagrams of buf (segment_size "
-     "apart, the last possibly shorter) carry the right tag"},
+     "verified_prefix(buf, segment_size, floor=0) -> (n, nonce_next): how many leading "
+     "datagrams of buf (segment_size apart, the last possibly shorter) carry a nonce of at "
+     "least floor and the right tag, and one above the highest of their nonces (0: none)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -237,27 +237,40 @@ def _verifier(key: bytes) -> Any:
     return verifier
 
 
-def verified_prefix(buf: UInt8Array, segment_size: int, key: bytes) -> int:
+def verified_prefix(
+    buf: UInt8Array, segment_size: int, key: bytes, floor: int = 0
+) -> tuple[int, int]:
     """How many leading datagrams of ``buf`` (``segment_size`` apart, the last
-    possibly shorter, as one receive hands them over) carry the right tag under
-    ``key``; a short last one counts only if it holds a data header and a
-    trailer. With the C accelerator one call, under the key expanded once; else
-    one batch call for the whole ones, one more for a short last one."""
+    possibly shorter, as one receive hands them over) carry a nonce of at least
+    ``floor`` (:mod:`dlcp.proto.replay`) and the right tag under ``key``, and one
+    above the highest of their nonces (0: none); a short last one counts only if
+    it holds a data header and a trailer. With the C accelerator one call, under
+    the key expanded once; else one batch call for the whole ones, one more for a
+    short last one."""
     if _accel is not None:
-        return int(_verifier(key).verified_prefix(buf, segment_size))
+        n, nonce_next = _verifier(key).verified_prefix(buf, segment_size, floor)
+        return int(n), int(nonce_next)
     least = _DATA_HEADER_LEN + AUTH_TRAILER_LEN
     n, tail = divmod(len(buf), segment_size) if segment_size >= least else (0, 0)
+    sizes = [segment_size] * n + ([tail] if tail >= least else [])
+    nonces = [
+        int.from_bytes(buf[end - AUTH_TRAILER_LEN : end - AUTH_TAG_LEN], "big")
+        for end in (k * segment_size + size for k, size in enumerate(sizes))
+    ]
+    fresh = next((i for i, nonce in enumerate(nonces) if nonce < floor), len(nonces))
+    n = min(n, fresh)
     if n:
         records = buf[: n * segment_size].reshape(n, segment_size)
         lengths = np.full(n, segment_size, dtype=np.int64)
         ok = verify_records(records, lengths, np.arange(n, dtype=np.int64), key)
         if not ok.all():
-            return int(np.argmin(ok))
-    if tail >= least:
+            n = int(np.argmin(ok))
+            fresh = n
+    if fresh > n and len(sizes) > n:
         last = buf[n * segment_size :].reshape(1, tail)
         one = np.zeros(1, dtype=np.int64)
         n += int(verify_records(last, np.array([tail], np.int64), one, key)[0])
-    return n
+    return n, min(max(nonces[:n], default=-1) + 1, (1 << 64) - 1)
 
 
 def gmac_backend() -> str | None:

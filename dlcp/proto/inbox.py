@@ -27,7 +27,8 @@ Whatever the path, a datagram lands in one of these cases, by the message it nam
 ========================  =====================================================
 case                      what happens
 ========================  =====================================================
-rejected on the wire      counted under its reason (general path only)
+rejected on the wire      counted under its reason (general path only); so is
+                          authenticated data replayed (dlcp.proto.replay)
 from an unknown peer      rejected ``unknown_peer``; nothing else is touched
 first of an awaited       the message opens with the geometry of its header and
 message                   the ``out=``/``p``/``fill`` the application gave
@@ -142,8 +143,7 @@ class Inbox(ReceivePaths[IncomingMessage]):
         #: messages under way per source (the meter shares a window only between
         #: sources that had some under way at once)
         self._under_way: dict[int, int] = {}
-        #: the driver waited for datagrams (Session.note_idle, every turn: the
-        #: meter's own method, no call in between)
+        #: the driver waited (Session.note_idle, every turn: the meter's own method)
         self.meter_idle = self._meter.on_idle
         self._last_data: dict[int, float] = {}  # source rank -> time its data last arrived
 
@@ -179,10 +179,9 @@ class Inbox(ReceivePaths[IncomingMessage]):
         if state is None:
             self._drop_expected(key)  # (posted again)
             want = self._expected[key] = Expectation(out, p, fill, accumulate)
-            # registered with the native loop before any of it came, in the geometry the
-            # sender most likely gives it (Expectation.post): the loop takes its first
-            # datagrams too, and those that do not fit open it as they say (_open); src
-            # is a peer (Session.expect_message refuses others)
+            # registered with the native loop before any of it came, in the geometry the sender
+            # most likely gives it (Expectation.post): the loop takes its first datagrams too,
+            # those that do not fit open it as they say (_open); src is a peer (expect_message)
             if self._native is not None and (r := want.post(self.config.chunk_bytes)) is not None:
                 self._register_native(key, r)
             return
@@ -416,6 +415,8 @@ class Inbox(ReceivePaths[IncomingMessage]):
         self._ended[key] = ended
         if self._native is not None:  # (its waits may drop a FINISH that crossed the STOP)
             self._native.ended(key, ended.at if ended.outcome is _COMPLETED else None)
+        if self._replay is not None:  # (the end it forgets below raises a floor)
+            self._replay.ended(key[0])
         while len(self._ended) > self.config.completed_memory:
             self._ended.popitem(last=False)
 

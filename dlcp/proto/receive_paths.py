@@ -50,8 +50,9 @@ import numpy.typing as npt
 
 from .auth import AUTH_TRAILER_LEN, verified_prefix
 from .batch import PER_PACKET_FLAGS, open_head, parse_batch, run_head
-from .context import Key, SessionSide
+from .context import Key, SessionContext, SessionSide
 from .reassembler import GeometryError, Reassembler
+from .replay import ReplayFloor, group_nonces
 from .wire import DATA_HEADER_LEN, DType, Flags, Reason
 
 __all__ = ["Geometry", "MessageUnderWay", "NativeRuns", "ReceivePaths", "Taken"]
@@ -75,8 +76,9 @@ MessageT = TypeVar("MessageT", bound=MessageUnderWay)
 
 #: what a native receive loop took into one message since it last said:
 #: (src, step, msg, datagrams, bytes, fresh, fresh elements, fresh drop-eligible,
-#: fresh retransmitted, payload bytes, the wire bound of the first run it took: -1 if none)
-Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int, int]
+#: fresh retransmitted, payload bytes, the wire bound of the first run it took: -1 if none,
+#: one above the highest nonce it took since it was registered: 0 if none)
+Taken: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int, int, int]
 
 
 class NativeRuns(Protocol):
@@ -90,12 +92,15 @@ class NativeRuns(Protocol):
         """Whether it verifies tags (spec §3) before it writes a datagram, so
         that an authenticating session may use it."""
 
-    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None) -> None:
+    def register(self, key: Key, reassembler: Reassembler, tag_key: bytes | None = None,
+                 nonce_floor: int = 0) -> None:  # fmt: skip
         """Take the runs of message ``key`` from now on (again, with its current
         buffers, if it was registered); with ``tag_key``, only the leading
         datagrams of a run whose tags verify under it (the run path's
-        :func:`~dlcp.proto.auth.verified_prefix`), written without their trailers.
-        The key given last for a source rank is the one its datagrams verify with."""
+        :func:`~dlcp.proto.auth.verified_prefix`) and whose nonces are at least
+        ``nonce_floor`` (:class:`~dlcp.proto.replay.ReplayFloor`), written without
+        their trailers. The key given last for a source rank is the one its
+        datagrams verify with."""
 
     def sync(self, key: Key, reassembler: Reassembler) -> None:
         """Its counts changed here (data on another path, a FINISH, a bound):
@@ -123,6 +128,11 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
     #: the native receive loop that takes the runs of the messages under way, if any
     _native: NativeRuns | None = None
 
+    def __init__(self, ctx: SessionContext) -> None:
+        super().__init__(ctx)
+        #: authenticating: the nonces below which data is refused as replayed
+        self._replay = ReplayFloor(self.config.completed_memory) if self.keys else None
+
     def take_runs_natively(self, native: NativeRuns) -> None:
         """From now on ``native`` runs the run path of the messages opened here,
         as the module docstring says (authenticating, only if it verifies tags:
@@ -139,14 +149,18 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         tag_key = self.keys.of(key[0]) if self.keys is not None else None
         if self.keys is not None and tag_key is None:
             return  # (a rank outside the peers: no key, nothing for the loop to take)
-        self._native.register(key, reassembler, tag_key)
+        floor = self._replay.floor(key[0]) if self._replay is not None else 0
+        self._native.register(key, reassembler, tag_key, floor)
 
     def receive_taken(self, taken: list[Taken], *, now: float) -> None:
         """What the native receive loop took into the registered messages since it
         last said, per message: accounted for as the run path accounts for what it
         takes (each message is still under way: one that ends is unregistered)."""
-        for src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes, bound in taken:
+        for (src, step, msg, n, nbytes, fresh, elems, droppable, retx, payload_bytes, bound,
+             nonce_next) in taken:  # fmt: skip
             key = (src, step, msg)
+            if nonce_next and self._replay is not None:
+                self._replay.took(src, nonce_next - 1)
             state = self._incoming.get(key)
             opened = state is None
             if state is None:  # (registered when its receive was posted: these open it)
@@ -270,6 +284,16 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         now: float,
     ) -> None:
         """The general path for the accepted datagrams of one message."""
+        if self._replay is not None:  # (authenticated, every one of them)
+            nonces = group_nonces(headers, payloads)
+            replayed = nonces < self._replay.floor(key[0])
+            if replayed.any():
+                self.stats.reject("replayed", int(np.count_nonzero(replayed)))
+                if replayed.all():
+                    return
+                keep = ~replayed
+                headers, payloads, nonces = headers[keep], payloads[keep], nonces[keep]
+            self._replay.took(key[0], int(nonces.max()))
         n = len(headers)
         if not self._admit_peer(key[0], n, now=now):
             return
@@ -351,7 +375,9 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
             tag_key = self.keys.of(src) if self.keys is not None else None
             if tag_key is None or not head.flags & _AUTH_FLAG:
                 return 0
-            verified = verified_prefix(buf, segment_size, tag_key)
+            # (below the source's floor, the general path refuses it)
+            floor = self._replay.floor(src) if self._replay is not None else 0
+            verified, nonce_next = verified_prefix(buf, segment_size, tag_key, floor)
             if not verified:
                 return 0
             buf = buf[: verified * segment_size]
@@ -362,6 +388,8 @@ class ReceivePaths(SessionSide, Generic[MessageT]):
         )  # fmt: skip
         if not taken:
             return 0
+        if trailer and self._replay is not None:  # (verified: its nonces are the sender's)
+            self._replay.took(src, nonce_next - 1)
         nbytes = min(len(buf), taken * segment_size)
         self._took(key, state, taken, nbytes, payload_bytes, fresh, now=now)
         return taken

@@ -12,7 +12,8 @@
  *             4, msg 2, chunk_elems 2, msg_elems 3, itemsize (1 << low 2 bits of
  *             1 byte), dtype byte 1, flags 1 (bit 0 streaming stores, bit 1 tagged:
  *             registered with a verifier, bit 2 payloads added to out as float32
- *             values where itemsize is 4), received 8
+ *             values where itemsize is 4, bits 3-7 its nonce floor's top 5 bits:
+ *             a tagged datagram with a lower nonce is not taken), received 8
  *             bytes (chunk c already in if bit c % 64 is set), complete_elems 3,
  *             complete_protected 2, removed after handover number 1 byte (255:
  *             never);
@@ -97,6 +98,7 @@ typedef struct {
     int removed_after, removed;
     long long datagrams, nbytes, fresh, fresh_elems, fresh_drop, fresh_retx, payload_bytes;
     int bound; /* the bound byte of the first run it took (-1: none yet) */
+    uint64_t nonce_next; /* one above the highest nonce taken (0: none) */
 } Message;
 
 static Message msgs[MAX_MESSAGES];
@@ -205,10 +207,16 @@ static ssize_t reference_run(Run r, const uint8_t *buf, unsigned job, Message **
     ssize_t taken = 0;
     for (ssize_t at = 0; at < len; at += r.seg, taken++) {
         ssize_t n = len - at < r.seg ? len - at : r.seg;
-        if ((g->m.verifier != NULL && !tag_right(buf + r.start + at, n)) ||
-            !fits(g, h, buf + r.start + at, n))
+        const uint8_t *d = buf + r.start + at;
+        uint64_t nonce = n >= TRAILER ? ((uint64_t)be(d + n - TRAILER, 4) << 32) |
+                                            be(d + n - TRAILER + 4, 4)
+                                      : 0;
+        if ((g->m.verifier != NULL && (!tag_right(d, n) || nonce < g->m.nonce_floor)) ||
+            !fits(g, h, d, n))
             break;
-        take_one(g, buf + r.start + at, n); /* (its bytes: the caller, per run) */
+        take_one(g, d, n); /* (its bytes: the caller, per run) */
+        if (g->m.verifier != NULL && nonce >= g->nonce_next)
+            g->nonce_next = nonce < UINT64_MAX ? nonce + 1 : UINT64_MAX;
     }
     if (taken && g->bound < 0)
         g->bound = h[30]; /* (the first taken head's bound byte: HEAD.bound) */
@@ -235,6 +243,8 @@ static int report(void *context, const TakenMessage *m) {
                "message %zu: received counts", i);
         EXPECT(m->bound == g->bound, "message %zu: bound %d reported, reference %d", i, m->bound,
                g->bound);
+        EXPECT(m->nonce_next == g->nonce_next, "message %zu: nonce_next %llu, reference %llu", i,
+               (unsigned long long)m->nonce_next, (unsigned long long)g->nonce_next);
         g->datagrams = g->nbytes = g->fresh = g->fresh_elems = 0;
         g->fresh_drop = g->fresh_retx = g->payload_bytes = 0;
         return 0;
@@ -295,6 +305,7 @@ static void read_message(FuzzInput *in, Message *g) {
     g->m.stream = (int)(flags & 1);
     g->m.add = (flags & 4) && itemsize == 4; /* (MessageTable.register refuses the rest) */
     g->m.verifier = flags & 2 ? (void *)g : NULL;
+    g->m.nonce_floor = (uint64_t)(flags >> 3) << 59;
     uint64_t in_already = take_uint(in, 8);
     g->n_chunks = (elems - 1) / chunk + 1;
     size_t out_len = (size_t)(elems * itemsize);

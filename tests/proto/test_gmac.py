@@ -387,7 +387,29 @@ def test_verified_prefix_in_c_agrees_with_the_reference(
         buf[spoil * stride + wire.DATA_HEADER_LEN] ^= 0x80  # one payload bit
     got = auth.verified_prefix(buf, stride, key)
     monkeypatch.setattr(auth, "_accel", None)  # the reference: AESGCM record by record
-    assert got == auth.verified_prefix(buf, stride, key) == want
+    # (the nonces are 9, 10, ...: one above the prefix's highest)
+    assert got == auth.verified_prefix(buf, stride, key) == (want, 9 + want if want else 0)
+
+
+@needs_c
+@pytest.mark.parametrize(("tail", "floor", "want"), [
+    (1472, 0, 12), (1472, 15, 6), (1472, 21, 0), (300, 0, 12), (300, 10, 10), (300, 9, 12),
+])  # fmt: skip
+def test_verified_prefix_stops_at_a_nonce_below_the_floor(
+    tail: int, floor: int, want: int, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = bytes(range(40, 72))
+    sealed = _received(12, 1472, tail, key)
+    # the whole ones in reverse (nonces 19 down to 9, or 20 down to 9), a short one last
+    whole = sealed[: 11 * 1472 if tail < 1472 else 12 * 1472].reshape(-1, 1472)[::-1]
+    buf = np.concatenate([whole.reshape(-1), sealed[len(whole) * 1472 :]])
+    nonces = [int.from_bytes(buf[end - 24 : end - 16], "big")
+              for end in [*range(1472, len(whole) * 1472 + 1, 1472), len(buf)][:12]]  # fmt: skip
+    got = auth.verified_prefix(buf, 1472, key, floor)
+    monkeypatch.setattr(auth, "_accel", None)
+    assert got == auth.verified_prefix(buf, 1472, key, floor)
+    assert got == (want, max(nonces[:want], default=-1) + 1)
+    assert all(n >= floor for n in nonces[:want])
 
 
 @needs_c
@@ -395,9 +417,9 @@ def test_verified_prefix_skips_a_tail_too_short_for_a_trailer_and_a_wrong_key() 
     key = bytes(range(16))
     buf = _received(4, 700, 700, key)
     runt = np.concatenate((buf, np.zeros(40, np.uint8)))  # 40 bytes: no header and trailer
-    assert auth.verified_prefix(runt, 700, key) == 4
-    assert auth.verified_prefix(buf, 700, bytes(16)) == 0
-    assert auth.verified_prefix(buf, 40, key) == 0  # (a segment cannot hold a trailer)
+    assert auth.verified_prefix(runt, 700, key)[0] == 4
+    assert auth.verified_prefix(buf, 700, bytes(16)) == (0, 0)
+    assert auth.verified_prefix(buf, 40, key) == (0, 0)  # (a segment cannot hold a trailer)
     with pytest.raises(ValueError, match="must be 16, 24 or 32 bytes"):
         auth.verified_prefix(buf, 700, b"short")
 
@@ -414,7 +436,7 @@ def test_threads_verifying_under_one_key_at_once_each_get_the_right_answer() -> 
     def verify(k: int) -> None:
         start.wait()
         buf = good if k % 2 else bad
-        answers.append([auth.verified_prefix(buf, 1000, key) for _ in range(200)])
+        answers.append([auth.verified_prefix(buf, 1000, key)[0] for _ in range(200)])
 
     threads = [threading.Thread(target=verify, args=(k,)) for k in range(4)]
     for t in threads:

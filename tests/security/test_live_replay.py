@@ -3,7 +3,10 @@ with rank 0's keys by a session of its own, byte for byte what rank 0 sends)
 complete rank 2's receive, but replayed to rank 1, which waits for a message
 of rank 0 with the same step and msg, every one fails verification and is
 counted; replayed into a later run of the job (same secret, same job id, a new
-run nonce), they fail there too. Genuine transfers are unaffected."""
+run nonce), they fail there too; replayed to rank 2 once it has forgotten the
+message, they verify and are dropped as replayed (their nonces are below rank
+0's floor there), and a later message of the same key gets its own values.
+Genuine transfers are unaffected."""
 
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ AUTH = ProtocolConfig(authenticate=True)
 X = np.arange(20_000, dtype=np.float32)
 
 
-def _run(ring: KeyRing) -> list[Endpoint]:
+def _run(ring: KeyRing, protocol: ProtocolConfig = AUTH) -> list[Endpoint]:
     store = LocalStore()
-    cfg = EndpointConfig(timeout=10.0, protocol=AUTH)
+    cfg = EndpointConfig(timeout=10.0, protocol=protocol)
     return [Endpoint(r, store=store, world_size=3, job=JOB, config=cfg, key=ring) for r in range(3)]
 
 
@@ -43,10 +46,10 @@ def _replay(grams: list[bytes], to: Endpoint) -> None:
             s.sendto(g, ("127.0.0.1", to.address.data_port))
 
 
-def _rejected(ep: Endpoint, want: int) -> int:
-    """``ep``'s auth_failed count once it reaches ``want`` (or after 5 s)."""
+def _rejected(ep: Endpoint, want: int, reason: str = "auth_failed") -> int:
+    """``ep``'s count of ``reason`` once it reaches ``want`` (or after 5 s)."""
     deadline = time.monotonic() + 5
-    while (n := ep.stats()["rejected"].get("auth_failed", 0)) < want:
+    while (n := ep.stats()["rejected"].get(reason, 0)) < want:
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)  # (polls a counter the I/O thread sets; not a readiness guess)
@@ -81,4 +84,28 @@ def test_replays_to_another_destination_and_into_another_run_are_rejected_and_co
             assert ep.stats()["peers_gone"] == {}
     finally:
         for ep in (*first, *second):
+            ep.close()
+
+
+def test_data_replayed_after_its_receiver_forgot_the_message_is_dropped() -> None:
+    memory = 4
+    ring = KeyRing(SECRET, job=JOB, run_nonce=new_run_nonce())
+    eps = _run(ring, ProtocolConfig(authenticate=True, completed_memory=memory))
+    try:
+        grams = _datagrams_of_rank_0_to_rank_2(ring)  # (nonces from 0: rank 0's earlier ones)
+        first = eps[2].recv(src=0, step=5, msg=9)
+        _replay(grams, eps[2])
+        assert np.array_equal(first.result(timeout=10).data, X)
+        for step in range(6, 7 + memory):  # rank 2 forgets (5, 9)
+            got = eps[2].recv(src=0, step=step, msg=9)
+            eps[0].send(X + step, to=2, step=step, msg=9).result(timeout=10)
+            assert np.array_equal(got.result(timeout=10).data, X + step)
+        _replay(grams, eps[2])
+        assert _rejected(eps[2], len(grams), "replayed") == len(grams)
+        again = eps[2].recv(src=0, step=5, msg=9)  # (the key comes again)
+        eps[0].send(X + 1, to=2, step=5, msg=9).result(timeout=10)
+        assert np.array_equal(again.result(timeout=10).data, X + 1)
+        assert eps[2].stats()["rejected"] == {"replayed": len(grams)}
+    finally:
+        for ep in eps:
             ep.close()
