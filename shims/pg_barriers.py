@@ -4,8 +4,10 @@ A mixin of :class:`~shims.process_group.DLCPProcessGroup`.
 
 ``barrier`` is a collective, queued behind every operation issued before it:
 each rank sends a one-byte token to every other rank and waits for theirs
-(exact messages). A rank that never comes is named: the error says "Timed out",
-the operation, every rank whose token did not arrive, and the timeout.
+(exact messages), with its signature (:mod:`.pg_signature`: a barrier on one
+rank beside another collective on another is refused on both). A rank that
+never comes is named: the error says "Timed out", the operation, every rank
+whose token did not arrive, and the timeout.
 
 ``monitored_barrier(timeout, wait_all_ranks=False)`` is Gloo's diagnosis: rank 0
 waits up to ``timeout`` for a token from every other rank, then answers each;
@@ -36,6 +38,7 @@ from dlcp.errors import PeerTimeout, UsageError
 from dlcp.proto.config import FillPolicy
 
 from .pg_mixin import GroupMixin
+from .pg_signature import Op, signed
 from .pg_tensors import DLCPWork
 from .pg_timeouts import DLCPTimeout, timed_out
 
@@ -44,6 +47,7 @@ __all__ = ["MONITORED_CHANNEL", "Barriers"]
 #: message-id channel of monitored barriers (collectives and point-to-point use others)
 MONITORED_CHANNEL = 4
 _TOKEN = np.zeros(1, dtype=np.uint8)
+_BARRIER = Op("barrier")
 
 
 class Barriers(GroupMixin):
@@ -57,28 +61,32 @@ class Barriers(GroupMixin):
             call = self.comm.next_call()
             report = ReportBuilder("barrier", call, 1)
             peers = [q for q in range(self._size) if q != self._rank]
-            incoming = {
-                q: self.comm.recv(
-                    np.zeros(1, np.uint8), src=q, call=call, role=0, p=0.0, fill=FillPolicy.ZERO
-                )
-                for q in peers
-            }
-            outgoing = [
-                self.comm.send(_TOKEN, to=q, call=call, role=0, segments=None, p=0.0) for q in peers
-            ]
-            missing, error = _wait_all(incoming, self.comm.timeout + self.comm.BACKSTOP_MARGIN)
-            if error is not None:
-                cancel_all([*incoming.values(), *outgoing])
-                if missing:
-                    raise timed_out("barrier", self._rank, missing, self.comm.timeout, str(error))
-                raise error
-            for fut in incoming.values():
-                report.received(fut.result(), bounded=False)
-            for out in outgoing:
-                report.sent(self.comm.wait(out), 1)
+            with signed(self.comm, call, _BARRIER, {q: ((), ()) for q in peers}):
+                self._barrier_tokens(call, peers, report)
             return report.build()
 
         return self._submit("barrier", run, [], [])
+
+    def _barrier_tokens(self, call: int, peers: list[int], report: ReportBuilder) -> None:
+        incoming = {
+            q: self.comm.recv(
+                np.zeros(1, np.uint8), src=q, call=call, role=0, p=0.0, fill=FillPolicy.ZERO
+            )
+            for q in peers
+        }
+        outgoing = [
+            self.comm.send(_TOKEN, to=q, call=call, role=0, segments=None, p=0.0) for q in peers
+        ]
+        missing, error = _wait_all(incoming, self.comm.timeout + self.comm.BACKSTOP_MARGIN)
+        if error is not None:
+            cancel_all([*incoming.values(), *outgoing])
+            if missing:
+                raise timed_out("barrier", self._rank, missing, self.comm.timeout, str(error))
+            raise error
+        for fut in incoming.values():
+            report.received(fut.result(), bounded=False)
+        for out in outgoing:
+            report.sent(self.comm.wait(out), 1)
 
     def monitored_barrier(
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False

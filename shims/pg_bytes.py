@@ -22,6 +22,7 @@ from dlcp.errors import UsageError
 
 from .pg_checks import check_gather_list, root_rank
 from .pg_mixin import GroupMixin
+from .pg_signature import Op, desc
 from .pg_tensors import ROLE_STRIDE, DLCPWork, HostTensor, TensorList, check_tensors
 
 __all__ = ["ByteCollectives"]
@@ -45,18 +46,21 @@ class ByteCollectives(GroupMixin):
             call = self.comm.next_call()
             report = ReportBuilder("broadcast", call, sum(t.numel() for t in tensors))
             hosts = [HostTensor(t) for t in tensors]
+            op = Op("broadcast", root=root)
             if self._rank == root:
                 sends = [
-                    (peer, i, h.bytes())
-                    for i, h in enumerate(hosts)
+                    (peer, i, h.bytes(), desc(t))
+                    for i, (h, t) in enumerate(zip(hosts, tensors, strict=True))
                     for peer in range(self._size)
                     if peer != root
                 ]
-                self._transport.transfer(call, sends, [], report)
+                self._transport.transfer(call, sends, [], report, op)
             else:
-                self._transport.transfer(
-                    call, [], [(root, i, h.bytes()) for i, h in enumerate(hosts)], report
-                )
+                recvs = [
+                    (root, i, h.bytes(), desc(t))
+                    for i, (h, t) in enumerate(zip(hosts, tensors, strict=True))
+                ]
+                self._transport.transfer(call, [], recvs, report, op)
                 for h in hosts:
                     h.write_back()
             return report.build()
@@ -66,6 +70,12 @@ class ByteCollectives(GroupMixin):
     def allgather(
         self, output_tensors: list[TensorList], input_tensors: TensorList, opts: Any = None
     ) -> DLCPWork:
+        return self._allgather(output_tensors, input_tensors, "all_gather")
+
+    def _allgather(
+        self, output_tensors: list[TensorList], input_tensors: TensorList, name: str
+    ) -> DLCPWork:
+        """``allgather`` (``name``: the operation the user called, for its signature)."""
         check_tensors(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
             raise UsageError(
@@ -88,9 +98,9 @@ class ByteCollectives(GroupMixin):
                     if peer == self._rank:
                         hosts[peer].bytes()[:] = mine
                     else:
-                        sends.append((peer, i, mine))
-                        recvs.append((peer, i, hosts[peer].bytes()))
-            self._transport.transfer(call, sends, recvs, report)
+                        sends.append((peer, i, mine, desc(inp)))
+                        recvs.append((peer, i, hosts[peer].bytes(), desc(outs[peer])))
+            self._transport.transfer(call, sends, recvs, report, Op(name))
             for h in outs_host:
                 h.write_back()
             return report.build()
@@ -119,7 +129,7 @@ class ByteCollectives(GroupMixin):
         for j, (outs_j, like) in enumerate(zip(by_input, input_list, strict=True)):
             check_gather_list(outs_j, like, "all_gather_coalesced", self._size,
                               label=functools.partial(_output_label, j))  # fmt: skip
-        return self.allgather(by_input, input_list, opts)
+        return self._allgather(by_input, input_list, "all_gather_coalesced")
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -140,9 +150,11 @@ class ByteCollectives(GroupMixin):
             rows = out.bytes().reshape(self._size, -1)
             rows[self._rank] = mine
             peers = [q for q in range(self._size) if q != self._rank]
+            d = desc(input)
             self._transport.transfer(
-                call, [(q, 0, mine) for q in peers], [(q, 0, rows[q]) for q in peers], report
-            )
+                call, [(q, 0, mine, d) for q in peers], [(q, 0, rows[q], d) for q in peers],
+                report, Op("all_gather_into_tensor"),
+            )  # fmt: skip
             out.write_back()
             return report.build()
 
@@ -165,13 +177,16 @@ class ByteCollectives(GroupMixin):
             call = self.comm.next_call()
             report = ReportBuilder("gather", call, inp.numel())
             mine = HostTensor(inp).bytes()
+            op = Op("gather", root=root)
             if self._rank != root:
-                self._transport.transfer(call, [(root, 0, mine)], [], report)
+                self._transport.transfer(call, [(root, 0, mine, desc(inp))], [], report, op)
                 return report.build()
-            hosts = [HostTensor(o) for o in output_tensors[0]]
+            outs = output_tensors[0]
+            hosts = [HostTensor(o) for o in outs]
             hosts[root].bytes()[:] = mine
             peers = [q for q in range(self._size) if q != root]
-            self._transport.transfer(call, [], [(q, 0, hosts[q].bytes()) for q in peers], report)
+            recvs = [(q, 0, hosts[q].bytes(), desc(outs[q])) for q in peers]
+            self._transport.transfer(call, [], recvs, report, op)
             for h in hosts:
                 h.write_back()
             return report.build()
@@ -191,13 +206,15 @@ class ByteCollectives(GroupMixin):
             call = self.comm.next_call()
             report = ReportBuilder("scatter", call, out.numel())
             host = HostTensor(out)
+            op = Op("scatter", root=root)
             if self._rank == root:
-                pieces = [HostTensor(t).bytes() for t in input_tensors[0]]
+                ins = input_tensors[0]
+                pieces = [HostTensor(t).bytes() for t in ins]
                 host.bytes()[:] = pieces[root]
-                sends = [(q, 0, pieces[q]) for q in range(self._size) if q != root]
-                self._transport.transfer(call, sends, [], report)
+                sends = [(q, 0, pieces[q], desc(ins[q])) for q in range(self._size) if q != root]
+                self._transport.transfer(call, sends, [], report, op)
             else:
-                self._transport.transfer(call, [], [(root, 0, host.bytes())], report)
+                self._transport.transfer(call, [], [(root, 0, host.bytes(), desc(out))], report, op)
             host.write_back()
             return report.build()
 

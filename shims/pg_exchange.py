@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch._C._distributed_c10d import ReduceOp
 
@@ -23,6 +24,7 @@ from dlcp.collectives.comm import ReportBuilder
 from dlcp.errors import UsageError
 
 from .pg_mixin import GroupMixin
+from .pg_signature import Op, desc
 from .pg_tensors import DLCPWork, HostTensor, TensorList, check_tensors
 
 __all__ = ["Exchanges"]
@@ -33,6 +35,8 @@ _SPARSE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, t
                   torch.complex128)  # fmt: skip
 #: dimensions a sparse all-reduce compares across ranks (more: the first of them)
 _SPARSE_DIMS = 8
+#: the signature of a sparse all-reduce's calls
+_SPARSE = Op("all_reduce", "SUM", form="sparse")
 
 
 def _sparse_shape(t: torch.Tensor) -> list[int]:
@@ -128,12 +132,11 @@ class Exchanges(GroupMixin):
             recv_rows = dst.bytes().reshape(-1, row) if row else None
             sends, recvs = [], []
             a = b = 0
+            empty = np.zeros(0, np.uint8)
             for q in range(self._size):
-                mine = send_rows[a : a + ins[q]].reshape(-1) if send_rows is not None else None
-                into = recv_rows[b : b + outs[q]].reshape(-1) if recv_rows is not None else None
+                mine = send_rows[a : a + ins[q]].reshape(-1) if send_rows is not None else empty
+                into = recv_rows[b : b + outs[q]].reshape(-1) if recv_rows is not None else empty
                 a, b = a + ins[q], b + outs[q]
-                if mine is None or into is None:
-                    continue
                 if q == self._rank:
                     if into.size != mine.size:
                         raise UsageError(
@@ -142,9 +145,9 @@ class Exchanges(GroupMixin):
                         )
                     into[:] = mine
                 else:
-                    sends.append((q, 0, mine))
-                    recvs.append((q, 0, into))
-            self._transport.transfer(call, sends, recvs, report)
+                    sends.append((q, 0, mine, desc(input, (ins[q], *input.shape[1:]))))
+                    recvs.append((q, 0, into, desc(output, (outs[q], *output.shape[1:]))))
+            self._transport.transfer(call, sends, recvs, report, Op("all_to_all_single"))
             dst.write_back()
             return report.build()
 
@@ -182,9 +185,9 @@ class Exchanges(GroupMixin):
                 if q == self._rank:
                     hosts[q].bytes()[:] = data
                 else:
-                    sends.append((q, 0, data))
-                    recvs.append((q, 0, hosts[q].bytes()))
-            self._transport.transfer(call, sends, recvs, report)
+                    sends.append((q, 0, data, desc(input_tensors[q])))
+                    recvs.append((q, 0, hosts[q].bytes(), desc(output_tensors[q])))
+            self._transport.transfer(call, sends, recvs, report, Op("all_to_all"))
             for h in hosts:
                 h.write_back()
             return report.build()
@@ -240,9 +243,11 @@ class Exchanges(GroupMixin):
         table = torch.zeros((self._size, 1 + len(shape)), dtype=torch.int64)
         table[self._rank] = torch.tensor([indices.shape[1], *shape])
         rows = table.view(torch.uint8).numpy()
+        row = desc(table[0])
         self._transport.transfer(
-            call, [(q, 0, rows[self._rank]) for q in peers], [(q, 0, rows[q]) for q in peers], sizes
-        )
+            call, [(q, 0, rows[self._rank], row) for q in peers],
+            [(q, 0, rows[q], row) for q in peers], sizes, _SPARSE,
+        )  # fmt: skip
         for q in peers:
             if table[q, 1:].tolist() != shape:
                 raise UsageError(
@@ -268,9 +273,9 @@ class Exchanges(GroupMixin):
         def raw(x: torch.Tensor) -> Any:
             return x.reshape(-1).view(torch.uint8).numpy()
 
-        sends = [(q, r, raw(x)) for q in peers for r, x in ((0, indices), (1, values))]
-        recvs = [(q, r, raw(x[q])) for q in peers for r, x in ((0, got_i), (1, got_v))]
-        self._transport.transfer(call, sends, recvs, data)
+        sends = [(q, r, raw(x), desc(x)) for q in peers for r, x in ((0, indices), (1, values))]
+        recvs = [(q, r, raw(x[q]), desc(x[q])) for q in peers for r, x in ((0, got_i), (1, got_v))]
+        self._transport.transfer(call, sends, recvs, data, _SPARSE)
         total = torch.sparse_coo_tensor(got_i[0], got_v[0], local.shape)
         for q in range(1, self._size):
             total = total + torch.sparse_coo_tensor(got_i[q], got_v[q], local.shape)

@@ -86,7 +86,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from dlcp.collectives import CollectiveReport, Communicator
+from dlcp.collectives import CollectiveReport
 from dlcp.errors import ArgumentTypeError, DLCPError, PeerTimeout, UsageError
 from dlcp.io.endpoint import Endpoint
 from dlcp.rendezvous import attempt, connect
@@ -100,6 +100,7 @@ from .pg_exchange import Exchanges
 from .pg_options import DLCPOptions, job_world_size, rendezvous_env
 from .pg_p2p import PointToPoint
 from .pg_serve import OrderedServers
+from .pg_signature import GroupCommunicator, Op
 from .pg_tensors import (
     DLCPWork,
     Job,
@@ -170,7 +171,7 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
             job_world_size=job_world_size(),
         )
         try:
-            self.comm = Communicator(self.endpoint, world_size, channel=CHANNEL)
+            self.comm = GroupCommunicator(self.endpoint, world_size, channel=CHANNEL)
             #: loss bound of large float SUM/AVG all-reduces
             self.p = (
                 self.options.p
@@ -215,8 +216,10 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
         for t in tensors:
             check_reducible(t, red, "allreduce")
 
+        op = Op("all_reduce", red.name)
+
         def run() -> list[CollectiveReport]:  # one per tensor
-            return [self._transport.allreduce(t, red) for t in tensors]
+            return [self._transport.allreduce(t, red, op) for t in tensors]
 
         return self._submit("allreduce", run, tensors, tensors, calls=len(tensors))
 
@@ -230,12 +233,14 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
         for t in tensors:
             check_reducible(t, red, "reduce")
 
+        op = Op("reduce", red.name, root)
+
         def run() -> list[CollectiveReport]:  # one per tensor
             reports = []
             for t in tensors:
                 # every rank computes the result; only the root keeps it
                 mine = t if self._rank == root else t.detach().clone()
-                reports.append(self._transport.allreduce(mine, red))
+                reports.append(self._transport.allreduce(mine, red, op))
             return reports
 
         return self._submit("reduce", run, tensors, tensors, calls=len(tensors))
@@ -254,11 +259,13 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
             check_gather_list(ins, out, "reduce_scatter", self._size)
             check_reducible(out, red, "reduce_scatter")
 
+        op = Op("reduce_scatter", red.name)
+
         def run() -> list[CollectiveReport]:  # one per output
             reports = []
             for out, ins in zip(output_tensors, input_tensors, strict=True):
                 whole = torch.cat([t.detach().reshape(-1).cpu() for t in ins])
-                reports.append(self._transport.allreduce(whole, red))
+                reports.append(self._transport.allreduce(whole, red, op))
                 with torch.no_grad():
                     out.copy_(whole.view(self._size, -1)[self._rank].view(out.shape))
             return reports
@@ -281,9 +288,11 @@ class DLCPProcessGroup(  # type: ignore[misc]  # (ByteCollectives' overrides: se
             )
         check_reducible(output, red, "reduce_scatter_tensor")
 
+        op = Op("reduce_scatter_tensor", red.name)
+
         def run() -> CollectiveReport | None:
             whole = input.detach().reshape(-1).cpu().clone()
-            report = self._transport.allreduce(whole, red)
+            report = self._transport.allreduce(whole, red, op)
             with torch.no_grad():
                 output.copy_(whole.view(self._size, -1)[self._rank].view(output.shape))
             return report

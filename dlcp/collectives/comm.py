@@ -300,6 +300,10 @@ class Communicator:
             )
         return self._calls.take()
 
+    def peek_call(self) -> int:
+        """The call number the next collective call takes (without taking it)."""
+        return self._calls.peek()
+
     @contextlib.contextmanager
     def reserve(self, n: int) -> Iterator[None]:
         """The code inside takes the next ``n`` call numbers. If it fails on this

@@ -131,22 +131,40 @@ def test_a_dedicated_server_cancels_its_receives_when_a_push_fails() -> None:
     assert len(posted) == 2 and all(f.cancelled() for f in posted)
 
 
-def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start() -> None:
+def test_process_group_transfer_cancels_posted_receives_when_a_send_cannot_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from shims.pg_options import DLCPOptions
+    from shims.pg_signature import Op
     from shims.pg_transport import GroupTransport
 
     comm = _FailingComm(0, 3)
     comm.send = lambda *a, **kw: comm.send_part(None, 0, 1, role=0, to=kw["to"])  # type: ignore[attr-defined]
+    signatures: list[Future[Any]] = []
+
+    class _Endpoint:  # (the signatures: posted beside the data, cancelled with it)
+        def recv(self, **kw: Any) -> Future[Any]:
+            signatures.append(Future())
+            return signatures[-1]
+
+        def send(self, *a: Any, **kw: Any) -> Future[Any]:
+            return Future()
+
+    comm.endpoint = _Endpoint()  # type: ignore[attr-defined]
+    monkeypatch.setenv("DLCP_CHECK_COLLECTIVES", "1")
     transport = GroupTransport(comm, DLCPOptions(), p=0.0)  # type: ignore[arg-type]
     outs = [np.zeros(16, np.uint8) for _ in range(2)]
+    d = ("uint8", (16,))
     with pytest.raises(PeerTimeout, match="rank 1 published no address"):
         transport.transfer(
             7,
-            [(1, 0, np.ones(16, np.uint8))],
-            [(1, 0, outs[0]), (2, 0, outs[1])],
+            [(1, 0, np.ones(16, np.uint8), d)],
+            [(1, 0, outs[0], d), (2, 0, outs[1], d)],
             ReportBuilder("allgather", 7, 16),
+            Op("all_gather"),
         )
     assert len(comm.recvs) == 2 and all(f.cancelled() for f in comm.recvs)
+    assert len(signatures) == 2 and all(f.cancelled() for f in signatures)
 
 
 def test_the_wait_backstop_names_the_message_and_peer(monkeypatch: pytest.MonkeyPatch) -> None:
