@@ -244,8 +244,9 @@ _FIELD = re.compile(r"^(?:protocol configuration: )?[a-z_]+=\S+?(:?) ")
 #: DLCP_* variables that are read elsewhere (simulator, golden-file tests, the
 #: sanitizer builds of the native engine, the receive loop and the kernels:
 #: dlcp.builds.alternate_build; the job's secret: dlcp.keyring; the process
-#: group's cross-rank checks: shims.pg_signature), not config. (The job id is agreed through the store: a DLCP_JOB or DLCP_KEY would
-#: be ignored, so they are errors like any unknown name.)
+#: group's cross-rank checks: shims.pg_signature), not config. (The job id is
+#: agreed through the store: a DLCP_JOB or DLCP_KEY would be ignored, so they are
+#: errors like any unknown name.)
 _NOT_CONFIG = frozenset(
     {"sim_trace_tcp", "regen_golden", "engine_build", "udpio_build", "kernels_build",
      "job_secret", "job_secret_file", "check_collectives"}
