@@ -181,7 +181,11 @@ class EndpointConfig:
     @classmethod
     def _blame(cls, env: Mapping[str, str], exc: ConfigError, overrides: dict[str, Any]) -> str:
         """``exc`` (which speaks of configuration fields) said of what the user set."""
-        ours = sorted(var for var in env if var.startswith(ENV_PREFIX))
+        # (only configuration variables: never the job's secret, read elsewhere)
+        ours = sorted(
+            var for var in env
+            if var.startswith(ENV_PREFIX) and var[len(ENV_PREFIX) :].lower() not in _NOT_CONFIG
+        )  # fmt: skip
         for var in ours:
             try:
                 cls._from_env({var: env[var]}, {})
@@ -249,7 +253,7 @@ _FIELD = re.compile(r"^(?:protocol configuration: )?[a-z_]+=\S+?(:?) ")
 #: errors like any unknown name.)
 _NOT_CONFIG = frozenset(
     {"sim_trace_tcp", "regen_golden", "engine_build", "udpio_build", "kernels_build",
-     "job_secret", "job_secret_file", "check_collectives"}
+     "job_secret", "job_secret_file", "check_collectives", "sim_trace_receiver"}
 )
 
 #: setsockopt's int: the largest socket buffer size one can ask for

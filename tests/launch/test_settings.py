@@ -32,6 +32,18 @@ def test_the_error_names_the_variable_and_its_value(env: dict[str, str], says: s
     assert check_env(env) == says
 
 
+def test_an_error_of_two_settings_together_never_shows_the_secret() -> None:
+    secret = "e124d25d0e33a44ff577758bff7c181da806097e10b70630cdc9cc7cff59ed96"
+    env = {"DLCP_MTU": "600", "DLCP_PAYLOAD_BYTES": "1400", "DLCP_JOB_SECRET": secret}
+    said = check_env(env)
+    assert said is not None and "DLCP_MTU=600" in said and "DLCP_PAYLOAD_BYTES=1400" in said
+    assert secret not in said and "DLCP_JOB_SECRET" not in said
+
+
+def test_variables_read_elsewhere_are_not_refused() -> None:
+    assert check_env({"DLCP_SIM_TRACE_RECEIVER": "/tmp/trace", "DLCP_SIM_TRACE_TCP": "1"}) is None
+
+
 def test_good_settings_pass() -> None:
     env = {"DLCP_TIMEOUT": "5", "DLCP_N_PATHS": "8", "PATH": "/bin"}
     assert check_env(env) is None
