@@ -43,12 +43,15 @@ def check_rank(name: str, value: object) -> int:
     raise ConfigError(f"{name}={value!r} ({type(value).__name__}) is not a rank{hint}")
 
 
-def check_message(step: object, msg: object) -> None:
-    """A message key the headers can carry (``step`` 32 bits, ``msg`` 16)."""
+def check_message(step: object, msg: object) -> tuple[int, int]:
+    """A message key the headers can carry (``step`` 32 bits, ``msg`` 16), as
+    Python ints (numpy integers are taken: the session and the C parts key
+    messages by ints)."""
     try:
         check_message_key(step, msg)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    return int(step), int(msg)  # type: ignore[call-overload]
 
 
 def flat_message(array: object, what: str) -> npt.NDArray[Any]:

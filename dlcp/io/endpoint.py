@@ -268,7 +268,7 @@ class Endpoint(IOLoop):
         where the receiver has completed the message (a collective's later
         steps), or after the future is done."""
         to = check_rank("to", to)  # bad arguments fail now, in the caller
-        check_message(step, msg)
+        step, msg = check_message(step, msg)
         message = f"message (step {step}, msg {msg}) to rank {to}"
         flat = flat_message(array, message)
         DType.of(flat, bfloat16=bfloat16)
@@ -325,7 +325,7 @@ class Endpoint(IOLoop):
         (float32, ``fill='zero'``: a lost element adds nothing). The future gives
         a :class:`Received`."""
         src = check_rank("src", src)  # bad arguments fail now, in the caller
-        check_message(step, msg)
+        step, msg = check_message(step, msg)
         message = f"message (step {step}, msg {msg}) from rank {src}"
         if out is not None:
             check_out(out, message)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlcp.errors import ConfigError
+from dlcp.errors import ConfigError, PeerTimeout
 from dlcp.io import Endpoint, EndpointConfig
 from dlcp.proto.config import ProtocolConfig
 from dlcp.proto.session import Session
@@ -120,6 +120,26 @@ def test_good_arguments_still_work_and_the_endpoints_carry_on(
     assert np.array_equal(got.result(10).data, X)
     a.send(X, to=1, msg=8, layers=[(0, 600, 0), (600, 400, 1)])  # cached as good: still sent
     assert np.array_equal(b.recv(src=0, msg=8).result(10).data, X)
+
+
+def test_numpy_integer_message_keys_work_and_their_failures_settle(
+    pair: tuple[Endpoint, Endpoint],
+) -> None:
+    """A numpy step or msg is taken as an int: the C parts key messages by ints,
+    and a numpy key used to kill the I/O thread where it reached them (a send on
+    the native engine, a receive's end), leaving its future pending forever."""
+    a, b = pair
+    got = b.recv(src=0, step=np.int64(3), msg=np.uint16(21))
+    a.send(X, to=1, step=np.int32(3), msg=np.int64(21)).result(10)
+    assert np.array_equal(got.result(10).data, X)
+    waiting = b.recv(src=0, step=np.int64(4), msg=np.int64(22))
+    assert waiting.cancel()
+    nobody = b.recv(src=0, step=np.int64(5), msg=22)  # nothing is sent: it times out
+    with pytest.raises(PeerTimeout):
+        nobody.result(30)
+    got = b.recv(src=0, msg=23)  # the endpoints carry on
+    a.send(X, to=1, msg=23).result(10)
+    assert np.array_equal(got.result(10).data, X)
 
 
 def test_a_message_too_large_is_refused_before_it_is_copied(
